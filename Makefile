@@ -1,0 +1,26 @@
+# Two commands: `make demo` (set up and run the main job) and `make test` (set up and run the tests).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch comes first, from the versions this machine keeps on disk; override e.g. `make test TORCH=torch`.
+TORCH ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: setup test demo clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) train.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
