@@ -1,0 +1,39 @@
+"""vit5: ViT-5 ("Vision Transformers for the Mid-2020s", arXiv 2602.08071) backbones with every
+modern component switchable, plus training, evaluation and visualisation.
+
+    import vit5
+    model = vit5.create_model("vit5_small", pretrained="vit5_small_patch16_224.pth")
+    feats = model.forward_intermediates(images, indices=[-1], intermediates_only=True)
+    with vit5.record(model, layers=[-1]) as rec:
+        model(images)
+
+Importing the package registers every preset in timm (``timm.create_model("vit5_small")``).
+"""
+
+from .model import (
+    PRESETS,
+    CheckpointError,
+    ConfigError,
+    LoadReport,
+    Recording,
+    TokenLayout,
+    ViT5,
+    ViT5Config,
+    create_model,
+    list_presets,
+    load_model,
+    preset_config,
+    read_checkpoint,
+    record,
+    save_pretrained,
+)
+from .model.registry import register_presets
+
+__version__ = "0.1.0"
+
+register_presets()
+
+__all__ = [
+    "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
+    "create_model", "list_presets", "load_model", "preset_config", "read_checkpoint", "record", "save_pretrained",
+]

@@ -1,0 +1,40 @@
+"""Patch embedding: a ``p x p`` stride-``p`` convolution, flattened row-major (as timm's PatchEmbed).
+
+Unlike timm's strict default, any image whose sides are multiples of the patch size is accepted;
+the token grid is ``(H / p, W / p)``. Wrong inputs fail with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768, bias: bool = True) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+
+    def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
+        h, w = image_hw
+        p = self.patch_size
+        if h % p or w % p or h < p or w < p:
+            fix_h, fix_w = max(p, round(h / p) * p), max(p, round(w / p) * p)
+            raise ValueError(
+                f"image size {h}x{w} is not a positive multiple of the patch size {p}: resize or crop "
+                f"the input to {fix_h}x{fix_w} (height x width)"
+            )
+        return h // p, w // p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` image to ``[B, C_embed, H/p, W/p]`` patch features."""
+        if x.ndim != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"expected images of shape [batch, {self.in_chans}, height, width], got {tuple(x.shape)}"
+                + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
+            )
+        self.grid_size((x.shape[-2], x.shape[-1]))
+        return self.proj(x)

@@ -1,0 +1,27 @@
+"""Learned absolute position embedding (APE) over the patch grid, resampled to any grid."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], mode: str = "bicubic"
+) -> torch.Tensor:
+    """Resample a patch-only APE ``[1, h*w, C]`` from ``old_grid`` to ``new_grid`` (row-major).
+
+    Interpolated in fp32 (bicubic by default, as the official fine-tuning code) and cast back.
+    Antialiasing is used only when shrinking, where unantialiased resizing aliases (the stripe
+    artifacts of Darcet et al. 2023, App. A); enlarging matches the official resampling exactly.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    h, w = old_grid
+    if pos_embed.shape[1] != h * w:
+        raise ValueError(f"position embedding has {pos_embed.shape[1]} rows, not {h}x{w}={h * w}")
+    grid = pos_embed.float().reshape(1, h, w, -1).permute(0, 3, 1, 2)
+    shrinking = new_grid[0] < h or new_grid[1] < w
+    antialias = shrinking and mode in ("bilinear", "bicubic")
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(pos_embed.dtype)

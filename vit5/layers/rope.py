@@ -1,0 +1,147 @@
+"""Axial 2D rotary position embedding (RoPE) with explicit conventions.
+
+A token at grid position (row y, column x) rotates each channel pair of q and k by an angle
+``position * frequency``. Half of the pairs use the row, half the column (axial 2D RoPE, as in
+EVA-02 and ViT-5), so ``q_m . k_n`` depends on positions only through ``m - n``.
+
+Four conventions must match a checkpoint exactly (see ``shared/docs/anchors.md`` section B):
+
+- ``layout``: which channels form a pair. ``"interleaved"`` pairs ``(2i, 2i+1)`` (official ViT-5,
+  EVA-02, timm default); ``"half"`` pairs ``(i, i + head_dim/2)`` (GPT-NeoX, DINOv3).
+- ``axis_order``: ``"yx"`` gives the first ``head_dim/4`` pairs the row angle and the rest the
+  column angle (official ViT-5: the first half of each head rotates by row); ``"xy"`` swaps them.
+- ``theta``: the frequency base; bands are ``theta ** (-4i / head_dim)`` for ``i < head_dim/4``.
+- ``positions``: ``"integer"`` uses 0..n-1 on each axis (official use: new resolutions
+  extrapolate); ``"rescaled"`` maps the grid onto a reference grid, ``t = i * ref / n``
+  (EVA-02-style interpolation).
+
+The tricky maths is in pure functions; :class:`Rope2D` only holds a convention and its bands.
+Tables are built once per forward for the actual grid, by the model, not in every block.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+RopeLayout = Literal["interleaved", "half"]
+RopeAxisOrder = Literal["yx", "xy"]
+RopePositions = Literal["integer", "rescaled"]
+
+
+def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """The ``head_dim // 4`` frequency bands per axis: ``theta ** (-4i / head_dim)`` (fp32)."""
+    if head_dim % 4:
+        raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {head_dim}")
+    axis_dim = head_dim // 2
+    return 1.0 / theta ** (torch.arange(0, axis_dim, 2, dtype=torch.float64)[: axis_dim // 2] / axis_dim)
+
+
+def axis_positions(size: int, positions: RopePositions, ref_size: int | None = None) -> torch.Tensor:
+    """Positions along one axis of ``size`` tokens: integers, or rescaled onto ``ref_size``."""
+    t = torch.arange(size, dtype=torch.float64)
+    if positions == "rescaled":
+        if ref_size is None:
+            raise ValueError("positions='rescaled' needs a reference grid size")
+        t = t / size * ref_size
+    elif positions != "integer":
+        raise ValueError(f"unknown RoPE positions {positions!r}: use 'integer' or 'rescaled'")
+    return t
+
+
+def rope_angles_2d(
+    grid: tuple[int, int],
+    freqs: torch.Tensor,
+    axis_order: RopeAxisOrder = "yx",
+    positions: RopePositions = "integer",
+    ref_grid: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Rotation angle of every channel pair for every token of a row-major ``grid`` (h, w).
+
+    Returns ``[h * w, 2 * len(freqs)]``: for ``axis_order="yx"`` the first ``len(freqs)`` pairs
+    rotate by the row position, the rest by the column position.
+    """
+    h, w = grid
+    ref_h, ref_w = ref_grid if ref_grid is not None else (None, None)
+    ty = axis_positions(h, positions, ref_h).to(freqs)
+    tx = axis_positions(w, positions, ref_w).to(freqs)
+    ay = torch.outer(ty, freqs)[:, None, :].expand(h, w, -1)
+    ax = torch.outer(tx, freqs)[None, :, :].expand(h, w, -1)
+    if axis_order == "yx":
+        pair_angles = torch.cat([ay, ax], dim=-1)
+    elif axis_order == "xy":
+        pair_angles = torch.cat([ax, ay], dim=-1)
+    else:
+        raise ValueError(f"unknown RoPE axis order {axis_order!r}: use 'yx' (official) or 'xy'")
+    return pair_angles.reshape(h * w, -1)
+
+
+def rope_cos_sin(pair_angles: torch.Tensor, layout: RopeLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expand per-pair angles ``[n, head_dim/2]`` to per-channel ``cos, sin`` ``[n, head_dim]``."""
+    if layout == "interleaved":
+        angles = pair_angles.repeat_interleave(2, dim=-1)
+    elif layout == "half":
+        angles = torch.cat([pair_angles, pair_angles], dim=-1)
+    else:
+        raise ValueError(f"unknown RoPE layout {layout!r}: use 'interleaved' (official) or 'half'")
+    return angles.cos(), angles.sin()
+
+
+def rotate_pairs(x: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
+    """Rotate every channel pair ``(a, b)`` by 90 degrees to ``(-b, a)``."""
+    if layout == "interleaved":
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
+    """Rotate ``x [..., n, head_dim]`` by per-token tables ``[n, head_dim]``; computed in fp32.
+
+    Rows with angle 0 (``cos=1, sin=0``) are returned unchanged, which is how tokens without a
+    position (CLS) share one table with rotated tokens.
+    """
+    xf = x.float()
+    return (xf * cos + rotate_pairs(xf, layout) * sin).to(x.dtype)
+
+
+class Rope2D(nn.Module):
+    """One axial 2D RoPE convention: bands plus the rules that turn a grid into angles.
+
+    Args:
+        head_dim: per-head channels; must be divisible by 4.
+        theta: frequency base (10000 for ViT-5 patches, 100 for its registers).
+        layout, axis_order, positions: see the module docstring.
+        ref_grid: the reference grid for ``positions="rescaled"`` (usually the training grid).
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float = 10000.0,
+        layout: RopeLayout = "interleaved",
+        axis_order: RopeAxisOrder = "yx",
+        positions: RopePositions = "integer",
+        ref_grid: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+        self.layout = layout
+        self.axis_order = axis_order
+        self.positions = positions
+        self.ref_grid = tuple(ref_grid) if ref_grid is not None else None
+        self.register_buffer("freqs", rope_frequencies(head_dim, theta).float(), persistent=False)
+
+    def angles(self, grid: tuple[int, int]) -> torch.Tensor:
+        """Pair angles ``[h * w, head_dim/2]`` (fp32) for a row-major grid."""
+        return rope_angles_2d(grid, self.freqs, self.axis_order, self.positions, self.ref_grid)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, theta={self.theta}, layout={self.layout}, "
+            f"axis_order={self.axis_order}, positions={self.positions}, ref_grid={self.ref_grid}"
+        )

@@ -1,0 +1,109 @@
+"""Record attention probabilities and block outputs of a ViT5 forward pass.
+
+Fused kernels never return attention weights. Inside ``record(...)`` the chosen blocks run the
+explicit path in fp32 (after QK-Norm and RoPE, exactly what the kernel computes) and hand over
+``softmax(q k^T / sqrt(d))`` as ``[B, heads, N, N]``; other blocks keep their fast kernel, and
+everything is restored on exit. Every block's output tokens (the residual stream *before* the
+final norm, where high-norm artifacts are measured) are recorded too, together with the
+:class:`TokenLayout` of the input, so callers slice CLS / patches / registers correctly.
+
+Example::
+
+    with vit5.record(model, layers=[-1]) as rec:
+        logits = model(images)
+    cls_to_patches = rec.layout.patches(rec.attentions[11][:, :, 0], dim=-1)   # [B, heads, h*w]
+    norms = rec.layout.to_grid(rec.layout.patches(rec.tokens[11]).norm(dim=-1))  # [B, h, w]
+
+The recording keeps the most recent forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .layout import TokenLayout
+from .vit import ViT5, take_indices
+
+
+@dataclass
+class Recording:
+    """What :func:`record` captured in the last forward pass (tensors detached, on the model's device)."""
+
+    attention_layers: list[int]
+    token_layers: list[int]
+    layout: TokenLayout | None = None
+    attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, heads, N, N], fp32
+    tokens: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, N, C] block outputs
+
+    def patch_norms(self, layer: int) -> torch.Tensor:
+        """L2 norm of each patch token at ``layer`` as a map ``[B, h, w]``."""
+        return self.layout.to_grid(self.layout.patches(self.tokens[layer]).float().norm(dim=-1))
+
+    def cls_attention(self, layer: int) -> torch.Tensor:
+        """Raw CLS-to-patch attention at ``layer`` as maps ``[B, heads, h, w]`` (not renormalised)."""
+        if self.layout.cls_index is None:
+            raise ValueError("this model has no CLS token")
+        return self.layout.to_grid(self.layout.patches(self.attentions[layer][:, :, 0], dim=-1))
+
+
+def unwrap_model(model: nn.Module) -> ViT5:
+    """The ViT5 inside a torch.compile / DDP / Accelerate wrapper."""
+    while not isinstance(model, ViT5):
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            raise TypeError(f"expected a vit5 ViT5 model, got {type(model).__name__}")
+        model = inner
+    return model
+
+
+@contextmanager
+def record(
+    model: nn.Module,
+    layers: int | Sequence[int] | None = None,
+    attention: bool = True,
+    tokens: bool = True,
+    token_layers: int | Sequence[int] | None = None,
+) -> Iterator[Recording]:
+    """Record attention of ``layers`` (default: all blocks) and outputs of ``token_layers`` (default: all).
+
+    ``layers``/``token_layers`` take block indices (negative allowed) or an int ``n`` (the last n).
+    """
+    vit = unwrap_model(model)
+    depth = len(vit.blocks)
+    rec = Recording(
+        attention_layers=take_indices(depth, layers) if attention else [],
+        token_layers=take_indices(depth, token_layers) if tokens else [],
+    )
+
+    def on_patches(module, inputs, output) -> None:
+        rec.layout = vit.token_layout((output.shape[-2], output.shape[-1]))
+
+    def attention_recorder(i: int):
+        def store(probs: torch.Tensor) -> None:
+            rec.attentions[i] = probs.detach()
+
+        return store
+
+    def token_recorder(i: int):
+        def store(module, inputs, output) -> None:
+            rec.tokens[i] = output.detach()
+
+        return store
+
+    handles = [vit.patch_embed.register_forward_hook(on_patches)]
+    for i in rec.token_layers:
+        handles.append(vit.blocks[i].register_forward_hook(token_recorder(i)))
+    for i in rec.attention_layers:
+        vit.blocks[i].attn.recorder = attention_recorder(i)
+    try:
+        yield rec
+    finally:
+        for handle in handles:
+            handle.remove()
+        for i in rec.attention_layers:
+            vit.blocks[i].attn.recorder = None

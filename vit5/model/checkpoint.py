@@ -1,0 +1,268 @@
+"""Saving and loading weights: our directory format, official ViT-5 ``.pth`` and timm checkpoints.
+
+Our format is a directory with ``config.json`` (the :class:`ViT5Config`) and
+``model.safetensors`` (optionally ``model_ema.safetensors``). Pickled ``.pth`` files are read with
+``torch.load(weights_only=True)``: no pickled code ever runs. Loading is always strict: keys or
+shapes that do not fit raise :class:`CheckpointError` listing the missing, unexpected and
+mismatched keys. The only deliberate exceptions are reported in a :class:`LoadReport`: a head
+reset for a new number of classes, and a position embedding resampled to a new grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..layers import resample_pos_embed
+from .config import ViT5Config
+from .convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
+from .presets import preset_config
+from .vit import ViT5
+
+logger = logging.getLogger("vit5")
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+EMA_WEIGHTS_NAME = "model_ema.safetensors"
+HEAD_KEYS = ("head.weight", "head.bias")
+
+
+@dataclass
+class Checkpoint:
+    """Raw weights read from disk, before conversion to a model."""
+
+    state_dict: dict[str, torch.Tensor]
+    source: Source
+    config: dict[str, Any] | None = None  # only our format stores the config
+    path: str = ""
+
+
+@dataclass
+class LoadReport:
+    source: str
+    path: str = ""
+    reset: list[str] = field(default_factory=list)
+    resampled: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"loaded {self.path or 'weights'} ({self.source} format), strict"]
+        if self.reset:
+            lines.append(f"  newly initialised (not in the checkpoint's shape): {', '.join(self.reset)}")
+        lines += [f"  resampled {item}" for item in self.resampled]
+        if self.dropped:
+            lines.append(f"  verified and dropped (rebuilt at run time): {len(self.dropped)} RoPE frequency buffers")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- save
+def save_pretrained(
+    model: ViT5,
+    directory: str | os.PathLike,
+    ema_state_dict: dict[str, torch.Tensor] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(directory / CONFIG_NAME, json.dumps({"config": model.cfg.to_dict(), **(extra or {})}, indent=2))
+    _atomic_save_safetensors(model.state_dict(), directory / WEIGHTS_NAME)
+    if ema_state_dict is not None:
+        _atomic_save_safetensors(ema_state_dict, directory / EMA_WEIGHTS_NAME)
+    return directory
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+def _atomic_save_safetensors(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------- read
+def read_checkpoint(path: str | os.PathLike, use_ema: bool = False, source: Source | None = None) -> Checkpoint:
+    """Read weights from our directory, a ``.safetensors`` file, or a ``.pth`` (official / timm)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_dir():
+        return _read_directory(path, use_ema)
+    if path.suffix == ".safetensors":
+        try:
+            sd = load_file(str(path))
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from err
+        return Checkpoint(sd, source or detect_source(sd), path=str(path))
+    sd = _unwrap(_torch_load(path), use_ema, path)
+    return Checkpoint(sd, source or detect_source(sd), path=str(path))
+
+
+def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
+    config_file, weights = path / CONFIG_NAME, path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME)
+    if not config_file.exists() or not weights.exists():
+        raise CheckpointError(
+            f"{path} is not a vit5 checkpoint directory: it needs {CONFIG_NAME} and {weights.name}"
+            + (" (this run saved no EMA weights: drop use_ema)" if use_ema and config_file.exists() else "")
+        )
+    config = json.loads(config_file.read_text())["config"]
+    try:
+        sd = load_file(str(weights))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{weights} is corrupt or truncated ({err})") from err
+    return Checkpoint(sd, "vit5", config=config, path=str(path))
+
+
+def _torch_load(path: Path) -> Any:
+    # The official training script stores its argparse.Namespace; it is plain data, so allow it.
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"{path} contains pickled objects other than tensors, which vit5 refuses to execute "
+            f"(weights_only=True). Re-save its state dict only: torch.save(ckpt['model'], 'weights.pth'). "
+            f"Details: {str(err).splitlines()[0]}"
+        ) from err
+    except (RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({err})") from err
+
+
+def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:
+    if isinstance(obj, dict) and not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        order = ("model_ema", "state_dict_ema") if use_ema else ("model", "state_dict", "module")
+        for key in order:
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+        else:
+            wanted = "EMA weights ('model_ema')" if use_ema else "a state dict ('model' or 'state_dict')"
+            raise CheckpointError(f"{path} holds no {wanted}; its top-level keys are {sorted(obj)[:10]}")
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    if all(k.startswith("module.") for k in obj):
+        obj = {k.removeprefix("module."): v for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------------------------- load
+def load_weights(model: ViT5, ckpt: Checkpoint, ignore_head: bool = False) -> LoadReport:
+    """Load ``ckpt`` into ``model`` strictly; resample the APE; reset the head only if ``ignore_head``."""
+    report = LoadReport(source=ckpt.source, path=ckpt.path)
+    converted = convert(ckpt.state_dict, ckpt.source, model.cfg)
+    report.dropped = [k for k in ckpt.state_dict if k.endswith("rope.freqs") or k.endswith("rope_reg.freqs")]
+    expected = model.state_dict()
+    if ignore_head:
+        for key in HEAD_KEYS:
+            if key in expected and (key not in converted or converted[key].shape != expected[key].shape):
+                converted[key] = expected[key]
+                report.reset.append(key)
+    _resample_pos_embed(converted, model, ckpt, report)
+    _check_fit(converted, expected, ckpt)
+    model.load_state_dict(converted, strict=True)
+    return report
+
+
+def _resample_pos_embed(sd: dict, model: ViT5, ckpt: Checkpoint, report: LoadReport) -> None:
+    pos = sd.get("pos_embed")
+    if pos is None or model.pos_embed is None or pos.shape == model.pos_embed.shape:
+        return
+    if ckpt.config is not None:
+        old_grid = ViT5Config.from_dict(ckpt.config).grid_size
+    else:
+        side = math.isqrt(pos.shape[1])
+        if side * side != pos.shape[1]:
+            raise CheckpointError(f"pos_embed of {pos.shape[1]} rows in {ckpt.path} is not a square grid")
+        old_grid = (side, side)
+    if pos.shape[-1] != model.pos_embed.shape[-1]:
+        return  # a width mismatch is reported by _check_fit
+    new_grid = model.cfg.grid_size
+    sd["pos_embed"] = resample_pos_embed(pos, old_grid, new_grid)
+    report.resampled.append(f"pos_embed {old_grid[0]}x{old_grid[1]} -> {new_grid[0]}x{new_grid[1]} (bicubic)")
+
+
+def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint) -> None:
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape]
+    if not (missing or unexpected or mismatched):
+        return
+    lines = [f"checkpoint {ckpt.path} ({ckpt.source} format) does not fit the model:"]
+    if missing:
+        lines.append(f"  missing ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
+    if unexpected:
+        lines.append(f"  unexpected ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}")
+    for k in mismatched[:12]:
+        lines.append(f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}")
+    if any(k in HEAD_KEYS for k in mismatched):
+        classes = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
+        lines.append(
+            f"  the head was trained for {classes} classes: pass num_classes={classes} to keep it, or "
+            "ignore_head=True (a new num_classes when fine-tuning) to start a new head"
+        )
+    elif missing or unexpected:
+        lines.append("  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source format")
+    raise CheckpointError("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------- factories
+def create_model(name: str, pretrained: str | os.PathLike | None = None, **overrides: Any) -> ViT5:
+    """Build preset ``name`` with config ``overrides``; optionally load weights from ``pretrained``.
+
+    When ``num_classes`` is overridden and differs from the checkpoint's head, the head is reset
+    (fine-tuning); the APE is resampled when ``img_size`` differs. Everything else loads strictly.
+    Pass ``use_ema=True`` to take the EMA weights and ``source=`` to force a checkpoint format.
+    """
+    use_ema = overrides.pop("use_ema", False)
+    source = overrides.pop("source", None)
+    if pretrained is not None and pretrained is not False:
+        if pretrained is True:
+            raise CheckpointError(
+                "vit5 downloads nothing: pass pretrained=PATH (our directory, an official ViT-5 .pth or a timm checkpoint)"
+            )
+        ckpt = read_checkpoint(pretrained, use_ema=use_ema, source=source)
+        if ckpt.config is not None:  # our directory format knows its own architecture
+            cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)
+        else:
+            cfg = preset_config(name, **overrides)
+        return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides)
+    return ViT5(preset_config(name, **overrides))
+
+
+def load_model(path: str | os.PathLike, source: Source | None = None, use_ema: bool = False, **overrides: Any) -> ViT5:
+    """Load any supported checkpoint without naming a preset: the architecture comes from
+    ``config.json`` (our format) or is inferred from the tensor shapes (official / timm)."""
+    ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
+    if ckpt.config is not None:
+        cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)
+    else:
+        cfg = config_from_checkpoint(ckpt.state_dict, ckpt.source, **overrides)
+    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides)
+
+
+def _build_and_load(cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool) -> ViT5:
+    model = ViT5(cfg)
+    report = load_weights(model, ckpt, ignore_head=ignore_head)
+    model.load_report = report
+    if report.reset or report.resampled:
+        logger.warning(str(report))
+    else:
+        logger.info(str(report))
+    return model

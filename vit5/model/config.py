@@ -1,0 +1,231 @@
+"""``ViT5Config``: every architectural switch of the backbone, typed and validated at construction.
+
+Defaults are the official ViT-5 (arXiv 2602.08071) at ViT-S size: pre-norm RMSNorm blocks,
+LayerScale 1e-4, QK-Norm, bias-free qkv, GELU MLP, learned APE on patches **and** axial 2D
+RoPE (theta 1e4, interleaved pairs, rows first, integer positions), 4 registers appended after
+the patches with their own 2x2 RoPE (theta 100), CLS-token pooling. Each component can be
+switched off or swapped, so the paper's ablations are config changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..layers import AttentionConfig, BlockConfig, drop_path_rates, swiglu_hidden_dim
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ViT5Config:
+    # input and output
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    # trunk
+    embed_dim: int = 384
+    depth: int = 12
+    num_heads: int = 6
+    num_kv_heads: int | None = None  # None: MHA; 1: MQA; in between: GQA
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp_ratio: float = 4.0
+    swiglu_multiple_of: int = 64  # SwiGLU hidden = 2/3 * mlp_ratio * dim, rounded up to this
+    mlp_bias: bool | None = None  # None: True for GELU, False for SwiGLU
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-6
+    qk_norm: bool = True
+    qkv_bias: bool = False
+    layer_scale: float | None = 1e-4  # None: no LayerScale
+    pre_norm: bool = True
+    attn_backend: Literal["sdpa", "flash_attn", "eager"] = "sdpa"
+    # regularisation
+    drop_path_rate: float = 0.0
+    drop_path_schedule: Literal["uniform", "linear"] = "uniform"
+    drop_rate: float = 0.0  # dropout before the head
+    # positions
+    ape: bool = True
+    rope: bool = True
+    rope_theta: float = 10000.0
+    rope_layout: Literal["interleaved", "half"] = "interleaved"
+    rope_axis_order: Literal["yx", "xy"] = "yx"
+    rope_positions: Literal["integer", "rescaled"] = "integer"
+    rope_ref_grid: tuple[int, int] | None = None  # for "rescaled"; None: the img_size grid
+    # extra tokens and pooling
+    class_token: bool = True
+    num_registers: int = 4
+    register_rope: bool = True
+    register_rope_theta: float = 100.0
+    global_pool: Literal["token", "avg"] = "token"
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        size = self.img_size
+        object.__setattr__(self, "img_size", (size, size) if isinstance(size, int) else tuple(size))
+        if self.rope_ref_grid is not None:
+            object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))
+        self._validate()
+
+    def _validate(self) -> None:
+        def fail(msg: str) -> None:
+            raise ConfigError(msg)
+
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "swiglu_multiple_of"):
+            if getattr(self, name) < 1:
+                fail(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_classes < 0 or self.num_registers < 0:
+            fail("num_classes and num_registers must be >= 0")
+        h, w = self.img_size
+        p = self.patch_size
+        if h % p or w % p or h < p or w < p:
+            fail(f"img_size {h}x{w} is not a multiple of patch_size {p}: use e.g. {max(p, h // p * p)}")
+        if self.embed_dim % self.num_heads:
+            fail(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        kv = self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+        if kv < 1 or self.num_heads % kv:
+            fail(f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}")
+        rotates = self.rope or (self.register_rope and self.num_registers > 0)
+        if rotates and self.head_dim % 4:
+            fail(
+                f"2D RoPE needs head_dim divisible by 4, but embed_dim {self.embed_dim} / num_heads "
+                f"{self.num_heads} = {self.head_dim}: change the sizes or set rope=False, register_rope=False"
+            )
+        if self.num_registers and self.register_rope and math.isqrt(self.num_registers) ** 2 != self.num_registers:
+            fail(
+                f"register RoPE places registers on a sqrt(R) x sqrt(R) grid, so num_registers must be a "
+                f"perfect square, got {self.num_registers}: use 1, 4, 9, ... or register_rope=False"
+            )
+        if self.global_pool == "token" and not self.class_token:
+            fail("global_pool='token' needs class_token=True: use global_pool='avg' without a CLS token")
+        for name in ("drop_path_rate", "drop_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.layer_scale is not None and self.layer_scale <= 0:
+            fail(f"layer_scale must be positive or None (off), got {self.layer_scale}")
+        if self.rope_ref_grid is not None and len(self.rope_ref_grid) != 2:
+            fail(f"rope_ref_grid must be (rows, cols), got {self.rope_ref_grid}")
+
+    # derived quantities
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token)
+
+    @property
+    def mlp_hidden_dim(self) -> int:
+        if self.mlp == "swiglu":
+            return swiglu_hidden_dim(self.embed_dim, self.mlp_ratio, self.swiglu_multiple_of)
+        return int(self.embed_dim * self.mlp_ratio)
+
+    def attention_config(self) -> AttentionConfig:
+        return AttentionConfig(
+            dim=self.embed_dim,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            norm=self.norm,
+            norm_eps=self.norm_eps,
+            backend=self.attn_backend,
+            rope_layout=self.rope_layout,
+        )
+
+    def block_configs(self) -> list[BlockConfig]:
+        attn = self.attention_config()
+        mlp_bias = self.mlp == "gelu" if self.mlp_bias is None else self.mlp_bias
+        return [
+            BlockConfig(
+                attn=attn,
+                mlp=self.mlp,
+                mlp_hidden_dim=self.mlp_hidden_dim,
+                mlp_bias=mlp_bias,
+                norm=self.norm,
+                norm_eps=self.norm_eps,
+                layer_scale=self.layer_scale,
+                pre_norm=self.pre_norm,
+                drop_path=rate,
+            )
+            for rate in drop_path_rates(self.drop_path_rate, self.depth, self.drop_path_schedule)
+        ]
+
+    # (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ViT5Config:
+        check_keys(values, cls)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ViT5Config:
+        check_keys(changes, type(self))
+        return dataclasses.replace(self, **changes)
+
+
+def check_keys(values: dict[str, Any], cls: type) -> None:
+    """Fail on keys that are not fields of dataclass ``cls``, suggesting the closest field."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown {cls.__name__} key {key!r}: {hint}")
+
+
+def _check_types(cfg: Any) -> None:
+    hints = typing.get_type_hints(type(cfg))
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if not _matches(value, hints[field.name]):
+            raise ConfigError(
+                f"{type(cfg).__name__}.{field.name} = {value!r} has the wrong type: expected "
+                f"{_describe(hints[field.name])}"
+            )
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return (
+            isinstance(value, (tuple, list))
+            and len(value) == len(args)
+            and all(_matches(v, a) for v, a in zip(value, args))
+        )
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(hint))
+    if origin is tuple:
+        return "a pair (" + ", ".join(_describe(a) for a in typing.get_args(hint)) + ")"
+    return "None" if hint is type(None) else hint.__name__

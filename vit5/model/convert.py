@@ -1,0 +1,172 @@
+"""Per-source state-dict converters: the official ViT-5 code and timm ``VisionTransformer``.
+
+Our parameter names are timm's (``ls1.gamma``, ``attn.q_norm``, ``mlp.fc1``, ``reg_token``), so
+each converter is a short explicit map, not a chain of key sniffing:
+
+- ``official`` (``wangf3014/ViT-5`` ``models_vit5.py``): ``blocks.i.gamma_{1,2}`` become
+  ``blocks.i.ls{1,2}.gamma``; the per-block RoPE frequency buffers ``attn.rope.freqs`` /
+  ``attn.rope_reg.freqs`` are checked against the frequencies this model computes (so a wrong
+  theta or head size cannot load silently) and then dropped, since RoPE tables are rebuilt.
+- ``timm`` (``deit3_*``, ``vit_*``, ``vit_*_reg4_*``): names are identical. A timm APE that
+  includes a CLS row (``no_embed_class=False``) is folded into ``cls_token`` so the APE covers
+  patches only, which is exact. timm orders registers before the patches; registers carry no
+  position there, so attention is unchanged by our ``[CLS | patches | registers]`` order.
+
+``infer_config`` reads the architecture off the tensor shapes, so a checkpoint loads without
+the user naming its preset.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+import torch
+
+from ..layers import rope_frequencies
+from .config import ConfigError, ViT5Config
+
+Source = Literal["vit5", "official", "timm"]
+SOURCES: tuple[str, ...] = ("vit5", "official", "timm")
+
+_OFFICIAL_RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
+_OFFICIAL_ROPE_BUFFERS = {"attn.rope.freqs": "rope", "attn.rope_reg.freqs": "register"}
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be loaded as asked; the message lists what does not fit and how to fix it."""
+
+
+def detect_source(state_dict: dict[str, torch.Tensor]) -> Source:
+    """``"official"`` when the ViT-5 code's LayerScale names are present, else timm-style names."""
+    return "official" if any(k.endswith(".gamma_1") for k in state_dict) else "timm"
+
+
+def from_official(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str, torch.Tensor]:
+    """Map an official ViT-5 state dict (``torch.load(path)["model"]``) to our names."""
+    out = {}
+    for key, value in state_dict.items():
+        match = _BLOCK_KEY.match(key)
+        rest = match.group(2) if match else None
+        if rest in _OFFICIAL_RENAMES:
+            out[f"blocks.{match.group(1)}.{_OFFICIAL_RENAMES[rest]}"] = value
+        elif rest in _OFFICIAL_ROPE_BUFFERS:
+            _check_rope_buffer(key, value, cfg, _OFFICIAL_ROPE_BUFFERS[rest])
+        else:
+            out[key] = value
+    return out
+
+
+def _check_rope_buffer(key: str, freqs: torch.Tensor, cfg: ViT5Config, kind: str) -> None:
+    enabled = cfg.rope if kind == "rope" else (cfg.register_rope and cfg.num_registers > 0)
+    theta = cfg.rope_theta if kind == "rope" else cfg.register_rope_theta
+    if not enabled:
+        switch = "rope=True" if kind == "rope" else "register_rope=True"
+        raise CheckpointError(f"checkpoint has {key} (a RoPE model) but this model has it off: set {switch}")
+    expected = rope_frequencies(cfg.head_dim, theta).float()
+    if freqs.shape != expected.shape or not torch.allclose(freqs.float().cpu(), expected, rtol=1e-4, atol=1e-7):
+        raise CheckpointError(
+            f"{key} holds RoPE frequencies {freqs.flatten()[:3].tolist()}... that differ from this model's "
+            f"(head_dim {cfg.head_dim}, theta {theta}): {expected[:3].tolist()}...; check head sizes and "
+            f"{'rope_theta' if kind == 'rope' else 'register_rope_theta'}"
+        )
+
+
+def from_timm(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str, torch.Tensor]:
+    """Map a timm ``VisionTransformer`` state dict; folds a CLS row of the APE into ``cls_token``."""
+    out = dict(state_dict)
+    pos = out.get("pos_embed")
+    n_patches = cfg.grid_size[0] * cfg.grid_size[1]
+    if pos is not None and "cls_token" in out and _has_class_row(pos.shape[1], n_patches):
+        out["cls_token"] = out["cls_token"] + pos[:, :1]
+        out["pos_embed"] = pos[:, 1:]
+    return out
+
+
+def _has_class_row(rows: int, n_patches: int) -> bool:
+    """Whether an APE of ``rows`` rows has a leading CLS row (rows = 1 + square grid)."""
+    if rows == n_patches:
+        return False
+    if rows == n_patches + 1:
+        return True
+    return _is_square(rows - 1) and not _is_square(rows)
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def convert(state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config) -> dict[str, torch.Tensor]:
+    if source == "official":
+        return from_official(state_dict, cfg)
+    if source == "timm":
+        return from_timm(state_dict, cfg)
+    if source == "vit5":
+        return dict(state_dict)
+    raise CheckpointError(f"unknown checkpoint source {source!r}: use one of {SOURCES}")
+
+
+def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[str, Any]:
+    """Architecture fields read off the tensor shapes of an official or timm state dict.
+
+    Sizes, depth, heads (from the QK-Norm or RoPE shapes; otherwise 64-dim heads are assumed),
+    registers, classes, norm kind, biases and the APE grid (square) are inferred.
+    """
+    sd = state_dict
+    try:
+        weight = sd["patch_embed.proj.weight"]
+    except KeyError:
+        raise CheckpointError("not a ViT state dict: it has no 'patch_embed.proj.weight'") from None
+    dim, in_chans, patch = weight.shape[0], weight.shape[1], weight.shape[-1]
+    depth = 1 + max(int(m.group(1)) for k in sd if (m := _BLOCK_KEY.match(k)))
+    official = source == "official"
+    head_dim = _infer_head_dim(sd, official)
+    out: dict[str, Any] = dict(
+        patch_size=patch,
+        in_chans=in_chans,
+        embed_dim=dim,
+        depth=depth,
+        num_heads=dim // head_dim,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        norm="layernorm" if "norm.bias" in sd else "rmsnorm",
+        qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        class_token="cls_token" in sd,
+        num_registers=sd["reg_token"].shape[1] if "reg_token" in sd else 0,
+        ape="pos_embed" in sd,
+        layer_scale=1e-4 if ("blocks.0.gamma_1" in sd or "blocks.0.ls1.gamma" in sd) else None,
+        mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim,
+        rope="blocks.0.attn.rope.freqs" in sd if official else False,
+        register_rope="blocks.0.attn.rope_reg.freqs" in sd if official else False,
+    )
+    if not out["class_token"]:
+        out["global_pool"] = "avg"
+    if "pos_embed" in sd:
+        rows = sd["pos_embed"].shape[1]
+        if not official and out["class_token"] and _has_class_row(rows, -1):
+            rows -= 1
+        if not _is_square(rows):
+            raise CheckpointError(
+                f"cannot infer the image size from a position embedding of {rows} rows (not a square grid): "
+                "create the model by preset name with img_size=... and pass pretrained=PATH"
+            )
+        side = math.isqrt(rows) * patch
+        out["img_size"] = side
+    return out
+
+
+def _infer_head_dim(sd: dict[str, torch.Tensor], official: bool) -> int:
+    if "blocks.0.attn.q_norm.weight" in sd:
+        return sd["blocks.0.attn.q_norm.weight"].shape[0]
+    if official and "blocks.0.attn.rope.freqs" in sd:
+        return 4 * sd["blocks.0.attn.rope.freqs"].shape[0]
+    return 64
+
+
+def config_from_checkpoint(state_dict: dict[str, torch.Tensor], source: Source, **overrides: Any) -> ViT5Config:
+    try:
+        return ViT5Config.from_dict({**infer_config(state_dict, source), **overrides})
+    except ConfigError as err:
+        raise CheckpointError(f"the inferred architecture is invalid ({err}); pass the preset name instead") from err

@@ -1,0 +1,329 @@
+"""The ViT-5 backbone ("ViT-5: Vision Transformers for the Mid-2020s", arXiv 2602.08071).
+
+Forward pass (official order): patch embed -> add the learned APE to the patches only ->
+``[CLS | patches | registers]`` -> ``depth`` blocks with per-token RoPE tables built once for the
+actual grid -> final norm -> head on the CLS token (or the patch mean). Any resolution whose
+sides are patch multiples works at run time: the APE is resampled from its stored grid and RoPE
+is built for the real grid.
+
+The class follows the timm model contract (``forward_features``, ``forward_head``,
+``forward_intermediates``, ``no_weight_decay``, ``group_matcher``, ...), so timm's optimizers,
+schedulers and feature wrappers work on it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import Block, PatchEmbed, Rope2D, make_norm, resample_pos_embed, rope_cos_sin
+from .config import ViT5Config
+from .layout import TokenLayout
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_ROPE_CACHE_SIZE = 16
+
+
+def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
+    """Block indices to return: ``None`` all, an int ``n`` the last n, a list absolute or negative."""
+    if indices is None:
+        return list(range(num_blocks))
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks:
+            raise ValueError(f"asked for the last {indices} blocks of a model with {num_blocks}")
+        return list(range(num_blocks - indices, num_blocks))
+    taken = []
+    for i in indices:
+        if not -num_blocks <= i < num_blocks:
+            raise ValueError(f"block index {i} is out of range for a model with {num_blocks} blocks")
+        taken.append(i % num_blocks)
+    return taken
+
+
+class ViT5(nn.Module):
+    """Vision Transformer with every ViT-5 component switchable through :class:`ViT5Config`."""
+
+    def __init__(self, cfg: ViT5Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.embed_dim = self.num_features = self.head_hidden_size = cfg.embed_dim
+        self.num_prefix_tokens = cfg.num_prefix_tokens
+        self.num_reg_tokens = cfg.num_registers
+        self.patch_size = cfg.patch_size
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        grid = cfg.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.embed_dim)) if cfg.num_registers else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], cfg.embed_dim)) if cfg.ape else None
+        self.rope = self.rope_reg = None
+        if cfg.rope:
+            ref = cfg.rope_ref_grid or grid
+            self.rope = Rope2D(cfg.head_dim, cfg.rope_theta, cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions, ref)
+        if cfg.num_registers and cfg.register_rope:
+            side = int(cfg.num_registers**0.5)
+            self.rope_reg = Rope2D(cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order)
+            self._register_grid = (side, side)
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        self.blocks = nn.ModuleList([Block(block_cfg) for block_cfg in cfg.block_configs()])
+        self.norm = make_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=cfg.embed_dim, reduction=cfg.patch_size) for i in range(cfg.depth)
+        ]
+        self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+        self.init_weights()
+
+    # ------------------------------------------------------------------ init and metadata
+    def init_weights(self) -> None:
+        """Official ViT-5 init: trunc-normal(0.02) linears and tokens, zero biases, default conv."""
+        for param in (self.cls_token, self.reg_token, self.pos_embed):
+            if param is not None:
+                nn.init.trunc_normal_(param, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def _pretrained_cfg(self) -> dict[str, Any]:
+        return dict(
+            input_size=(self.cfg.in_chans, *self.cfg.img_size),
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            crop_pct=1.0,
+            interpolation="bicubic",
+            num_classes=self.cfg.num_classes,
+            first_conv="patch_embed.proj",
+            classifier="head",
+            license="apache-2.0",
+        )
+
+    # ------------------------------------------------------------------ token layout and positions
+    def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid for an input image of ``image_hw`` (checks the sides are patch multiples)."""
+        return self.patch_embed.grid_size(image_hw)
+
+    def token_layout(self, grid: tuple[int, int]) -> TokenLayout:
+        return TokenLayout(tuple(grid), self.num_prefix_tokens, self.num_reg_tokens, registers_first=False)
+
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
+
+    def rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-token ``(cos, sin) [N, head_dim]`` (fp32) for the whole sequence, or None without RoPE.
+
+        CLS rows (and registers without their own RoPE) have angle 0, i.e. they are not rotated,
+        so one table serves the whole sequence and the blocks never slice q or k.
+        """
+        if self.rope is None and self.rope_reg is None:
+            return None
+        if torch.compiler.is_compiling():
+            return self._build_rope_tables(grid)
+        key = (tuple(grid), self.patch_embed.proj.weight.device)
+        tables = self._rope_cache.get(key)
+        if tables is None:
+            if len(self._rope_cache) >= _ROPE_CACHE_SIZE:
+                self._rope_cache.clear()
+            tables = self._rope_cache[key] = self._build_rope_tables(grid)
+        return tables
+
+    def _build_rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.patch_embed.proj.weight.device
+        half = self.cfg.head_dim // 2
+        zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
+        patches = self.rope.angles(grid) if self.rope is not None else zeros(grid[0] * grid[1])
+        registers = self.rope_reg.angles(self._register_grid) if self.rope_reg is not None else zeros(self.num_reg_tokens)
+        angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
+        return rope_cos_sin(angles, self.cfg.rope_layout)
+
+    def prepare_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images ``[B, C, H, W]`` to the input sequence ``[B, N, C]`` and its patch grid."""
+        x = self.patch_embed(x)
+        grid = (x.shape[-2], x.shape[-1])
+        x = x.flatten(2).transpose(1, 2)
+        if self.pos_embed is not None:
+            x = x + self._pos_embed_for(grid)
+        parts = [x]
+        if self.cls_token is not None:
+            parts.insert(0, self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            parts.append(self.reg_token.expand(x.shape[0], -1, -1))
+        return torch.cat(parts, dim=1), grid
+
+    # ------------------------------------------------------------------ forward
+    def _run_block(self, block: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+            return checkpoint(block, x, rope, use_reentrant=False)
+        return block(x, rope)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens after the final norm, ``[B, N, C]`` in ``[CLS | patches | registers]`` order."""
+        x, grid = self.prepare_tokens(x)
+        rope = self.rope_tables(grid)
+        for block in self.blocks:
+            x = self._run_block(block, x, rope)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+        """``"token"``: the CLS token; ``"avg"``: the mean of the patch tokens (no CLS, no registers)."""
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "token":
+            return x[:, 0]
+        if pool_type == "avg":
+            n_patches = x.shape[1] - self.num_prefix_tokens - self.num_reg_tokens
+            return x[:, self.num_prefix_tokens : self.num_prefix_tokens + n_patches].mean(dim=1)
+        if pool_type == "":
+            return x
+        raise ValueError(f"unknown global_pool {pool_type!r}: use 'token' or 'avg'")
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.head_drop(self.pool(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # ------------------------------------------------------------------ dense features
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """Block outputs of the chosen blocks (timm contract).
+
+        Args:
+            indices: ``None`` all blocks, an int ``n`` the last n, or a list (negative allowed).
+            return_prefix_tokens: also return ``[B, 1 + R, C]`` (CLS then registers) per block.
+            norm: apply the final norm to each intermediate (default: raw block outputs).
+            stop_early: do not run the blocks after the last one requested.
+            output_fmt: ``"NCHW"`` patch maps ``[B, C, H/p, W/p]`` or ``"NLC"`` ``[B, H/p*W/p, C]``.
+            intermediates_only: return only the list (no final features).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        taken = take_indices(len(self.blocks), indices)
+        wanted = set(taken)
+        x, grid = self.prepare_tokens(x)
+        layout = self.token_layout(grid)
+        rope = self.rope_tables(grid)
+        last = max(taken) if stop_early else len(self.blocks) - 1
+        outputs: dict[int, torch.Tensor] = {}
+        for i, block in enumerate(self.blocks[: last + 1]):
+            x = self._run_block(block, x, rope)
+            if i in wanted:
+                outputs[i] = self.norm(x) if norm else x
+        intermediates = []
+        for i in taken:
+            y = outputs[i]
+            patches = layout.patches(y)
+            spatial = layout.to_nchw(patches) if output_fmt == "NCHW" else patches
+            intermediates.append((spatial, layout.prefix(y)) if return_prefix_tokens else spatial)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | Sequence[int] = 1,
+        reshape: bool = False,
+        return_class_token: bool = False,
+        return_extra_tokens: bool = False,
+        norm: bool = True,
+    ) -> tuple:
+        """DINOv2/v3-style: per block, patch tokens (``[B, h*w, C]``, or ``[B, C, h, w]`` with
+        ``reshape``) optionally with the CLS token ``[B, C]`` and the registers ``[B, R, C]``.
+
+        Note the DINO default ``norm=True`` (after the final norm), unlike ``forward_intermediates``.
+        """
+        grid = self.grid_size((x.shape[-2], x.shape[-1]))
+        layout = self.token_layout(grid)
+        outs = self.forward_intermediates(
+            x, n, return_prefix_tokens=True, norm=norm, stop_early=True, output_fmt="NLC", intermediates_only=True
+        )
+        results = []
+        for patches, prefix in outs:
+            item = [layout.to_nchw(patches) if reshape else patches]
+            if return_class_token:
+                item.append(prefix[:, 0])
+            if return_extra_tokens:
+                item.append(prefix[:, self.num_prefix_tokens :])
+            results.append(item[0] if len(item) == 1 else tuple(item))
+        return tuple(results)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last one in ``indices`` (and the head / norm); returns the indices."""
+        taken = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max(taken) + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.head_drop = nn.Identity()
+            self.reset_classifier(0, "")
+        return taken
+
+    # ------------------------------------------------------------------ timm contract helpers
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token", "reg_token"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(
+            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head by a freshly initialised one for ``num_classes`` (0: no head)."""
+        if global_pool is not None:
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a CLS token: use 'avg'")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        device = self.patch_embed.proj.weight.device
+        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes else nn.Identity()
+        if num_classes:
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        self.cfg = self.cfg.replace(num_classes=num_classes)
+        self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        """Make a new input size permanent: resample the stored APE and update the config."""
+        new_cfg = self.cfg.replace(img_size=img_size)
+        if self.pos_embed is not None:
+            with torch.no_grad():
+                resampled = resample_pos_embed(self.pos_embed.data, self.cfg.grid_size, new_cfg.grid_size)
+            self.pos_embed = nn.Parameter(resampled)
+        if self.rope is not None and self.cfg.rope_positions == "rescaled" and self.cfg.rope_ref_grid is None:
+            new_cfg = new_cfg.replace(rope_ref_grid=self.cfg.grid_size)  # keep the trained reference grid
+        self.cfg = new_cfg
+        self._rope_cache.clear()
+        self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
