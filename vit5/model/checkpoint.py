@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import pickle
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,10 +137,13 @@ def _torch_load(path: Path) -> Any:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        blocked = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if blocked is None:
+            raise CheckpointError(f"{path} is not a readable PyTorch checkpoint (corrupt or truncated)") from err
         raise CheckpointError(
-            f"{path} contains pickled objects other than tensors, which vit5 refuses to execute "
-            f"(weights_only=True). Re-save its state dict only: torch.save(ckpt['model'], 'weights.pth'). "
-            f"Details: {str(err).splitlines()[0]}"
+            f"{path} contains pickled objects other than tensors ({blocked.group(1)}), which vit5 refuses to "
+            "execute (weights_only=True). If you trust the file, re-save just its weights: "
+            "torch.save(torch.load(path, weights_only=False)['model'], 'weights.pth')"
         ) from err
     except (RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({err})") from err

@@ -111,7 +111,8 @@ def convert(state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config
 def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[str, Any]:
     """Architecture fields read off the tensor shapes of an official or timm state dict.
 
-    Sizes, depth, heads (from the QK-Norm or RoPE shapes; otherwise 64-dim heads are assumed),
+    Sizes, depth, heads (from the QK-Norm or RoPE shapes; otherwise 64-dim heads, the standard,
+    when the width is a multiple of 64),
     registers, classes, norm kind, biases and the APE grid (square) are inferred.
     """
     sd = state_dict
@@ -128,7 +129,6 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
         in_chans=in_chans,
         embed_dim=dim,
         depth=depth,
-        num_heads=dim // head_dim,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         norm="layernorm" if "norm.bias" in sd else "rmsnorm",
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
@@ -141,6 +141,8 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
         rope="blocks.0.attn.rope.freqs" in sd if official else False,
         register_rope="blocks.0.attn.rope_reg.freqs" in sd if official else False,
     )
+    if head_dim is not None:
+        out["num_heads"] = dim // head_dim
     if not out["class_token"]:
         out["global_pool"] = "avg"
     if "pos_embed" in sd:
@@ -157,16 +159,23 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
     return out
 
 
-def _infer_head_dim(sd: dict[str, torch.Tensor], official: bool) -> int:
+def _infer_head_dim(sd: dict[str, torch.Tensor], official: bool) -> int | None:
+    """From the QK-Norm or RoPE shapes; else the standard 64 when the width allows; else unknown."""
     if "blocks.0.attn.q_norm.weight" in sd:
         return sd["blocks.0.attn.q_norm.weight"].shape[0]
     if official and "blocks.0.attn.rope.freqs" in sd:
         return 4 * sd["blocks.0.attn.rope.freqs"].shape[0]
-    return 64
+    return 64 if sd["patch_embed.proj.weight"].shape[0] % 64 == 0 else None
 
 
 def config_from_checkpoint(state_dict: dict[str, torch.Tensor], source: Source, **overrides: Any) -> ViT5Config:
+    inferred = infer_config(state_dict, source)
+    if "num_heads" not in inferred and "num_heads" not in overrides:
+        raise CheckpointError(
+            f"cannot infer the number of attention heads of this {source} checkpoint (width "
+            f"{inferred['embed_dim']}, no QK-Norm or RoPE shapes to read it from): pass num_heads=..."
+        )
     try:
-        return ViT5Config.from_dict({**infer_config(state_dict, source), **overrides})
+        return ViT5Config.from_dict({**inferred, **overrides})
     except ConfigError as err:
         raise CheckpointError(f"the inferred architecture is invalid ({err}); pass the preset name instead") from err

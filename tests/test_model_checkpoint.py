@@ -1,0 +1,171 @@
+"""Checkpoints: our format round-trips; official ViT-5 and timm weights give the source's logits; loads are strict."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+
+import vit5
+from vit5 import CheckpointError
+from vit5.reference import OfficialViT5
+
+
+def randomise(module):
+    """Give norms and LayerScale non-trivial values so a wrong mapping cannot pass."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name or "gamma" in name:
+                p.uniform_(0.5, 1.5)
+    return module.eval()
+
+
+def official(**kw):
+    base = dict(img_size=64, embed_dim=96, depth=2, num_heads=3, num_classes=7)
+    return randomise(OfficialViT5(**{**base, **kw}))
+
+
+def save_official(model, path, **extra):
+    torch.save({"model": model.state_dict(), "epoch": 3, **extra}, path)
+    return path
+
+
+def test_official_checkpoint_gives_official_logits(tmp_path):
+    ref = official()
+    path = save_official(ref, tmp_path / "vit5.pth")
+    model = vit5.load_model(path).eval()
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert model.cfg.num_registers == 4 and model.cfg.rope and model.cfg.norm == "rmsnorm"
+    assert len(model.load_report.dropped) == 4  # 2 blocks x (rope, rope_reg) buffers verified then dropped
+    by_name = vit5.create_model("vit5_tiny", pretrained=path, embed_dim=96, depth=2, num_heads=3, num_classes=7, img_size=64)
+    torch.testing.assert_close(by_name.eval()(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_official_deit3_baseline_checkpoint(tmp_path):
+    ref = official(rmsnorm=False, rope=False, num_registers=0, qk_norm=False, qkv_bias=True)
+    path = save_official(ref, tmp_path / "deit.pth")
+    with pytest.raises(CheckpointError, match="pass num_heads"):  # 96 wide, no QK-Norm: heads are ambiguous
+        vit5.load_model(path)
+    model = vit5.load_model(path, num_heads=3).eval()
+    assert model.cfg.norm == "layernorm" and not model.cfg.rope and model.cfg.qkv_bias
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_official_checkpoint_at_a_new_resolution_resamples_the_ape(tmp_path):
+    ref = official()
+    path = save_official(ref, tmp_path / "vit5.pth")
+    model = vit5.load_model(path, img_size=96)
+    assert any("4x4 -> 6x6" in r for r in model.load_report.resampled)
+    grid = ref.pos_embed.detach().reshape(1, 4, 4, 96).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(6, 6), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, 36, 96)
+    torch.testing.assert_close(model.pos_embed.detach(), expected)
+    # the official fine-tuning recipe: build at 96 and load the interpolated APE; logits agree
+    ref96 = official(img_size=96)
+    sd = {**ref.state_dict(), "pos_embed": expected}
+    ref96.load_state_dict(sd)
+    x = torch.randn(1, 3, 96, 96)
+    torch.testing.assert_close(model.eval()(x), ref96(x), rtol=1e-4, atol=1e-4)
+
+
+def test_official_rope_buffers_are_verified(tmp_path):
+    ref = official()
+    sd = ref.state_dict()
+    sd["blocks.0.attn.rope_reg.freqs"] = sd["blocks.0.attn.rope.freqs"]  # theta 1e4 where 100 belongs
+    torch.save({"model": sd}, tmp_path / "bad.pth")
+    with pytest.raises(CheckpointError, match="register_rope_theta"):
+        vit5.load_model(tmp_path / "bad.pth")
+
+
+def timm_vit(**kw):
+    base = dict(img_size=64, patch_size=16, embed_dim=96, depth=2, num_heads=3, num_classes=7, qkv_bias=True)
+    return randomise(VisionTransformer(**{**base, **kw}))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(no_embed_class=True, init_values=1e-4),  # DeiT-III (timm deit3_*)
+        dict(),  # the 2020 ViT: APE with a CLS row, no LayerScale
+        dict(reg_tokens=4, no_embed_class=True, init_values=1e-4),  # registers, [CLS | regs | patches] in timm
+    ],
+)
+def test_timm_vision_transformer_checkpoint_gives_timm_logits(tmp_path, kwargs):
+    ref = timm_vit(**kwargs)
+    torch.save(ref.state_dict(), tmp_path / "timm.pth")
+    model = vit5.load_model(tmp_path / "timm.pth", num_heads=3).eval()
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_timm_deit3_loads_into_the_deit3_preset(tmp_path):
+    ref = timm_vit(embed_dim=192, depth=12, num_heads=3, no_embed_class=True, init_values=1e-4, num_classes=1000)
+    torch.save({"state_dict": ref.state_dict()}, tmp_path / "deit3_tiny.pth")
+    model = vit5.create_model("deit3_tiny", pretrained=tmp_path / "deit3_tiny.pth", img_size=64).eval()
+    x = torch.randn(1, 3, 64, 64)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_our_format_round_trips_with_ema(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4).eval()
+    ema = {k: v + 1 for k, v in model.state_dict().items()}
+    vit5.save_pretrained(model, tmp_path / "run", ema_state_dict=ema, extra={"epoch": 2})
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["epoch"] == 2
+    loaded = vit5.load_model(tmp_path / "run").eval()
+    x = torch.randn(2, 3, 32, 48)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert loaded.cfg == model.cfg
+    ema_model = vit5.load_model(tmp_path / "run", use_ema=True)
+    torch.testing.assert_close(ema_model.cls_token, model.cls_token + 1)
+
+
+def test_new_head_for_fine_tuning_and_clear_head_mismatch(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4)
+    vit5.save_pretrained(model, tmp_path / "run")
+    tuned = vit5.create_model("vit5_tiny", pretrained=tmp_path / "run", num_classes=9)
+    assert tuned.head.weight.shape == (9, 192) and tuned.load_report.reset == ["head.weight", "head.bias"]
+    torch.testing.assert_close(tuned.blocks[1].mlp.fc2.weight, model.blocks[1].mlp.fc2.weight)
+    torch.save(model.state_dict(), tmp_path / "sd.pth")
+    with pytest.raises(CheckpointError, match=r"head.weight: checkpoint \(4, 192\) vs model \(1000, 192\)[\s\S]*num_classes=4"):
+        vit5.create_model("vit5_tiny", pretrained=tmp_path / "sd.pth", depth=2, img_size=32)
+
+
+def test_mismatched_architecture_lists_keys(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4)
+    torch.save(model.state_dict(), tmp_path / "sd.pth")
+    with pytest.raises(CheckpointError) as err:
+        vit5.create_model("vit5_tiny", pretrained=tmp_path / "sd.pth", depth=3, img_size=32, num_classes=4, qk_norm=False)
+    text = str(err.value)
+    assert "missing (" in text and "blocks.2.attn.qkv.weight" in text
+    assert "unexpected (" in text and "blocks.0.attn.q_norm.weight" in text
+
+
+def test_pickled_code_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"model": {"w": torch.zeros(1)}, "payload": Evil()}, tmp_path / "evil.pth")
+    with pytest.raises(CheckpointError, match="io.open.*refuses to execute"):
+        vit5.load_model(tmp_path / "evil.pth")
+    assert not marker.exists()
+
+
+def test_bad_files_fail_clearly(tmp_path):
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        vit5.load_model(tmp_path / "junk.safetensors")
+    (tmp_path / "junk.pth").write_bytes(b"\x00" * 10)
+    with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
+        vit5.load_model(tmp_path / "junk.pth")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        vit5.load_model(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="downloads nothing"):
+        vit5.create_model("vit5_tiny", pretrained=True)
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(CheckpointError, match="needs config.json"):
+        vit5.load_model(tmp_path / "empty_dir")
