@@ -49,7 +49,11 @@ def test_recorded_attention_on_a_non_square_image():
     assert rec.layout.grid == (3, 5) and rec.layout.num_tokens == 1 + 15 + 4
     expected = independent_attention(model, rec.tokens[0], (3, 5))
     torch.testing.assert_close(rec.attentions[1], expected, rtol=1e-4, atol=1e-5)
-    assert rec.cls_attention(1).shape == (1, 3, 3, 5) and rec.patch_norms(1).shape == (1, 3, 5)
+    assert rec.cls_attention(-1).shape == (1, 3, 3, 5) and rec.patch_norms(1).shape == (1, 3, 5)
+    torch.testing.assert_close(rec.cls_attention(-1).flatten(2), expected[:, :, 0, 1:16])
+    torch.testing.assert_close(rec.patch_norms(-1).flatten(1), rec.tokens[1][:, 1:16].norm(dim=-1))
+    with pytest.raises(KeyError, match=r"no attention recorded for block 0: recorded \[1\]"):
+        rec.attention(0)
 
 
 def test_recorded_tokens_are_the_block_outputs_before_the_final_norm():

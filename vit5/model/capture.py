@@ -11,8 +11,9 @@ Example::
 
     with vit5.record(model, layers=[-1]) as rec:
         logits = model(images)
-    cls_to_patches = rec.layout.patches(rec.attentions[11][:, :, 0], dim=-1)   # [B, heads, h*w]
-    norms = rec.layout.to_grid(rec.layout.patches(rec.tokens[11]).norm(dim=-1))  # [B, h, w]
+    cls_maps = rec.cls_attention(-1)         # [B, heads, h, w] raw CLS-to-patch attention
+    norms = rec.patch_norms(-1)              # [B, h, w] patch-token L2 norms before the final norm
+    probs = rec.attention(-1)                # [B, heads, N, N]; slice with rec.layout
 
 The recording keeps the most recent forward pass.
 """
@@ -34,21 +35,36 @@ from .vit import ViT5, take_indices
 class Recording:
     """What :func:`record` captured in the last forward pass (tensors detached, on the model's device)."""
 
+    depth: int
     attention_layers: list[int]
     token_layers: list[int]
     layout: TokenLayout | None = None
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, heads, N, N], fp32
     tokens: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, N, C] block outputs
 
+    def attention(self, layer: int) -> torch.Tensor:
+        """Attention probabilities ``[B, heads, N, N]`` of block ``layer`` (negative counts from the end)."""
+        return _get(self.attentions, layer % self.depth, "attention")
+
+    def block_output(self, layer: int) -> torch.Tensor:
+        """Block ``layer``'s output tokens ``[B, N, C]`` before the final norm (negative allowed)."""
+        return _get(self.tokens, layer % self.depth, "token")
+
     def patch_norms(self, layer: int) -> torch.Tensor:
         """L2 norm of each patch token at ``layer`` as a map ``[B, h, w]``."""
-        return self.layout.to_grid(self.layout.patches(self.tokens[layer]).float().norm(dim=-1))
+        return self.layout.to_grid(self.layout.patches(self.block_output(layer)).float().norm(dim=-1))
 
     def cls_attention(self, layer: int) -> torch.Tensor:
         """Raw CLS-to-patch attention at ``layer`` as maps ``[B, heads, h, w]`` (not renormalised)."""
         if self.layout.cls_index is None:
             raise ValueError("this model has no CLS token")
-        return self.layout.to_grid(self.layout.patches(self.attentions[layer][:, :, 0], dim=-1))
+        return self.layout.to_grid(self.layout.patches(self.attention(layer)[:, :, 0], dim=-1))
+
+
+def _get(store: dict[int, torch.Tensor], layer: int, kind: str) -> torch.Tensor:
+    if layer not in store:
+        raise KeyError(f"no {kind} recorded for block {layer}: recorded {sorted(store)} (pass layers=... to record)")
+    return store[layer]
 
 
 def unwrap_model(model: nn.Module) -> ViT5:
@@ -76,6 +92,7 @@ def record(
     vit = unwrap_model(model)
     depth = len(vit.blocks)
     rec = Recording(
+        depth=depth,
         attention_layers=take_indices(depth, layers) if attention else [],
         token_layers=take_indices(depth, token_layers) if tokens else [],
     )
