@@ -5,8 +5,30 @@ other ``vit5`` subpackages.
 """
 
 from vit5.data.decode import BadImageError, decode_image
+from vit5.data.randaug import TimmRandAugment
+from vit5.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageTransform,
+    TransformKind,
+    build_transform,
+    eval_transform,
+    randaug_transform,
+    resize_transform,
+    three_augment,
+)
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "BadImageError",
+    "ImageTransform",
+    "TimmRandAugment",
+    "TransformKind",
+    "build_transform",
     "decode_image",
+    "eval_transform",
+    "randaug_transform",
+    "resize_transform",
+    "three_augment",
 ]
