@@ -5,6 +5,7 @@ other ``vit5`` subpackages.
 """
 
 from vit5.data.decode import BadImageError, decode_image
+from vit5.data.folder import IMAGE_EXTENSIONS, BadImageWarning, ImageFolderDataset, ImageFolderError
 from vit5.data.randaug import TimmRandAugment
 from vit5.data.transforms import (
     IMAGENET_MEAN,
@@ -21,7 +22,11 @@ from vit5.data.transforms import (
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "IMAGE_EXTENSIONS",
     "BadImageError",
+    "BadImageWarning",
+    "ImageFolderDataset",
+    "ImageFolderError",
     "ImageTransform",
     "TimmRandAugment",
     "TransformKind",

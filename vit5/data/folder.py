@@ -1,0 +1,228 @@
+"""ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files.
+
+Decoding uses :func:`vit5.data.decode.decode_image` (OpenCV); a transform maps the RGB uint8 array
+to what the model eats (see :mod:`vit5.data.transforms`).
+
+Bad files found while loading are **replaced**, not dropped: sample ``i`` falls through to the
+next readable index, so every batch keeps its size (timm ``Mixup`` asserts an even batch per
+process). Each bad file is flagged in a bool tensor in shared memory (:attr:`bad_mask`); DataLoader
+workers, forked or spawned, write into that same memory, so :attr:`num_bad` / :attr:`bad_files` read
+in the main process count files hit by any worker. The first process to flag a file emits one
+:class:`BadImageWarning`; later hits skip the file without decoding it again.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vit5.data.decode import BadImageError, decode_image
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (
+    ".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
+)  # fmt: skip
+_SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
+
+
+class ImageFolderError(RuntimeError):
+    """The folder layout or its content cannot form a data set (message names the fix)."""
+
+
+class BadImageWarning(UserWarning):
+    """An image file could not be decoded and is being skipped."""
+
+
+class ImageFolderDataset(Dataset):
+    """Classification images laid out as ``root/<split>/<class>/**/<image>``.
+
+    Args:
+        root: data set root holding split folders, or a split folder itself when ``split=None``.
+        split: split folder name under ``root`` (``"train"``, ``"val"``, ...), or ``None``.
+        transform: maps the decoded RGB uint8 (H, W, 3) array to the returned image; ``None``
+            returns the array.
+        class_names: fix the class -> index mapping (pass the train set's ``class_names`` to the
+            val set); the split must then have exactly these class folders.
+        extensions: accepted file suffixes, compared case-insensitively.
+        alpha_background: see :func:`~vit5.data.decode.decode_image`; ``None`` drops alpha.
+
+    Classes are the sorted non-hidden sub-folders; images are collected recursively inside each
+    class folder in sorted order, skipping hidden files and folders.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str | None = None,
+        transform: Callable[[np.ndarray], Any] | None = None,
+        *,
+        class_names: Sequence[str] | None = None,
+        extensions: Iterable[str] = IMAGE_EXTENSIONS,
+        alpha_background: tuple[int, int, int] | None = None,
+    ) -> None:
+        self.root = _split_dir(Path(root), split)
+        self.transform = transform
+        self.alpha_background = alpha_background
+        self.extensions = tuple(sorted({f".{e.lower().lstrip('.')}" for e in extensions}))
+        self.class_names = _class_names(self.root, split, class_names)
+        self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
+        self.samples = self._scan()
+        self.targets = [target for _, target in self.samples]
+        self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image, target = self._load(index)
+        return (self.transform(image) if self.transform is not None else image), target
+
+    @property
+    def bad_mask(self) -> torch.Tensor:
+        """Copy of the per-sample "failed to decode" flags. Under multi-process training, reduce
+        it across ranks with max (``accelerator.reduce(mask.int(), "max")``) to count each file once."""
+        return self._bad.clone()
+
+    @property
+    def num_bad(self) -> int:
+        """Number of distinct files found unreadable so far, by any worker of this process."""
+        return int(self._bad.sum())
+
+    @property
+    def bad_files(self) -> list[str]:
+        """Paths of the files found unreadable so far."""
+        return [self.samples[i][0] for i in torch.nonzero(self._bad).flatten().tolist()]
+
+    def verify(self, num_threads: int = 8) -> list[BadImageError]:
+        """Decode every file once, up front; flag and return the failures (one summary warning).
+
+        Raises:
+            ImageFolderError: no file decodes.
+        """
+        def check(index: int) -> BadImageError | None:
+            try:
+                decode_image(self.samples[index][0], self.alpha_background)
+            except BadImageError as e:
+                return e
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
+            results = list(pool.map(check, range(len(self.samples))))
+        errors = [e for e in results if e is not None]
+        for index, error in enumerate(results):
+            if error is not None:
+                self._bad[index] = True
+        if len(errors) == len(self.samples):
+            raise self._all_bad_error(errors[-1])
+        if errors:
+            warnings.warn(
+                f"{len(errors)} of {len(self.samples)} files under {self.root} cannot be decoded and will be "
+                f"replaced by their next readable neighbour, e.g. {errors[0]}",
+                BadImageWarning,
+                stacklevel=2,
+            )
+        return errors
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(root={str(self.root)!r}, samples={len(self)}, "
+            f"classes={len(self.class_names)}, bad={self.num_bad})"
+        )
+
+    def _scan(self) -> list[tuple[str, int]]:
+        samples: list[tuple[str, int]] = []
+        for name in self.class_names:
+            class_dir = self.root / name
+            files = sorted(_image_files(class_dir, self.extensions))
+            if not files:
+                raise ImageFolderError(
+                    f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
+                    f"Add images, delete the folder, or pass `extensions=`."
+                )
+            samples.extend((path, self.class_to_idx[name]) for path in files)
+        return samples
+
+    def _load(self, index: int) -> tuple[np.ndarray, int]:
+        count = len(self.samples)
+        last_error: BadImageError | None = None
+        for step in range(count):
+            i = (index + step) % count
+            if self._bad[i]:
+                continue
+            path, target = self.samples[i]
+            try:
+                return decode_image(path, self.alpha_background), target
+            except BadImageError as e:
+                last_error = e
+                self._flag(i, e)
+        raise self._all_bad_error(last_error)
+
+    def _flag(self, index: int, error: BadImageError) -> None:
+        if self._bad[index]:
+            return
+        self._bad[index] = True
+        warnings.warn(
+            f"skipping unreadable image {error}; using the next readable file instead", BadImageWarning, stacklevel=3
+        )
+
+    def _all_bad_error(self, example: BadImageError | None) -> ImageFolderError:
+        return ImageFolderError(
+            f"none of the {len(self.samples)} files under {self.root} can be decoded "
+            f"(e.g. {example}). Check that the folder holds real images (not LFS pointers or archives)."
+        )
+
+
+def _split_dir(root: Path, split: str | None) -> Path:
+    if not root.is_dir():
+        raise ImageFolderError(f"data set root {root} does not exist or is not a folder; check the path.")
+    if split is None:
+        return root
+    split_dir = root / split
+    if not split_dir.is_dir():
+        available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise ImageFolderError(
+            f"split folder {split_dir} does not exist (sub-folders of {root}: {available}). "
+            f"Expected {root}/{split}/<class>/<image>; pass split=None if {root} is itself a split folder."
+        )
+    return split_dir
+
+
+def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
+    found = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not found:
+        raise ImageFolderError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<image>.")
+    if split is None and set(found) <= _SPLIT_NAMES:
+        raise ImageFolderError(
+            f"{split_dir} looks like a data set root (sub-folders {found}), not a split folder; "
+            f"pass split={found[0]!r} (or the split you want)."
+        )
+    if expected is None:
+        return found
+    if len(set(expected)) != len(expected):
+        raise ImageFolderError(f"class_names has duplicates: {list(expected)}")
+    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or extra:
+        raise ImageFolderError(
+            f"class folders in {split_dir} do not match class_names: missing {missing}, unexpected {extra}. "
+            f"Every split needs the same class folders (an empty class cannot be evaluated)."
+        )
+    return list(expected)
+
+
+def _image_files(class_dir: Path, extensions: tuple[str, ...]) -> list[str]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        files.extend(
+            os.path.join(dirpath, f)
+            for f in filenames
+            if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions
+        )
+    return files
