@@ -5,8 +5,18 @@ other ``vit5`` subpackages.
 """
 
 from vit5.data.decode import BadImageError, decode_image
+from vit5.data.digits import (
+    DIGIT_CLASSES,
+    DigitsDataset,
+    DigitsSplit,
+    ExportReport,
+    export_digits_imagefolder,
+    load_digits_split,
+)
 from vit5.data.folder import IMAGE_EXTENSIONS, BadImageWarning, ImageFolderDataset, ImageFolderError
+from vit5.data.loader import build_loader
 from vit5.data.randaug import TimmRandAugment
+from vit5.data.sampler import RepeatAugSampler
 from vit5.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -20,19 +30,27 @@ from vit5.data.transforms import (
 )
 
 __all__ = [
+    "DIGIT_CLASSES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
     "BadImageError",
     "BadImageWarning",
+    "DigitsDataset",
+    "DigitsSplit",
+    "ExportReport",
     "ImageFolderDataset",
     "ImageFolderError",
     "ImageTransform",
+    "RepeatAugSampler",
     "TimmRandAugment",
     "TransformKind",
+    "build_loader",
     "build_transform",
     "decode_image",
     "eval_transform",
+    "export_digits_imagefolder",
+    "load_digits_split",
     "randaug_transform",
     "resize_transform",
     "three_augment",

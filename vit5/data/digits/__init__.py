@@ -1,0 +1,17 @@
+"""Built-in handwritten digits data set (scikit-learn ``load_digits``): in memory or as files.
+
+Run ``python -m vit5.data.digits export ROOT`` to write an ImageFolder tree.
+"""
+
+from vit5.data.digits.dataset import DigitsDataset
+from vit5.data.digits.export import ExportReport, export_digits_imagefolder
+from vit5.data.digits.split import DIGIT_CLASSES, DigitsSplit, load_digits_split
+
+__all__ = [
+    "DIGIT_CLASSES",
+    "DigitsDataset",
+    "DigitsSplit",
+    "ExportReport",
+    "export_digits_imagefolder",
+    "load_digits_split",
+]

@@ -1,0 +1,76 @@
+"""A DataLoader with reproducible, resumable order and sensible defaults.
+
+Order: training loaders default to an epoch-seeded :class:`~vit5.data.sampler.RepeatAugSampler`
+with one repeat (a plain shuffle); call ``loader.sampler.set_epoch(epoch)`` every epoch and
+``set_epoch(epoch, start_index=k * batch_size)`` to resume after ``k`` batches. Augmentation
+randomness follows the loader ``generator`` (seeded with ``seed``) through the worker seeds, so a run
+repeats exactly from its start; a mid-epoch resume keeps the sample order but draws new
+augmentations (workers restart with new streams).
+
+The default (``sampler=None``) loader is single-process and may go through
+``accelerator.prepare``; a loader built with a rank-aware sampler must not (see
+:mod:`vit5.data.sampler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cv2
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from vit5.data.sampler import RepeatAugSampler
+
+
+def build_loader(
+    dataset: Dataset,
+    batch_size: int,
+    train: bool,
+    num_workers: int = 0,
+    seed: int = 0,
+    sampler: Sampler[int] | None = None,
+    *,
+    pin_memory: bool | None = None,
+    persistent_workers: bool | None = None,
+    drop_last: bool | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader:
+    """Build a DataLoader for ``dataset``.
+
+    Args:
+        train: shuffle (when ``sampler`` is None) and, by default, drop the last incomplete batch
+            (timm ``Mixup`` needs full, even batches).
+        num_workers: worker processes; each runs OpenCV single-threaded to avoid oversubscription.
+        seed: seeds the default sampler's shuffle and the loader generator (worker seeds).
+        sampler: e.g. a rank-aware ``RepeatAugSampler``; None gives a seeded shuffle for training
+            and sequential order for evaluation.
+        pin_memory: default True when CUDA is available.
+        persistent_workers: default ``num_workers > 0``.
+        drop_last: default ``train``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers > 0")
+    if sampler is None and train:
+        sampler = RepeatAugSampler(dataset, num_repeats=1, shuffle=True, seed=seed, selected_round=0)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        drop_last=train if drop_last is None else drop_last,
+        persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers,
+        generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=_single_threaded_opencv if num_workers > 0 else None,
+    )
+
+
+def _single_threaded_opencv(worker_id: int) -> None:
+    cv2.setNumThreads(1)
