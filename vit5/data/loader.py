@@ -2,10 +2,11 @@
 
 Order: training loaders default to an epoch-seeded :class:`~vit5.data.sampler.RepeatAugSampler`
 with one repeat (a plain shuffle); call ``loader.sampler.set_epoch(epoch)`` every epoch and
-``set_epoch(epoch, start_index=k * batch_size)`` to resume after ``k`` batches. Augmentation
-randomness follows the loader ``generator`` (seeded with ``seed``) through the worker seeds, so a run
-repeats exactly from its start; a mid-epoch resume keeps the sample order but draws new
-augmentations (workers restart with new streams).
+``set_epoch(epoch, start_index=k * batch_size)`` to resume after ``k`` batches. With workers,
+augmentation randomness follows the loader ``generator`` (seeded with ``seed``) through the worker
+seeds, so a run repeats exactly from its start (for the same ``num_workers``); with
+``num_workers=0`` it follows the global torch seed. A mid-epoch resume keeps the sample order but
+draws new augmentations (workers restart with new streams).
 
 The default (``sampler=None``) loader is single-process and may go through
 ``accelerator.prepare``; a loader built with a rank-aware sampler must not (see
