@@ -1,0 +1,8 @@
+"""The one exception type the visualisation module raises for bad input.
+
+Every message names the problem and the fix; the ``viz`` command prints it without a traceback.
+"""
+
+
+class VizError(ValueError):
+    """Bad input to the visualisation tools (model spec, images, layers, options)."""

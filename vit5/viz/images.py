@@ -1,0 +1,118 @@
+"""Images for the visualisation tools: files, folders or scikit-learn's two sample photos.
+
+Each image is decoded with OpenCV (:func:`vit5.data.decode_image`), resized keeping its aspect
+ratio to cover the target size and centre-cropped to it (:func:`vit5.data.eval_transform`,
+bicubic, area when shrinking) and kept as ``uint8`` RGB; :func:`to_batch` normalises it with each
+model's own mean and std, so two models compared see the same pixels. The target size (height,
+width) must be a multiple of the patch size; non-square sizes work. The figures draw on exactly
+the pixels the model saw.
+
+Unreadable files and images smaller than one patch are skipped and reported (they cannot hold a
+single token); an input where nothing is left raises :class:`ImageError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform
+from .errors import VizError
+
+SKLEARN_SAMPLES = "sklearn-samples"
+
+
+class ImageError(VizError):
+    """No usable image in the given sources, or a source that does not exist."""
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    name: str  # unique within a run, safe as a file name
+    rgb: np.ndarray  # (H, W, 3) uint8: the pixels the model sees
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    name: str
+    path: str | None = None  # a file, or None for an in-memory sample
+    array: np.ndarray | None = None
+
+
+def list_sources(sources: Sequence[str]) -> list[ImageSource]:
+    """Files, folders (their image files, recursively, sorted) and the literal ``sklearn-samples``."""
+    found: list[ImageSource] = []
+    for source in sources:
+        if source == SKLEARN_SAMPLES:
+            from sklearn.datasets import load_sample_images
+
+            samples = load_sample_images()
+            found += [ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)]
+            continue
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not files:
+                raise ImageError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+            found += [ImageSource(str(p.relative_to(path).with_suffix("")), path=str(p)) for p in files]
+        elif path.is_file():
+            found.append(ImageSource(path.stem, path=str(path)))
+        else:
+            raise ImageError(f"image source {source!r} does not exist: give image files, folders or {SKLEARN_SAMPLES!r}")
+    return _unique_names(found)
+
+
+def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
+    seen: dict[str, int] = {}
+    unique = []
+    for src in sources:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        unique.append(ImageSource(name, src.path, src.array))
+    return unique
+
+
+def load_images(sources: Sequence[str], size: tuple[int, int], patch_size: int) -> tuple[list[LoadedImage], list[str]]:
+    """Load ``sources`` at ``size`` (height, width); returns the images and one line per skipped file."""
+    check_size(size, patch_size)
+    fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # resized pixels / 255
+    images, skipped = [], []
+    for src in list_sources(sources):
+        try:
+            rgb = src.array if src.array is not None else decode_image(src.path)
+        except BadImageError as err:
+            skipped.append(f"{err.path}: {err.reason}")
+            continue
+        if min(rgb.shape[:2]) < patch_size:
+            skipped.append(
+                f"{src.path or src.name}: {rgb.shape[0]}x{rgb.shape[1]} pixels is smaller than one "
+                f"{patch_size}x{patch_size} patch, so it holds no token's worth of content"
+            )
+            continue
+        unit = fit(np.ascontiguousarray(rgb))  # exact multiples of 1/255: the resize works on uint8
+        shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+        images.append(LoadedImage(src.name, np.ascontiguousarray(shown)))
+    if not images:
+        raise ImageError("no usable image in " + ", ".join(map(str, sources)) + "".join(f"\n  skipped {s}" for s in skipped))
+    return images, skipped
+
+
+def check_size(size: tuple[int, int], patch_size: int) -> None:
+    h, w = size
+    if h < patch_size or w < patch_size or h % patch_size or w % patch_size:
+        fix = (max(patch_size, round(h / patch_size) * patch_size), max(patch_size, round(w / patch_size) * patch_size))
+        raise ImageError(
+            f"size {h}x{w} is not a positive multiple of the patch size {patch_size}: use --size {fix[0]} {fix[1]}"
+        )
+
+
+def to_batch(images: Sequence[LoadedImage], mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """``[B, 3, H, W]`` float32: ``(rgb / 255 - mean) / std`` with the model's own mean and std."""
+    x = torch.from_numpy(np.stack([img.rgb for img in images])).permute(0, 3, 1, 2).float() / 255.0
+    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)

@@ -1,0 +1,234 @@
+"""Metrics of one model on one image set: per layer, with bootstrap intervals over images.
+
+:func:`compute_metrics` turns :class:`TokenStats` into a :class:`MetricReport` (JSON, CSV and a
+printed table). Intervals resample images, not tokens (tokens of one image are not independent).
+The outlier threshold is, in order of precedence: explicit per-layer values from a reference
+model (``thresholds``, e.g. the no-register twin, read back with :func:`load_thresholds`), one
+explicit norm value (``threshold``), or the log-norm median + k * MAD of this model.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics as M
+from .errors import VizError
+from .stats import TokenStats
+
+
+@dataclass(frozen=True)
+class MetricConfig:
+    k: float = 5.0  # MAD multiplier of the log-norm threshold
+    threshold: float | None = None  # one explicit norm threshold for every layer
+    thresholds: tuple[float, ...] | None = None  # per-layer thresholds of a reference model
+    threshold_source: str = ""  # where ``thresholds`` came from (for the report)
+    eps: float = 0.3  # sink-rate epsilon
+    top_k: int | None = None  # S_topK keys; default: the model's register count, or 4 without registers
+    n_boot: int = 1000
+    ci: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise VizError(f"the MAD multiplier k must be positive, got {self.k}")
+        if self.threshold is not None and self.threshold <= 0:
+            raise VizError(f"an explicit norm threshold must be positive, got {self.threshold}")
+        if not 0 < self.eps < 1:
+            raise VizError(f"the sink epsilon is a share of attention in (0, 1), got {self.eps}")
+        if not 0 < self.ci < 1 or self.n_boot < 1:
+            raise VizError(f"bootstrap needs 0 < ci < 1 and n_boot >= 1, got ci={self.ci}, n_boot={self.n_boot}")
+
+
+# name: (description, statistic over images)
+METRICS: dict[str, tuple[str, str]] = {
+    "outlier_ratio": ("M1 share of patch tokens whose norm exceeds the layer threshold", "mean"),
+    "outlier_ratio_registers": ("M1 share of register tokens above the same threshold", "mean"),
+    "max_median_ratio": ("M2 max / median patch norm (median over images)", "median"),
+    "share_max_median_over_3": ("M2 share of images whose max / median patch norm exceeds 3", "mean"),
+    "norm_kurtosis": ("M3 excess kurtosis of the patch norms of an image", "mean"),
+    "cls_entropy": ("M5 entropy of CLS attention renormalised over patches / log(#patches), head mean", "mean"),
+    "cls_effective_tokens": ("M5 exp(entropy) of the renormalised CLS attention, head mean", "mean"),
+    "cls_outlier_mass": ("M6 raw CLS attention on the previous block's outlier patches, head mean", "mean"),
+    "cls_max_patch_attention": ("M6 max over heads and patches of CLS-to-patch attention", "mean"),
+    "cls_register_mass": ("M7 CLS attention mass on all registers, head mean", "mean"),
+    "patch_register_mass": ("M7 patch-to-register attention mass, mean over patch queries and heads", "mean"),
+    "topk_sink_mass": ("M7 received attention of the top-K keys other than CLS, head mean", "mean"),
+    "topk_register_share": ("M7 share of those top-K keys that are registers", "mean"),
+    "sink_rate": ("M8 share of heads where one key receives more than eps of the average attention", "mean"),
+    "sink_rate_cls": ("M8 share of heads whose sink is the CLS token", "mean"),
+    "sink_rate_register": ("M8 share of heads whose sink is a register", "mean"),
+    "sink_rate_patch": ("M8 share of heads whose sink is a patch", "mean"),
+}
+TABLE_COLUMNS = {
+    "outlier_ratio": "OTR",
+    "max_median_ratio": "max/med",
+    "norm_kurtosis": "kurt",
+    "cls_entropy": "CLS H",
+    "cls_outlier_mass": "CLS>out",
+    "cls_register_mass": "CLS>reg",
+    "patch_register_mass": "patch>reg",
+    "sink_rate": "sink",
+}
+
+
+@dataclass
+class MetricReport:
+    model: str
+    num_images: int
+    layers: list[int]
+    thresholds: np.ndarray  # [L] norm threshold of each layer
+    threshold_source: str
+    config: MetricConfig
+    per_image: dict[str, np.ndarray]  # name -> [B, L]
+    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value / ci_low / ci_high [L]
+    outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
+
+    def rows(self) -> list[dict]:
+        """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
+        rows = []
+        for name, values in self.summary.items():
+            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
+                rows.append(dict(
+                    metric=name, layer=layer, value=_num(values["value"][i]), ci_low=_num(values["ci_low"][i]),
+                    ci_high=_num(values["ci_high"][i]), statistic=METRICS[name][1], n_images=self.num_images,
+                ))
+        return rows
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        cfg = asdict(self.config)
+        cfg["thresholds"] = list(cfg["thresholds"]) if cfg["thresholds"] is not None else None
+        doc = dict(
+            model=self.model, num_images=self.num_images, layers=self.layers,
+            thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source,
+            confidence=self.config.ci, config=cfg,
+            descriptions={name: METRICS[name][0] for name in self.summary}, metrics=self.rows(),
+        )
+        path.write_text(json.dumps(doc, indent=2))
+        return path
+
+    def write_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        rows = self.rows()
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        return path
+
+    def table(self) -> str:
+        """Per-layer table of the main metrics: value +- half the bootstrap interval."""
+        names = [n for n in TABLE_COLUMNS if n in self.summary]
+        header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
+        lines = [header]
+        for i, layer in enumerate(self.layers):
+            cells = [str(layer), f"{self.thresholds[i]:.3g}"]
+            for n in names:
+                s = self.summary[n]
+                half = (s["ci_high"][i] - s["ci_low"][i]) / 2
+                cells.append("n/a" if math.isnan(s["value"][i]) else f"{s['value'][i]:.3g}±{half:.2g}")
+            lines.append(cells)
+        widths = [max(len(row[c]) for row in lines) for c in range(len(header))]
+        text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
+        sink_all = self.summary["sink_rate"]["value"][-1]
+        return (
+            f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over images "
+            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: {sink_all:.3g}"
+        )
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def bootstrap_ci(values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images. NaN-aware."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    stat = np.mean if statistic == "mean" else np.median
+    rng = np.random.default_rng(seed)
+    draws = stat(values[rng.integers(0, values.size, size=(n_boot, values.size))], axis=1)
+    lo, hi = np.quantile(draws, [(1 - ci) / 2, (1 + ci) / 2])
+    return float(stat(values)), float(lo), float(hi)
+
+
+def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray, str]:
+    """Per-layer norm thresholds ``[L]`` and a sentence saying where they come from."""
+    num_layers = len(stats.layers)
+    if cfg.thresholds is not None:
+        ref = np.asarray(cfg.thresholds, dtype=np.float64)
+        if ref.size == num_layers:
+            return ref, cfg.threshold_source or "reused from a reference model"
+        # a reference of another depth: the threshold of the same relative depth
+        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)
+        return ref[at], f"{cfg.threshold_source or 'reference model'} ({ref.size} layers, mapped by relative depth)"
+    if cfg.threshold is not None:
+        return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
+    return M.layer_thresholds(stats.patch_values(stats.norms), cfg.k), f"log-norm median + {cfg.k:g} MAD of this model"
+
+
+def per_image_metrics(stats: TokenStats, thresholds: np.ndarray, cfg: MetricConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """All metric values ``name -> [B, L]`` and the outlier-patch mask ``[B, L, P]``."""
+    layout = stats.layout
+    patch_norms = stats.patch_values(stats.norms)
+    outliers = M.outlier_mask(patch_norms, thresholds)
+    values = {
+        "outlier_ratio": outliers.mean(axis=-1),
+        "max_median_ratio": M.max_median_ratio(patch_norms),
+        "share_max_median_over_3": (M.max_median_ratio(patch_norms) > 3).astype(np.float64),
+        "norm_kurtosis": M.excess_kurtosis(patch_norms),
+    }
+    if layout.num_registers:
+        values["outlier_ratio_registers"] = M.outlier_ratio(stats.register_values(stats.norms), thresholds)
+    if stats.cls_attn is not None:
+        cls_patches = stats.patch_values(stats.cls_attn)
+        values["cls_entropy"] = M.cls_entropy(cls_patches)
+        values["cls_effective_tokens"] = M.cls_effective_tokens(cls_patches)
+        values["cls_outlier_mass"] = M.outlier_attention_mass(cls_patches, outliers)
+        values["cls_max_patch_attention"] = M.max_patch_attention(cls_patches)
+        if layout.num_registers:
+            values["cls_register_mass"] = M.register_mass(stats.register_values(stats.cls_attn))
+    if stats.patch_to_reg is not None:
+        values["patch_register_mass"] = stats.patch_to_reg.mean(axis=-1)
+    types = layout.token_types()
+    keys = [i for i, t in enumerate(types) if t != "cls"]
+    top_k = cfg.top_k or layout.num_registers or 4
+    values["topk_sink_mass"], top_keys = M.topk_received(stats.received, keys, min(top_k, len(keys)))
+    if layout.num_registers:
+        values["topk_register_share"] = (np.asarray(types)[top_keys] == "register").mean(axis=(-2, -1))
+    values["sink_rate"] = M.sink_rate(stats.received, cfg.eps)
+    for kind, rate in M.sink_rate_by_type(stats.received, types, cfg.eps).items():
+        values[f"sink_rate_{kind}"] = rate
+    return {name: values[name] for name in METRICS if name in values}, outliers
+
+
+def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> MetricReport:
+    thresholds, source = resolve_thresholds(stats, cfg)
+    values, outliers = per_image_metrics(stats, thresholds, cfg)
+    summary = {}
+    for name, per_image in values.items():
+        columns = list(per_image.T)
+        if name == "sink_rate":
+            columns.append(per_image.mean(axis=1))  # share of all layer-heads
+        rows = [bootstrap_ci(col, METRICS[name][1], cfg.n_boot, cfg.ci, cfg.seed) for col in columns]
+        summary[name] = {key: np.array([r[j] for r in rows]) for j, key in enumerate(("value", "ci_low", "ci_high"))}
+    return MetricReport(stats.model, stats.num_images, list(stats.layers), thresholds, source, cfg, values, summary, outliers)
+
+
+def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:
+    """Per-layer thresholds from a ``metrics.json`` written by an earlier run (the reference model)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        thresholds = tuple(float(t) for t in doc["thresholds"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise VizError(f"cannot read thresholds from {path}: expected a metrics.json written by `viz metrics` ({err})") from err
+    return thresholds, f"reused from {doc.get('model', 'reference')} ({path})"

@@ -1,0 +1,203 @@
+"""Run the visualisation tools over a set of images and write figures, metrics and raw arrays.
+
+:func:`run_model` records one model on a folder of images (batched, with a progress bar), then
+writes the requested views: per-image figures for the first ``max_figures`` images, a summary
+grid, dataset figures, ``metrics.json`` / ``metrics.csv`` and a printed table, and optionally the
+raw per-token arrays (``token_stats.npz`` / ``.safetensors``) for later figures.
+:func:`run_compare` does the same for two models on the same pixels, with shared colour scales
+and the first model's outlier thresholds reused for the second.
+
+Output layout (``out/``)::
+
+    images/<image>/{cls_attention,register_attention,rollout,norm_map,pca}.{png,pdf}
+    summary_grid.*, norm_histograms.*, layer_profile.*, metrics.json, metrics.csv, token_stats.npz
+    compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/metrics_<model>.*
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .adapters import ModelInfo, check_input_size, describe, resolve_layers
+from .collect import CollectConfig, collect
+from .errors import VizError
+from .figures import (
+    MapStyle,
+    cls_attention_figure,
+    compare_figure,
+    compare_summary_figure,
+    layer_profile_figure,
+    norm_histogram_figure,
+    norm_map_figure,
+    pca_figure,
+    register_attention_figure,
+    rollout_figure,
+    save_figure,
+    summary_figure,
+)
+from .figures.pca import pca_note
+from .images import LoadedImage, load_images
+from .load import LoadedModel
+from .pca import pca_rgb
+from .plant import PlantSpec, plant_artifacts
+from .report import MetricConfig, MetricReport, compute_metrics
+from .stats import TokenStats
+
+VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "pca", "metrics")
+RANDOM_INIT_NOTE = "RANDOM-INIT weights: an untrained model, shown to demonstrate the tools, not learned behaviour"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: Path
+    views: frozenset[str] = frozenset(VIEWS)
+    size: tuple[int, int] | None = None  # (height, width); default: the model's own input size
+    layers: tuple[int, ...] = (-1,)  # layers drawn in per-image figures (all layers are measured)
+    batch_size: int = 8
+    device: str = "cpu"
+    max_figures: int = 16  # per-image figures and summary-grid rows for the first N images
+    renormalise: bool = False  # CLS maps renormalised over patches instead of raw
+    require_registers: bool = False  # register maps explicitly asked for: fail on a model without registers
+    reuse_thresholds: bool = True  # compare: score model B with model A's outlier thresholds (twins)
+    save_raw: str | None = None  # "npz" or "safetensors"
+    style: MapStyle = field(default_factory=MapStyle)
+    metrics: MetricConfig = field(default_factory=MetricConfig)
+    plant: PlantSpec | None = None
+    progress: bool = True
+    log: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        unknown = set(self.views) - set(VIEWS)
+        if unknown:
+            raise VizError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
+        if self.save_raw not in (None, "npz", "safetensors"):
+            raise VizError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
+        if self.max_figures < 0:
+            raise VizError(f"max_figures must be >= 0, got {self.max_figures}")
+
+
+@dataclass
+class RunResult:
+    stats: TokenStats
+    report: MetricReport
+    images: list[LoadedImage]
+    files: list[Path] = field(default_factory=list)
+
+
+def _prepare(loaded: LoadedModel, cfg: RunConfig, size: tuple[int, int] | None = None) -> tuple[ModelInfo, tuple[int, int], list[int]]:
+    info = describe(loaded.model)
+    size = tuple(size or cfg.size or info.img_size)
+    check_input_size(info, size)
+    layers = resolve_layers(info.depth, list(cfg.layers))
+    if cfg.require_registers and info.num_registers == 0:
+        raise VizError(
+            f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "
+            "--registers, or pick a model with registers (vit5_* presets, timm *_reg4_* models)"
+        )
+    return info, size, layers
+
+
+def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunConfig) -> list[LoadedImage]:
+    images, skipped = load_images(sources, size, patch)
+    for line in skipped:
+        cfg.log(f"warning: skipped {line}")
+    cfg.log(f"{len(images)} images at {size[0]}x{size[1]}" + (f" ({len(skipped)} skipped)" if skipped else ""))
+    return images
+
+
+def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int) -> TokenStats:
+    collect_cfg = CollectConfig(cfg.batch_size, cfg.device, keep_features=features, progress=cfg.progress)
+    with plant_artifacts(loaded.model, cfg.plant) if cfg.plant else nullcontext():
+        return collect(loaded.model, images, loaded.label, collect_cfg)
+
+
+def _notes(loaded: LoadedModel, cfg: RunConfig) -> list[str]:
+    notes = [RANDOM_INIT_NOTE] if loaded.random_init else []
+    return notes + ([cfg.plant.describe()] if cfg.plant else [])
+
+
+def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> RunResult:
+    """Record ``loaded`` on ``sources`` and write the views of ``cfg``; returns the arrays and metrics."""
+    info, size, layers = _prepare(loaded, cfg)
+    images = _load(sources, size, info.patch_size, cfg)
+    stats = _record(loaded, images, cfg, features=cfg.max_figures if "pca" in cfg.views else 0)
+    report = compute_metrics(stats, cfg.metrics)
+    result = RunResult(stats, report, images)
+    notes = _notes(loaded, cfg)
+    style, out, views = cfg.style, Path(cfg.out), cfg.views
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(fig, base: Path) -> None:
+        result.files += save_figure(fig, base, style.formats)
+
+    shown = images[: cfg.max_figures]
+    pca, variance = pca_rgb(stats.features, stats.layout.grid) if stats.features is not None else (None, None)
+    has_cls = stats.cls_attn is not None
+    for i, image in enumerate(shown):
+        folder = out / "images" / image.name
+        if "attention" in views and has_cls:
+            save(cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes), folder / "cls_attention")
+        if "registers" in views and info.num_registers:
+            save(register_attention_figure(stats, i, image, layers, style, notes), folder / "register_attention")
+        if "rollout" in views:
+            save(rollout_figure(stats, i, image, style, notes), folder / "rollout")
+        if "norms" in views:
+            save(norm_map_figure(stats, i, image, layers, style, report.outliers, notes), folder / "norm_map")
+        if pca is not None:
+            save(pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes), folder / "pca")
+    grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
+    if shown and grid_views:
+        grid_notes = notes + ([pca_note(variance)] if pca is not None else [])
+        fig = summary_figure(stats, shown, grid_views, layers[-1], layers[-1], style, pca, cfg.renormalise, grid_notes)
+        save(fig, out / "summary_grid")
+    if "histograms" in views:
+        save(norm_histogram_figure(stats, report.thresholds, style, notes=notes), out / "norm_histograms")
+    if "profile" in views:
+        save(layer_profile_figure({stats.model: report}, style, notes), out / "layer_profile")
+    if "metrics" in views:
+        result.files += [report.write_json(out / "metrics.json"), report.write_csv(out / "metrics.csv")]
+        cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
+    if cfg.save_raw:
+        result.files.append(stats.save(out / f"token_stats.{cfg.save_raw}"))
+    cfg.log(f"wrote {len(result.files)} files to {out}")
+    return result
+
+
+def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> tuple[RunResult, RunResult]:
+    """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for B
+    (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
+    info_a, size, layers = _prepare(model_a, cfg)
+    info_b, _, _ = _prepare(model_b, cfg, size)
+    if model_a.label == model_b.label:
+        model_b = replace(model_b, label=f"{model_b.label} (B)")
+    images = _load(sources, size, max(info_a.patch_size, info_b.patch_size), cfg)
+    stats_a = _record(model_a, images, cfg, features=0)
+    stats_b = _record(model_b, images, cfg, features=0)
+    report_a = compute_metrics(stats_a, cfg.metrics)
+    reuse = replace(cfg.metrics, thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
+    own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
+    report_b = compute_metrics(stats_b, cfg.metrics if own else reuse)
+    out = Path(cfg.out) / "compare"
+    out.mkdir(parents=True, exist_ok=True)
+    result_a, result_b = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
+    notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
+    style, files = cfg.style, result_a.files
+    layer = cfg.layers[-1]
+    for i, image in enumerate(images[: cfg.max_figures]):
+        fig = compare_figure([stats_a, stats_b], i, image, layer, layer, style, cfg.renormalise, notes)
+        files += save_figure(fig, out / image.name, style.formats)
+    fig = compare_summary_figure([stats_a, stats_b], images[: cfg.max_figures], layer, layer, style, cfg.renormalise, notes)
+    files += save_figure(fig, out / "summary_grid", style.formats)
+    files += save_figure(layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
+                         out / "layer_profile", style.formats)
+    for stats, report in ((stats_a, report_a), (stats_b, report_b)):
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stats.model)
+        files += [report.write_json(out / f"metrics_{safe}.json"), report.write_csv(out / f"metrics_{safe}.csv")]
+        if cfg.save_raw:
+            files.append(stats.save(out / f"token_stats_{safe}.{cfg.save_raw}"))
+        cfg.log(report.table())
+    cfg.log(f"wrote {len(files)} files to {out}")
+    return result_a, result_b

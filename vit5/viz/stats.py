@@ -1,0 +1,109 @@
+"""The arrays one model produces on one image set: the single source of every metric and figure.
+
+Registers.md section 6: keep raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
+pictures always come from the same data, and a later session can redraw figures without the
+model. Full ``N x N`` attention is never kept: it is reduced block by block while the model runs.
+
+Shapes: B images, L recorded blocks, H heads, N tokens, R registers, P = h * w patches.
+Token positions follow ``layout`` (vit5 ``[CLS | patches | registers]``, timm
+``[CLS | registers | patches]``); always slice through it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..model import TokenLayout
+from .errors import VizError
+
+_ARRAYS = ("norms", "received", "rollout", "cls_attn", "reg_attn", "patch_to_reg", "features")
+
+
+@dataclass
+class TokenStats:
+    model: str
+    layout: TokenLayout
+    layers: list[int]  # block index of each recorded layer, ascending
+    names: list[str]  # image names
+    patch_size: int  # pixels per token side
+    norms: np.ndarray  # [B, L, N] L2 norm of each block output token, before the final norm
+    received: np.ndarray  # [B, L, H, N] attention each key receives, averaged over all queries
+    rollout: np.ndarray  # [B, N] attention-rollout row of CLS (or the patch mean without CLS)
+    cls_attn: np.ndarray | None = None  # [B, L, H, N] the CLS query's attention row
+    reg_attn: np.ndarray | None = None  # [B, L, H, R, N] each register query's attention row
+    patch_to_reg: np.ndarray | None = None  # [B, L, H] mean over patch queries of the mass on registers
+    features: np.ndarray | None = None  # [F, P, C] patch features after the final norm (last block), first F images
+
+    @property
+    def num_images(self) -> int:
+        return self.norms.shape[0]
+
+    def layer_position(self, block: int) -> int:
+        """Position in the L axis of block index ``block`` (negative counts from the last recorded)."""
+        if block < 0:
+            block = self.layers[block] if -len(self.layers) <= block else block
+        if block not in self.layers:
+            raise VizError(f"layer {block} was not recorded; recorded layers are {self.layers}")
+        return self.layers.index(block)
+
+    def patch_values(self, values: np.ndarray) -> np.ndarray:
+        """The patch positions of the last (token) axis."""
+        return values[..., self.layout.patch_slice]
+
+    def register_values(self, values: np.ndarray) -> np.ndarray:
+        return values[..., self.layout.register_slice]
+
+    def to_grid(self, patch_values: np.ndarray) -> np.ndarray:
+        """``[..., P]`` to ``[..., h, w]`` (row-major)."""
+        return patch_values.reshape(*patch_values.shape[:-1], *self.layout.grid)
+
+    def save(self, path: str | Path) -> Path:
+        """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
+        path = Path(path)
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS if getattr(self, name) is not None}
+        meta = json.dumps(dict(
+            model=self.model, layers=self.layers, names=self.names, patch_size=self.patch_size, grid=list(self.layout.grid),
+            num_cls=self.layout.num_cls, num_registers=self.layout.num_registers,
+            registers_first=self.layout.registers_first,
+        ))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import save_file
+
+            save_file(arrays, str(path), metadata={"vit5_viz": meta})
+        elif path.suffix == ".npz":
+            np.savez_compressed(path, vit5_viz=np.array(meta), **arrays)
+        else:
+            raise VizError(f"raw token statistics are saved as .npz or .safetensors, not {path.suffix!r}")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenStats:
+        path = Path(path)
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="numpy") as f:
+                meta = json.loads(f.metadata()["vit5_viz"])
+                arrays = {k: f.get_tensor(k) for k in f.keys()}
+        else:
+            with np.load(path) as f:
+                meta = json.loads(str(f["vit5_viz"]))
+                arrays = {k: f[k] for k in f.files if k != "vit5_viz"}
+        layout = TokenLayout(tuple(meta["grid"]), meta["num_cls"], meta["num_registers"], meta["registers_first"])
+        return cls(meta["model"], layout, meta["layers"], meta["names"], meta["patch_size"], **arrays)
+
+    @classmethod
+    def concat(cls, parts: list[TokenStats]) -> TokenStats:
+        """Join the stats of consecutive batches (same model, layout and layers)."""
+        first = parts[0]
+        joined = {}
+        for name in _ARRAYS:
+            present = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+            joined[name] = np.concatenate(present) if present else None
+        names = [n for p in parts for n in p.names]
+        return cls(first.model, first.layout, first.layers, names, first.patch_size, **joined)
