@@ -36,7 +36,7 @@ def test_all_end_to_end_as_a_subprocess(tmp_path, folder):
         for suffix in ("png", "pdf"):
             assert (out / "images" / "a" / f"{name}.{suffix}").stat().st_size > 1000
     assert not (out / "images" / "china").exists()  # --max-figures 2: per-image figures for a and b only
-    for name in ("summary_grid", "norm_histograms", "layer_profile"):
+    for name in ("summary_grid", "norm_histograms", "outlier_frequency", "layer_profile"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.pdf").exists()
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["num_images"] == 4 and len(doc["thresholds"]) == 2

@@ -43,6 +43,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)")
+    p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint(s)")
     if compare:
         p.add_argument("--model-b", required=True, help="second model (same spec forms); uses --model's outlier thresholds")
         p.add_argument("--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b")
@@ -128,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = _config(args)
-        model = load_model_spec(args.model, parse_overrides(args.model_args))
+        model = load_model_spec(args.model, parse_overrides(args.model_args), args.ema)
         print(f"model: {model.description}")
         if args.command == "compare":
-            model_b = load_model_spec(args.model_b, parse_overrides(args.model_b_args))
+            model_b = load_model_spec(args.model_b, parse_overrides(args.model_b_args), args.ema)
             print(f"model B: {model_b.description}")
             run_compare(model, model_b, args.images, cfg)
         else:

@@ -10,7 +10,8 @@ and the first model's outlier thresholds reused for the second.
 Output layout (``out/``)::
 
     images/<image>/{cls_attention,register_attention,rollout,norm_map,pca}.{png,pdf}
-    summary_grid.*, norm_histograms.*, layer_profile.*, metrics.json, metrics.csv, token_stats.npz
+    summary_grid.*, norm_histograms.*, outlier_frequency.*, layer_profile.*, metrics.json, metrics.csv,
+    token_stats.npz
     compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/metrics_<model>.*
 """
 
@@ -32,6 +33,7 @@ from .figures import (
     layer_profile_figure,
     norm_histogram_figure,
     norm_map_figure,
+    outlier_frequency_figure,
     pca_figure,
     register_attention_figure,
     rollout_figure,
@@ -136,6 +138,8 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     shown = images[: cfg.max_figures]
     pca, variance = pca_rgb(stats.features, stats.layout.grid) if stats.features is not None else (None, None)
     has_cls = stats.cls_attn is not None
+    if "attention" in views and not has_cls:
+        cfg.log(f"{stats.model} has no CLS token: no CLS maps; rollout reads the mean patch row")
     for i, image in enumerate(shown):
         folder = out / "images" / image.name
         if "attention" in views and has_cls:
@@ -155,6 +159,7 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
         save(fig, out / "summary_grid")
     if "histograms" in views:
         save(norm_histogram_figure(stats, report.thresholds, style, notes=notes), out / "norm_histograms")
+        save(outlier_frequency_figure(stats, report.outliers, layers, style, notes), out / "outlier_frequency")
     if "profile" in views:
         save(layer_profile_figure({stats.model: report}, style, notes), out / "layer_profile")
     if "metrics" in views:

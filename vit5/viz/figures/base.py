@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,8 +125,11 @@ def panel_grid(
     style: MapStyle,
     title: str,
     notes: Sequence[str] = (),
+    fixed_limits: Mapping[str, tuple[float, float]] | None = None,
 ) -> Figure:
     """Draw panels row by row (``None`` leaves a cell empty) on a fixed grid; returns the figure.
+
+    Panels of one group share a colour scale: their joint range, or ``fixed_limits[group]``.
 
     The layout is computed, not searched (no constrained layout), so the size is exactly
     :func:`figure_size` and every map fills its axes without letterboxing.
@@ -137,6 +140,7 @@ def panel_grid(
     aspect = w_px / h_px
     panels = [p for r in rows for p in r if p is not None]
     limits = _group_limits(panels, style)
+    limits.update({group: Limits(*bounds) for group, bounds in (fixed_limits or {}).items()})
     all_notes = [n for n in notes if n] + sorted({lim.note for lim in limits.values() if lim.note})
     width, _ = figure_size(len(rows), cols, aspect, style)
     lines = _note_lines(all_notes, width)

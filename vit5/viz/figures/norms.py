@@ -39,6 +39,22 @@ def norm_map_figure(
     return panel_grid([panels], style, f"{stats.model} | {image.name}: patch-token norms ({NORM_KIND})", [*notes, *extra])
 
 
+def outlier_frequency_figure(
+    stats: TokenStats, outliers: np.ndarray, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10); one scale, 0 to 1.
+
+    Shows border bias and stripes from position-embedding interpolation.
+    """
+    panels = [
+        Panel(f"layer {layer}", stats.to_grid(outliers[:, stats.layer_position(layer)].mean(axis=0)), group="share",
+              patch=stats.patch_size)
+        for layer in layers
+    ]
+    title = f"{stats.model}: share of {stats.num_images} images with an outlier token at each position"
+    return panel_grid([panels], style, title, notes, fixed_limits={"share": (0.0, 1.0)})
+
+
 def norm_histogram_figure(
     stats: TokenStats, thresholds: np.ndarray, style: MapStyle, columns: int = 4, notes: Sequence[str] = ()
 ) -> Figure:

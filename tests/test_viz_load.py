@@ -1,0 +1,64 @@
+"""Model specs: presets, checkpoint directories and run directories, official .pth files, timm names with checkpoints."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from viz_support import tiny_timm
+
+import vit5
+from vit5.reference import OfficialViT5
+from vit5.viz import VizError, load_model_spec, parse_overrides
+
+TINY = dict(depth=1, img_size=32, patch_size=8)
+
+
+def _same_output(a, b):
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x))
+
+
+def test_preset_with_overrides_is_random_and_labelled():
+    loaded = load_model_spec("vit5_tiny", parse_overrides(["depth=1", "img_size=32", "patch_size=8", "norm=layernorm"]))
+    assert loaded.random_init and "RANDOM INIT" in loaded.description and not loaded.model.training
+    assert loaded.model.cfg.depth == 1 and loaded.model.cfg.norm == "layernorm"
+    with pytest.raises(VizError, match="not KEY=VALUE"):
+        parse_overrides(["depth"])
+    with pytest.raises(VizError, match="no EMA weights"):
+        load_model_spec("vit5_tiny", TINY, use_ema=True)
+
+
+def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):
+    model = vit5.create_model("vit5_tiny", **TINY).eval()
+    vit5.save_pretrained(model, tmp_path / "run" / "model")
+    direct = load_model_spec(str(tmp_path / "run" / "model"))
+    run = load_model_spec(str(tmp_path / "run"))  # a run directory with one checkpoint directory in it
+    assert not direct.random_init and run.label == "run"
+    _same_output(direct.model, model)
+    _same_output(run.model, model)
+    vit5.save_pretrained(model, tmp_path / "run" / "other")
+    with pytest.raises(VizError, match="several checkpoint directories"):
+        load_model_spec(str(tmp_path / "run"))
+
+
+def test_official_pth(tmp_path):
+    ref = OfficialViT5(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=3).eval()
+    torch.save({"model": ref.state_dict()}, tmp_path / "official.pth")
+    loaded = load_model_spec(str(tmp_path / "official.pth"))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
+    source = tiny_timm(reg_tokens=4)
+    save_file(source.state_dict(), str(tmp_path / "w.safetensors"))
+    args = dict(depth=2, embed_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=0, reg_tokens=4,
+                no_embed_class=True, qk_norm=True)
+    loaded = load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", args)
+    assert loaded.model.dynamic_img_size and not loaded.random_init  # any patch-multiple size works
+    _same_output(loaded.model, source)
+    with pytest.raises(VizError, match="does not fit timm model"):
+        load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", {**args, "reg_tokens": 0})
+    with pytest.raises(VizError, match="does not exist"):
+        load_model_spec("timm:vit_small_patch16_224@missing.pth")
