@@ -1,6 +1,7 @@
 """Model specs: presets, checkpoint directories and run directories, official .pth files, timm names with checkpoints."""
 
 import pytest
+import timm
 import torch
 from safetensors.torch import save_file
 from viz_support import tiny_timm
@@ -62,3 +63,18 @@ def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
         load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", {**args, "reg_tokens": 0})
     with pytest.raises(VizError, match="does not exist"):
         load_model_spec("timm:vit_small_patch16_224@missing.pth")
+
+
+def test_timm_dinov2_in_metas_own_key_layout_goes_through_the_models_filter(tmp_path):
+    source = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56,
+                               dynamic_img_size=True).eval()
+    meta = {k: v.clone() for k, v in source.state_dict().items()}
+    meta["register_tokens"] = meta.pop("reg_token")  # facebookresearch/dinov2 names, mask token, CLS row in pos_embed
+    meta["mask_token"] = torch.zeros(1, 384)
+    meta["pos_embed"] = torch.cat([torch.zeros(1, 1, 384), meta["pos_embed"]], 1)
+    torch.save(meta, tmp_path / "dinov2_vits14_reg4.pth")
+    loaded = load_model_spec(f"timm:vit_small_patch14_reg4_dinov2@{tmp_path / 'dinov2_vits14_reg4.pth'}",
+                             {"depth": 1, "img_size": 56})
+    x = torch.randn(1, 3, 56, 84)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.forward_features(x), source.forward_features(x))
