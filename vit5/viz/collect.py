@@ -37,7 +37,10 @@ class CollectConfig:
 
 
 def collect(model: nn.Module, images: Sequence[LoadedImage], label: str, cfg: CollectConfig = CollectConfig()) -> TokenStats:
-    """Record all blocks of ``model`` on ``images`` (all of one size) into :class:`TokenStats`."""
+    """Record all blocks of ``model`` on ``images`` (all of one size) into :class:`TokenStats`.
+
+    The model is put in eval mode on ``cfg.device``; images are normalised with its own mean / std.
+    """
     sizes = {img.rgb.shape[:2] for img in images}
     if len(sizes) != 1:
         raise VizError(f"all images of a run must share one size (metrics compare equal resolutions), got {sorted(sizes)}")

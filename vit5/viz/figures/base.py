@@ -99,15 +99,22 @@ def color_limits(arrays: Sequence[np.ndarray], clip_percentile: float | None, la
 
 
 # Panel geometry in inches: a map, its colorbar to the right, its title above.
-_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _HEADER_H, _NOTE_LINE_H, _FONT = 0.32, 0.12, 0.06, 0.12, 0.45, 0.17, 8
+_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _HEADER_H, _NOTE_LINE_H, _FONT, _TITLE_FONT = 0.32, 0.12, 0.06, 0.12, 0.45, 0.17, 8, 10
 
 
-def _note_lines(notes: Sequence[str], width: float) -> int:
-    per_line = max(20, int(width * 72 / (_FONT * 0.6)))
-    return sum(math.ceil(len(n) / per_line) for n in notes)
+def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
+    """Lines the wrapped ``texts`` take across ``width`` inches (an estimate from an average glyph width)."""
+    per_line = max(20, int(width * 72 / (fontsize * 0.6)))
+    return sum(math.ceil(len(t) / per_line) for t in texts)
 
 
-def figure_size(rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0) -> tuple[float, float]:
+def _header_height(title_lines: int) -> float:
+    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * _TITLE_FONT / _FONT
+
+
+def figure_size(
+    rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0, title_lines: int = 1
+) -> tuple[float, float]:
     """Inches of a grid of panels showing maps of width / height ``aspect`` (plus colorbars, titles, notes).
 
     Snapped to whole pixels at ``style.dpi``: the PNG is ``round(inches * dpi)`` pixels.
@@ -115,7 +122,7 @@ def figure_size(rows: int, cols: int, aspect: float, style: MapStyle, note_lines
     map_w = style.panel_inches
     cell_w = map_w + _CBAR_GAP + _CBAR_W + 0.55 + _PAD  # 0.55: colorbar tick labels
     cell_h = map_w / aspect + _TITLE_H + _PAD
-    width, height = cols * cell_w, rows * cell_h + _HEADER_H + note_lines * _NOTE_LINE_H + _PAD
+    width, height = cols * cell_w, rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD
     snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
     return snap(width), snap(height)
 
@@ -143,8 +150,9 @@ def panel_grid(
     limits.update({group: Limits(*bounds) for group, bounds in (fixed_limits or {}).items()})
     all_notes = [n for n in notes if n] + sorted({lim.note for lim in limits.values() if lim.note})
     width, _ = figure_size(len(rows), cols, aspect, style)
-    lines = _note_lines(all_notes, width)
-    width, height = figure_size(len(rows), cols, aspect, style, lines)
+    title_lines = _text_lines([title], width, _TITLE_FONT)
+    width, height = figure_size(len(rows), cols, aspect, style, _text_lines(all_notes, width, _FONT), title_lines)
+    header = _header_height(title_lines)
     fig = Figure(figsize=(width, height), dpi=style.dpi)
     map_w, map_h = style.panel_inches, style.panel_inches / aspect
     cell_w, cell_h = width / cols, map_h + _TITLE_H + _PAD
@@ -153,14 +161,14 @@ def panel_grid(
             if panel is None:
                 continue
             left = j * cell_w + _PAD
-            bottom = height - _HEADER_H - (i + 1) * cell_h + _PAD
+            bottom = height - header - (i + 1) * cell_h + _PAD
             ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
             cax = None
             if panel.values is not None:
                 cax_left = left + map_w + _CBAR_GAP
                 cax = fig.add_axes((cax_left / width, bottom / height, _CBAR_W / width, map_h / height))
             _draw(fig, ax, cax, panel, style, limits.get(panel.group))
-    fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top", wrap=True)
+    fig.suptitle(title, fontsize=_TITLE_FONT, y=1 - 0.12 / height, va="top", wrap=True)
     if all_notes:
         fig.text(0.5, _PAD / 2 / height, "\n".join(all_notes), ha="center", va="bottom", fontsize=_FONT, wrap=True)
     return fig
