@@ -1,0 +1,1 @@
+"""``python -m eval``: classification metrics, resolution sweeps, dense features and probes (see ``--help``)."""

@@ -1,0 +1,146 @@
+"""Classification evaluation: numbers against scikit-learn, raw + EMA, bad files, 2 processes, sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, top_k_accuracy_score
+
+from eval_helpers import digits_folder, random_rgb, single_thread, tiny_model, trained_checkpoint
+from vit5.data import decode_image, eval_transform
+from vit5.eval import (
+    ClassifySettings,
+    EvalError,
+    evaluate,
+    load_models,
+    open_split,
+    run_sweep,
+    sizes_from_scales,
+    sweep_plot,
+    sweep_table,
+)
+from vit5.eval.images import round_to_patch
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = ClassifySettings(batch_size=16, num_workers=0)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_models(str(trained_checkpoint()))
+
+
+@pytest.fixture(scope="module")
+def single_process(models):
+    with single_thread():
+        return evaluate(models[0], open_split(digits_folder(), "val"), SETTINGS, progress=False)
+
+
+def test_checkpoint_directory_gives_raw_and_ema_models(models):
+    assert [(m.label, m.weights) for m in models] == [("tiny-digits", "raw"), ("tiny-digits-ema", "ema")]
+    raw, ema = (dict(m.model.state_dict()) for m in models)
+    assert not torch.equal(raw["head.weight"], ema["head.weight"])
+    assert models[0].input_size == (32, 32) and models[0].crop_pct == 1.0
+
+
+def test_metrics_equal_sklearn_on_independently_computed_logits(models, single_process):
+    dataset = open_split(digits_folder(), "val")
+    transform = eval_transform(32)
+    images = torch.stack([transform(decode_image(path)) for path, _ in dataset.samples])
+    with torch.no_grad(), single_thread():
+        probs = torch.softmax(models[0].model(images), dim=1).numpy()
+    y, pred = np.array(dataset.targets), probs.argmax(1)
+    s = single_process.scores
+    assert s.num_images == len(y) == 359
+    assert s.top1 == accuracy_score(y, pred)
+    assert s.top5 == top_k_accuracy_score(y, probs, k=5, labels=range(10))
+    assert s.loss == pytest.approx(log_loss(y, probs, labels=range(10)), rel=1e-4)
+    np.testing.assert_array_equal(s.confusion, confusion_matrix(y, pred, labels=range(10)))
+    assert s.top1 > 0.6  # the model did learn: chance is 0.1
+    record = single_process.to_dict()
+    assert set(record["per_class_accuracy"]) == {str(d) for d in range(10)}
+    json.dumps(record, default=lambda o: o.tolist())  # serialisable
+
+
+def test_two_processes_give_the_numbers_of_one(single_process, tmp_path):
+    """torchrun with 2 CPU processes (Accelerate's gloo backend): 359 images do not split evenly in
+    batches of 16, so Accelerate pads and gather_for_metrics must drop the duplicates."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+        "-m", "eval", "classify", "--model", str(trained_checkpoint()), "--weights", "raw",
+        "--data", str(digits_folder()), "--out", str(tmp_path), "--batch-size", "16", "--workers", "0", "--device", "cpu",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = json.loads((tmp_path / "classify.json").read_text())
+    one = single_process.scores
+    assert record["num_processes"] == 2
+    assert record["num_images"] == one.num_images
+    assert (record["top1"], record["top5"]) == (one.top1, one.top5)
+    assert record["loss"] == pytest.approx(one.loss, rel=1e-5)
+    assert np.array_equal(record["confusion_matrix"], one.confusion)
+    assert (tmp_path / "confusion_tiny-digits.png").stat().st_size > 0
+
+
+def test_unreadable_files_are_skipped_and_listed(tmp_path):
+    from cv2 import imwrite
+
+    for c in ("a", "b"):
+        for i in range(3):
+            (tmp_path / "val" / c).mkdir(parents=True, exist_ok=True)
+            imwrite(str(tmp_path / "val" / c / f"{i}.png"), random_rgb(40, 40, seed=i))
+    (tmp_path / "val" / "a" / "empty.png").write_bytes(b"")
+    (tmp_path / "val" / "b" / "notes.jpg").write_text("not an image")
+    from vit5.eval import LoadedModel
+
+    model = LoadedModel(tiny_model(num_classes=2).eval(), "tiny", "tiny", "random", (32, 32), (0.5,) * 3, (0.5,) * 3, 1.0)
+    result = evaluate(model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False)
+    assert result.scores.num_images == 6
+    assert result.scores.confusion.sum() == 6
+    skipped = {Path(s["path"]).name: s["reason"] for s in result.skipped}
+    assert set(skipped) == {"empty.png", "notes.jpg"}
+    assert "0 bytes" in skipped["empty.png"]
+
+
+def test_wrong_class_count_and_bad_size_are_clear_errors(models):
+    dataset = open_split(digits_folder(), "val")
+    wrong = load_models("vit5_tiny", depth=1, num_classes=3)[0]
+    with pytest.raises(EvalError, match="3 outputs but .* 10 classes"):
+        evaluate(wrong, dataset, SETTINGS, progress=False)
+    with pytest.raises(EvalError, match="not a multiple of the patch size 8; use e.g. 32x40"):
+        evaluate(models[0], dataset, ClassifySettings(size=(30, 41)), progress=False)
+    with pytest.raises(EvalError, match="neither an existing checkpoint path nor a vit5 preset"):
+        load_models("vit5_tinny")
+
+
+def test_sizes_from_scales_round_to_patch_multiples():
+    assert round_to_patch((35.2, 60), 8) == (32, 64)
+    assert sizes_from_scales(["0.5", "0.75", "1", "1.1", "1x2", "2x1"], (32, 32), 8) == [
+        (16, 16), (24, 24), (32, 32), (32, 64), (64, 32),
+    ]  # fmt: skip
+
+
+def test_sweep_matches_classify_at_each_size_and_plots(models, single_process, tmp_path):
+    dataset = open_split(digits_folder(), "val")
+    with single_thread():
+        results = run_sweep(models[:1], dataset, [(16, 16), (32, 32), (32, 64)], SETTINGS, progress=False)
+    assert [r.size for r in results] == [(16, 16), (32, 32), (32, 64)]
+    assert results[1].scores.top1 == single_process.scores.top1
+    with single_thread():
+        direct = evaluate(models[0], dataset, ClassifySettings((32, 64), None, 16, 0), progress=False)
+    np.testing.assert_array_equal(results[2].scores.confusion, direct.scores.confusion)
+    table = sweep_table(results)
+    assert "32x64" in table and "tiny-digits" in table
+    assert sweep_plot(results, tmp_path / "sweep.png", train_size=(32, 32)).stat().st_size > 0

@@ -1,0 +1,184 @@
+"""A real-pixel semantic-segmentation set: scikit-learn digits composited onto textured canvases.
+
+Each canvas has a smooth random colour background and several digits pasted at random positions
+and scales (square, fully inside the canvas; placed to cover at most 15 % of an earlier digit's
+square when a random spot allows, so later digits rarely hide earlier ones). A digit's
+8x8 intensities (0..16) become an alpha matte, upscaled bilinearly to its size, and the digit is
+blended in a random bright colour: ``pixel = background * (1 - a) + colour * a``. The per-pixel
+label is the digit class + 1 (1..10) where the topmost digit has ``a >= 0.5``, else 0
+(background). Train canvases use only train digits and val canvases only val digits of
+:func:`~vit5.data.digits.load_digits_split`, so no digit instance is in both.
+
+Written in the ADE20K-style layout the segmentation probe reads::
+
+    root/images/{train,val}/00000.png        RGB canvases
+    root/annotations/{train,val}/00000.png   8-bit class-index masks, same size
+    root/dataset.json                        num_classes (11), class names, ignore index, arguments
+
+Everything is fixed by ``seed``: the same arguments always give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+from sklearn.datasets import load_digits
+
+from vit5.data.digits import load_digits_split
+
+SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
+IGNORE_INDEX = 255
+SPLITS = ("train", "val")
+_ALPHA_THRESHOLD = 0.5
+_SPOT_TRIES = 20
+_MAX_COVER = 0.15
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One pasted digit: its class, index in ``load_digits()``, top-left corner and side in pixels."""
+
+    digit: int
+    source_index: int
+    top: int
+    left: int
+    side: int
+
+
+@dataclass(frozen=True)
+class SegSample:
+    image: np.ndarray  # (H, W, 3) uint8 RGB
+    mask: np.ndarray  # (H, W) uint8, 0 = background, d + 1 = digit d
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class SegSetConfig:
+    """Arguments of :func:`make_digit_segmentation` (validated; recorded in ``dataset.json``)."""
+
+    num_train: int = 400
+    num_val: int = 100
+    size: int = 64
+    digits_per_image: tuple[int, int] = (2, 4)  # inclusive range
+    digit_scale: tuple[float, float] = (0.3, 0.55)  # digit side as a fraction of the canvas side
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digits_per_image", tuple(self.digits_per_image))
+        object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
+        lo, hi = self.digits_per_image
+        if self.num_train < 1 or self.num_val < 1:
+            raise ValueError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
+        if self.size < 16:
+            raise ValueError(f"size must be >= 16 pixels, got {self.size}")
+        if not 1 <= lo <= hi:
+            raise ValueError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
+        s_lo, s_hi = self.digit_scale
+        if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
+            raise ValueError(
+                f"digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got {self.digit_scale} "
+                f"at size {self.size}"
+            )
+
+
+def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
+    """The 0..16 digit as a float32 alpha matte in [0, 1] of ``side`` x ``side`` (bilinear)."""
+    alpha = cv2.resize(digit_8x8.astype(np.float32) / 16.0, (side, side), interpolation=cv2.INTER_LINEAR)
+    return np.clip(alpha, 0.0, 1.0)
+
+
+def compose(
+    rng: np.random.Generator, digits: np.ndarray, targets: np.ndarray, sources: np.ndarray, cfg: SegSetConfig
+) -> SegSample:
+    """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``."""
+    size = cfg.size
+    coarse = rng.random((max(2, size // 16), max(2, size // 16), 3)).astype(np.float32)
+    canvas = 0.0 + 60.0 * cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    mask = np.zeros((size, size), dtype=np.uint8)
+    placements = []
+    for _ in range(int(rng.integers(cfg.digits_per_image[0], cfg.digits_per_image[1] + 1))):
+        pick = int(rng.integers(len(targets)))
+        side = int(rng.integers(round(cfg.digit_scale[0] * size), round(cfg.digit_scale[1] * size) + 1))
+        top, left = _free_spot(rng, size, side, placements)
+        colour = (rng.uniform(200.0, 255.0) + rng.uniform(-20, 0, size=3)).astype(np.float32)
+        alpha = digit_alpha(digits[pick], side)[..., None]
+        window = canvas[top : top + side, left : left + side]
+        window[:] = window * (1.0 - alpha) + colour * alpha
+        mask[top : top + side, left : left + side][alpha[..., 0] >= _ALPHA_THRESHOLD] = targets[pick] + 1
+        placements.append(Placement(int(targets[pick]), int(sources[pick]), top, left, side))
+    image = np.rint(canvas).clip(0, 255).astype(np.uint8)
+    return SegSample(image, mask, tuple(placements))
+
+
+def _free_spot(rng: np.random.Generator, size: int, side: int, placed: list[Placement]) -> tuple[int, int]:
+    """A random top-left corner; of up to ``_SPOT_TRIES`` draws, the first whose square covers at
+    most ``_MAX_COVER`` of an earlier digit's square, else the least covering one."""
+    best, best_cover = (0, 0), np.inf
+    for _ in range(_SPOT_TRIES):
+        top, left = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        cover = max((_overlap(top, left, side, p) / p.side**2 for p in placed), default=0.0)
+        if cover <= _MAX_COVER:
+            return top, left
+        if cover < best_cover:
+            best, best_cover = (top, left), cover
+    return best
+
+
+def _overlap(top: int, left: int, side: int, p: Placement) -> int:
+    rows = max(0, min(top + side, p.top + p.side) - max(top, p.top))
+    cols = max(0, min(left + side, p.left + p.side) - max(left, p.left))
+    return rows * cols
+
+
+def digit_seg_samples(split: str, cfg: SegSetConfig = SegSetConfig()) -> list[SegSample]:
+    """The canvases of ``split`` ("train" or "val"), in memory."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    data = load_digits_split(split, size=8, seed=cfg.seed)  # only for the split's source indices
+    digits = load_digits().images[data.source_indices]  # exact 0..16 values
+    rng = np.random.default_rng([cfg.seed, SPLITS.index(split)])
+    count = cfg.num_train if split == "train" else cfg.num_val
+    return [compose(rng, digits, data.targets, data.source_indices, cfg) for _ in range(count)]
+
+
+def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = SegSetConfig()) -> dict:
+    """Write the set under ``root`` (atomically per file; rerunning with the same ``cfg`` rewrites
+    identical files). Returns the ``dataset.json`` content.
+
+    Raises:
+        FileExistsError: ``root`` holds a set made with other arguments (stale files would mix in).
+    """
+    root = Path(root)
+    info_path = root / "dataset.json"
+    info = {
+        "name": "digits-seg", "num_classes": len(SEG_CLASSES), "class_names": list(SEG_CLASSES),
+        "ignore_index": IGNORE_INDEX, "config": asdict(cfg),
+        "splits": {"train": cfg.num_train, "val": cfg.num_val},
+    }  # fmt: skip
+    if info_path.is_file():
+        old = json.loads(info_path.read_text()).get("config")
+        if old != json.loads(json.dumps(asdict(cfg))):
+            raise FileExistsError(f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another folder")
+    for split in SPLITS:
+        for i, sample in enumerate(digit_seg_samples(split, cfg)):
+            _write_png(root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR))
+            _write_png(root / "annotations" / split / f"{i:05d}.png", sample.mask)
+    partial = info_path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(info, indent=2))
+    os.replace(partial, info_path)
+    return info
+
+
+def _write_png(path: Path, array: np.ndarray) -> None:
+    ok, buffer = cv2.imencode(".png", array)
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".png.partial")
+    partial.write_bytes(buffer.tobytes())
+    os.replace(partial, path)

@@ -1,0 +1,151 @@
+"""Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
+
+Preprocessing is the official ViT-5 eval recipe (reference §2.3) at any size and crop ratio:
+resize by ``1 / crop_ratio`` (bicubic, area when shrinking), centre crop, normalise with the
+model's mean/std. Under ``accelerate launch`` each process evaluates a shard;
+``accelerator.gather_for_metrics`` collects every batch and drops the duplicates Accelerate pads
+the last batches with, so N processes give the numbers of one. Unreadable files are skipped
+(never replaced by a neighbour) and listed in the result.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
+
+from .errors import EvalError
+from .images import LabelledImages, bad_file_reason, check_patch_multiple
+from .load import LoadedModel
+from .metrics import ClassificationMeter, ClassificationScores
+from .report import format_table
+
+
+@dataclass(frozen=True)
+class ClassifySettings:
+    """``size`` (H, W) and ``crop_ratio`` default to the model's own (vit5: its img_size and 1.0)."""
+
+    size: tuple[int, int] | None = None
+    crop_ratio: float | None = None
+    batch_size: int = 64
+    num_workers: int = 4
+
+    def __post_init__(self) -> None:
+        if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
+            raise EvalError(f"size must be a positive (height, width) pair, got {self.size}")
+        if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
+            raise EvalError(f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}")
+        if self.batch_size < 1 or self.num_workers < 0:
+            raise EvalError(f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
+
+
+@dataclass
+class ClassifyResult:
+    model: str
+    weights: str
+    data: str
+    size: tuple[int, int]
+    crop_ratio: float
+    class_names: list[str]
+    scores: ClassificationScores
+    seconds: float
+    num_processes: int
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.scores.num_images / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.scores
+        return {
+            "model": self.model, "weights": self.weights, "data": self.data, "size": list(self.size),
+            "crop_ratio": self.crop_ratio, "num_images": s.num_images, "top1": s.top1, "top5": s.top5,
+            "loss": s.loss, "images_per_s": self.images_per_s, "seconds": self.seconds,
+            "num_processes": self.num_processes,
+            "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
+            "class_names": self.class_names, "confusion_matrix": s.confusion, "skipped": self.skipped,
+        }  # fmt: skip
+
+
+def open_split(root: str | os.PathLike[str], split: str | None) -> ImageFolderDataset:
+    """The ImageFolder split to evaluate (``root/split/<class>/...``; ``split=None``: root is the split)."""
+    try:
+        return ImageFolderDataset(root, split)
+    except ImageFolderError as err:
+        raise EvalError(str(err)) from err
+
+
+def evaluate(
+    loaded: LoadedModel,
+    dataset: ImageFolderDataset,
+    settings: ClassifySettings = ClassifySettings(),
+    accelerator: Accelerator | None = None,
+    progress: bool = True,
+) -> ClassifyResult:
+    """Evaluate ``loaded`` on ``dataset`` (its files and class names; its own transform is unused)."""
+    accelerator = accelerator or Accelerator()
+    num_classes = len(dataset.class_names)
+    outputs = getattr(loaded.model, "num_classes", None)
+    if outputs != num_classes:
+        raise EvalError(
+            f"{loaded.label} has {outputs} outputs but {dataset.root} has {num_classes} classes; evaluate on the data "
+            f"set it was trained for (class folders in the same sorted order)"
+        )
+    size = tuple(settings.size or loaded.input_size)
+    patch = getattr(loaded.model, "patch_size", None)
+    if isinstance(patch, int):
+        check_patch_multiple(size, patch)
+    crop = settings.crop_ratio or loaded.crop_pct
+    transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
+    images = LabelledImages(dataset.samples, transform, size)
+    loader = accelerator.prepare(build_loader(images, settings.batch_size, train=False, num_workers=settings.num_workers))
+    model = loaded.model.to(accelerator.device).eval()
+    meter, bad = ClassificationMeter(num_classes), []
+    start = time.perf_counter()
+    bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not (progress and accelerator.is_main_process))
+    with torch.inference_mode():
+        for batch, targets, indices, ok in bar:
+            logits = model(batch)
+            logits, targets, indices, ok = accelerator.gather_for_metrics((logits, targets, indices, ok.to(torch.uint8)))
+            ok = ok.bool()
+            meter.update(logits[ok], targets[ok])
+            bad += indices[~ok].tolist()
+    accelerator.wait_for_everyone()
+    seconds = time.perf_counter() - start
+    skipped = [{"path": dataset.samples[i][0], "reason": bad_file_reason(dataset.samples[i][0])} for i in sorted(set(bad))]
+    return ClassifyResult(
+        model=loaded.label, weights=loaded.weights, data=str(Path(dataset.root)), size=size, crop_ratio=crop,
+        class_names=list(dataset.class_names), scores=meter.compute(), seconds=seconds,
+        num_processes=accelerator.num_processes, skipped=skipped,
+    )  # fmt: skip
+
+
+def summary_table(results: list[ClassifyResult]) -> str:
+    rows = [
+        (r.model, r.weights, f"{r.size[0]}x{r.size[1]}", r.crop_ratio, r.scores.num_images,
+         100 * r.scores.top1, 100 * r.scores.top5, r.scores.loss, round(r.images_per_s, 1), len(r.skipped))
+        for r in results
+    ]  # fmt: skip
+    headers = ("model", "weights", "size", "crop", "images", "top-1 %", "top-5 %", "loss", "img/s", "skipped")
+    return format_table(headers, rows, title="classification")
+
+
+def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
+    """Per-class accuracy; with more than ``limit`` classes only the ``limit`` worst."""
+    acc = result.scores.per_class_accuracy
+    counts = result.scores.confusion.sum(axis=1)
+    rank = np.nan_to_num(acc, nan=np.inf)  # classes without images last
+    order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
+    rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
+    title = f"per-class accuracy, {result.model}" + (f" ({limit} worst of {len(acc)})" if len(acc) > limit else "")
+    return format_table(("class", "images", "accuracy %"), rows, title=title)

@@ -1,0 +1,213 @@
+"""Write dense features to disk, one safetensors file per image plus a manifest; resumable.
+
+Layout of ``out_dir``::
+
+    manifest.json                       what was extracted, how, and from which images
+    <relative image path>.safetensors   e.g. cats/01.jpg -> cats/01.jpg.safetensors
+
+Every file is written to ``<name>.partial`` and renamed, so a file that exists is complete; each
+file's header records the run identity (model fingerprint + settings) and the source file's size
+and modification time. A rerun therefore skips exactly the images whose file is complete, of the
+same run and of an unchanged source, recomputes the rest, and rebuilds the manifest (itself
+written atomically, also every ``manifest_every_s`` seconds) from the files. Features made with
+other settings or another model are refused rather than mixed (``overwrite=True`` replaces them).
+Use one writer per folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from .backbone import block_indices, describe, feature_names
+from .errors import EvalError
+from .features import FailedImage, FeatureSettings, extract, resolve_model
+from .images import list_images
+from .load import LoadedModel
+from .report import to_jsonable, write_json
+
+FORMAT = "vit5-features/1"
+MANIFEST = "manifest.json"
+SUFFIX = ".safetensors"
+PARTIAL = ".partial"
+_META_KEY = "vit5_features"
+
+
+@dataclass
+class ExportSummary:
+    out_dir: Path
+    written: int
+    skipped: int  # already complete from an earlier run
+    failed: list[FailedImage] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        rate = f", {self.written / self.seconds:.1f} img/s" if self.seconds > 0 and self.written else ""
+        lines = [f"features -> {self.out_dir}: {self.written} written, {self.skipped} already done, "
+                 f"{len(self.failed)} failed ({self.seconds:.1f} s{rate})"]  # fmt: skip
+        lines += [f"  failed: {f.path}: {f.reason}" for f in self.failed[:10]]
+        return "\n".join(lines + ([f"  ... {len(self.failed) - 10} more in {MANIFEST}"] if len(self.failed) > 10 else []))
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hash of every tensor's name, shape and a strided sample of its values (cheap, and it
+    tells different weights apart)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu()
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def export_features(
+    model: nn.Module | LoadedModel,
+    images: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    settings: FeatureSettings = FeatureSettings(),
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    manifest_every_s: float = 30.0,
+) -> ExportSummary:
+    """Extract features for every image under ``images`` (recursive) into ``out_dir``."""
+    start = time.perf_counter()
+    root, paths = list_images(images)
+    out_dir = Path(out_dir)
+    module, mean, std = resolve_model(model)
+    info = describe(module)
+    blocks = block_indices(info, settings.layers)
+    identity = to_jsonable({"model_fingerprint": model_fingerprint(module), "settings": settings.identity(),
+                            "mean": mean, "std": std})  # fmt: skip
+    run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    header = {
+        "format": FORMAT, "model": model.label if isinstance(model, LoadedModel) else type(module).__name__,
+        **identity, "run_id": run_id, "blocks": blocks, "features": feature_names(info, blocks),
+        "patch_size": info.patch_size, "embed_dim": info.embed_dim, "has_cls": bool(info.num_cls),
+        "num_registers": info.num_registers, "dtype": settings.dtype, "source_root": str(root.resolve()),
+    }  # fmt: skip
+    _check_same_run(out_dir, identity, run_id, overwrite)
+    for partial in out_dir.rglob(f"*{SUFFIX}{PARTIAL}") if out_dir.is_dir() else ():
+        partial.unlink()
+    entries: dict[str, dict[str, Any]] = {}
+    todo = []
+    for path in paths:
+        entry = None if overwrite else _completed_entry(out_dir, root, path, run_id)
+        if entry is None:
+            todo.append(path)
+        else:
+            entries[entry["path"]] = entry
+    skipped, failed = len(entries), []
+    _write_manifest(out_dir, header, entries, failed, complete=False)
+    last_manifest = time.monotonic()
+    bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
+    for item in extract(model, todo, settings, mean=mean, std=std):
+        if isinstance(item, FailedImage):
+            failed.append(item)
+        else:
+            entry = _write_image(out_dir, root, item, run_id, info.patch_size)
+            entries[entry["path"]] = entry
+        bar.update(1)
+        bar.set_postfix(failed=len(failed), refresh=False)
+        if time.monotonic() - last_manifest > manifest_every_s:
+            _write_manifest(out_dir, header, entries, failed, complete=False)
+            last_manifest = time.monotonic()
+    bar.close()
+    _write_manifest(out_dir, header, entries, failed, complete=True)
+    return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
+
+
+def _relative(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _source_stat(path: Path) -> dict[str, int]:
+    stat = path.stat()
+    return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+
+
+def _write_image(out_dir: Path, root: Path, item, run_id: str, patch_size: int) -> dict[str, Any]:
+    rel = _relative(root, item.path)
+    entry = {
+        "path": rel, "file": rel + SUFFIX, "image_size": list(item.image_size), "input_size": list(item.input_size),
+        "grid": [item.input_size[0] // patch_size, item.input_size[1] // patch_size],
+    }  # fmt: skip
+    target = out_dir / entry["file"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + PARTIAL)
+    meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
+    save_file({k: v.contiguous() for k, v in item.features.items()}, str(partial), metadata={_META_KEY: json.dumps(meta)})
+    os.replace(partial, target)
+    return entry
+
+
+def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
+    """The manifest entry of an image whose feature file is complete and current, else None."""
+    target = out_dir / (_relative(root, path) + SUFFIX)
+    if not target.is_file():
+        return None
+    try:
+        with safe_open(str(target), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})[_META_KEY])
+    except Exception:  # unreadable or foreign file: recompute it
+        return None
+    if meta.get("run_id") != run_id or any(meta.get(k) != v for k, v in _source_stat(path).items()):
+        return None
+    return {k: meta[k] for k in ("path", "file", "image_size", "input_size", "grid")}
+
+
+def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwrite: bool) -> None:
+    manifest = out_dir / MANIFEST
+    if overwrite or not manifest.is_file():
+        return
+    try:
+        old = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise EvalError(f"{manifest} is unreadable ({err}); delete it or pass overwrite") from err
+    if old.get("run_id") != run_id:
+        changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
+        raise EvalError(
+            f"{out_dir} holds features from another model or other settings ({'; '.join(changed) or 'other format'}); "
+            "use a new output folder, or overwrite to replace them"
+        )
+
+
+def _write_manifest(
+    out_dir: Path, header: dict, entries: dict[str, dict], failed: Sequence[FailedImage], complete: bool
+) -> None:
+    write_json(out_dir / MANIFEST, {
+        **header, "complete": complete, "num_images": len(entries),
+        "images": [entries[k] for k in sorted(entries)],
+        "failed": [{"path": _relative(Path(header["source_root"]), f.path.resolve()), "reason": f.reason} for f in failed],
+    })  # fmt: skip
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        raise EvalError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise EvalError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
+    return manifest
+
+
+def read_features(out_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+    """``(image path, {name: tensor})`` for every image of an export, in manifest order."""
+    manifest = read_manifest(out_dir)
+    root = Path(manifest["source_root"])
+    for entry in manifest["images"]:
+        yield root / entry["path"], load_file(str(Path(out_dir) / entry["file"]))

@@ -1,0 +1,103 @@
+"""Finding images, choosing input sizes and loading labelled images without crashing on bad files.
+
+Evaluation must not count a neighbour twice when a file is unreadable (what the training
+``ImageFolderDataset`` does to keep batch sizes even), so :class:`LabelledImages` returns a
+placeholder with ``ok=False`` instead; the evaluation loops drop those rows after gathering and
+list the files as skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image
+
+from .errors import EvalError
+
+Size = tuple[int, int]
+
+
+def list_images(source: str | os.PathLike[str], extensions: Sequence[str] = IMAGE_EXTENSIONS) -> tuple[Path, list[Path]]:
+    """``(root, files)``: every image under folder ``source`` (recursive, sorted, hidden entries
+    skipped), or ``source`` itself when it is a file (then ``root`` is its folder)."""
+    source = Path(source)
+    if source.is_file():
+        return source.parent, [source]
+    if not source.is_dir():
+        raise EvalError(f"image source {source} does not exist; pass an image file or a folder of images")
+    suffixes = {e.lower() for e in extensions}
+    files = []
+    for dirpath, dirnames, filenames in os.walk(source, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files.extend(
+            Path(dirpath) / f for f in filenames if not f.startswith(".") and Path(f).suffix.lower() in suffixes
+        )
+    if not files:
+        raise EvalError(f"no images with extensions {sorted(suffixes)} under {source}")
+    return source, sorted(files)
+
+
+def parse_size(text: str) -> Size:
+    """``"224"`` -> (224, 224); ``"224x320"`` -> (224, 320) (height x width)."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values, default=0) <= 0:
+        raise EvalError(f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 224x320)")
+    return (values[0], values[-1])
+
+
+def round_to_patch(hw: Sequence[float], patch_size: int) -> Size:
+    """Each side rounded to the nearest multiple of ``patch_size`` (at least one patch)."""
+    return tuple(max(patch_size, int(round(side / patch_size)) * patch_size) for side in hw)  # type: ignore[return-value]
+
+
+def own_size(image_hw: Size, patch_size: int, max_side: int | None = None) -> Size:
+    """The input size that keeps an image's own size: shrunk (aspect kept) so that its longer side is
+    at most ``max_side`` when given, then rounded to the patch size."""
+    scale = 1.0 if max_side is None else min(1.0, max_side / max(image_hw))
+    return round_to_patch((image_hw[0] * scale, image_hw[1] * scale), patch_size)
+
+
+def check_patch_multiple(size: Size, patch_size: int) -> Size:
+    if size[0] % patch_size or size[1] % patch_size or min(size) <= 0:
+        fix = round_to_patch(size, patch_size)
+        raise EvalError(
+            f"input size {size[0]}x{size[1]} is not a multiple of the patch size {patch_size}; use e.g. {fix[0]}x{fix[1]}"
+        )
+    return size
+
+
+class LabelledImages(Dataset):
+    """``(path, target)`` samples -> ``(image, target, index, ok)``; a bad file gives zeros, ``ok=False``."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable, size: Size) -> None:
+        self.samples = list(samples)
+        self.transform = transform
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int, bool]:
+        path, target = self.samples[index]
+        try:
+            return self.transform(decode_image(path)), target, index, True
+        except BadImageError:
+            return torch.zeros(3, *self.size), target, index, False
+
+
+def bad_file_reason(path: str | os.PathLike[str]) -> str:
+    """Why ``path`` cannot be decoded (decoded again, for the report)."""
+    try:
+        decode_image(path)
+    except BadImageError as e:
+        return e.reason
+    return "could not be read during the run (readable now)"

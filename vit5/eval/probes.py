@@ -1,0 +1,145 @@
+"""kNN and logistic-regression probes on frozen global features (CLS or average-pooled patches).
+
+The standard frozen-feature protocol (DINO, DINOv2): encode a train and a val ImageFolder split
+once with the eval preprocessing, then fit scikit-learn classifiers on the train features and
+report val top-1.
+
+* kNN: cosine similarity on L2-normalised features, the k nearest neighbours vote with weight
+  ``exp(sim / T)`` (DINO's weighted kNN, T = 0.07).
+* Linear probe: standardised features, multinomial ``LogisticRegression`` (L2, strength ``C``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.neighbors import KNeighborsClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
+
+from vit5.data import ImageFolderDataset, build_loader, eval_transform
+
+from .backbone import block_indices, dense_features, describe
+from .errors import EvalError
+from .images import LabelledImages
+from .load import LoadedModel
+from .report import format_table
+
+POOLS = ("cls", "avg")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    pools: tuple[str, ...] = POOLS
+    knn_k: tuple[int, ...] = (10, 20)
+    knn_temperature: float = 0.07
+    logreg_c: float = 1.0
+    logreg_max_iter: int = 1000
+    layer: int = -1
+    norm: bool = True  # final norm on the features (what the head sees)
+    size: tuple[int, int] | None = None  # default: the model's input size
+    crop_ratio: float | None = None
+    batch_size: int = 64
+    num_workers: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.pools if p not in POOLS]
+        if bad or not self.pools:
+            raise EvalError(f"pools must be chosen from {POOLS}, got {self.pools}")
+        if any(k < 1 for k in self.knn_k) or self.knn_temperature <= 0 or self.logreg_c <= 0:
+            raise EvalError("knn_k must be >= 1, knn_temperature > 0 and logreg_c > 0")
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    model: str
+    pool: str
+    method: str  # "knn-20", "logreg"
+    accuracy: float
+    seconds: float
+
+
+def encode(
+    loaded: LoadedModel, dataset: ImageFolderDataset, settings: ProbeSettings, progress: bool = True
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """``({pool: [N, C] float32}, targets [N], skipped)`` for the readable images of ``dataset``."""
+    info = describe(loaded.model)
+    if "cls" in settings.pools and not info.num_cls:
+        raise EvalError(f"{loaded.label} has no CLS token; use pools=('avg',)")
+    (block,) = block_indices(info, [settings.layer])
+    size = tuple(settings.size or loaded.input_size)
+    transform = eval_transform(size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std)
+    loader = build_loader(LabelledImages(dataset.samples, transform, size), settings.batch_size, train=False,
+                          num_workers=settings.num_workers)  # fmt: skip
+    device = next(loaded.model.parameters()).device
+    pooled: dict[str, list[torch.Tensor]] = {p: [] for p in settings.pools}
+    targets, skipped = [], 0
+    for images, labels, _, ok in tqdm(loader, desc=f"encode {loaded.label}", disable=not progress, leave=False):
+        feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
+        views = {"cls": feats.get(f"blocks.{block}.cls"), "avg": feats[f"blocks.{block}.patches"].mean(dim=(-2, -1))}
+        for pool in settings.pools:
+            pooled[pool].append(views[pool][ok].float().cpu())
+        targets.append(labels[ok])
+        skipped += int((~ok).sum())
+    return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy(), skipped
+
+
+def knn_accuracy(
+    train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray, k: int = 20, temperature: float = 0.07
+) -> float:
+    """Weighted cosine kNN (DINO): neighbours vote with ``exp(cos / T)``."""
+    knn = KNeighborsClassifier(
+        n_neighbors=min(k, len(train_y)), metric="cosine", algorithm="brute",
+        weights=lambda distance: np.exp((1.0 - distance) / temperature),
+    )  # fmt: skip
+    return float(knn.fit(train_x, train_y).score(val_x, val_y))
+
+
+def logreg_accuracy(
+    train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
+    c: float = 1.0, max_iter: int = 1000, seed: int = 0,
+) -> float:  # fmt: skip
+    """Linear probe: standardise, then multinomial L2 logistic regression."""
+    probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
+    return float(probe.fit(train_x, train_y).score(val_x, val_y))
+
+
+def run_probes(
+    loaded: LoadedModel,
+    train: ImageFolderDataset,
+    val: ImageFolderDataset,
+    settings: ProbeSettings = ProbeSettings(),
+    progress: bool = True,
+) -> list[ProbeRow]:
+    if list(train.class_names) != list(val.class_names):
+        raise EvalError(f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}...")
+    train_x, train_y, _ = encode(loaded, train, settings, progress)
+    val_x, val_y, _ = encode(loaded, val, settings, progress)
+    rows = []
+    for pool in settings.pools:
+        for k in settings.knn_k:
+            start = time.perf_counter()
+            acc = knn_accuracy(train_x[pool], train_y, val_x[pool], val_y, k, settings.knn_temperature)
+            rows.append(ProbeRow(loaded.label, pool, f"knn-{k}", acc, time.perf_counter() - start))
+        start = time.perf_counter()
+        acc = logreg_accuracy(train_x[pool], train_y, val_x[pool], val_y, settings.logreg_c, settings.logreg_max_iter,
+                              settings.seed)  # fmt: skip
+        rows.append(ProbeRow(loaded.label, pool, "logreg", acc, time.perf_counter() - start))
+    return rows
+
+
+def probe_table(rows: Sequence[ProbeRow], chance: float | None = None) -> str:
+    """Rows: (model, pool); columns: methods; cells: val top-1 in %."""
+    methods = list(dict.fromkeys(r.method for r in rows))
+    keys = list(dict.fromkeys((r.model, r.pool) for r in rows))
+    cell = {(r.model, r.pool, r.method): 100 * r.accuracy for r in rows}
+    table_rows = [(m, p, *(cell.get((m, p, x)) for x in methods)) for m, p in keys]
+    title = "probe val top-1 %" + (f" (chance {100 * chance:.1f} %)" if chance else "")
+    return format_table(("model", "pool", *methods), table_rows, title=title)

@@ -1,0 +1,119 @@
+"""Image + label-mask pairs in the ADE20K-style layout, checked file by file.
+
+Layout::
+
+    root/images/<split>/**/<name>.<jpg|png|...>
+    root/annotations/<split>/**/<name>.png     class index per pixel (8- or 16-bit, one channel)
+
+``split`` is e.g. ``train``/``val`` or ADE20K's ``training``/``validation``. A ``root/dataset.json``
+(as written by ``make-seg``) may give ``num_classes``, ``class_names`` and ``ignore_index``.
+Every mask must exist, have one channel, the size of its image, and ids below ``num_classes``
+(or equal to ``ignore_index``); anything else is an :class:`EvalError` that names the file.
+With ``reduce_zero_label`` (ADE20K: 0 = "other") id 0 becomes ignored and the rest shift down by 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from vit5.data import IMAGE_EXTENSIONS
+
+from .errors import EvalError
+
+SPLIT_PAIRS = (("train", "val"), ("training", "validation"))
+
+
+@dataclass(frozen=True)
+class SegDatasetInfo:
+    num_classes: int
+    class_names: tuple[str, ...]
+    ignore_index: int = 255
+    reduce_zero_label: bool = False
+
+
+def default_splits(root: str | os.PathLike[str]) -> tuple[str, str]:
+    """``(train, val)`` split names found under ``root/images``."""
+    for pair in SPLIT_PAIRS:
+        if all((Path(root) / "images" / s).is_dir() for s in pair):
+            return pair
+    found = sorted(p.name for p in (Path(root) / "images").glob("*") if p.is_dir())
+    raise EvalError(f"{root}/images has no train/val (or training/validation) folders (found {found}); name the splits")
+
+
+def dataset_info(
+    root: str | os.PathLike[str],
+    num_classes: int | None = None,
+    ignore_index: int | None = None,
+    reduce_zero_label: bool = False,
+) -> SegDatasetInfo:
+    """Class count and names from the arguments, else from ``root/dataset.json``."""
+    meta_path = Path(root) / "dataset.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    num_classes = num_classes or meta.get("num_classes")
+    if not num_classes or num_classes < 2:
+        raise EvalError(f"give the number of classes (>= 2); {meta_path} does not say it")
+    names = meta.get("class_names") if meta.get("num_classes") == num_classes else None
+    ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
+    if 0 <= ignore_index < num_classes:
+        raise EvalError(f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1")
+    return SegDatasetInfo(
+        num_classes=num_classes,
+        class_names=tuple(names or (str(i) for i in range(num_classes))),
+        ignore_index=ignore_index,
+        reduce_zero_label=reduce_zero_label,
+    )
+
+
+def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Path]]:
+    """``(image, mask)`` paths of ``split``, sorted; a missing mask is an error naming the image."""
+    image_dir, mask_dir = Path(root) / "images" / split, Path(root) / "annotations" / split
+    for folder in (image_dir, mask_dir):
+        if not folder.is_dir():
+            raise EvalError(f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/")
+    images = sorted(p for p in image_dir.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    if not images:
+        raise EvalError(f"{image_dir} holds no images")
+    pairs = []
+    for image in images:
+        mask = (mask_dir / image.relative_to(image_dir)).with_suffix(".png")
+        if not mask.is_file():
+            raise EvalError(f"image {image} has no label mask {mask} (masks are PNG files with the image's relative path)")
+        pairs.append((image, mask))
+    return pairs
+
+
+def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np.ndarray:
+    """The checked mask as int64 class ids, with ignored pixels set to ``info.ignore_index``."""
+    mask = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if mask is None:
+        raise EvalError(f"label mask {path} cannot be read as an image")
+    if mask.ndim != 2:
+        raise EvalError(
+            f"label mask {path} has {mask.shape[2]} channels; it must be a single-channel PNG of class ids "
+            "(convert colour-coded masks to ids first)"
+        )
+    if tuple(mask.shape) != tuple(image_hw):
+        raise EvalError(
+            f"label mask {path} is {mask.shape[0]}x{mask.shape[1]} but its image is {image_hw[0]}x{image_hw[1]}; "
+            "masks must have the size of their image"
+        )
+    mask = mask.astype(np.int64)
+    ignored = mask == info.ignore_index
+    if info.reduce_zero_label:
+        ignored |= mask == 0
+        mask = mask - 1
+    bad = np.unique(mask[~ignored & ((mask < 0) | (mask >= info.num_classes))])
+    if bad.size:
+        shown = (bad + 1 if info.reduce_zero_label else bad)[:10].tolist()
+        raise EvalError(
+            f"label mask {path} has class id(s) {shown} outside 0..{info.num_classes - 1} "
+            f"(ignore index {info.ignore_index}); raise num_classes or fix the mask"
+        )
+    mask[ignored] = info.ignore_index
+    return mask

@@ -1,0 +1,214 @@
+"""Dense linear probe for semantic segmentation on frozen patch features: mIoU and pixel accuracy.
+
+As in DINOv2's linear segmentation evaluation: the frozen backbone's patch features of the chosen
+blocks (concatenated over blocks) are standardised per channel and a 1x1 linear layer maps each
+patch to class logits, which are upsampled bilinearly to the label resolution and trained with
+per-pixel cross-entropy (ignore index skipped). Images are resized to one input size (aspect not
+kept, so the grid covers the whole image); validation logits are upsampled to each mask's own
+size, so scores are computed at full label resolution. Features are cached in memory (float16).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from vit5.data import BadImageError, decode_image, resize_transform
+
+from .backbone import block_indices, check_input, dense_features, describe
+from .errors import EvalError
+from .images import check_patch_multiple
+from .load import LoadedModel
+from .metrics import SegmentationScores, confusion_matrix, segmentation_scores
+from .report import format_table
+from .seg_data import SegDatasetInfo, list_pairs, read_mask
+
+
+@dataclass(frozen=True)
+class SegProbeSettings:
+    size: tuple[int, int] | None = None  # input (H, W); default: the model's
+    layers: tuple[int, ...] = (-1,)
+    norm: bool = True
+    epochs: int = 30
+    batch_size: int = 16
+    lr: float = 0.05
+    weight_decay: float = 1e-4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.weight_decay < 0:
+            raise EvalError("epochs and batch_size must be >= 1, lr > 0 and weight_decay >= 0")
+
+
+@dataclass
+class SegProbeResult:
+    model: str
+    size: tuple[int, int]
+    blocks: list[int]
+    class_names: tuple[str, ...]
+    scores: SegmentationScores
+    num_train: int
+    num_val: int
+    seconds_features: float
+    seconds_train: float
+    final_train_loss: float
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "size": list(self.size), "blocks": self.blocks, "miou": self.scores.miou,
+            "pixel_accuracy": self.scores.pixel_accuracy, "iou": dict(zip(self.class_names, self.scores.iou.tolist())),
+            "num_train": self.num_train, "num_val": self.num_val, "seconds_features": self.seconds_features,
+            "seconds_train": self.seconds_train, "final_train_loss": self.final_train_loss,
+            "confusion_matrix": self.scores.confusion, "skipped": self.skipped,
+        }  # fmt: skip
+
+
+@dataclass
+class EncodedSplit:
+    """Frozen patch features of one split and its checked masks."""
+
+    features: torch.Tensor  # [N, C, h, w] float16
+    masks: list[np.ndarray]  # full-resolution checked masks
+    skipped: list[dict[str, str]]
+
+
+def _encode(
+    loaded: LoadedModel, pairs: Sequence, info: SegDatasetInfo, size: tuple[int, int], blocks: list[int],
+    settings: SegProbeSettings, desc: str, progress: bool,
+) -> EncodedSplit:  # fmt: skip
+    backbone = describe(loaded.model)
+    transform = resize_transform(size, mean=loaded.mean, std=loaded.std)
+    device = next(loaded.model.parameters()).device
+    chunks, masks, skipped, batch = [], [], [], []
+
+    def flush() -> None:
+        feats = dense_features(loaded.model, torch.stack(batch).to(device), backbone, blocks, norm=settings.norm)
+        chunks.append(torch.cat([feats[f"blocks.{b}.patches"] for b in blocks], dim=1).half().cpu())
+        batch.clear()
+
+    for image_path, mask_path in tqdm(pairs, desc=desc, disable=not progress, leave=False):
+        try:
+            image = decode_image(image_path)
+        except BadImageError as err:
+            skipped.append({"path": str(image_path), "reason": err.reason})
+            continue
+        masks.append(read_mask(mask_path, image.shape[:2], info))
+        batch.append(transform(image))
+        if len(batch) == settings.batch_size:
+            flush()
+    if batch:
+        flush()
+    if not masks:
+        raise EvalError(f"none of the {len(pairs)} images of this split can be read (e.g. {skipped[0]})")
+    return EncodedSplit(torch.cat(chunks), masks, skipped)
+
+
+@dataclass
+class LinearHead:
+    """Per-channel standardisation then a 1x1 convolution to class logits."""
+
+    conv: nn.Conv2d
+    mean: torch.Tensor
+    std: torch.Tensor
+    final_loss: float
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        return self.conv((features.float() - self.mean) / self.std)
+
+
+def train_linear_head(
+    train: EncodedSplit, info: SegDatasetInfo, size: tuple[int, int], settings: SegProbeSettings
+) -> LinearHead:
+    """Fit the head with AdamW (cosine schedule) on logits upsampled to ``size``, masks resized
+    to ``size`` with nearest neighbour; deterministic for ``settings.seed``."""
+    feats = train.features
+    mean = feats.float().mean(dim=(0, 2, 3), keepdim=True)
+    std = feats.float().std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    targets = torch.from_numpy(np.stack([cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST)
+                                         for m in train.masks])).long()  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        head = LinearHead(nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1), mean, std, float("nan"))
+    generator = torch.Generator().manual_seed(settings.seed)
+    steps = settings.epochs * -(-len(feats) // settings.batch_size)
+    optimizer = torch.optim.AdamW(head.conv.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    for _ in range(settings.epochs):
+        for idx in torch.randperm(len(feats), generator=generator).split(settings.batch_size):
+            logits = F.interpolate(head(feats[idx]), size=size, mode="bilinear", align_corners=False)
+            loss = F.cross_entropy(logits, targets[idx], ignore_index=info.ignore_index)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            head.final_loss = float(loss.detach())
+    head.conv.eval()
+    return head
+
+
+@torch.no_grad()
+def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo) -> SegmentationScores:
+    """mIoU and pixel accuracy with logits upsampled (bilinear) to each mask's full size."""
+    confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
+    for feats, mask in zip(val.features, val.masks):
+        logits = head(feats[None])
+        pred = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False).argmax(dim=1)[0]
+        target = torch.from_numpy(mask)
+        valid = target != info.ignore_index
+        confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
+    return segmentation_scores(confusion.numpy())
+
+
+def run_segmentation_probe(
+    loaded: LoadedModel,
+    root: str,
+    info: SegDatasetInfo,
+    splits: tuple[str, str],
+    settings: SegProbeSettings = SegProbeSettings(),
+    progress: bool = True,
+) -> SegProbeResult:
+    """Train the dense linear probe on ``splits[0]`` and score it on ``splits[1]``."""
+    backbone = describe(loaded.model)
+    blocks = block_indices(backbone, settings.layers)
+    size = tuple(settings.size or loaded.input_size)
+    check_patch_multiple(size, backbone.patch_size)
+    check_input(backbone, size)
+    start = time.perf_counter()
+    train = _encode(loaded, list_pairs(root, splits[0]), info, size, blocks, settings, f"features {splits[0]}", progress)
+    val = _encode(loaded, list_pairs(root, splits[1]), info, size, blocks, settings, f"features {splits[1]}", progress)
+    seconds_features = time.perf_counter() - start
+    start = time.perf_counter()
+    head = train_linear_head(train, info, size, settings)
+    seconds_train = time.perf_counter() - start
+    return SegProbeResult(
+        model=loaded.label, size=size, blocks=blocks, class_names=info.class_names, scores=score_linear_head(head, val, info),
+        num_train=len(train.masks), num_val=len(val.masks), seconds_features=seconds_features,
+        seconds_train=seconds_train, final_train_loss=head.final_loss, skipped=train.skipped + val.skipped,
+    )  # fmt: skip
+
+
+def seg_tables(results: Sequence[SegProbeResult]) -> str:
+    summary = format_table(
+        ("model", "size", "blocks", "train", "val", "mIoU %", "pixel acc %", "features s", "train s"),
+        [(r.model, f"{r.size[0]}x{r.size[1]}", ",".join(map(str, r.blocks)), r.num_train, r.num_val,
+          100 * r.scores.miou, 100 * r.scores.pixel_accuracy, round(r.seconds_features, 1), round(r.seconds_train, 1))
+         for r in results],
+        title="segmentation linear probe",
+    )  # fmt: skip
+    names = results[0].class_names
+    per_class = format_table(
+        ("class", *(r.model for r in results)),
+        [(name, *(100 * r.scores.iou[i] for r in results)) for i, name in enumerate(names)],
+        title="IoU % per class",
+    )
+    return summary + "\n\n" + per_class
