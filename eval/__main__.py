@@ -175,6 +175,7 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
     else:
         p.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw (default) or EMA weights")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--seed", type=int, default=0, help="seeds random-init models (presets without weights) and the probes")
 
 
 def _loader_options(p: argparse.ArgumentParser, batch_size: int, workers: int) -> None:
@@ -237,7 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=-1, help="block to probe (default -1)")
     p.add_argument("--no-norm", action="store_true", help="probe raw block outputs instead of final-normed ones")
     p.add_argument("--size", type=_size, help="input size (default: the model's)")
-    p.add_argument("--seed", type=int, default=0)
     _loader_options(p, 64, 2)
     p.add_argument("--out", type=Path, required=True, help="writes probe.json here")
     p.set_defaults(run=cmd_probe)
@@ -256,7 +256,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="writes segprobe.json here")
     p.set_defaults(run=cmd_segprobe)
 
@@ -276,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    torch.manual_seed(getattr(args, "seed", 0))
     try:
         args.run(args)
     except (EvalError, ImageFolderError, ConfigError, CheckpointError) as err:

@@ -114,6 +114,31 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
     assert "0 bytes" in skipped["empty.png"]
 
 
+def test_official_pth_and_timm_specs_load_strictly(tmp_path):
+    import timm
+
+    from vit5.reference import OfficialViT5
+
+    official = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
+    ema = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
+    torch.save({"model": official.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "vit5_official.pth")
+    x = torch.randn(2, 3, 32, 32)
+    (loaded,) = load_models(str(tmp_path / "vit5_official.pth"))
+    assert (loaded.label, loaded.weights) == ("vit5_official", "raw")
+    torch.testing.assert_close(loaded.model(x), official(x), rtol=1e-4, atol=1e-4)
+    (loaded_ema,) = load_models(str(tmp_path / "vit5_official.pth"), weights="ema")
+    torch.testing.assert_close(loaded_ema.model(x), ema(x), rtol=1e-4, atol=1e-4)
+
+    kwargs = dict(img_size=32, depth=2, embed_dim=48, num_heads=2, num_classes=5)
+    reference = timm.create_model("vit_small_patch16_224", pretrained=False, **kwargs).eval()
+    torch.save(reference.state_dict(), tmp_path / "timm.pth")
+    (loaded,) = load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **kwargs)
+    assert loaded.mean == (0.5, 0.5, 0.5) and loaded.crop_pct == 0.9  # the timm model's own preprocessing
+    torch.testing.assert_close(loaded.model(x), reference(x))
+    with pytest.raises(EvalError, match="does not fit timm model"):
+        load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **{**kwargs, "depth": 3})
+
+
 def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     dataset = open_split(digits_folder(), "val")
     wrong = load_models("vit5_tiny", depth=1, num_classes=3)[0]

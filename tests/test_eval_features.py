@@ -114,22 +114,25 @@ def test_max_side_limits_own_size(images):
 def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_path, monkeypatch):
     model = tiny_model().eval()
     settings = FeatureSettings(layers=(-1,), batch_size=2, dtype="float16")
-    real_save, calls = export_module.save_file, []
+    real_save, calls = export_module.save, []
 
-    def crash_on_fourth(tensors, path, metadata=None):
-        calls.append(path)
+    def crash_on_fourth(tensors, metadata=None):
+        calls.append(1)
         if len(calls) == 4:
-            Path(path).write_bytes(b"half a file")  # what a kill during the write leaves
             raise KeyboardInterrupt
-        real_save(tensors, path, metadata=metadata)
+        return real_save(tensors, metadata=metadata)
 
-    monkeypatch.setattr(export_module, "save_file", crash_on_fourth)
+    monkeypatch.setattr(export_module, "save", crash_on_fourth)
     with pytest.raises(KeyboardInterrupt):
         export_features(model, images, tmp_path / "out", settings, progress=False)
-    monkeypatch.setattr(export_module, "save_file", real_save)
+    monkeypatch.setattr(export_module, "save", real_save)
     out = tmp_path / "out"
     assert not read_manifest(out)["complete"]
-    assert len(list(out.rglob("*.partial"))) == 1
+    done = sorted(out.rglob("*.safetensors"))
+    partial = out / "sub" / "b.png.safetensors.partial"  # what a kill in the middle of writing b.png leaves
+    partial.parent.mkdir(exist_ok=True)
+    partial.write_bytes(done[0].read_bytes()[:100])
+    assert not (out / "sub" / "b.png.safetensors").exists()
     done_before = {p: p.stat().st_mtime_ns for p in out.rglob("*.safetensors")}
     assert len(done_before) == 3
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 from tqdm.auto import tqdm
 
 from .backbone import block_indices, describe, feature_names
 from .errors import EvalError
-from .features import FailedImage, FeatureSettings, extract, resolve_model
+from .features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
 from .images import list_images
 from .load import LoadedModel
 from .report import to_jsonable, write_json
@@ -139,7 +139,7 @@ def _source_stat(path: Path) -> dict[str, int]:
     return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
 
 
-def _write_image(out_dir: Path, root: Path, item, run_id: str, patch_size: int) -> dict[str, Any]:
+def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch_size: int) -> dict[str, Any]:
     rel = _relative(root, item.path)
     entry = {
         "path": rel, "file": rel + SUFFIX, "image_size": list(item.image_size), "input_size": list(item.input_size),
@@ -149,7 +149,8 @@ def _write_image(out_dir: Path, root: Path, item, run_id: str, patch_size: int) 
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + PARTIAL)
     meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
-    save_file({k: v.contiguous() for k, v in item.features.items()}, str(partial), metadata={_META_KEY: json.dumps(meta)})
+    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)})
+    partial.write_bytes(payload)  # plain write: permissions follow the umask
     os.replace(partial, target)
     return entry
 

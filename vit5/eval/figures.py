@@ -50,13 +50,17 @@ def plot_sweep(
     """Accuracy against sqrt(H * W) per model; square sizes joined by a line, others as hollow
     markers labelled HxW (extrapolation test for RoPE plus the resampled APE)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    labelled: dict[tuple[int, int], int] = {}  # size -> label row, so labels at one x do not overlap
     for label, points in series.items():
         square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
         line = ax.plot([x for x, _ in square], [v for _, v in square], marker="o", label=label)[0]
         for (h, w), value in points:
             if h != w:
                 ax.scatter([np.sqrt(h * w)], [value], facecolors="none", edgecolors=line.get_color(), s=60, zorder=3)
-                ax.annotate(f"{h}x{w}", (np.sqrt(h * w), value), textcoords="offset points", xytext=(5, 4), fontsize=8)
+                if (h, w) not in labelled:  # once per size, not per model
+                    row = labelled[(h, w)] = sum(hh * ww == h * w for hh, ww in labelled)
+                    ax.annotate(f"{h}x{w}", (np.sqrt(h * w), value), textcoords="offset points",
+                                xytext=(6, 4 - 11 * row), fontsize=8)  # fmt: skip
     if train_size is not None:
         ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
     ax.set_xlabel("input side sqrt(H x W) in pixels (hollow: non-square)")

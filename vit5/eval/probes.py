@@ -85,7 +85,7 @@ def encode(
         feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
         views = {"cls": feats.get(f"blocks.{block}.cls"), "avg": feats[f"blocks.{block}.patches"].mean(dim=(-2, -1))}
         for pool in settings.pools:
-            pooled[pool].append(views[pool][ok].float().cpu())
+            pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
         skipped += int((~ok).sum())
     return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy(), skipped

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON, atomically (a crash never leaves half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
-        json.dump(to_jsonable(obj), f, indent=2)
-    os.replace(f.name, path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # plain open: permissions follow the umask
+    partial.write_text(json.dumps(to_jsonable(obj), indent=2))
+    os.replace(partial, path)
     return path
