@@ -44,6 +44,7 @@ from vit5.eval import (
     sweep_records,
     sweep_table,
 )
+from vit5.eval.backbone import patch_size_of
 from vit5.eval.figures import plot_confusion
 from vit5.eval.images import parse_size
 from vit5.eval.report import write_json
@@ -117,9 +118,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     accelerator = _accelerator(args)
     dataset = open_split(args.data, args.split or None)
     models = _models(args, accelerator.device)
-    patch = getattr(models[0].model, "patch_size", 16)
-    patch = patch if isinstance(patch, int) else patch[0]
-    sizes = args.sizes or sizes_from_scales(args.scales, models[0].input_size, patch)
+    sizes = args.sizes or sizes_from_scales(args.scales, models[0].input_size, patch_size_of(models[0].model) or 1)
     settings = ClassifySettings(None, args.crop_ratio, args.batch_size, args.workers)
     results = run_sweep(models, dataset, sizes, settings, accelerator)
     if accelerator.is_main_process:

@@ -93,6 +93,22 @@ def test_class_ids_beyond_num_classes_name_the_file(seg_root):
     assert (read_mask(bad, (48, 48), ignored)[0, :3] == 12).all()
 
 
+def test_palette_and_16_bit_masks_give_class_ids(tmp_path):
+    from PIL import Image
+
+    ids = np.arange(48 * 48).reshape(48, 48) % 11
+    palette = Image.fromarray(ids.astype(np.uint8), mode="P")
+    palette.putpalette([v for i in range(256) for v in (i * 7 % 256, 255 - i, i * 3 % 256)])  # colours != ids
+    palette.save(tmp_path / "palette.png")
+    cv2.imwrite(str(tmp_path / "deep.png"), (ids * 1000).astype(np.uint16))
+    info = SegDatasetInfo(11, SEG_CLASSES)
+    np.testing.assert_array_equal(read_mask(tmp_path / "palette.png", (48, 48), info), ids)
+    deep = read_mask(tmp_path / "deep.png", (48, 48), SegDatasetInfo(10001, tuple(map(str, range(10001))), ignore_index=-1))
+    np.testing.assert_array_equal(deep, ids * 1000)
+    ade = read_mask(tmp_path / "palette.png", (48, 48), SegDatasetInfo(10, SEG_CLASSES[1:], reduce_zero_label=True))
+    np.testing.assert_array_equal(ade, np.where(ids == 0, 255, ids - 1))  # ADE20K: 0 = ignore, 1..N -> 0..N-1
+
+
 def test_colour_and_missing_masks_name_the_file(seg_root):
     colour = seg_root / "annotations" / "val" / "00000.png"
     cv2.imwrite(str(colour), np.zeros((48, 48, 3), np.uint8))

@@ -57,6 +57,14 @@ def describe(model: nn.Module) -> BackboneInfo:
     )  # fmt: skip
 
 
+def patch_size_of(model: nn.Module) -> int | None:
+    """The patch size of a vit5 or timm ViT; None for other models (e.g. a timm CNN)."""
+    try:
+        return describe(model).patch_size
+    except EvalError:
+        return None
+
+
 def block_indices(info: BackboneInfo, layers: Sequence[int]) -> list[int]:
     """Absolute, sorted, unique block indices for ``layers`` (negative counts from the end)."""
     if not layers:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
 
+from .backbone import patch_size_of
 from .errors import EvalError
 from .images import LabelledImages, bad_file_reason, check_patch_multiple
 from .load import LoadedModel
@@ -102,8 +103,8 @@ def evaluate(
             f"set it was trained for (class folders in the same sorted order)"
         )
     size = tuple(settings.size or loaded.input_size)
-    patch = getattr(loaded.model, "patch_size", None)
-    if isinstance(patch, int):
+    patch = patch_size_of(loaded.model)
+    if patch is not None:
         check_patch_multiple(size, patch)
     crop = settings.crop_ratio or loaded.crop_pct
     transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)

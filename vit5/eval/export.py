@@ -90,8 +90,8 @@ def export_features(
     module, mean, std = resolve_model(model)
     info = describe(module)
     blocks = block_indices(info, settings.layers)
-    identity = to_jsonable({"model_fingerprint": model_fingerprint(module), "settings": settings.identity(),
-                            "mean": mean, "std": std})  # fmt: skip
+    chosen = {**settings.identity(), "layers": blocks}  # absolute: -1 and 11 are the same run
+    identity = to_jsonable({"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std})
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     header = {
         "format": FORMAT, "model": model.label if isinstance(model, LoadedModel) else type(module).__name__,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -97,10 +98,12 @@ class _Decoded:
 
 
 class _ResizedImages(Dataset):
-    def __init__(self, paths: Sequence[Path], settings: FeatureSettings, patch_size: int, mean, std) -> None:
+    def __init__(
+        self, paths: Sequence[Path], settings: FeatureSettings, patch_size: int, mean: Sequence[float], std: Sequence[float]
+    ) -> None:
         self.paths, self.settings, self.patch_size = list(paths), settings, patch_size
         self.mean, self.std = tuple(mean), tuple(std)
-        self._transforms: dict[Size, object] = {}
+        self._transforms: dict[Size, Callable[[np.ndarray], torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -117,7 +120,9 @@ class _ResizedImages(Dataset):
         return _Decoded(index, self._transforms[size](image), image_size)
 
 
-def resolve_model(model: nn.Module | LoadedModel, mean=None, std=None) -> tuple[nn.Module, tuple, tuple]:
+def resolve_model(
+    model: nn.Module | LoadedModel, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+) -> tuple[nn.Module, tuple[float, ...], tuple[float, ...]]:
     """The module and its normalisation (from a LoadedModel, or the model's timm data config)."""
     if isinstance(model, LoadedModel):
         return model.model, tuple(mean or model.mean), tuple(std or model.std)

@@ -3,7 +3,7 @@
 Layout::
 
     root/images/<split>/**/<name>.<jpg|png|...>
-    root/annotations/<split>/**/<name>.png     class index per pixel (8- or 16-bit, one channel)
+    root/annotations/<split>/**/<name>.png     class index per pixel (8/16-bit grey or palette PNG)
 
 ``split`` is e.g. ``train``/``val`` or ADE20K's ``training``/``validation``. A ``root/dataset.json``
 (as written by ``make-seg``) may give ``num_classes``, ``class_names`` and ``ignore_index``.
@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
+from PIL import Image
 
 from vit5.data import IMAGE_EXTENSIONS
 
@@ -89,10 +89,16 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
 
 
 def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np.ndarray:
-    """The checked mask as int64 class ids, with ignored pixels set to ``info.ignore_index``."""
-    mask = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if mask is None:
-        raise EvalError(f"label mask {path} cannot be read as an image")
+    """The checked mask as int64 class ids, with ignored pixels set to ``info.ignore_index``.
+
+    Read with PIL, which returns the stored values of grayscale (8/16-bit) PNGs and the palette
+    indices of palette PNGs (PASCAL VOC style), never colours.
+    """
+    try:
+        with Image.open(path) as handle:
+            mask = np.asarray(handle)
+    except (OSError, ValueError) as err:
+        raise EvalError(f"label mask {path} cannot be read as an image ({err})") from err
     if mask.ndim != 2:
         raise EvalError(
             f"label mask {path} has {mask.shape[2]} channels; it must be a single-channel PNG of class ids "
