@@ -1,0 +1,72 @@
+"""Checkpoints are atomic (a kill during a save leaves the previous one loadable), the last K are kept,
+and ``--resume`` restores weights, optimizer, EMA and progress."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
+
+from vit5.train import ResumeError, Trainer
+from vit5.train.checkpointing import resolve_resume
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs (not even ``except Exception``)."""
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_config(tmp_path, "checkpoint.keep_last=2"))
+    with pytest.raises(ResumeError, match="no complete checkpoint yet"):
+        resolve_resume(trainer.run_dir)
+    with torch.no_grad():
+        trainer.raw_model.head.bias.add_(1.0)
+    trainer.state.num_updates, trainer.state.batch = 5, 5
+    good = trainer.checkpoints.save(5)
+    saved_bias = trainer.raw_model.head.bias.detach().clone()
+
+    save_state = trainer.accelerator.save_state
+
+    def dies_halfway(output_dir, **kwargs):
+        save_state(output_dir, **kwargs)
+        weights = Path(output_dir) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])  # the process died while writing the weights
+        raise Killed
+
+    monkeypatch.setattr(trainer.accelerator, "save_state", dies_halfway)
+    with torch.no_grad():
+        trainer.raw_model.head.bias.add_(1.0)
+    trainer.state.num_updates = 9
+    with pytest.raises(Killed):
+        trainer.checkpoints.save(9)
+    checkpoints = trainer.run_dir / "checkpoints"
+    assert names(checkpoints) == [".tmp-ckpt-000000009", "ckpt-000000005"]
+    assert resolve_resume(trainer.run_dir) == (trainer.run_dir, good)
+
+    resumed = Trainer(tiny_config(tmp_path, "checkpoint.keep_last=2"), resume=good)
+    torch.testing.assert_close(resumed.raw_model.head.bias, saved_bias, rtol=0, atol=0)
+    assert (resumed.state.num_updates, resumed.state.batch) == (5, 5)
+    for n in (6, 7, 8):
+        resumed.state.num_updates = n
+        resumed.checkpoints.save(n)
+    assert names(checkpoints) == [
+        "ckpt-000000007",
+        "ckpt-000000008",
+    ]  # keep_last=2, the partial one cleaned up
+
+
+def test_resume_restores_optimizer_and_ema(tmp_path):
+    cfg = tiny_config(tmp_path, "schedule.epochs=1", "checkpoint.every_steps=20")
+    trainer = Trainer(cfg)
+    trainer.fit()
+    ckpt = trainer.run_dir / "checkpoints" / "ckpt-000000020"
+    resumed = Trainer(cfg, resume=ckpt)
+    assert (resumed.state.epoch, resumed.state.batch, resumed.state.num_updates) == (0, 20, 20)
+    state = resumed.optimizer.state_dict()["state"]
+    assert state and all(int(s["step"]) == 20 for s in state.values())
+    assert not torch.equal(resumed.ema.module.head.weight, resumed.raw_model.head.weight)
+    assert resumed.state.history == []  # the epoch-1 row was written after this checkpoint

@@ -1,0 +1,82 @@
+"""``accelerate launch --multi_gpu --num_processes 2`` on CPU (torchrun + gloo; ``--cpu`` would start a single
+process): disjoint shards (the rank-aware sampler is not
+sharded a second time), metrics reduced over both processes, one process prints and writes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from test_train_support import TINY
+
+WORKER = '''
+import json, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from vit5.data import DigitsDataset, build_transform
+from vit5.train import Trainer, load_config
+
+class Recording(DigitsDataset):
+    """Digits that remember which samples this process loaded."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+    def __getitem__(self, index):
+        self.seen.append(int(index))
+        return super().__getitem__(index)
+
+train = Recording("train", build_transform("none", 16), size=16)
+val = Recording("val", build_transform("eval", 16), size=16)
+trainer = Trainer(load_config(None, sys.argv[2:]), train_set=train, val_set=val)
+summary = trainer.fit()
+acc = trainer.accelerator
+record = dict(world=acc.num_processes, train=train.seen, val=val.seen, images_seen=summary["images_seen"],
+              val_images=summary["val_images"], val_top1=summary["final_top1"])
+Path(sys.argv[1], f"rank{acc.process_index}.json").write_text(json.dumps(record))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "records"
+    out.mkdir()
+    accelerate = Path(sys.executable).parent / "accelerate"
+    command = [
+        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no",
+        "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        str(script), str(out), *TINY, f"run.output_dir={tmp_path / 'runs'}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_CONFIG_FILE": str(tmp_path / "none.yaml")}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    assert [r["world"] for r in ranks] == [2, 2]
+    train0, train1 = set(ranks[0]["train"]), set(ranks[1]["train"])
+    assert not train0 & train1  # disjoint shards
+    per_rank = 1438 // 2 // 32 * 32  # 22 full batches of 32 each; a second sharding would leave 11
+    assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == per_rank
+    evens, odds = list(range(0, 359, 2)), list(range(1, 359, 2))  # evaluated twice: raw and EMA weights
+    assert sorted(ranks[0]["val"]) == sorted(evens * 2) and sorted(ranks[1]["val"]) == sorted(odds * 2)
+    for r in ranks:  # reduced: both processes report the totals over both shards
+        assert r["images_seen"] == 2 * per_rank and r["val_images"] == 359
+    assert ranks[0]["val_top1"] == ranks[1]["val_top1"]
+
+    assert result.stdout.count("run directory") == 1 and result.stdout.count("epoch 1/1 |") == 1
+    assert "processes      2 x cpu" in result.stdout
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [
+        "tiny"
+    ]  # one run directory, not one per process
+    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["num_processes"] == 2 and summary["images_seen"] == 2 * per_rank

@@ -1,0 +1,131 @@
+"""Data sets and loaders for a run, built from the config on top of :mod:`vit5.data`.
+
+Sharding across processes is done here, once, and the loaders are **not** passed to
+``accelerator.prepare`` (which would shard them a second time):
+
+* train: a rank-aware :class:`~vit5.data.RepeatAugSampler` (DeiT's RASampler; ``repeated_aug=1``
+  is a plain distributed shuffle). All ranks share the seed, so they agree on the permutation
+  and take disjoint strides of it.
+* val: rank ``r`` of ``W`` takes samples ``r, r + W, ...``: disjoint, nothing padded or
+  repeated, so the summed counts are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset
+
+from vit5.data import (
+    DigitsDataset,
+    ImageFolderDataset,
+    RepeatAugSampler,
+    build_loader,
+    build_transform,
+    eval_transform,
+)
+from vit5.train.config import TrainConfig
+from vit5.train.errors import TrainConfigError
+
+
+@dataclass
+class RunData:
+    train_set: Dataset
+    val_set: Dataset
+    class_names: list[str]
+    train_loader: DataLoader
+    val_loader: DataLoader
+
+    @property
+    def sampler(self) -> RepeatAugSampler:
+        return self.train_loader.sampler  # type: ignore[return-value]
+
+
+def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
+    """Train and val sets with their transforms, and the class names (train's order)."""
+    size = cfg.model.img_size
+    train_tf = build_transform(cfg.aug.train, size, **_train_options(cfg))
+    val_tf = eval_transform(size, crop_ratio=cfg.aug.eval_crop_ratio)
+    if cfg.data.dataset == "digits":
+        options: dict[str, Any] = dict(size=size, val_fraction=cfg.data.digits_val_fraction)
+        train_set: Any = DigitsDataset("train", train_tf, **options)
+        val_set: Any = DigitsDataset("val", val_tf, **options)
+    else:
+        root = Path(str(cfg.data.root)).expanduser()
+        train_set = ImageFolderDataset(root, cfg.data.train_split, train_tf)
+        val_set = ImageFolderDataset(root, cfg.data.val_split, val_tf, class_names=train_set.class_names)
+        if cfg.data.verify:
+            train_set.verify()
+            val_set.verify()
+    return train_set, val_set, list(train_set.class_names)
+
+
+def build_run_data(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    train_set: Dataset | None = None,
+    val_set: Dataset | None = None,
+) -> RunData:
+    """Datasets (from the config unless given) and this process's loaders."""
+    class_names: list[str]
+    if train_set is None or val_set is None:
+        train_set, val_set, class_names = build_datasets(cfg)
+    else:
+        class_names = list(train_set.class_names)  # type: ignore[attr-defined]
+    world, rank = accelerator.num_processes, accelerator.process_index
+    try:
+        sampler = RepeatAugSampler(
+            train_set,
+            num_replicas=world,
+            rank=rank,
+            num_repeats=cfg.aug.repeated_aug,
+            shuffle=True,
+            seed=cfg.run.seed,
+            selected_round=cfg.aug.ra_selected_round,
+        )
+    except ValueError as e:
+        raise TrainConfigError(f"{e} (config: aug.ra_selected_round=0)") from e
+    workers = cfg.data.num_workers
+    common = dict(
+        num_workers=workers,
+        pin_memory=cfg.data.pin_memory,
+        persistent_workers=cfg.data.persistent_workers and workers > 0,
+    )
+    train_loader = build_loader(
+        train_set, cfg.data.batch_size, train=True, seed=cfg.run.seed + 1000 * rank, sampler=sampler, **common
+    )
+    if len(train_loader) < cfg.optim.accum_steps:
+        raise TrainConfigError(
+            f"each process gets {len(train_loader)} full batches of data.batch_size={cfg.data.batch_size} "
+            f"per epoch ({len(sampler)} samples), fewer than optim.accum_steps={cfg.optim.accum_steps}; "
+            f"lower data.batch_size"
+        )
+    eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
+    val_indices = list(range(rank, len(val_set), world))  # type: ignore[arg-type]
+    val_loader = build_loader(val_set, eval_batch, train=False, sampler=val_indices, **common)  # type: ignore[arg-type]
+    return RunData(train_set, val_set, class_names, train_loader, val_loader)
+
+
+def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
+    """Files found unreadable so far by any process (each file once). Collective: call on all ranks."""
+    found: list[str] = []
+    for dataset in datasets:
+        mask = getattr(dataset, "bad_mask", None)
+        if mask is None:
+            continue
+        union = accelerator.reduce(mask.to(accelerator.device, torch.int32), "sum") > 0
+        found.extend(dataset.samples[i][0] for i in torch.nonzero(union.cpu()).flatten().tolist())  # type: ignore[attr-defined]
+    return found
+
+
+def _train_options(cfg: TrainConfig) -> dict[str, Any]:
+    aug = cfg.aug
+    if aug.train == "three_augment":
+        return dict(color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip)
+    if aug.train == "randaug":
+        return dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip)
+    return {}

@@ -1,0 +1,138 @@
+"""One training epoch: mixed precision and gradient accumulation through Accelerate.
+
+Each micro-batch: targets mixed (Mixup / CutMix or one-hot), forward and loss under
+``accelerator.autocast()`` (bf16 on GPU in the recipe; fp32 master weights), a finite-loss check
+*before* backward (a NaN never reaches the weights), ``accelerator.backward``. Inside
+``accelerator.accumulate`` the optimizer only steps when ``accelerator.sync_gradients`` is true;
+only then do the lr schedule, the EMA, the update counter and the ``on_update`` callback (mid-epoch
+checkpoints) advance.
+
+An epoch is truncated to a multiple of the accumulation steps, so every optimizer step sees the
+same number of micro-batches and epochs start on a step boundary (the loader is not prepared by
+Accelerate, which would otherwise flush a partial accumulation at the end of the loader).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from vit5.train.metrics import reduce_sums
+from vit5.train.mixup import TargetMixer
+from vit5.train.schedule import LRSchedule
+from vit5.train.state import TrainState
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The loss of a micro-batch is NaN or infinite (on any process)."""
+
+    def __init__(self, value: float, epoch: int, batch: int, num_updates: int) -> None:
+        self.value, self.epoch, self.batch, self.num_updates = value, epoch, batch, num_updates
+        super().__init__(
+            f"loss is {value} at epoch {epoch + 1}, batch {batch + 1} (optimizer step {num_updates + 1})"
+        )
+
+
+@dataclass
+class LoopParts:
+    """What an epoch needs; ``raw_model`` is the unwrapped module (EMA source), ``model`` the prepared one."""
+
+    accelerator: Accelerator
+    model: nn.Module
+    raw_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    criterion: nn.Module
+    mixer: TargetMixer
+    ema: ModelEmaV3 | None
+    loader: DataLoader
+    batches_per_epoch: int
+    clip_grad: float | None
+    progress: bool
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    loss: float  # mean training loss over all processes' micro-batches of this session
+    images: int  # images trained on, all processes
+    seconds: float
+
+
+def train_one_epoch(
+    parts: LoopParts, state: TrainState, epoch: int, num_epochs: int, on_update: Callable[[], None]
+) -> EpochResult:
+    """Train ``epoch`` from micro-batch ``state.batch``; advance ``state`` after every optimizer step."""
+    acc, model = parts.accelerator, parts.model
+    batch_size = parts.loader.batch_size or 1
+    parts.loader.sampler.set_epoch(epoch, start_index=state.batch * batch_size)  # type: ignore[attr-defined]
+    model.train()
+    bar = tqdm(
+        total=parts.batches_per_epoch,
+        initial=state.batch,
+        desc=f"epoch {epoch + 1}/{num_epochs}",
+        disable=not (parts.progress and acc.is_main_process),
+        dynamic_ncols=True,
+        leave=False,
+    )
+    loss_sum, seen, smoothed = 0.0, 0, math.nan
+    start = time.perf_counter()
+    for images, labels in parts.loader:
+        if state.batch >= parts.batches_per_epoch:
+            break
+        images = images.to(acc.device, non_blocking=True)
+        labels = labels.to(acc.device, non_blocking=True)
+        images, targets = parts.mixer(images, labels)
+        with acc.accumulate(model):
+            with acc.autocast():
+                loss = parts.criterion(model(images), targets)
+            value = _checked(acc, loss, epoch, state)
+            acc.backward(loss)
+            if acc.sync_gradients and parts.clip_grad is not None:
+                acc.clip_grad_norm_(model.parameters(), parts.clip_grad)
+            parts.optimizer.step()
+            parts.optimizer.zero_grad(set_to_none=True)
+        state.batch += 1
+        loss_sum += value * labels.numel()
+        seen += labels.numel()
+        if acc.sync_gradients:
+            state.num_updates += 1
+            parts.schedule.after_update(state.num_updates)
+            if parts.ema is not None:
+                parts.ema.update(parts.raw_model, step=state.num_updates)
+            on_update()
+        smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
+        elapsed = time.perf_counter() - start
+        bar.set_postfix(
+            loss=f"{smoothed:.4f}",
+            lr=f"{parts.schedule.lr:.2e}",
+            img_s=f"{seen * acc.num_processes / elapsed:.0f}",
+            refresh=False,
+        )
+        bar.update(1)
+    bar.close()
+    seconds = time.perf_counter() - start
+    loss_total, images = reduce_sums(acc, [loss_sum, seen])
+    return EpochResult(loss=loss_total / max(images, 1), images=int(images), seconds=seconds)
+
+
+def _checked(acc: Accelerator, loss: torch.Tensor, epoch: int, state: TrainState) -> float:
+    value = float(loss.detach())
+    finite = math.isfinite(value)
+    if acc.num_processes > 1:  # every rank must stop together
+        finite = bool(
+            acc.reduce(torch.tensor(float(finite), device=acc.device), "sum").item() == acc.num_processes
+        )
+    if not finite:  # a finite local value means another process saw the NaN
+        raise NonFiniteLoss(
+            value if not math.isfinite(value) else math.nan, epoch, state.batch, state.num_updates
+        )
+    return value

@@ -1,0 +1,296 @@
+"""The training run: wires config, data, model, optimizer, schedule, EMA and checkpoints under
+Accelerate, runs the epochs, evaluates raw and EMA weights, and leaves the run directory.
+
+    from vit5.train import Trainer, load_config
+    summary = Trainer(load_config("configs/demo_digits.yaml")).fit()
+
+Only the main process prints and writes files; every collective (metric reductions, checkpoint
+barriers) runs on all processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, set_seed
+from torch.utils.data import Dataset
+
+from vit5.data import BadImageWarning
+from vit5.train import rundir
+from vit5.train.checkpointing import CheckpointManager, save_model_dir
+from vit5.train.config import TrainConfig
+from vit5.train.curves import plot_curves
+from vit5.train.data import RunData, bad_files, build_run_data
+from vit5.train.ema import build_ema
+from vit5.train.errors import TrainConfigError, TrainingDiverged
+from vit5.train.evaluate import EvalResult, evaluate
+from vit5.train.loop import LoopParts, NonFiniteLoss, train_one_epoch
+from vit5.train.losses import build_loss
+from vit5.train.metrics import write_csv
+from vit5.train.mixup import TargetMixer
+from vit5.train.modeling import build_model
+from vit5.train.optim import build_optimizer, peak_lr
+from vit5.train.schedule import LRSchedule
+from vit5.train.state import TrainState
+from vit5.train.summary import epoch_line, format_summary, write_summary
+
+
+class Trainer:
+    """One training run.
+
+    Args:
+        cfg: a validated config (:func:`vit5.train.load_config`).
+        resume: a checkpoint directory (``RUN/checkpoints/ckpt-*``) to continue from; the run
+            directory is its grand-parent. None starts a new run directory.
+        train_set, val_set: use these data sets instead of the ones the config describes (they
+            need ``class_names``; transforms are theirs).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        resume: Path | None = None,
+        train_set: Dataset | None = None,
+        val_set: Dataset | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.session_start = time.perf_counter()
+        acc = self.accelerator = Accelerator(
+            mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
+            gradient_accumulation_steps=cfg.optim.accum_steps,
+            cpu=cfg.run.cpu
+            or not torch.cuda.is_available(),  # Accelerate sets up multi-CPU (gloo) only with cpu=True
+        )
+        if not acc.is_main_process:
+            warnings.filterwarnings("ignore", category=BadImageWarning)
+        _check_distributed(acc, cfg)
+        set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
+
+        self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
+        model, self.model_description, self.load_report = build_model(cfg.model, len(self.data.class_names))
+        self.raw_model = model.to(acc.device)
+        self.ema = build_ema(self.raw_model, cfg.ema)
+        micro = len(self.data.train_loader)
+        self.batches_per_epoch = micro // cfg.optim.accum_steps * cfg.optim.accum_steps
+        self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
+        self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
+        optimizer = build_optimizer(self.raw_model, cfg.optim, peak_lr(cfg.optim, self.global_batch))
+        self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
+        compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
+        self.model, self.optimizer = acc.prepare(compiled, optimizer)
+
+        self.state = TrainState()
+        acc.register_for_checkpointing(self.state)
+        if self.ema is not None:
+            acc.register_for_checkpointing(self.ema)
+        if resume is None:
+            self.run_dir = rundir.create_run_dir(acc, cfg)
+        else:
+            self.run_dir = resume.parent.parent
+        self.checkpoints = CheckpointManager(acc, self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last)
+        if acc.is_main_process:
+            rundir.write_config(self.run_dir, cfg)
+        if resume is not None:
+            self.checkpoints.load(resume)
+            self.schedule.start(self.state.num_updates, self.state.epoch)
+        self.parts = LoopParts(
+            accelerator=acc,
+            model=self.model,
+            raw_model=self.raw_model,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            criterion=build_loss(cfg.loss),
+            mixer=TargetMixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
+            ema=self.ema,
+            loader=self.data.train_loader,
+            batches_per_epoch=self.batches_per_epoch,
+            clip_grad=cfg.optim.clip_grad,
+            progress=cfg.run.progress,
+        )
+        self.resumed_from = resume
+        self.last_checkpoint: Path | None = resume
+        self._wall_base = self.state.wall_seconds
+
+    # ------------------------------------------------------------------------------ running
+    def fit(self) -> dict[str, Any]:
+        """Train to ``schedule.epochs``; return the summary (also written to the run directory).
+
+        Raises:
+            TrainingDiverged: the loss became NaN / inf; the last good checkpoint is kept.
+        """
+        cfg, acc, state = self.cfg, self.accelerator, self.state
+        self._print_header()
+        epochs = cfg.schedule.epochs
+        try:
+            while state.epoch < epochs:
+                epoch = state.epoch
+                result = train_one_epoch(
+                    self.parts, state, epoch, epochs, on_update=self._maybe_save_mid_epoch
+                )
+                state.train_seconds += result.seconds
+                state.images_seen += result.images
+                row: dict[str, Any] = dict(
+                    epoch=epoch + 1,
+                    updates=state.num_updates,
+                    lr=self.schedule.lr,
+                    train_loss=result.loss,
+                    train_images_per_s=result.images / max(result.seconds, 1e-9),
+                    epoch_seconds=result.seconds,
+                )
+                if (epoch + 1) % cfg.run.eval_every_epochs == 0 or epoch + 1 == epochs:
+                    row.update(self._evaluate_both())
+                row["bad_files"] = len(bad_files(acc, self.data.train_set, self.data.val_set))
+                state.history.append(row)
+                state.epoch, state.batch = epoch + 1, 0
+                self.schedule.after_epoch(epoch)
+                self._after_epoch(row)
+        except NonFiniteLoss as e:
+            raise TrainingDiverged(self._diverged_message(e)) from e
+        return self._finish()
+
+    def _evaluate_both(self) -> dict[str, Any]:
+        raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+        out: dict[str, Any] = dict(
+            val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
+        )
+        if self.ema is not None:
+            ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+            out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        return out
+
+    def _after_epoch(self, row: dict[str, Any]) -> None:
+        cfg, acc, state = self.cfg, self.accelerator, self.state
+        improved = row.get("val_top1") is not None and row["val_top1"] > state.best_top1
+        if improved:
+            state.best_top1, state.best_epoch = row["val_top1"], row["epoch"]
+            if cfg.checkpoint.save_best:
+                save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.BEST, self._export_extra(row))
+        if acc.is_main_process:
+            write_csv(state.history, self.run_dir / rundir.METRICS_CSV)
+            plot_curves(
+                state.history,
+                self.run_dir / rundir.CURVES_PNG,
+                title=f"{self.run_dir.name}: {self.model_description}",
+            )
+            acc.print(epoch_line(row, cfg.schedule.epochs))
+        if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
+            self._save_checkpoint()
+
+    def _maybe_save_mid_epoch(self) -> None:
+        every = self.cfg.checkpoint.every_steps
+        if every and self.state.num_updates % every == 0 and self.state.batch < self.batches_per_epoch:
+            self._save_checkpoint()
+
+    def _save_checkpoint(self) -> None:
+        self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
+        self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
+
+    # ------------------------------------------------------------------------------ reporting
+    def _print_header(self) -> None:
+        cfg, acc, data = self.cfg, self.accelerator, self.data
+        lines = [
+            f"run directory  {self.run_dir}",
+            f"model          {self.model_description}",
+            *([f"pretrained     {self.load_report}"] if self.load_report else []),
+            f"data           {cfg.data.dataset}: {len(data.train_set)} train / "  # type: ignore[arg-type]
+            f"{len(data.val_set)} val images, "  # type: ignore[arg-type]
+            f"{len(data.class_names)} classes, {cfg.aug.train} augmentation",
+            f"processes      {acc.num_processes} x {acc.device}"
+            + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
+            + f", mixed precision {cfg.run.mixed_precision}",
+            f"batch          {cfg.data.batch_size} per process x {acc.num_processes} "
+            f"x {cfg.optim.accum_steps} "
+            f"accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer steps per epoch",
+            f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
+            f"weight decay {cfg.optim.weight_decay}, {cfg.schedule.epochs} epochs",
+        ]
+        if self.resumed_from is not None:
+            lines.append(
+                f"resumed        from {self.resumed_from} "
+                f"(epoch {self.state.epoch + 1}, batch {self.state.batch}, "
+                f"step {self.state.num_updates})"
+            )
+        acc.print("\n".join(lines))
+
+    def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=self.run_dir.name,
+            epoch=row["epoch"],
+            num_updates=self.state.num_updates,
+            val_top1=row.get("val_top1"),
+            ema_top1=row.get("ema_top1"),
+            class_names=self.data.class_names,
+        )
+
+    def _finish(self) -> dict[str, Any]:
+        acc, state = self.accelerator, self.state
+        last = state.history[-1]
+        save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.FINAL, self._export_extra(last))
+        bad = bad_files(acc, self.data.train_set, self.data.val_set)
+        ema_values = [r["ema_top1"] for r in state.history if r.get("ema_top1") is not None]
+        wall = self._wall_base + time.perf_counter() - self.session_start
+        summary = dict(
+            status="completed",
+            run_dir=str(self.run_dir),
+            model=self.model_description,
+            epochs=state.epoch,
+            updates=state.num_updates,
+            images_seen=state.images_seen,
+            best_top1=state.best_top1 if state.best_epoch > 0 else None,
+            best_epoch=state.best_epoch,
+            final_top1=last.get("val_top1"),
+            final_top5=last.get("val_top5"),
+            val_images=last.get("val_images"),
+            ema_top1=last.get("ema_top1"),
+            best_ema_top1=max(ema_values) if ema_values else None,
+            wall_seconds=wall,
+            train_seconds=state.train_seconds,
+            train_images_per_s=state.images_seen / max(state.train_seconds, 1e-9),
+            num_processes=acc.num_processes,
+            bad_files=len(bad),
+            bad_file_paths=bad,
+            config=asdict(self.cfg),
+        )
+        if acc.is_main_process:
+            write_summary(self.run_dir, summary)
+            acc.print(format_summary(summary))
+        acc.wait_for_everyone()
+        return summary
+
+    def _diverged_message(self, error: NonFiniteLoss) -> str:
+        if self.last_checkpoint is not None:
+            keep = (
+                f"The last good checkpoint is {self.last_checkpoint}; "
+                f"resume with `python train.py --resume {self.run_dir}`"
+            )
+        else:
+            keep = "No checkpoint was written yet, so nothing can be resumed"
+        return (
+            f"training stopped: {error}. Nothing was saved after it. {keep} after lowering optim.lr, setting "
+            f"optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
+        )
+
+
+def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != acc.num_processes:
+        raise TrainConfigError(
+            f"launched as {launched} processes but Accelerate runs {acc.num_processes}; each would train "
+            f"alone. Launch with `accelerate launch --multi_gpu --num_processes N train.py` "
+            f"or `torchrun --nproc_per_node N train.py`"
+        )
+    sharded = acc.distributed_type == DistributedType.FSDP or (
+        acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
+    )
+    if sharded and cfg.ema.enabled:
+        raise TrainConfigError(
+            "the EMA keeps a full copy of the weights, which sharded training (FSDP / DeepSpeed ZeRO-3) "
+            "does not provide; set ema.enabled=false or use DDP / ZeRO-1/2"
+        )
