@@ -111,7 +111,7 @@ def export_features(
         else:
             entries[entry["path"]] = entry
     skipped, failed = len(entries), []
-    _write_manifest(out_dir, header, entries, failed, complete=False)
+    _write_manifest(out_dir, root, header, entries, failed, complete=False)
     last_manifest = time.monotonic()
     bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
     for item in extract(model, todo, settings, mean=mean, std=std):
@@ -123,10 +123,10 @@ def export_features(
         bar.update(1)
         bar.set_postfix(failed=len(failed), refresh=False)
         if time.monotonic() - last_manifest > manifest_every_s:
-            _write_manifest(out_dir, header, entries, failed, complete=False)
+            _write_manifest(out_dir, root, header, entries, failed, complete=False)
             last_manifest = time.monotonic()
     bar.close()
-    _write_manifest(out_dir, header, entries, failed, complete=True)
+    _write_manifest(out_dir, root, header, entries, failed, complete=True)
     return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
 
 
@@ -187,12 +187,12 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
 
 
 def _write_manifest(
-    out_dir: Path, header: dict, entries: dict[str, dict], failed: Sequence[FailedImage], complete: bool
+    out_dir: Path, root: Path, header: dict, entries: dict[str, dict], failed: Sequence[FailedImage], complete: bool
 ) -> None:
     write_json(out_dir / MANIFEST, {
         **header, "complete": complete, "num_images": len(entries),
         "images": [entries[k] for k in sorted(entries)],
-        "failed": [{"path": _relative(Path(header["source_root"]), f.path.resolve()), "reason": f.reason} for f in failed],
+        "failed": [{"path": _relative(root, f.path), "reason": f.reason} for f in failed],
     })  # fmt: skip
 
 
