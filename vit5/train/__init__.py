@@ -9,7 +9,8 @@ The command line is ``python train.py [--config FILE] [--resume [DIR]] [key=valu
 """
 
 from vit5.train.config import TrainConfig
-from vit5.train.config_load import config_to_yaml, load_config, validate_config
+from vit5.train.config_checks import validate_config
+from vit5.train.config_load import config_to_yaml, load_config
 from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
 from vit5.train.trainer import Trainer
 

@@ -58,5 +58,7 @@ def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         f.write(text)
-    os.chmod(f.name, 0o644)  # NamedTemporaryFile creates 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # NamedTemporaryFile creates 0600; give the file normal permissions
     os.replace(f.name, path)
