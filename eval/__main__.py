@@ -45,6 +45,7 @@ from vit5.eval import (
     sweep_table,
 )
 from vit5.eval.backbone import patch_size_of
+from vit5.eval.load import distinct_labels
 from vit5.eval.figures import plot_confusion
 from vit5.eval.images import parse_size
 from vit5.eval.report import write_json
@@ -91,10 +92,18 @@ def _device(name: str) -> torch.device:
 
 def _models(args: argparse.Namespace, device: torch.device | None = None) -> list:
     specs = args.model if isinstance(args.model, list) else [args.model]
-    loaded = [m for spec in specs for m in load_models(spec, args.weights, **_overrides(args.model_args))]
+    per_model = args.model_args or [[]]
+    if len(per_model) == 1:
+        per_model = per_model * len(specs)
+    if len(per_model) != len(specs):
+        raise EvalError(
+            f"{len(per_model)} --model-args for {len(specs)} --model: give one --model-args for all models, "
+            "or one per --model in the same order (an empty --model-args for a model without overrides)"
+        )
+    loaded = [m for spec, items in zip(specs, per_model) for m in load_models(spec, args.weights, **_overrides(items))]
     for m in loaded:
         m.model.to(device or _device(getattr(args, "device", "auto")))
-    return loaded
+    return distinct_labels(loaded)
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -166,8 +175,9 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
 def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--model", required=True, action="append" if several else None,
                    help=MODEL_HELP + (" (repeat for several models)" if several else ""))  # fmt: skip
-    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 num_classes=10)")
+    p.add_argument("--model-args", nargs="*", action="append", metavar="KEY=VALUE",
+                   help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 num_classes=10)"
+                        + ("; once for all models, or once per --model in order" if several else ""))
     if several:
         p.add_argument("--weights", choices=("auto", "raw", "ema"), default="auto",
                        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema")

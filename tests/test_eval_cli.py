@@ -65,6 +65,19 @@ def test_features_probe_classify_and_sweep(tmp_path, capsys):
     assert [r["size"] for r in json.loads((tmp_path / "s" / "sweep.json").read_text())] == [[32, 32], [32, 64]]
 
 
+def test_model_args_per_model(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data")
+    second = ["--model", "vit5_tiny", "--model-args", "depth=2", "embed_dim=32", "num_heads=2", "img_size=32",
+              "patch_size=8", "num_classes=2"]  # fmt: skip
+    assert main(["probe", *TINY_ARGS, *second, "--pool", "avg", "--k", "3", "--data", str(data), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "vit5_tiny " in out and "vit5_tiny-2 " in out  # same preset twice: labels kept apart
+    with pytest.raises(SystemExit):
+        main(["probe", *TINY_ARGS, "--model", "vit5_tiny", "--model-args", "depth=1", "--model-args", "depth=2",
+              "--model-args", "depth=3", "--data", str(data), "--out", str(tmp_path)])  # fmt: skip
+    assert "4 --model-args for 2 --model" in capsys.readouterr().err
+
+
 def test_bad_input_is_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["classify", "--model", "vit5_tinny", "--data", str(_image_folder(tmp_path)), "--out", str(tmp_path)])

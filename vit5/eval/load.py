@@ -77,6 +77,16 @@ def load_models(spec: str, weights: WeightChoice = "auto", **overrides: Any) -> 
         raise EvalError(f"cannot load {spec}: {err}") from err
 
 
+def distinct_labels(models: list[LoadedModel]) -> list[LoadedModel]:
+    """Suffix repeated labels (``vit5_tiny``, ``vit5_tiny-2``) so tables and file names keep models apart."""
+    seen: dict[str, int] = {}
+    for m in models:
+        seen[m.label] = seen.get(m.label, 0) + 1
+        if seen[m.label] > 1:
+            m.label = f"{m.label}-{seen[m.label]}"
+    return models
+
+
 def _timm(spec: str, weights: WeightChoice, overrides: dict[str, Any]) -> LoadedModel:
     import timm
     from timm.models import load_checkpoint
