@@ -51,6 +51,13 @@ def test_checkpoint_directory_gives_raw_and_ema_models(models):
     assert models[0].input_size == (32, 32) and models[0].crop_pct == 1.0
 
 
+def test_generic_run_folders_are_labelled_with_their_run(tmp_path):
+    (tmp_path / "my_run").mkdir()
+    (tmp_path / "my_run" / "final").symlink_to(trained_checkpoint(), target_is_directory=True)
+    loaded = load_models(str(tmp_path / "my_run" / "final"), weights="ema")
+    assert [(m.label, m.weights) for m in loaded] == [("my_run-final-ema", "ema")]
+
+
 def test_metrics_equal_sklearn_on_independently_computed_logits(models, single_process):
     dataset = open_split(digits_folder(), "val")
     transform = eval_transform(32)

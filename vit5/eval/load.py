@@ -15,6 +15,7 @@ so any patch-multiple input size works as it does for vit5 models.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from .errors import EvalError
 TIMM_PREFIX = "timm:"
 EMA_FILE = "model_ema.safetensors"
 WeightChoice = Literal["auto", "raw", "ema"]
+GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
 
 
 @dataclass
@@ -68,13 +70,18 @@ def load_models(spec: str, weights: WeightChoice = "auto", **overrides: Any) -> 
             )
         both = weights == "auto" and path.is_dir() and (path / EMA_FILE).exists()
         kinds = ["raw", "ema"] if both else ["ema" if weights == "ema" else "raw"]
-        label = path.stem if path.is_file() else path.resolve().name
+        label = path.stem if path.is_file() else _directory_label(Path(os.path.abspath(path)))
         return [
             _finish(load_model(path, use_ema=kind == "ema", **overrides), label + ("-ema" if kind == "ema" else ""), spec, kind)
             for kind in kinds
         ]
     except (CheckpointError, ConfigError) as err:
         raise EvalError(f"cannot load {spec}: {err}") from err
+
+
+def _directory_label(path: Path) -> str:
+    """``runs/demo/final`` -> ``demo-final``: training runs name their model folders generically."""
+    return f"{path.parent.name}-{path.name}" if path.name in GENERIC_DIRS or path.name.startswith("checkpoint") else path.name
 
 
 def distinct_labels(models: list[LoadedModel]) -> list[LoadedModel]:
