@@ -88,13 +88,21 @@ def save_pretrained(
 def _atomic_write_text(path: Path, text: str) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         f.write(text)
-    os.replace(f.name, path)
+    _publish(Path(f.name), path)
 
 
 def _atomic_save_safetensors(state_dict: dict[str, torch.Tensor], path: Path) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    _publish(tmp, path)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the permissions of a normally created file (umask), then rename it over ``path``."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
 
 
