@@ -1,0 +1,47 @@
+"""The memory meter and the attention section's backends: exact bytes, agreeing outputs."""
+
+import pytest
+import torch
+
+from vit5.bench.attention_memory import BACKENDS, eager_score_bytes
+from vit5.bench.memory import measure_memory
+
+
+def test_cpu_meter_counts_exact_tensor_bytes():
+    reading, kept = measure_memory(lambda: torch.empty(1000, dtype=torch.float32))
+    assert reading.peak == reading.retained == 4000
+    del kept
+
+    def temporary_then_small():
+        big = torch.ones(250_000)  # 1 MB, freed before returning
+        return big[:10].clone()
+
+    reading, _ = measure_memory(temporary_then_small)
+    assert reading.peak >= 1_000_000
+    assert reading.retained == 40
+
+
+def test_meter_rejects_unknown_devices():
+    with pytest.raises(ValueError, match="cpu and cuda"):
+        measure_memory(lambda: None, "meta")
+
+
+@pytest.mark.parametrize("n", [17, 256])
+def test_sdpa_and_eager_outputs_agree(n):
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for _ in range(3))
+    reference = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v  # explicit, independent
+    for name, fn in BACKENDS.items():
+        torch.testing.assert_close(fn(q, k, v), reference, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_eager_holds_n_squared_and_sdpa_does_not():
+    n, heads = 1024, 2
+    q, k, v = (torch.randn(1, heads, n, 32) for _ in range(3))
+    with torch.inference_mode():
+        eager, _ = measure_memory(lambda: BACKENDS["eager"](q, k, v))
+        sdpa, _ = measure_memory(lambda: BACKENDS["sdpa"](q, k, v))
+    scores = heads * n * n * 4
+    assert eager_score_bytes(1, heads, n, torch.float32) == 2 * scores
+    assert eager.peak >= 2 * scores  # scores and probabilities alive together
+    assert sdpa.peak < scores / 4

@@ -1,0 +1,58 @@
+"""The benchmark end to end at tiny sizes, the CLI, and the report's rendering of targets."""
+
+import json
+
+import pytest
+
+from vit5.bench import BenchConfig, Section, Table, Target, run_bench
+from vit5.bench.__main__ import main
+from vit5.bench.report import render_markdown, write_report
+from vit5.bench.runner import SECTIONS, select_sections
+
+
+def test_smoke_run_writes_a_complete_report(tmp_path):
+    sections, md_path = run_bench(BenchConfig.profile("smoke"), tmp_path, show_progress=False)
+    assert [s.key for s in sections] == list(SECTIONS)
+    failed = [(s.key, s.notes) for s in sections if s.title.endswith("(FAILED)")]
+    assert not failed
+    payload = json.loads((tmp_path / "report.json").read_text())
+    assert payload["targets_total"] == sum(len(s.targets) for s in sections) > 10
+    text = md_path.read_text()
+    for section in sections:
+        assert section.title in text
+        for figure in section.figures:
+            assert (tmp_path / figure).stat().st_size > 1000
+            assert f"]({figure})" in text
+    speed = payload["sections"][0]
+    assert {"vit5", "timm_eva", "timm_vit", "reference"} <= set(speed["data"]["runs"]["tiny@32"]["samples"]["forward"])
+    assert payload["environment"]["torch_threads"] >= 1
+
+
+def test_cli_runs_selected_sections(tmp_path, capsys):
+    assert main(["--smoke", "--only", "kv_cache,mlp", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "targets met" in out and "[met] MHA" in out
+    keys = [s["key"] for s in json.loads((tmp_path / "report.json").read_text())["sections"]]
+    assert keys == ["kv_cache", "mlp"]
+
+
+def test_unknown_section_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown benchmark section.*choose from"):
+        select_sections(["speed", "sped"])
+    with pytest.raises(SystemExit, match="unknown benchmark section"):
+        main(["--smoke", "--only", "nope"])
+
+
+def test_targets_are_marked_met_or_missed(tmp_path):
+    section = Section("demo", "Demo", "what it measures",
+                      tables=[Table("t", ("a", "b"), ((1, 2),))],
+                      targets=[Target("fast enough", 1.4, 1.3), Target("cheap enough", 7.0, 5.0, False, "%")])
+    assert section.targets[0].met and not section.targets[1].met
+    text = render_markdown([section], {"device": "cpu"})
+    assert "Targets: 1 of 2 met" in text
+    assert "| demo | cheap enough | 7.0% | <= 5.0% | **MISSED** |" in text
+    write_report([section], tmp_path, {"device": "cpu"})
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [t["met"] for t in data["sections"][0]["targets"]] == [True, False]
+    with pytest.raises(ValueError, match="does not match columns"):
+        Table("bad", ("a",), ((1, 2),))

@@ -1,0 +1,17 @@
+"""Benchmarks: speed and memory against timm and the official code, and each modern component
+measured, side by side in one process. Run ``python -m vit5.bench --help``.
+
+    from vit5.bench import BenchConfig, run_bench
+    sections, report = run_bench(BenchConfig.profile("quick"), Path("runs/bench_quick"))
+"""
+
+from .config import BenchConfig, DepthAblationConfig
+from .memory import MemoryReading, measure_memory
+from .results import Section, Table, Target
+from .runner import SECTIONS, run_bench
+from .timing import Samples, TimingConfig, measure, paired_ratio, speedup
+
+__all__ = [
+    "SECTIONS", "BenchConfig", "DepthAblationConfig", "MemoryReading", "Samples", "Section", "Table", "Target",
+    "TimingConfig", "measure", "measure_memory", "paired_ratio", "run_bench", "speedup",
+]

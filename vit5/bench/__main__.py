@@ -1,0 +1,73 @@
+"""``python -m vit5.bench``: speed, memory and the modern components, measured side by side.
+
+    python -m vit5.bench --quick --out runs/bench_quick          # a few minutes on 2 CPU cores
+    python -m vit5.bench --device cuda --dtype bf16 --out runs/bench_gpu
+    python -m vit5.bench --quick --only speed,modern_cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's start-up chatter
+
+import torch  # noqa: E402
+
+from .config import BenchConfig  # noqa: E402
+from .results import format_value  # noqa: E402
+from .runner import SECTIONS, run_bench, select_sections  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m vit5.bench", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
+    mode.add_argument("--smoke", action="store_true", help="tiny models, seconds; checks that everything runs")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<profile>)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+                        help="fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
+    parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda asked for, but torch sees no CUDA device: use --device cpu")
+    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    threads = {"threads": args.threads} if args.threads is not None else {}
+    return BenchConfig.profile(profile, device=args.device, dtype=dtype, **threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = config_from_args(args)
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    try:
+        select_sections(only)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = args.out or Path("runs") / f"bench_{profile}"
+    if profile == "full" and cfg.device == "cpu":
+        print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
+    sections, md_path = run_bench(cfg, out, only)
+    failed = [s.key for s in sections if s.title.endswith("(FAILED)")]
+    targets = [t for s in sections for t in s.targets]
+    print(f"\n{sum(t.met for t in targets)} of {len(targets)} targets met")
+    for t in targets:
+        print(f"  [{'met' if t.met else 'MISSED'}] {t.name}: {format_value(t.measured, t.unit)} (needs {t.rule})")
+    if failed:
+        print(f"failed sections: {', '.join(failed)}")
+    print(f"report: {md_path} (and report.json, figures/)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``BenchConfig``: every size, count and switch of the benchmark, with three profiles.
+
+- ``smoke``: tiny models (depth 2, 32 px), a couple of rounds; seconds. For tests and CI.
+- ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
+  tokens; a few minutes on 2 CPU cores.
+- ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .timing import TimingConfig
+
+Profile = Literal["smoke", "quick", "full"]
+
+
+@dataclass(frozen=True)
+class DepthAblationConfig:
+    """Pre-norm vs post-norm at depth: a narrow model so it runs in seconds on a CPU."""
+
+    depth: int = 24
+    width: int = 64
+    heads: int = 4
+    steps: int = 60
+    lrs: tuple[float, ...] = (1e-3, 3e-3)  # fixed learning rates, no warmup
+    batch: int = 64
+    grad_batch: int = 128
+
+    def __post_init__(self) -> None:
+        if self.depth < 2 or self.steps < 1 or not self.lrs or min(self.lrs) <= 0 or self.width % self.heads:
+            raise ValueError(f"invalid depth-ablation config {self}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    threads: int | None = None  # CPU intra-op threads; None: torch's default
+    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)  # whole models
+    op_timing: TimingConfig = TimingConfig(warmup=2, rounds=9, min_sample_s=0.05)  # single layers and ops
+    # throughput and the cost of the modern parts
+    sizes: tuple[str, ...] = ("tiny", "small")
+    target_size: str = "small"  # the size the issue's targets are stated for
+    depth: int | None = None  # override every model's depth (smoke runs)
+    img_size: int = 224
+    batch: int = 8
+    hires_img_size: int = 448
+    hires_batch: int = 2
+    # model FLOPs utilisation
+    matmul_size: int = 2048
+    # attention memory and time
+    attn_seq_lens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
+    attn_heads: int = 2
+    attn_head_dim: int = 64
+    attn_batch: int = 1
+    attn_eager_max_bytes: int = 4 * 2**30  # skip eager where its n x n tensors would exceed this
+    attn_timing: TimingConfig = TimingConfig(warmup=1, rounds=3)
+    # torch.compile
+    compile_size: str = "tiny"
+    compile_backend: str = "inductor"
+    # KV cache: the vit5_small trunk (12 layers, 6 heads of 64) decoding causally
+    kv_layers: int = 12
+    kv_heads: int = 6
+    kv_head_dim: int = 64
+    kv_tokens: int = 256
+    kv_batch: int = 1
+    # norms and MLPs: one ViT-S block's activations [batch, tokens, dim]
+    layer_shape: tuple[int, int, int] = (8, 197, 384)
+    layer_heads: int = 6
+    depth_ablation: DepthAblationConfig = field(default_factory=DepthAblationConfig)
+
+    def __post_init__(self) -> None:
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+        if not self.sizes:
+            raise ValueError("sizes must name at least one model size")
+        if self.layer_shape[2] % self.layer_heads:
+            raise ValueError(f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}")
+
+    @property
+    def size_for_targets(self) -> str:
+        """The issue's targets are for ViT-S; smaller runs check them on their largest size."""
+        return self.target_size if self.target_size in self.sizes else self.sizes[-1]
+
+    def replace(self, **changes: Any) -> BenchConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def profile(cls, name: Profile, **changes: Any) -> BenchConfig:
+        if name not in PROFILES:
+            raise ValueError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+        return cls(**PROFILES[name]).replace(**changes)
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": dict(
+        threads=1,  # tiny ops: a second thread only adds synchronisation stalls on a busy machine
+        timing=TimingConfig(warmup=1, rounds=2),
+        op_timing=TimingConfig(warmup=1, rounds=3, min_sample_s=0.0),
+        sizes=("tiny",),
+        depth=2,
+        img_size=32,
+        batch=2,
+        hires_img_size=64,
+        hires_batch=1,
+        matmul_size=256,
+        attn_seq_lens=(64, 256),
+        attn_heads=1,
+        attn_timing=TimingConfig(warmup=1, rounds=2),
+        compile_backend="eager",
+        kv_layers=2,
+        kv_tokens=16,
+        layer_shape=(2, 17, 64),
+        layer_heads=2,
+        depth_ablation=DepthAblationConfig(depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32),
+    ),
+    "quick": dict(),
+    "full": dict(
+        timing=TimingConfig(warmup=3, rounds=15),
+        op_timing=TimingConfig(warmup=5, rounds=15, min_sample_s=0.1),
+        batch=64,
+        hires_batch=16,
+        matmul_size=8192,
+        attn_seq_lens=(256, 512, 1024, 2048, 4096, 8192, 16384),
+        attn_heads=6,
+        attn_eager_max_bytes=32 * 2**30,
+        attn_timing=TimingConfig(warmup=2, rounds=7),
+        compile_size="small",
+        kv_tokens=4096,
+        kv_batch=8,
+        layer_shape=(64, 197, 384),
+        depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
+    ),
+}

@@ -1,0 +1,162 @@
+"""Section 9: pre-norm against post-norm at depth 24 (Xiong et al., 2020).
+
+A narrow ViT-5 trunk (``depth_ablation.width``; no LayerScale, registers or RoPE, which would hide
+the effect of the norm's placement) on scikit-learn's 8x8 digits (patch 2: 16 tokens + CLS):
+
+1. per-layer gradient norm at step 0: the L2 norm of the loss gradient over each block's
+   parameters, on one fixed batch at initialisation. The profile is summarised by the mean of the
+   last quarter of blocks over the first quarter, leaving out block 0: in post-norm it is the only
+   block that normalises the raw patch embedding, so its gradient reflects the input's scale, not
+   depth (the full profile is in the figure and the JSON);
+2. short runs at fixed learning rates with no warmup (AdamW, no weight decay): the loss curve, its
+   largest rise above the best loss so far ("spike"), and the final loss.
+
+Everything is seeded and runs on one CPU thread (the model is tiny), so the section is
+deterministic on a given machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+
+import vit5
+
+from .config import DepthAblationConfig
+from .context import BenchContext
+from .plots import line_chart
+from .results import Section, Table, Target
+from .timing import num_threads
+
+PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
+SPIKE_NATS = 0.25  # a rise of the loss above its best so far that counts as a spike
+FLAT_BAND = (0.5, 2.0)  # output/input gradient ratio counted as flat
+GROWING_RATIO = 1.5  # output/input gradient ratio counted as growing toward the output
+
+
+def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1797 8x8 digits, standardised, as ``[N, 1, 8, 8]`` images and labels."""
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32)[:, None]
+    return (images - images.mean()) / images.std(), torch.tensor(digits.target)
+
+
+def build_trunk(cfg: DepthAblationConfig, pre_norm: bool) -> nn.Module:
+    torch.manual_seed(0)
+    return vit5.create_model(
+        "vit5_tiny", img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=cfg.width, depth=cfg.depth,
+        num_heads=cfg.heads, pre_norm=pre_norm, layer_scale=None, num_registers=0, rope=False, register_rope=False,
+    )
+
+
+def layer_grad_norms(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    """L2 norm of d(loss)/d(parameters) of each block, for one batch."""
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(images), labels).backward()
+    norms = [math.sqrt(sum(float(p.grad.square().sum()) for p in block.parameters())) for block in model.blocks]
+    model.zero_grad(set_to_none=True)
+    return norms
+
+
+def output_input_ratio(norms: list[float], skip_first: int = 1) -> float:
+    """Mean gradient norm of the last quarter of the blocks over the first quarter (after
+    leaving out the first ``skip_first`` blocks)."""
+    body = norms[skip_first:]
+    quarter = max(1, len(body) // 4)
+    return float(np.mean(body[-quarter:]) / np.mean(body[:quarter]))
+
+
+def largest_spike(losses: list[float]) -> float:
+    """The largest rise of the loss above its lowest value so far (nats)."""
+    best, spike = math.inf, 0.0
+    for loss in losses:
+        spike = max(spike, loss - best)
+        best = min(best, loss)
+    return spike
+
+
+def train_fixed_lr(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, lr: float, batch: int
+) -> list[float]:
+    """``steps`` AdamW steps at a constant ``lr`` (no warmup) on seeded random batches."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, len(images), (batch,), generator=generator)
+        loss = F.cross_entropy(model(images[idx]), labels[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item() if torch.isfinite(loss) else float("inf"))
+    return losses
+
+
+def _final(losses: list[float]) -> float:
+    return float(np.mean(losses[-10:]))
+
+
+def run(ctx: BenchContext) -> Section:
+    cfg = ctx.cfg.depth_ablation
+    images, labels = digits_tensors()
+    fixed = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[: cfg.grad_batch]
+    profiles: dict[str, list[float]] = {}
+    curves: dict[tuple[str, float], list[float]] = {}
+    with num_threads(1):
+        for name, pre_norm in PLACEMENTS.items():
+            profiles[name] = layer_grad_norms(build_trunk(cfg, pre_norm), images[fixed], labels[fixed])
+            for lr in cfg.lrs:
+                ctx.log(f"depth {cfg.depth}: {name}, {cfg.steps} steps at lr {lr:g}")
+                curves[(name, lr)] = train_fixed_lr(build_trunk(cfg, pre_norm), images, labels, cfg.steps, lr, cfg.batch)
+    section = Section(
+        "depth",
+        f"Pre-norm against post-norm at depth {cfg.depth}",
+        f"Width {cfg.width}, {cfg.heads} heads, no LayerScale/registers/RoPE, 8x8 digits. Gradient norm of each "
+        f"block's parameters at step 0 (batch {cfg.grad_batch}); then {cfg.steps} AdamW steps at each fixed lr "
+        f"without warmup (batch {cfg.batch}).",
+    )
+    ratios = {name: output_input_ratio(p) for name, p in profiles.items()}
+    section.tables.append(Table("Gradient profile at step 0", (
+        "placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest"),
+        tuple((name, f"{ratios[name]:.2f}", f"{p[0] / p[1]:.1f}", f"{min(p):.3g}", f"{max(p):.3g}")
+              for name, p in profiles.items())))
+    section.tables.append(Table("Fixed-lr runs", (
+        "placement", "lr", "first loss", "best loss", "final loss (last 10)", "largest spike (nats)"),
+        tuple((name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{_final(c):.3f}", f"{largest_spike(c):.3f}")
+              for (name, lr), c in curves.items())))
+    top = max(cfg.lrs)
+    section.targets += [
+        Target("pre-norm gradient profile flat: last/first-quarter ratio >= 0.5", ratios["pre-norm"], FLAT_BAND[0]),
+        Target("pre-norm gradient profile flat: last/first-quarter ratio <= 2", ratios["pre-norm"], FLAT_BAND[1],
+               higher_is_better=False),
+        Target("post-norm gradient grows toward the output: last/first-quarter ratio", ratios["post-norm"],
+               GROWING_RATIO),
+        Target(f"post-norm spikes at lr {top:g}: largest rise above its best loss",
+               largest_spike(curves[("post-norm", top)]), SPIKE_NATS, unit="nats"),
+        Target(f"post-norm ends worse than pre-norm at lr {top:g}: final-loss gap",
+               _final(curves[("post-norm", top)]) - _final(curves[("pre-norm", top)]), 0.0, unit="nats"),
+    ]
+    section.notes.append(
+        "Pre-norm gradients falling toward the output match NormFormer's measurement (Shleifer et al., 2021, "
+        "Fig. 2). modern-deltas: 'if post-norm trains fine, the model is too shallow or the LR too low to test "
+        "the claim'; at this width the model may also be too narrow (Xiong et al. analyse d = 512)."
+    )
+    path = ctx.figure("depth_grad_profile.png")
+    line_chart(path, list(range(cfg.depth)), profiles, title=f"Per-layer gradient norm at step 0, depth {cfg.depth}",
+               xlabel="block (input -> output)", ylabel="||grad||", logy=True)
+    section.figures.append(ctx.relative(path))
+    path = ctx.figure("depth_loss.png")
+    series = {f"{name} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (name, lr), c in curves.items()}
+    line_chart(path, list(range(1, cfg.steps + 1)), series, title="Training loss at fixed lr, no warmup",
+               xlabel="step", ylabel="cross-entropy")
+    section.figures.append(ctx.relative(path))
+    section.data = {"grad_norms": profiles, "losses": {f"{n}@{lr:g}": c for (n, lr), c in curves.items()},
+                    "config": dataclasses.asdict(cfg)}
+    return section

@@ -1,0 +1,56 @@
+"""Section 2: what RoPE, registers and QK-Norm cost, measured on the same model.
+
+ViT-5 at the target size is timed with all its parts, without each one, and without all three
+(same width, depth, APE, LayerScale, RMSNorm), side by side. The cost of a part is the paired
+ratio ``t(full) / t(without it) - 1``. Registers add 4 tokens (201 instead of 197 at 224), so
+about 2% of their cost is simply more tokens.
+"""
+
+from __future__ import annotations
+
+from .context import BenchContext
+from .models import ModelSpec, build_vit5, modern_variants
+from .plots import bar_chart
+from .results import Section, Table, Target
+from .throughput import MODES, measure_throughput
+from .timing import paired_ratio
+
+MAX_COST_PERCENT = 5.0
+
+
+def run(ctx: BenchContext) -> Section:
+    cfg = ctx.cfg
+    size = cfg.size_for_targets
+    spec = ModelSpec(size, cfg.img_size, cfg.depth)
+    variants = modern_variants()
+    ctx.log(f"modern parts: vit5_{size} as {', '.join(variants)}")
+    models = {name: build_vit5(spec, **overrides).eval() for name, overrides in variants.items()}
+    result = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype)
+    section = Section(
+        "modern_cost",
+        "The cost of the modern parts",
+        f"vit5_{size} with and without RoPE (patch and register), registers and QK-Norm; "
+        "cost = paired t(full) / t(variant) - 1, in percent (negative: the variant is slower, i.e. noise).",
+    )
+    costs: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
+    rows = []
+    for name, overrides in variants.items():
+        cells: list[object] = [name, ", ".join(f"{k}={v}" for k, v in overrides.items()) or "-"]
+        for mode in MODES:
+            ratio = paired_ratio(result.samples[mode]["full"], result.samples[mode][name])
+            costs[mode][name] = 100 * (ratio.median - 1)
+            cells += [f"{result.images_per_s(mode, name):.1f}", f"{costs[mode][name]:+.1f}%"]
+        rows.append(tuple(cells))
+    columns = ("variant", "overrides", "forward img/s", "full's cost", "train img/s", "full's cost")
+    section.tables.append(Table(f"vit5_{size} @ {cfg.img_size} ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
+    for mode in MODES:
+        label = f"RoPE + registers + QK-Norm together, {mode} (vit5_{size})"
+        section.targets.append(Target(label, costs[mode]["none"], MAX_COST_PERCENT, higher_is_better=False, unit="%"))
+    parts = [n for n in variants if n != "full"]
+    path = ctx.figure("modern_cost.png")
+    bar_chart(path, parts, {m: [costs[m][p] for p in parts] for m in MODES},
+              title=f"Cost of the full model over each variant, vit5_{size}", ylabel="% slower than variant",
+              reference_line=MAX_COST_PERCENT)
+    section.figures.append(ctx.relative(path))
+    section.data = {"costs_percent": costs, "run": result.to_dict()}
+    return section
