@@ -9,7 +9,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 _PANELS = (
-    ("loss", (("train_loss", "train (mixed targets)"), ("val_loss", "val"), ("ema_val_loss", "val, EMA"))),
+    ("loss", (("train_loss", "train (soft targets)"), ("val_loss", "val"), ("ema_val_loss", "val, EMA"))),
     ("top-1 accuracy (%)", (("val_top1", "val"), ("ema_top1", "val, EMA"))),
     ("learning rate (end of epoch)", (("lr", "peak group"),)),
 )

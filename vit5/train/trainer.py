@@ -217,6 +217,8 @@ class Trainer:
                 f"(epoch {self.state.epoch + 1}, batch {self.state.batch}, "
                 f"step {self.state.num_updates})"
             )
+        if self.state.epoch >= cfg.schedule.epochs:
+            lines.append(f"nothing to train: all {cfg.schedule.epochs} epochs done (raise schedule.epochs)")
         acc.print("\n".join(lines))
 
     def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
