@@ -228,7 +228,7 @@ def _training_table(
             r["precision"],
             r["batch"],
             round(r["images_per_s"], 1),
-            round(r["images_per_s"] / per_core, 2),
+            float(f"{r['images_per_s'] / per_core:.2g}"),
         ]
         for name, r in training.items()
     ]
