@@ -14,7 +14,8 @@ from vit5.bench.mlp import build_mlps, weight_count
 
 @pytest.mark.parametrize("dtype,element", [("fp32", 4), ("bf16", 2)])
 def test_kv_cache_bytes_equal_the_formula_for_mha_gqa_mqa(dtype, element):
-    cfg = BenchConfig.profile("smoke", dtype=dtype, kv_layers=3, kv_heads=6, kv_head_dim=8, kv_tokens=5, kv_batch=2)
+    cfg = BenchConfig.profile("smoke", dtype=dtype, kv_layers=3, kv_heads=6, kv_head_dim=8, kv_tokens=5,
+                              kv_batch=2)
     assert kv_head_counts(6) == [6, 3, 2, 1]  # MHA, GQA-3, GQA-2, MQA
     for kv_heads in kv_head_counts(6):
         r = measure_bytes_per_token(cfg, kv_heads)

@@ -24,7 +24,8 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
             assert (tmp_path / figure).stat().st_size > 1000
             assert f"]({figure})" in text
     speed = payload["sections"][0]
-    assert {"vit5", "timm_eva", "timm_vit", "reference"} <= set(speed["data"]["runs"]["tiny@32"]["samples"]["forward"])
+    measured = speed["data"]["runs"]["tiny@32"]["samples"]["forward"]
+    assert {"vit5", "timm_eva", "timm_vit", "reference"} <= set(measured)
     assert payload["environment"]["torch_threads"] >= 1
 
 
@@ -56,3 +57,12 @@ def test_targets_are_marked_met_or_missed(tmp_path):
     assert [t["met"] for t in data["sections"][0]["targets"]] == [True, False]
     with pytest.raises(ValueError, match="does not match columns"):
         Table("bad", ("a",), ((1, 2),))
+
+
+def test_busy_machine_is_flagged():
+    from vit5.bench.report import busy_warning
+
+    calm = {"cpu_count": 2, "load_average": [0.5, 0.4, 0.3], "load_average_after": [1.9, 1, 1]}
+    assert busy_warning(calm) is None
+    warning = busy_warning({**calm, "load_average_after": [5.5, 3, 2]})
+    assert "busy" in warning and "5.5 on 2 cores" in warning

@@ -12,6 +12,7 @@ from .runner import SECTIONS, run_bench
 from .timing import Samples, TimingConfig, measure, paired_ratio, speedup
 
 __all__ = [
-    "SECTIONS", "BenchConfig", "DepthAblationConfig", "MemoryReading", "Samples", "Section", "Table", "Target",
+    "SECTIONS", "BenchConfig", "DepthAblationConfig", "MemoryReading", "Samples", "Section", "Table",
+    "Target",
     "TimingConfig", "measure", "measure_memory", "paired_ratio", "run_bench", "speedup",
 ]

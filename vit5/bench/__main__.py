@@ -26,8 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny models, seconds; checks that everything runs")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<profile>)")
+    mode.add_argument("--smoke", action="store_true", help="tiny models; seconds")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t for s in sections for t in s.targets]
     print(f"\n{sum(t.met for t in targets)} of {len(targets)} targets met")
     for t in targets:
-        print(f"  [{'met' if t.met else 'MISSED'}] {t.name}: {format_value(t.measured, t.unit)} (needs {t.rule})")
+        verdict = "met" if t.met else "MISSED"
+        print(f"  [{verdict}] {t.name}: {format_value(t.measured, t.unit)} (needs {t.rule})")
     if failed:
         print(f"failed sections: {', '.join(failed)}")
     print(f"report: {md_path} (and report.json, figures/)")

@@ -44,7 +44,10 @@ def _flash_attn_backend() -> AttentionFn | None:
         from flash_attn import flash_attn_func
     except ImportError:
         return None
-    return lambda q, k, v: flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return flash
 
 
 def backends_for(device: str, dtype: str) -> dict[str, AttentionFn]:
@@ -63,8 +66,9 @@ def run(ctx: BenchContext) -> Section:
     section = Section(
         "attention_memory",
         "Attention memory and time against sequence length",
-        f"One attention call, batch {cfg.attn_batch}, {cfg.attn_heads} heads of {cfg.attn_head_dim}, {cfg.dtype}, "
-        f"inference: peak tensor memory, median time, and the largest output difference from eager.",
+        f"One attention call, batch {cfg.attn_batch}, {cfg.attn_heads} heads of {cfg.attn_head_dim}, "
+        f"{cfg.dtype}, inference: peak tensor memory, median time, and the largest output difference "
+        "from eager.",
     )
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in cfg.attn_seq_lens:
@@ -100,11 +104,12 @@ def run(ctx: BenchContext) -> Section:
             f"{eager['seconds'] / sdpa['seconds']:.2f}x" if eager else "-",
             f"{sdpa['max_abs_diff_vs_eager']:.1e}" if eager else "-",
         ))
-    columns = ("tokens", "sdpa peak", "eager peak", "eager/sdpa memory", "sdpa ms", "eager ms", "sdpa speed-up",
-               "max |sdpa - eager|")
+    columns = ("tokens", "sdpa peak", "eager peak", "eager/sdpa memory", "sdpa ms", "eager ms",
+               "sdpa speed-up", "max |sdpa - eager|")
     section.tables.append(Table(f"Attention ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
     if TARGET_TOKENS in results and "eager" in results[TARGET_TOKENS]:
-        fraction = results[TARGET_TOKENS]["sdpa"]["peak_bytes"] / results[TARGET_TOKENS]["eager"]["peak_bytes"]
+        at_target = results[TARGET_TOKENS]
+        fraction = at_target["sdpa"]["peak_bytes"] / at_target["eager"]["peak_bytes"]
         section.targets.append(Target(f"sdpa peak memory / eager peak at {TARGET_TOKENS} tokens", fraction,
                                       MAX_SDPA_FRACTION, higher_is_better=False))
     else:
@@ -114,7 +119,8 @@ def run(ctx: BenchContext) -> Section:
     names = list(backends)
     for key, label, scale in (("peak_bytes", "peak memory (MiB)", 2**-20), ("seconds", "time (ms)", 1e3)):
         path = ctx.figure(f"attention_{key}.png")
-        series = {b: [results[n][b][key] * scale if b in results[n] else None for n in lengths] for b in names}
+        series = {b: [results[n][b][key] * scale if b in results[n] else None for n in lengths]
+                  for b in names}
         line_chart(path, lengths, series, title=f"Attention {label} vs tokens", xlabel="tokens", ylabel=label,
                    logx=True, logy=True)
         section.figures.append(ctx.relative(path))

@@ -49,7 +49,8 @@ def run(ctx: BenchContext) -> Section:
         ("compiled", f"{cfg.batch / samples['compiled'].median:.1f}",
          f"{ratio.median:.2f}x ({ratio.q1:.2f}-{ratio.q3:.2f})", f"{compile_s:.1f}"),
     ]
-    section.tables.append(Table("torch.compile", ("mode", "images/s", "speed-up (IQR)", "first call s"), tuple(rows)))
+    columns = ("mode", "images/s", "speed-up (IQR)", "first call s")
+    section.tables.append(Table("torch.compile", columns, tuple(rows)))
     section.notes.append(f"Largest logit difference compiled vs eager: {max_diff:.1e}.")
     section.data = {"speedup": ratio.to_dict(), "compile_seconds": compile_s, "max_abs_diff": max_diff,
                     "samples": {k: s.to_dict() for k, s in samples.items()}, "backend": cfg.compile_backend}

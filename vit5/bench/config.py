@@ -24,8 +24,8 @@ class DepthAblationConfig:
     depth: int = 24
     width: int = 64
     heads: int = 4
-    steps: int = 60
-    lrs: tuple[float, ...] = (1e-3, 3e-3)  # fixed learning rates, no warmup
+    steps: int = 100
+    lrs: tuple[float, ...] = (1e-3, 2e-3)  # fixed learning rates, no warmup
     batch: int = 64
     grad_batch: int = 128
 
@@ -80,7 +80,9 @@ class BenchConfig:
         if not self.sizes:
             raise ValueError("sizes must name at least one model size")
         if self.layer_shape[2] % self.layer_heads:
-            raise ValueError(f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}")
+            raise ValueError(
+                f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}"
+            )
 
     @property
     def size_for_targets(self) -> str:
@@ -117,7 +119,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         kv_tokens=16,
         layer_shape=(2, 17, 64),
         layer_heads=2,
-        depth_ablation=DepthAblationConfig(depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32),
+        depth_ablation=DepthAblationConfig(
+            depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32
+        ),
     ),
     "quick": dict(),
     "full": dict(

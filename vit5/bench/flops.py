@@ -23,7 +23,8 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 
 def counted_forward_flops(model: nn.Module, images: torch.Tensor) -> int:
     """FLOPs of one forward of ``model`` on ``images`` as counted by ``FlopCounterMode``."""
-    counter = FlopCounterMode(display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops})
+    cpu_attention = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+    counter = FlopCounterMode(display=False, custom_mapping=cpu_attention)
     with counter, torch.no_grad():
         model(images)
     return counter.get_total_flops()

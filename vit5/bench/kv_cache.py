@@ -70,7 +70,8 @@ def run(ctx: BenchContext) -> Section:
     section = Section(
         "kv_cache",
         "KV-cache bytes per token",
-        f"{cfg.kv_layers} causal attention layers, {cfg.kv_heads} query heads of {cfg.kv_head_dim}, {cfg.dtype}, "
+        f"{cfg.kv_layers} causal attention layers, {cfg.kv_heads} query heads of {cfg.kv_head_dim}, "
+        f"{cfg.dtype}, "
         f"batch {cfg.kv_batch}, {cfg.kv_tokens} tokens decoded one by one; bytes still held after the decode "
         "divided by tokens x batch, against 2 * layers * n_kv * head_dim * bytes.",
     )
@@ -81,8 +82,9 @@ def run(ctx: BenchContext) -> Section:
         results.append(r)
         kind = "MHA" if kv_heads == cfg.kv_heads else "MQA" if kv_heads == 1 else f"GQA-{kv_heads}"
         equal = r["exact_multiple"] and r["measured_per_token"] == r["formula_per_token"]
+        shrink = results[0]["measured_per_token"] / r["measured_per_token"]
         rows.append((kind, kv_heads, f"{r['measured_per_token']:,}", f"{r['formula_per_token']:,}",
-                     "yes" if equal else "NO", f"{results[0]['measured_per_token'] / r['measured_per_token']:.1f}x"))
+                     "yes" if equal else "NO", f"{shrink:.1f}x"))
         excess = r["retained_bytes"] - r["formula_per_token"] * cfg.kv_tokens * cfg.kv_batch
         section.targets.append(Target(f"{kind}: |measured - formula| bytes held", abs(excess), 0.0,
                                       higher_is_better=False, unit="B"))

@@ -52,7 +52,9 @@ def _cuda_reading(fn: Callable[[], object], device: torch.device) -> tuple[Memor
     return MemoryReading(peak=peak, retained=torch.cuda.memory_allocated(device) - before), result
 
 
-def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[MemoryReading, object]:
+def measure_memory(
+    fn: Callable[[], object], device: torch.device | str = "cpu"
+) -> tuple[MemoryReading, object]:
     """Run ``fn()`` once and return (its memory reading, its result); keep the result alive to
     count it as retained."""
     device = torch.device(device)

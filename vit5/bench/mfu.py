@@ -56,7 +56,8 @@ def run(ctx: BenchContext) -> Section:
         achieved = [flops[name] / s for s in samples[name].seconds]
         ratio = Quartiles.of([a / (matmul_flops / m) for a, m in zip(achieved, samples[MATMUL].seconds)])
         mfu[name] = ratio.median
-        rows.append((name, f"{flops[name] / cfg.batch / 1e9:.2f}", f"{Quartiles.of(achieved).median / 1e9:.1f}",
+        rows.append((name, f"{flops[name] / cfg.batch / 1e9:.2f}",
+                     f"{Quartiles.of(achieved).median / 1e9:.1f}",
                      f"{100 * ratio.median:.1f}% ({100 * ratio.q1:.1f}-{100 * ratio.q3:.1f})"))
     section.tables.append(Table(
         f"MFU ({cfg.device}, {cfg.dtype}); matmul peak {peak.median / 1e9:.1f} GFLOP/s",
@@ -68,8 +69,8 @@ def run(ctx: BenchContext) -> Section:
         "(its explicit attention matmuls count the same FLOPs as the fused kernel)."
     )
     path = ctx.figure("mfu.png")
-    bar_chart(path, list(mfu), {"MFU %": [100 * v for v in mfu.values()]}, title="Forward MFU vs same-run matmul",
-              ylabel="% of matmul FLOP/s")
+    bar_chart(path, list(mfu), {"MFU %": [100 * v for v in mfu.values()]},
+              title="Forward MFU vs same-run matmul", ylabel="% of matmul FLOP/s")
     section.figures.append(ctx.relative(path))
     section.data = {"flops": flops, "analytic_vit5_flops": analytic, "matmul_flops_per_s": peak.to_dict(),
                     "mfu": mfu, "samples": {k: s.to_dict() for k, s in samples.items()}}

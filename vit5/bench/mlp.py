@@ -61,11 +61,13 @@ def run(ctx: BenchContext) -> Section:
     bwd = measure({k: forward_backward(m) for k, m in mlps.items()}, cfg.op_timing, sync)
     size = cfg.size_for_targets
     depth = {"depth": cfg.depth} if cfg.depth else {}
-    whole = {kind: count_parameters(vit5.create_model(f"vit5_{size}", mlp=kind, **depth)) for kind in ("gelu", "swiglu")}
+    whole = {kind: count_parameters(vit5.create_model(f"vit5_{size}", mlp=kind, **depth))
+             for kind in ("gelu", "swiglu")}
     section = Section(
         "mlp",
         "SwiGLU (8d/3) against GELU (4d)",
-        f"One MLP on [{b}, {n}, {dim}], {cfg.device} fp32; parameter counts exact. Speed-up is paired, vs GELU 4d.",
+        f"One MLP on [{b}, {n}, {dim}], {cfg.device} fp32; parameter counts exact. Speed-up is paired, "
+        "vs GELU 4d.",
     )
     rows = []
     for name, m in mlps.items():

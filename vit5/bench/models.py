@@ -53,7 +53,7 @@ class ModelSpec:
         if self.size not in SIZES:
             raise ValueError(f"unknown size {self.size!r}: use one of {', '.join(SIZES)}")
         if self.img_size % 16 or self.img_size < 16:
-            raise ValueError(f"img_size must be a positive multiple of the patch size 16, got {self.img_size}")
+            raise ValueError(f"img_size must be a positive multiple of 16 (the patch), got {self.img_size}")
 
     @property
     def dims(self) -> dict[str, int]:

@@ -42,10 +42,13 @@ def run(ctx: BenchContext) -> Section:
             cells += [f"{result.images_per_s(mode, name):.1f}", f"{costs[mode][name]:+.1f}%"]
         rows.append(tuple(cells))
     columns = ("variant", "overrides", "forward img/s", "full's cost", "train img/s", "full's cost")
-    section.tables.append(Table(f"vit5_{size} @ {cfg.img_size} ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
+    title = f"vit5_{size} @ {cfg.img_size} ({cfg.device}, {cfg.dtype})"
+    section.tables.append(Table(title, columns, tuple(rows)))
     for mode in MODES:
         label = f"RoPE + registers + QK-Norm together, {mode} (vit5_{size})"
-        section.targets.append(Target(label, costs[mode]["none"], MAX_COST_PERCENT, higher_is_better=False, unit="%"))
+        section.targets.append(
+            Target(label, costs[mode]["none"], MAX_COST_PERCENT, higher_is_better=False, unit="%")
+        )
     parts = [n for n in variants if n != "full"]
     path = ctx.figure("modern_cost.png")
     bar_chart(path, parts, {m: [costs[m][p] for p in parts] for m in MODES},

@@ -22,6 +22,18 @@ NOISE_NOTE = (
 )
 
 
+def busy_warning(env: dict[str, Any]) -> str | None:
+    """A warning when other work competed for the CPUs (load average above the core count)."""
+    loads = [env.get("load_average"), env.get("load_average_after")]
+    peak = max((load[0] for load in loads if load), default=0.0)
+    cores = env.get("cpu_count") or 0
+    if cores and peak > cores:
+        return (f"The machine was busy (load average up to {peak:.1f} on {cores} cores): other processes "
+                "took CPU time, and multi-threaded ops stall whenever one of their threads is descheduled, "
+                "which penalises models with many small ops. Rerun on an idle machine, or with --threads 1.")
+    return None
+
+
 def markdown_table(table: Table) -> str:
     lines = [f"**{table.title}**", "", "| " + " | ".join(table.columns) + " |",
              "|" + "|".join("---" for _ in table.columns) + "|"]
@@ -41,10 +53,15 @@ def targets_table(sections: Sequence[Section]) -> Table:
     return Table("Targets", ("section", "target", "measured", "needed", "result"), rows)
 
 
-def render_markdown(sections: Sequence[Section], env: dict[str, Any], title: str = "vit5 benchmark report") -> str:
+def render_markdown(
+    sections: Sequence[Section], env: dict[str, Any], title: str = "vit5 benchmark report"
+) -> str:
     parts = [f"# {title}", ""]
     parts += [f"- {key}: {value}" for key, value in env.items()]
     parts += ["", NOISE_NOTE, ""]
+    busy = busy_warning(env)
+    if busy:
+        parts += [f"**{busy}**", ""]
     checked = target_rows(sections)
     met = sum(t.met for _, t in checked)
     parts += [f"## Targets: {met} of {len(checked)} met", "", markdown_table(targets_table(sections)), ""]

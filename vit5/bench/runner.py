@@ -37,13 +37,16 @@ def select_sections(only: Sequence[str] | None) -> list[str]:
         return list(SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
-        raise ValueError(f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
+        raise ValueError(
+            f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}"
+        )
     return [name for name in SECTIONS if name in only]
 
 
 def _failed(key: str, error: BaseException) -> Section:
     detail = "".join(traceback.format_exception_only(type(error), error)).strip()
-    return Section(key, f"{key} (FAILED)", "This section raised an error; nothing was measured.", notes=[detail])
+    what = "This section raised an error; nothing was measured."
+    return Section(key, f"{key} (FAILED)", what, notes=[detail])
 
 
 def run_bench(

@@ -8,10 +8,10 @@ cost the most. Ratios are paired per round: "vit5 speed-up over X" = median of t
 
 from __future__ import annotations
 
+from .context import BenchContext
 from .models import CONTENDERS, ModelSpec, build_contender, count_parameters
 from .plots import bar_chart
 from .results import Section, Table, Target
-from .context import BenchContext
 from .throughput import MODES, ThroughputRun, measure_throughput
 from .timing import speedup
 
@@ -65,7 +65,8 @@ def run(ctx: BenchContext) -> Section:
         "speed",
         "Throughput against timm and the official code's way",
         "Images/s of the forward (inference) and of a training step (forward, loss, backward, AdamW), "
-        "each contender timed side by side; 'vit5 x' is vit5's paired speed-up over that row (> 1: vit5 faster).",
+        "each contender timed side by side; 'vit5 x' is vit5's paired speed-up over that row "
+        "(> 1: vit5 faster).",
     )
     runs: dict[str, ThroughputRun] = {}
     params: dict[str, dict[str, int]] = {}
@@ -78,13 +79,15 @@ def run(ctx: BenchContext) -> Section:
         ctx, target_size, cfg.hires_img_size, cfg.hires_batch, HIRES_CONTENDERS
     )
 
-    columns = ("model", "size", "res", "params", "forward img/s (IQR)", "vit5 x", "train img/s (IQR)", "vit5 x")
+    columns = ("model", "size", "res", "params", "forward img/s (IQR)", "vit5 x", "train img/s (IQR)",
+               "vit5 x")
     rows = [row for key, r in runs.items() for row in _rows(key.split("@")[0], r, params[key])]
     section.tables.append(Table(f"Throughput ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
     section.targets += _targets(target_size, "base", runs[f"{target_size}@{cfg.img_size}"])
     section.targets += _targets(target_size, "hires", runs[hires_key])
     for mode in MODES:
-        ref = {k: speedup(r.samples[mode]["timm_vit"], r.samples[mode]["reference"]).median for k, r in runs.items()}
+        ref = {k: speedup(r.samples[mode]["timm_vit"], r.samples[mode]["reference"]).median
+               for k, r in runs.items()}
         section.notes.append(
             f"Context ({mode}): timm's plain ViT over the reference path: "
             + ", ".join(f"{v:.2f}x at {k}" for k, v in ref.items())
@@ -98,7 +101,8 @@ def run(ctx: BenchContext) -> Section:
             for mode in MODES
         }
         path = ctx.figure(f"throughput_{key.replace('@', '_')}.png")
-        bar_chart(path, names, series, errors, title=f"{key} images/s ({cfg.device}, {cfg.dtype})", ylabel="images/s")
+        bar_chart(path, names, series, errors, title=f"{key} images/s ({cfg.device}, {cfg.dtype})",
+                  ylabel="images/s")
         section.figures.append(ctx.relative(path))
     section.data = {"runs": {k: r.to_dict() for k, r in runs.items()}, "params": params}
     return section

@@ -32,7 +32,9 @@ def autocast_context(device: torch.device | str, dtype: str) -> Callable[[], Abs
     raise ValueError(f"unknown dtype {dtype!r}: use 'fp32' or 'bf16'")
 
 
-def forward_step(model: nn.Module, images: torch.Tensor, amp: Callable[[], AbstractContextManager]) -> Callable[[], None]:
+def forward_step(
+    model: nn.Module, images: torch.Tensor, amp: Callable[[], AbstractContextManager]
+) -> Callable[[], None]:
     model.eval()
 
     def step() -> None:

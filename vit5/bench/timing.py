@@ -31,7 +31,7 @@ class TimingConfig:
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.rounds < 1 or self.min_sample_s < 0:
-            raise ValueError(f"invalid timing config {self}: need warmup >= 0, rounds >= 1, min_sample_s >= 0")
+            raise ValueError(f"invalid {self}: need warmup >= 0, rounds >= 1, min_sample_s >= 0")
 
 
 @dataclass(frozen=True)
