@@ -42,6 +42,10 @@ def test_unknown_section_is_a_clear_error():
         select_sections(["speed", "sped"])
     with pytest.raises(SystemExit, match="unknown benchmark section"):
         main(["--smoke", "--only", "nope"])
+    with pytest.raises(SystemExit, match="device must be 'cpu' or 'cuda'"):
+        main(["--smoke", "--device", "mps"])
+    with pytest.raises(SystemExit, match="threads must be at least 1"):
+        main(["--smoke", "--threads", "0"])
 
 
 def test_targets_are_marked_met_or_missed(tmp_path):
@@ -52,6 +56,8 @@ def test_targets_are_marked_met_or_missed(tmp_path):
     text = render_markdown([section], {"device": "cpu"})
     assert "Targets: 1 of 2 met" in text
     assert "| demo | cheap enough | 7.0% | <= 5.0% | **MISSED** |" in text
+    pipes = render_markdown([Section("p", "P", "w", tables=[Table("t", ("max |a - b|",), (("x|y",),))])], {})
+    assert "| max \\|a - b\\| |" in pipes and "| x\\|y |" in pipes  # cell text cannot split a row
     write_report([section], tmp_path, {"device": "cpu"})
     data = json.loads((tmp_path / "report.json").read_text())
     assert [t["met"] for t in data["sections"][0]["targets"]] == [True, False]

@@ -47,7 +47,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
     try:
         select_sections(only)

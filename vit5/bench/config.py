@@ -79,6 +79,8 @@ class BenchConfig:
             raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
             raise ValueError("sizes must name at least one model size")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.layer_shape[2] % self.layer_heads:
             raise ValueError(
                 f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}"

@@ -8,6 +8,8 @@ MFU = achieved / matmul FLOP/s is a paired ratio that a busy machine affects on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .context import BenchContext
@@ -21,7 +23,7 @@ from .timing import Quartiles, device_sync, measure
 MATMUL = "matmul"
 
 
-def matmul_step(n: int, device: str, dtype: str):
+def matmul_step(n: int, device: str, dtype: str) -> tuple[Callable[[], torch.Tensor], int]:
     """``a @ b`` for two n x n matrices in the benchmark dtype; returns (step, FLOPs per call)."""
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     generator = torch.Generator().manual_seed(0)

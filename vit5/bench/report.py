@@ -35,10 +35,11 @@ def busy_warning(env: dict[str, Any]) -> str | None:
 
 
 def markdown_table(table: Table) -> str:
-    lines = [f"**{table.title}**", "", "| " + " | ".join(table.columns) + " |",
-             "|" + "|".join("---" for _ in table.columns) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in table.rows]
-    return "\n".join(lines)
+    def line(cells: Sequence[Any]) -> str:
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    lines = [f"**{table.title}**", "", line(table.columns), "|" + "|".join("---" for _ in table.columns) + "|"]
+    return "\n".join(lines + [line(row) for row in table.rows])
 
 
 def target_rows(sections: Sequence[Section]) -> list[tuple[str, Target]]:
