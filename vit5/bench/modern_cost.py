@@ -42,7 +42,8 @@ def run(ctx: BenchContext) -> Section:
             spread = f"{100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f}"
             cells += [f"{result.images_per_s(mode, name):.1f}", f"{costs[mode][name]:+.1f}% ({spread})"]
         rows.append(tuple(cells))
-    columns = ("variant", "overrides", "forward img/s", "full's cost (IQR)", "train img/s", "full's cost (IQR)")
+    columns = ("variant", "overrides", "forward img/s", "full's cost (IQR)", "train img/s",
+               "full's cost (IQR)")
     title = f"vit5_{size} @ {cfg.img_size} ({cfg.device}, {cfg.dtype})"
     section.tables.append(Table(title, columns, tuple(rows)))
     section.notes.append(

@@ -38,7 +38,8 @@ def markdown_table(table: Table) -> str:
     def line(cells: Sequence[Any]) -> str:
         return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
 
-    lines = [f"**{table.title}**", "", line(table.columns), "|" + "|".join("---" for _ in table.columns) + "|"]
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    lines = [f"**{table.title}**", "", line(table.columns), rule]
     return "\n".join(lines + [line(row) for row in table.rows])
 
 
