@@ -114,3 +114,20 @@ def test_rescaled_positions_interpolate_onto_the_reference_grid():
     torch.testing.assert_close(rotate(x.transpose(1, 2), rope, (24, 24)).transpose(1, 2), official(x), rtol=1e-5, atol=1e-5)
     integer = Rope2D(64).angles((24, 24)).view(24, 24, -1)[1, 0, 0].item()
     assert integer == 1.0 and not math.isclose(integer, row1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_complex_path_equals_the_real_formula_with_gradients(dtype):
+    """Eager mode rotates interleaved pairs by complex multiplication; it must equal x*cos + rot(x)*sin."""
+    cos, sin = rope_cos_sin(Rope2D(32).angles((5, 6)), "interleaved")
+    qkv = torch.randn(2, 30, 3 * 4 * 32).to(dtype).requires_grad_()
+    q = qkv.unflatten(-1, (-1, 32)).transpose(1, 2)[:, 4:8]  # a strided view, as attention passes k
+    out = apply_rope(q, cos, sin, "interleaved")
+    qf = q.float()
+    pairs = qf.unflatten(-1, (-1, 2))
+    expected = qf * cos + torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2) * sin
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected.to(dtype).float(), rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-6)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
+    (grad_ref,) = torch.autograd.grad(expected.to(dtype).float().square().sum(), qkv)
+    torch.testing.assert_close(grad.float(), grad_ref.float(), rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5)

@@ -133,6 +133,17 @@ def test_reset_classifier_and_grad_checkpointing():
         torch.testing.assert_close(p.grad, a)
 
 
+def test_training_after_inference_mode_evaluation():
+    """Tables cached during an inference_mode evaluation must not break the next training step."""
+    model = tiny()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        model(x)
+    model.train()
+    model(x).sum().backward()
+    assert model.pos_embed.grad is not None
+
+
 def test_torch_compile_has_no_graph_breaks():
     model = tiny()
     x = torch.randn(2, 3, 32, 48)

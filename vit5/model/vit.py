@@ -138,6 +138,7 @@ class ViT5(nn.Module):
             tables = self._rope_cache[key] = self._build_rope_tables(grid)
         return tables
 
+    @torch.inference_mode(False)  # cached tables must stay usable by a later training step
     def _build_rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.patch_embed.proj.weight.device
         half = self.cfg.head_dim // 2
