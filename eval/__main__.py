@@ -10,11 +10,9 @@ Thin: parses options, calls the library, prints tables and writes JSON (and figu
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -45,7 +43,7 @@ from vit5.eval import (
     sweep_table,
 )
 from vit5.eval.backbone import patch_size_of
-from vit5.eval.load import distinct_labels
+from vit5.eval.load import distinct_labels, parse_overrides
 from vit5.eval.figures import plot_confusion
 from vit5.eval.images import parse_size
 from vit5.eval.report import write_json
@@ -56,19 +54,6 @@ MODEL_HELP = (
     "model spec: a vit5 checkpoint directory (raw and EMA weights are both evaluated when present), an "
     "official ViT-5 .pth, a vit5 preset (random init, e.g. vit5_tiny), PRESET@CHECKPOINT, or timm:NAME@CHECKPOINT"
 )
-
-
-def _overrides(items: Sequence[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise EvalError(f"model argument {item!r} is not KEY=VALUE (e.g. depth=2 or img_size=64)")
-        try:
-            out[key.strip()] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = raw
-    return out
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -100,7 +85,7 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
             f"{len(per_model)} --model-args for {len(specs)} --model: give one --model-args for all models, "
             "or one per --model in the same order (an empty --model-args for a model without overrides)"
         )
-    loaded = [m for spec, items in zip(specs, per_model) for m in load_models(spec, args.weights, **_overrides(items))]
+    loaded = [m for spec, items in zip(specs, per_model) for m in load_models(spec, args.weights, **parse_overrides(items))]
     for m in loaded:
         m.model.to(device or _device(getattr(args, "device", "auto")))
     return distinct_labels(loaded)

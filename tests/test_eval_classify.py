@@ -112,7 +112,8 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
     (tmp_path / "val" / "b" / "notes.jpg").write_text("not an image")
     from vit5.eval import LoadedModel
 
-    model = LoadedModel(tiny_model(num_classes=2).eval(), "tiny", "tiny", "random", (32, 32), (0.5,) * 3, (0.5,) * 3, 1.0)
+    model = LoadedModel(tiny_model(num_classes=2).eval(), label="tiny", spec="tiny", weights="random", description="tiny",
+                        input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0)
     result = evaluate(model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False)
     assert result.scores.num_images == 6
     assert result.scores.confusion.sum() == 6

@@ -103,7 +103,7 @@ def test_register_maps_of_a_model_without_registers(tmp_path, folder, capsys):
 
 @pytest.mark.parametrize(
     "spec,message",
-    [("vit5_tinyy", "neither a vit5 preset"), ("timm:no_such_vit", "timm has no model 'no_such_vit'"),
+    [("vit5_tinyy", "nor a vit5 preset"), ("timm:no_such_vit", "timm has no model 'no_such_vit'"),
      ("timm:resnet18", "cannot visualise a ResNet")],
 )
 def test_bad_model_specs(tmp_path, folder, capsys, spec, message):

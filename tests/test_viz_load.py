@@ -34,12 +34,14 @@ def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):
     vit5.save_pretrained(model, tmp_path / "run" / "model")
     direct = load_model_spec(str(tmp_path / "run" / "model"))
     run = load_model_spec(str(tmp_path / "run"))  # a run directory with one checkpoint directory in it
-    assert not direct.random_init and run.label == "run"
+    assert not direct.random_init and run.label == direct.label == "run-model"  # generic folder names get the run's
     _same_output(direct.model, model)
     _same_output(run.model, model)
     vit5.save_pretrained(model, tmp_path / "run" / "other")
     with pytest.raises(VizError, match="several checkpoint directories"):
         load_model_spec(str(tmp_path / "run"))
+    vit5.save_pretrained(model, tmp_path / "run" / "final")  # a training run: final/ is the one meant
+    assert load_model_spec(str(tmp_path / "run")).label == "run-final"
 
 
 def test_official_pth(tmp_path):
