@@ -1,0 +1,349 @@
+"""``python -m vit5.bench.ablate``: train the ViT-5 component ablations on the same data, budget and
+seeds, and tabulate top-1 (raw and EMA, mean and spread over seeds), images/s and parameters.
+
+    python -m vit5.bench.ablate                                  # digits, 9 configs x 3 seeds, CPU
+    python -m vit5.bench.ablate --only no_rope,swiglu --seeds 0 1 --epochs 4
+    accelerate launch -m vit5.bench.ablate --scale imagenet data.root=/data/imagenet --epochs 100
+
+The set (:data:`vit5.bench.ablations.ABLATIONS`) is the full ViT-5, each component removed or
+swapped (paper Tab. 10) and the DeiT-III baseline. Every run is an ordinary training run
+(:class:`vit5.train.Trainer`) under ``OUT/runs/<ablation>-seed<S>``; a rerun into the same ``OUT``
+reuses finished runs and resumes interrupted ones from their last checkpoint. Inference and
+training-step throughput are then measured side by side (:mod:`vit5.bench.timing`), so their
+ratios are fair on a shared machine. Output: ``OUT/report.md``, ``OUT/report.json`` and a bar
+plot of the top-1 deltas against the full model with error bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from tqdm import tqdm
+
+import vit5
+from vit5.data import ImageFolderError
+from vit5.model import CheckpointError, ConfigError
+from vit5.train import ResumeError, TrainConfig, TrainConfigError, Trainer, TrainingDiverged, load_config
+from vit5.train.checkpointing import resolve_resume
+from vit5.train.config_load import config_diff
+from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
+
+from .ablation_report import RunRecord, SpeedResult, build_section
+from .ablations import ABLATIONS, REFERENCE, Ablation, select_ablations
+from .config import BenchConfig
+from .environment import environment, load_average
+from .models import count_parameters
+from .report import markdown_table, render_markdown, write_report
+from .results import Section
+from .throughput import MODES, measure_throughput
+from .timing import TimingConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds
+TITLE = "vit5 ablation report"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A base recipe and the budget that fits the hardware it is meant for."""
+
+    config: str  # file under configs/
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    epochs: int | None  # None: the recipe's
+    timing_batch: int
+    timing: TimingConfig
+
+
+SCALES: dict[str, Scale] = {
+    # The digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs: 27 runs in about an hour on
+    # 2 CPU cores; best/ is not kept (the ablation reads the last epoch).
+    "digits": Scale("demo_digits.yaml", ("checkpoint.save_best=false", "run.progress=false"), (0, 1, 2), 6,
+                    timing_batch=64, timing=TimingConfig(warmup=1, rounds=5)),
+    "imagenet": Scale("vit5_small_in1k.yaml", ("checkpoint.save_best=false",), (0,), None,
+                      timing_batch=128, timing=TimingConfig(warmup=3, rounds=10)),
+}  # fmt: skip
+
+
+class AblationError(ValueError):
+    """The ablation cannot run as asked; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class AblationPlan:
+    """What to train and where: ``overrides`` apply to every config, then each ablation's own."""
+
+    base: Path | None  # a training recipe; None: the TrainConfig defaults
+    ablations: tuple[Ablation, ...]
+    seeds: tuple[int, ...]
+    out_dir: Path
+    overrides: tuple[str, ...] = ()
+    timing_batch: int = 64
+    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
+    keep_checkpoints: bool = False  # False: delete a finished run's checkpoints/ (only resume needs them)
+    label: str = ""  # e.g. the scale's name, for the report
+
+    def __post_init__(self) -> None:
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise AblationError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+        if not any(a.name == REFERENCE for a in self.ablations):
+            raise AblationError(f"the ablations must include {REFERENCE!r}: every delta is against it")
+        owned = [o for o in self.overrides if o.partition("=")[0].strip() in OWNED_KEYS]
+        if owned:
+            raise AblationError(
+                f"{', '.join(owned)}: the runner sets run.output_dir, run.name and run.seed itself; "
+                f"use --out DIR and --seeds S ... instead"
+            )
+        if self.timing_batch < 1:
+            raise AblationError(f"timing_batch must be at least 1, got {self.timing_batch}")
+
+    def run_name(self, ablation: Ablation, seed: int) -> str:
+        return f"{ablation.name}-seed{seed}"
+
+    def config(self, ablation: Ablation, seed: int) -> TrainConfig:
+        """The training config of one run (validated; a bad override raises TrainConfigError)."""
+        per_run = [f"run.output_dir={self.out_dir / 'runs'}", f"run.name={self.run_name(ablation, seed)}",
+                   f"run.seed={seed}"]  # fmt: skip
+        return load_config(self.base, [*self.overrides, *ablation.overrides, *per_run])
+
+
+# ------------------------------------------------------------------------------------ training
+def train_run(
+    cfg: TrainConfig, ablation: str, seed: int, log: Path, datasets: tuple[Dataset, Dataset] | None,
+    keep_checkpoints: bool,
+) -> RunRecord:
+    """Train one run to the end, reuse it when finished before, or resume it from its last checkpoint.
+
+    The run's own output (header, epoch lines, summary) goes to ``log``.
+    """
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if (run_dir / SUMMARY_JSON).is_file():
+        _check_same_config(run_dir, cfg)
+        return RunRecord.from_summary(ablation, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
+    checkpoint = None
+    if run_dir.is_dir():
+        try:
+            _, checkpoint = resolve_resume(run_dir)
+            _check_same_config(run_dir, cfg)
+        except ResumeError:  # started but never checkpointed: nothing to keep, start again
+            shutil.rmtree(run_dir)
+    try:
+        summary = _fit(cfg, checkpoint, datasets, log)
+    except TrainingDiverged as e:
+        return RunRecord(ablation, seed, str(run_dir), "diverged", error=str(e))
+    finally:
+        _release_memory()
+    if not keep_checkpoints:
+        shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
+    return RunRecord.from_summary(ablation, seed, summary, False)
+
+
+def _fit(
+    cfg: TrainConfig, checkpoint: Path | None, datasets: tuple[Dataset, Dataset] | None, log: Path
+) -> dict[str, Any]:
+    train_set, val_set = datasets if datasets is not None else (None, None)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out, contextlib.redirect_stdout(out):
+        return Trainer(cfg, resume=checkpoint, train_set=train_set, val_set=val_set).fit()
+
+
+def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
+    saved = load_config(run_dir / CONFIG_FILE, check_paths=False)
+    changed = [line for line in config_diff(saved, cfg) if not line.startswith("run.progress")]
+    if changed:
+        raise AblationError(
+            f"{run_dir} holds a run with other settings ({'; '.join(changed)}), so its result would not be "
+            f"comparable; use a new --out, or delete {run_dir} to train it again"
+        )
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launched job (read from the launcher, so it holds before Accelerate starts)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def train_all(
+    plan: AblationPlan, datasets: tuple[Dataset, Dataset] | None = None, show_progress: bool = True
+) -> list[RunRecord]:
+    """Every ablation x seed, in table order. All configs are checked before the first run trains."""
+    jobs = [(a, s, plan.config(a, s)) for a in plan.ablations for s in plan.seeds]
+    show = show_progress and is_main_process()
+    bar = tqdm(jobs, desc="ablation runs", unit="run", disable=not show)
+    records = []
+    for i, (ablation, seed, cfg) in enumerate(bar, start=1):
+        bar.set_postfix_str(f"{ablation.name} seed {seed}")
+        log = plan.out_dir / "logs" / f"{plan.run_name(ablation, seed)}.log"
+        record = train_run(cfg, ablation.name, seed, log, datasets, plan.keep_checkpoints)
+        records.append(record)
+        if show:
+            bar.write(f"[{i}/{len(jobs)}] {_run_line(record)} (log: {log})")
+    return records
+
+
+def _run_line(r: RunRecord) -> str:
+    head = f"{r.ablation} seed {r.seed}"
+    if r.status != "completed":
+        return f"{head}: {r.status.upper()}: {r.error}"
+    how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
+    return (f"{head}: top-1 {_pct(r.final_top1)} (EMA {_pct(r.ema_top1)}), "
+            f"{r.train_images_per_s:.0f} img/s, {how}")  # fmt: skip
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+# ------------------------------------------------------------------------------------- timing
+def measure_speed(plan: AblationPlan, records: Sequence[RunRecord], log: Callable[[str], None]) -> SpeedResult:
+    """Parameters of each trained model (its first seed's ``final/``) and forward / training-step
+    images/s of all of them side by side, on the device and precision the runs trained with."""
+    finals: dict[str, Path] = {}
+    for r in records:
+        if r.completed:
+            finals.setdefault(r.ablation, Path(r.run_dir) / FINAL)
+    models = {name: vit5.load_model(path) for name, path in finals.items()}
+    cfg = plan.config(plan.ablations[0], plan.seeds[0])
+    device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
+    dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
+    result = SpeedResult({name: count_parameters(m) for name, m in models.items()}, device=device, dtype=dtype)
+    if models:
+        log(f"timing {len(models)} models side by side ({' and '.join(MODES)}, batch {plan.timing_batch}, "
+            f"{plan.timing.rounds} rounds, {device} {dtype})")  # fmt: skip
+        num_classes = next(iter(models.values())).cfg.num_classes
+        result.run = measure_throughput(models, cfg.model.img_size, plan.timing_batch, plan.timing, device,
+                                        dtype, num_classes=num_classes)  # fmt: skip
+    return result
+
+
+def describe(plan: AblationPlan) -> str:
+    """One line for the report: model, resolution, data, epochs and seeds."""
+    cfg = plan.config(plan.ablations[0], plan.seeds[0])
+    data = "digits" if cfg.data.dataset == "digits" else str(cfg.data.root)
+    epochs = cfg.schedule.epochs
+    return (f"{cfg.model.name} @ {cfg.model.img_size}px on {data}, {epochs} epoch{'s' * (epochs != 1)}, "
+            f"seed{'s' * (len(plan.seeds) != 1)} {', '.join(map(str, plan.seeds))}")  # fmt: skip
+
+
+@dataclass
+class AblationResult:
+    records: list[RunRecord]
+    section: Section | None = None  # None on processes other than rank 0 (they only train)
+    report: Path | None = None
+
+
+def run_ablation(
+    plan: AblationPlan, datasets: tuple[Dataset, Dataset] | None = None, show_progress: bool = True
+) -> AblationResult:
+    """Train every run (reusing finished ones), time the trained models side by side, write
+    ``report.md`` / ``report.json`` / ``figures/`` under ``plan.out_dir``.
+
+    Args:
+        datasets: train and val sets to use instead of the config's (they need ``class_names``).
+    """
+    load_before = load_average()
+    records = train_all(plan, datasets, show_progress)
+    if not is_main_process():
+        return AblationResult(records)
+    speed = measure_speed(plan, records, log=print if show_progress else lambda _: None)
+    section = build_section(plan.ablations, records, speed, describe(plan), plan.out_dir / "figures", plan.label)
+    env = environment(BenchConfig(device=speed.device, dtype=speed.dtype))
+    env.update(
+        load_average=load_before, base_config=str(plan.base), overrides=" ".join(plan.overrides),
+        seeds=list(plan.seeds),
+        training_minutes=round(sum(r.wall_seconds for r in records if r.completed) / 60, 1),
+        load_average_after=load_average(),
+    )  # fmt: skip
+    md_path, _ = write_report([section], plan.out_dir, env)
+    md_path.write_text(render_markdown([section], env, title=TITLE))  # write_report titles the benchmark
+    return AblationResult(records, section, md_path)
+
+
+# --------------------------------------------------------------------------------------- CLI
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m vit5.bench.ablate", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--scale", choices=tuple(SCALES), default="digits",
+                        help="digits (default): the demo recipe at a reduced budget, for a CPU; imagenet: "
+                             "configs/vit5_small_in1k.yaml, needs data.root=...")  # fmt: skip
+    parser.add_argument("--config", type=Path, default=None, help="base training recipe instead of the scale's")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the scale's)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the scale's)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated ablations (full is always run): {','.join(ABLATIONS)}")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/ablate_<scale>)")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints/")
+    parser.add_argument("--list", action="store_true", help="print the ablations and their overrides, then exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="training-config overrides for every run, e.g. data.batch_size=32")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def plan_from_args(args: argparse.Namespace) -> AblationPlan:
+    """The plan the command line asks for; a bad name or value raises AblationError."""
+    scale = SCALES[args.scale]
+    if args.epochs is not None and args.epochs < 1:
+        raise AblationError(f"--epochs must be at least 1, got {args.epochs}")
+    epochs = args.epochs if args.epochs is not None else scale.epochs
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    try:
+        ablations = tuple(select_ablations(only))
+    except ValueError as e:
+        raise AblationError(f"--only: {e}") from None
+    base = args.config if args.config is not None else CONFIGS / scale.config
+    if not base.is_file():
+        raise AblationError(f"config file {base} does not exist: pass --config PATH to a training recipe")
+    return AblationPlan(
+        base=base,
+        ablations=ablations,
+        seeds=tuple(args.seeds) if args.seeds is not None else scale.seeds,
+        out_dir=args.out or Path("runs") / f"ablate_{args.scale}",
+        overrides=(*scale.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *args.overrides),
+        timing_batch=scale.timing_batch,
+        timing=scale.timing,
+        keep_checkpoints=args.keep_checkpoints,
+        label=args.scale,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 every run completed, 1 some diverged, 2 bad arguments, config or data."""
+    args = parse_args(argv)
+    if args.list:
+        for a in ABLATIONS.values():
+            print(f"{a.name:14s} {a.what}\n{'':14s} {' '.join(a.overrides) or '(the base config)'}")
+        return 0
+    try:
+        plan = plan_from_args(args)
+        result = run_ablation(plan)
+    except (AblationError, TrainConfigError, ResumeError, ImageFolderError, CheckpointError, ConfigError) as e:
+        if is_main_process():
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    if result.section is not None:
+        for table in result.section.tables:
+            print("\n" + markdown_table(table))
+        print("\n" + "\n".join(f"- {note}" for note in result.section.notes))
+        print(f"\nreport: {result.report} (and report.json, figures/)")
+    return 0 if all(r.completed for r in result.records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
