@@ -21,6 +21,11 @@ import os
 import cv2
 import numpy as np
 
+# OpenCV's thread pool is not fork-safe: a DataLoader worker forked while the pool's state is
+# locked hangs on its next OpenCV threading call (seen as a deadlocked test run). Data loading
+# parallelises over worker processes instead, so OpenCV runs its functions sequentially.
+cv2.setNumThreads(0)
+
 _JPEG_SOI = b"\xff\xd8"
 _JPEG_SOS = b"\xff\xda"
 _JPEG_EOI = b"\xff\xd9"

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import cv2
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -69,9 +68,5 @@ def build_loader(
         drop_last=train if drop_last is None else drop_last,
         persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers,
         generator=torch.Generator().manual_seed(seed),
-        worker_init_fn=_single_threaded_opencv if num_workers > 0 else None,
     )
 
-
-def _single_threaded_opencv(worker_id: int) -> None:
-    cv2.setNumThreads(1)
