@@ -19,8 +19,13 @@ $(VENV)/.installed: pyproject.toml
 test: setup
 	$(PY) -m pytest -q
 
+# The main job: train vit5_tiny on the built-in digits (runs/demo, replaced on each run), then render
+# attention / token-norm / register figures and metrics of the trained model on scikit-learn's photos.
+DEMO_RUN := runs/demo
 demo: setup
-	$(PY) train.py
+	rm -rf $(DEMO_RUN)
+	$(PY) train.py run.name=demo
+	$(PY) -m viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96 128 --out $(DEMO_RUN)/viz
 
 clean:
 	rm -rf $(VENV) .pytest_cache
