@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from vit5.layers import eager_attention
 
+from .config import BenchConfig
 from .context import BenchContext
 from .memory import measure_memory
 from .plots import line_chart
@@ -59,6 +60,29 @@ def backends_for(device: str, dtype: str) -> dict[str, AttentionFn]:
     return backends
 
 
+def _measure_length(
+    cfg: BenchConfig, n: int, dtype: torch.dtype, backends: dict[str, AttentionFn]
+) -> dict[str, dict[str, float]]:
+    """Peak memory, median time and difference from eager of each backend at ``n`` tokens. The inputs
+    live in this frame only, so they are freed before the next length is measured."""
+    generator = torch.Generator().manual_seed(n)
+    shape = (cfg.attn_batch, cfg.attn_heads, n, cfg.attn_head_dim)
+    q, k, v = (torch.randn(shape, generator=generator).to(cfg.device, dtype) for _ in range(3))
+    outputs, result = {}, {}
+    with torch.inference_mode():
+        for name, fn in backends.items():
+            reading, outputs[name] = measure_memory(lambda fn=fn: fn(q, k, v), cfg.device)
+            result[name] = {"peak_bytes": reading.peak}
+        samples = measure({b: (lambda fn=fn: fn(q, k, v)) for b, fn in backends.items()}, cfg.attn_timing,
+                          device_sync(cfg.device))
+    for name in backends:
+        result[name]["seconds"] = samples[name].median
+        if "eager" in outputs:
+            diff = (outputs[name].float() - outputs["eager"].float()).abs().max().item()
+            result[name]["max_abs_diff_vs_eager"] = diff
+    return result
+
+
 def run(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
@@ -72,25 +96,10 @@ def run(ctx: BenchContext) -> Section:
     )
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in cfg.attn_seq_lens:
-        generator = torch.Generator().manual_seed(n)
-        shape = (cfg.attn_batch, cfg.attn_heads, n, cfg.attn_head_dim)
-        q, k, v = (torch.randn(shape, generator=generator).to(cfg.device, dtype) for _ in range(3))
         too_big = eager_score_bytes(cfg.attn_batch, cfg.attn_heads, n, dtype) > cfg.attn_eager_max_bytes
         names = [b for b in backends if not (b == "eager" and too_big)]
         ctx.log(f"attention n={n}: {', '.join(names)}")
-        outputs, results[n] = {}, {}
-        with torch.inference_mode():
-            for name in names:
-                reading, outputs[name] = measure_memory(lambda: backends[name](q, k, v), cfg.device)
-                results[n][name] = {"peak_bytes": reading.peak}
-            samples = measure({b: (lambda b=b: backends[b](q, k, v)) for b in names}, cfg.attn_timing,
-                              device_sync(cfg.device))
-        for name in names:
-            results[n][name]["seconds"] = samples[name].median
-            if "eager" in outputs:
-                diff = (outputs[name].float() - outputs["eager"].float()).abs().max().item()
-                results[n][name]["max_abs_diff_vs_eager"] = diff
-        del outputs, q, k, v
+        results[n] = _measure_length(cfg, n, dtype, {b: backends[b] for b in names})
     rows = []
     for n, by_backend in results.items():
         sdpa, eager = by_backend["sdpa"], by_backend.get("eager")
