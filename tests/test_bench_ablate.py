@@ -146,7 +146,7 @@ def test_runner_end_to_end_writes_the_report_and_reuses_finished_runs(tmp_path):
     result = run_ablation(plan, datasets, show_progress=False)
 
     assert [(r.ablation, r.seed, r.completed, r.reused) for r in result.records] == [
-        ("full", 0, True, False), ("full", 1, True, False), ("no_rope", 0, True, False), ("no_rope", 1, True, False)
+        ("full", 0, True, False), ("no_rope", 0, True, False), ("full", 1, True, False), ("no_rope", 1, True, False)
     ]  # fmt: skip
     out = tmp_path / "out"
     summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")}
