@@ -26,6 +26,8 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     speed = payload["sections"][0]
     measured = speed["data"]["runs"]["tiny@32"]["samples"]["forward"]
     assert {"vit5", "timm_eva", "timm_vit", "reference"} <= set(measured)
+    modern = next(s for s in payload["sections"] if s["key"] == "modern_cost")
+    assert {"eager", "compiled"} <= set(modern["data"]["train_compiled"])  # the torch.compile pair ran
     assert payload["environment"]["torch_threads"] >= 1
 
 
