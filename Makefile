@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch comes first, from the versions this machine keeps on disk; override e.g. `make test TORCH=torch`.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,13 @@ demo: setup
 	rm -rf $(DEMO_RUN)
 	$(PY) train.py run.name=demo
 	$(PY) -m viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96 128 --out $(DEMO_RUN)/viz
+
+# On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
+# compile, KV-cache allocation) and the GPU benchmark sections, in one short run.
+gpu-check: setup
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
+	$(PY) -m pytest -q tests/test_cuda.py
+	$(PY) -m vit5.bench --quick --device cuda --dtype bf16 --only speed,modern_cost,attention_memory,compile --out runs/bench_gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,126 @@
+"""GPU checks: the same properties as the CPU suite, on CUDA, in bf16, and with the flash-attn kernel.
+
+Skipped where there is no CUDA device (every CPU run); ``make gpu-check`` runs them with the GPU
+benchmark. References are computed in fp32 (explicit softmax, or the model on the CPU), so a wrong
+kernel, layout or dtype path fails here rather than agreeing with itself.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vit5
+from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, apply_rope, rope_cos_sin
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DEVICE = "cuda"
+
+
+def explicit_attention(attn: Attention, x: torch.Tensor, rope) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v in fp32 with K/V heads repeated explicitly (the CPU suite's reference)."""
+    b, n, c = x.shape
+    h, h_kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    qkv = x @ attn.qkv.weight.T
+    q = qkv[..., : h * d].reshape(b, n, h, d).transpose(1, 2)
+    k = qkv[..., h * d : (h + h_kv) * d].reshape(b, n, h_kv, d).transpose(1, 2)
+    v = qkv[..., (h + h_kv) * d :].reshape(b, n, h_kv, d).transpose(1, 2)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, *rope, "interleaved"), apply_rope(k, *rope, "interleaved")
+    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    out = (q @ k.transpose(-1, -2) / d**0.5).softmax(-1) @ v
+    return out.transpose(1, 2).reshape(b, n, c) @ attn.proj.weight.T + attn.proj.bias
+
+
+def backends() -> list[str]:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return ["sdpa", "eager"]
+    return ["sdpa", "eager", "flash_attn"]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("backend", backends())
+def test_every_backend_matches_fp32_reference_in_bf16(backend, kv_heads):
+    torch.manual_seed(0)
+    attn = Attention(AttentionConfig(dim=256, num_heads=4, num_kv_heads=kv_heads, backend=backend)).to(DEVICE).eval()
+    x = torch.randn(2, 197, 256, device=DEVICE)
+    cos, sin = rope_cos_sin(Rope2D(64).angles((14, 14)), "interleaved")
+    rope = (torch.cat([torch.ones(1, 64), cos]).to(DEVICE), torch.cat([torch.zeros(1, 64), sin]).to(DEVICE))
+    with torch.no_grad():
+        expected = explicit_attention(attn, x, rope)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = attn(x, rope)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_bf16_model_on_cuda_matches_fp32_model_on_cpu():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=4, num_classes=10).eval()
+    images = torch.randn(4, 3, 224, 224)
+    with torch.no_grad():
+        expected = model(images)
+        model = model.to(DEVICE)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            got = model(images.to(DEVICE)).float().cpu()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05 * expected.abs().max().item())
+
+
+def test_fp32_model_on_cuda_matches_cpu_and_compiles():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=(224, 320), num_classes=10).eval()
+    images = torch.randn(2, 3, 224, 320)
+    with torch.no_grad():
+        expected = model(images)
+        model = model.to(DEVICE)
+        got = model(images.to(DEVICE))
+        compiled = torch.compile(model, fullgraph=True)(images.to(DEVICE))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(compiled, got, rtol=1e-3, atol=1e-3)
+
+
+def test_training_steps_in_bf16_reduce_the_loss():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=4).to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images = torch.randn(16, 3, 32, 32, device=DEVICE)
+    labels = torch.arange(16, device=DEVICE) % 4
+    losses = []
+    for _ in range(30):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.5 * losses[0]  # 16 fixed images: memorised within 30 steps
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3, 1])
+def test_kv_cache_allocates_exactly_the_formula_on_cuda(kv_heads):
+    layers, batch, head_dim, tokens = 12, 2, 64, 256
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    cache = KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    assert cache.nbytes == 2 * layers * kv_heads * head_dim * tokens * batch * 2
+    assert held == cache.nbytes  # both tensors' sizes are multiples of the allocator's 512-byte blocks
+
+
+def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=2, num_classes=10).eval()
+    images = torch.randn(2, 3, 224, 224)
+    with vit5.record(model, layers=[-1]) as cpu_rec, torch.no_grad():
+        model(images)
+    model = model.to(DEVICE)
+    with vit5.record(model, layers=[-1]) as gpu_rec, torch.no_grad():
+        model(images.to(DEVICE))
+    probs = gpu_rec.attention(-1)
+    torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(probs.cpu(), cpu_rec.attention(-1), rtol=1e-3, atol=1e-4)
