@@ -1,0 +1,93 @@
+"""The package layering, read from the source: layers <- model <- train / eval / viz / bench; data alone.
+
+Arrows point to what a part may import. A new import that breaks the layering (viz reaching into
+train, layers importing timm, anything importing the top-level scripts) fails here with the file
+and the import named.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import vit5
+
+PACKAGE = Path(vit5.__file__).parent
+
+# subpackage -> the vit5 subpackages it may import ("" is the vit5 package root)
+ALLOWED_INTERNAL = {
+    "layers": set(),
+    "reference": set(),
+    "data": set(),
+    "model": {"layers"},
+    "train": {"", "layers", "model", "data"},
+    "eval": {"", "layers", "model", "data"},
+    "viz": {"", "layers", "model", "data"},
+    "bench": {"", "layers", "model", "reference", "data", "train"},
+}
+# third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
+LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
+TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}
+
+
+def imports_of(path: Path) -> list[str]:
+    """Absolute module names imported by ``path`` (relative imports resolved against its package)."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    if package[-1:] == ["__init__"]:
+        package = package[:-1]
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                modules.append(".".join(base + ([node.module] if node.module else [])))
+            else:
+                modules.append(node.module or "")
+    return modules
+
+
+def subpackage_files(name: str) -> list[Path]:
+    return sorted((PACKAGE / name).rglob("*.py"))
+
+
+def test_imports_resolve_relative_paths_correctly():
+    assert "vit5.layers.norm" in imports_of(PACKAGE / "layers" / "attention.py")  # from .norm import ...
+    assert any(m.startswith("vit5.layers") for m in imports_of(PACKAGE / "model" / "vit.py"))  # from ..layers
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED_INTERNAL))
+def test_subpackage_imports_only_what_the_layering_allows(name):
+    assert (PACKAGE / name).is_dir(), f"vit5/{name} is missing: update ALLOWED_INTERNAL"
+    offenders = []
+    for path in subpackage_files(name):
+        for module in imports_of(path):
+            top, *rest = module.split(".")
+            if top == "vit5":
+                target = rest[0] if rest else ""
+                if target != name and target not in ALLOWED_INTERNAL[name]:
+                    offenders.append(f"{path.relative_to(PACKAGE)} imports {module}")
+            elif top in TOP_LEVEL_SCRIPTS:
+                offenders.append(f"{path.relative_to(PACKAGE)} imports the top-level script {module}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_layers_are_pure_torch():
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {module}"
+        for path in subpackage_files("layers")
+        for module in imports_of(path)
+        if (top := module.split(".")[0]) not in sys.stdlib_module_names
+        and top not in LAYERS_THIRD_PARTY | {"vit5", "__future__"}
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_subpackage_is_covered():
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == set(ALLOWED_INTERNAL), "add the new subpackage to ALLOWED_INTERNAL"
