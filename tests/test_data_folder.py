@@ -142,7 +142,7 @@ def test_empty_class_folder_fails_fast(tmp_path):
 
 def test_missing_split_and_root_fail_with_the_fix(tmp_path):
     write_png(tmp_path / "train" / "a" / "1.png", random_rgb(4, 4))
-    with pytest.raises(ImageFolderError, match=r"split folder .*val does not exist.*\['train'\].*split=None"):
+    with pytest.raises(ImageFolderError, match=r"split folder .*val does not exist \(sub-folders of .*: train\).*holds 'val/'"):
         ImageFolderDataset(tmp_path, "val")
     with pytest.raises(ImageFolderError, match="does not exist or is not a folder"):
         ImageFolderDataset(tmp_path / "nope", "train")
