@@ -10,7 +10,6 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit5.train.metrics import reduce_sums
 
 
 @dataclass(frozen=True)
@@ -26,21 +25,23 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
     """Evaluate ``model`` (raw or EMA) on this process's ``loader`` shard; collective over ranks."""
     was_training = model.training
     model.eval()
-    loss_sum, correct1, correct5, count = 0.0, 0, 0, 0
+    # running sums stay on the device: one host sync for the whole pass, not three per batch
+    sums = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, top-1, top-5, count
     for images, labels in loader:
         images = images.to(accelerator.device, non_blocking=True)
         labels = labels.to(accelerator.device, non_blocking=True)
         with accelerator.autocast():
             logits = model(images)
         logits = logits.float()
-        loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
-        topk = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-        hits = topk.eq(labels[:, None])
-        correct1 += int(hits[:, 0].sum())
-        correct5 += int(hits.any(dim=1).sum())
-        count += labels.numel()
+        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
+        sums += torch.stack([
+            F.cross_entropy(logits, labels, reduction="sum"),
+            hits[:, 0].sum(),
+            hits.any(dim=1).sum(),
+            torch.tensor(labels.numel(), device=labels.device),
+        ]).double()
     model.train(was_training)
-    loss_sum, correct1, correct5, count = reduce_sums(accelerator, [loss_sum, correct1, correct5, count])
+    loss_sum, correct1, correct5, count = accelerator.reduce(sums, "sum").tolist()
     if count == 0:
         raise RuntimeError("the validation set is empty on every process")
     return EvalResult(
