@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # not pyplot: importing vit5.bench leaves the user's backend alone
 
 
 def bar_chart(
@@ -21,7 +18,8 @@ def bar_chart(
     reference_line: float | None = None,
 ) -> Path:
     """Bars for each group (x) and series (colour); ``errors`` are (low, high) per bar (e.g. IQR)."""
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(groups) * max(1, len(series)) / 2), 3.6))
+    fig = Figure(figsize=(max(5.0, 1.3 * len(groups) * max(1, len(series)) / 2), 3.6))
+    ax = fig.subplots()
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
@@ -51,7 +49,8 @@ def line_chart(
     logy: bool = False,
 ) -> Path:
     """One line per series over ``x``; ``None`` values (not measured) are left out."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig = Figure(figsize=(5.5, 3.6))
+    ax = fig.subplots()
     for name, ys in series.items():
         points = [(a, b) for a, b in zip(x, ys) if b is not None]
         if points:
@@ -68,9 +67,8 @@ def line_chart(
     return _save(fig, path)
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .backbone import block_indices, describe, feature_names
-from .errors import EvalError
+from .errors import EvalError, read_json
 from .features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
 from .images import list_images
 from .load import LoadedModel
@@ -174,10 +174,7 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     manifest = out_dir / MANIFEST
     if overwrite or not manifest.is_file():
         return
-    try:
-        old = json.loads(manifest.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise EvalError(f"{manifest} is unreadable ({err}); delete it or pass overwrite") from err
+    old = read_json(manifest)
     if old.get("run_id") != run_id:
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
         raise EvalError(
@@ -200,7 +197,7 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise EvalError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
-    manifest = json.loads(path.read_text())
+    manifest = read_json(path)
     if manifest.get("format") != FORMAT:
         raise EvalError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
     return manifest

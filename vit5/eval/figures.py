@@ -6,11 +6,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # not pyplot: importing vit5.eval leaves the user's backend alone
 
 _MAX_TICK_LABELS = 40
 
@@ -24,7 +21,8 @@ def plot_confusion(
     normalised = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
     n = len(class_names)
     side = min(4 + 0.35 * n, 16)
-    fig, ax = plt.subplots(figsize=(side + 1.5, side))
+    fig = Figure(figsize=(side + 1.5, side))
+    ax = fig.subplots()
     image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
     if n <= _MAX_TICK_LABELS:
@@ -49,7 +47,8 @@ def plot_sweep(
 ) -> Path:
     """Accuracy against sqrt(H * W) per model; square sizes joined by a line, others as hollow
     markers labelled HxW (extrapolation test for RoPE plus the resampled APE)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
     labelled: dict[tuple[int, int], int] = {}  # size -> label row, so labels at one x do not overlap
     for label, points in series.items():
         square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
@@ -71,10 +70,9 @@ def plot_sweep(
     return _save(fig, path)
 
 
-def _save(fig: plt.Figure, path: str | os.PathLike[str]) -> Path:
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

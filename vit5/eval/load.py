@@ -29,8 +29,8 @@ def load_models(spec: str, weights: WeightChoice = "auto", **overrides: Any) -> 
     ``overrides`` are ViT5Config fields for vit5 models, ``timm.create_model`` arguments for timm."""
     if weights not in ("auto", "raw", "ema"):
         raise EvalError(f"weights must be 'auto', 'raw' or 'ema', got {weights!r}")
-    kinds = [False, True] if weights == "auto" and has_ema_weights(spec) else [weights == "ema"]
     try:
+        kinds = [False, True] if weights == "auto" and has_ema_weights(spec) else [weights == "ema"]
         return [load_spec(spec, overrides, use_ema=use_ema) for use_ema in kinds]
     except ModelSpecError as err:
         raise EvalError(str(err)) from err

@@ -14,7 +14,6 @@ With ``reduce_zero_label`` (ADE20K: 0 = "other") id 0 becomes ignored and the re
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from PIL import Image
 
 from vit5.data import IMAGE_EXTENSIONS
 
-from .errors import EvalError
+from .errors import EvalError, read_json
 
 SPLIT_PAIRS = (("train", "val"), ("training", "validation"))
 
@@ -54,7 +53,7 @@ def dataset_info(
 ) -> SegDatasetInfo:
     """Class count and names from the arguments, else from ``root/dataset.json``."""
     meta_path = Path(root) / "dataset.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = read_json(meta_path) if meta_path.is_file() else {}
     num_classes = num_classes or meta.get("num_classes")
     if not num_classes or num_classes < 2:
         raise EvalError(f"give the number of classes (>= 2); {meta_path} does not say it")

@@ -20,6 +20,7 @@ downloaded.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import os
 from collections.abc import Mapping, Sequence
@@ -112,7 +113,7 @@ def load_spec(spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bo
             return _finish(model, name + ("-ema" if kind == "ema" else ""), spec, kind, f"vit5 preset {name}, {source}")
         path = Path(spec)
         if not path.exists():
-            close = [p for p in PRESETS if p.startswith(name.split("_")[0])][:4]
+            close = difflib.get_close_matches(name, list(PRESETS), n=4, cutoff=0.5)
             raise ModelSpecError(
                 f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
                 f"({', '.join(close) or 'see vit5.list_presets()'}); timm models are written {TIMM_PREFIX}NAME[@CHECKPOINT]"
@@ -158,7 +159,7 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
 
     name, _, weights_path = spec[len(TIMM_PREFIX) :].partition("@")
     if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:5]
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         raise ModelSpecError(f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
     if weights_path and not Path(weights_path).is_file():
         raise ModelSpecError(f"checkpoint {weights_path} does not exist")

@@ -194,8 +194,10 @@ def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[st
     for i, image in enumerate(images[: cfg.max_figures]):
         fig = compare_figure([stats_a, stats_b], i, image, layer, layer, style, cfg.renormalise, notes)
         files += save_figure(fig, out / image.name, style.formats)
-    fig = compare_summary_figure([stats_a, stats_b], images[: cfg.max_figures], layer, layer, style, cfg.renormalise, notes)
-    files += save_figure(fig, out / "summary_grid", style.formats)
+    if images[: cfg.max_figures]:
+        fig = compare_summary_figure([stats_a, stats_b], images[: cfg.max_figures], layer, layer, style,
+                                     cfg.renormalise, notes)
+        files += save_figure(fig, out / "summary_grid", style.formats)
     files += save_figure(layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
                          out / "layer_profile", style.formats)
     for stats, report in ((stats_a, report_a), (stats_b, report_b)):
