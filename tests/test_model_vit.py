@@ -183,3 +183,34 @@ def test_every_component_is_switchable():
     unknown = vit5.create_model
     with pytest.raises(ConfigError, match="unknown model 'vit5_smal': did you mean vit5_small"):
         unknown("vit5_smal")
+
+
+def test_rope_tables_are_fp32_and_exact_after_a_bf16_cast():
+    reference = vit5.create_model("vit5_tiny", depth=1).rope_tables((32, 32))
+    cast = vit5.create_model("vit5_tiny", depth=1).to(torch.bfloat16)
+    for got, want in zip(cast.rope_tables((32, 32)), reference):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_saved_config_rebuilds_a_reset_or_pruned_model(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=3, img_size=32, patch_size=8, num_classes=5).eval()
+    model.reset_classifier(3, "avg")
+    vit5.save_pretrained(model, tmp_path / "avg")
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(vit5.load_model(tmp_path / "avg").eval()(x), model(x))
+    model.prune_intermediate_layers([1])  # keep blocks 0 and 1
+    vit5.save_pretrained(model, tmp_path / "pruned")
+    assert vit5.load_model(tmp_path / "pruned").cfg.depth == 2
+    with pytest.raises(ValueError, match="unknown global_pool 'max'"):
+        model.reset_classifier(3, "max")
+
+
+def test_rescaled_rope_keeps_its_training_grid_when_loaded_at_another_size(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=1, img_size=32, patch_size=8, rope_positions="rescaled").eval()
+    vit5.save_pretrained(model, tmp_path / "m")
+    moved = vit5.load_model(tmp_path / "m", img_size=64).eval()
+    assert moved.cfg.rope_ref_grid == (4, 4)
+    x = torch.randn(1, 3, 64, 64)
+    model.set_input_size(64)
+    torch.testing.assert_close(moved(x), model(x))

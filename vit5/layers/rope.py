@@ -147,11 +147,16 @@ class Rope2D(nn.Module):
         self.axis_order = axis_order
         self.positions = positions
         self.ref_grid = tuple(ref_grid) if ref_grid is not None else None
-        self.register_buffer("freqs", rope_frequencies(head_dim, theta).float(), persistent=False)
+        rope_frequencies(head_dim, theta)  # validates head_dim now, not at the first forward
 
-    def angles(self, grid: tuple[int, int]) -> torch.Tensor:
-        """Pair angles ``[h * w, head_dim/2]`` (fp32) for a row-major grid."""
-        return rope_angles_2d(grid, self.freqs, self.axis_order, self.positions, self.ref_grid)
+    def angles(self, grid: tuple[int, int], device: torch.device | str | None = None) -> torch.Tensor:
+        """Pair angles ``[h * w, head_dim/2]`` in fp32 for a row-major grid.
+
+        The frequencies are computed here, not kept in a buffer, so ``model.to(torch.bfloat16)``
+        cannot round them (bf16 angles are off by 0.01-0.07 rad at 14x14-32x32 grids).
+        """
+        freqs = rope_frequencies(self.head_dim, self.theta).to(device=device, dtype=torch.float32)
+        return rope_angles_2d(grid, freqs, self.axis_order, self.positions, self.ref_grid)
 
     def extra_repr(self) -> str:
         return (

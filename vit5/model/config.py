@@ -58,7 +58,7 @@ class ViT5Config:
     rope_layout: Literal["interleaved", "half"] = "interleaved"
     rope_axis_order: Literal["yx", "xy"] = "yx"
     rope_positions: Literal["integer", "rescaled"] = "integer"
-    rope_ref_grid: tuple[int, int] | None = None  # for "rescaled"; None: the img_size grid
+    rope_ref_grid: tuple[int, int] | None = None  # for "rescaled"; None: the img_size grid at construction
     # extra tokens and pooling
     class_token: bool = True
     num_registers: int = 4
@@ -73,6 +73,9 @@ class ViT5Config:
         if self.rope_ref_grid is not None:
             object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))
         self._validate()
+        if self.rope_positions == "rescaled" and self.rope_ref_grid is None:
+            # pinned to the training grid now, so replace(img_size=...) and the saved config keep it
+            object.__setattr__(self, "rope_ref_grid", self.grid_size)
 
     def _validate(self) -> None:
         def fail(msg: str) -> None:

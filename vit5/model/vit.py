@@ -66,8 +66,8 @@ class ViT5(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], cfg.embed_dim)) if cfg.ape else None
         self.rope = self.rope_reg = None
         if cfg.rope:
-            ref = cfg.rope_ref_grid or grid
-            self.rope = Rope2D(cfg.head_dim, cfg.rope_theta, cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions, ref)
+            self.rope = Rope2D(cfg.head_dim, cfg.rope_theta, cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions,
+                               cfg.rope_ref_grid)
         if cfg.num_registers and cfg.register_rope:
             side = int(cfg.num_registers**0.5)
             self.rope_reg = Rope2D(cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order)
@@ -143,8 +143,9 @@ class ViT5(nn.Module):
         device = self.patch_embed.proj.weight.device
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
-        patches = self.rope.angles(grid) if self.rope is not None else zeros(grid[0] * grid[1])
-        registers = self.rope_reg.angles(self._register_grid) if self.rope_reg is not None else zeros(self.num_reg_tokens)
+        patches = self.rope.angles(grid, device) if self.rope is not None else zeros(grid[0] * grid[1])
+        registers = (self.rope_reg.angles(self._register_grid, device) if self.rope_reg is not None
+                     else zeros(self.num_reg_tokens))
         angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
         return rope_cos_sin(angles, self.cfg.rope_layout)
 
@@ -274,6 +275,7 @@ class ViT5(nn.Module):
         """Drop the blocks after the last one in ``indices`` (and the head / norm); returns the indices."""
         taken = take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max(taken) + 1]
+        self.cfg = self.cfg.replace(depth=len(self.blocks))
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
@@ -303,17 +305,22 @@ class ViT5(nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head by a freshly initialised one for ``num_classes`` (0: no head)."""
+        changes: dict[str, object] = {"num_classes": num_classes}
         if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
             if global_pool == "token" and self.cls_token is None:
                 raise ValueError("global_pool='token' needs a CLS token: use 'avg'")
             self.global_pool = global_pool
+            if global_pool:  # '' (timm's "no pooling", a features-only model) is not a config value
+                changes["global_pool"] = global_pool
         self.num_classes = num_classes
         device = self.patch_embed.proj.weight.device
         self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes else nn.Identity()
         if num_classes:
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
-        self.cfg = self.cfg.replace(num_classes=num_classes)
+        self.cfg = self.cfg.replace(**changes)  # the saved config must rebuild this model
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
@@ -323,8 +330,6 @@ class ViT5(nn.Module):
             with torch.no_grad():
                 resampled = resample_pos_embed(self.pos_embed.data, self.cfg.grid_size, new_cfg.grid_size)
             self.pos_embed = nn.Parameter(resampled)
-        if self.rope is not None and self.cfg.rope_positions == "rescaled" and self.cfg.rope_ref_grid is None:
-            new_cfg = new_cfg.replace(rope_ref_grid=self.cfg.grid_size)  # keep the trained reference grid
         self.cfg = new_cfg
         self._rope_cache.clear()
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
