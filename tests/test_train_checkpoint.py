@@ -62,11 +62,35 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, monk
 def test_resume_restores_optimizer_and_ema(tmp_path):
     cfg = tiny_config(tmp_path, "schedule.epochs=1", "checkpoint.every_steps=20")
     trainer = Trainer(cfg)
+    ema_at_save, save = {}, trainer.checkpoints.save
+
+    def save_and_snapshot(num_updates):
+        ema_at_save[num_updates] = {k: v.clone() for k, v in trainer.ema.module.state_dict().items()}
+        return save(num_updates)
+
+    trainer.checkpoints.save = save_and_snapshot
     trainer.fit()
     ckpt = trainer.run_dir / "checkpoints" / "ckpt-000000020"
-    resumed = Trainer(cfg, resume=ckpt)
+    changed = tiny_config(tmp_path, "schedule.epochs=1", "checkpoint.every_steps=20", "optim.weight_decay=0.3")
+    resumed = Trainer(changed, resume=ckpt)
     assert (resumed.state.epoch, resumed.state.batch, resumed.state.num_updates) == (0, 20, 20)
     state = resumed.optimizer.state_dict()["state"]
     assert state and all(int(s["step"]) == 20 for s in state.values())
-    assert not torch.equal(resumed.ema.module.head.weight, resumed.raw_model.head.weight)
+    for name, value in resumed.ema.module.state_dict().items():
+        torch.testing.assert_close(value, ema_at_save[20][name], rtol=0, atol=0)  # the EMA of step 20
+    decays = {g["weight_decay"] for g in resumed.optimizer.param_groups}
+    assert decays == {0.0, 0.3}  # the setting changed on resume wins over the checkpoint's groups
     assert resumed.state.history == []  # the epoch-1 row was written after this checkpoint
+
+
+def test_resume_refuses_changes_the_checkpoint_depends_on(tmp_path):
+    from vit5.train.cli import parse_args, resolve
+
+    cfg = tiny_config(tmp_path, "schedule.epochs=1")
+    Trainer(cfg).fit()
+    run_dir = tmp_path / cfg.run.name
+    args = parse_args(["--resume", str(run_dir), "data.batch_size=128", "optim.lr=1e-4"])
+    with pytest.raises(ResumeError, match=r"cannot change data\.batch_size: 32 -> 128.*model\.pretrained="):
+        resolve(args, Path("unused.yaml"))
+    _, _, notes = resolve(parse_args(["--resume", str(run_dir), "optim.lr=1e-4"]), Path("unused.yaml"))
+    assert notes == [f"changed on resume: optim.lr: {cfg.optim.lr!r} -> 0.0001"]

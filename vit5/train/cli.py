@@ -53,6 +53,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+# settings a checkpoint's state depends on: the architecture, the optimizer's state layout, the
+# number of micro-batches per step and per epoch (the resume position), and what the EMA holds
+FROZEN_ON_RESUME = (
+    "model.name", "model.img_size", "model.num_classes", "model.overrides", "data.dataset", "data.batch_size",
+    "data.train_split", "optim.name", "optim.accum_steps", "ema.enabled", "aug.repeated_aug",
+    "aug.ra_selected_round",
+)  # fmt: skip
+
+
 def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig, Path | None, list[str]]:
     """The config to run, the checkpoint to resume from (or None) and notes to print."""
     if args.resume is None:
@@ -69,8 +78,15 @@ def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig
     run_dir, checkpoint = resolve_resume(run_dir)
     saved = load_config(run_dir / CONFIG_FILE)
     cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
-    notes = [f"changed on resume: {line}" for line in config_diff(saved, cfg)]
-    return cfg, checkpoint, notes
+    changes = config_diff(saved, cfg)
+    frozen = [line for line in changes if line.startswith(FROZEN_ON_RESUME)]
+    if frozen:
+        raise ResumeError(
+            f"--resume cannot change {'; '.join(frozen)}: the checkpoint's model, optimizer state and position "
+            f"in the epoch depend on them. Start a new run from its weights instead "
+            f"(model.pretrained={run_dir}/final)"
+        )
+    return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]
 
 
 def main(argv: Sequence[str] | None = None, default_config: Path | None = None) -> int:

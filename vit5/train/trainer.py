@@ -98,7 +98,12 @@ class Trainer:
         if acc.is_main_process:
             rundir.write_config(self.run_dir, cfg)
         if resume is not None:
+            configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             self.checkpoints.load(resume)
+            # load_state_dict restores the saved groups' settings too: the config as run wins
+            # (weight decay, betas, eps, layer-decay scales changed on resume), the moments are kept
+            for group, settings in zip(self.optimizer.param_groups, configured):
+                group.update(settings)
             self.schedule.start(self.state.num_updates, self.state.epoch)
         self.parts = LoopParts(
             accelerator=acc,
