@@ -53,11 +53,16 @@ def test_token_order_and_ape_on_patches_only():
 
 def test_any_resolution_and_set_input_size():
     model = tiny()
+    with torch.no_grad():
+        model.pos_embed.normal_()  # at its zero init a wrong resample would not show
     x = torch.randn(1, 3, 48, 80)
-    dynamic = model(x)
+    dynamic = model.forward_features(x)
+    trained = model.pos_embed.detach().reshape(1, 2, 2, 192).permute(0, 3, 1, 2)
     model.set_input_size((48, 80))
     assert model.pos_embed.shape == (1, 15, 192) and model.cfg.img_size == (48, 80)
-    torch.testing.assert_close(model(x), dynamic)
+    expected = F.interpolate(trained, size=(3, 5), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(model.pos_embed.detach().reshape(1, 3, 5, 192).permute(0, 3, 1, 2), expected)
+    torch.testing.assert_close(model.forward_features(x), dynamic)
 
 
 def test_wrong_inputs_fail_with_a_fix():
