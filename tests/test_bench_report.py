@@ -39,7 +39,7 @@ def test_cli_runs_selected_sections(tmp_path, capsys):
     assert keys == ["kv_cache", "mlp"]
 
 
-def test_unknown_section_is_a_clear_error():
+def test_unknown_section_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark section.*choose from"):
         select_sections(["speed", "sped"])
     with pytest.raises(SystemExit, match="unknown benchmark section"):
@@ -48,6 +48,11 @@ def test_unknown_section_is_a_clear_error():
         main(["--smoke", "--device", "mps"])
     with pytest.raises(SystemExit, match="threads must be at least 1"):
         main(["--smoke", "--threads", "0"])
+    with pytest.raises(SystemExit, match="got 'cpu:x'"):
+        main(["--smoke", "--device", "cpu:x"])
+    (tmp_path / "file").touch()
+    with pytest.raises(SystemExit, match="cannot write the report to --out"):
+        main(["--smoke", "--only", "kv_cache", "--out", str(tmp_path / "file")])
 
 
 def test_targets_are_marked_met_or_missed(tmp_path):

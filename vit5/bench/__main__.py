@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {error}") from None
     profile = "smoke" if args.smoke else "quick" if args.quick else "full"
     out = args.out or Path("runs") / f"bench_{profile}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"error: cannot write the report to --out {out}: {error.strerror}") from None
     if profile == "full" and cfg.device == "cpu":
         print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
     sections, md_path = run_bench(cfg, out, only)

@@ -312,11 +312,14 @@ def plan_from_args(args: argparse.Namespace) -> AblationPlan:
     base = args.config if args.config is not None else CONFIGS / scale.config
     if not base.is_file():
         raise AblationError(f"config file {base} does not exist: pass --config PATH to a training recipe")
+    out_dir = args.out or Path("runs") / f"ablate_{args.scale}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AblationError(f"--out {out_dir} is a file: give a folder for the runs and the report")
     return AblationPlan(
         base=base,
         ablations=ablations,
         seeds=tuple(args.seeds) if args.seeds is not None else scale.seeds,
-        out_dir=args.out or Path("runs") / f"ablate_{args.scale}",
+        out_dir=out_dir,
         overrides=(*scale.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *args.overrides),
         timing_batch=scale.timing_batch,
         timing=scale.timing,

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from .timing import TimingConfig
 
 Profile = Literal["smoke", "quick", "full"]
@@ -73,8 +75,14 @@ class BenchConfig:
     depth_ablation: DepthAblationConfig = field(default_factory=DepthAblationConfig)
 
     def __post_init__(self) -> None:
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)")
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
