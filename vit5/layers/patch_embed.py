@@ -36,5 +36,9 @@ class PatchEmbed(nn.Module):
                 f"expected images of shape [batch, {self.in_chans}, height, width], got {tuple(x.shape)}"
                 + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
             )
+        if not x.is_floating_point():
+            raise ValueError(
+                f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}"
+            )
         self.grid_size((x.shape[-2], x.shape[-1]))
         return self.proj(x)

@@ -44,21 +44,30 @@ class Recording:
 
     def attention(self, layer: int) -> torch.Tensor:
         """Attention probabilities ``[B, heads, N, N]`` of block ``layer`` (negative counts from the end)."""
-        return _get(self.attentions, layer % self.depth, "attention")
+        return _get(self.attentions, self._index(layer), "attention")
 
     def block_output(self, layer: int) -> torch.Tensor:
         """Block ``layer``'s output tokens ``[B, N, C]`` before the final norm (negative allowed)."""
-        return _get(self.tokens, layer % self.depth, "token")
+        return _get(self.tokens, self._index(layer), "token")
 
     def patch_norms(self, layer: int) -> torch.Tensor:
         """L2 norm of each patch token at ``layer`` as a map ``[B, h, w]``."""
-        return self.layout.to_grid(self.layout.patches(self.block_output(layer)).float().norm(dim=-1))
+        return self._layout().to_grid(self._layout().patches(self.block_output(layer)).float().norm(dim=-1))
 
     def cls_attention(self, layer: int) -> torch.Tensor:
         """Raw CLS-to-patch attention at ``layer`` as maps ``[B, heads, h, w]`` (not renormalised)."""
-        if self.layout.cls_index is None:
+        layout = self._layout()
+        if layout.cls_index is None:
             raise ValueError("this model has no CLS token")
-        return self.layout.to_grid(self.layout.patches(self.attention(layer)[:, :, 0], dim=-1))
+        return layout.to_grid(layout.patches(self.attention(layer)[:, :, 0], dim=-1))
+
+    def _index(self, layer: int) -> int:
+        return take_indices(self.depth, [layer])[0]  # out of range is an error, not a wrap-around
+
+    def _layout(self) -> TokenLayout:
+        if self.layout is None:
+            raise RuntimeError("nothing recorded yet: run the model inside `with vit5.record(model) as rec:`")
+        return self.layout
 
 
 def _get(store: dict[int, torch.Tensor], layer: int, kind: str) -> torch.Tensor:

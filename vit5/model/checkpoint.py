@@ -131,7 +131,10 @@ def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
             f"{path} is not a vit5 checkpoint directory: it needs {CONFIG_NAME} and {weights.name}"
             + (" (this run saved no EMA weights: drop use_ema)" if use_ema and config_file.exists() else "")
         )
-    config = json.loads(config_file.read_text())["config"]
+    try:
+        config = json.loads(config_file.read_text())["config"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})") from err
     try:
         sd = load_file(str(weights))
     except (SafetensorError, OSError) as err:

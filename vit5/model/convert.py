@@ -121,7 +121,13 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
     except KeyError:
         raise CheckpointError("not a ViT state dict: it has no 'patch_embed.proj.weight'") from None
     dim, in_chans, patch = weight.shape[0], weight.shape[1], weight.shape[-1]
-    depth = 1 + max(int(m.group(1)) for k in sd if (m := _BLOCK_KEY.match(k)))
+    blocks = [int(m.group(1)) for k in sd if (m := _BLOCK_KEY.match(k))]
+    if not blocks or "blocks.0.mlp.fc1.weight" not in sd:
+        raise CheckpointError(
+            "not a ViT / ViT-5 state dict this loader understands: it needs blocks.N.* with a GELU MLP "
+            "(blocks.0.mlp.fc1.weight); for other timm models use timm.create_model and load_state_dict"
+        )
+    depth = 1 + max(blocks)
     official = source == "official"
     head_dim = _infer_head_dim(sd, official)
     out: dict[str, Any] = dict(
