@@ -8,6 +8,7 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from viz_support import sharpen, tiny_timm, tiny_vit5
 
 import vit5
+from vit5.model import take_indices
 from vit5.reference import OfficialViT5
 from vit5.viz import VizError, capture, describe, resolve_layers
 
@@ -125,6 +126,9 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     with pytest.raises(VizError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"):
         resolve_layers(2, [7])
     assert resolve_layers(4, [-1, 0, -1]) == [0, 3]
+    assert resolve_layers(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
+    with pytest.raises(VizError, match="last 5 blocks of a model with 4"):
+        resolve_layers(4, 5)
     fixed = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, embed_dim=64, num_heads=2, img_size=32,
                               patch_size=8)
     with pytest.raises(VizError, match="built for 32x32 inputs only"):

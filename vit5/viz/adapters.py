@@ -25,7 +25,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..model import Recording, TokenLayout, ViT5, record, unwrap_model
+from ..model import Recording, TokenLayout, ViT5, record, take_indices, unwrap_model
+
 from .errors import VizError
 from .images import check_size
 
@@ -124,20 +125,18 @@ def check_input_size(info: ModelInfo, image_hw: tuple[int, int]) -> None:
 
 
 def resolve_layers(depth: int, layers: int | Sequence[int] | None) -> list[int]:
-    """Block indices (negative allowed; ``None`` = all blocks), checked with a message naming the range."""
-    if layers is None:
-        return list(range(depth))
-    if isinstance(layers, int):
-        layers = [layers]
-    resolved = []
-    for i in layers:
+    """Sorted block indices, as :func:`vit5.record` and timm read them (``None`` all blocks, an int
+    ``n`` the last n, a list absolute or negative), with a message naming the valid range."""
+    for i in [] if layers is None or isinstance(layers, int) else layers:
         if not -depth <= i < depth:
             raise VizError(
                 f"layer {i} is out of range: this model has {depth} blocks, valid layers are "
                 f"0..{depth - 1} (or -{depth}..-1 counting from the end)"
             )
-        resolved.append(i % depth)
-    return sorted(set(resolved))
+    try:
+        return sorted(set(take_indices(depth, layers)))
+    except ValueError as err:
+        raise VizError(str(err)) from None
 
 
 @contextmanager
