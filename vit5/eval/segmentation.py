@@ -127,31 +127,35 @@ class LinearHead:
 
 
 def train_linear_head(
-    train: EncodedSplit, info: SegDatasetInfo, size: tuple[int, int], settings: SegProbeSettings
-) -> LinearHead:
+    train: EncodedSplit, info: SegDatasetInfo, size: tuple[int, int], settings: SegProbeSettings,
+    device: torch.device | str = "cpu",
+) -> LinearHead:  # fmt: skip
     """Fit the head with AdamW (cosine schedule) on logits upsampled to ``size``, masks resized
-    to ``size`` with nearest neighbour; deterministic for ``settings.seed``."""
+    to ``size`` with nearest neighbour; deterministic for ``settings.seed``. The cached features
+    stay on the CPU (fp16); each batch and the head run on ``device`` (the backbone's)."""
     feats = train.features
-    mean = feats.float().mean(dim=(0, 2, 3), keepdim=True)
-    std = feats.float().std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    std, mean = torch.std_mean(feats.float(), dim=(0, 2, 3), keepdim=True)
+    std = std.clamp_min(1e-6)
     targets = torch.from_numpy(np.stack([cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST)
                                          for m in train.masks])).long()  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        head = LinearHead(nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1), mean, std, float("nan"))
+        conv = nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1)
+    head = LinearHead(conv.to(device), mean.to(device), std.to(device), float("nan"))
     generator = torch.Generator().manual_seed(settings.seed)
     steps = settings.epochs * -(-len(feats) // settings.batch_size)
     optimizer = torch.optim.AdamW(head.conv.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     for _ in range(settings.epochs):
         for idx in torch.randperm(len(feats), generator=generator).split(settings.batch_size):
-            logits = F.interpolate(head(feats[idx]), size=size, mode="bilinear", align_corners=False)
-            loss = F.cross_entropy(logits, targets[idx], ignore_index=info.ignore_index)
+            x, y = feats[idx].to(device, non_blocking=True), targets[idx].to(device, non_blocking=True)
+            logits = F.interpolate(head(x), size=size, mode="bilinear", align_corners=False)
+            loss = F.cross_entropy(logits, y, ignore_index=info.ignore_index)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             schedule.step()
-            head.final_loss = float(loss.detach())
+    head.final_loss = float(loss.detach())  # one host sync, after training
     head.conv.eval()
     return head
 
@@ -160,9 +164,10 @@ def train_linear_head(
 def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo) -> SegmentationScores:
     """mIoU and pixel accuracy with logits upsampled (bilinear) to each mask's full size."""
     confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
+    device = head.conv.weight.device
     for feats, mask in zip(val.features, val.masks):
-        logits = head(feats[None])
-        pred = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False).argmax(dim=1)[0]
+        logits = head(feats[None].to(device))
+        pred = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False).argmax(dim=1)[0].cpu()
         target = torch.from_numpy(mask)
         valid = target != info.ignore_index
         confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
@@ -188,7 +193,7 @@ def run_segmentation_probe(
     val = _encode(loaded, list_pairs(root, splits[1]), info, size, blocks, settings, f"features {splits[1]}", progress)
     seconds_features = time.perf_counter() - start
     start = time.perf_counter()
-    head = train_linear_head(train, info, size, settings)
+    head = train_linear_head(train, info, size, settings, device=next(loaded.model.parameters()).device)
     seconds_train = time.perf_counter() - start
     return SegProbeResult(
         model=loaded.label, size=size, blocks=blocks, class_names=info.class_names, scores=score_linear_head(head, val, info),
