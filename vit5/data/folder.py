@@ -140,7 +140,7 @@ class ImageFolderDataset(Dataset):
         samples: list[tuple[str, int]] = []
         for name in self.class_names:
             class_dir = self.root / name
-            files = sorted(_image_files(class_dir, self.extensions))
+            files = [str(p) for p in image_files(class_dir, self.extensions)]
             if not files:
                 raise ImageFolderError(
                     f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
@@ -218,13 +218,14 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
     return list(expected)
 
 
-def _image_files(class_dir: Path, extensions: tuple[str, ...]) -> list[str]:
+def image_files(folder: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS) -> list[Path]:
+    """Every image under ``folder``, recursively (links followed), sorted. Hidden files and folders
+    (``.ipynb_checkpoints``, ``.DS_Store``, ...) are skipped: they are never data."""
+    suffixes = {e.lower() for e in extensions}
     files = []
-    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         files.extend(
-            os.path.join(dirpath, f)
-            for f in filenames
-            if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions
+            Path(dirpath, f) for f in filenames if not f.startswith(".") and os.path.splitext(f)[1].lower() in suffixes
         )
-    return files
+    return sorted(files)

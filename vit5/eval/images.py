@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image
+from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image, image_files
 
 from .errors import EvalError
 
@@ -30,16 +30,10 @@ def list_images(source: str | os.PathLike[str], extensions: Sequence[str] = IMAG
         return source.parent, [source]
     if not source.is_dir():
         raise EvalError(f"image source {source} does not exist; pass an image file or a folder of images")
-    suffixes = {e.lower() for e in extensions}
-    files = []
-    for dirpath, dirnames, filenames in os.walk(source, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        files.extend(
-            Path(dirpath) / f for f in filenames if not f.startswith(".") and Path(f).suffix.lower() in suffixes
-        )
+    files = image_files(source, extensions)
     if not files:
-        raise EvalError(f"no images with extensions {sorted(suffixes)} under {source}")
-    return source, sorted(files)
+        raise EvalError(f"no images with extensions {sorted({e.lower() for e in extensions})} under {source}")
+    return source, files
 
 
 def parse_size(text: str) -> Size:

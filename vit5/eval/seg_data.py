@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vit5.data import IMAGE_EXTENSIONS
+from vit5.data import image_files
 
 from .errors import EvalError, read_json
 
@@ -75,7 +75,7 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():
             raise EvalError(f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/")
-    images = sorted(p for p in image_dir.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    images = image_files(image_dir)
     if not images:
         raise EvalError(f"{image_dir} holds no images")
     pairs = []

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform
+from ..data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform, image_files
 from .errors import VizError
 
 SKLEARN_SAMPLES = "sklearn-samples"
@@ -56,7 +56,7 @@ def list_sources(sources: Sequence[str]) -> list[ImageSource]:
             continue
         path = Path(source)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            files = image_files(path)
             if not files:
                 raise ImageError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
             found += [ImageSource(str(p.relative_to(path).with_suffix("")), path=str(p)) for p in files]
