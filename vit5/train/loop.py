@@ -125,13 +125,13 @@ def train_one_epoch(
 
 
 def _checked(acc: Accelerator, loss: torch.Tensor, epoch: int, state: TrainState) -> float:
-    value = float(loss.detach())
-    finite = math.isfinite(value)
+    """The loss as a float, after checking that it is finite on every process (one host sync)."""
+    loss = loss.detach().float()
+    bad = (~torch.isfinite(loss)).float()
     if acc.num_processes > 1:  # every rank must stop together
-        finite = bool(
-            acc.reduce(torch.tensor(float(finite), device=acc.device), "sum").item() == acc.num_processes
-        )
-    if not finite:  # a finite local value means another process saw the NaN
+        bad = acc.reduce(bad, "sum")
+    value, bad_ranks = torch.stack([loss, bad]).tolist()
+    if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
             value if not math.isfinite(value) else math.nan, epoch, state.batch, state.num_updates
         )
