@@ -68,11 +68,3 @@ class KVCache:
     def length(self) -> int:
         """Tokens cached so far (by the last layer to be updated)."""
         return self.layers[-1].length
-
-    @staticmethod
-    def expected_nbytes(
-        num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int, tokens: int, dtype: torch.dtype
-    ) -> int:
-        """The textbook size ``2 * layers * n_kv * head_dim * tokens * batch * bytes``."""
-        bytes_per_element = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * tokens * batch_size * bytes_per_element

@@ -74,10 +74,6 @@ class CheckpointManager:
         acc.wait_for_everyone()
         return final
 
-    def latest(self) -> Path | None:
-        found = list_checkpoints(self.directory)
-        return found[-1] if found else None
-
     def load(self, path: Path) -> None:
         """Restore the training state from ``path``; later checkpoints of an abandoned
         continuation are removed so that "latest" and pruning follow the resumed timeline."""

@@ -61,6 +61,11 @@ class AugSection:
     mixup_switch_prob: float = 0.5
     mixup_mode: Literal["batch", "pair", "elem"] = "batch"
 
+    @property
+    def mixing(self) -> bool:
+        """Whether Mixup or CutMix is on at all."""
+        return self.mixup_prob > 0 and (self.mixup > 0 or self.cutmix > 0)
+
 
 @dataclass
 class LossSection:
@@ -131,6 +136,3 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
 
-    @property
-    def mixup_enabled(self) -> bool:
-        return self.aug.mixup_prob > 0 and (self.aug.mixup > 0 or self.aug.cutmix > 0)

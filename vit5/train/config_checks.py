@@ -135,7 +135,7 @@ def _model_overrides(cfg: TrainConfig) -> list[str]:
 
 def _combinations(cfg: TrainConfig) -> list[str]:
     problems = []
-    if cfg.mixup_enabled and cfg.data.batch_size % 2:
+    if cfg.aug.mixing and cfg.data.batch_size % 2:
         problems.append(
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"

@@ -40,10 +40,6 @@ class RunData:
     train_loader: DataLoader
     val_loader: DataLoader
 
-    @property
-    def sampler(self) -> RepeatAugSampler:
-        return self.train_loader.sampler  # type: ignore[return-value]
-
 
 def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
     """Train and val sets with their transforms, and the class names (train's order)."""

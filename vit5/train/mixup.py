@@ -23,7 +23,7 @@ class TargetMixer:
         self.num_classes = num_classes
         self.smoothing = smoothing
         self.mixup: Mixup | None = None
-        if cfg.mixup_prob > 0 and (cfg.mixup > 0 or cfg.cutmix > 0):
+        if cfg.mixing:
             self.mixup = Mixup(
                 mixup_alpha=cfg.mixup,
                 cutmix_alpha=cfg.cutmix,
