@@ -36,16 +36,15 @@ def test_gradient_profile_shapes_at_depth_24(batch):
     """Pre-norm: every block gets gradient through the identity path, and early blocks also through
     the later branches, so the profile falls toward the output (NormFormer, Shleifer et al. 2021,
     Fig. 2). Post-norm: each block's output is renormalised, so, relative to pre-norm, gradient
-    weight shifts toward the output (Xiong et al. 2020): here its profile is flat after block 0."""
+    weight shifts toward the output (Xiong et al. 2020). Only these two published shapes are asserted,
+    not this run's numbers (the section's own targets are stricter claims it reports as met or missed)."""
     cfg = DepthAblationConfig(depth=24, width=64, heads=4)
     with num_threads(1):
         pre_norms = layer_grad_norms(build_trunk(cfg, pre_norm=True), *batch)
         post_norms = layer_grad_norms(build_trunk(cfg, pre_norm=False), *batch)
     pre, post = output_input_ratio(pre_norms), output_input_ratio(post_norms)
     assert pre < 0.8
-    assert 0.7 < post < 1.5
     assert post > 1.5 * pre
-    assert post_norms[0] > 5 * post_norms[1]  # the block that normalises the raw embedding
 
 
 def test_profile_and_spike_helpers():
