@@ -255,6 +255,12 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, **overr
         ckpt = read_checkpoint(pretrained, use_ema=use_ema, source=source)
         if ckpt.config is not None:  # our directory format knows its own architecture
             cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)
+            named = preset_config(name, **overrides)
+            if named.embed_dim != cfg.embed_dim:
+                raise CheckpointError(
+                    f"{pretrained} holds a model of width {cfg.embed_dim}, not {name} (width {named.embed_dim}): "
+                    "name the preset it was trained as, or use vit5.load_model(path), which reads the architecture"
+                )
         else:
             cfg = preset_config(name, **overrides)
         return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides)
