@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from vit5.data import ImageFolderError
 from vit5.data.digits_seg import SegSetConfig, make_digit_segmentation
+from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.eval import (
     ClassifySettings,
     EvalError,
@@ -48,7 +48,6 @@ from vit5.eval.figures import plot_confusion
 from vit5.eval.images import parse_size
 from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
-from vit5.model import CheckpointError, ConfigError
 
 MODEL_HELP = (
     "model spec: a vit5 checkpoint directory (raw and EMA weights are both evaluated when present), an "
@@ -267,13 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    safe_console()
     parser = build_parser()
     args = parser.parse_args(argv)
     torch.manual_seed(getattr(args, "seed", 0))
     try:
         args.run(args)
-    except (EvalError, ImageFolderError, ConfigError, CheckpointError) as err:
-        parser.exit(2, f"eval: error: {err}\n")
+    except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback
+        parser.exit(2, f"eval: error: {user_message(err)}\n")
     return 0
 
 

@@ -28,6 +28,9 @@ ALLOWED_INTERNAL = {
     "viz": {"", "layers", "model", "data"},
     "bench": {"", "layers", "model", "reference", "data", "train"},
 }
+# leaf modules every subpackage may import (they import nothing from vit5 themselves): the user-error
+# base class, crash-safe files and locks, device and memory checks
+LEAF_MODULES = {"errors", "files", "runtime"}
 # third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
 LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}
@@ -70,7 +73,7 @@ def test_subpackage_imports_only_what_the_layering_allows(name):
             top, *rest = module.split(".")
             if top == "vit5":
                 target = rest[0] if rest else ""
-                if target != name and target not in ALLOWED_INTERNAL[name]:
+                if target != name and target not in ALLOWED_INTERNAL[name] | LEAF_MODULES:
                     offenders.append(f"{path.relative_to(PACKAGE)} imports {module}")
             elif top in TOP_LEVEL_SCRIPTS:
                 offenders.append(f"{path.relative_to(PACKAGE)} imports the top-level script {module}")
@@ -85,6 +88,16 @@ def test_layers_are_pure_torch():
         if (top := module.split(".")[0]) not in sys.stdlib_module_names
         and top not in LAYERS_THIRD_PARTY | {"vit5", "__future__"}
     ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_leaf_modules_import_only_each_other():
+    offenders = []
+    for name in sorted(LEAF_MODULES):
+        for module in imports_of(PACKAGE / f"{name}.py"):
+            top, *rest = module.split(".")
+            if top == "vit5" and rest[:1] != [] and rest[0] not in LEAF_MODULES or module == "vit5":
+                offenders.append(f"{name}.py imports {module}")
     assert not offenders, "\n".join(offenders)
 
 

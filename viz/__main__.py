@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import vit5
+from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.viz import (
     VIEWS,
     MapStyle,
@@ -126,6 +126,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    safe_console()
     args = build_parser().parse_args(argv)
     try:
         cfg = _config(args)
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             run_compare(model, model_b, args.images, cfg)
         else:
             run_model(model, args.images, cfg)
-    except (VizError, vit5.ConfigError, vit5.CheckpointError) as err:
-        print(f"viz: error: {err}", file=sys.stderr)
+    except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback
+        print(f"viz: error: {user_message(err)}", file=sys.stderr)
         return 2
     return 0
 

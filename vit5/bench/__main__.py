@@ -16,6 +16,8 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's star
 
 import torch  # noqa: E402
 
+from ..errors import Vit5Error, safe_console, user_message  # noqa: E402
+from ..files import check_output_dir  # noqa: E402
 from .config import BenchConfig  # noqa: E402
 from .results import format_value  # noqa: E402
 from .runner import SECTIONS, run_bench, select_sections  # noqa: E402
@@ -38,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda asked for, but torch sees no CUDA device: use --device cpu")
+        raise Vit5Error("--device cuda asked for, but torch sees no CUDA device: use --device cpu")
     profile = "smoke" if args.smoke else "quick" if args.quick else "full"
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     threads = {"threads": args.threads} if args.threads is not None else {}
@@ -46,22 +48,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 every section ran, 1 a section failed, 2 bad arguments or an unwritable --out."""
+    safe_console()
     args = parse_args(argv)
     try:
         cfg = config_from_args(args)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    try:
+        only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
         select_sections(only)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
-    out = args.out or Path("runs") / f"bench_{profile}"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SystemExit(f"error: cannot write the report to --out {out}: {error.strerror}") from None
+        profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+        out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
+    except (Vit5Error, OSError, ValueError) as error:  # ValueError: BenchConfig's and the section list's checks
+        print(f"error: {user_message(error) or error}", file=sys.stderr)
+        return 2
     if profile == "full" and cfg.device == "cpu":
         print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
     sections, md_path = run_bench(cfg, out, only)

@@ -33,9 +33,8 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 import vit5
-from vit5.data import ImageFolderError
-from vit5.model import CheckpointError, ConfigError
-from vit5.train import ResumeError, TrainConfig, TrainConfigError, Trainer, TrainingDiverged, load_config
+from vit5.errors import Vit5Error, safe_console, user_message
+from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config_load import config_diff
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
@@ -77,7 +76,7 @@ SCALES: dict[str, Scale] = {
 }  # fmt: skip
 
 
-class AblationError(ValueError):
+class AblationError(Vit5Error, ValueError):
     """The ablation cannot run as asked; the message names the fix."""
 
 
@@ -330,6 +329,7 @@ def plan_from_args(args: argparse.Namespace) -> AblationPlan:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 every run completed, 1 some diverged, 2 bad arguments, config or data."""
+    safe_console()
     args = parse_args(argv)
     if args.list:
         for a in ABLATIONS.values():
@@ -338,9 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = plan_from_args(args)
         result = run_ablation(plan)
-    except (AblationError, TrainConfigError, ResumeError, ImageFolderError, CheckpointError, ConfigError) as e:
+    except (Vit5Error, OSError) as e:  # bad input, or a full / read-only disk: one line, no traceback
         if is_main_process():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {user_message(e)}", file=sys.stderr)
         return 2
     if result.section is not None:
         for table in result.section.tables:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vit5.runtime import format_bytes
+
 
 @dataclass(frozen=True)
 class Target:
@@ -86,10 +88,3 @@ def format_value(value: float, unit: str = "") -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}{unit and ' ' + unit}"
     return f"{value:.3g}{unit and ' ' + unit}"
-
-
-def format_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"

@@ -21,6 +21,8 @@ import os
 import cv2
 import numpy as np
 
+from vit5.errors import Vit5Error
+
 # OpenCV's thread pool is not fork-safe: a DataLoader worker forked while the pool's state is
 # locked hangs on its next OpenCV threading call (seen as a deadlocked test run). Data loading
 # parallelises over worker processes instead, so OpenCV runs its functions sequentially.
@@ -32,7 +34,7 @@ _JPEG_EOI = b"\xff\xd9"
 _ORIENTED_ANY_DEPTH = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
 
 
-class BadImageError(Exception):
+class BadImageError(Vit5Error):
     """A file that cannot be decoded into an image; carries ``path`` and ``reason``."""
 
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:

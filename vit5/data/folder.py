@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vit5.data.decode import BadImageError, decode_image
+from vit5.errors import Vit5Error
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
@@ -32,7 +33,7 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
 _SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
 
 
-class ImageFolderError(RuntimeError):
+class ImageFolderError(Vit5Error, RuntimeError):
     """The folder layout or its content cannot form a data set (message names the fix)."""
 
 

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import Vit5Error
 
-class EvalError(ValueError):
+
+class EvalError(Vit5Error, ValueError):
     """Evaluation input that cannot work (wrong layout, mismatched mask, unknown model, ...).
 
     The command line prints the message as one ``error:`` line instead of a traceback.

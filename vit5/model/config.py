@@ -17,10 +17,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import Vit5Error
 from ..layers import AttentionConfig, BlockConfig, drop_path_rates, swiglu_hidden_dim
 
 
-class ConfigError(ValueError):
+class ConfigError(Vit5Error, ValueError):
     """A configuration value or key is invalid; the message says which and how to fix it."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from ..errors import Vit5Error
 from ..layers import rope_frequencies
 from .config import ConfigError, ViT5Config
 
@@ -35,7 +36,7 @@ _OFFICIAL_ROPE_BUFFERS = {"attn.rope.freqs": "rope", "attn.rope_reg.freqs": "reg
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Vit5Error, ValueError):
     """A checkpoint cannot be loaded as asked; the message lists what does not fit and how to fix it."""
 
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from ..errors import Vit5Error
 from .checkpoint import EMA_WEIGHTS_NAME, WEIGHTS_NAME, create_model, load_model
 from .config import ConfigError
 from .convert import CheckpointError
@@ -40,7 +41,7 @@ GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
 Weights = Literal["raw", "ema", "random"]
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(Vit5Error, ValueError):
     """A model spec cannot be resolved; the message says what was expected."""
 
 

@@ -20,8 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.data import ImageFolderError
-from vit5.model import CheckpointError, ConfigError
+from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config import TrainConfig
 from vit5.train.config_load import config_diff, load_config
@@ -93,6 +92,7 @@ def main(argv: Sequence[str] | None = None, default_config: Path | None = None) 
     """Entry point of ``train.py``; returns the process exit status."""
     from vit5.train.trainer import Trainer  # heavy imports after argument errors
 
+    safe_console()
     args = parse_args(argv)
     default = default_config or Path.cwd() / "configs" / "demo_digits.yaml"
     try:
@@ -100,12 +100,12 @@ def main(argv: Sequence[str] | None = None, default_config: Path | None = None) 
         for note in notes:
             _print_main(note)
         Trainer(cfg, resume=checkpoint).fit()
-    except (TrainConfigError, ResumeError, ImageFolderError, CheckpointError, ConfigError) as e:
-        _print_main(f"error: {e}", err=True)
-        return 2
     except TrainingDiverged as e:
         _print_main(f"error: {e}", err=True)
         return 1
+    except (Vit5Error, OSError) as e:  # a user error (bad input, a full or read-only disk): one line
+        _print_main(f"error: {user_message(e)}", err=True)
+        return 2
     return 0
 
 

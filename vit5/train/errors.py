@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from vit5.errors import Vit5Error
 
-class TrainConfigError(ValueError):
+
+class TrainConfigError(Vit5Error, ValueError):
     """A training setting is unknown, mistyped, out of range or points at a missing path."""
 
 
@@ -11,5 +13,5 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the run stopped without saving the bad weights."""
 
 
-class ResumeError(RuntimeError):
+class ResumeError(Vit5Error, RuntimeError):
     """``--resume`` cannot find a complete checkpoint to continue from."""

@@ -3,6 +3,8 @@
 Every message names the problem and the fix; the ``viz`` command prints it without a traceback.
 """
 
+from ..errors import Vit5Error
 
-class VizError(ValueError):
+
+class VizError(Vit5Error, ValueError):
     """Bad input to the visualisation tools (model spec, images, layers, options)."""

@@ -1,0 +1,90 @@
+"""The base class of every error that is the user's to fix, and readable messages for OS errors.
+
+Every command line (``train.py``, ``python -m eval``, ``python -m viz``, ``python -m vit5.bench``,
+``python -m vit5.bench.ablate``) catches :class:`Vit5Error` and :class:`OSError` once and prints
+one ``error: ...`` line (exit code 2) instead of a traceback; anything else is a bug and keeps its
+traceback. The specific classes (``ConfigError``, ``CheckpointError``, ``TrainConfigError``,
+``ResumeError``, ``EvalError``, ``VizError``, ...) subclass it and keep their historical bases
+(``ValueError``, ``RuntimeError``), so existing ``except ValueError`` code still catches them.
+
+A leaf module: it imports nothing from vit5, so every subpackage may use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import TextIO
+
+
+class Vit5Error(Exception):
+    """A user error: bad input, a missing or damaged file, a folder that cannot be written.
+
+    The message names the problem and the fix; command lines print it as one ``error:`` line
+    and exit with status 2.
+    """
+
+
+class StorageError(Vit5Error, OSError):
+    """A file or folder cannot be read or written (disk full, read-only, permission, not a folder).
+
+    Also an :class:`OSError`, so code that catches OS errors keeps working.
+    """
+
+
+_FIXES = {
+    errno.ENOSPC: ("no space left on device", "free space there or choose another folder"),
+    errno.EDQUOT: ("disk quota exceeded", "free space there or choose another folder"),
+    errno.EROFS: ("read-only file system", "choose a writable folder"),
+    errno.EACCES: ("permission denied", "fix its permissions or choose another folder"),
+    errno.EPERM: ("operation not permitted", "fix its permissions or choose another folder"),
+    errno.ENOTDIR: ("a path component is a file, not a folder", "choose a folder path"),
+    errno.EISDIR: ("it is a folder, not a file", "give the path of a file"),
+    errno.ENOENT: ("no such file or folder", "check the path"),
+    errno.EEXIST: ("it already exists", "remove it or choose another path"),
+    errno.ENAMETOOLONG: ("the name is too long", "choose a shorter path"),
+}
+
+
+def os_error_reason(err: OSError) -> str:
+    """Why an OS call failed and the fix, e.g. ``"no space left on device; free space there or ..."``."""
+    reason, fix = _FIXES.get(err.errno or -1, ((err.strerror or str(err)).lower(), ""))
+    return f"{reason}; {fix}" if fix else reason
+
+
+def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, doing: str = "write") -> str:
+    """One line for an OS error: what could not be done to which path, why, and the fix.
+
+    ``describe_os_error(OSError(28, "No space left on device"), "runs/x/final", "write")`` ->
+    ``"cannot write runs/x/final: no space left on device; free space there or choose another folder"``.
+    """
+    where = path if path is not None else (err.filename if err.filename is not None else "")
+    where = os.fsdecode(where) if isinstance(where, bytes) else str(where)
+    return f"cannot {doing} {where}: {os_error_reason(err)}" if where else f"cannot {doing}: {os_error_reason(err)}"
+
+
+def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
+    """A :class:`StorageError` for ``err`` naming ``path`` (raise it ``from err``)."""
+    if isinstance(err, StorageError):
+        return err
+    return StorageError(describe_os_error(err, path, doing))
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one-line message for a user error (a :class:`Vit5Error` or an :class:`OSError`), or
+    None for anything else (a bug, whose traceback must stay visible)."""
+    if isinstance(err, Vit5Error):
+        return str(err)
+    if isinstance(err, OSError):
+        return describe_os_error(err, doing="read or write")
+    return None
+
+
+def safe_console() -> None:
+    """Let stdout print any file name: names that are not valid in the console's encoding (bytes
+    of another encoding, kept by Python as surrogates) are printed as backslash escapes instead
+    of raising ``UnicodeEncodeError`` after the work is done. stderr already does this."""
+    stream: TextIO = sys.stdout
+    if hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]

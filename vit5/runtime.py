@@ -1,0 +1,82 @@
+"""Where the work runs: device names checked up front, and memory estimates checked against the
+memory that is there, before anything large is allocated.
+
+A leaf module (torch only), used by every command line that takes ``--device`` or an input size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import Vit5Error
+
+DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> cuda when available, else cpu; anything else is checked to exist.
+
+    Raises:
+        Vit5Error: an unknown device string, or a device this machine does not have.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise Vit5Error(f"--device {name!r} is not a device: use {DEVICE_HELP}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise Vit5Error(f"--device {name}: torch sees no CUDA device on this machine; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise Vit5Error(f"--device {name}: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise Vit5Error(f"--device {name}: MPS is not available on this machine; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise Vit5Error(f"--device {name}: vit5 runs on {DEVICE_HELP}, not {device.type}")
+    return device
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM
+    (``MemAvailable`` on Linux, else physical memory)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
+
+
+def format_bytes(n: float) -> str:
+    """``1.5e9`` -> ``"1.40 GiB"`` (binary units)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def check_fits(needed: int, device: torch.device | str, what: str, fix: str) -> None:
+    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available.
+
+    Raises:
+        Vit5Error: ``"{what} needs about X, but DEVICE has Y available; {fix}"``.
+    """
+    have = available_memory(device)
+    if needed > have:
+        raise Vit5Error(
+            f"{what} needs about {format_bytes(needed)} of memory, but {torch.device(device)} has "
+            f"{format_bytes(have)} available; {fix}"
+        )
