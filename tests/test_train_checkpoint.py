@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
-from vit5.train import ResumeError, Trainer
+from vit5.train import ResumeError, Trainer, checkpointing
 from vit5.train.checkpointing import resolve_resume
 
 
@@ -29,15 +29,11 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, monk
     good = trainer.checkpoints.save(5)
     saved_bias = trainer.raw_model.head.bias.detach().clone()
 
-    save_state = trainer.accelerator.save_state
-
-    def dies_halfway(output_dir, **kwargs):
-        save_state(output_dir, **kwargs)
-        weights = Path(output_dir) / "model.safetensors"
-        weights.write_bytes(weights.read_bytes()[:100])  # the process died while writing the weights
+    def dies_halfway(path, data, durable=True):
+        Path(path).write_bytes(data[:100])  # the process died while writing the weights
         raise Killed
 
-    monkeypatch.setattr(trainer.accelerator, "save_state", dies_halfway)
+    monkeypatch.setattr(checkpointing, "atomic_write_bytes", dies_halfway)
     with torch.no_grad():
         trainer.raw_model.head.bias.add_(1.0)
     trainer.state.num_updates = 9
@@ -47,6 +43,8 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, monk
     assert names(checkpoints) == [".tmp-ckpt-000000009", "ckpt-000000005"]
     assert resolve_resume(trainer.run_dir) == (trainer.run_dir, good)
 
+    monkeypatch.undo()
+    trainer.close()  # the killed process's lock is gone with it
     resumed = Trainer(tiny_config(tmp_path, "checkpoint.keep_last=2"), resume=good)
     torch.testing.assert_close(resumed.raw_model.head.bias, saved_bias, rtol=0, atol=0)
     assert (resumed.state.num_updates, resumed.state.batch) == (5, 5)

@@ -239,6 +239,9 @@ class FolderLock:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
+    def __del__(self) -> None:
+        self.release()
+
     def __enter__(self) -> FolderLock:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self.acquire()
 

@@ -11,21 +11,24 @@ reset for a new number of classes, and a position embedding resampled to a new g
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import math
 import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 
+from ..errors import storage_error
+from ..files import atomic_write_bytes, atomic_write_json
 from ..layers import resample_pos_embed
 from .config import ViT5Config
 from .convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
@@ -75,35 +78,26 @@ def save_pretrained(
     ema_state_dict: dict[str, torch.Tensor] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically."""
+    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``), each file atomically.
+
+    Raises:
+        StorageError: the folder cannot be written (disk full, read-only, ...), naming the file.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(directory / CONFIG_NAME, json.dumps({"config": model.cfg.to_dict(), **(extra or {})}, indent=2))
-    _atomic_save_safetensors(model.state_dict(), directory / WEIGHTS_NAME)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise storage_error(err, directory, "create") from err
+    atomic_write_json(directory / CONFIG_NAME, {"config": model.cfg.to_dict(), **(extra or {})})
+    atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
     if ema_state_dict is not None:
-        _atomic_save_safetensors(ema_state_dict, directory / EMA_WEIGHTS_NAME)
+        atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))
     return directory
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        f.write(text)
-    _publish(Path(f.name), path)
-
-
-def _atomic_save_safetensors(state_dict: dict[str, torch.Tensor], path: Path) -> None:
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    _publish(tmp, path)
-
-
-def _publish(tmp: Path, path: Path) -> None:
-    """Give ``tmp`` the permissions of a normally created file (umask), then rename it over ``path``."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
+    """A state dict as the bytes of a safetensors file (CPU, contiguous), ready for an atomic write."""
+    return save_safetensors({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, metadata={"format": "pt"})
 
 
 # ---------------------------------------------------------------------------------- read
@@ -144,20 +138,47 @@ def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
 
 def _torch_load(path: Path) -> Any:
     # The official training script stores its argparse.Namespace; it is plain data, so allow it.
+    return safe_torch_load(path, allowed=(argparse.Namespace,), hint=_RESAVE_HINT)
+
+
+_RESAVE_HINT = (
+    "If you trust the file, re-save just its weights: "
+    "torch.save(torch.load(path, weights_only=False)['model'], 'weights.pth')"
+)
+_BLOCKED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
+_BLOCKED_OTHER = re.compile(r"WeightsUnpickler error: \s*(.+?)\s*(?:\n|$)")
+
+
+def safe_torch_load(
+    source: str | os.PathLike | bytes, allowed: tuple[Any, ...] = (), hint: str = "", name: str = ""
+) -> Any:
+    """``torch.load(weights_only=True)`` of a file (or its bytes): tensors and plain containers only,
+    plus the explicitly ``allowed`` globals. No pickled code ever runs.
+
+    Raises:
+        CheckpointError: naming the file and, for a refused pickle, what was blocked (e.g. the global
+            ``posix.system``), or why the file is unreadable.
+    """
+    label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(
+                io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu", weights_only=True
+            )
     except pickle.UnpicklingError as err:
-        blocked = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if blocked is None:
-            raise CheckpointError(f"{path} is not a readable PyTorch checkpoint (corrupt or truncated)") from err
-        raise CheckpointError(
-            f"{path} contains pickled objects other than tensors ({blocked.group(1)}), which vit5 refuses to "
-            "execute (weights_only=True). If you trust the file, re-save just its weights: "
-            "torch.save(torch.load(path, weights_only=False)['model'], 'weights.pth')"
-        ) from err
-    except (RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({err})") from err
+        text = str(err)
+        blocked = _BLOCKED_GLOBAL.search(text)
+        if blocked is not None:
+            what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
+        elif "Weights only load failed" in text:
+            other = _BLOCKED_OTHER.search(text)
+            what = f"pickle instructions the safe loader refuses ({other.group(1) if other else 'not plain data'})"
+        else:
+            raise CheckpointError(f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {text})") from err
+        message = f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). {hint}"
+        raise CheckpointError(message.rstrip()) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {err})") from err
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:

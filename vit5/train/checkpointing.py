@@ -1,102 +1,462 @@
-"""Resumable training checkpoints (Accelerate state) and exported model directories.
+"""Resumable training checkpoints, and the exported model directories ``best/`` and ``final/``.
 
-**Training checkpoints** (``RUN/checkpoints/ckpt-<updates>``) hold everything ``--resume`` needs:
-model and optimizer (``accelerator.save_state``), the objects registered with
-``accelerator.register_for_checkpointing`` (EMA, :class:`~vit5.train.state.TrainState` with the
-epoch, batch position and metrics), and every process's Python / NumPy / torch RNG states.
+**Training checkpoints** (``RUN/checkpoints/ckpt-<updates>``) hold everything ``--resume`` needs,
+and nothing that is unpickled: every file is safetensors, JSON, or read with
+``torch.load(weights_only=True)`` (tensors and plain containers, no globals):
 
-**Atomic**: all processes write into ``.tmp-ckpt-<updates>``; only when every one is done does
-the main process rename it to its final name (a directory rename is atomic on POSIX). A kill at
-any moment leaves either the complete new checkpoint or just a ``.tmp-*`` folder that is ignored
-(and removed by the next save), so the latest complete checkpoint stays loadable. The newest
-``keep_last`` are kept.
+====================== ==========================================================================
+``model.safetensors``   the raw weights
+``model_ema.safetensors`` the EMA weights (when the EMA is on)
+``optimizer.pt``        ``optimizer.state_dict()`` (moments, step counts, param groups)
+``train_state.json``    :class:`~vit5.train.state.TrainState` (epoch, batch, updates, history),
+                        Accelerate's step counter and the fp16 gradient scaler
+``rng_state_<rank>.json`` every random generator of process ``rank`` (:mod:`vit5.train.rng`)
+``checkpoint.json``     written last: the format, the config as run, the number of processes,
+                        and the size and SHA-256 of every other file
+====================== ==========================================================================
 
-**Model directories** (``final/``, ``best/``): our safetensors format via
-:func:`vit5.save_pretrained`, raw and EMA weights, loadable with :func:`vit5.load_model`.
+Accelerate's ``save_state`` / ``load_state`` are deliberately not used: they pickle the registered
+objects (``custom_checkpoint_*.pkl`` is read with ``weights_only=False``, so a crafted checkpoint
+runs code on ``--resume``) and only log, at info level, when the random states cannot be restored.
+Accelerate still prepares the model and optimizer and runs the collectives.
+
+**Atomic**: all processes write into ``.tmp-ckpt-<updates>``; when every one is done, the main
+process writes ``checkpoint.json`` and renames the folder to its final name (a directory rename is
+atomic on POSIX). A kill at any moment leaves the complete new checkpoint or a ``.tmp-*`` folder
+that is ignored and removed by the next save.
+
+**Verified**: loading checks every file against the size and SHA-256 recorded when it was
+written, so a truncated, emptied or modified file is one clear error naming it and the last good
+checkpoint of the run, before anything is restored. A missing or damaged random state is an error
+too; ``checkpoint.allow_inexact_resume=true`` turns it into a loud warning, and the summary then
+records ``resume_exact: false``.
+
+**Retention** keeps the newest ``keep_last`` checkpoints, and only ever deletes checkpoints older
+than one the current session has written itself: resuming never deletes anything before the
+resumed run has saved a newer checkpoint of its own.
+
+**Model directories** (``final/``, ``best/``): our safetensors format via :func:`vit5.save_pretrained`,
+raw and EMA weights, built in a staging folder and swapped into place in one step
+(:func:`vit5.files.replace_dir`): a kill leaves the old complete directory or the new one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, gather_object
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
 from timm.utils import ModelEmaV3
 from torch import nn
 
 import vit5
 from vit5 import ViT5
+from vit5.errors import StorageError, Vit5Error, storage_error, user_message
+from vit5.files import atomic_write_bytes, atomic_write_json, replace_dir, staging_dir
+from vit5.model.checkpoint import safe_torch_load, safetensors_bytes
 from vit5.train.errors import ResumeError
+from vit5.train.rng import capture_rng, restore_rng
+from vit5.train.state import TrainState
 
+FORMAT = "vit5-train-checkpoint/1"
+MANIFEST = "checkpoint.json"
+MODEL_FILE = "model.safetensors"
+EMA_FILE = "model_ema.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "train_state.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _TMP_PREFIX = ".tmp-"
+_LEGACY_FILES = ("custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin")
 
 
 def checkpoint_name(num_updates: int) -> str:
     return f"ckpt-{num_updates:09d}"
 
 
+def checkpoint_number(path: Path) -> int:
+    """The update count in a ``ckpt-<updates>`` name (-1 for any other name)."""
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_state_{rank}.json"
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints under ``directory``, oldest first (by update count)."""
+    """Checkpoint folders under ``directory``, oldest first (by update count).
+
+    Raises:
+        StorageError: ``directory`` exists but cannot be listed.
+    """
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if p.is_dir() and _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+    try:
+        found = [p for p in directory.iterdir() if p.is_dir() and _NAME.match(p.name)]
+    except OSError as err:
+        raise storage_error(err, directory, "list") from err
+    return sorted(found, key=checkpoint_number)
+
+
+@dataclass
+class Resumable:
+    """What a checkpoint saves and restores (``model`` is the unwrapped module the optimizer updates)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    ema: ModelEmaV3 | None
+    state: TrainState
+
+
+class _Damaged(ResumeError):
+    """A checkpoint file is missing, damaged or refused; the message gains the last good checkpoint."""
+
+    def __init__(self, message: str, consequence: str = "", alternative: str = "") -> None:
+        super().__init__(message)
+        self.consequence, self.alternative = consequence, alternative
+
+
+@dataclass(frozen=True)
+class Restored:
+    """How a load went: ``exact`` is False when random states were missing and allowed to be."""
+
+    path: Path
+    exact: bool
+    warning: str = ""
 
 
 class CheckpointManager:
-    """Saves, prunes and finds training checkpoints of one run. All methods are collective."""
+    """Saves, prunes, verifies and loads the training checkpoints of one run. All methods are collective.
 
-    def __init__(self, accelerator: Accelerator, directory: Path, keep_last: int) -> None:
+    Args:
+        parts: what is saved and restored.
+        config: the config as run (``dataclasses.asdict``), recorded in every checkpoint so that
+            ``--resume`` compares against what the checkpoint was written with.
+    """
+
+    def __init__(
+        self, accelerator: Accelerator, directory: Path, keep_last: int, parts: Resumable, config: dict[str, Any]
+    ) -> None:
         self.accelerator = accelerator
         self.directory = directory
         self.keep_last = keep_last
+        self.parts = parts
+        self.config = config
+        self.newest_written = -1  # the newest checkpoint this session wrote: pruning never goes past it
 
+    # ---------------------------------------------------------------------------------- saving
     def save(self, num_updates: int) -> Path:
-        """Write the full training state for ``num_updates`` atomically; prune old ones."""
-        acc = self.accelerator
+        """Write the full training state for ``num_updates`` atomically; prune old ones.
+
+        Raises:
+            StorageError: on every process when any process cannot write (disk full, read-only,
+                ...); the previous checkpoints are untouched and the partial folder is removed.
+        """
+        acc, parts = self.accelerator, self.parts
         final = self.directory / checkpoint_name(num_updates)
         tmp = self.directory / f"{_TMP_PREFIX}{final.name}"
+        _raise_agreed(acc, _attempt(lambda: staging_dir(final)) if acc.is_main_process else None)  # creates tmp
+        files: dict[str, bytes] = {}
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        acc.save_state(str(tmp), safe_serialization=True)
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            if final.exists():  # same update count saved again (e.g. resumed from an older one)
-                shutil.rmtree(final)
-            tmp.rename(final)
-            self._prune()
-        acc.wait_for_everyone()
+            files[MODEL_FILE] = safetensors_bytes(parts.model.state_dict())
+            if parts.ema is not None:
+                files[EMA_FILE] = safetensors_bytes(parts.ema.module.state_dict())
+            buffer = io.BytesIO()
+            torch.save(parts.optimizer.state_dict(), buffer)
+            files[OPTIMIZER_FILE] = buffer.getvalue()
+            files[STATE_FILE] = _json_bytes(_train_state(acc, parts.state))
+        files[rng_file(acc.process_index)] = _json_bytes(capture_rng())
+        error = _attempt(lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()])
+        if acc.is_main_process and error is None:
+            error = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
+        errors_seen = gather_object([error]) if acc.num_processes > 1 else [error]
+        if any(errors_seen) and acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
+        _raise_agreed(acc, next((e for e in errors_seen if e), None))
+        self.newest_written = num_updates
         return final
 
-    def load(self, path: Path) -> None:
-        """Restore the training state from ``path``; later checkpoints of an abandoned
-        continuation are removed so that "latest" and pruning follow the resumed timeline."""
-        try:
-            self.accelerator.load_state(str(path))
-        except (RuntimeError, ValueError, FileNotFoundError, KeyError) as e:
-            raise ResumeError(
-                f"cannot restore {path}: {e}\nA checkpoint resumes only with the same model, optimizer, "
-                f"EMA setting and number of processes it was written with."
-            ) from e
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            number = int(_NAME.match(path.name).group(1)) if _NAME.match(path.name) else -1  # type: ignore[union-attr]
-            for later in list_checkpoints(self.directory):
-                if int(_NAME.match(later.name).group(1)) > number:  # type: ignore[union-attr]
-                    shutil.rmtree(later)
-        self.accelerator.wait_for_everyone()
+    def _publish(self, tmp: Path, final: Path, num_updates: int, state: TrainState, files: dict[str, bytes]) -> None:
+        listed = {name: _digest(data) for name, data in files.items()}
+        for rank in range(1, self.accelerator.num_processes):  # written by the other processes
+            listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
+        manifest = {
+            "format": FORMAT, "num_updates": num_updates, "epoch": state.epoch, "batch": state.batch,
+            "num_processes": self.accelerator.num_processes, "ema": EMA_FILE in files,
+            "config": self.config, "files": listed,
+        }  # fmt: skip
+        for name in listed:  # flushed to disk before the manifest that vouches for them
+            _fsync(tmp / name)
+        atomic_write_json(tmp / MANIFEST, manifest)
+        if final.exists():  # the same update count saved again: swap, never a moment without one
+            replace_dir(tmp, final)
+        else:
+            try:
+                tmp.rename(final)
+            except OSError as err:
+                raise storage_error(err, final) from err
+        self._prune(num_updates)
 
-    def _prune(self) -> None:
+    def _prune(self, newest: int) -> None:
         for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
-        for old in list_checkpoints(self.directory)[: -self.keep_last]:
+        mine_or_older = [c for c in list_checkpoints(self.directory) if checkpoint_number(c) <= newest]
+        for old in mine_or_older[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+    # ---------------------------------------------------------------------------------- loading
+    def load(self, path: Path, allow_inexact: bool = False) -> Restored:
+        """Verify every file of ``path``, then restore weights, EMA, optimizer, progress and random states.
+
+        Raises:
+            ResumeError: a file is missing, damaged or refused (named, with the last good checkpoint
+                of the run), or the checkpoint was written for another model, optimizer, EMA
+                setting or number of processes.
+        """
+        restored, error = None, None
+        try:
+            restored = self._restore(path, self.parts, allow_inexact)
+        except _Damaged as err:
+            error = f"{err}{err.consequence}. {self._last_good_hint(path)}{err.alternative}"
+        except (Vit5Error, OSError) as err:
+            error = user_message(err)
+        _raise_agreed(self.accelerator, error, ResumeError)
+        assert restored is not None
+        return restored
+
+    def _restore(self, path: Path, parts: Resumable, allow_inexact: bool) -> Restored:
+        acc = self.accelerator
+        manifest = read_manifest(path)
+        _check_compatible(path, manifest, acc.num_processes, parts.ema is not None)
+        data = {name: _verified(path, name, manifest) for name in _shared_files(manifest)}
+        _load_weights(path, MODEL_FILE, data[MODEL_FILE], parts.model)
+        if parts.ema is not None:
+            _load_weights(path, EMA_FILE, data[EMA_FILE], parts.ema.module)
+        _load_optimizer(path, data[OPTIMIZER_FILE], parts.optimizer)
+        _load_train_state(path, data[STATE_FILE], parts.state, acc)
+        name = rng_file(acc.process_index)
+        try:
+            restore_rng(json.loads(_verified(path, name, manifest)))
+        except (_Damaged, ValueError) as err:
+            reason = str(err) if isinstance(err, _Damaged) else f"{path / name} is damaged ({err})"
+            if not allow_inexact:
+                raise _Damaged(
+                    reason,
+                    consequence=": without this process's random state the resumed run would not continue "
+                    "exactly (other augmentations, drop-path masks and Mixup pairs)",
+                    alternative="; or accept an inexact resume with checkpoint.allow_inexact_resume=true",
+                ) from err
+            return Restored(
+                path, exact=False,
+                warning=f"WARNING: {reason}; continuing WITHOUT restoring the random generators "
+                "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and the summary "
+                "records resume_exact=false",
+            )  # fmt: skip
+        return Restored(path, exact=True)
+
+    def _last_good_hint(self, damaged: Path) -> str:
+        """``"The last good checkpoint of this run is ...: resume with --resume ..."`` (or what to do)."""
+        for candidate in reversed(list_checkpoints(damaged.parent)):
+            if candidate == damaged:
+                continue
+            try:
+                verify_checkpoint(candidate)
+            except ResumeError:
+                continue
+            return (
+                f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume "
+                f"{candidate}` (it continues in a new run directory since newer checkpoints exist; delete "
+                f"{damaged} first to continue in place)"
+            )
+        run_dir = damaged.parent.parent
+        return (
+            f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
+            f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
+        )
+
+
+# ---------------------------------------------------------------------------------- reading checkpoints
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The ``checkpoint.json`` of ``path``, checked for shape (not yet the files it lists).
+
+    Raises:
+        ResumeError: missing (an unfinished save, or the older pickle-based format), unreadable or malformed.
+    """
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        if any((path / legacy).exists() for legacy in _LEGACY_FILES):
+            raise ResumeError(
+                f"{path} was written by an older vit5 in Accelerate's pickle-based format, which --resume no "
+                f"longer reads: loading it can run code stored in the checkpoint folder. Start a new run from "
+                f"the run's weights instead (model.pretrained={path.parent.parent / 'final'})"
+            )
+        raise ResumeError(f"{path} is not a complete training checkpoint: it has no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _Damaged(f"{manifest_path} is damaged (not readable JSON: {err})") from err
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(files, dict)
+        or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
+                   for v in files.values())
+        or not isinstance(manifest.get("num_processes"), int)
+        or not isinstance(manifest.get("config"), dict)
+    ):  # fmt: skip
+        raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
+    unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
+    if unsafe:
+        raise _Damaged(f"{manifest_path} lists files outside the checkpoint folder ({unsafe[0]!r}); refused")
+    return manifest
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Check every file of ``path`` against its recorded size and SHA-256; return the manifest.
+
+    Raises:
+        ResumeError: naming the first missing or damaged file.
+    """
+    manifest = read_manifest(path)
+    for name in manifest["files"]:
+        _verified(path, name, manifest)
+    return manifest
+
+
+def _verified(path: Path, name: str, manifest: dict[str, Any]) -> bytes:
+    """The bytes of ``path/name`` after checking them against the manifest."""
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise _Damaged(f"{path / name} is not listed in {path / MANIFEST}: the checkpoint is incomplete")
+    try:
+        data = (path / name).read_bytes()
+    except FileNotFoundError:
+        raise _Damaged(f"{path / name} is missing") from None
+    except OSError as err:
+        raise _Damaged(f"{path / name} cannot be read ({err.strerror or err})") from err
+    if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise _Damaged(
+            f"{path / name} is damaged: {len(data)} bytes that do not match the {expected['bytes']} bytes and "
+            f"SHA-256 recorded when it was written (truncated, emptied or modified)"
+        )
+    return data
+
+
+def _shared_files(manifest: dict[str, Any]) -> list[str]:
+    return [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] + ([EMA_FILE] if manifest.get("ema") else [])
+
+
+def _check_compatible(path: Path, manifest: dict[str, Any], num_processes: int, ema: bool) -> None:
+    if manifest["num_processes"] != num_processes:
+        raise ResumeError(
+            f"{path} was written by {manifest['num_processes']} process(es), this run has {num_processes}: the "
+            f"position in the epoch and the random states are per process. Resume with "
+            f"{manifest['num_processes']} process(es), or start a new run from the weights "
+            f"(model.pretrained={path.parent.parent / 'final'})"
+        )
+    if bool(manifest.get("ema")) != ema:
+        raise ResumeError(
+            f"{path} was written with ema.enabled={bool(manifest.get('ema'))}; resume with the same setting"
+        )
+
+
+def _load_weights(path: Path, name: str, data: bytes, module: nn.Module) -> None:
+    try:
+        state = load_safetensors(data)
+        module.load_state_dict(state, strict=True)
+    except (SafetensorError, RuntimeError, ValueError) as err:
+        raise ResumeError(
+            f"{path / name} does not fit this run's model ({str(err).splitlines()[0]}): a checkpoint resumes only "
+            f"with the model it was written with"
+        ) from err
+
+
+def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -> None:
+    try:
+        state = safe_torch_load(data, name=str(path / OPTIMIZER_FILE))
+        optimizer.load_state_dict(state)
+    except vit5.CheckpointError as err:  # a refused pickle or an unreadable file
+        raise _Damaged(str(err)) from err
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:
+        raise ResumeError(
+            f"{path / OPTIMIZER_FILE} does not fit this run's optimizer ({err}): a checkpoint resumes only with "
+            f"the optimizer and model it was written with"
+        ) from err
+
+
+def _train_state(acc: Accelerator, state: TrainState) -> dict[str, Any]:
+    scaler = getattr(acc, "scaler", None)
+    return {
+        "train_state": state.state_dict(),
+        "accelerator_step": acc.step,
+        "grad_scaler": scaler.state_dict() if scaler is not None else None,
+    }
+
+
+def _load_train_state(path: Path, data: bytes, state: TrainState, acc: Accelerator) -> None:
+    try:
+        record = json.loads(data)
+        state.load_state_dict(record["train_state"])
+        step = record["accelerator_step"]
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"accelerator_step={step!r}")
+        scaler_state, scaler = record["grad_scaler"], getattr(acc, "scaler", None)
+        if (scaler_state is None) != (scaler is None):
+            raise ValueError("the fp16 gradient scaler state does not match run.mixed_precision")
+        if scaler is not None:
+            scaler.load_state_dict(scaler_state)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 ({err})") from err
+    acc.step = step
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, allow_nan=True) + "\n").encode("ascii")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(data: bytes) -> dict[str, Any]:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _attempt(action: Callable[[], Any]) -> str | None:
+    """Run ``action``; return the message of a user error instead of raising it (see :func:`_raise_agreed`)."""
+    try:
+        action()
+    except (Vit5Error, OSError) as err:
+        return user_message(err)
+    return None
+
+
+def _raise_agreed(acc: Accelerator, error: str | None, kind: type[Exception] = StorageError) -> None:
+    """Raise ``kind(message)`` on every process when any process failed, so that none waits at a
+    barrier for a peer that gave up; otherwise a barrier."""
+    errors = gather_object([error]) if acc.num_processes > 1 else [error]
+    first = next((e for e in errors if e), None)
+    if first is not None:
+        raise kind(first)
+    acc.wait_for_everyone()
 
 
 def resolve_resume(path: Path) -> tuple[Path, Path]:
@@ -114,6 +474,12 @@ def resolve_resume(path: Path) -> tuple[Path, Path]:
     return path, latest[-1]
 
 
+def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
+    """The config a checkpoint was written with (as recorded in its manifest)."""
+    return read_manifest(checkpoint)["config"]
+
+
+# ---------------------------------------------------------------------------------- model directories
 def save_model_dir(
     accelerator: Accelerator,
     model: nn.Module,
@@ -121,13 +487,21 @@ def save_model_dir(
     directory: Path,
     extra: dict[str, Any],
 ) -> None:
-    """Export raw (and EMA) weights as our safetensors directory; collective, main process writes."""
+    """Export raw (and EMA) weights as our safetensors directory, swapped into place in one step;
+    collective, the main process writes."""
     state = accelerator.get_state_dict(model)  # gathers sharded (FSDP / ZeRO-3) weights on the main process
+    error = None
     if accelerator.is_main_process:
         unwrapped: ViT5 = accelerator.unwrap_model(model, keep_torch_compile=False)
         if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
             unwrapped = ViT5(unwrapped.cfg)
             unwrapped.load_state_dict({k: v.float().cpu() for k, v in state.items()})
         ema_state = ema.module.state_dict() if ema is not None else None
-        vit5.save_pretrained(unwrapped, directory, ema_state_dict=ema_state, extra=extra)
-    accelerator.wait_for_everyone()
+
+        def write() -> None:
+            staged = staging_dir(directory)
+            vit5.save_pretrained(unwrapped, staged, ema_state_dict=ema_state, extra=extra)
+            replace_dir(staged, directory)
+
+        error = _attempt(write)
+    _raise_agreed(accelerator, error)

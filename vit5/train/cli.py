@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vit5.errors import Vit5Error, safe_console, user_message
-from vit5.train.checkpointing import resolve_resume
+from vit5.train.checkpointing import checkpoint_config, resolve_resume
 from vit5.train.config import TrainConfig
-from vit5.train.config_load import config_diff, load_config
+from vit5.train.config_load import config_diff, config_from_dict, load_config
 from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
 from vit5.train.rundir import CONFIG_FILE
 
@@ -75,15 +75,17 @@ def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig
     else:
         run_dir = Path(args.resume).expanduser()
     run_dir, checkpoint = resolve_resume(run_dir)
-    saved = load_config(run_dir / CONFIG_FILE)
+    # the reference is the config the checkpoint was written with (recorded in it), not the run's
+    # editable config.yaml: an edit there is a change like any key=value
+    saved = config_from_dict(checkpoint_config(checkpoint), where=f"{checkpoint}/checkpoint.json")
     cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
     changes = config_diff(saved, cfg)
     frozen = [line for line in changes if line.startswith(FROZEN_ON_RESUME)]
     if frozen:
         raise ResumeError(
-            f"--resume cannot change {'; '.join(frozen)}: the checkpoint's model, optimizer state and position "
-            f"in the epoch depend on them. Start a new run from its weights instead "
-            f"(model.pretrained={run_dir}/final)"
+            f"--resume cannot change {'; '.join(frozen)} (set in {run_dir / CONFIG_FILE} or on the command line): "
+            f"the checkpoint's model, optimizer state and position in the epoch depend on them. Start a new run "
+            f"from its weights instead (model.pretrained={run_dir}/final)"
         )
     return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]
 

@@ -111,6 +111,9 @@ class CheckpointSection:
     every_epochs: int = 1
     keep_last: int = 2
     save_best: bool = True  # best/ = best val top-1 of the raw weights
+    # a resume whose random states are missing or damaged is an error; true: a loud warning, and the
+    # summary records resume_exact=false
+    allow_inexact_resume: bool = False
 
 
 @dataclass

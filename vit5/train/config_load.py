@@ -59,6 +59,21 @@ def load_config(
     return cfg
 
 
+def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
+    """A config from its ``dataclasses.asdict`` form (as recorded in a checkpoint), validated
+    without checking paths.
+
+    Raises:
+        TrainConfigError: naming ``where`` the values came from.
+    """
+    if not isinstance(values, Mapping):
+        raise TrainConfigError(f"{where}: expected a mapping of sections")
+    merged = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(dict(values)), where=where)
+    cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
 def config_to_yaml(cfg: TrainConfig) -> str:
     """The full config (every setting, defaults included) as YAML, loadable by :func:`load_config`."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

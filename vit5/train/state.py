@@ -26,6 +26,21 @@ class TrainState:
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+    def load_state_dict(self, state: Any) -> None:
+        """Restore from :meth:`state_dict` output (e.g. read back from JSON).
+
+        Raises:
+            ValueError: not a mapping of exactly these fields with values of their types.
+        """
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        if not isinstance(state, dict) or set(state) != set(fields):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"expected the fields {sorted(fields)}, got {got}")
+        for name, value in state.items():
+            kind = {"int": int, "float": (int, float), "list[dict[str, Any]]": list}[str(fields[name].type)]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} is not of type {fields[name].type}")
+            if name == "history" and not all(isinstance(row, dict) for row in value):
+                raise ValueError("history must be a list of metric rows")
+        for name, value in state.items():
+            setattr(self, name, value)

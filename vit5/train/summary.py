@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vit5.files import atomic_write_json, atomic_write_text
 from vit5.train.rundir import SUMMARY_JSON, SUMMARY_TXT
 
 _MAX_LISTED_BAD_FILES = 20
@@ -51,9 +51,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"  skipped files    {summary['bad_files']}",
     ]
     lines += [f"    {path}" for path in summary["bad_file_paths"][:_MAX_LISTED_BAD_FILES]]
+    if summary.get("forked_from"):
+        lines.append(f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)")
+    if summary.get("resume_exact") is False:
+        lines.append("  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)")
     return "\n".join(lines)
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
-    (run_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
-    (run_dir / SUMMARY_TXT).write_text(format_summary(summary) + "\n")
+    """``summary.json`` and ``summary.txt``, each written atomically; file names of any encoding
+    survive (escaped in JSON, backslash-escaped in the text)."""
+    atomic_write_json(run_dir / SUMMARY_JSON, summary)
+    atomic_write_text(run_dir / SUMMARY_TXT, format_summary(summary) + "\n")

@@ -23,8 +23,9 @@ from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import Dataset
 
 from vit5.data import BadImageWarning
+from vit5.files import FolderLock
 from vit5.train import rundir
-from vit5.train.checkpointing import CheckpointManager, save_model_dir
+from vit5.train.checkpointing import CheckpointManager, Resumable, save_model_dir
 from vit5.train.config import TrainConfig
 from vit5.train.curves import plot_curves
 from vit5.train.data import RunData, bad_files, build_run_data
@@ -87,24 +88,26 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        acc.register_for_checkpointing(self.state)
-        if self.ema is not None:
-            acc.register_for_checkpointing(self.ema)
+        self.resumable = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
+        self.resumed_from, self.forked_from = resume, None
+        self.resume_exact: bool | None = None
+        self.resume_warning = ""
+        self.lock: FolderLock | None = None
         if resume is None:
-            self.run_dir = rundir.create_run_dir(acc, cfg)
+            self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
-            self.run_dir = resume.parent.parent
-        self.checkpoints = CheckpointManager(acc, self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last)
-        if acc.is_main_process:
-            rundir.write_config(self.run_dir, cfg)
-        if resume is not None:
-            configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            self.checkpoints.load(resume)
-            # load_state_dict restores the saved groups' settings too: the config as run wins
-            # (weight decay, betas, eps, layer-decay scales changed on resume), the moments are kept
-            for group, settings in zip(self.optimizer.param_groups, configured):
-                group.update(settings)
-            self.schedule.start(self.state.num_updates, self.state.epoch)
+            self.run_dir, resume = self._continue_or_fork(resume)
+        self.checkpoints = CheckpointManager(
+            acc, self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, self.resumable, config=asdict(cfg)
+        )
+        try:
+            if resume is not None:
+                self._restore(resume)
+            if acc.is_main_process:
+                rundir.write_config(self.run_dir, cfg, note=self._fork_note())
+        except BaseException:
+            self.close()
+            raise
         self.parts = LoopParts(
             accelerator=acc,
             model=self.model,
@@ -119,9 +122,43 @@ class Trainer:
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
         )
-        self.resumed_from = resume
         self.last_checkpoint: Path | None = resume
         self._wall_base = self.state.wall_seconds
+
+    def _restore(self, checkpoint: Path) -> None:
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
+        self.resume_exact, self.resume_warning = restored.exact, restored.warning
+        # load_state_dict restores the saved groups' settings too: the config as run wins
+        # (weight decay, betas, eps, layer-decay scales changed on resume), the moments are kept
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)
+        self.schedule.start(self.state.num_updates, self.state.epoch)
+
+    def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
+        """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
+        run_dir, acc = checkpoint.parent.parent, self.accelerator
+        newer = rundir.newer_checkpoints(checkpoint)
+        if not newer:
+            self.lock = rundir.lock_run_dir(acc, run_dir)
+            return run_dir, checkpoint
+        new_dir, copy, self.lock = rundir.fork_run_dir(acc, run_dir, checkpoint)
+        self.forked_from = (checkpoint, [c.name for c in newer])
+        return new_dir, copy
+
+    def _fork_note(self) -> str:
+        if self.forked_from is None:
+            return ""
+        checkpoint, newer = self.forked_from
+        return (
+            f"forked from {checkpoint}: {checkpoint.parent.parent} has newer checkpoints ({', '.join(newer)}),\n"
+            f"which stay untouched; this run continues from {checkpoint.name} in {self.run_dir}"
+        )
+
+    def close(self) -> None:
+        """Release the run directory (done at the end of :meth:`fit`; call it for a Trainer never fitted)."""
+        if self.lock is not None:
+            self.lock.release()
 
     # ------------------------------------------------------------------------------ running
     def fit(self) -> dict[str, Any]:
@@ -130,8 +167,14 @@ class Trainer:
         Raises:
             TrainingDiverged: the loss became NaN / inf; the last good checkpoint is kept.
         """
-        cfg, acc, state = self.cfg, self.accelerator, self.state
         self._print_header()
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def _train(self) -> dict[str, Any]:
+        cfg, acc, state = self.cfg, self.accelerator, self.state
         epochs = cfg.schedule.epochs
         try:
             while state.epoch < epochs:
@@ -222,6 +265,10 @@ class Trainer:
                 f"(epoch {self.state.epoch + 1}, batch {self.state.batch}, "
                 f"step {self.state.num_updates})"
             )
+        if self.forked_from is not None:
+            lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
+        if self.resume_warning:
+            lines.append(self.resume_warning)
         if self.state.epoch >= cfg.schedule.epochs:
             lines.append(f"nothing to train: all {cfg.schedule.epochs} epochs done (raise schedule.epochs)")
         acc.print("\n".join(lines))
@@ -261,6 +308,9 @@ class Trainer:
             train_seconds=state.train_seconds,
             train_images_per_s=state.images_seen / max(state.train_seconds, 1e-9),
             num_processes=acc.num_processes,
+            resumed_from=str(self.resumed_from) if self.resumed_from is not None else None,
+            forked_from=str(self.forked_from[0]) if self.forked_from is not None else None,
+            resume_exact=self.resume_exact,
             bad_files=len(bad),
             bad_file_paths=bad,
             config=asdict(self.cfg),
@@ -293,11 +343,10 @@ def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
             f"alone. Launch with `accelerate launch --multi_gpu --num_processes N train.py` "
             f"or `torchrun --nproc_per_node N train.py`"
         )
-    sharded = acc.distributed_type == DistributedType.FSDP or (
-        acc.distributed_type == DistributedType.DEEPSPEED and acc.state.deepspeed_plugin.zero_stage == 3
-    )
-    if sharded and cfg.ema.enabled:
+    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainConfigError(
-            "the EMA keeps a full copy of the weights, which sharded training (FSDP / DeepSpeed ZeRO-3) "
-            "does not provide; set ema.enabled=false or use DDP / ZeRO-1/2"
+            f"{acc.distributed_type.value} is not supported: vit5 writes training checkpoints in its own format "
+            f"(safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), which "
+            f"holds full, unsharded model and optimizer states. Train with DDP (accelerate launch --multi_gpu "
+            f"or torchrun), which fits every ViT-5 preset on current GPUs"
         )
