@@ -80,3 +80,17 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     ]  # one run directory, not one per process
     summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["images_seen"] == 2 * per_rank
+
+    # --resume under 2 processes: every process verifies and loads; when only rank 1's random state is
+    # damaged, both stop with one error line (neither waits at a barrier for the other)
+    (checkpoint,) = (tmp_path / "runs" / "tiny" / "checkpoints").iterdir()
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.json")) == ["rng_state_0.json", "rng_state_1.json"]
+    (checkpoint / "rng_state_1.json").write_text("{}")
+    train_py = Path(__file__).resolve().parent.parent / "train.py"
+    resume = [*command[: command.index(str(script))], str(train_py), "--resume", str(tmp_path / "runs" / "tiny"),
+              "schedule.epochs=2"]  # fmt: skip
+    resume[resume.index("--main_process_port") + 1] = str(free_port())
+    result = subprocess.run(resume, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "rng_state_1.json is damaged" in errors[0], result.stderr[-3000:]

@@ -229,7 +229,7 @@ class CheckpointManager:
         try:
             restored = self._restore(path, self.parts, allow_inexact)
         except _Damaged as err:
-            error = f"{err}{err.consequence}. {self._last_good_hint(path)}{err.alternative}"
+            error = f"{err}{err.consequence}. {last_good_hint(path)}{err.alternative}"
         except (Vit5Error, OSError) as err:
             error = user_message(err)
         _raise_agreed(self.accelerator, error, ResumeError)
@@ -266,25 +266,25 @@ class CheckpointManager:
             )  # fmt: skip
         return Restored(path, exact=True)
 
-    def _last_good_hint(self, damaged: Path) -> str:
-        """``"The last good checkpoint of this run is ...: resume with --resume ..."`` (or what to do)."""
-        for candidate in reversed(list_checkpoints(damaged.parent)):
-            if candidate == damaged:
-                continue
-            try:
-                verify_checkpoint(candidate)
-            except ResumeError:
-                continue
-            return (
-                f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume "
-                f"{candidate}` (it continues in a new run directory since newer checkpoints exist; delete "
-                f"{damaged} first to continue in place)"
-            )
-        run_dir = damaged.parent.parent
+def last_good_hint(damaged: Path) -> str:
+    """``"The last good checkpoint of this run is ...: resume with --resume ..."`` (or what to do)."""
+    for candidate in reversed(list_checkpoints(damaged.parent)):
+        if candidate == damaged:
+            continue
+        try:
+            verify_checkpoint(candidate)
+        except ResumeError:
+            continue
         return (
-            f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
-            f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
+            f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume "
+            f"{candidate}` (it continues in a new run directory since newer checkpoints exist; delete "
+            f"{damaged} first to continue in place)"
         )
+    run_dir = damaged.parent.parent
+    return (
+        f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
+        f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
+    )
 
 
 # ---------------------------------------------------------------------------------- reading checkpoints
@@ -475,8 +475,15 @@ def resolve_resume(path: Path) -> tuple[Path, Path]:
 
 
 def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
-    """The config a checkpoint was written with (as recorded in its manifest)."""
-    return read_manifest(checkpoint)["config"]
+    """The config a checkpoint was written with (as recorded in its manifest).
+
+    Raises:
+        ResumeError: no readable manifest (naming the last good checkpoint when it is damaged).
+    """
+    try:
+        return read_manifest(checkpoint)["config"]
+    except _Damaged as err:
+        raise ResumeError(f"{err}. {last_good_hint(checkpoint)}") from err
 
 
 # ---------------------------------------------------------------------------------- model directories

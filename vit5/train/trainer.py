@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 from torch.utils.data import Dataset
 
 from vit5.data import BadImageWarning
-from vit5.files import FolderLock
+from vit5.errors import StorageError
+from vit5.files import FolderLock, check_output_dir
 from vit5.train import rundir
 from vit5.train.checkpointing import CheckpointManager, Resumable, save_model_dir
 from vit5.train.config import TrainConfig
@@ -72,6 +73,7 @@ class Trainer:
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
+        _check_writable(acc, resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser())
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
@@ -333,6 +335,19 @@ class Trainer:
             f"training stopped: {error}. Nothing was saved after it. {keep} after lowering optim.lr, setting "
             f"optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
         )
+
+
+def _check_writable(acc: Accelerator, folder: Path) -> None:
+    """Fail before any work when the run's folder cannot be written (read-only, a file, disk full)."""
+    message = None
+    if acc.is_main_process:
+        try:
+            check_output_dir(folder, "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir")
+        except StorageError as err:
+            message = str(err)
+    messages = gather_object([message]) if acc.num_processes > 1 else [message]
+    if messages[0] is not None:
+        raise StorageError(messages[0])
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
