@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vit5.data.digits_seg import SegSetConfig, make_digit_segmentation
-from vit5.errors import Vit5Error, safe_console, user_message
+from vit5.errors import Vit5Error, one_line_warnings, safe_console, user_message
 from vit5.eval import (
     ClassifySettings,
     EvalError,
@@ -48,6 +48,9 @@ from vit5.eval.figures import plot_confusion
 from vit5.eval.images import parse_size
 from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
+from vit5.files import check_output_dir
+from vit5.model.footprint import DEFAULT_MAX_PARAMS
+from vit5.runtime import DEVICE_HELP, resolve_device
 
 MODEL_HELP = (
     "model spec: a vit5 checkpoint directory (raw and EMA weights are both evaluated when present), an "
@@ -71,7 +74,7 @@ def _accelerator(args: argparse.Namespace):
 
 
 def _device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    return resolve_device(name)
 
 
 def _models(args: argparse.Namespace, device: torch.device | None = None) -> list:
@@ -84,7 +87,9 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
             f"{len(per_model)} --model-args for {len(specs)} --model: give one --model-args for all models, "
             "or one per --model in the same order (an empty --model-args for a model without overrides)"
         )
-    loaded = [m for spec, items in zip(specs, per_model) for m in load_models(spec, args.weights, **parse_overrides(items))]
+    limit = {"max_params": args.max_params} if args.max_params is not None else {}
+    loaded = [m for spec, items in zip(specs, per_model)
+              for m in load_models(spec, args.weights, **parse_overrides(items), **limit)]  # fmt: skip
     for m in loaded:
         m.model.to(device or _device(getattr(args, "device", "auto")))
     return distinct_labels(loaded)
@@ -167,7 +172,9 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
                        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema")
     else:
         p.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw (default) or EMA weights")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--max-params", type=float, metavar="N",
+                   help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
     p.add_argument("--seed", type=int, default=0, help="seeds random-init models (presets without weights) and the probes")
 
 
@@ -267,10 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     safe_console()
+    one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     torch.manual_seed(getattr(args, "seed", 0))
     try:
+        if getattr(args, "device", None) is not None:
+            resolve_device(args.device)  # a bad --device fails before any work
+        if getattr(args, "out", None) is not None:
+            check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
         args.run(args)
     except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback
         parser.exit(2, f"eval: error: {user_message(err)}\n")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import TextIO
+import warnings
+from typing import Any, TextIO
 
 
 class Vit5Error(Exception):
@@ -88,3 +89,12 @@ def safe_console() -> None:
     stream: TextIO = sys.stdout
     if hasattr(stream, "reconfigure"):
         stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+
+
+def one_line_warnings() -> None:
+    """Print warnings as ``warning: MESSAGE`` (one line, no source line), as command lines should."""
+
+    def format_warning(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
+        return f"warning: {message}\n"
+
+    warnings.formatwarning = format_warning

@@ -10,7 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit5.errors import Vit5Error, safe_console, user_message
+from vit5.errors import Vit5Error, one_line_warnings, safe_console, user_message
+from vit5.files import check_output_dir
+from vit5.model.footprint import DEFAULT_MAX_PARAMS
+from vit5.runtime import DEVICE_HELP, resolve_device
 from vit5.viz import (
     VIEWS,
     MapStyle,
@@ -59,7 +62,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
                    help="input size, multiples of the patch size, non-square allowed (default: the model's own size); "
                         "images are resized to cover it and centre-cropped")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--max-params", type=float, metavar="N",
+                   help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
     p.add_argument("--max-figures", type=int, default=16, help="per-image figures and summary rows for the first N images")
     g = p.add_argument_group("maps")
     g.add_argument("--renorm", action="store_true",
@@ -104,15 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
-    import torch
-
     thresholds, source = load_thresholds(args.threshold_from) if args.threshold_from else (None, "")
     plant = None
     if args.plant_layer is not None or args.plant_at:
         if args.plant_layer is None or not args.plant_at:
             raise VizError("planting needs both --plant-layer and at least one --plant-at ROW COL")
         plant = PlantSpec(args.plant_layer, tuple(tuple(rc) for rc in args.plant_at), args.plant_scale)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = str(resolve_device(args.device))
     return RunConfig(
         out=args.out, views=frozenset(SUBCOMMANDS[args.command][0]), size=tuple(args.size) if args.size else None,
         layers=tuple(args.layers), batch_size=args.batch_size, device=device, max_figures=args.max_figures,
@@ -127,13 +130,16 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     safe_console()
+    one_line_warnings()
     args = build_parser().parse_args(argv)
+    limit = {"max_params": args.max_params} if args.max_params is not None else {}
     try:
         cfg = _config(args)
-        model = load_model_spec(args.model, parse_overrides(args.model_args), args.ema)
+        check_output_dir(args.out, "--out")
+        model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema)
         print(f"model: {model.description}")
         if args.command == "compare":
-            model_b = load_model_spec(args.model_b, parse_overrides(args.model_b_args), args.ema)
+            model_b = load_model_spec(args.model_b, {**parse_overrides(args.model_b_args), **limit}, args.ema)
             print(f"model B: {model_b.description}")
             run_compare(model, model_b, args.images, cfg)
         else:

@@ -17,6 +17,7 @@ the reason, so a data set can skip and count them instead of crashing a long run
 from __future__ import annotations
 
 import os
+import stat
 
 import cv2
 import numpy as np
@@ -84,7 +85,12 @@ def decode_image(
 
 def _read_bytes(path: str | os.PathLike[str]) -> bytes:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO named *.png must not wait forever for a writer; it is then
+        # refused as not a regular file (the flag changes nothing for regular files)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
             data = f.read()
     except OSError as e:
         raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e

@@ -14,6 +14,7 @@ in the main process count files hit by any worker. The first process to flag a f
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -198,7 +199,19 @@ def _split_dir(root: Path, split: str | None) -> Path:
 
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
-    found = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        found = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError as err:
+        raise ImageFolderError(
+            f"cannot read folder {split_dir}: {(err.strerror or str(err)).lower()}; fix its permissions"
+        ) from err
+    split_real = os.path.realpath(split_dir)
+    for name in found:  # a class folder that links to the split (or above) would hold every class
+        if _inside(split_real, os.path.realpath(split_dir / name)):
+            raise ImageFolderError(
+                f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which contains "
+                f"{split_dir} itself: remove the link"
+            )
     if not found:
         raise ImageFolderError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<image>.")
     if split is None and set(found) <= _SPLIT_NAMES:
@@ -219,14 +232,86 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
     return list(expected)
 
 
-def image_files(folder: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS) -> list[Path]:
-    """Every image under ``folder``, recursively (links followed), sorted. Hidden files and folders
-    (``.ipynb_checkpoints``, ``.DS_Store``, ...) are skipped: they are never data."""
+def image_files(
+    folder: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS, *, follow_outside: bool = False
+) -> list[Path]:
+    """Every image file under ``folder``, recursively, each file once, sorted by path.
+
+    * Links are followed, but a folder is entered once (a link loop such as ``loop -> ..`` is
+      skipped) and a link that leads outside ``folder`` is skipped unless ``follow_outside=True``
+      (a data set assembled from links elsewhere); two paths to one file give one entry.
+    * Only regular files are listed: a FIFO, socket or device named ``*.png`` is skipped and
+      never opened (opening a FIFO blocks forever).
+    * Hidden files and folders (``.ipynb_checkpoints``, ``.DS_Store``, ...) are skipped: they are
+      never data.
+
+    Skipped entries are summarised in one :class:`BadImageWarning`. File names of any encoding
+    are kept as Python keeps them (undecodable bytes as surrogates), so paths round-trip.
+
+    Raises:
+        ImageFolderError: a folder under ``folder`` (or ``folder`` itself) cannot be listed.
+    """
     suffixes = {e.lower() for e in extensions}
-    files = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        files.extend(
-            Path(dirpath, f) for f in filenames if not f.startswith(".") and os.path.splitext(f)[1].lower() in suffixes
+    root = os.path.realpath(folder)
+    visited: set[tuple[int, int]] = set()
+    found: list[tuple[str, tuple[int, int]]] = []
+    skipped: list[str] = []
+    pending = [os.fspath(folder)]
+    while pending:
+        directory = pending.pop()
+        try:
+            info = os.stat(directory)
+            if (info.st_dev, info.st_ino) in visited:
+                skipped.append(f"{directory} (a link back to a folder already listed)")
+                continue
+            visited.add((info.st_dev, info.st_ino))
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as err:
+            raise ImageFolderError(
+                f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
+                f"(e.g. chmod a+rx) or move it out of {folder}"
+            ) from err
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_symlink() and not follow_outside and not _inside(os.path.realpath(entry.path), root):
+                skipped.append(f"{entry.path} (a link to {os.path.realpath(entry.path)}, outside {folder})")
+                continue
+            try:
+                if entry.is_dir():
+                    pending.append(entry.path)
+                    continue
+                if os.path.splitext(entry.name)[1].lower() not in suffixes:
+                    continue
+                info = entry.stat()
+            except OSError:
+                skipped.append(f"{entry.path} (a broken link)")
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
+                continue
+            found.append((entry.path, (info.st_dev, info.st_ino)))
+    files, seen = [], set()
+    for path, key in sorted(found):
+        if key not in seen:
+            seen.add(key)
+            files.append(Path(path))
+    if skipped:
+        warnings.warn(
+            f"skipped {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} under {folder}: {skipped[0]}"
+            + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""),
+            BadImageWarning,
+            stacklevel=2,
         )
-    return sorted(files)
+    return files
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a file")

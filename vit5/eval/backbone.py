@@ -10,6 +10,7 @@ Feature names are ``blocks.{i}.patches``, ``blocks.{i}.cls`` and ``blocks.{i}.re
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 from ..model import ViT5, unwrap_model
+from ..model.footprint import BIG_TOKEN_COUNT, forward_bytes
+from ..runtime import check_fits
 from .errors import EvalError
 
 
@@ -85,6 +88,34 @@ def check_input(info: BackboneInfo, size: tuple[int, int]) -> None:
         )
 
 
+class LargeInputWarning(UserWarning):
+    """An input of so many tokens that a forward takes long (attention cost grows with their square)."""
+
+
+def check_forward_memory(
+    patch_size: int, width: int, batch: int, size: tuple[int, int], device: torch.device | str
+) -> None:
+    """Refuse a forward whose activations cannot fit on ``device``; warn (once per size) for inputs of
+    more than :data:`~vit5.model.footprint.BIG_TOKEN_COUNT` tokens."""
+    tokens = (size[0] // patch_size) * (size[1] // patch_size)
+    check_fits(
+        forward_bytes(batch, tokens, width), device,
+        f"a forward of {batch} image(s) at {size[0]}x{size[1]} ({tokens:,} tokens each)",
+        "use a smaller size (--size, or --max-side for images at their own size) or a smaller batch",
+    )  # fmt: skip
+    if tokens > BIG_TOKEN_COUNT and size not in _WARNED_SIZES:
+        _WARNED_SIZES.add(size)
+        warnings.warn(
+            f"input {size[0]}x{size[1]} has {tokens:,} tokens: attention cost grows with their square, so this "
+            f"is slow (minutes per image on a CPU); --max-side or --size limits it",
+            LargeInputWarning,
+            stacklevel=3,
+        )
+
+
+_WARNED_SIZES: set[tuple[int, int]] = set()
+
+
 def feature_names(info: BackboneInfo, blocks: Sequence[int]) -> list[str]:
     names = []
     for b in blocks:
@@ -102,6 +133,7 @@ def dense_features(
 ) -> dict[str, torch.Tensor]:
     """``{name: [B, ...]}`` for the (absolute, sorted) ``blocks``; ``norm`` applies the final norm."""
     check_input(info, tuple(images.shape[-2:]))
+    check_forward_memory(info.patch_size, info.embed_dim, images.shape[0], tuple(images.shape[-2:]), images.device)
     outputs = model.forward_intermediates(
         images, indices=list(blocks), return_prefix_tokens=True, norm=norm, stop_early=True,
         output_fmt="NCHW", intermediates_only=True,

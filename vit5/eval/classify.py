@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
 
-from .backbone import patch_size_of
+from .backbone import check_forward_memory, patch_size_of
 from .errors import EvalError
 from .images import LabelledImages, bad_file_reason, check_patch_multiple
 from .load import LoadedModel
@@ -106,6 +106,8 @@ def evaluate(
     patch = patch_size_of(loaded.model)
     if patch is not None:
         check_patch_multiple(size, patch)
+        width = getattr(loaded.model, "embed_dim", None) or getattr(loaded.model, "num_features", 0)
+        check_forward_memory(patch, int(width), settings.batch_size, size, accelerator.device)
     crop = settings.crop_ratio or loaded.crop_pct
     transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
     images = LabelledImages(dataset.samples, transform, size)

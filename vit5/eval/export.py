@@ -11,7 +11,9 @@ and modification time. A rerun therefore skips exactly the images whose file is 
 same run and of an unchanged source, recomputes the rest, and rebuilds the manifest (itself
 written atomically, also every ``manifest_every_s`` seconds) from the files. Features made with
 other settings or another model are refused rather than mixed (``overwrite=True`` replaces them).
-Use one writer per folder.
+The settings are checked before anything is written, so a bad size leaves nothing that blocks the
+corrected rerun. One writer per folder: a second export into the same folder stops with an error
+naming the first (:class:`vit5.files.FolderLock`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from safetensors.torch import load_file, save
 from torch import nn
 from tqdm.auto import tqdm
 
-from .backbone import block_indices, describe, feature_names
+from ..files import FolderLock, check_output_dir
+from .backbone import block_indices, check_input, describe, feature_names
 from .errors import EvalError, read_json
 from .features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
-from .images import list_images
+from .images import check_patch_multiple, list_images
 from .load import LoadedModel
 from .report import to_jsonable, write_json
 
@@ -83,13 +86,29 @@ def export_features(
     progress: bool = True,
     manifest_every_s: float = 30.0,
 ) -> ExportSummary:
-    """Extract features for every image under ``images`` (recursive) into ``out_dir``."""
+    """Extract features for every image under ``images`` (recursive) into ``out_dir``.
+
+    Raises:
+        EvalError: bad settings, an unusable image source, or features of another run in ``out_dir``.
+        FolderLocked: another export is writing into ``out_dir``.
+    """
+    out_dir = check_output_dir(out_dir, "output folder")
+    with FolderLock(out_dir, "feature export"):
+        return _export(model, images, out_dir, settings, overwrite, progress, manifest_every_s)
+
+
+def _export(
+    model: nn.Module | LoadedModel, images: str | os.PathLike[str], out_dir: Path, settings: FeatureSettings,
+    overwrite: bool, progress: bool, manifest_every_s: float,
+) -> ExportSummary:  # fmt: skip
     start = time.perf_counter()
     root, paths = list_images(images)
-    out_dir = Path(out_dir)
     module, mean, std = resolve_model(model)
     info = describe(module)
     blocks = block_indices(info, settings.layers)
+    if settings.size is not None:  # before anything is written: a bad size leaves no manifest behind
+        check_patch_multiple(settings.size, info.patch_size)
+        check_input(info, settings.size)
     chosen = {**settings.identity(), "layers": blocks}  # absolute: -1 and 11 are the same run
     identity = to_jsonable({"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std})
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
@@ -175,7 +194,7 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     if overwrite or not manifest.is_file():
         return
     old = read_json(manifest)
-    if old.get("run_id") != run_id:
+    if old.get("run_id") != run_id and old.get("num_images", 1) > 0:  # an export that wrote nothing blocks nothing
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
         raise EvalError(
             f"{out_dir} holds features from another model or other settings ({'; '.join(changed) or 'other format'}); "

@@ -30,9 +30,10 @@ from safetensors.torch import save as save_safetensors
 from ..errors import storage_error
 from ..files import atomic_write_bytes, atomic_write_json
 from ..layers import resample_pos_embed
-from .config import ViT5Config
+from .config import ConfigError, ViT5Config
 from .convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
-from .presets import preset_config
+from .footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
+from .presets import PRESETS, preset_config
 from .vit import ViT5
 
 logger = logging.getLogger("vit5")
@@ -168,13 +169,14 @@ def safe_torch_load(
     except pickle.UnpicklingError as err:
         text = str(err)
         blocked = _BLOCKED_GLOBAL.search(text)
-        if blocked is not None:
-            what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
-        elif "Weights only load failed" in text:
+        if blocked is None:
             other = _BLOCKED_OTHER.search(text)
-            what = f"pickle instructions the safe loader refuses ({other.group(1) if other else 'not plain data'})"
-        else:
-            raise CheckpointError(f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {text})") from err
+            detail = other.group(1) if other else text.splitlines()[0]
+            raise CheckpointError(
+                f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by torch.save: "
+                f"{detail})"
+            ) from err
+        what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
         message = f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). {hint}"
         raise CheckpointError(message.rstrip()) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
@@ -259,12 +261,15 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint) -> None:
 
 
 # ---------------------------------------------------------------------------------- factories
-def create_model(name: str, pretrained: str | os.PathLike | None = None, **overrides: Any) -> ViT5:
+def create_model(
+    name: str, pretrained: str | os.PathLike | None = None, *, max_params: float = DEFAULT_MAX_PARAMS, **overrides: Any
+) -> ViT5:
     """Build preset ``name`` with config ``overrides``; optionally load weights from ``pretrained``.
 
     When ``num_classes`` is overridden and differs from the checkpoint's head, the head is reset
     (fine-tuning); the APE is resampled when ``img_size`` differs. Everything else loads strictly.
     Pass ``use_ema=True`` to take the EMA weights and ``source=`` to force a checkpoint format.
+    A model of more than ``max_params`` parameters is refused before it is allocated.
     """
     use_ema = overrides.pop("use_ema", False)
     source = overrides.pop("source", None)
@@ -275,31 +280,98 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, **overr
             )
         ckpt = read_checkpoint(pretrained, use_ema=use_ema, source=source)
         if ckpt.config is not None:  # our directory format knows its own architecture
-            cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)
-            named = preset_config(name, **overrides)
-            if named.embed_dim != cfg.embed_dim:
-                raise CheckpointError(
-                    f"{pretrained} holds a model of width {cfg.embed_dim}, not {name} (width {named.embed_dim}): "
-                    "name the preset it was trained as, or use vit5.load_model(path), which reads the architecture"
-                )
+            cfg = _stored_config(ckpt, overrides)
+            _check_named_preset(name, cfg, pretrained, overrides)
         else:
             cfg = preset_config(name, **overrides)
-        return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides)
-    return ViT5(preset_config(name, **overrides))
+        return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
+    cfg = preset_config(name, **overrides)
+    check_size(cfg, max_params)
+    return ViT5(cfg)
 
 
-def load_model(path: str | os.PathLike, source: Source | None = None, use_ema: bool = False, **overrides: Any) -> ViT5:
+def load_model(
+    path: str | os.PathLike,
+    source: Source | None = None,
+    use_ema: bool = False,
+    *,
+    max_params: float = DEFAULT_MAX_PARAMS,
+    **overrides: Any,
+) -> ViT5:
     """Load any supported checkpoint without naming a preset: the architecture comes from
-    ``config.json`` (our format) or is inferred from the tensor shapes (official / timm)."""
+    ``config.json`` (our format) or is inferred from the tensor shapes (official / timm). A model of
+    more than ``max_params`` parameters is refused before it is allocated."""
     ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
     if ckpt.config is not None:
-        cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)
+        cfg = _stored_config(ckpt, overrides)
     else:
         cfg = config_from_checkpoint(ckpt.state_dict, ckpt.source, **overrides)
-    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides)
+    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
 
 
-def _build_and_load(cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool) -> ViT5:
+def _stored_config(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViT5Config:
+    """The architecture recorded in a directory's ``config.json``, with ``overrides``; any malformed
+    value (a list, a wrong type, NaN, a negative size) is a ConfigError naming the file."""
+    config_file = Path(ckpt.path) / CONFIG_NAME
+    try:
+        stored = ViT5Config.from_dict(ckpt.config)  # type: ignore[arg-type]
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from err
+    # the weights were saved from this very config: a config.json edited (or mixed up) to describe
+    # another model is refused here, before a model of its size is allocated
+    described = parameter_count(stored)
+    held = sum(t.numel() for k, t in ckpt.state_dict.items() if not k.endswith(("rope.freqs", "rope_reg.freqs")))
+    if described != held:
+        raise ConfigError(
+            f"{config_file} describes a model of {described:,} parameters, but its weights hold {held:,}: the "
+            f"config does not belong to these weights (edited, or copied from another run)"
+        )
+    try:
+        return stored.replace(**overrides)
+    except ConfigError as err:
+        raise ConfigError(f"{config_file} with overrides {overrides}: {err}") from err
+
+
+_FAMILY_FIELDS = ("embed_dim", "norm", "qkv_bias", "qk_norm", "rope", "num_registers")
+
+
+def _family(cfg: ViT5Config) -> tuple:
+    return (*(getattr(cfg, f) for f in _FAMILY_FIELDS), cfg.layer_scale is None)
+
+
+def _check_named_preset(name: str, cfg: ViT5Config, pretrained: Any, overrides: dict[str, Any]) -> None:
+    """The directory's config wins (its depth, registers, ...), but naming another family or width
+    than the one it holds is an error: ``deit3_tiny`` on a ``vit5_tiny`` directory would otherwise
+    silently give a ViT-5."""
+    named = preset_config(name, **overrides)
+    if named.embed_dim != cfg.embed_dim:
+        raise CheckpointError(
+            f"{pretrained} holds a model of width {cfg.embed_dim}, not {name} (width {named.embed_dim}): "
+            "name the preset it was trained as, or use vit5.load_model(path), which reads the architecture"
+        )
+    if _family(named) == _family(cfg):
+        return
+    matching = []
+    for other in PRESETS:
+        try:
+            if _family(preset_config(other, **overrides)) == _family(cfg):
+                matching.append(other)
+        except ConfigError:
+            continue
+    if matching:
+        differ = [
+            f"{f}={getattr(cfg, f)!r} (not {getattr(named, f)!r})"
+            for f in _FAMILY_FIELDS
+            if getattr(cfg, f) != getattr(named, f)
+        ]
+        raise CheckpointError(
+            f"{pretrained} holds a {matching[0]}, not a {name}: {', '.join(differ)}. Name the preset it was "
+            f"trained as ({matching[0]}), or use vit5.load_model(path), which reads the architecture"
+        )
+
+
+def _build_and_load(cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool, max_params: float) -> ViT5:
+    check_size(cfg, max_params, source=ckpt.path)
     model = ViT5(cfg)
     report = load_weights(model, ckpt, ignore_head=ignore_head)
     model.load_report = report

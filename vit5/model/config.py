@@ -112,6 +112,14 @@ class ViT5Config:
         for name in ("drop_path_rate", "drop_rate"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("mlp_ratio", "norm_eps", "rope_theta", "register_rope_theta"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                fail(f"{name} must be a positive finite number, got {value}")
+        if self.layer_scale is not None and not math.isfinite(self.layer_scale):
+            fail(f"layer_scale must be finite or None (off), got {self.layer_scale}")
+        if self.rope_ref_grid is not None and min(self.rope_ref_grid) < 1:
+            fail(f"rope_ref_grid sides must be positive, got {self.rope_ref_grid}")
         if self.layer_scale is not None and self.layer_scale <= 0:
             fail(f"layer_scale must be positive or None (off), got {self.layer_scale}")
         if self.rope_ref_grid is not None and len(self.rope_ref_grid) != 2:
@@ -173,6 +181,10 @@ class ViT5Config:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViT5Config:
+        """A config from :meth:`to_dict` output (e.g. read from a ``config.json``); anything else,
+        a list, a wrong type, NaN, a negative size, is a :class:`ConfigError`."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"a {cls.__name__} must be a mapping of field names to values, not {type(values).__name__}")
         check_keys(values, cls)
         return cls(**values)
 

@@ -99,7 +99,10 @@ def checkpoint_dir(path: Path) -> Path:
 
 
 def load_spec(spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False) -> LoadedModel:
-    """Build the model a spec names (see the module docstring), in eval mode."""
+    """Build the model a spec names (see the module docstring), in eval mode.
+
+    ``overrides`` may hold ``max_params``, the size limit of :func:`vit5.create_model` (vit5 models).
+    """
     overrides = dict(overrides or {})
     try:
         if spec.startswith(TIMM_PREFIX):
@@ -166,6 +169,7 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
         raise ModelSpecError(f"checkpoint {weights_path} does not exist")
     if use_ema and not weights_path:
         raise ModelSpecError(f"{spec} has random weights, so no EMA weights: add @CHECKPOINT or drop the EMA option")
+    overrides.pop("max_params", None)  # vit5's size limit; timm builds its own named architectures
     try:
         model = timm.create_model(name, pretrained=False, **{"dynamic_img_size": True, **overrides})
     except TypeError:  # a family without dynamic sizes: build it as asked

@@ -28,6 +28,7 @@ class ModelSection:
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
     compile: bool = False  # torch.compile the model
+    max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import vit5
+from vit5.model.footprint import check_size
 from vit5.train.config import TrainConfig
 from vit5.train.errors import TrainConfigError
 
@@ -34,6 +35,7 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         ("model.img_size", cfg.model.img_size, lambda v: v > 0, "> 0"),
         ("model.num_classes", cfg.model.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
         ("model.drop_path_rate", cfg.model.drop_path_rate, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("model.max_params", cfg.model.max_params, lambda v: v > 0, "> 0"),
         ("data.batch_size", cfg.data.batch_size, lambda v: v >= 1, ">= 1"),
         ("data.eval_batch_size", cfg.data.eval_batch_size, lambda v: v is None or v >= 1, ">= 1 or null"),
         ("data.num_workers", cfg.data.num_workers, lambda v: v >= 0, ">= 0"),
@@ -119,12 +121,16 @@ def _model_overrides(cfg: TrainConfig) -> list[str]:
     if taken:
         return [f"model.overrides.{k} duplicates model.{k}; set model.{k} instead" for k in sorted(taken)]
     try:
-        vit5.preset_config(
+        model_cfg = vit5.preset_config(
             cfg.model.name,
             img_size=cfg.model.img_size,
             drop_path_rate=cfg.model.drop_path_rate,
             **cfg.model.overrides,
         )
+        if cfg.model.pretrained is None:  # a checkpoint's own size is checked when it is read
+            check_size(
+                model_cfg.replace(num_classes=cfg.model.num_classes or 0), cfg.model.max_params, "the config"
+            )
     except (vit5.ConfigError, TypeError, ValueError) as e:
         return [
             f"model (preset {cfg.model.name} with img_size={cfg.model.img_size}, "

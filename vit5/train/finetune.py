@@ -33,6 +33,7 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
             cfg.name,
             pretrained=Path(str(cfg.pretrained)).expanduser(),
             use_ema=cfg.pretrained_ema,
+            max_params=cfg.max_params,
             **overrides,
         )
     except vit5.CheckpointError as e:

@@ -24,6 +24,7 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
             img_size=cfg.img_size,
             num_classes=num_classes,
             drop_path_rate=cfg.drop_path_rate,
+            max_params=cfg.max_params,
             **cfg.overrides,
         )
     if cfg.grad_checkpointing:

@@ -25,6 +25,8 @@ from torch.utils.data import Dataset
 from vit5.data import BadImageWarning
 from vit5.errors import StorageError
 from vit5.files import FolderLock, check_output_dir
+from vit5.model.footprint import num_tokens, training_bytes
+from vit5.runtime import check_fits
 from vit5.train import rundir
 from vit5.train.checkpointing import CheckpointManager, Resumable, save_model_dir
 from vit5.train.config import TrainConfig
@@ -78,6 +80,7 @@ class Trainer:
 
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         model, self.model_description, self.load_report = build_model(cfg.model, len(self.data.class_names))
+        _check_memory(acc, cfg, model)
         self.raw_model = model.to(acc.device)
         self.ema = build_ema(self.raw_model, cfg.ema)
         micro = len(self.data.train_loader)
@@ -335,6 +338,20 @@ class Trainer:
             f"training stopped: {error}. Nothing was saved after it. {keep} after lowering optim.lr, setting "
             f"optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
         )
+
+
+def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
+    """Refuse a run whose weights, optimizer states and kept activations cannot fit on the device
+    (a lower bound: a run refused here could never have trained)."""
+    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
+    need = training_bytes(model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
+    tokens = num_tokens(model.cfg)
+    check_fits(
+        need, acc.device,
+        f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with data.batch_size="
+        f"{cfg.data.batch_size}",
+        "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
+    )  # fmt: skip
 
 
 def _check_writable(acc: Accelerator, folder: Path) -> None:

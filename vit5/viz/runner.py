@@ -22,6 +22,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..model.footprint import attention_bytes
+from ..runtime import check_fits
 from .adapters import ModelInfo, check_input_size, describe, resolve_layers
 from .collect import CollectConfig, collect
 from .errors import VizError
@@ -93,6 +95,7 @@ def _prepare(loaded: LoadedModel, cfg: RunConfig, size: tuple[int, int] | None =
     info = describe(loaded.model)
     size = tuple(size or cfg.size or info.img_size)
     check_input_size(info, size)
+    check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
     layers = resolve_layers(info.depth, list(cfg.layers))
     if cfg.require_registers and info.num_registers == 0:
         raise VizError(
@@ -110,7 +113,20 @@ def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunCon
     return images
 
 
+def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
+    """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of a
+    block, in float32) cannot fit on ``device``, with the estimate."""
+    tokens = (size[0] // info.patch_size) * (size[1] // info.patch_size) + int(info.has_cls) + info.num_registers
+    check_fits(
+        attention_bytes(batch, info.num_heads, tokens), device,
+        f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} ({tokens:,} tokens, "
+        f"{info.num_heads} heads: {tokens:,} x {tokens:,} weights per head)",
+        "use a smaller --size" + (" or --batch-size 1" if batch > 1 else ""),
+    )  # fmt: skip
+
+
 def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int) -> TokenStats:
+    check_recording_memory(describe(loaded.model), images[0].rgb.shape[:2], min(cfg.batch_size, len(images)), cfg.device)
     collect_cfg = CollectConfig(cfg.batch_size, cfg.device, keep_features=features, progress=cfg.progress)
     with plant_artifacts(loaded.model, cfg.plant) if cfg.plant else nullcontext():
         return collect(loaded.model, images, loaded.label, collect_cfg)
