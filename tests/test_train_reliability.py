@@ -19,9 +19,10 @@ import torch
 from safetensors.torch import load_file
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
-from vit5.errors import StorageError
+import vit5.runtime
+from vit5.errors import StorageError, Vit5Error
 from vit5.files import LOCK_NAME
-from vit5.train import ResumeError, Trainer, cli
+from vit5.train import ResumeError, TrainConfigError, Trainer, cli
 from vit5.train.checkpointing import list_checkpoints, save_model_dir
 
 RUN_ARGS = ("checkpoint.every_steps=10",)  # checkpoints at steps 10, 20, 30, 40 and 44 (the epoch end)
@@ -232,3 +233,14 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1
     assert "read-only file system" in err and str(tmp_path / "ro") in err
+
+
+def test_a_model_or_a_step_too_large_is_refused_before_allocation(tmp_path, monkeypatch):
+    with pytest.raises(TrainConfigError, match=r"depth 100000.*model\.max_params"):
+        tiny_config(tmp_path, "model.overrides.depth=100000")
+    assert tiny_config(tmp_path, "model.overrides.depth=100000", "model.max_params=1e12").model.max_params == 1e12
+    monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 2**20)  # 1 MiB left
+    with pytest.raises(Vit5Error, match=r"training vit5_tiny at 16px \(9 tokens per image\) with data.batch_size=32 "
+                                        r"needs about .* but cpu has 1.00 MiB available; lower data.batch_size"):
+        Trainer(tiny_config(tmp_path))
+    assert not (tmp_path / "tiny").exists()  # refused before the run directory was made

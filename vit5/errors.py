@@ -12,11 +12,12 @@ A leaf module: it imports nothing from vit5, so every subpackage may use it.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import sys
 import warnings
-from typing import Any, TextIO
+from typing import Any
 
 
 class Vit5Error(Exception):
@@ -82,13 +83,30 @@ def user_message(err: BaseException) -> str | None:
     return None
 
 
+def _escape_undecodable(err: UnicodeError) -> tuple[str, int]:
+    """A file name byte that is not valid in the file system's encoding (kept by Python as a
+    surrogate, U+DC80..U+DCFF) becomes ``\\xNN``, the byte itself; other characters the target
+    encoding lacks become backslash escapes."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    out = []
+    for char in err.object[err.start : err.end]:
+        code = ord(char)
+        out.append(f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else char.encode("ascii", "backslashreplace").decode())
+    return "".join(out), err.end
+
+
+ESCAPE_UNDECODABLE = "vit5.escape"  # a codec error handler: text.encode("utf-8", errors=ESCAPE_UNDECODABLE)
+codecs.register_error(ESCAPE_UNDECODABLE, _escape_undecodable)
+
+
 def safe_console() -> None:
-    """Let stdout print any file name: names that are not valid in the console's encoding (bytes
-    of another encoding, kept by Python as surrogates) are printed as backslash escapes instead
-    of raising ``UnicodeEncodeError`` after the work is done. stderr already does this."""
-    stream: TextIO = sys.stdout
-    if hasattr(stream, "reconfigure"):
-        stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    """Let stdout and stderr print any file name: bytes of another encoding (kept by Python as
+    surrogates) are printed as ``\\xNN`` escapes instead of raising ``UnicodeEncodeError`` after
+    the work is done (a strict UTF-8 locale)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
 
 
 def one_line_warnings() -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import StorageError, Vit5Error, os_error_reason, storage_error
+from .errors import ESCAPE_UNDECODABLE, StorageError, Vit5Error, os_error_reason, storage_error
 
 LOCK_NAME = ".lock"
 _STAGING = ".tmp-"
@@ -71,8 +71,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, durable: bool = True) -> Path:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8; unencodable characters become backslash escapes."""
-    return atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"), durable)
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8; file name bytes of another encoding become ``\\xNN``."""
+    return atomic_write_bytes(path, text.encode("utf-8", errors=ESCAPE_UNDECODABLE), durable)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> Path:
@@ -230,7 +230,7 @@ class FolderLock:
             "command": " ".join(sys.argv), "since": datetime.datetime.now().isoformat(timespec="seconds"),
         }  # fmt: skip
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(record).encode("utf-8", errors="backslashreplace"))
+        os.write(fd, json.dumps(record).encode("utf-8", errors=ESCAPE_UNDECODABLE))
         self._fd = fd
         return self
 
