@@ -1,6 +1,7 @@
 """The benchmark end to end at tiny sizes, the CLI, and the report's rendering of targets."""
 
 import json
+import re
 
 import pytest
 
@@ -39,20 +40,20 @@ def test_cli_runs_selected_sections(tmp_path, capsys):
     assert keys == ["kv_cache", "mlp"]
 
 
-def test_unknown_section_is_a_clear_error(tmp_path):
+def test_unknown_section_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown benchmark section.*choose from"):
         select_sections(["speed", "sped"])
-    with pytest.raises(SystemExit, match="unknown benchmark section"):
-        main(["--smoke", "--only", "nope"])
-    with pytest.raises(SystemExit, match="device must be 'cpu' or 'cuda'"):
-        main(["--smoke", "--device", "mps"])
-    with pytest.raises(SystemExit, match="threads must be at least 1"):
-        main(["--smoke", "--threads", "0"])
-    with pytest.raises(SystemExit, match="got 'cpu:x'"):
-        main(["--smoke", "--device", "cpu:x"])
     (tmp_path / "file").touch()
-    with pytest.raises(SystemExit, match="cannot write the report to --out"):
-        main(["--smoke", "--only", "kv_cache", "--out", str(tmp_path / "file")])
+    for argv, message in [
+        (["--smoke", "--only", "nope"], "unknown benchmark section"),
+        (["--smoke", "--device", "mps"], "device must be 'cpu' or 'cuda'"),
+        (["--smoke", "--threads", "0"], "threads must be at least 1"),
+        (["--smoke", "--device", "cpu:x"], "got 'cpu:x'"),
+        (["--smoke", "--only", "kv_cache", "--out", str(tmp_path / "file")], "--out .*file is a file, not a folder"),
+    ]:
+        assert main(argv) == 2  # one error line, exit status 2 like every command line
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and re.search(message, err), err
 
 
 def test_targets_are_marked_met_or_missed(tmp_path):

@@ -22,6 +22,7 @@ A leaf module (standard library only).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime
@@ -240,7 +241,8 @@ class FolderLock:
             self._fd = None
 
     def __del__(self) -> None:
-        self.release()
+        with contextlib.suppress(Exception):  # at interpreter shutdown the process exit releases it anyway
+            self.release()
 
     def __enter__(self) -> FolderLock:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self.acquire()
