@@ -8,9 +8,9 @@ kernel, layout or dtype path fails here rather than agreeing with itself.
 import pytest
 import torch
 import torch.nn.functional as F
+from test_layers_attention import reference_attention  # fp32 explicit softmax, K/V repeated for GQA
 
 import vit5
-from test_layers_attention import reference_attention  # fp32 explicit softmax, K/V repeated for GQA
 from vit5.bench.memory import measure_memory
 from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, rope_cos_sin
 
@@ -113,3 +113,41 @@ def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():
     probs = gpu_rec.attention(-1)
     torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(probs.cpu(), cpu_rec.attention(-1), rtol=1e-3, atol=1e-4)
+
+
+def test_rng_state_with_cuda_generators_survives_a_json_round_trip():
+    import json
+
+    from vit5.train.rng import capture_rng, restore_rng
+
+    torch.manual_seed(0)
+    state = json.loads(json.dumps(capture_rng()))  # what a checkpoint stores
+    assert len(state["cuda"]) == torch.cuda.device_count()
+    first = (torch.randn(8, device=DEVICE), torch.randn(8))
+    restore_rng(state)
+    torch.testing.assert_close(torch.randn(8, device=DEVICE), first[0], rtol=0, atol=0)
+    torch.testing.assert_close(torch.randn(8), first[1], rtol=0, atol=0)
+
+
+def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
+    from vit5.model.footprint import activation_bytes, training_bytes
+
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_small", num_classes=10).to(DEVICE)
+    images, labels = torch.randn(16, 3, 224, 224, device=DEVICE), torch.arange(16, device=DEVICE) % 10
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        model(images)
+    inference = torch.cuda.max_memory_allocated() - base
+    assert activation_bytes(model.cfg, batch=16) <= inference
+    for _ in range(2):  # the second step has the optimizer moments the estimate counts
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated() - base + 4 * sum(p.numel() for p in model.parameters())  # + weights
+    assert training_bytes(model.cfg, batch=16, ema=False) <= peak

@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from test_train_support import single_thread  # noqa: F401 (autouse fixture: one torch thread)
 
 import vit5
 from vit5.model import checkpoint as checkpoint_module
@@ -123,3 +124,30 @@ def test_naming_another_family_than_the_directory_holds_is_an_error(tmp_path):
     ablated = tmp_path / "ablated"  # an ablation of the family (no registers) still loads under its name
     vit5.save_pretrained(vit5.create_model("vit5_tiny", depth=2, num_registers=0), ablated)
     assert vit5.create_model("vit5_tiny", pretrained=ablated).cfg.num_registers == 0
+
+
+@pytest.mark.parametrize("switches", [{}, {"mlp": "swiglu", "num_kv_heads": 1}])
+def test_memory_estimates_are_lower_bounds_of_measured_cpu_peaks(switches):
+    import torch
+    import torch.nn.functional as F
+
+    from vit5.bench.memory import measure_memory
+    from vit5.model.footprint import training_bytes
+
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=64, patch_size=8, num_classes=10, **switches)
+    images, labels = torch.randn(4, 3, 64, 64), torch.arange(4) % 10
+    with torch.no_grad():
+        forward, _ = measure_memory(lambda: model(images))
+    assert forward.peak / 2 < activation_bytes(model.cfg, batch=4) <= forward.peak
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # allocates the two moments
+    reading, _ = measure_memory(step)
+    alive_before = 3 * 4 * sum(p.numel() for p in model.parameters())  # weights and moments, float32
+    total = reading.peak + alive_before
+    assert total / 2 < training_bytes(model.cfg, batch=4, ema=False) <= total

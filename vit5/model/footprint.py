@@ -107,9 +107,10 @@ def attention_bytes(batch: int, heads: int, tokens: int, bytes_per_value: int = 
 def training_bytes(
     cfg: ViT5Config, batch: int, bytes_per_value: int = 4, grad_checkpointing: bool = False, ema: bool = True
 ) -> int:
-    """A lower bound of a training step's memory: float32 weights, gradients and two optimizer moments
-    (AdamW, LAMB), the EMA copy, and the activations kept for the backward pass."""
-    copies = 4 + int(ema)
+    """A lower bound of the memory of a training step after the first: at the end of the forward the
+    float32 weights, the two optimizer moments (AdamW, LAMB) and the EMA copy are alive next to the
+    activations kept for the backward pass (gradients are not allocated yet)."""
+    copies = 3 + int(ema)
     acts = activation_bytes(cfg, batch, training=not grad_checkpointing, bytes_per_value=bytes_per_value)
     return copies * 4 * parameter_count(cfg) + acts
 
