@@ -1,4 +1,4 @@
-"""The progress of a run, checkpointed with the Accelerate state so ``--resume`` continues exactly."""
+"""The progress of a run, saved in every training checkpoint (as JSON) so ``--resume`` continues exactly."""
 
 from __future__ import annotations
 
