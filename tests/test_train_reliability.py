@@ -121,6 +121,14 @@ def test_resuming_an_older_checkpoint_forks_and_deletes_nothing(run):
     assert "forked from" in (fork / "summary.txt").read_text()
 
 
+def test_a_fork_that_cannot_start_leaves_no_directory(run, capsys):
+    path = ckpt(run, 20) / "optimizer.pt"
+    path.write_bytes(path.read_bytes()[:-1])
+    status, err = resume(ckpt(run, 20), capsys=capsys)
+    assert status == 2 and f"{path} is damaged" in err
+    assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]
+
+
 def test_resuming_the_latest_checkpoint_continues_in_place(run):
     trainer = Trainer(tiny_config(run.parent, *RUN_ARGS, "schedule.epochs=2"), resume=ckpt(run, 44))
     assert trainer.run_dir == run and not (run.parent / "tiny-2").exists()

@@ -11,6 +11,7 @@ barriers) runs on all processes.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import warnings
 from dataclasses import asdict
@@ -98,20 +99,23 @@ class Trainer:
         self.resume_exact: bool | None = None
         self.resume_warning = ""
         self.lock: FolderLock | None = None
+        self.last_checkpoint: Path | None = None  # the newest complete checkpoint of this run directory
         if resume is None:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
-            self.run_dir, resume = self._continue_or_fork(resume)
+            self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
         self.checkpoints = CheckpointManager(
             acc, self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, self.resumable, config=asdict(cfg)
         )
         try:
             if resume is not None:
-                self._restore(resume)
+                self._restore(resume)  # the original: errors name it and the last good one of its run
             if acc.is_main_process:
                 rundir.write_config(self.run_dir, cfg, note=self._fork_note())
         except BaseException:
             self.close()
+            if self.forked_from is not None and acc.is_main_process:  # a fork that never started: nothing to keep
+                shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.parts = LoopParts(
             accelerator=acc,
@@ -127,7 +131,6 @@ class Trainer:
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
         )
-        self.last_checkpoint: Path | None = resume
         self._wall_base = self.state.wall_seconds
 
     def _restore(self, checkpoint: Path) -> None:
