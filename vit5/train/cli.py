@@ -6,10 +6,12 @@
 * ``--resume DIR``: continue the run in ``DIR`` (or the checkpoint ``DIR/checkpoints/ckpt-N``)
   exactly where its last checkpoint left it, with the run's own ``config.yaml`` (``key=value``
   may still change settings, e.g. ``schedule.epochs``); ``--resume`` alone continues
-  ``run.output_dir/run.name`` of the config.
+  ``run.output_dir/run.name`` of the config. An older checkpoint (newer ones exist) continues in
+  a new run directory ``DIR-2``; nothing of ``DIR`` is changed.
 
-Launch on several GPUs / nodes with ``accelerate launch train.py ...``. Errors in the config or
-data exit with status 2 and a message naming the fix; a diverged run exits with status 1.
+Launch on several GPUs / nodes with ``accelerate launch train.py ...``. User errors (config, data,
+a damaged checkpoint, a full or read-only disk, a run in use) exit with status 2 and one ``error:``
+line naming the fix; a diverged run exits with status 1.
 """
 
 from __future__ import annotations
