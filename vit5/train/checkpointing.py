@@ -184,7 +184,8 @@ class CheckpointManager:
         errors_seen = gather_object([error]) if acc.num_processes > 1 else [error]
         if any(errors_seen) and acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
-        _raise_agreed(acc, next((e for e in errors_seen if e), None))
+        first = next((e for e in errors_seen if e), None)
+        _raise_agreed(acc, f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)" if first else None)
         self.newest_written = num_updates
         return final
 
