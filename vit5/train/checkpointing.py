@@ -154,7 +154,6 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.parts = parts
         self.config = config
-        self.newest_written = -1  # the newest checkpoint this session wrote: pruning never goes past it
 
     # ---------------------------------------------------------------------------------- saving
     def save(self, num_updates: int) -> Path:
@@ -186,7 +185,6 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
         first = next((e for e in errors_seen if e), None)
         _raise_agreed(acc, f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)" if first else None)
-        self.newest_written = num_updates
         return final
 
     def _publish(self, tmp: Path, final: Path, num_updates: int, state: TrainState, files: dict[str, bytes]) -> None:
@@ -211,6 +209,8 @@ class CheckpointManager:
         self._prune(num_updates)
 
     def _prune(self, newest: int) -> None:
+        """Keep ``keep_last`` checkpoints up to ``newest`` (just written by this session); never touch a
+        newer one (there is none in a run continued in place, and a fork starts a new directory)."""
         for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         mine_or_older = [c for c in list_checkpoints(self.directory) if checkpoint_number(c) <= newest]
@@ -267,20 +267,24 @@ class CheckpointManager:
             )  # fmt: skip
         return Restored(path, exact=True)
 
+
 def last_good_hint(damaged: Path) -> str:
     """``"The last good checkpoint of this run is ...: resume with --resume ..."`` (or what to do)."""
-    for candidate in reversed(list_checkpoints(damaged.parent)):
+    checkpoints = list_checkpoints(damaged.parent)
+    for candidate in reversed(checkpoints):
         if candidate == damaged:
             continue
         try:
             verify_checkpoint(candidate)
         except ResumeError:
             continue
-        return (
-            f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume "
-            f"{candidate}` (it continues in a new run directory since newer checkpoints exist; delete "
-            f"{damaged} first to continue in place)"
-        )
+        hint = f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume {candidate}`"
+        if candidate != checkpoints[-1]:
+            hint += (
+                f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} first "
+                f"to continue in place)"
+            )
+        return hint
     run_dir = damaged.parent.parent
     return (
         f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
