@@ -10,6 +10,7 @@ modern component switchable, plus training, evaluation and visualisation.
 Importing the package registers every preset in timm (``timm.create_model("vit5_small")``).
 """
 
+from .errors import Vit5Error
 from .model import (
     PRESETS,
     CheckpointError,
@@ -35,5 +36,6 @@ register_presets()
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "create_model", "list_presets", "load_model", "preset_config", "read_checkpoint", "record", "save_pretrained",
+    "Vit5Error", "create_model", "list_presets", "load_model", "preset_config", "read_checkpoint", "record",
+    "save_pretrained",
 ]
