@@ -75,7 +75,17 @@ def save_pretrained(
     ema_state_dict: dict[str, torch.Tensor] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically."""
+    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically.
+
+    A model fused by :func:`vit5.fuse_for_inference` is refused: its tensors no longer follow the
+    layout its config describes (gains folded into weights, LayerScale and norm gains gone).
+    """
+    if getattr(model, "fused_for_inference", False):
+        raise CheckpointError(
+            "this model was fused for inference (vit5.fuse_for_inference) and its weights no longer "
+            "follow the ViT-5 layout: save the model before fusing it, or keep the checkpoint it was "
+            "loaded from (fusing again after loading takes milliseconds)"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(directory / CONFIG_NAME, json.dumps({"config": model.cfg.to_dict(), **(extra or {})}, indent=2))

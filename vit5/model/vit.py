@@ -82,6 +82,7 @@ class ViT5(nn.Module):
             dict(module=f"blocks.{i}", num_chs=cfg.embed_dim, reduction=cfg.patch_size) for i in range(cfg.depth)
         ]
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+        self.fused_for_inference = False  # set by vit5.fuse_for_inference: eval only from then on
         self.init_weights()
 
     # ------------------------------------------------------------------ init and metadata
@@ -284,6 +285,15 @@ class ViT5(nn.Module):
             self.head_drop = nn.Identity()
             self.reset_classifier(0, "")
         return taken
+
+    def train(self, mode: bool = True) -> ViT5:
+        if mode and self.fused_for_inference:
+            raise RuntimeError(
+                "this model was fused for inference (vit5.fuse_for_inference folded its LayerScale and "
+                "norm gains into the linear layers) and cannot be trained: load the unfused weights again "
+                "(vit5.load_model / create_model) to train or fine-tune"
+            )
+        return super().train(mode)
 
     # ------------------------------------------------------------------ timm contract helpers
     @torch.jit.ignore
