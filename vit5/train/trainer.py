@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import Dataset
 
+from vit5 import compile_blocks
 from vit5.data import BadImageWarning
 from vit5.train import rundir
 from vit5.train.checkpointing import CheckpointManager, save_model_dir
@@ -83,7 +84,10 @@ class Trainer:
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
         optimizer = build_optimizer(self.raw_model, cfg.optim, peak_lr(cfg.optim, self.global_batch))
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
-        compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
+        if cfg.model.compile == "regional":
+            compiled = compile_blocks(self.raw_model)  # in place: the raw model's blocks run compiled
+        else:
+            compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
