@@ -79,6 +79,11 @@ class ThroughputRun:
         }
 
 
+def trains(model: nn.Module) -> bool:
+    """Whether a model has a training step (one fused for inference does not)."""
+    return not getattr(getattr(model, "_orig_mod", model), "fused_for_inference", False)
+
+
 def measure_throughput(
     models: Mapping[str, nn.Module],
     img_size: int,
@@ -89,7 +94,10 @@ def measure_throughput(
     modes: tuple[str, ...] = MODES,
     num_classes: int = 1000,
 ) -> ThroughputRun:
-    """Images/s of every model for each of ``modes`` ("forward", "train") on random images."""
+    """Images/s of every model for each of ``modes`` ("forward", "train") on random images.
+
+    Models fused for inference are timed in the forward rounds only.
+    """
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown throughput modes {sorted(unknown)}: use {MODES}")
@@ -103,7 +111,8 @@ def measure_throughput(
         if mode == "forward":
             steps = {name: forward_step(m.to(device), images, amp) for name, m in models.items()}
         else:
-            steps = {name: train_step(m.to(device), images, labels, amp) for name, m in models.items()}
+            trained = {name: m for name, m in models.items() if trains(m)}
+            steps = {name: train_step(m.to(device), images, labels, amp) for name, m in trained.items()}
         samples[mode] = measure(steps, timing, sync)
         del steps
     for model in models.values():
