@@ -66,8 +66,9 @@ class OpBreakdown:
         return {"seconds": self.seconds, "top_elementwise": [list(item) for item in self.top_elementwise]}
 
 
-def op_breakdown(step: Callable[[], object], device: torch.device | str = "cpu", calls: int = 3,
-                 top: int = 5) -> OpBreakdown:
+def op_breakdown(
+    step: Callable[[], object], device: torch.device | str = "cpu", calls: int = 3, top: int = 5
+) -> OpBreakdown:
     """Profile ``calls`` runs of ``step`` one by one (after an untimed run) and return the run with
     the median total: a run in which the process was descheduled inflates whichever op was running."""
     on_cuda = torch.device(device).type == "cuda"
