@@ -2,7 +2,7 @@
 
 - ``smoke``: tiny models (depth 2, 32 px), a couple of rounds; seconds. For tests and CI.
 - ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
-  tokens; a few minutes on 2 CPU cores.
+  tokens; about 20 minutes on 2 idle CPU cores (inductor compilation included).
 - ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
 """
 
