@@ -179,7 +179,8 @@ def explicit_attention64(attn: Attention, x, cos, sin):
     def norm(t, name):
         if isinstance(attn.q_norm, torch.nn.LayerNorm):
             t = t - t.mean(-1, keepdim=True)
-            return t / torch.sqrt(t.square().mean(-1, keepdim=True) + 1e-6) * w[f"{name}.weight"] + w[f"{name}.bias"]
+            t = t / torch.sqrt(t.square().mean(-1, keepdim=True) + 1e-6)
+            return t * w[f"{name}.weight"] + w[f"{name}.bias"]
         return t / torch.sqrt(t.square().mean(-1, keepdim=True) + 1e-6) * w[f"{name}.weight"]
 
     def rotate(t):
@@ -217,12 +218,12 @@ def test_attention_gradients_equal_the_explicit_computation():
     attn = make("sdpa", kv_heads=2)
     x = torch.randn(2, 15, 64, requires_grad=True)
     cos, sin = rope_for()
-    grads = torch.autograd.grad(attn(x, (cos, sin)).square().sum(), [x, attn.q_norm.weight, attn.k_norm.weight])
+    inputs = [x, attn.q_norm.weight, attn.k_norm.weight]
+    grads = torch.autograd.grad(attn(x, (cos, sin)).square().sum(), inputs)
     x64 = x.detach().double().requires_grad_()
     attn64 = attn.double()
-    expected = torch.autograd.grad(
-        explicit_attention64(attn64, x64, cos, sin).square().sum(), [x64, attn64.q_norm.weight, attn64.k_norm.weight]
-    )
+    inputs64 = [x64, attn64.q_norm.weight, attn64.k_norm.weight]
+    expected = torch.autograd.grad(explicit_attention64(attn64, x64, cos, sin).square().sum(), inputs64)
     for got, want in zip(grads, expected):
         assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 

@@ -106,11 +106,12 @@ def _cost_by_way(
                 continue  # a fused model has no training step
             ratio = paired_ratio(samples["full" + suffix], samples["none" + suffix])
             costs[f"{way} {mode}"] = {"cost_percent": 100 * (ratio.median - 1), "ratio": ratio.to_dict()}
+            spread = f"{100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f}"
             rows.append((
                 way, mode,
                 f"{result.images_per_s(mode, 'full' + suffix):.1f}",
                 f"{result.images_per_s(mode, 'none' + suffix):.1f}",
-                f"{100 * (ratio.median - 1):+.1f}% ({100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f})",
+                f"{100 * (ratio.median - 1):+.1f}% ({spread})",
             ))
     for way in ("fused", "regional"):
         for mode in MODES:

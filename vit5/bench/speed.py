@@ -56,7 +56,7 @@ def _measure(
 ) -> tuple[ThroughputRun, dict[str, int]]:
     spec = ModelSpec(size, img_size, ctx.cfg.depth, ctx.cfg.compile_backend)
     models = {name: build_contender(name, spec) for name in names}
-    ctx.log(f"throughput {size} @ {img_size}: {', '.join(names)} (batch {batch}; compiled ones compile first)")
+    ctx.log(f"throughput {size} @ {img_size}: {', '.join(names)} (batch {batch}; compiled: compile first)")
     run = measure_throughput(models, img_size, batch, ctx.cfg.timing, ctx.cfg.device, ctx.cfg.dtype)
     return run, {name: count_parameters(m) for name, m in models.items()}
 
@@ -115,7 +115,7 @@ def _profiles(ctx: BenchContext, size: str) -> tuple[Table, dict[str, dict[str, 
                             for op, s in breakdown.top_elementwise[:4])
             rows.append((name, mode, *(f"{100 * breakdown.share(c):.1f}%" for c in CATEGORIES), top))
     columns = ("model", "step", *(f"{c} %" for c in CATEGORIES), "largest elementwise ops")
-    title = f"Where the time goes: torch.profiler self time by operator ({size} @ {cfg.img_size}, {cfg.device})"
+    title = f"Where the time goes: torch.profiler self time ({size} @ {cfg.img_size}, {cfg.device})"
     return Table(title, columns, tuple(rows)), data
 
 
@@ -168,7 +168,8 @@ def run(ctx: BenchContext) -> Section:
         rates = {mode: [r.samples[mode][n].rate(r.batch) if n in r.samples[mode] else None for n in names]
                  for mode in MODES}
         series = {mode: [q.median if q else math.nan for q in qs] for mode, qs in rates.items()}
-        errors = {mode: [(q.q1, q.q3) if q else (math.nan, math.nan) for q in qs] for mode, qs in rates.items()}
+        errors = {mode: [(q.q1, q.q3) if q else (math.nan, math.nan) for q in qs]
+                  for mode, qs in rates.items()}
         path = ctx.figure(f"throughput_{key.replace('@', '_')}.png")
         bar_chart(path, names, series, errors, title=f"{key} images/s ({cfg.device}, {cfg.dtype})",
                   ylabel="images/s")

@@ -12,7 +12,8 @@ from .rope import Rope2D, RopeTable, apply_rope, rope_angles_2d, rope_cos_sin, r
 
 __all__ = [
     "ATTENTION_BACKENDS", "Attention", "AttentionConfig", "Block", "BlockConfig", "DropPath", "KVCache",
-    "LayerKVCache", "LayerScale", "Mlp", "PatchEmbed", "RMSNorm", "Rope2D", "RopeTable", "SwiGLU", "apply_rope",
-    "causal_mask", "drop_path", "drop_path_rates", "eager_attention", "make_norm", "norm_head_groups", "resample_pos_embed",
-    "rope_angles_2d", "rope_cos_sin", "rope_frequencies", "rotate_pairs", "swiglu_hidden_dim",
+    "LayerKVCache", "LayerScale", "Mlp", "PatchEmbed", "RMSNorm", "Rope2D", "RopeTable", "SwiGLU",
+    "apply_rope", "causal_mask", "drop_path", "drop_path_rates", "eager_attention", "make_norm",
+    "norm_head_groups", "resample_pos_embed", "rope_angles_2d", "rope_cos_sin", "rope_frequencies",
+    "rotate_pairs", "swiglu_hidden_dim",
 ]

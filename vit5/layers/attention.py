@@ -158,7 +158,9 @@ class Attention(nn.Module):
             if not isinstance(rope, RopeTable):
                 rope = RopeTable.from_cos_sin(*rope, self.rope_layout)
             elif rope.layout != self.rope_layout:
-                raise ValueError(f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}")
+                raise ValueError(
+                    f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
+                )
             qk = rope.rotate(qk, token_dim=-3)
         q, k = (t.transpose(1, 2) for t in qk.split((h, h_kv), dim=2))  # [B, heads, N, d] views
         v = v.transpose(1, 2)

@@ -39,7 +39,8 @@ class _RMSNormalizeCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps))
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+        r = torch.rsqrt(mean_square.add_(eps))
         y = x * r
         ctx.save_for_backward(y, r)
         return y

@@ -168,9 +168,10 @@ class RopeTable:
             pairs = x.float().unflatten(-1, (-1, 2))
             aligned = pairs.stride(-1) == 1 and not pairs.storage_offset() % 2
             if not aligned or any(stride % 2 for stride in pairs.stride()[:-1]):
-                pairs = pairs.contiguous()  # view_as_complex needs adjacent, evenly aligned (real, imag) pairs
+                pairs = pairs.contiguous()  # view_as_complex needs adjacent, aligned (real, imag) pairs
             return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
-        cos, sin = self.cos.reshape(self.num_tokens, *trailing, -1), self.sin.reshape(self.num_tokens, *trailing, -1)
+        cos = self.cos.reshape(self.num_tokens, *trailing, -1)
+        sin = self.sin.reshape(self.num_tokens, *trailing, -1)
         xf = x.float()
         return (xf * cos + rotate_pairs(xf, self.layout) * sin).to(x.dtype)
 
