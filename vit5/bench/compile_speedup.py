@@ -24,7 +24,7 @@ import vit5
 from .context import BenchContext
 from .models import ModelSpec, build_vit5
 from .results import Section, Table
-from .throughput import MODES, autocast_context, forward_step, measure_throughput, train_step
+from .throughput import MODES, autocast_context, forward_step, measure_throughput, random_batch, train_step
 from .timing import device_sync, speedup
 
 WAYS: tuple[str, ...] = ("eager", "compiled", "regional")
@@ -54,9 +54,7 @@ def run(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     size = cfg.compile_size
     spec = ModelSpec(size, cfg.img_size, cfg.depth, cfg.compile_backend)
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=generator).to(cfg.device)
-    labels = torch.randint(0, 1000, (cfg.batch,), generator=generator).to(cfg.device)
+    images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
     amp = autocast_context(cfg.device, cfg.dtype)
     sync = device_sync(cfg.device)
     models = {way: _build(way, spec).to(cfg.device) for way in WAYS}

@@ -14,14 +14,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from .context import BenchContext
 from .models import CONTENDERS, EAGER_CONTENDERS, ModelSpec, build_contender, count_parameters
 from .op_profile import CATEGORIES, OpBreakdown, op_breakdown
 from .plots import bar_chart
 from .results import Section, Table, Target
-from .throughput import MODES, ThroughputRun, autocast_context, forward_step, measure_throughput, train_step
+from .throughput import (
+    MODES,
+    ThroughputRun,
+    autocast_context,
+    forward_step,
+    measure_throughput,
+    random_batch,
+    train_step,
+)
 from .timing import speedup
 
 YARDSTICK = "timm_vit"
@@ -97,9 +103,7 @@ def _profiles(ctx: BenchContext, size: str) -> tuple[Table, dict[str, dict[str, 
     """Operator breakdown of one forward and one training step of each eager contender."""
     cfg = ctx.cfg
     spec = ModelSpec(size, cfg.img_size, cfg.depth, cfg.compile_backend)
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=generator).to(cfg.device)
-    labels = torch.randint(0, 1000, (cfg.batch,), generator=generator).to(cfg.device)
+    images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
     amp = autocast_context(cfg.device, cfg.dtype)
     rows, data = [], {}
     ctx.log(f"operator profile of {', '.join(PROFILED)} ({size} @ {cfg.img_size})")

@@ -79,6 +79,16 @@ class ThroughputRun:
         }
 
 
+def random_batch(
+    batch: int, img_size: int, device: torch.device | str = "cpu", num_classes: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random images ``[batch, 3, img_size, img_size]`` and labels, the same in every section."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
+    labels = torch.randint(0, num_classes, (batch,), generator=generator).to(device)
+    return images, labels
+
+
 def trains(model: nn.Module) -> bool:
     """Whether a model has a training step (one fused for inference does not)."""
     return not getattr(getattr(model, "_orig_mod", model), "fused_for_inference", False)
@@ -101,9 +111,7 @@ def measure_throughput(
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown throughput modes {sorted(unknown)}: use {MODES}")
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
-    labels = torch.randint(0, num_classes, (batch,), generator=generator).to(device)
+    images, labels = random_batch(batch, img_size, device, num_classes)
     amp = autocast_context(device, dtype)
     sync = device_sync(device)
     samples: dict[str, dict[str, Samples]] = {}
