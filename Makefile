@@ -28,7 +28,8 @@ demo: setup
 	$(PY) -m viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96 128 --out $(DEMO_RUN)/viz
 
 # On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
-# compile, KV-cache allocation) and the GPU benchmark sections, in one short run.
+# one-pass QK-norm + RoPE, fuse_for_inference, compile and regional compile, KV-cache allocation) and
+# the GPU benchmark sections (eager, fused, regional-compiled vit5 vs timm and the reference), in one run.
 gpu-check: setup
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
 	$(PY) -m pytest -q tests/test_cuda.py

@@ -25,10 +25,19 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
             assert (tmp_path / figure).stat().st_size > 1000
             assert f"]({figure})" in text
     speed = payload["sections"][0]
-    measured = speed["data"]["runs"]["tiny@32"]["samples"]["forward"]
-    assert {"vit5", "timm_eva", "timm_vit", "reference"} <= set(measured)
+    runs = speed["data"]["runs"]
+    contenders = {"vit5", "vit5_fused", "vit5_regional", "timm_eva", "timm_eva_compiled", "timm_vit", "reference"}
+    assert set(runs["tiny@32"]["samples"]["forward"]) == contenders
+    assert set(runs["tiny@32"]["samples"]["train"]) == contenders - {"vit5_fused"}  # inference only
+    assert set(runs["tiny@64"]["samples"]["forward"]) == contenders - {"vit5_regional", "timm_eva_compiled"}
+    assert {"vit5_fused forward", "timm_vit train"} <= set(speed["data"]["op_profile"])
+    targets = [t["name"] for t in speed["targets"]]
+    assert any("vit5_tiny_fused forward speed-up over timm_eva" in t for t in targets)
+    assert any("vit5_tiny_regional train speed-up over timm_vit" in t for t in targets)
     modern = next(s for s in payload["sections"] if s["key"] == "modern_cost")
-    assert {"eager", "compiled"} <= set(modern["data"]["train_compiled"])  # the torch.compile pair ran
+    assert {"eager train", "fused forward", "regional train"} <= set(modern["data"]["by_way"])
+    compiled = next(s for s in payload["sections"] if s["key"] == "compile")
+    assert set(compiled["data"]["cold_start"]) == {"eager", "compiled", "regional"}
     assert payload["environment"]["torch_threads"] >= 1
 
 

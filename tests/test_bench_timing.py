@@ -53,3 +53,23 @@ def test_num_threads_restores_and_validates():
 def test_timing_config_validation():
     with pytest.raises(ValueError, match="rounds"):
         TimingConfig(rounds=0)
+
+
+def test_op_breakdown_puts_matmuls_attention_and_the_optimizer_in_their_categories():
+    from vit5.bench.op_profile import CATEGORIES, op_breakdown
+
+    linear, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
+    optimizer = torch.optim.AdamW(linear.parameters(), foreach=True)
+    q = torch.randn(1, 2, 16, 8)
+
+    def step():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        (linear(x).relu() * 2).sum().backward()  # addmm (its bias copy counts with it), relu, mul, sum
+        optimizer.step()
+
+    breakdown = op_breakdown(step, calls=3)
+    assert set(breakdown.seconds) == set(CATEGORIES) and all(s > 0 for s in breakdown.seconds.values())
+    assert abs(sum(breakdown.share(c) for c in CATEGORIES) - 1) < 1e-9
+    ops = {name for name, _ in breakdown.top_elementwise}
+    assert not ops & {"aten::mm", "aten::addmm", "aten::sqrt", "aten::lerp_"}  # matmul, AdamW
+    assert ops & {"aten::relu", "aten::mul", "aten::sum", "aten::threshold_backward"}

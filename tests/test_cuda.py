@@ -12,7 +12,7 @@ from test_layers_attention import reference_attention  # fp32 explicit softmax, 
 
 import vit5
 from vit5.bench.memory import measure_memory
-from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, rope_cos_sin
+from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, RopeTable, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -151,3 +151,64 @@ def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
         optimizer.zero_grad(set_to_none=True)
     peak = torch.cuda.max_memory_allocated() - base + 4 * sum(p.numel() for p in model.parameters())  # + weights
     assert training_bytes(model.cfg, batch=16, ema=False) <= peak
+
+
+# ------------------------------------------------------------------ issue 14: fused QK-norm / RoPE, folding, regional compile
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_one_pass_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
+    from test_layers_attention import explicit_attention64
+
+    torch.manual_seed(0)
+    attn = Attention(AttentionConfig(dim=256, num_heads=4, num_kv_heads=2, norm=norm)).eval()
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        attn.k_norm.weight.uniform_(0.2, 2.0)
+    x = torch.randn(2, 197, 256)
+    cos, sin = rope_cos_sin(torch.cat([torch.zeros(1, 32), Rope2D(64).angles((14, 14))]), "interleaved")
+    expected = explicit_attention64(attn, x, cos, sin).float()
+    table = RopeTable.from_cos_sin(cos.to(DEVICE), sin.to(DEVICE), "interleaved")
+    attn = attn.to(DEVICE)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        got = attn(x.to(DEVICE), table)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():  # fp32 on CUDA (F.rms_norm, the real RoPE formula): as exact as on the CPU
+        got32 = attn(x.to(DEVICE), table).double().cpu()
+    assert (got32 - expected.double()).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_fused_for_inference_model_in_bf16_matches_the_unfused_one():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm").to(DEVICE).eval()
+    fused = vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm").to(DEVICE)
+    fused.load_state_dict(model.state_dict())
+    vit5.fuse_for_inference(fused)
+    images = torch.randn(8, 3, 224, 224, device=DEVICE)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        expected, got = model(images).float(), fused(images).float()
+    tolerance = 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=0.05, atol=tolerance)
+    with pytest.raises(RuntimeError, match="fused for inference"):
+        fused.train()
+
+
+def test_regional_compile_with_inductor_on_cuda_equals_eager_and_trains():
+    torch.manual_seed(0)
+    model = vit5.create_model("vit5_tiny", depth=3, num_classes=10, layer_scale=1.0).to(DEVICE)
+    twin = vit5.create_model("vit5_tiny", depth=3, num_classes=10, layer_scale=1.0).to(DEVICE)
+    twin.load_state_dict(model.state_dict())
+    vit5.compile_blocks(model)  # inductor
+    images = torch.randn(4, 3, 224, 224, device=DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(images), twin.eval()(images), rtol=1e-3, atol=1e-3)
+    model.train()
+    twin.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, twin_loss = model(images).float().square().mean(), twin(images).float().square().mean()
+    loss.backward()
+    twin_loss.backward()
+    torch.testing.assert_close(loss, twin_loss, rtol=2e-2, atol=1e-3)
+    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters())]
+    assert all(g is not None and torch.isfinite(g).all() for g, _ in grads)
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, twin.blocks[0].attn.qkv.weight.grad,
+                               rtol=5e-2, atol=5e-2 * twin.blocks[0].attn.qkv.weight.grad.abs().max().item())

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vit5
 from vit5.layers import (
     Attention,
     AttentionConfig,
@@ -11,6 +12,7 @@ from vit5.layers import (
     BlockConfig,
     KVCache,
     Rope2D,
+    RopeTable,
     apply_rope,
     rope_cos_sin,
 )
@@ -162,3 +164,107 @@ def test_sdpa_gqa_does_not_repeat_kv():
     finally:
         F.scaled_dot_product_attention = real
     assert seen == {"q": (1, 8, 6, 8), "k": (1, 2, 6, 8), "gqa": True}
+
+
+# ------------------------------------------------------------------ one pass each: QK-norm, RoPE, no copies
+def explicit_attention64(attn: Attention, x, cos, sin):
+    """float64, every step written out: per-head RMSNorm / LayerNorm formula with its own gain, RoPE as
+    ``x cos + (-x1, x0) sin`` on adjacent pairs, grouped heads repeated, softmax, projection."""
+    b, n, _ = x.shape
+    h, h_kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    w = {k: v.double() for k, v in attn.named_parameters()}
+    qkv = (x.double() @ w["qkv.weight"].T).reshape(b, n, h + 2 * h_kv, d)
+    q, k, v = qkv[:, :, :h], qkv[:, :, h : h + h_kv], qkv[:, :, h + h_kv :]
+
+    def norm(t, name):
+        if isinstance(attn.q_norm, torch.nn.LayerNorm):
+            t = t - t.mean(-1, keepdim=True)
+            t = t / torch.sqrt(t.square().mean(-1, keepdim=True) + 1e-6)
+            return t * w[f"{name}.weight"] + w[f"{name}.bias"]
+        return t / torch.sqrt(t.square().mean(-1, keepdim=True) + 1e-6) * w[f"{name}.weight"]
+
+    def rotate(t):
+        swapped = torch.stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)
+        return t * cos.double()[:, None] + swapped * sin.double()[:, None]
+
+    q, k = rotate(norm(q, "q_norm")), rotate(norm(k, "k_norm"))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    out = (q @ k.transpose(-1, -2) / d**0.5).softmax(-1) @ v
+    return out.transpose(1, 2).reshape(b, n, -1) @ w["proj.weight"].T + w["proj.bias"]
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_fused_qk_norm_and_rope_equal_an_explicit_float64_computation(kv_heads, norm):
+    torch.manual_seed(0)
+    attn = make("sdpa", kv_heads=kv_heads, norm=norm)
+    with torch.no_grad():
+        attn.k_norm.weight.uniform_(0.2, 2.0)  # q and k gains differ: each must reach its own heads
+        if norm == "layernorm":
+            attn.q_norm.bias.normal_()
+            attn.k_norm.bias.normal_()
+    x = torch.randn(2, 15, 64)
+    cos, sin = rope_for()
+    expected = explicit_attention64(attn, x, cos, sin)
+    for rope in ((cos, sin), RopeTable.from_cos_sin(cos, sin, "interleaved")):
+        got = attn(x, rope).double()
+        assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
+    assert set(attn.state_dict()) >= {"q_norm.weight", "k_norm.weight"}  # checkpoints keep their keys
+
+
+def test_attention_gradients_equal_the_explicit_computation():
+    torch.manual_seed(0)
+    attn = make("sdpa", kv_heads=2)
+    x = torch.randn(2, 15, 64, requires_grad=True)
+    cos, sin = rope_for()
+    inputs = [x, attn.q_norm.weight, attn.k_norm.weight]
+    grads = torch.autograd.grad(attn(x, (cos, sin)).square().sum(), inputs)
+    x64 = x.detach().double().requires_grad_()
+    attn64 = attn.double()
+    inputs64 = [x64, attn64.q_norm.weight, attn64.k_norm.weight]
+    expected = torch.autograd.grad(explicit_attention64(attn64, x64, cos, sin).square().sum(), inputs64)
+    for got, want in zip(grads, expected):
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_one_rope_table_per_grid_shared_by_every_block(monkeypatch):
+    """The model builds its rotation once per grid; the blocks neither rebuild nor convert it."""
+    model = vit5.create_model("vit5_tiny", depth=3, img_size=32, patch_size=8, num_classes=0).eval()
+    seen, built = [], []
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
+    real = torch.complex
+    monkeypatch.setattr(torch, "complex", lambda *a, **k: built.append(1) or real(*a, **k))
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        model(x)
+        model(x)
+    assert len(built) == 1  # one table for the 4x6 grid, reused by the second forward
+    assert len(seen) == 6 and all(t is seen[0] for t in seen) and isinstance(seen[0], RopeTable)
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_attention_forward_makes_no_copies_of_q_k_v_or_its_output(qk_norm):
+    """q, k, v stay views of the projection; nothing is made contiguous on the way in or out."""
+    attn = make("sdpa", kv_heads=2, qk_norm=qk_norm)
+    table = RopeTable.from_cos_sin(*rope_for(), "interleaved")
+    x = torch.randn(2, 15, 64)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        attn(x, table)
+    copies = [e.name for e in prof.events() if e.name in ("aten::clone", "aten::contiguous")]
+    assert not copies
+
+
+def test_rope_table_rotates_token_major_layouts_and_selects_rows():
+    table = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "interleaved")
+    x = torch.randn(2, 15, 4, 16)  # [B, N, heads, d]
+    by_heads = table.rotate(x.transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(table.rotate(x, token_dim=-3), by_heads)
+    torch.testing.assert_close(table.rows(slice(5, 7)).rotate(x[:, 5:7], token_dim=-3), by_heads[:, 5:7])
+    with pytest.raises(ValueError, match="cannot rotate a tensor of shape"):
+        table.rotate(x)  # tokens are not on dim -2 here
+    half = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "half")
+    assert half.rotation is None  # the complex form exists only for adjacent pairs
+    with pytest.raises(ValueError, match="layout"):
+        make(rope_layout="interleaved")(torch.randn(1, 15, 64), half)

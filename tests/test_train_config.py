@@ -31,6 +31,7 @@ DIGITS = ["data.dataset=digits"]
             ["loss.smoothing=0.1"],
             r"makes all targets 1; set loss\.smoothing=0 \(official\) or loss\.bce_target_threshold=null",
         ),
+        (["model.compile=fast"], r"model\.compile=fast is not a choice: use true .* regional"),
         (
             ["schedule.warmup_epochs=900"],
             r"schedule\.warmup_epochs=900\.0 must be in \[0, schedule\.epochs\)",

@@ -53,7 +53,8 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
     n = inputs["x"].shape[1]
     q, k, _ = (inputs["x"] @ blk.attn.qkv.weight.T).reshape(1, n, 3, h, d).permute(2, 0, 3, 1, 4)
     q, k = _rms(q, blk.attn.q_norm.weight, 1e-6), _rms(k, blk.attn.k_norm.weight, 1e-6)
-    cos, sin = model.rope_tables(grid)  # per-token angles; rotation of adjacent pairs written out here
+    table = model.rope_tables(grid)  # per-token angles; rotation of adjacent pairs written out here
+    cos, sin = table.cos, table.sin
     rot = lambda t: torch.stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)  # noqa: E731
     q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
     expected = (q @ k.transpose(-1, -2) / d**0.5).softmax(-1)

@@ -6,6 +6,8 @@ modern component switchable, plus training, evaluation and visualisation.
     feats = model.forward_intermediates(images, indices=[-1], intermediates_only=True)
     with vit5.record(model, layers=[-1]) as rec:
         model(images)
+    vit5.fuse_for_inference(model)   # eval only: LayerScale and norm gains folded into the linears
+    vit5.compile_blocks(model)       # regional torch.compile: one block compiled, shared by all
 
 Importing the package registers every preset in timm (``timm.create_model("vit5_small")``).
 """
@@ -20,7 +22,9 @@ from .model import (
     TokenLayout,
     ViT5,
     ViT5Config,
+    compile_blocks,
     create_model,
+    fuse_for_inference,
     list_presets,
     load_model,
     preset_config,
@@ -36,6 +40,6 @@ register_presets()
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "Vit5Error", "create_model", "list_presets", "load_model", "preset_config", "read_checkpoint", "record",
-    "save_pretrained",
+    "Vit5Error", "compile_blocks", "create_model", "fuse_for_inference", "list_presets", "load_model",
+    "preset_config", "read_checkpoint", "record", "save_pretrained",
 ]

@@ -1,6 +1,6 @@
 """``python -m vit5.bench``: speed, memory and the modern components, measured side by side.
 
-    python -m vit5.bench --quick --out runs/bench_quick          # a few minutes on 2 CPU cores
+    python -m vit5.bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
     python -m vit5.bench --device cuda --dtype bf16 --out runs/bench_gpu
     python -m vit5.bench --quick --only speed,modern_cost
 """

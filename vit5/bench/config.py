@@ -2,7 +2,7 @@
 
 - ``smoke``: tiny models (depth 2, 32 px), a couple of rounds; seconds. For tests and CI.
 - ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
-  tokens; a few minutes on 2 CPU cores.
+  tokens; about 20 minutes on 2 idle CPU cores (inductor compilation included).
 - ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
 """
 
@@ -51,6 +51,7 @@ class BenchConfig:
     batch: int = 8
     hires_img_size: int = 448
     hires_batch: int = 2
+    profile_calls: int = 3  # torch.profiler operator breakdown: profiled runs per step (the median is kept)
     # model FLOPs utilisation
     matmul_size: int = 2048
     # attention memory and time
@@ -87,6 +88,8 @@ class BenchConfig:
             raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
             raise ValueError("sizes must name at least one model size")
+        if self.profile_calls < 1:
+            raise ValueError(f"profile_calls must be at least 1, got {self.profile_calls}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.layer_shape[2] % self.layer_heads:
@@ -120,6 +123,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         batch=2,
         hires_img_size=64,
         hires_batch=1,
+        profile_calls=1,
         matmul_size=256,
         attn_seq_lens=(64, 256),
         attn_heads=1,

@@ -14,7 +14,7 @@ import torch
 
 from .context import BenchContext
 from .flops import analytic_forward_flops, counted_forward_flops
-from .models import CONTENDERS, ModelSpec, build_contender
+from .models import EAGER_CONTENDERS, ModelSpec, build_contender
 from .plots import bar_chart
 from .results import Section, Table
 from .throughput import autocast_context, forward_step
@@ -37,7 +37,7 @@ def run(ctx: BenchContext) -> Section:
     size = cfg.size_for_targets
     spec = ModelSpec(size, cfg.img_size, cfg.depth)
     images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, generator=torch.Generator().manual_seed(0))
-    models = {name: build_contender(name, spec).to(cfg.device) for name in CONTENDERS}
+    models = {name: build_contender(name, spec).to(cfg.device) for name in EAGER_CONTENDERS}
     images = images.to(cfg.device)
     flops = {name: counted_forward_flops(m, images) for name, m in models.items()}
     analytic = analytic_forward_flops(models["vit5"].cfg, cfg.batch)

@@ -1,18 +1,24 @@
 """The contenders of the speed comparison, built at one size and resolution.
 
-- ``vit5``: this toolkit's ViT-5 (``vit5.create_model``; SDPA attention, RoPE tables built once
-  per forward).
+- ``vit5``: this toolkit's ViT-5 (``vit5.create_model``; SDPA attention, one RoPE table per grid,
+  QK-norm and RoPE on q and k in one pass each), eager.
+- ``vit5_fused``: the same weights after ``vit5.fuse_for_inference`` (LayerScale and pre-norm
+  gains folded into the linear layers); inference only, so it has no training-step row.
+- ``vit5_regional``: the same model with each block compiled (``vit5.compile_blocks``, i.e.
+  ``model.compile=regional``); the embedding and head run eagerly.
 - ``timm_eva``: timm's closest equivalent, an ``Eva`` with 2D RoPE (theta 1e4, interleaved pairs),
   4 registers, RMSNorm (eps 1e-6), QK-Norm, LayerScale 1e-4, bias-free qkv, learned APE on patches
   and CLS pooling. Differences timm cannot express: its registers sit before the patches and get
   no RoPE of their own (ViT-5 appends them and rotates them on a 2x2 grid, theta 100).
+- ``timm_eva_compiled``: that ``Eva`` under ``torch.compile`` (whole model).
 - ``timm_vit``: timm's plain ``vit_{size}_patch16_224`` (LayerNorm, qkv bias, APE; none of the
   modern parts). Same width, depth and MLP; the yardstick of "free".
 - ``reference``: :class:`vit5.reference.OfficialViT5`, the official code's way (explicit softmax
   attention, RoPE tables rebuilt in every block, square inputs only).
 
-All four have the same width, depth, heads and GELU MLP, so parameter counts agree within the
-few thousand parameters of biases, registers and norms (reported alongside).
+All have the same width, depth, heads and GELU MLP, so parameter counts agree within the few
+thousand parameters of biases, registers and norms (reported alongside). Compiled contenders use
+``ModelSpec.compile_backend`` and compile on their first call (the warm-up, not timed).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ import vit5
 from vit5.model.presets import SIZES
 from vit5.reference import OfficialViT5
 
-CONTENDERS: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")
+CONTENDERS: tuple[str, ...] = (
+    "vit5", "vit5_fused", "vit5_regional", "timm_eva", "timm_eva_compiled", "timm_vit", "reference",
+)
+EAGER_CONTENDERS: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")  # one per implementation
 
 # Each modern part of ViT-5 and the overrides that remove it (for the cost-of-the-modern-parts table).
 MODERN_PARTS: dict[str, dict[str, object]] = {
@@ -48,6 +57,7 @@ class ModelSpec:
     size: str = "small"
     img_size: int = 224
     depth: int | None = None  # None: the size's depth; smaller for smoke tests
+    compile_backend: str = "inductor"  # for the compiled contenders
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
@@ -100,9 +110,24 @@ def build_reference(spec: ModelSpec) -> nn.Module:
     return OfficialViT5(img_size=spec.img_size, **spec.dims)
 
 
+def build_vit5_fused(spec: ModelSpec) -> nn.Module:
+    return vit5.fuse_for_inference(build_vit5(spec))
+
+
+def build_vit5_regional(spec: ModelSpec) -> nn.Module:
+    return vit5.compile_blocks(build_vit5(spec), backend=spec.compile_backend)
+
+
+def build_timm_eva_compiled(spec: ModelSpec) -> nn.Module:
+    return torch.compile(build_timm_eva(spec), backend=spec.compile_backend)
+
+
 BUILDERS: dict[str, Callable[[ModelSpec], nn.Module]] = {
     "vit5": build_vit5,
+    "vit5_fused": build_vit5_fused,
+    "vit5_regional": build_vit5_regional,
     "timm_eva": build_timm_eva,
+    "timm_eva_compiled": build_timm_eva_compiled,
     "timm_vit": build_timm_vit,
     "reference": build_reference,
 }

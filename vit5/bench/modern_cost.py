@@ -5,23 +5,24 @@ ViT-5 at the target size is timed with all its parts, without each one, and with
 ratio ``t(full) / t(without it) - 1``. Registers add 4 tokens (201 instead of 197 at 224), so
 about 2% of their cost is simply more tokens.
 
-Much of what the parts cost in training is element-wise work (RMSNorm as QK-norm, RoPE) that eager
-PyTorch runs as several small kernels, forward and backward. A second measurement therefore
-times the training step of the full model and of the model without all three, eagerly and under
-``torch.compile`` (``compile_backend``), all four side by side: the compiled cost is what a run
-with ``model.compile=true`` pays.
+Much of what the parts cost is element-wise work (QK-norm, RoPE) that eager PyTorch runs as
+separate kernels, forward and backward. A second measurement therefore times the full model and
+the model without all three run three ways, all six side by side: eagerly, fused for inference
+(:func:`vit5.fuse_for_inference`, forward only) and with each block compiled
+(:func:`vit5.compile_blocks` with ``compile_backend``: what a run with ``model.compile=regional``
+pays).
 """
 
 from __future__ import annotations
 
-import torch
+import vit5
 
 from .context import BenchContext
 from .models import ModelSpec, build_vit5, modern_variants
 from .plots import bar_chart
 from .results import Section, Table, Target
 from .throughput import MODES, measure_throughput
-from .timing import paired_ratio
+from .timing import paired_ratio, speedup
 
 MAX_COST_PERCENT = 5.0
 
@@ -58,13 +59,13 @@ def run(ctx: BenchContext) -> Section:
         "The per-round spread (IQR) is the noise of this run: single-part costs inside it, or that do not "
         "add up to the combined cost, are not resolved by this run."
     )
-    compiled_table, compiled_costs = _compiled_train_cost(ctx, spec, variants)
-    section.tables.append(compiled_table)
+    ways_table, ways_costs = _cost_by_way(ctx, spec, variants)
+    section.tables.append(ways_table)
     if cfg.compile_backend == "inductor":
-        section.notes.append("Compiled: inductor fuses the parts' element-wise work, forward and backward; "
-                             "this cost is what training with model.compile=true pays (target: eager).")
+        section.notes.append("Regional: inductor fuses each block's element-wise work, forward and backward; "
+                             "this cost is what training with model.compile=regional pays.")
     else:
-        section.notes.append(f"Compiled rows use backend {cfg.compile_backend!r}, which generates no code: "
+        section.notes.append(f"Regional rows use backend {cfg.compile_backend!r}, which generates no code: "
                              "they exercise the path, they do not measure fusion.")
     for mode in MODES:
         label = f"RoPE + registers + QK-Norm together, {mode} (vit5_{size})"
@@ -77,39 +78,48 @@ def run(ctx: BenchContext) -> Section:
               title=f"Cost of the full model over each variant, vit5_{size}", ylabel="% slower than variant",
               reference_line=MAX_COST_PERCENT)
     section.figures.append(ctx.relative(path))
-    section.data = {"costs_percent": costs, "run": result.to_dict(), "train_compiled": compiled_costs}
+    section.data = {"costs_percent": costs, "run": result.to_dict(), "by_way": ways_costs}
     return section
 
 
-def _compiled_train_cost(
+WAYS: dict[str, str] = {"eager": "", "fused": " fused", "regional": " regional"}
+
+
+def _cost_by_way(
     ctx: BenchContext, spec: ModelSpec, variants: dict[str, dict[str, object]]
 ) -> tuple[Table, dict[str, object]]:
-    """Training step of ``full`` and ``none``, eager and compiled, timed side by side."""
+    """``full`` and ``none`` eager, fused for inference and regionally compiled, timed side by side."""
     cfg = ctx.cfg
     models = {}
     for name in ("full", "none"):
         models[name] = build_vit5(spec, **variants[name])
-        twin = build_vit5(spec, **variants[name])
-        models[f"{name} compiled"] = torch.compile(twin, backend=cfg.compile_backend)
-    ctx.log(f"modern parts, training step: full and none, eager and torch.compile ({cfg.compile_backend})")
-    result = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype,
-                                modes=("train",))
-    samples = result.samples["train"]
+        models[f"{name} fused"] = vit5.fuse_for_inference(build_vit5(spec, **variants[name]))
+        models[f"{name} regional"] = vit5.compile_blocks(build_vit5(spec, **variants[name]),
+                                                         backend=cfg.compile_backend)
+    ctx.log(f"modern parts: full and none, eager / fused / regional ({cfg.compile_backend}), side by side")
+    result = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype)
     rows, costs = [], {}
-    for suffix in ("", " compiled"):
-        ratio = paired_ratio(samples["full" + suffix], samples["none" + suffix])
-        mode = suffix.strip() or "eager"
-        costs[mode] = {"cost_percent": 100 * (ratio.median - 1), "ratio": ratio.to_dict()}
-        rows.append((
-            mode,
-            f"{result.images_per_s('train', 'full' + suffix):.1f}",
-            f"{result.images_per_s('train', 'none' + suffix):.1f}",
-            f"{100 * (ratio.median - 1):+.1f}% ({100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f})",
-        ))
-    speedup = paired_ratio(samples["full"], samples["full compiled"])
-    costs["compile_speedup_full"] = speedup.to_dict()
-    rows.append(("compiled over eager (full)", "", "",
-                 f"{speedup.median:.2f}x ({speedup.q1:.2f}-{speedup.q3:.2f})"))
-    title = f"Training step, full vs none, eager and compiled (side by side; {cfg.device}, {cfg.dtype})"
-    table = Table(title, ("mode", "full train img/s", "none train img/s", "full's cost (IQR)"), tuple(rows))
+    for way, suffix in WAYS.items():
+        for mode in MODES:
+            samples = result.samples[mode]
+            if "full" + suffix not in samples:
+                continue  # a fused model has no training step
+            ratio = paired_ratio(samples["full" + suffix], samples["none" + suffix])
+            costs[f"{way} {mode}"] = {"cost_percent": 100 * (ratio.median - 1), "ratio": ratio.to_dict()}
+            spread = f"{100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f}"
+            rows.append((
+                way, mode,
+                f"{result.images_per_s(mode, 'full' + suffix):.1f}",
+                f"{result.images_per_s(mode, 'none' + suffix):.1f}",
+                f"{100 * (ratio.median - 1):+.1f}% ({spread})",
+            ))
+    for way in ("fused", "regional"):
+        for mode in MODES:
+            if f"full {way}" in result.samples[mode]:
+                gain = speedup(result.samples[mode][f"full {way}"], result.samples[mode]["full"])
+                costs[f"{way} over eager {mode} (full)"] = gain.to_dict()
+                cell = f"{gain.median:.2f}x ({gain.q1:.2f}-{gain.q3:.2f})"
+                rows.append((f"{way} over eager (full)", mode, "", "", cell))
+    title = f"full vs none, three ways of running them (side by side; {cfg.device}, {cfg.dtype})"
+    table = Table(title, ("way", "step", "full img/s", "none img/s", "full's cost (IQR)"), tuple(rows))
     return table, costs

@@ -79,6 +79,21 @@ class ThroughputRun:
         }
 
 
+def random_batch(
+    batch: int, img_size: int, device: torch.device | str = "cpu", num_classes: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random images ``[batch, 3, img_size, img_size]`` and labels, the same in every section."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
+    labels = torch.randint(0, num_classes, (batch,), generator=generator).to(device)
+    return images, labels
+
+
+def trains(model: nn.Module) -> bool:
+    """Whether a model has a training step (one fused for inference does not)."""
+    return not getattr(getattr(model, "_orig_mod", model), "fused_for_inference", False)
+
+
 def measure_throughput(
     models: Mapping[str, nn.Module],
     img_size: int,
@@ -89,13 +104,14 @@ def measure_throughput(
     modes: tuple[str, ...] = MODES,
     num_classes: int = 1000,
 ) -> ThroughputRun:
-    """Images/s of every model for each of ``modes`` ("forward", "train") on random images."""
+    """Images/s of every model for each of ``modes`` ("forward", "train") on random images.
+
+    Models fused for inference are timed in the forward rounds only.
+    """
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown throughput modes {sorted(unknown)}: use {MODES}")
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
-    labels = torch.randint(0, num_classes, (batch,), generator=generator).to(device)
+    images, labels = random_batch(batch, img_size, device, num_classes)
     amp = autocast_context(device, dtype)
     sync = device_sync(device)
     samples: dict[str, dict[str, Samples]] = {}
@@ -103,7 +119,8 @@ def measure_throughput(
         if mode == "forward":
             steps = {name: forward_step(m.to(device), images, amp) for name, m in models.items()}
         else:
-            steps = {name: train_step(m.to(device), images, labels, amp) for name, m in models.items()}
+            trained = {name: m for name, m in models.items() if trains(m)}
+            steps = {name: train_step(m.to(device), images, labels, amp) for name, m in trained.items()}
         samples[mode] = measure(steps, timing, sync)
         del steps
     for model in models.values():

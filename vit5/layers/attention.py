@@ -2,8 +2,12 @@
 
 - Fused ``qkv`` projection (ViT-5: no bias), output projection with bias.
 - QK-Norm (Henry et al., 2020): a norm over ``head_dim`` on q and k, **before** RoPE (ViT-5, timm).
-- RoPE rotates q and k only; v is never rotated. The per-token ``cos, sin`` tables come from
-  the model (built once per forward); rows with angle 0 leave a token (CLS) unrotated.
+- RoPE rotates q and k only; v is never rotated. The per-token :class:`~vit5.layers.rope.RopeTable`
+  comes from the model (built once per grid, shared by every block); rows with angle 0 leave a
+  token (CLS) unrotated.
+- One pass each: QK-norm normalises the q and k heads in one call (stacked gains, see
+  :func:`~vit5.layers.norm.norm_head_groups`) and RoPE rotates them together, on views of the
+  qkv projection; no ``.contiguous()`` copy on the way to the kernel or back.
 - Grouped-query attention (Ainslie et al., 2023): ``num_kv_heads`` key/value heads shared by
   groups of query heads (MHA when equal to ``num_heads``, MQA at 1). Kernels use their own GQA
   support; K/V are never repeated in memory.
@@ -27,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kv_cache import LayerKVCache
-from .norm import NormKind, make_norm
-from .rope import RopeLayout, apply_rope
+from .norm import NormKind, make_norm, norm_head_groups
+from .rope import RopeLayout, RopeTable
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flash_attn", "eager")
@@ -134,18 +138,32 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: RopeTable | tuple[torch.Tensor, torch.Tensor] | None = None,
         causal: bool = False,
         kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
-        """``x [B, N, C]``; ``rope`` = per-token ``(cos, sin) [N, head_dim]`` or None."""
+        """``x [B, N, C]``; ``rope`` = a :class:`RopeTable` of N tokens, per-token ``(cos, sin)
+        [N, head_dim]``, or None.
+
+        q, k and v stay views of the projection's ``[B, N, heads, head_dim]`` layout: QK-norm and
+        RoPE each run once on the q and k heads together, SDPA reads the strided views, and its
+        output (token-major on PyTorch's CPU and CUDA kernels) becomes ``[B, N, C]`` without a copy.
+        """
         b, n, c = x.shape
-        qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
-        q, k, v = qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
-        q, k = self.q_norm(q), self.k_norm(k)
+        h, h_kv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim))  # [B, N, H + 2 H_kv, d]
+        qk, v = qkv.split((h + h_kv, h_kv), dim=2)
+        qk = norm_head_groups(qk, (self.q_norm, self.k_norm), (h, h_kv))
         if rope is not None:
-            q = apply_rope(q, *rope, self.rope_layout)
-            k = apply_rope(k, *rope, self.rope_layout)
+            if not isinstance(rope, RopeTable):
+                rope = RopeTable.from_cos_sin(*rope, self.rope_layout)
+            elif rope.layout != self.rope_layout:
+                raise ValueError(
+                    f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
+                )
+            qk = rope.rotate(qk, token_dim=-3)
+        q, k = (t.transpose(1, 2) for t in qk.split((h, h_kv), dim=2))  # [B, heads, N, d] views
+        v = v.transpose(1, 2)
         if kv_cache is not None:
             if not causal:
                 raise ValueError("a KV cache only makes sense for causal attention: pass causal=True")

@@ -4,7 +4,7 @@ A token at grid position (row y, column x) rotates each channel pair of q and k 
 ``position * frequency``. Half of the pairs use the row, half the column (axial 2D RoPE, as in
 EVA-02 and ViT-5), so ``q_m . k_n`` depends on positions only through ``m - n``.
 
-Four conventions must match a checkpoint exactly (see ``shared/docs/anchors.md`` section B):
+Four conventions must match a checkpoint exactly:
 
 - ``layout``: which channels form a pair. ``"interleaved"`` pairs ``(2i, 2i+1)`` (official ViT-5,
   EVA-02, timm default); ``"half"`` pairs ``(i, i + head_dim/2)`` (GPT-NeoX, DINOv3).
@@ -16,11 +16,12 @@ Four conventions must match a checkpoint exactly (see ``shared/docs/anchors.md``
   (EVA-02-style interpolation).
 
 The tricky maths is in pure functions; :class:`Rope2D` only holds a convention and its bands.
-Tables are built once per forward for the actual grid, by the model, not in every block.
+Tables (:class:`RopeTable`) are built once per grid by the model and shared by every block.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -103,22 +104,76 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Ro
 
     ``x * cos + rotate_pairs(x) * sin``. Rows with angle 0 (``cos=1, sin=0``) are returned
     unchanged, which is how tokens without a position (CLS) share one table with rotated tokens.
-    In eager mode the interleaved layout is computed as one complex multiplication per pair (a
-    single pass, ~5x faster on CPU); under ``torch.compile`` the real-valued formula is kept so
-    that inductor, which has no complex code generation, fuses it into one kernel.
+    A convenience for one-off calls: it builds a :class:`RopeTable` each time; a model builds
+    the table once per forward and calls :meth:`RopeTable.rotate` in every block.
     """
-    if layout == "interleaved" and not torch.compiler.is_compiling():
-        return _rotate_interleaved_complex(x, cos, sin)
-    xf = x.float()
-    return (xf * cos + rotate_pairs(xf, layout) * sin).to(x.dtype)
+    return RopeTable.from_cos_sin(cos, sin, layout).rotate(x)
 
 
-def _rotate_interleaved_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    pairs = x.float().unflatten(-1, (-1, 2))
-    if pairs.storage_offset() % 2 or any(stride % 2 for stride in pairs.stride()[:-1]) or pairs.stride(-1) != 1:
-        pairs = pairs.contiguous()  # view_as_complex needs adjacent, evenly aligned (real, imag) pairs
-    rotation = torch.complex(cos[..., ::2], sin[..., ::2])
-    return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
+@dataclass(frozen=True)
+class RopeTable:
+    """The rotation of every token, built once per grid and shared by every block.
+
+    ``cos, sin [n, head_dim]`` (fp32, per channel, in ``layout``) serve the real formula
+    ``x * cos + rotate_pairs(x) * sin``. For the interleaved layout the same angles are also
+    held as unit complex numbers ``rotation [n, head_dim/2]``: in eager mode a pair
+    ``(a, b)`` is rotated by one complex multiplication ``(a + ib) * (cos + i sin)``, a single
+    pass instead of four (~5x faster on a CPU). Under ``torch.compile`` the real formula is
+    used, because inductor has no complex code generation and fuses the real one into a kernel.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    layout: RopeLayout
+    rotation: torch.Tensor | None = None
+
+    @classmethod
+    def from_angles(cls, pair_angles: torch.Tensor, layout: RopeLayout) -> RopeTable:
+        """The table for per-pair angles ``[n, head_dim/2]`` (see :func:`rope_angles_2d`)."""
+        return cls.from_cos_sin(*rope_cos_sin(pair_angles, layout), layout)
+
+    @classmethod
+    def from_cos_sin(cls, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout) -> RopeTable:
+        """The table for per-channel ``cos, sin [n, head_dim]`` (as :func:`rope_cos_sin` makes them)."""
+        if layout not in ("interleaved", "half"):
+            raise ValueError(f"unknown RoPE layout {layout!r}: use 'interleaved' (official) or 'half'")
+        rotation = None
+        if layout == "interleaved" and not torch.compiler.is_compiling():
+            rotation = torch.complex(cos[..., ::2].float(), sin[..., ::2].float())
+        return cls(cos, sin, layout, rotation)
+
+    def rows(self, tokens: slice | torch.Tensor) -> RopeTable:
+        """The table of some tokens only (e.g. the new ones of a decoding step)."""
+        rotation = self.rotation[tokens] if self.rotation is not None else None
+        return RopeTable(self.cos[tokens], self.sin[tokens], self.layout, rotation)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cos.shape[0]
+
+    def rotate(self, x: torch.Tensor, token_dim: int = -2) -> torch.Tensor:
+        """Rotate ``x [..., n, ..., head_dim]`` whose tokens are on ``token_dim``; fp32 inside.
+
+        ``token_dim=-2`` for ``[B, heads, n, d]``; ``-3`` for the ``[B, n, heads, d]`` layout of
+        the qkv projection, which attention rotates in place of making q and k contiguous.
+        """
+        if token_dim >= 0 or x.shape[token_dim] != self.num_tokens:
+            raise ValueError(
+                f"a RoPE table of {self.num_tokens} tokens cannot rotate a tensor of shape {tuple(x.shape)} "
+                f"on dim {token_dim} (a negative dim counted from the end)"
+            )
+        trailing = (1,) * (-token_dim - 2)  # the dims between tokens and channels (heads)
+        if self.rotation is not None and not torch.compiler.is_compiling():
+            rotation = self.rotation.reshape(self.num_tokens, *trailing, -1)
+            pairs = x.float().unflatten(-1, (-1, 2))
+            aligned = pairs.stride(-1) == 1 and not pairs.storage_offset() % 2
+            if not aligned or any(stride % 2 for stride in pairs.stride()[:-1]):
+                pairs = pairs.contiguous()  # view_as_complex needs adjacent, aligned (real, imag) pairs
+            return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
+        cos = self.cos.reshape(self.num_tokens, *trailing, -1)
+        sin = self.sin.reshape(self.num_tokens, *trailing, -1)
+        xf = x.float()
+        return (xf * cos + rotate_pairs(xf, self.layout) * sin).to(x.dtype)
 
 
 class Rope2D(nn.Module):

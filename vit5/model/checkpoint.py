@@ -81,9 +81,18 @@ def save_pretrained(
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``), each file atomically.
 
+    A model fused by :func:`vit5.fuse_for_inference` is refused: its tensors no longer follow the
+    layout its config describes (gains folded into weights, LayerScale and norm gains gone).
+
     Raises:
         StorageError: the folder cannot be written (disk full, read-only, ...), naming the file.
     """
+    if getattr(model, "fused_for_inference", False):
+        raise CheckpointError(
+            "this model was fused for inference (vit5.fuse_for_inference) and its weights no longer "
+            "follow the ViT-5 layout: save the model before fusing it, or keep the checkpoint it was "
+            "loaded from (fusing again after loading takes milliseconds)"
+        )
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import Block, PatchEmbed, Rope2D, make_norm, resample_pos_embed, rope_cos_sin
+from ..layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resample_pos_embed
 from .config import ViT5Config
 from .layout import TokenLayout
 
@@ -72,7 +72,7 @@ class ViT5(nn.Module):
             side = int(cfg.num_registers**0.5)
             self.rope_reg = Rope2D(cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order)
             self._register_grid = (side, side)
-        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple, RopeTable] = {}
 
         self.blocks = nn.ModuleList([Block(block_cfg) for block_cfg in cfg.block_configs()])
         self.norm = make_norm(cfg.norm, cfg.embed_dim, cfg.norm_eps)
@@ -82,6 +82,7 @@ class ViT5(nn.Module):
             dict(module=f"blocks.{i}", num_chs=cfg.embed_dim, reduction=cfg.patch_size) for i in range(cfg.depth)
         ]
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+        self.fused_for_inference = False  # set by vit5.fuse_for_inference: eval only from then on
         self.init_weights()
 
     # ------------------------------------------------------------------ init and metadata
@@ -120,11 +121,13 @@ class ViT5(nn.Module):
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
         return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
 
-    def rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-token ``(cos, sin) [N, head_dim]`` (fp32) for the whole sequence, or None without RoPE.
+    def rope_tables(self, grid: tuple[int, int]) -> RopeTable | None:
+        """The rotation of every token of the sequence (fp32 ``cos, sin [N, head_dim]``, and the
+        complex form for the interleaved layout), or None without RoPE.
 
-        CLS rows (and registers without their own RoPE) have angle 0, i.e. they are not rotated,
-        so one table serves the whole sequence and the blocks never slice q or k.
+        Built once per grid and device (cached) and shared by every block. CLS rows (and
+        registers without their own RoPE) have angle 0, i.e. they are not rotated, so one table
+        serves the whole sequence and the blocks never slice q or k.
         """
         if self.rope is None and self.rope_reg is None:
             return None
@@ -139,7 +142,7 @@ class ViT5(nn.Module):
         return tables
 
     @torch.inference_mode(False)  # cached tables must stay usable by a later training step
-    def _build_rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _build_rope_tables(self, grid: tuple[int, int]) -> RopeTable:
         device = self.patch_embed.proj.weight.device
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
@@ -147,7 +150,7 @@ class ViT5(nn.Module):
         registers = (self.rope_reg.angles(self._register_grid, device) if self.rope_reg is not None
                      else zeros(self.num_reg_tokens))
         angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
-        return rope_cos_sin(angles, self.cfg.rope_layout)
+        return RopeTable.from_angles(angles, self.cfg.rope_layout)
 
     def prepare_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Images ``[B, C, H, W]`` to the input sequence ``[B, N, C]`` and its patch grid."""
@@ -282,6 +285,15 @@ class ViT5(nn.Module):
             self.head_drop = nn.Identity()
             self.reset_classifier(0, "")
         return taken
+
+    def train(self, mode: bool = True) -> ViT5:
+        if mode and self.fused_for_inference:
+            raise RuntimeError(
+                "this model was fused for inference (vit5.fuse_for_inference folded its LayerScale and "
+                "norm gains into the linear layers) and cannot be trained: load the unfused weights again "
+                "(vit5.load_model / create_model) to train or fine-tune"
+            )
+        return super().train(mode)
 
     # ------------------------------------------------------------------ timm contract helpers
     @torch.jit.ignore

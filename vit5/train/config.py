@@ -27,8 +27,8 @@ class ModelSection:
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
-    compile: bool = False  # torch.compile the model
     max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
+    compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
 
 
 @dataclass

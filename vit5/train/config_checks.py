@@ -164,6 +164,11 @@ def _combinations(cfg: TrainConfig) -> list[str]:
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
         )
+    if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
+        problems.append(
+            f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
+            "regional (compile one block, shared by all: faster first step) or false"
+        )
     if cfg.model.compile and cfg.model.grad_checkpointing:
         problems.append("model.compile and model.grad_checkpointing together are not supported; pick one")
     return problems

@@ -23,6 +23,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object, set_seed
 from torch.utils.data import Dataset
 
+from vit5 import compile_blocks
 from vit5.data import BadImageWarning
 from vit5.errors import StorageError
 from vit5.files import FolderLock, check_output_dir
@@ -90,7 +91,10 @@ class Trainer:
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
         optimizer = build_optimizer(self.raw_model, cfg.optim, peak_lr(cfg.optim, self.global_batch))
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
-        compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
+        if cfg.model.compile == "regional":
+            compiled = compile_blocks(self.raw_model)  # in place: the raw model's blocks run compiled
+        else:
+            compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
