@@ -31,6 +31,11 @@ RopeAxisOrder = Literal["yx", "xy"]
 RopePositions = Literal["integer", "rescaled"]
 
 
+def is_tracing() -> bool:
+    """Whether the forward runs under ``torch.compile`` / ``torch.export``, ``torch.fx`` or ``torch.jit.trace``."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+
+
 def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     """The ``head_dim // 4`` frequency bands per axis: ``theta ** (-4i / head_dim)`` (fp32)."""
     if head_dim % 4:
@@ -105,9 +110,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Ro
     unchanged, which is how tokens without a position (CLS) share one table with rotated tokens.
     In eager mode the interleaved layout is computed as one complex multiplication per pair (a
     single pass, ~5x faster on CPU); under ``torch.compile`` the real-valued formula is kept so
-    that inductor, which has no complex code generation, fuses it into one kernel.
+    that inductor, which has no complex code generation, fuses it into one kernel, and so is it
+    under ``torch.export`` / ONNX (no complex dtypes) and ``torch.fx`` (no stride checks on proxies).
     """
-    if layout == "interleaved" and not torch.compiler.is_compiling():
+    if layout == "interleaved" and not is_tracing():
         return _rotate_interleaved_complex(x, cos, sin)
     xf = x.float()
     return (xf * cos + rotate_pairs(xf, layout) * sin).to(x.dtype)

@@ -8,7 +8,10 @@ is built for the real grid.
 
 The class follows the timm model contract (``forward_features``, ``forward_head``,
 ``forward_intermediates``, ``no_weight_decay``, ``group_matcher``, ...), so timm's optimizers,
-schedulers and feature wrappers work on it unchanged.
+schedulers and feature wrappers work on it unchanged. It is traceable: ``torch.export`` and ONNX
+export (static sizes), and ``torch.fx`` symbolic tracing (torchvision's feature extractor): the
+input checks and the APE resampling are FX leaves, and the RoPE tables and the token layout are
+built from the traced grid (the table cache is skipped while tracing).
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import Block, PatchEmbed, Rope2D, make_norm, resample_pos_embed, rope_cos_sin
+from ..layers import Block, PatchEmbed, Rope2D, is_tracing, make_norm, resample_pos_embed, rope_cos_sin
 from .config import ViT5Config
 from .layout import TokenLayout
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _ROPE_CACHE_SIZE = 16
+
+# Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
+torch.fx.wrap("resample_pos_embed")
 
 
 def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
@@ -118,7 +124,7 @@ class ViT5(nn.Module):
         return TokenLayout(tuple(grid), self.num_prefix_tokens, self.num_reg_tokens, registers_first=False)
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
-        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
+        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)  # an FX leaf (see above)
 
     def rope_tables(self, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-token ``(cos, sin) [N, head_dim]`` (fp32) for the whole sequence, or None without RoPE.
@@ -128,7 +134,7 @@ class ViT5(nn.Module):
         """
         if self.rope is None and self.rope_reg is None:
             return None
-        if torch.compiler.is_compiling():
+        if is_tracing():  # a compiled / exported / traced graph computes its own tables
             return self._build_rope_tables(grid)
         key = (tuple(grid), self.patch_embed.proj.weight.device)
         tables = self._rope_cache.get(key)
