@@ -2,7 +2,7 @@
 modern component switchable, plus training, evaluation and visualisation.
 
     import vit5
-    model = vit5.create_model("vit5_small", pretrained="vit5_small_patch16_224.pth")
+    model = vit5.create_model("vit5_small", pretrained=True)  # the official 224 weights, from the Hub
     feats = model.forward_intermediates(images, indices=[-1], intermediates_only=True)
     with vit5.record(model, layers=[-1]) as rec:
         model(images)
@@ -23,6 +23,7 @@ from .model import (
     list_presets,
     load_model,
     preset_config,
+    push_to_hub,
     read_checkpoint,
     record,
     save_pretrained,
@@ -35,5 +36,6 @@ register_presets()
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "create_model", "list_presets", "load_model", "preset_config", "read_checkpoint", "record", "save_pretrained",
+    "create_model", "list_presets", "load_model", "preset_config", "push_to_hub", "read_checkpoint", "record",
+    "save_pretrained",
 ]

@@ -1,4 +1,4 @@
-"""The ViT-5 model: config, presets, the backbone, capture, checkpoints and converters."""
+"""The ViT-5 model: config, presets, the backbone, capture, checkpoints, converters and the Hub."""
 
 from .capture import Recording, record, unwrap_model
 from .checkpoint import (
@@ -7,6 +7,7 @@ from .checkpoint import (
     create_model,
     load_model,
     load_weights,
+    push_to_hub,
     read_checkpoint,
     save_pretrained,
 )
@@ -19,6 +20,6 @@ from .vit import IMAGENET_MEAN, IMAGENET_STD, ViT5, take_indices
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Checkpoint", "CheckpointError", "ConfigError", "LoadReport",
     "Recording", "TokenLayout", "ViT5", "ViT5Config", "create_model", "detect_source", "infer_config",
-    "list_presets", "load_model", "load_weights", "preset_config", "read_checkpoint", "record",
+    "list_presets", "load_model", "load_weights", "preset_config", "push_to_hub", "read_checkpoint", "record",
     "save_pretrained", "take_indices", "unwrap_model",
 ]

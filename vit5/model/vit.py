@@ -35,6 +35,29 @@ _ROPE_CACHE_SIZE = 16
 torch.fx.wrap("resample_pos_embed")
 
 
+def default_pretrained_cfg(img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000) -> dict[str, Any]:
+    """timm's data config for a ViT-5 model: the official evaluation recipe.
+
+    Resize the shorter side to the input size, bicubic, centre crop at ratio 1.0, ImageNet
+    mean/std: ``--eval-crop-ratio 1.0`` in every command of the official README and
+    ``datasets.py:99-108`` (``Resize(int(size / crop_ratio), interpolation=3)``, ``CenterCrop``)
+    of github.com/wangf3014/ViT-5 at commit b7b0796.
+    """
+    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+    return dict(
+        input_size=(in_chans, h, w),
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        crop_pct=1.0,
+        interpolation="bicubic",
+        num_classes=num_classes,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        fixed_input_size=False,
+        license="apache-2.0",
+    )
+
+
 def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
     """Block indices to return: ``None`` all, an int ``n`` the last n, a list absolute or negative."""
     if indices is None:
@@ -103,17 +126,7 @@ class ViT5(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def _pretrained_cfg(self) -> dict[str, Any]:
-        return dict(
-            input_size=(self.cfg.in_chans, *self.cfg.img_size),
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=1.0,
-            interpolation="bicubic",
-            num_classes=self.cfg.num_classes,
-            first_conv="patch_embed.proj",
-            classifier="head",
-            license="apache-2.0",
-        )
+        return default_pretrained_cfg(self.cfg.img_size, self.cfg.in_chans, self.cfg.num_classes)
 
     # ------------------------------------------------------------------ token layout and positions
     def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
