@@ -8,11 +8,11 @@ from .mlp import Mlp, SwiGLU, swiglu_hidden_dim
 from .norm import RMSNorm, make_norm
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed
-from .rope import Rope2D, apply_rope, is_tracing, rope_angles_2d, rope_cos_sin, rope_frequencies, rotate_pairs
+from .rope import Rope2D, apply_rope, rope_angles_2d, rope_cos_sin, rope_frequencies, rotate_pairs
 
 __all__ = [
     "ATTENTION_BACKENDS", "Attention", "AttentionConfig", "Block", "BlockConfig", "DropPath", "KVCache",
     "LayerKVCache", "LayerScale", "Mlp", "PatchEmbed", "RMSNorm", "Rope2D", "SwiGLU", "apply_rope",
-    "causal_mask", "drop_path", "drop_path_rates", "eager_attention", "is_tracing", "make_norm", "resample_pos_embed",
+    "causal_mask", "drop_path", "drop_path_rates", "eager_attention", "make_norm", "resample_pos_embed",
     "rope_angles_2d", "rope_cos_sin", "rope_frequencies", "rotate_pairs", "swiglu_hidden_dim",
 ]

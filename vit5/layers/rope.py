@@ -31,11 +31,6 @@ RopeAxisOrder = Literal["yx", "xy"]
 RopePositions = Literal["integer", "rescaled"]
 
 
-def is_tracing() -> bool:
-    """Whether the forward runs under ``torch.compile`` / ``torch.export``, ``torch.fx`` or ``torch.jit.trace``."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-
-
 def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     """The ``head_dim // 4`` frequency bands per axis: ``theta ** (-4i / head_dim)`` (fp32)."""
     if head_dim % 4:
@@ -110,10 +105,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Ro
     unchanged, which is how tokens without a position (CLS) share one table with rotated tokens.
     In eager mode the interleaved layout is computed as one complex multiplication per pair (a
     single pass, ~5x faster on CPU); under ``torch.compile`` the real-valued formula is kept so
-    that inductor, which has no complex code generation, fuses it into one kernel, and so is it
-    under ``torch.export`` / ONNX (no complex dtypes) and ``torch.fx`` (no stride checks on proxies).
+    that inductor, which has no complex code generation, fuses it into one kernel (and so is it
+    under ``torch.export`` / ONNX, which have no complex dtypes). ``torch.fx`` records the complex
+    path as one call (its stride checks cannot run on proxies), so a traced model computes exactly
+    what the eager one does.
     """
-    if layout == "interleaved" and not is_tracing():
+    if layout == "interleaved" and not torch.compiler.is_compiling():
         return _rotate_interleaved_complex(x, cos, sin)
     xf = x.float()
     return (xf * cos + rotate_pairs(xf, layout) * sin).to(x.dtype)
@@ -125,6 +122,9 @@ def _rotate_interleaved_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.T
         pairs = pairs.contiguous()  # view_as_complex needs adjacent, evenly aligned (real, imag) pairs
     rotation = torch.complex(cos[..., ::2], sin[..., ::2])
     return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
+
+
+torch.fx.wrap("_rotate_interleaved_complex")
 
 
 class Rope2D(nn.Module):

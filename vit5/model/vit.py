@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import Block, PatchEmbed, Rope2D, is_tracing, make_norm, resample_pos_embed, rope_cos_sin
+from ..layers import Block, PatchEmbed, Rope2D, make_norm, resample_pos_embed, rope_cos_sin
 from .config import ViT5Config
 from .layout import TokenLayout
 
@@ -33,6 +33,11 @@ _ROPE_CACHE_SIZE = 16
 
 # Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
 torch.fx.wrap("resample_pos_embed")
+
+
+def is_tracing() -> bool:
+    """Whether the forward is being compiled or exported (dynamo), traced by ``torch.fx`` or ``torch.jit``."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
 def default_pretrained_cfg(img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000) -> dict[str, Any]:
