@@ -7,13 +7,14 @@ what a download would have left on disk, and nothing else.
 import argparse
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import timm
 import torch
+from hub_support import lay_out_download, lay_out_folder
 
 import vit5
-from hub_support import lay_out_download, lay_out_folder
 from vit5 import CheckpointError
 from vit5.model import hub
 from vit5.reference import OfficialViT5
@@ -45,7 +46,7 @@ def official_small(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = dict(depth=2, img_size=32, patch_size=8, embed_dim=64, num_heads=2, num_classes=5)
+    base = {"depth": 2, "img_size": 32, "patch_size": 8, "embed_dim": 64, "num_heads": 2, "num_classes": 5}
     return randomise(vit5.create_model("vit5_tiny", **{**base, **kw}))
 
 
@@ -66,15 +67,21 @@ def test_released_weights_load_by_name_with_the_official_logits(hf_cache, offici
         # timm adapts the head as for its own models; the trunk is the official one
         new_head = timm.create_model("vit5_small", pretrained=True, num_classes=10).eval()
         assert new_head(x).shape == (1, 10)
-        torch.testing.assert_close(new_head.forward_head(new_head.forward_features(x), pre_logits=True), features,
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            new_head.forward_head(new_head.forward_features(x), pre_logits=True),
+            features,
+            rtol=1e-4,
+            atol=1e-4,
+        )
     assert by_timm.pretrained_cfg["hf_hub_id"] == OFFICIAL and by_timm.pretrained_cfg["crop_pct"] == 1.0
 
 
 def test_offline_and_not_cached_is_one_clear_error(hf_cache):
-    expected = (r"vit5_small_patch16_224.pth of the Hugging Face Hub repo FengWang3211/ViT-5: it is not in the "
-                r"cache .* and HF_HUB_OFFLINE is set; fetch it by hand .*hf download FengWang3211/ViT-5 "
-                r"vit5_small_patch16_224.pth")
+    expected = (
+        r"vit5_small_patch16_224.pth of the Hugging Face Hub repo FengWang3211/ViT-5: it is not in the "
+        r"cache .* and HF_HUB_OFFLINE is set; fetch it by hand .*hf download FengWang3211/ViT-5 "
+        r"vit5_small_patch16_224.pth"
+    )
     with pytest.raises(CheckpointError, match=expected):
         vit5.create_model("vit5_small", pretrained=True)
     with pytest.raises(CheckpointError, match=expected):
@@ -85,18 +92,25 @@ def test_offline_and_not_cached_is_one_clear_error(hf_cache):
 
 def test_unknown_names_list_the_released_weights():
     known = "vit5_small_patch16_224.in1k, vit5_base_patch16_224.in1k, vit5_base_patch16_384.in1k"
-    with pytest.raises(CheckpointError, match=f"unknown pretrained weights 'vit5_small_patch16_224.in21k'.*{known}"):
+    with pytest.raises(
+        CheckpointError, match=f"unknown pretrained weights 'vit5_small_patch16_224.in21k'.*{known}"
+    ):
         vit5.create_model("vit5_small", pretrained="vit5_small_patch16_224.in21k")
-    with pytest.raises(CheckpointError, match=f"unknown pretrained tag 'in21k' for vit5_small_patch16_224.*{known}"):
+    with pytest.raises(
+        CheckpointError, match=f"unknown pretrained tag 'in21k' for vit5_small_patch16_224.*{known}"
+    ):
         timm.create_model("vit5_small_patch16_224.in21k")
     with pytest.raises(CheckpointError, match=f"vit5_tiny has no released weights.*{known}"):
         vit5.create_model("vit5_tiny", pretrained=True)
-    with pytest.raises(CheckpointError, match=r"holds a vit5_base_patch16_384 .*create_model\('vit5_base_patch16_384'"):
+    with pytest.raises(
+        CheckpointError, match=r"holds a vit5_base_patch16_384 .*create_model\('vit5_base_patch16_384'"
+    ):
         vit5.create_model("vit5_small", pretrained="vit5_base_patch16_384.in1k")
 
 
-def test_a_damaged_cached_file_names_its_path_and_says_to_delete_it(hf_cache):
-    lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": b"PK\x03\x04 truncated download"})
+@pytest.mark.parametrize("content", [b"PK\x03\x04 truncated download", b"junk"])
+def test_a_damaged_cached_file_names_its_path_and_says_to_delete_it(hf_cache, content):
+    lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": content})
     snapshot = next(hf_cache.rglob("vit5_small_patch16_224.pth"))
     fix = rf"{snapshot}.* is a cached download from the Hugging Face Hub; .*delete {snapshot} and the blob"
     with pytest.raises(CheckpointError, match=rf"not a readable PyTorch checkpoint[\s\S]*{fix}"):
@@ -132,7 +146,9 @@ def test_a_saved_run_is_what_timm_and_vit5_read_from_the_hub(hf_cache, tmp_path)
         torch.testing.assert_close(vit5.load_model("hf-hub:someone/tiny-vit5")(x), expected)
         via_timm = timm.create_model("hf-hub:someone/tiny-vit5", pretrained=True).eval()
         torch.testing.assert_close(via_timm(x), expected)
-        torch.testing.assert_close(timm.create_model(f"local-dir:{tmp_path / 'run'}", pretrained=True).eval()(x), expected)
+        torch.testing.assert_close(
+            timm.create_model(f"local-dir:{tmp_path / 'run'}", pretrained=True).eval()(x), expected
+        )
         ema_model = vit5.load_model("hf-hub:someone/tiny-vit5", use_ema=True)
         torch.testing.assert_close(ema_model.pos_embed, ema["pos_embed"])
     assert timm.data.resolve_model_data_config(via_timm)["input_size"] == (3, 32, 32)
@@ -166,15 +182,32 @@ def test_a_revision_pins_the_weights(hf_cache):
 @pytest.mark.parametrize(
     "files,message",
     [
-        ({"config.json": json.dumps({"model_type": "vit", "architectures": ["ViTForImageClassification"]}),
-          "model.safetensors": b""}, "transformers ViTForImageClassification \\(model_type 'vit'\\), not a vit5 / timm"),
-        ({"config.json": json.dumps({"architecture": "resnet18", "num_classes": 1000}), "model.safetensors": b""},
-         "the timm model 'resnet18', not a vit5 model: load it with timm.create_model"),
-        ({"README.md": "# a dataset card"}, "cannot load config.json of the Hugging Face Hub repo someone/other"),
+        (
+            {
+                "config.json": json.dumps(
+                    {"model_type": "vit", "architectures": ["ViTForImageClassification"]}
+                ),
+                "model.safetensors": b"",
+            },
+            "transformers ViTForImageClassification \\(model_type 'vit'\\), not a vit5 / timm",
+        ),
+        (
+            {
+                "config.json": json.dumps({"architecture": "resnet18", "num_classes": 1000}),
+                "model.safetensors": b"",
+            },
+            "the timm model 'resnet18', not a vit5 model: load it with timm.create_model",
+        ),
+        (
+            {"README.md": "# a dataset card"},
+            "cannot load config.json of the Hugging Face Hub repo someone/other",
+        ),
     ],
 )
 def test_a_hub_repo_that_is_not_a_vit5_model_says_what_it_found(hf_cache, files, message):
-    lay_out_download(hf_cache, "someone/other", {k: v.encode() if isinstance(v, str) else v for k, v in files.items()})
+    lay_out_download(
+        hf_cache, "someone/other", {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+    )
     with pytest.raises(CheckpointError, match=message):
         vit5.load_model("hf-hub:someone/other")
 
@@ -183,8 +216,8 @@ def test_a_hub_repo_that_is_not_a_vit5_model_says_what_it_found(hf_cache, files,
 class FakeHfApi:
     """Stands in for huggingface_hub.HfApi: records the calls and keeps a copy of the uploaded folder."""
 
-    calls: list = []
-    uploaded: dict = {}
+    calls: ClassVar[list] = []
+    uploaded: ClassVar[dict] = {}
     has_card = False
 
     def __init__(self, token=None, library_name=None):
@@ -197,8 +230,9 @@ class FakeHfApi:
     def file_exists(self, repo_id, filename, revision=None):
         return self.has_card and filename == "README.md"
 
-    def upload_folder(self, repo_id, folder_path, revision=None, commit_message=None, create_pr=False,
-                      ignore_patterns=None):
+    def upload_folder(
+        self, repo_id, folder_path, revision=None, commit_message=None, create_pr=False, ignore_patterns=None
+    ):
         self.calls.append(("upload_folder", repo_id, revision, commit_message, create_pr))
         files = {p.name: p.read_bytes() for p in Path(folder_path).iterdir()}
         FakeHfApi.uploaded = {k: v for k, v in files.items() if k not in (ignore_patterns or [])}
@@ -214,7 +248,10 @@ def fake_api(monkeypatch):
 
 def test_push_to_hub_uploads_what_hf_hub_loads_back(hf_cache, tmp_path, fake_api):
     model = tiny()
-    assert vit5.push_to_hub(model, "someone/pushed", commit_message="first", private=True, token="t") == "commit-info"
+    assert (
+        vit5.push_to_hub(model, "someone/pushed", commit_message="first", private=True, token="t")
+        == "commit-info"
+    )
     assert ("create_repo", "someone/pushed", True, True) in fake_api.calls
     assert ("upload_folder", "someone/pushed", None, "first", False) in fake_api.calls
     assert sorted(fake_api.uploaded) == ["README.md", "config.json", "model.safetensors"]
@@ -224,7 +261,9 @@ def test_push_to_hub_uploads_what_hf_hub_loads_back(hf_cache, tmp_path, fake_api
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(vit5.load_model("hf-hub:someone/pushed")(x), model(x))
-        torch.testing.assert_close(timm.create_model("hf-hub:someone/pushed", pretrained=True).eval()(x), model(x))
+        torch.testing.assert_close(
+            timm.create_model("hf-hub:someone/pushed", pretrained=True).eval()(x), model(x)
+        )
 
 
 def test_push_a_checkpoint_directory_keeps_its_ema_and_an_existing_card(tmp_path, fake_api):

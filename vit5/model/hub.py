@@ -133,7 +133,9 @@ def download(
 @contextmanager
 def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub's download errors into one :class:`CheckpointError` with the fix."""
-    where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (f" (revision {revision})" if revision else "")
+    where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (
+        f" (revision {revision})" if revision else ""
+    )
     url = f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{filename}"
     by_hand = (
         f"fetch it by hand where there is network: `hf download {repo_id} {filename}"
@@ -145,9 +147,13 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
         yield
     except LocalEntryNotFoundError as err:
         reason = (
-            "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached (no network?)"
+            "HF_HUB_OFFLINE is set"
+            if constants.HF_HUB_OFFLINE
+            else "the Hub could not be reached (no network?)"
         )
-        raise CheckpointError(f"cannot load {where}: it is not in the cache {cache_root()} and {reason}; {by_hand}") from err
+        raise CheckpointError(
+            f"cannot load {where}: it is not in the cache {cache_root()} and {reason}; {by_hand}"
+        ) from err
     except RevisionNotFoundError as err:
         raise CheckpointError(f"cannot load {where}: the repo has no revision {revision!r}") from err
     except RepositoryNotFoundError as err:
@@ -206,7 +212,11 @@ def upload_folder(
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     keep_card = api.file_exists(repo_id, "README.md", revision=revision)
     return api.upload_folder(
-        repo_id=repo_id, folder_path=folder, revision=revision, commit_message=commit_message, create_pr=create_pr,
+        repo_id=repo_id,
+        folder_path=folder,
+        revision=revision,
+        commit_message=commit_message,
+        create_pr=create_pr,
         ignore_patterns=["README.md"] if keep_card else None,
     )
 
@@ -221,8 +231,10 @@ def model_card(repo_id: str, architecture: str, cfg: dict[str, Any], num_params:
         "---",
         f"# {repo_id.split('/')[-1]}",
         "",
-        f"A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{architecture}` "
-        f"with {num_params / 1e6:.1f}M parameters.",
+        (
+            f"A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{architecture}` "
+            f"with {num_params / 1e6:.1f}M parameters."
+        ),
         "",
         "```python",
         "import timm, vit5  # importing vit5 registers its architectures in timm",

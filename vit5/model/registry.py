@@ -12,12 +12,15 @@ built by timm's own ``build_model_with_cfg``, so timm's keywords behave as for i
   ``feature_cfg`` and ``out_indices`` are consumed here, never passed to :class:`ViT5Config`.
 - every preset has a pretrained config (data config, classifier, first conv), so timm's test
   filters (``name_matches_cfg``) and ``resolve_model_data_config`` see it.
+- ``dynamic_img_size=True`` (what timm users pass to ViTs) is accepted: it is how vit5 models
+  always work (any patch-multiple size; the APE is resampled, RoPE built for the grid).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, register_model
@@ -25,11 +28,15 @@ from timm.models._builder import resolve_pretrained_cfg
 
 from . import hub
 from .checkpoint import checkpoint_filter_fn, read_checkpoint
+from .config import ConfigError
 from .convert import CheckpointError
 from .presets import PRESETS, preset_config
 from .vit import ViT5, default_pretrained_cfg
 
-_FEATURE_DEFAULTS = dict(feature_cls="getter", out_indices=3)  # timm's ViTs: a getter over the last 3 blocks
+_FEATURE_DEFAULTS = {
+    "feature_cls": "getter",
+    "out_indices": 3,
+}  # timm's ViTs: a getter over the last 3 blocks
 
 
 def _pretrained_cfgs() -> dict[str, dict[str, Any]]:
@@ -63,26 +70,39 @@ def _entrypoint(name: str) -> Callable[..., Any]:
             )
         release = hub.default_release(name)
         if pretrained and tag is None and release is not None and release.arch != name:
-            kwargs["pretrained_cfg"] = release.name.partition(".")[2]  # a size name means its released weights
+            kwargs["pretrained_cfg"] = release.name.partition(".")[
+                2
+            ]  # a size name means its released weights
             name_for_cfg = release.arch
         else:
             name_for_cfg = name
+        if not kwargs.pop("dynamic_img_size", True):
+            raise ConfigError(
+                f"{name} takes any input size whose sides are patch multiples: drop dynamic_img_size=False"
+            )
         feature_cfg = {**_FEATURE_DEFAULTS, **kwargs.pop("feature_cfg", {})}
         if "out_indices" in kwargs:
             feature_cfg["out_indices"] = kwargs.pop("out_indices")
         if "feature_cls" in kwargs:
             feature_cfg["feature_cls"] = kwargs.pop("feature_cls")
-        cfg_source = dict(variant=name_for_cfg, pretrained_cfg=kwargs.get("pretrained_cfg"),
-                          pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+        cfg_source = {
+            "variant": name_for_cfg,
+            "pretrained_cfg": kwargs.get("pretrained_cfg"),
+            "pretrained_cfg_overlay": kwargs.get("pretrained_cfg_overlay"),
+        }
         try:
             model = build_model_with_cfg(
-                partial(_build, name), name_for_cfg, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                feature_cfg=feature_cfg, **kwargs,
+                partial(_build, name),
+                name_for_cfg,
+                pretrained,
+                pretrained_filter_fn=checkpoint_filter_fn,
+                feature_cfg=feature_cfg,
+                **kwargs,
             )
-        except (EntryNotFoundError, HfHubHTTPError) as err:  # timm's own download failed: say what to do
+        except (EntryNotFoundError, HfHubHTTPError):  # timm's own download failed: say what to do
             repo, filename, revision = _hub_source(**cfg_source)
             with hub.clear_hub_errors(repo, filename, revision):
-                raise err
+                raise
         except Exception as err:  # timm read a file it could not load: if it is our damaged download, say so
             if pretrained:
                 _explain_damaged_download(err, **cfg_source)
@@ -98,7 +118,9 @@ def _entrypoint(name: str) -> Callable[..., Any]:
     return build
 
 
-def _hub_source(variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Any) -> tuple[str, str, str | None]:
+def _hub_source(
+    variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Any
+) -> tuple[str, str, str | None]:
     cfg = resolve_pretrained_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
     repo, revision = hub.split_revision(cfg.hf_hub_id or "")
     return repo, cfg.hf_hub_filename or "pytorch_model.bin", revision
