@@ -13,10 +13,17 @@ from pathlib import Path
 
 
 def lay_out_download(
-    hub_cache: Path, repo_id: str, files: dict[str, Path | bytes], commit: str | None = None, ref: str = "main"
+    hub_cache: Path,
+    repo_id: str,
+    files: dict[str, Path | bytes],
+    commit: str | None = None,
+    ref: str = "main",
 ) -> str:
     """Store ``files`` (name -> path or bytes) as revision ``commit`` of ``repo_id``; ``ref`` points at it."""
-    datas = {name: content.read_bytes() if isinstance(content, Path) else content for name, content in files.items()}
+    datas = {
+        name: content.read_bytes() if isinstance(content, Path) else content
+        for name, content in files.items()
+    }
     commit = commit or hashlib.sha1(b"".join(sorted(datas.values()))).hexdigest()
     root = hub_cache / f"models--{repo_id.replace('/', '--')}"
     for name, data in datas.items():

@@ -28,6 +28,7 @@ from .model import (
     record,
     save_pretrained,
 )
+from .model.export import export_onnx, export_program
 from .model.registry import register_presets
 
 __version__ = "0.1.0"
@@ -36,6 +37,6 @@ register_presets()
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "create_model", "list_presets", "load_model", "preset_config", "push_to_hub", "read_checkpoint", "record",
-    "save_pretrained",
+    "create_model", "export_onnx", "export_program", "list_presets", "load_model", "preset_config", "push_to_hub",
+    "read_checkpoint", "record", "save_pretrained",
 ]
