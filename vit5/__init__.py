@@ -28,12 +28,21 @@ from .model import (
     record,
     save_pretrained,
 )
-from .model.export import export_onnx, export_program
 from .model.registry import register_presets
 
 __version__ = "0.1.0"
 
 register_presets()
+
+
+def __getattr__(name: str):
+    """``vit5.export_onnx`` / ``vit5.export_program``, imported on first use (``python -m
+    vit5.model.export`` then runs a module not yet imported)."""
+    if name in ("export_onnx", "export_program"):
+        from .model import export
+
+        return getattr(export, name)
+    raise AttributeError(f"module 'vit5' has no attribute {name!r}")
 
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
