@@ -212,6 +212,16 @@ def test_a_hub_repo_that_is_not_a_vit5_model_says_what_it_found(hf_cache, files,
         vit5.load_model("hf-hub:someone/other")
 
 
+def test_a_damaged_cached_run_names_the_file_to_delete(hf_cache, tmp_path):
+    vit5.save_pretrained(tiny(), tmp_path / "run")
+    (tmp_path / "run" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    lay_out_folder(hf_cache, "someone/damaged", tmp_path / "run")
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors is corrupt or truncated[\s\S]*delete .*model.safetensors"
+    ):
+        vit5.load_model("hf-hub:someone/damaged")
+
+
 # ------------------------------------------------------------------------------------ uploads
 class FakeHfApi:
     """Stands in for huggingface_hub.HfApi: records the calls and keeps a copy of the uploaded folder."""

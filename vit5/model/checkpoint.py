@@ -415,9 +415,9 @@ def _read_cached(path: Path, use_ema: bool, source: Source | None, label: str) -
     try:
         ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
     except CheckpointError as err:
-        if path.is_dir():
-            raise CheckpointError(f"{label}: {err}") from err
-        raise CheckpointError(f"{err}\n  {hub.cached_copy_advice(path)}") from err
+        unreadable = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
+        advice = f"\n  {hub.cached_copy_advice(unreadable)}" if str(unreadable) in str(err) else ""
+        raise CheckpointError(f"{label}: {err}{advice}") from err
     ckpt.path = f"{label} ({path})"
     return ckpt
 

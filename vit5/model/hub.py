@@ -98,8 +98,8 @@ def release(name: str) -> Release:
     """The release called ``name``; an unknown name lists the known ones."""
     if name not in RELEASES:
         raise CheckpointError(
-            f"unknown pretrained weights {name!r}: the released ViT-5 weights are {', '.join(RELEASES)} "
-            "(or pass a checkpoint path, or hf-hub:USER/REPO)"
+            f"unknown pretrained weights {name!r} (and no such file): the released ViT-5 weights are "
+            f"{', '.join(RELEASES)}; or pass an existing checkpoint path, or hf-hub:USER/REPO"
         )
     return RELEASES[name]
 
