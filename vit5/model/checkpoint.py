@@ -108,9 +108,11 @@ def hub_config(model: ViT5) -> dict[str, Any]:
     ``architecture`` is named (timm passes ``model_args`` to the preset's entry point).
     """
     cfg = model.cfg
-    config: dict[str, Any] = dict(
-        architecture=closest_preset(cfg), num_classes=cfg.num_classes, num_features=cfg.embed_dim
-    )
+    config: dict[str, Any] = {
+        "architecture": closest_preset(cfg),
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.embed_dim,
+    }
     if model.global_pool:
         config["global_pool"] = model.global_pool
     config["model_args"] = cfg.to_dict()
@@ -340,7 +342,7 @@ def create_model(name: str, pretrained: Pretrained = None, **overrides: Any) -> 
     """
     use_ema = overrides.pop("use_ema", False)
     source = overrides.pop("source", None)
-    where = dict(revision=overrides.pop("revision", None), cache_dir=overrides.pop("cache_dir", None))
+    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
     if hub.is_weights_name(name):  # as timm: "ARCH.TAG" builds ARCH; pretrained=True loads TAG's weights
         name, pretrained = name.partition(".")[0], name if pretrained is True else pretrained
     if pretrained is None or pretrained is False:
@@ -379,7 +381,7 @@ def load_model(path: Pretrained, source: Source | None = None, use_ema: bool = F
     :func:`push_to_hub`) or a released name (``"vit5_small_patch16_224.in1k"``); ``revision=`` and
     ``cache_dir=`` are passed to the download.
     """
-    where = dict(revision=overrides.pop("revision", None), cache_dir=overrides.pop("cache_dir", None))
+    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
     ckpt = _read_pretrained(path, use_ema, source, **where)
     if ckpt.config is not None:
         cfg = ViT5Config.from_dict(ckpt.config).replace(**overrides)

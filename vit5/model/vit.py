@@ -49,18 +49,18 @@ def default_pretrained_cfg(img_size: int | tuple[int, int], in_chans: int = 3, n
     of github.com/wangf3014/ViT-5 at commit b7b0796.
     """
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
-    return dict(
-        input_size=(in_chans, h, w),
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
-        crop_pct=1.0,
-        interpolation="bicubic",
-        num_classes=num_classes,
-        first_conv="patch_embed.proj",
-        classifier="head",
-        fixed_input_size=False,
-        license="apache-2.0",
-    )
+    return {
+        "input_size": (in_chans, h, w),
+        "mean": IMAGENET_MEAN,
+        "std": IMAGENET_STD,
+        "crop_pct": 1.0,
+        "interpolation": "bicubic",
+        "num_classes": num_classes,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "fixed_input_size": False,
+        "license": "apache-2.0",
+    }
 
 
 def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
