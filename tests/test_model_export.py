@@ -62,6 +62,7 @@ def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path
     )
     stdout = capsys.readouterr().out
     assert "input batchx3xheightxwidth" in stdout and "onnxruntime matches torch: max |difference|" in stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]  # one self-contained file
     for batch, size in ((1, (32, 48)), (3, (32, 32)), (2, (48, 64))):  # free batch, free size from 32x32 up
         x = torch.randn(batch, 3, *size)
         with torch.no_grad():

@@ -64,7 +64,8 @@ def run(ctx: BenchContext) -> Section:
         Table(f"{name} @ {img}, batch {cfg.batch}, CPU fp32, {threads} threads", columns, tuple(rows))
     )
     section.notes.append(
-        f"Export: {report.seconds:.0f} s, {report.path.stat().st_size / 2**20:.1f} MiB; onnxruntime vs torch max "
+        f"Export: {report.seconds:.0f} s, {sum(f.stat().st_size for f in report.files) / 2**20:.1f} MiB; "
+        "onnxruntime vs torch max "
         f"|difference| {report.max_abs_diff:.1e}."
     )
     if cfg.device != "cpu" or cfg.dtype != "fp32":

@@ -42,6 +42,7 @@ from .spec import ModelSpecError, load_spec, parse_model_args, random_init_flags
 logger = logging.getLogger("vit5")
 
 DEFAULT_ATOL = 1e-4
+SINGLE_FILE_MAX_BYTES = 3 * 2**29  # protobuf files stop at 2 GiB: larger models keep their weights beside
 
 
 class ExportError(ValueError):
@@ -58,15 +59,22 @@ class OnnxExport:
     atol: float
     seconds: float
 
+    @property
+    def files(self) -> list[Path]:
+        """The ONNX file, and the external weights file next to it when there is one."""
+        data = self.path.with_name(self.path.name + ".data")
+        return [p for p in (self.path, data) if p.exists()]
+
     def __str__(self) -> str:
-        size_mb = self.path.stat().st_size / 2**20 if self.path.exists() else 0.0
+        size_mb = sum(p.stat().st_size for p in self.files) / 2**20
         shape = "x".join(str(d) for d in self.input_shape)
+        written = " + ".join(str(p) for p in self.files) or str(self.path)
         check = (
             f"onnxruntime matches torch: max |difference| {self.max_abs_diff:.2e} (tolerance {self.atol:g})"
             if self.max_abs_diff is not None
             else "not checked with onnxruntime"
         )
-        return f"wrote {self.path} ({size_mb:.1f} MiB, input {shape}) in {self.seconds:.0f} s; {check}"
+        return f"wrote {written} ({size_mb:.1f} MiB, input {shape}) in {self.seconds:.0f} s; {check}"
 
 
 def export_program(
@@ -101,9 +109,12 @@ def export_onnx(
     opset: int | None = None,
     check: bool = True,
     atol: float = DEFAULT_ATOL,
+    external_data: bool | None = None,
 ) -> OnnxExport:
     """Write ``model`` as an ONNX file (input ``"images"`` ``[batch, C, H, W]``, output ``"output"``).
 
+    ``external_data``: weights in ``PATH.data`` beside the graph; default: one self-contained file
+    unless the weights exceed 1.5 GiB (protobuf's 2 GiB limit).
     ``check``: run the file with onnxruntime on random images and raise :class:`ExportError` when
     an output differs from eager torch by more than ``atol`` (the file is kept for inspection).
     """
@@ -111,6 +122,10 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
+    if external_data is None:
+        external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
+    if not external_data:
+        path.with_name(path.name + ".data").unlink(missing_ok=True)  # a previous export's weights, now stale
     start = time.perf_counter()
     with _eval_mode(model):
         try:
@@ -118,6 +133,7 @@ def export_onnx(
                 model,
                 (example,),
                 str(path),
+                external_data=external_data,
                 input_names=["images"],
                 output_names=["output"],
                 dynamic_shapes=dynamic_shapes,
