@@ -50,11 +50,13 @@ from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
 from vit5.files import check_output_dir
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
+from vit5.model.spec import ModelSpecError, random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device
 
 MODEL_HELP = (
     "model spec: a vit5 checkpoint directory (raw and EMA weights are both evaluated when present), an "
-    "official ViT-5 .pth, a vit5 preset (random init, e.g. vit5_tiny), PRESET@CHECKPOINT, or timm:NAME@CHECKPOINT"
+    "official ViT-5 .pth, a vit5 preset with its released weights (vit5_small) or a released name "
+    "(vit5_base_patch16_384.in1k), PRESET@CHECKPOINT, hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT]"
 )
 
 
@@ -87,9 +89,15 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
             f"{len(per_model)} --model-args for {len(specs)} --model: give one --model-args for all models, "
             "or one per --model in the same order (an empty --model-args for a model without overrides)"
         )
+    try:
+        random = random_init_flags(specs, args.random_init)
+    except ModelSpecError as err:
+        raise EvalError(str(err)) from err
     limit = {"max_params": args.max_params} if args.max_params is not None else {}
-    loaded = [m for spec, items in zip(specs, per_model)
-              for m in load_models(spec, args.weights, **parse_overrides(items), **limit)]  # fmt: skip
+    loaded = [
+        m for spec, items, untrained in zip(specs, per_model, random)
+        for m in load_models(spec, args.weights, untrained, **parse_overrides(items), **limit)
+    ]
     for m in loaded:
         m.model.to(device or _device(getattr(args, "device", "auto")))
     return distinct_labels(loaded)
@@ -172,10 +180,13 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
                        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema")
     else:
         p.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw (default) or EMA weights")
+    p.add_argument("--random-init", action="store_true",
+                   help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+                        "pretrained weights; checkpoints load as usual; every table says random-init")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--max-params", type=float, metavar="N",
                    help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
-    p.add_argument("--seed", type=int, default=0, help="seeds random-init models (presets without weights) and the probes")
+    p.add_argument("--seed", type=int, default=0, help="seeds --random-init models and the probes")
 
 
 def _loader_options(p: argparse.ArgumentParser, batch_size: int, workers: int) -> None:

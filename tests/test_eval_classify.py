@@ -149,7 +149,7 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
 
 def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     dataset = open_split(digits_folder(), "val")
-    wrong = load_models("vit5_tiny", depth=1, num_classes=3)[0]
+    wrong = load_models("vit5_tiny", random_init=True, depth=1, num_classes=3)[0]
     with pytest.raises(EvalError, match="3 outputs but .* 10 classes"):
         evaluate(wrong, dataset, SETTINGS, progress=False)
     with pytest.raises(EvalError, match="not a multiple of the patch size 8; use e.g. 32x40"):

@@ -11,10 +11,13 @@ import pytest
 
 from eval_helpers import random_rgb
 
+import vit5
+from vit5.model.spec import parse_model_args
+
 REPO = Path(__file__).resolve().parents[1]
 main = runpy.run_path(str(REPO / "eval" / "__main__.py"), run_name="eval_cli")["main"]
 
-TINY_ARGS = ["--model", "vit5_tiny", "--model-args", "depth=1", "embed_dim=32", "num_heads=2", "img_size=32",
+TINY_ARGS = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=1", "embed_dim=32", "num_heads=2", "img_size=32",
              "patch_size=8", "num_classes=2", "--device", "cpu"]  # fmt: skip
 
 
@@ -59,7 +62,7 @@ def test_features_probe_classify_and_sweep(tmp_path, capsys):
     assert main(["probe", *TINY_ARGS, "--data", str(data), "--k", "3", "--out", str(tmp_path / "p")]) == 0
     assert "logreg" in capsys.readouterr().out
     assert main(["classify", *TINY_ARGS, "--data", str(data), "--workers", "0", "--out", str(tmp_path / "c")]) == 0
-    assert (tmp_path / "c" / "confusion_vit5_tiny.png").is_file()
+    assert (tmp_path / "c" / "confusion_vit5_tiny-random-init.png").is_file()
     assert main(["sweep", *TINY_ARGS, "--data", str(data), "--scales", "1", "1x2", "--workers", "0",
                  "--out", str(tmp_path / "s")]) == 0  # fmt: skip
     assert [r["size"] for r in json.loads((tmp_path / "s" / "sweep.json").read_text())] == [[32, 32], [32, 64]]
@@ -71,11 +74,25 @@ def test_model_args_per_model(tmp_path, capsys):
               "patch_size=8", "num_classes=2"]  # fmt: skip
     assert main(["probe", *TINY_ARGS, *second, "--pool", "avg", "--k", "3", "--data", str(data), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "vit5_tiny " in out and "vit5_tiny-2 " in out  # same preset twice: labels kept apart
+    assert "vit5_tiny-random-init " in out and "vit5_tiny-random-init-2 " in out  # same preset twice: kept apart
     with pytest.raises(SystemExit):
         main(["probe", *TINY_ARGS, "--model", "vit5_tiny", "--model-args", "depth=1", "--model-args", "depth=2",
               "--model-args", "depth=3", "--data", str(data), "--out", str(tmp_path)])  # fmt: skip
     assert "4 --model-args for 2 --model" in capsys.readouterr().err
+
+
+def test_random_init_builds_the_bare_names_and_loads_the_checkpoints(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data")
+    dims = ["depth=1", "embed_dim=32", "num_heads=2", "img_size=32", "patch_size=8", "num_classes=2"]
+    vit5.save_pretrained(vit5.create_model("vit5_tiny", **parse_model_args(dims)), tmp_path / "trained")
+    assert main(["probe", "--model", str(tmp_path / "trained"), "--model", "vit5_tiny", "--random-init",
+                 "--model-args", "--model-args", *dims, "--pool", "avg", "--k", "3", "--device", "cpu",
+                 "--data", str(data), "--out", str(tmp_path)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "trained " in out and "vit5_tiny-random-init " in out  # one trained, one untrained, both labelled
+    with pytest.raises(SystemExit):
+        main(["probe", "--model", str(tmp_path / "trained"), "--random-init", "--data", str(data), "--out", str(tmp_path)])
+    assert "--random-init builds bare architecture names untrained" in capsys.readouterr().err
 
 
 def test_bad_input_is_one_error_line(tmp_path, capsys):

@@ -48,7 +48,7 @@ def test_features_unrelated_to_the_images_stay_at_chance(splits):
 
 def test_untrained_model_is_far_behind_the_trained_one_on_knn(splits, trained_rows):
     """A random ViT-5 (LayerScale 1e-4) leaves the CLS token almost constant: kNN cannot use it."""
-    random_init = load_models("vit5_tiny", **TINY)[0]
+    random_init = load_models("vit5_tiny", random_init=True, **TINY)[0]
     settings = ProbeSettings(pools=("cls",), knn_k=(10,), batch_size=128)
     with single_thread():
         rows = run_probes(random_init, *splits, settings, progress=False)

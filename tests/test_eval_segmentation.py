@@ -120,7 +120,7 @@ def test_colour_and_missing_masks_name_the_file(seg_root):
 
 
 def _probe(root: Path, model=None, **settings):
-    model = model or load_models("vit5_tiny", **TINY)[0]
+    model = model or load_models("vit5_tiny", random_init=True, **TINY)[0]
     defaults = dict(size=(48, 48), epochs=2, batch_size=4)
     return run_segmentation_probe(model, str(root), dataset_info(root), ("train", "val"),
                                   SegProbeSettings(**{**defaults, **settings}), progress=False)  # fmt: skip
@@ -128,7 +128,7 @@ def _probe(root: Path, model=None, **settings):
 
 def test_probe_runs_end_to_end_and_is_deterministic(seg_root):
     with single_thread():
-        model = load_models("vit5_tiny", **TINY)[0]
+        model = load_models("vit5_tiny", random_init=True, **TINY)[0]
         first, second = _probe(seg_root, model, layers=(0, 1)), _probe(seg_root, model, layers=(0, 1))
     assert first.scores.confusion.sum() == 3 * 48 * 48
     assert first.scores.miou == second.scores.miou and first.final_train_loss == second.final_train_loss

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the top-level viz/ entry point is not part of the installed package
 from viz.__main__ import build_parser, main  # noqa: E402
 
-TINY = ["--model", "vit5_tiny", "--model-args", "depth=2", "img_size=32", "patch_size=8"]
+TINY = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=2", "img_size=32", "patch_size=8"]
 FAST = ["--size", "32", "48", "--quiet", "--formats", "png", "--bootstrap", "50"]
 
 
@@ -63,9 +63,9 @@ def test_compare_reuses_the_first_models_thresholds(tmp_path, folder, capsys):
     args = ["compare", *TINY, "--model-b", "timm:vit_small_patch16_224", "--model-b-args", "depth=2", "embed_dim=64",
             "num_heads=2", "img_size=32", "patch_size=8", "reg_tokens=4", "--images", str(folder), "--out", str(out), *FAST]
     assert main(args) == 0
-    a = json.loads((out / "compare" / "metrics_vit5_tiny.json").read_text())
-    b = json.loads((out / "compare" / "metrics_vit_small_patch16_224.json").read_text())
-    assert b["thresholds"] == a["thresholds"] and b["threshold_source"] == "reused from vit5_tiny"
+    a = json.loads((out / "compare" / "metrics_vit5_tiny-random-init.json").read_text())
+    b = json.loads((out / "compare" / "metrics_vit_small_patch16_224-random-init.json").read_text())
+    assert b["thresholds"] == a["thresholds"] and b["threshold_source"] == "reused from vit5_tiny-random-init"
     for name in ("a", "b", "summary_grid", "layer_profile"):
         assert (out / "compare" / f"{name}.png").stat().st_size > 1000
 
@@ -95,10 +95,10 @@ def test_bad_images_give_one_clear_message(tmp_path, capsys):
 
 
 def test_register_maps_of_a_model_without_registers(tmp_path, folder, capsys):
-    args = ["attention", "--model", "deit3_tiny", "--model-args", "depth=1", "img_size=32", "patch_size=8",
+    args = ["attention", "--model", "deit3_tiny", "--random-init", "--model-args", "depth=1", "img_size=32", "patch_size=8",
             "--registers", "--images", str(folder), "--out", str(tmp_path), *FAST]
     assert main(args) == 2
-    assert "deit3_tiny has no register tokens (R=0)" in capsys.readouterr().err
+    assert "deit3_tiny-random-init has no register tokens (R=0)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -107,8 +107,20 @@ def test_register_maps_of_a_model_without_registers(tmp_path, folder, capsys):
      ("timm:resnet18", "cannot visualise a ResNet")],
 )
 def test_bad_model_specs(tmp_path, folder, capsys, spec, message):
-    assert main(["pca", "--model", spec, "--images", str(folder), "--out", str(tmp_path), *FAST]) == 2
+    assert main(["pca", "--model", spec, "--random-init", "--images", str(folder), "--out", str(tmp_path), *FAST]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_name_means_pretrained_weights_and_random_init_must_be_asked_for(tmp_path, folder, capsys):
+    base = ["pca", "--images", str(folder), "--out", str(tmp_path), *FAST]
+    assert main([*base, "--model", "vit5_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "vit5_tiny has no released weights" in err and "untrained model with --random-init" in err
+    assert main([*base, "--model", "timm:vit_small_patch16_224"]) == 2  # timm's weights: offline here, not cached
+    err = capsys.readouterr().err
+    assert "of the Hugging Face Hub repo timm/vit_small_patch16_224" in err and "HF_HUB_OFFLINE is set" in err
+    assert main([*base, "--model", "vit5_tiny@weights.pth", "--random-init"]) == 2
+    assert "--random-init builds bare architecture names untrained" in capsys.readouterr().err
 
 
 def test_help_lists_every_subcommand(capsys):

@@ -20,13 +20,19 @@ def _same_output(a, b):
 
 
 def test_preset_with_overrides_is_random_and_labelled():
-    loaded = load_model_spec("vit5_tiny", parse_overrides(["depth=1", "img_size=32", "patch_size=8", "norm=layernorm"]))
+    overrides = parse_overrides(["depth=1", "img_size=32", "patch_size=8", "norm=layernorm"])
+    loaded = load_model_spec("vit5_tiny", overrides, random_init=True)
     assert loaded.random_init and "RANDOM INIT" in loaded.description and not loaded.model.training
+    assert loaded.label == "vit5_tiny-random-init"  # every table and figure title shows it
     assert loaded.model.cfg.depth == 1 and loaded.model.cfg.norm == "layernorm"
     with pytest.raises(VizError, match="not KEY=VALUE"):
         parse_overrides(["depth"])
     with pytest.raises(VizError, match="no EMA weights"):
-        load_model_spec("vit5_tiny", TINY, use_ema=True)
+        load_model_spec("vit5_tiny", TINY, use_ema=True, random_init=True)
+    with pytest.raises(VizError, match="vit5_tiny has no released weights .* --random-init"):
+        load_model_spec("vit5_tiny", TINY)  # a name means its pretrained weights, as in timm
+    with pytest.raises(VizError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"):
+        load_model_spec("vit5_tiny@w.pth", TINY, random_init=True)
 
 
 def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):

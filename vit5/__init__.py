@@ -2,7 +2,7 @@
 modern component switchable, plus training, evaluation and visualisation.
 
     import vit5
-    model = vit5.create_model("vit5_small", pretrained="vit5_small_patch16_224.pth")
+    model = vit5.create_model("vit5_small", pretrained=True)  # the official 224 weights, from the Hub
     feats = model.forward_intermediates(images, indices=[-1], intermediates_only=True)
     with vit5.record(model, layers=[-1]) as rec:
         model(images)
@@ -28,6 +28,7 @@ from .model import (
     list_presets,
     load_model,
     preset_config,
+    push_to_hub,
     read_checkpoint,
     record,
     save_pretrained,
@@ -38,8 +39,18 @@ __version__ = "0.1.0"
 
 register_presets()
 
+
+def __getattr__(name: str):
+    """``vit5.export_onnx`` / ``vit5.export_program``, imported on first use (``python -m
+    vit5.model.export`` then runs a module not yet imported)."""
+    if name in ("export_onnx", "export_program"):
+        from .model import export
+
+        return getattr(export, name)
+    raise AttributeError(f"module 'vit5' has no attribute {name!r}")
+
 __all__ = [
     "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "Vit5Error", "compile_blocks", "create_model", "fuse_for_inference", "list_presets", "load_model",
-    "preset_config", "read_checkpoint", "record", "save_pretrained",
+    "Vit5Error", "compile_blocks", "create_model", "export_onnx", "export_program", "fuse_for_inference",
+    "list_presets", "load_model", "preset_config", "push_to_hub", "read_checkpoint", "record", "save_pretrained",
 ]

@@ -13,6 +13,7 @@ from pathlib import Path
 from vit5.errors import Vit5Error, one_line_warnings, safe_console, user_message
 from vit5.files import check_output_dir
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
+from vit5.model.spec import random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device
 from vit5.viz import (
     VIEWS,
@@ -29,8 +30,9 @@ from vit5.viz import (
 )
 
 MODEL_HELP = (
-    "model spec: a vit5 preset (random init, e.g. vit5_tiny), PRESET@WEIGHTS, a vit5 checkpoint directory, "
-    "a checkpoint file (official ViT-5 .pth), or timm:NAME[@CHECKPOINT] (e.g. timm:vit_small_patch14_reg4_dinov2@model.safetensors)"
+    "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
+    "(vit5_base_patch16_384.in1k), PRESET@WEIGHTS, a vit5 checkpoint directory, a checkpoint file (official "
+    "ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights unless @CHECKPOINT)"
 )
 SUBCOMMANDS = {
     "attention": ({"attention", "registers", "rollout"}, "CLS-to-patch maps per head and mean, register maps, rollout"),
@@ -47,6 +49,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)")
     p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint(s)")
+    p.add_argument("--random-init", action="store_true",
+                   help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+                        "pretrained weights; checkpoints load as usual; every figure and table says random-init")
     if compare:
         p.add_argument("--model-b", required=True, help="second model (same spec forms); uses --model's outlier thresholds")
         p.add_argument("--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b")
@@ -97,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m viz",
         description="Attention maps, token norms and the register 'garbage collector' effect, as figures and numbers.",
-        epilog="Example: python -m viz all --model vit5_tiny --model-args depth=4 --images sklearn-samples --out runs/viz",
+        epilog="Example: python -m viz all --model vit5_tiny --random-init --model-args depth=4 --images sklearn-samples --out runs/viz",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in SUBCOMMANDS.items():
@@ -136,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _config(args)
         check_output_dir(args.out, "--out")
-        model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema)
+        specs = [args.model] + ([args.model_b] if args.command == "compare" else [])
+        random_a, *random_b = random_init_flags(specs, args.random_init)
+        model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema, random_a)
         print(f"model: {model.description}")
         if args.command == "compare":
-            model_b = load_model_spec(args.model_b, {**parse_overrides(args.model_b_args), **limit}, args.ema)
+            overrides_b = {**parse_overrides(args.model_b_args), **limit}
+            model_b = load_model_spec(args.model_b, overrides_b, args.ema, random_b[0])
             print(f"model B: {model_b.description}")
             run_compare(model, model_b, args.images, cfg)
         else:

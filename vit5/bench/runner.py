@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import attention_memory, compile_speedup, depth, kv_cache, mfu, mlp, modern_cost, norms, speed
+from . import attention_memory, compile_speedup, depth, export, kv_cache, mfu, mlp, modern_cost, norms, speed
 from .config import BenchConfig
 from .context import BenchContext
 from .environment import environment, load_average
@@ -28,6 +28,7 @@ SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
     "norms": norms.run,
     "mlp": mlp.run,
     "depth": depth.run,
+    "export": export.run,
 }
 
 

@@ -1,7 +1,7 @@
 """Model specs for evaluation: :mod:`vit5.model.spec`, expanded to raw and EMA weights.
 
-See :mod:`vit5.model.spec` for the spec forms (vit5 presets, checkpoint and run directories,
-official ``.pth`` files, ``timm:NAME@CHECKPOINT``).
+See :mod:`vit5.model.spec` for the spec forms (vit5 presets and released weights, checkpoint and
+run directories, official ``.pth`` files, ``hf-hub:USER/REPO``, ``timm:NAME[.TAG][@CHECKPOINT]``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,17 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         raise EvalError(str(err)) from err
 
 
-def load_models(spec: str, weights: WeightChoice = "auto", **overrides: Any) -> list[LoadedModel]:
+def load_models(
+    spec: str, weights: WeightChoice = "auto", random_init: bool = False, **overrides: Any
+) -> list[LoadedModel]:
     """The models a spec names: ``weights="auto"`` gives raw and EMA weights when a checkpoint
     directory holds both (an official ``.pth`` needs ``"ema"`` to pick its ``model_ema``).
+    A name means its pretrained weights; ``random_init=True`` an untrained model (labelled so).
     ``overrides`` are ViT5Config fields for vit5 models, ``timm.create_model`` arguments for timm."""
     if weights not in ("auto", "raw", "ema"):
         raise EvalError(f"weights must be 'auto', 'raw' or 'ema', got {weights!r}")
     try:
         kinds = [False, True] if weights == "auto" and has_ema_weights(spec) else [weights == "ema"]
-        return [load_spec(spec, overrides, use_ema=use_ema) for use_ema in kinds]
+        return [load_spec(spec, overrides, use_ema=use_ema, random_init=random_init) for use_ema in kinds]
     except ModelSpecError as err:
         raise EvalError(str(err)) from err

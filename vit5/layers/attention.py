@@ -162,7 +162,8 @@ class Attention(nn.Module):
                     f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
                 )
             qk = rope.rotate(qk, token_dim=-3)
-        q, k = (t.transpose(1, 2) for t in qk.split((h, h_kv), dim=2))  # [B, heads, N, d] views
+        q, k = qk.split((h, h_kv), dim=2)  # unpacked directly: torch.fx cannot iterate a generator over a proxy
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, N, d] views
         v = v.transpose(1, 2)
         if kv_cache is not None:
             if not causal:

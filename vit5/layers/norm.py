@@ -30,6 +30,9 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), None, eps)
 
 
+torch.fx.wrap("rms_normalize")  # torch.fx records one call (it branches on the device), the eager computation
+
+
 class _RMSNormalizeCPU(torch.autograd.Function):
     """``y = x * r`` with ``r = (mean(x^2) + eps)^(-1/2)``; backward ``r * (g - y * mean(g * y))``.
 

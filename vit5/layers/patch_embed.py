@@ -1,13 +1,45 @@
 """Patch embedding: a ``p x p`` stride-``p`` convolution, flattened row-major (as timm's PatchEmbed).
 
 Unlike timm's strict default, any image whose sides are multiples of the patch size is accepted;
-the token grid is ``(H / p, W / p)``. Wrong inputs fail with a message that names the fix.
+the token grid is ``(H / p, W / p)``. Wrong inputs fail with a message that names the fix. The
+checks live in :func:`checked_images`, a leaf for ``torch.fx`` (``torch.fx.wrap``), so symbolic
+tracing (torchvision's ``create_feature_extractor``) records one call instead of failing on
+Python control flow, and the traced module still checks its real inputs.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def grid_of(image_hw: tuple[int, int], patch_size: int) -> tuple[int, int]:
+    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
+    h, w = image_hw
+    p = patch_size
+    if h % p or w % p or h < p or w < p:
+        fix_h, fix_w = max(p, round(h / p) * p), max(p, round(w / p) * p)
+        raise ValueError(
+            f"image size {h}x{w} is not a positive multiple of the patch size {p}: resize or crop "
+            f"the input to {fix_h}x{fix_w} (height x width)"
+        )
+    return h // p, w // p
+
+
+def checked_images(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tensor:
+    """``x`` itself, after checking it is a float ``[B, in_chans, H, W]`` batch of patch-multiple sides."""
+    if x.ndim != 4 or x.shape[1] != in_chans:
+        raise ValueError(
+            f"expected images of shape [batch, {in_chans}, height, width], got {tuple(x.shape)}"
+            + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
+        )
+    if not x.is_floating_point():
+        raise ValueError(f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}")
+    grid_of((x.shape[-2], x.shape[-1]), patch_size)
+    return x
+
+
+torch.fx.wrap("checked_images")
 
 
 class PatchEmbed(nn.Module):
@@ -19,26 +51,8 @@ class PatchEmbed(nn.Module):
 
     def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
-        h, w = image_hw
-        p = self.patch_size
-        if h % p or w % p or h < p or w < p:
-            fix_h, fix_w = max(p, round(h / p) * p), max(p, round(w / p) * p)
-            raise ValueError(
-                f"image size {h}x{w} is not a positive multiple of the patch size {p}: resize or crop "
-                f"the input to {fix_h}x{fix_w} (height x width)"
-            )
-        return h // p, w // p
+        return grid_of(image_hw, self.patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` image to ``[B, C_embed, H/p, W/p]`` patch features."""
-        if x.ndim != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(
-                f"expected images of shape [batch, {self.in_chans}, height, width], got {tuple(x.shape)}"
-                + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
-            )
-        if not x.is_floating_point():
-            raise ValueError(
-                f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}"
-            )
-        self.grid_size((x.shape[-2], x.shape[-1]))
-        return self.proj(x)
+        return self.proj(checked_images(x, self.in_chans, self.patch_size))

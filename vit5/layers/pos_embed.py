@@ -14,14 +14,20 @@ def resample_pos_embed(
     Interpolated in fp32 (bicubic by default, as the official fine-tuning code) and cast back.
     Antialiasing is used only when shrinking, where unantialiased resizing aliases (the stripe
     artifacts of Darcet et al. 2023, App. A); enlarging matches the official resampling exactly.
+
+    Under ``torch.export`` with a symbolic grid (dynamic height / width) nothing may branch on the
+    grid, so the plain interpolation is always taken: exact at the stored grid (bicubic weights at
+    integer offsets are 0/1) and the same as above when enlarging; vit5's exporter limits dynamic
+    sizes to that range.
     """
-    if tuple(old_grid) == tuple(new_grid):
-        return pos_embed
     h, w = old_grid
+    symbolic = torch.compiler.is_exporting() and any(isinstance(s, torch.SymInt) for s in new_grid)
+    if not symbolic and tuple(old_grid) == tuple(new_grid):
+        return pos_embed
     if pos_embed.shape[1] != h * w:
         raise ValueError(f"position embedding has {pos_embed.shape[1]} rows, not {h}x{w}={h * w}")
     grid = pos_embed.float().reshape(1, h, w, -1).permute(0, 3, 1, 2)
-    shrinking = new_grid[0] < h or new_grid[1] < w
+    shrinking = not symbolic and (new_grid[0] < h or new_grid[1] < w)
     antialias = shrinking and mode in ("bilinear", "bicubic")
     grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(pos_embed.dtype)

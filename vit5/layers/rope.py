@@ -157,23 +157,44 @@ class RopeTable:
         ``token_dim=-2`` for ``[B, heads, n, d]``; ``-3`` for the ``[B, n, heads, d]`` layout of
         the qkv projection, which attention rotates in place of making q and k contiguous.
         """
-        if token_dim >= 0 or x.shape[token_dim] != self.num_tokens:
-            raise ValueError(
-                f"a RoPE table of {self.num_tokens} tokens cannot rotate a tensor of shape {tuple(x.shape)} "
-                f"on dim {token_dim} (a negative dim counted from the end)"
-            )
-        trailing = (1,) * (-token_dim - 2)  # the dims between tokens and channels (heads)
+        if token_dim >= 0:
+            raise ValueError(f"token_dim must count from the end (a negative dim), got {token_dim}")
         if self.rotation is not None and not torch.compiler.is_compiling():
-            rotation = self.rotation.reshape(self.num_tokens, *trailing, -1)
-            pairs = x.float().unflatten(-1, (-1, 2))
-            aligned = pairs.stride(-1) == 1 and not pairs.storage_offset() % 2
-            if not aligned or any(stride % 2 for stride in pairs.stride()[:-1]):
-                pairs = pairs.contiguous()  # view_as_complex needs adjacent, aligned (real, imag) pairs
-            return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
-        cos = self.cos.reshape(self.num_tokens, *trailing, -1)
-        sin = self.sin.reshape(self.num_tokens, *trailing, -1)
+            return rotate_complex(x, self.rotation, token_dim)
+        x = checked_rope_input(x, self.cos, token_dim)
+        trailing = (1,) * (-token_dim - 2)  # the dims between tokens and channels (heads)
+        cos = self.cos.reshape(self.cos.shape[0], *trailing, -1)
+        sin = self.sin.reshape(self.sin.shape[0], *trailing, -1)
         xf = x.float()
         return (xf * cos + rotate_pairs(xf, self.layout) * sin).to(x.dtype)
+
+
+def checked_rope_input(x: torch.Tensor, table: torch.Tensor, token_dim: int) -> torch.Tensor:
+    """``x`` itself, after checking it has as many tokens on ``token_dim`` as ``table`` has rows."""
+    if x.shape[token_dim] != table.shape[0]:
+        raise ValueError(
+            f"a RoPE table of {table.shape[0]} tokens cannot rotate a tensor of shape {tuple(x.shape)} "
+            f"on dim {token_dim} (a negative dim counted from the end)"
+        )
+    return x
+
+
+def rotate_complex(x: torch.Tensor, rotation: torch.Tensor, token_dim: int) -> torch.Tensor:
+    """Rotate the interleaved pairs of ``x`` by unit complex numbers ``rotation [n, head_dim/2]``."""
+    x = checked_rope_input(x, rotation, token_dim)
+    rotation = rotation.reshape(rotation.shape[0], *(1,) * (-token_dim - 2), -1)
+    pairs = x.float().unflatten(-1, (-1, 2))
+    aligned = pairs.stride(-1) == 1 and not pairs.storage_offset() % 2
+    if not aligned or any(stride % 2 for stride in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()  # view_as_complex needs adjacent, aligned (real, imag) pairs
+    return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
+
+
+# torch.fx records these as calls (their checks read strides and sizes a proxy does not have), so a
+# traced model runs exactly the eager computation and still checks its inputs.
+torch.fx.wrap("checked_rope_input")
+torch.fx.wrap("rotate_complex")
+
 
 
 class Rope2D(nn.Module):

@@ -1,4 +1,4 @@
-"""The ViT-5 model: config, presets, the backbone, capture, checkpoints and converters."""
+"""The ViT-5 model: config, presets, the backbone, capture, checkpoints, converters and the Hub."""
 
 from .capture import Recording, record, unwrap_model
 from .checkpoint import (
@@ -7,6 +7,7 @@ from .checkpoint import (
     create_model,
     load_model,
     load_weights,
+    push_to_hub,
     read_checkpoint,
     save_pretrained,
 )
@@ -21,5 +22,5 @@ __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Checkpoint", "CheckpointError", "ConfigError", "LoadReport",
     "Recording", "TokenLayout", "ViT5", "ViT5Config", "compile_blocks", "create_model", "detect_source",
     "fuse_for_inference", "infer_config", "list_presets", "load_model", "load_weights", "preset_config",
-    "read_checkpoint", "record", "save_pretrained", "take_indices", "unwrap_model",
+    "push_to_hub", "read_checkpoint", "record", "save_pretrained", "take_indices", "unwrap_model",
 ]

@@ -1,11 +1,18 @@
 """Saving and loading weights: our directory format, official ViT-5 ``.pth`` and timm checkpoints.
 
-Our format is a directory with ``config.json`` (the :class:`ViT5Config`) and
-``model.safetensors`` (optionally ``model_ema.safetensors``). Pickled ``.pth`` files are read with
-``torch.load(weights_only=True)``: no pickled code ever runs. Loading is always strict: keys or
-shapes that do not fit raise :class:`CheckpointError` listing the missing, unexpected and
-mismatched keys. The only deliberate exceptions are reported in a :class:`LoadReport`: a head
-reset for a new number of classes, and a position embedding resampled to a new grid.
+Our format is a directory with ``model.safetensors`` (optionally ``model_ema.safetensors``) and a
+``config.json`` that timm's ``hf-hub:`` / ``local-dir:`` loader reads as it is: ``architecture``
+(the closest preset), ``num_classes``, ``model_args`` (the full :class:`ViT5Config`) and
+``pretrained_cfg`` (the data config). Directories written before that (``{"config": ...}``) still
+load. Pickled ``.pth`` files are read with ``torch.load(weights_only=True)``: no pickled code ever
+runs. Loading is always strict: keys or shapes that do not fit raise :class:`CheckpointError`
+listing the missing, unexpected and mismatched keys. The only deliberate exceptions are reported
+in a :class:`LoadReport`: a head reset for a new number of classes, and a position embedding
+resampled to a new grid.
+
+Weights are named by a path, by a released name (``vit5_small_patch16_224.in1k``, see
+:mod:`vit5.model.hub`) or by ``hf-hub:USER/REPO[@REVISION]``; the last two download through
+huggingface_hub. :func:`push_to_hub` uploads a model in the format ``hf-hub:`` reads back.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import math
 import os
 import pickle
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +38,12 @@ from safetensors.torch import save as save_safetensors
 from ..errors import storage_error
 from ..files import atomic_write_bytes, atomic_write_json
 from ..layers import resample_pos_embed
+from . import hub
 from .config import ConfigError, ViT5Config
 from .convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
 from .footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
-from .presets import PRESETS, preset_config
-from .vit import ViT5
+from .presets import PRESETS, closest_preset, preset_config
+from .vit import ViT5, default_pretrained_cfg
 
 logger = logging.getLogger("vit5")
 
@@ -42,6 +51,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 HEAD_KEYS = ("head.weight", "head.bias")
+FIRST_CONV_KEY = "patch_embed.proj.weight"
+HUB_CONFIG_KEYS = ("architecture", "num_classes", "num_features", "global_pool", "model_args", "pretrained_cfg")
+Pretrained = str | os.PathLike | bool | None
 
 
 @dataclass
@@ -81,6 +93,9 @@ def save_pretrained(
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``), each file atomically.
 
+    The directory is hub-ready: uploaded as it is (:func:`push_to_hub`), both
+    ``vit5.load_model("hf-hub:USER/REPO")`` and ``timm.create_model("hf-hub:USER/REPO",
+    pretrained=True)`` (after ``import vit5``) rebuild the model. ``extra`` adds top-level keys.
     A model fused by :func:`vit5.fuse_for_inference` is refused: its tensors no longer follow the
     layout its config describes (gains folded into weights, LayerScale and norm gains gone).
 
@@ -98,11 +113,34 @@ def save_pretrained(
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise storage_error(err, directory, "create") from err
-    atomic_write_json(directory / CONFIG_NAME, {"config": model.cfg.to_dict(), **(extra or {})})
+    atomic_write_json(directory / CONFIG_NAME, {**hub_config(model), **(extra or {})})
     atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
     if ema_state_dict is not None:
         atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))
     return directory
+
+
+def hub_config(model: ViT5) -> dict[str, Any]:
+    """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``).
+
+    ``model_args`` holds every :class:`ViT5Config` field, so the model rebuilds exactly whatever
+    ``architecture`` is named (timm passes ``model_args`` to the preset's entry point).
+    """
+    cfg = model.cfg
+    config: dict[str, Any] = {
+        "architecture": closest_preset(cfg),
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.embed_dim,
+    }
+    if model.global_pool:
+        config["global_pool"] = model.global_pool
+    config["model_args"] = cfg.to_dict()
+    config["pretrained_cfg"] = dict(
+        default_pretrained_cfg(cfg.img_size, cfg.in_chans, cfg.num_classes),
+        paper_ids=hub.PAPER_ID,
+        paper_name=hub.PAPER_NAME,
+    )
+    return config
 
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
@@ -115,7 +153,8 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False, source: Sour
     """Read weights from our directory, a ``.safetensors`` file, or a ``.pth`` (official / timm)."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        hint = f" (released weights: {', '.join(hub.RELEASES)})" if hub.is_weights_name(str(path)) else ""
+        raise CheckpointError(f"checkpoint {path} does not exist{hint}")
     if path.is_dir():
         return _read_directory(path, use_ema)
     if path.suffix == ".safetensors":
@@ -136,14 +175,44 @@ def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
             + (" (this run saved no EMA weights: drop use_ema)" if use_ema and config_file.exists() else "")
         )
     try:
-        config = json.loads(config_file.read_text())["config"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        config = vit5_config(json.loads(config_file.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
         raise CheckpointError(f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})") from err
     try:
         sd = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} is corrupt or truncated ({err})") from err
     return Checkpoint(sd, "vit5", config=config, path=str(path))
+
+
+def vit5_config(data: Any) -> Any:
+    """The :class:`ViT5Config` fields of a ``config.json``, not yet validated (the caller validates
+    them and names the file): hub-ready (``architecture`` + ``model_args`` over that preset, as timm
+    reads it) or older (``config``); anything else raises a ``ValueError`` naming what it is."""
+    if isinstance(data, dict) and data.get("architecture") in PRESETS:
+        args = data.get("model_args", {})
+        if not isinstance(args, dict):
+            return args  # ViT5Config.from_dict says what it is instead of a mapping
+        top = {"num_classes": data["num_classes"]} if "num_classes" in data else {}
+        return {**preset_config(data["architecture"]).to_dict(), **top, **args}
+    if isinstance(data, dict) and "config" in data:
+        return data["config"]
+    raise ValueError(describe_config(data))
+
+
+def describe_config(data: Any) -> str:
+    """What a ``config.json`` that is not a vit5 model describes, in words."""
+    if not isinstance(data, dict):
+        return f"it holds a {type(data).__name__}, not an object"
+    if "architecture" in data:
+        return (
+            f"it describes the timm model {data['architecture']!r}, not a vit5 model: load it with "
+            "timm.create_model('hf-hub:...' or 'local-dir:...', pretrained=True)"
+        )
+    if "model_type" in data or "architectures" in data:
+        kind = ", ".join(data.get("architectures") or []) or "model"
+        return f"it describes a Hugging Face transformers {kind} (model_type {data.get('model_type')!r}), not a vit5 / timm model"
+    return f"it has none of the keys of a vit5 or timm config (architecture, model_args); its keys: {sorted(data)[:10]}"
 
 
 def _torch_load(path: Path) -> Any:
@@ -190,6 +259,8 @@ def safe_torch_load(
         raise CheckpointError(message.rstrip()) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {err})") from err
+    except Exception as err:  # a damaged file fails in other ways too (struct, zip): one message for all
+        raise CheckpointError(f"{label} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:
@@ -227,6 +298,22 @@ def load_weights(model: ViT5, ckpt: Checkpoint, ignore_head: bool = False) -> Lo
     return report
 
 
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: ViT5) -> dict[str, torch.Tensor]:
+    """timm's ``pretrained_filter_fn``: an official, timm or vit5 state dict (or a training
+    checkpoint holding one under ``model`` / ``state_dict``) in this model's names, APE resampled.
+
+    The official converter is strict (RoPE buffers verified against this model's frequencies);
+    every key must fit, except what timm adapts next: the head for a new ``num_classes`` and
+    the first conv for a new ``in_chans``.
+    """
+    sd = _unwrap(state_dict, use_ema=False, path=Path("the pretrained checkpoint"))
+    ckpt = Checkpoint(sd, detect_source(sd), path="the pretrained checkpoint")
+    converted = convert(sd, ckpt.source, model.cfg)
+    _resample_pos_embed(converted, model, ckpt, LoadReport(source=ckpt.source))
+    _check_fit(converted, model.state_dict(), ckpt, adaptable=(*HEAD_KEYS, FIRST_CONV_KEY))
+    return converted
+
+
 def _resample_pos_embed(sd: dict, model: ViT5, ckpt: Checkpoint, report: LoadReport) -> None:
     pos = sd.get("pos_embed")
     if pos is None or model.pos_embed is None or pos.shape == model.pos_embed.shape:
@@ -245,10 +332,11 @@ def _resample_pos_embed(sd: dict, model: ViT5, ckpt: Checkpoint, report: LoadRep
     report.resampled.append(f"pos_embed {old_grid[0]}x{old_grid[1]} -> {new_grid[0]}x{new_grid[1]} (bicubic)")
 
 
-def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint) -> None:
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
-    mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape]
+def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str, ...] = ()) -> None:
+    """Raise unless ``sd`` has exactly the keys and shapes of ``expected`` (``adaptable`` keys may differ in shape)."""
+    missing = [k for k in expected if k not in sd and k not in adaptable]
+    unexpected = [k for k in sd if k not in expected and k not in adaptable]
+    mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape and k not in adaptable]
     if not (missing or unexpected or mismatched):
         return
     lines = [f"checkpoint {ckpt.path} ({ckpt.source} format) does not fit the model:"]
@@ -271,9 +359,16 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint) -> None:
 
 # ---------------------------------------------------------------------------------- factories
 def create_model(
-    name: str, pretrained: str | os.PathLike | None = None, *, max_params: float = DEFAULT_MAX_PARAMS, **overrides: Any
+    name: str, pretrained: Pretrained = None, *, max_params: float = DEFAULT_MAX_PARAMS, **overrides: Any
 ) -> ViT5:
-    """Build preset ``name`` with config ``overrides``; optionally load weights from ``pretrained``.
+    """Build preset ``name`` with config ``overrides``; optionally load weights.
+
+    ``pretrained``: ``True`` for the released weights of the name (``vit5_small`` -> its 224
+    weights, ``vit5_base_patch16_384`` -> its 384 ones), a released name
+    (``"vit5_base_patch16_384.in1k"``, which also sets the image size unless ``img_size`` is
+    given), ``"hf-hub:USER/REPO[@REVISION]"``, or a path (our directory, an official ViT-5 ``.pth``
+    or a timm checkpoint). ``name`` may itself be a released name (``"vit5_small_patch16_224.in1k"``).
+    Downloads use the Hugging Face cache; ``revision=`` pins one, ``cache_dir=`` moves the cache.
 
     When ``num_classes`` is overridden and differs from the checkpoint's head, the head is reset
     (fine-tuning); the APE is resampled when ``img_size`` differs. Everything else loads strictly.
@@ -282,25 +377,36 @@ def create_model(
     """
     use_ema = overrides.pop("use_ema", False)
     source = overrides.pop("source", None)
-    if pretrained is not None and pretrained is not False:
-        if pretrained is True:
+    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
+    if hub.is_weights_name(name):  # as timm: "ARCH.TAG" builds ARCH; pretrained=True loads TAG's weights
+        name, pretrained = name.partition(".")[0], name if pretrained is True else pretrained
+    if pretrained is None or pretrained is False:
+        cfg = preset_config(name, **overrides)
+        check_size(cfg, max_params)
+        return ViT5(cfg)
+    if pretrained is True:
+        release = hub.default_release(name)
+        if release is None:
             raise CheckpointError(
-                "vit5 downloads nothing: pass pretrained=PATH (our directory, an official ViT-5 .pth or a timm checkpoint)"
+                f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): pass pretrained=PATH "
+                "to load your own, or leave pretrained unset for random weights"
             )
-        ckpt = read_checkpoint(pretrained, use_ema=use_ema, source=source)
-        if ckpt.config is not None:  # our directory format knows its own architecture
-            cfg = _stored_config(ckpt, overrides)
-            _check_named_preset(name, cfg, pretrained, overrides)
-        else:
-            cfg = preset_config(name, **overrides)
-        return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
-    cfg = preset_config(name, **overrides)
-    check_size(cfg, max_params)
-    return ViT5(cfg)
+        pretrained = release.name
+    if isinstance(pretrained, str) and hub.is_weights_name(pretrained) and not Path(pretrained).exists():
+        release = hub.release(pretrained)  # checked before any download
+        overrides.setdefault("img_size", release.img_size)
+        _check_release_fits(release, name, overrides)
+    ckpt = _read_pretrained(pretrained, use_ema, source, **where)
+    if ckpt.config is not None:  # our directory format knows its own architecture
+        cfg = _stored_config(ckpt, overrides)
+        _check_named_preset(name, cfg, pretrained, overrides)
+    else:
+        cfg = preset_config(name, **overrides)
+    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
 
 
 def load_model(
-    path: str | os.PathLike,
+    path: Pretrained,
     source: Source | None = None,
     use_ema: bool = False,
     *,
@@ -309,13 +415,66 @@ def load_model(
 ) -> ViT5:
     """Load any supported checkpoint without naming a preset: the architecture comes from
     ``config.json`` (our format) or is inferred from the tensor shapes (official / timm). A model of
-    more than ``max_params`` parameters is refused before it is allocated."""
-    ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
+    more than ``max_params`` parameters is refused before it is allocated.
+
+    ``path`` may also be ``"hf-hub:USER/REPO[@REVISION]"`` (a model pushed with
+    :func:`push_to_hub`) or a released name (``"vit5_small_patch16_224.in1k"``); ``revision=`` and
+    ``cache_dir=`` are passed to the download.
+    """
+    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
+    ckpt = _read_pretrained(path, use_ema, source, **where)
     if ckpt.config is not None:
         cfg = _stored_config(ckpt, overrides)
     else:
         cfg = config_from_checkpoint(ckpt.state_dict, ckpt.source, **overrides)
     return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
+
+
+def _read_pretrained(
+    pretrained: str | os.PathLike,
+    use_ema: bool,
+    source: Source | None,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Checkpoint:
+    """Read the weights ``pretrained`` names: ``hf-hub:REPO``, a released name or a path."""
+    text = os.fspath(pretrained)
+    if text.startswith(hub.HF_HUB_PREFIX):
+        repo = text[len(hub.HF_HUB_PREFIX) :]
+        if revision is not None:
+            repo = f"{hub.split_revision(repo)[0]}@{revision}"
+        directory = hub.download_model_dir(repo, EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME, cache_dir)
+        return _read_cached(directory, use_ema, source, label=text)
+    if not Path(text).exists() and hub.is_weights_name(text):
+        release = hub.release(text)
+        path = hub.download(release.repo, release.filename, revision, cache_dir)
+        return _read_cached(path, use_ema, source or "official", label=text)
+    return read_checkpoint(text, use_ema=use_ema, source=source)
+
+
+def _read_cached(path: Path, use_ema: bool, source: Source | None, label: str) -> Checkpoint:
+    """Read a downloaded checkpoint; a damaged cached copy says which files to delete."""
+    try:
+        ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
+    except CheckpointError as err:
+        unreadable = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
+        advice = f"\n  {hub.cached_copy_advice(unreadable)}" if str(unreadable) in str(err) else ""
+        raise CheckpointError(f"{label}: {err}{advice}") from err
+    if not path.is_dir():  # a released file: say which; a directory keeps its path (config.json messages)
+        ckpt.path = f"{label} ({path})"
+    return ckpt
+
+
+def _check_release_fits(release: hub.Release, name: str, overrides: dict[str, Any]) -> None:
+    """Released weights fit a preset of their own size only: say which one to name instead."""
+    theirs = preset_config(release.arch)
+    ours = preset_config(name, **overrides)
+    shape = ("embed_dim", "depth", "num_heads")
+    if any(getattr(theirs, k) != getattr(ours, k) for k in shape):
+        raise CheckpointError(
+            f"{release.name} holds a {release.arch} ({', '.join(f'{k} {getattr(theirs, k)}' for k in shape)}), "
+            f"not {name}: create_model({release.arch!r}, pretrained=True)"
+        )
 
 
 def _stored_config(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViT5Config:
@@ -389,3 +548,52 @@ def _build_and_load(cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool, max_pa
     else:
         logger.info(str(report))
     return model
+
+
+# ---------------------------------------------------------------------------------- upload
+def push_to_hub(
+    model: ViT5 | str | os.PathLike,
+    repo_id: str,
+    *,
+    commit_message: str = "Add vit5 model",
+    revision: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    create_pr: bool = False,
+) -> Any:
+    """Upload a model, or a checkpoint directory (raw and EMA weights), to the Hub repo ``repo_id``.
+
+    What is uploaded is what :func:`save_pretrained` writes, plus a model card when the repo has
+    none, so ``vit5.load_model("hf-hub:USER/REPO")`` and ``timm.create_model("hf-hub:USER/REPO",
+    pretrained=True)`` load it back. Returns huggingface_hub's ``CommitInfo``. Needs a token
+    (``hf auth login`` or ``token=``).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = stage_for_hub(model, Path(tmp), repo_id)
+        return hub.upload_folder(
+            folder, repo_id, commit_message=commit_message, revision=revision, private=private, token=token,
+            create_pr=create_pr,
+        )
+
+
+def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -> Path:
+    """Write into ``folder`` the files :func:`push_to_hub` uploads (hub-ready config, weights, card)."""
+    if isinstance(model, ViT5):
+        save_pretrained(model, folder)
+    else:
+        directory = Path(model)
+        raw = read_checkpoint(directory)
+        if raw.config is None:
+            raise CheckpointError(
+                f"{directory} is not a vit5 checkpoint directory; to upload other weights, load them first "
+                "(model = vit5.load_model(path)) and push the model"
+            )
+        loaded = load_model(directory)
+        ema = read_checkpoint(directory, use_ema=True).state_dict if (directory / EMA_WEIGHTS_NAME).is_file() else None
+        data = json.loads((directory / CONFIG_NAME).read_text())
+        extra = {k: v for k, v in data.items() if k not in (*HUB_CONFIG_KEYS, "config")}
+        save_pretrained(loaded, folder, ema_state_dict=ema, extra=extra)
+        model = loaded
+    card = hub.model_card(repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters()))
+    (folder / "README.md").write_text(card)
+    return folder

@@ -4,6 +4,8 @@
 ``deit3_*`` the DeiT-III baselines of the same file (LayerNorm, qkv bias, LayerScale, APE; no RoPE,
 registers or QK-Norm) and ``vanilla_vit_*`` the 2020 ViT (no LayerScale, linear drop path).
 ``vit5_tiny`` / ``deit3_tiny`` / ``vanilla_vit_tiny`` (dim 192, 3 heads) are for CPU work.
+``vit5_{small,base,large}_patch16_{224,384}`` are the architectures of the official released weights
+under timm's naming (a size at the resolution it was trained for); see :mod:`vit5.model.hub`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,30 @@ PRESETS: dict[str, dict[str, Any]] = {
     for family, (switches, sizes) in FAMILIES.items()
     for size in sizes
 }
+# (size, resolution) of the official ViT-5 weights (github.com/wangf3014/ViT-5 README, commit b7b0796)
+RELEASED: tuple[tuple[str, int], ...] = (("small", 224), ("base", 224), ("base", 384), ("large", 224), ("large", 384))
+PRESETS.update(
+    {f"vit5_{size}_patch16_{res}": {**PRESETS[f"vit5_{size}"], "img_size": res} for size, res in RELEASED}
+)
 
 
 def list_presets() -> list[str]:
     return sorted(PRESETS)
+
+
+def closest_preset(cfg: ViT5Config) -> str:
+    """The preset whose config differs from ``cfg`` in the fewest fields (the first on ties).
+
+    Names a saved model for timm (``config.json`` ``architecture``); the full config travels
+    alongside, so the choice affects readability only, never the model that is rebuilt.
+    """
+    values = cfg.to_dict()
+
+    def distance(name: str) -> int:
+        preset = preset_config(name).to_dict()
+        return sum(preset[k] != v for k, v in values.items())
+
+    return min(PRESETS, key=distance)
 
 
 def preset_config(name: str, **overrides: Any) -> ViT5Config:

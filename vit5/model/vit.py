@@ -8,7 +8,10 @@ is built for the real grid.
 
 The class follows the timm model contract (``forward_features``, ``forward_head``,
 ``forward_intermediates``, ``no_weight_decay``, ``group_matcher``, ...), so timm's optimizers,
-schedulers and feature wrappers work on it unchanged.
+schedulers and feature wrappers work on it unchanged. It is traceable: ``torch.export`` and ONNX
+export (static sizes), and ``torch.fx`` symbolic tracing (torchvision's feature extractor): the
+input checks and the APE resampling are FX leaves, and the RoPE tables and the token layout are
+built from the traced grid (the table cache is skipped while tracing).
 """
 
 from __future__ import annotations
@@ -27,6 +30,37 @@ from .layout import TokenLayout
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _ROPE_CACHE_SIZE = 16
+
+# Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
+torch.fx.wrap("resample_pos_embed")
+
+
+def is_tracing() -> bool:
+    """Whether the forward is being compiled or exported (dynamo), traced by ``torch.fx`` or ``torch.jit``."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+
+
+def default_pretrained_cfg(img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000) -> dict[str, Any]:
+    """timm's data config for a ViT-5 model: the official evaluation recipe.
+
+    Resize the shorter side to the input size, bicubic, centre crop at ratio 1.0, ImageNet
+    mean/std: ``--eval-crop-ratio 1.0`` in every command of the official README and
+    ``datasets.py:99-108`` (``Resize(int(size / crop_ratio), interpolation=3)``, ``CenterCrop``)
+    of github.com/wangf3014/ViT-5 at commit b7b0796.
+    """
+    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+    return {
+        "input_size": (in_chans, h, w),
+        "mean": IMAGENET_MEAN,
+        "std": IMAGENET_STD,
+        "crop_pct": 1.0,
+        "interpolation": "bicubic",
+        "num_classes": num_classes,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "fixed_input_size": False,
+        "license": "apache-2.0",
+    }
 
 
 def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
@@ -98,17 +132,7 @@ class ViT5(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def _pretrained_cfg(self) -> dict[str, Any]:
-        return dict(
-            input_size=(self.cfg.in_chans, *self.cfg.img_size),
-            mean=IMAGENET_MEAN,
-            std=IMAGENET_STD,
-            crop_pct=1.0,
-            interpolation="bicubic",
-            num_classes=self.cfg.num_classes,
-            first_conv="patch_embed.proj",
-            classifier="head",
-            license="apache-2.0",
-        )
+        return default_pretrained_cfg(self.cfg.img_size, self.cfg.in_chans, self.cfg.num_classes)
 
     # ------------------------------------------------------------------ token layout and positions
     def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
@@ -119,7 +143,7 @@ class ViT5(nn.Module):
         return TokenLayout(tuple(grid), self.num_prefix_tokens, self.num_reg_tokens, registers_first=False)
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
-        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
+        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)  # an FX leaf (see above)
 
     def rope_tables(self, grid: tuple[int, int]) -> RopeTable | None:
         """The rotation of every token of the sequence (fp32 ``cos, sin [N, head_dim]``, and the
@@ -131,7 +155,7 @@ class ViT5(nn.Module):
         """
         if self.rope is None and self.rope_reg is None:
             return None
-        if torch.compiler.is_compiling():
+        if is_tracing():  # a compiled / exported / traced graph computes its own tables
             return self._build_rope_tables(grid)
         key = (tuple(grid), self.patch_embed.proj.weight.device)
         tables = self._rope_cache.get(key)

@@ -1,7 +1,7 @@
 """Model specs for the ``viz`` command: :mod:`vit5.model.spec`, plus a check that viz can record it.
 
-See :mod:`vit5.model.spec` for the spec forms (vit5 presets, checkpoint and run directories,
-official ``.pth`` files, ``timm:NAME[@CHECKPOINT]``).
+See :mod:`vit5.model.spec` for the spec forms (vit5 presets and released weights, checkpoint and
+run directories, official ``.pth`` files, ``hf-hub:USER/REPO``, ``timm:NAME[.TAG][@CHECKPOINT]``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         raise VizError(str(err)) from err
 
 
-def load_model_spec(spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False) -> LoadedModel:
-    """Build the model a spec names, in eval mode; fail now on an architecture viz cannot record."""
+def load_model_spec(
+    spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
+) -> LoadedModel:
+    """Build the model a spec names, in eval mode; fail now on an architecture viz cannot record.
+
+    A name means its pretrained weights; ``random_init=True`` an untrained model (labelled so)."""
     try:
-        loaded = load_spec(spec, overrides, use_ema)
+        loaded = load_spec(spec, overrides, use_ema, random_init)
     except ModelSpecError as err:
         raise VizError(str(err)) from err
     describe(loaded.model)

@@ -1,0 +1,85 @@
+"""Deployment: torch.export programs and ONNX files reproduce the eager model (onnxruntime within 1e-4)."""
+
+import onnxruntime
+import pytest
+import torch
+
+import vit5
+from vit5.model.export import ExportError, main
+
+FAMILIES = ("vit5_tiny", "deit3_tiny")  # RoPE + registers + RMSNorm; APE-only LayerNorm
+
+
+def tiny(name="vit5_tiny", **kw):
+    """A tiny preset with non-trivial norms, LayerScale and APE (a wrong graph cannot match)."""
+    model = vit5.create_model(
+        name, **{"depth": 1, "embed_dim": 64, "num_heads": 2, "img_size": 32, "patch_size": 8, **kw}
+    )
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or "gamma" in n or "pos_embed" in n:
+                p.normal_(1.0 if "norm" in n else 0.0, 0.5)
+    return model.eval()
+
+
+def run_onnx(path, images):
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_torch_export_reproduces_the_model_with_a_free_batch(name):
+    model = tiny(name).train()
+    program = vit5.export_program(model, size=(32, 48))
+    assert model.training  # exported in eval mode, the caller's mode restored
+    model.eval()
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 32, 48)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_size_export_covers_every_size_from_the_models_own_upward():
+    model = tiny()  # stored grid 4x4
+    program = vit5.export_program(model, size=(32, 48), dynamic_size=True).module()
+    for size in ((32, 32), (32, 48), (64, 40), (96, 32)):  # the stored grid itself: resampling is exact there
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(
+        Exception, match=r"x.size\(\)\[2\] >= 32"
+    ):  # below: eager antialiases, the graph cannot
+        program(torch.randn(1, 3, 16, 32))
+
+
+def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path, capsys):
+    model = tiny()
+    vit5.save_pretrained(model, tmp_path / "run")
+    out = tmp_path / "out" / "model.onnx"
+    assert (
+        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32", "48", "--dynamic-size"])
+        == 0
+    )
+    stdout = capsys.readouterr().out
+    assert "input batchx3xheightxwidth" in stdout and "onnxruntime matches torch: max |difference|" in stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]  # one self-contained file
+    for batch, size in ((1, (32, 48)), (3, (32, 32)), (2, (48, 64))):  # free batch, free size from 32x32 up
+        x = torch.randn(batch, 3, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(run_onnx(out, x), model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ExportError, match="not a positive multiple of the patch size 8"):
+        vit5.export_onnx(model, tmp_path / "bad.onnx", size=(30, 32))
+
+
+def test_export_command_bad_input_is_one_error_line(tmp_path, capsys):
+    assert main(["--model", "vit5_tiny", "--random-init", "--model-args", "depth=1", "img_size=32",
+                 "--onnx", str(tmp_path / "m.onnx"), "--size", "30", "32"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "vit5 export: error: image size 30x32 is not a positive multiple of the patch size 16"
+    )
+    assert main(["--model", "vit5_tiny", "--onnx", str(tmp_path / "m.onnx")]) == 2
+    assert "vit5_tiny has no released weights" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "vit5_tiny", "--random-init"])
+    assert "nothing to write" in capsys.readouterr().err

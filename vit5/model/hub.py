@@ -1,0 +1,250 @@
+"""The official ViT-5 weights by name, and every transfer to and from the Hugging Face Hub.
+
+The authors released five ImageNet-1k checkpoints in the Hub repo ``FengWang3211/ViT-5``
+(github.com/wangf3014/ViT-5 README, commit b7b0796: one ``<architecture>.pth`` per row of its
+results table). Here they get timm names (``vit5_small_patch16_224.in1k``, ...) and timm
+pretrained configs, so ``timm.create_model(name, pretrained=True)`` and
+``vit5.create_model("vit5_small", pretrained=True)`` find them.
+
+Every download goes through ``huggingface_hub.hf_hub_download``, so the usual rules hold: files
+are cached under ``HF_HUB_CACHE`` (default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``) and
+fetched once; ``revision=`` (or ``repo@revision``) pins a branch, tag or commit; with
+``HF_HUB_OFFLINE=1`` nothing goes over the network and only cached files load. Failures become
+one :class:`~vit5.model.convert.CheckpointError` that names the repo, the file and the way to
+fetch it by hand. Uploads (:func:`vit5.push_to_hub`) go through ``HfApi.upload_folder``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from .convert import CheckpointError
+from .presets import PRESETS
+from .vit import default_pretrained_cfg
+
+OFFICIAL_REPO = "FengWang3211/ViT-5"
+HF_HUB_PREFIX = "hf-hub:"
+PAPER_ID = "arXiv:2602.08071"
+PAPER_NAME = "ViT-5: Vision Transformers for the Mid-2020s"
+ORIGIN_URL = "https://github.com/wangf3014/ViT-5"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One released checkpoint: its timm name ``ARCH.TAG`` and the top-1 its authors report."""
+
+    name: str  # e.g. "vit5_small_patch16_224.in1k"
+    top1: float  # ImageNet-1k val top-1 (%), the official README's table
+    repo: str = OFFICIAL_REPO
+
+    @property
+    def arch(self) -> str:
+        return self.name.partition(".")[0]
+
+    @property
+    def filename(self) -> str:
+        return f"{self.arch}.pth"
+
+    @property
+    def img_size(self) -> int:
+        return PRESETS[self.arch]["img_size"]
+
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's pretrained config: where the file lives and how the authors evaluated it."""
+        return dict(
+            default_pretrained_cfg(self.img_size),
+            hf_hub_id=self.repo,
+            hf_hub_filename=self.filename,
+            num_classes=1000,
+            paper_ids=PAPER_ID,
+            paper_name=PAPER_NAME,
+            origin_url=ORIGIN_URL,
+        )
+
+
+RELEASES: dict[str, Release] = {
+    r.name: r
+    for r in (
+        Release("vit5_small_patch16_224.in1k", 82.2),
+        Release("vit5_base_patch16_224.in1k", 84.2),
+        Release("vit5_base_patch16_384.in1k", 85.4),
+        Release("vit5_large_patch16_224.in1k", 84.9),
+        Release("vit5_large_patch16_384.in1k", 86.0),
+    )
+}
+
+
+def is_weights_name(text: str) -> bool:
+    """Whether ``text`` is written like a weights name (``ARCH.TAG`` of a preset), not a file path."""
+    arch, dot, tag = text.partition(".")
+    return bool(dot and tag) and arch in PRESETS and not any(sep in text for sep in "/\\")
+
+
+def release(name: str) -> Release:
+    """The release called ``name``; an unknown name lists the known ones."""
+    if name not in RELEASES:
+        raise CheckpointError(
+            f"unknown pretrained weights {name!r} (and no such file): the released ViT-5 weights are "
+            f"{', '.join(RELEASES)}; or pass an existing checkpoint path, or hf-hub:USER/REPO"
+        )
+    return RELEASES[name]
+
+
+def default_release(preset: str) -> Release | None:
+    """The weights a preset name means: ``vit5_small`` -> its 224 weights; an architecture, its own."""
+    res = PRESETS.get(preset, {}).get("img_size", 224)
+    for r in RELEASES.values():
+        if r.arch in (preset, f"{preset}_patch16_{res}"):
+            return r
+    return None
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """``"user/repo@v1"`` -> ``("user/repo", "v1")`` (the revision syntax of timm's ``hf-hub:``)."""
+    repo_id, _, revision = repo.partition("@")
+    return repo_id, revision or None
+
+
+# ---------------------------------------------------------------------------------- download
+def download(
+    repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
+) -> Path:
+    """The local path of ``filename`` from ``repo_id`` (downloaded once, then from the cache)."""
+    with clear_hub_errors(repo_id, filename, revision):
+        return Path(
+            hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir, library_name="vit5")
+        )
+
+
+@contextmanager
+def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub's download errors into one :class:`CheckpointError` with the fix."""
+    where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (
+        f" (revision {revision})" if revision else ""
+    )
+    url = f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{filename}"
+    by_hand = (
+        f"fetch it by hand where there is network: `hf download {repo_id} {filename}"
+        + (f" --revision {revision}" if revision else "")
+        + f"` (then copy the cache folder {cache_root()} here), or download {url} and pass its path as "
+        "pretrained=PATH"
+    )
+    try:
+        yield
+    except LocalEntryNotFoundError as err:
+        reason = (
+            "HF_HUB_OFFLINE is set"
+            if constants.HF_HUB_OFFLINE
+            else "the Hub could not be reached (no network?)"
+        )
+        raise CheckpointError(
+            f"cannot load {where}: it is not in the cache {cache_root()} and {reason}; {by_hand}"
+        ) from err
+    except RevisionNotFoundError as err:
+        raise CheckpointError(f"cannot load {where}: the repo has no revision {revision!r}") from err
+    except RepositoryNotFoundError as err:
+        raise CheckpointError(
+            f"cannot load {where}: the repo does not exist or is private (log in with `hf auth login` "
+            "or set HF_TOKEN for a private repo)"
+        ) from err
+    except EntryNotFoundError as err:
+        raise CheckpointError(f"cannot load {where}: the repo has no such file") from err
+    except HfHubHTTPError as err:
+        raise CheckpointError(f"cannot load {where}: the Hub answered {err}; {by_hand}") from err
+
+
+def cache_root() -> str:
+    return constants.HF_HUB_CACHE
+
+
+def cached_copy_advice(path: Path) -> str:
+    """What to do with a cached download that cannot be read: delete it so it is fetched again."""
+    blob = Path(os.path.realpath(path))
+    files = f"{path}" + (f" and the blob it points to, {blob}" if blob != Path(path) else "")
+    return (
+        f"{path} is a cached download from the Hugging Face Hub; if it is damaged (an interrupted or "
+        f"altered download), delete {files}, then load again to fetch a fresh copy"
+    )
+
+
+def cached_path(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
+    """Where ``filename`` of ``repo_id`` sits in the cache, if it does (no network)."""
+    found = try_to_load_from_cache(repo_id, filename, revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def download_model_dir(repo: str, weights: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Fetch ``config.json`` and ``weights`` of a model repo (``USER/REPO[@REVISION]``); their folder."""
+    repo_id, revision = split_revision(repo)
+    config = download(repo_id, "config.json", revision, cache_dir)
+    commit = config.parent.name  # the snapshot folder is named by its commit: take the weights from it too
+    return download(repo_id, weights, commit, cache_dir).parent
+
+
+# ---------------------------------------------------------------------------------- upload
+def upload_folder(
+    folder: Path,
+    repo_id: str,
+    *,
+    commit_message: str = "Add vit5 model",
+    revision: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    create_pr: bool = False,
+) -> Any:
+    """Create ``repo_id`` if needed and upload ``folder`` in one commit; a README.md already in the
+    repo (a model card written by hand) is kept."""
+    api = HfApi(token=token, library_name="vit5")
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    keep_card = api.file_exists(repo_id, "README.md", revision=revision)
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        revision=revision,
+        commit_message=commit_message,
+        create_pr=create_pr,
+        ignore_patterns=["README.md"] if keep_card else None,
+    )
+
+
+def model_card(repo_id: str, architecture: str, cfg: dict[str, Any], num_params: int) -> str:
+    """A README.md for a pushed model: timm metadata, how to load it, its config."""
+    lines = [
+        "---",
+        "library_name: timm",
+        "tags: [image-classification, timm, vit5]",
+        "license: apache-2.0",
+        "---",
+        f"# {repo_id.split('/')[-1]}",
+        "",
+        (
+            f"A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{architecture}` "
+            f"with {num_params / 1e6:.1f}M parameters."
+        ),
+        "",
+        "```python",
+        "import timm, vit5  # importing vit5 registers its architectures in timm",
+        f'model = vit5.load_model("{HF_HUB_PREFIX}{repo_id}")',
+        f'model = timm.create_model("{HF_HUB_PREFIX}{repo_id}", pretrained=True)  # the same weights',
+        "```",
+        "",
+        "| config | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in cfg.items()),
+        "",
+    ]
+    return "\n".join(lines)
