@@ -1,7 +1,9 @@
-"""Command line for vit5.viz: ``python -m viz {attention,norms,compare,pca,metrics,all} ...``.
+"""Command line for vit5.viz: ``python -m viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position} ...``.
 
-Thin: parses options into :class:`vit5.viz.RunConfig` and calls :func:`vit5.viz.run_model` or
-:func:`vit5.viz.run_compare`. Bad input ends with one ``viz: error: ...`` line and exit code 2.
+Thin: parses options into :class:`vit5.viz.RunConfig` (or the analysis' own config) and calls
+:func:`vit5.viz.run_model`, :func:`vit5.viz.run_compare`, :func:`vit5.viz.run_ttr`,
+:func:`vit5.viz.run_ablation` or :func:`vit5.viz.run_position_probe`. Bad input ends with one
+``viz: error: ...`` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -12,18 +14,33 @@ from pathlib import Path
 
 import vit5
 from vit5.viz import (
+    ABLATION_METHODS,
+    ABLATION_PLACES,
     VIEWS,
+    AblationConfig,
     MapStyle,
     MetricConfig,
+    NeuronSearch,
     PlantSpec,
+    PositionProbeConfig,
     RunConfig,
     VizError,
+    ablation_figure,
+    describe,
+    load_images,
     load_model_spec,
     load_thresholds,
     parse_overrides,
+    position_figure,
+    run_ablation,
     run_compare,
     run_model,
+    run_position_probe,
+    run_ttr,
+    save_figure,
+    write_probes,
 )
+from vit5.viz.runner import RANDOM_INIT_NOTE
 
 MODEL_HELP = (
     "model spec: a vit5 preset (random init, e.g. vit5_tiny), PRESET@WEIGHTS, a vit5 checkpoint directory, "
@@ -31,11 +48,18 @@ MODEL_HELP = (
 )
 SUBCOMMANDS = {
     "attention": ({"attention", "registers", "rollout"}, "CLS-to-patch maps per head and mean, register maps, rollout"),
-    "norms": ({"norms", "histograms", "profile"}, "token-norm maps, per-layer norm histograms, layer profile"),
+    "norms": ({"norms", "histograms", "profile", "massive"},
+              "token-norm maps, per-layer norm histograms, layer profile, massive activations"),
     "pca": ({"pca"}, "PCA of the patch features as RGB"),
     "metrics": ({"metrics"}, "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table"),
     "all": (set(VIEWS), "every figure and the metrics table for one model"),
     "compare": (set(), "two models side by side with shared colour scales (the garbage-collector figure)"),
+    "ttr": (set(), "test-time registers: find the register neurons, then the model without and with an extra token"),
+}
+ANALYSES = {
+    "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or after "
+              "every block; change in top-1, kNN accuracy, patch-feature cosine",
+    "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more models",
 }
 
 
@@ -100,7 +124,95 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p, compare=name == "compare")
         if name == "attention":
             p.add_argument("--registers", action="store_true", help="require register maps (error for a model without registers)")
+        if name == "ttr":
+            t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
+            t.add_argument("--detect-layer", type=int, help="block whose outliers are traced (default: highest outlier ratio)")
+            t.add_argument("--top-layer", type=int, help="search neurons in blocks <= this (default: the detect block)")
+            t.add_argument("--neurons", type=int, default=10, help="register neurons to keep (top k; default 10)")
+            t.add_argument("--count", type=int, default=1, help="test-time registers to append (default 1)")
+    p = sub.add_parser("ablate", help=ANALYSES["ablate"], description=ANALYSES["ablate"])
+    _model_args(p)
+    p.add_argument("--images", nargs="+", required=True, metavar="PATH",
+                   help="images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples")
+    p.add_argument("--reference", nargs="+", metavar="PATH",
+                   help="reference images (register means, kNN bank); default: the first half of --images")
+    p.add_argument("--folder-labels", action="store_true", help="folders are ImageFolders: label = class subfolder")
+    p.add_argument("--methods", nargs="+", default=list(ABLATION_METHODS), choices=ABLATION_METHODS)
+    p.add_argument("--places", nargs="+", default=list(ABLATION_PLACES), choices=ABLATION_PLACES)
+    p.add_argument("--knn-k", type=int, default=20)
+    p.add_argument("--max-images", type=int, help="use at most the first N images of --images and of --reference")
+    _run_args(p)
+    p = sub.add_parser("position", help=ANALYSES["position"], description=ANALYSES["position"])
+    p.add_argument("--model", nargs="+", required=True, help="one or more model specs (same spec forms as above)")
+    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every model")
+    p.add_argument("--ema", action="store_true")
+    p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
+    p.add_argument("--levels", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="constant grey levels in [0, 1]")
+    p.add_argument("--noise-images", type=int, default=16)
+    _run_args(p)
     return parser
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for the model")
+    p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _device(name: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def _ablate(args: argparse.Namespace) -> None:
+    model = load_model_spec(args.model, parse_overrides(args.model_args), args.ema)
+    print(f"model: {model.description}")
+    info = describe(model.model)
+    size = tuple(args.size or info.img_size)
+    limit = args.max_images
+    if args.reference:
+        images, _ = load_images(args.images, size, info.patch_size, args.folder_labels, limit)
+        reference, _ = load_images(args.reference, size, info.patch_size, args.folder_labels, limit)
+    else:
+        images, _ = load_images(args.images, size, info.patch_size, args.folder_labels, limit and 2 * limit)
+        if len(images) < 4:
+            raise VizError("give --reference images, or at least 4 --images to split in halves")
+        images, reference = images[len(images) // 2 :], images[: len(images) // 2]
+    cfg = AblationConfig(tuple(args.methods), tuple(args.places), args.knn_k, batch_size=args.batch_size,
+                         device=_device(args.device))
+    notes = [RANDOM_INIT_NOTE] if model.random_init else []
+    report = run_ablation(model.model, images, reference, model.label, cfg, notes)
+    files = report.write(args.out) + save_figure(ablation_figure(report), args.out / "ablation", tuple(args.formats))
+    print(report.table())
+    print(f"wrote {len(files)} files to {args.out}")
+
+
+def _position(args: argparse.Namespace) -> None:
+    cfg = PositionProbeConfig(tuple(args.size) if args.size else None, tuple(args.levels), args.noise_images,
+                              args.layer, device=_device(args.device))
+    probes = []
+    for spec in args.model:
+        model = load_model_spec(spec, parse_overrides(args.model_args), args.ema)
+        print(f"model: {model.description}")
+        kind = "RANDOM INIT" if model.random_init else "trained"
+        probe = run_position_probe(model.model, f"{model.label} ({kind})", cfg)
+        probes.append(probe)
+        summary = probe.summary()
+        print(f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
+              f"noise-image position share {summary['noise_position_share']:.4f}")
+    files = [write_probes(probes, args.out), *save_figure(position_figure(probes, MapStyle(formats=tuple(args.formats))),
+                                                          args.out / "position_probe", tuple(args.formats))]
+    print(f"wrote {len(files)} files to {args.out}")
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -128,6 +240,9 @@ def _config(args: argparse.Namespace) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command in ANALYSES:
+            (_ablate if args.command == "ablate" else _position)(args)
+            return 0
         cfg = _config(args)
         model = load_model_spec(args.model, parse_overrides(args.model_args), args.ema)
         print(f"model: {model.description}")
@@ -135,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             model_b = load_model_spec(args.model_b, parse_overrides(args.model_b_args), args.ema)
             print(f"model B: {model_b.description}")
             run_compare(model, model_b, args.images, cfg)
+        elif args.command == "ttr":
+            search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
+            run_ttr(model, args.images, cfg, search, args.count)
         else:
             run_model(model, args.images, cfg)
     except (VizError, vit5.ConfigError, vit5.CheckpointError) as err:
