@@ -8,7 +8,13 @@ from viz_support import smooth_images, tiny_timm, tiny_vit5
 
 from vit5.eval.probes import knn_accuracy
 from vit5.viz import LoadedImage, VizError, capture, describe, to_batch
-from vit5.viz.ablation import AblationConfig, ablate_registers, ablation_figure, register_reference, run_ablation
+from vit5.viz.ablation import (
+    AblationConfig,
+    ablate_registers,
+    ablation_figure,
+    register_reference,
+    run_ablation,
+)
 
 FAMILIES = {"vit5": lambda **kw: tiny_vit5(**kw), "timm": lambda **kw: tiny_timm(**kw)}
 
@@ -113,13 +119,10 @@ def test_label_free_report_and_errors():
     report = run_ablation(model, smooth_images(4), smooth_images(4), "timm", AblationConfig(knn_k=2, places=("blocks",)))
     assert all(r.top1 is None and r.knn is None for r in report.rows)
     assert "no labels" in report.notes[-1] and 0 <= report.rows[1].knn_overlap <= 1
-    with pytest.raises(VizError, match="no register tokens"):
-        with ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"):
-            pass
-    with pytest.raises(VizError, match="needs a reference set"):
-        with ablate_registers(model, "mean", "blocks"):
-            pass
-    with pytest.raises(VizError, match="at least two images"), torch.no_grad():
-        with ablate_registers(model, "shuffle", "blocks"):
-            info = describe(model)
-            model.forward_features(to_batch(smooth_images(1), info.mean, info.std))
+    with pytest.raises(VizError, match="no register tokens"), ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"):
+        pass
+    with pytest.raises(VizError, match="needs a reference set"), ablate_registers(model, "mean", "blocks"):
+        pass
+    info = describe(model)
+    with pytest.raises(VizError, match="at least two images"), torch.no_grad(), ablate_registers(model, "shuffle", "blocks"):
+        model.forward_features(to_batch(smooth_images(1), info.mean, info.std))

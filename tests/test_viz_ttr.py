@@ -61,7 +61,7 @@ def _explicit_block_output(model, images, layer: int, neuron: int) -> torch.Tens
     if info.family == "vit5":
         tokens, grid = model.prepare_tokens(x)
         cos, sin = model.rope_tables(grid)
-        extra = dict(rope=(torch.cat([cos, torch.ones(1, cos.shape[1])]), torch.cat([sin, torch.zeros(1, sin.shape[1])])))
+        extra = {"rope": (torch.cat([cos, torch.ones(1, cos.shape[1])]), torch.cat([sin, torch.zeros(1, sin.shape[1])]))}
     else:
         tokens = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
         extra = {}
@@ -84,7 +84,7 @@ def _explicit_block_output(model, images, layer: int, neuron: int) -> torch.Tens
 
 
 def test_test_time_register_equals_the_explicit_computation_and_removes_the_outliers(planted):
-    model, images, tokens = planted
+    model, images, _ = planted
     plain = collect(model, images, "planted", QUIET)
     reference = compute_metrics(plain, MetricConfig(n_boot=20))
     with use_test_time_registers(model, [RegisterNeuron(LAYER, NEURON, 1.0)]):
@@ -112,11 +112,10 @@ def test_no_outliers_is_a_clear_error():
 
 
 def test_refused_for_models_with_trained_registers_and_eva():
-    with pytest.raises(VizError, match="already has 4 trained registers"):
-        with use_test_time_registers(tiny_vit5(depth=2), [RegisterNeuron(0, 0, 1.0)]):
-            pass
+    with pytest.raises(VizError, match="already has 4 trained registers"), \
+            use_test_time_registers(tiny_vit5(depth=2), [RegisterNeuron(0, 0, 1.0)]):
+        pass
     eva = timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=1, embed_dim=32, num_heads=2,
                             img_size=32, patch_size=8, num_classes=0)
-    with pytest.raises(VizError, match="Eva"):
-        with use_test_time_registers(eva, [RegisterNeuron(0, 0, 1.0)]):
-            pass
+    with pytest.raises(VizError, match="Eva"), use_test_time_registers(eva, [RegisterNeuron(0, 0, 1.0)]):
+        pass

@@ -250,8 +250,8 @@ class AblationReport:
         head = ["method", "place", "top-1", "d top-1 (pp)", "kNN", "d kNN (pp)", "patch cos", "kNN overlap"]
         lines = [head]
         for r in self.rows:
-            pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
-            pp = lambda v: "n/a" if v is None else f"{v:+.1f}"  # noqa: E731
+            pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
+            pp = lambda v: "n/a" if v is None else f"{v:+.1f}"
             lines.append([r.method, r.place, pct(r.top1), pp(self.change(r, "top1")), pct(r.knn), pp(self.change(r, "knn")),
                           f"{r.patch_cosine:.4f}", f"{r.knn_overlap:.3f}"])
         widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
@@ -262,8 +262,8 @@ class AblationReport:
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = dict(model=self.model, num_images=self.num_images, num_reference=self.num_reference,
-                   config=asdict(self.config), notes=self.notes, rows=self.records())
+        doc = {"model": self.model, "num_images": self.num_images, "num_reference": self.num_reference,
+               "config": asdict(self.config), "notes": self.notes, "rows": self.records()}
         (out / "ablation.json").write_text(json.dumps(doc, indent=2))
         with (out / "ablation.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))

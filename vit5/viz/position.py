@@ -106,9 +106,11 @@ class PositionProbe:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> dict:
-        return dict(model=self.model, layer=self.layer, grid=list(self.grid), levels=list(self.levels),
-                    constant_spatial_share=self.constant_spatial_share, noise_position_share=self.noise_position_share,
-                    constant_norm_cv=float(np.mean([m.std() / m.mean() for m in self.constant_norms])), notes=list(self.notes))
+        return {
+            "model": self.model, "layer": self.layer, "grid": list(self.grid), "levels": list(self.levels),
+            "constant_spatial_share": self.constant_spatial_share, "noise_position_share": self.noise_position_share,
+            "constant_norm_cv": float(np.mean([m.std() / m.mean() for m in self.constant_norms])), "notes": list(self.notes),
+        }
 
 
 @torch.no_grad()

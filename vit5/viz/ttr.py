@@ -122,8 +122,9 @@ def find_register_neurons(model: nn.Module, images: Sequence[LoadedImage], searc
     top = detect if search.top_layer is None else resolve_layers(info.depth, [search.top_layer])[0]
     tau = search.threshold if search.threshold is not None else log_mad_threshold(patch_norms[:, detect], search.k)
     scores, used, start = None, 0, 0
+    hidden: dict[int, torch.Tensor] = {}
     for x in batches:
-        hidden: dict[int, torch.Tensor] = {}
+        hidden.clear()
         with ExitStack() as stack:
             _mlp_input_hooks(stack, net, range(top + 1), lambda layer, h: hidden.__setitem__(layer, h.float().abs()))
             net.forward_features(x)
