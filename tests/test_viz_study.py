@@ -82,6 +82,9 @@ def test_command_line_smoke_run_with_analyses(tmp_path, capsys):
     assert (tmp_path / "no_registers" / "checkpoints" / "step_000003" / "model.safetensors").is_file()
     doc = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
     assert len(doc["ablation"]) == 9 and "ttr" in doc
+    steps = (tmp_path / "registers" / "trajectory.jsonl").read_text()
+    assert main(["--out", str(tmp_path), "--preset", "smoke", "--quiet", "--analyse-only", "--no-analysis"]) == 0
+    assert (tmp_path / "registers" / "trajectory.jsonl").read_text() == steps  # nothing trained, nothing re-measured
     assert main(["--out", str(tmp_path / "x"), "--preset", "smoke", "--set", "stepz=3"]) == 2
     assert "unknown study setting 'stepz': did you mean 'steps'?" in capsys.readouterr().err
 

@@ -84,7 +84,9 @@ def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarra
 
     ``cls_to_patches [B, L, H, P]`` (raw, not renormalised) and ``patch_outliers [B, L, P]`` of
     consecutive blocks: block ``l`` attends over the outputs of block ``l - 1``, so its outlier set
-    is block ``l - 1``'s. Block 0 reads the patch embeddings, which are not recorded: NaN.
+    is block ``l - 1``'s. Block 0 reads the patch embeddings, which are not recorded: NaN. Any
+    attention rows work in place of CLS's, e.g. the attention each patch receives averaged over
+    all queries (``received_outlier_mass``, for models without CLS).
     """
     mass = np.full(cls_to_patches.shape[:2], np.nan)
     mass[:, 1:] = (cls_to_patches[:, 1:] * patch_outliers[:, :-1, None, :]).sum(axis=-1).mean(axis=-1)

@@ -67,18 +67,18 @@ class StudyConfig:
     canvas: CanvasConfig = field(default_factory=CanvasConfig)
     preset: str = "vit5_tiny"  # architecture family; the sizes below override its sizes
     embed_dim: int = 128
-    depth: int = 6
-    num_heads: int = 4
+    depth: int = 8
+    num_heads: int = 8
     model_args: tuple[tuple[str, Any], ...] = ()  # further ViT5Config overrides shared by both twins
     registers: int = 4  # registers of the second twin (the first has none)
-    steps: int = 2000
+    steps: int = 3200
     batch_size: int = 64
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr: float = 1e-5
     weight_decay: float = 0.05
     warmup_steps: int = 100
     grad_clip: float | None = 1.0
-    checkpoint_every: int = 250
+    checkpoint_every: int = 400
     eval_images: int = 64  # held-out canvases the metrics are measured on
     accuracy_images: int = 256  # held-out canvases for the accuracy
     seed: int = 0
@@ -127,7 +127,12 @@ SMOKE = StudyConfig(
     embed_dim=32, depth=2, num_heads=2, registers=1, steps=6, batch_size=8, warmup_steps=2,
     checkpoint_every=3, eval_images=8, accuracy_images=16,
 )
-FULL = StudyConfig()
+# The README study, chosen from pilots (docs/register-study.md): the count task learns within a few
+# hundred steps, and without QK-norm and LayerScale the twin without registers shows the most sinks.
+FULL = StudyConfig(
+    canvas=CanvasConfig(size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"),
+    model_args=(("qk_norm", False), ("layer_scale", None)),
+)
 PRESETS = {"full": FULL, "smoke": SMOKE}
 
 
@@ -319,12 +324,13 @@ class StudyResult:
 
 
 def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = None, progress: bool = True,
-              log: Callable[[str], None] = print, analyse: bool = True) -> StudyResult:
+              log: Callable[[str], None] = print, analyse: bool = True, train: bool = True) -> StudyResult:
     """Train (or resume) both twins, recording metrics at every checkpoint; write the trajectory figure,
-    the verdict, the held-out canvases as PNGs and (once training is complete, with ``analyse``) the
-    register analyses of the final twins (:func:`analyse_twins`).
+    the verdict, the held-out canvases as PNGs and (with ``analyse``) the register analyses of the
+    twins as they are at the end of this chunk (:func:`analyse_twins`).
 
-    Stops cleanly after the checkpoint at which ``max_minutes`` is exceeded (rerun to continue).
+    Stops cleanly after the checkpoint at which ``max_minutes`` is exceeded (rerun to continue);
+    ``train=False`` only writes the outputs and analyses of the twins as they are.
     """
     from tqdm.auto import tqdm
 
@@ -351,8 +357,9 @@ def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = Non
     start = time.monotonic()
     bar = tqdm(total=cfg.steps, initial=min(t.step for t in trainers.values()), desc="register study", unit="step",
                disable=not progress)
-    stopped = False
-    while min(t.step for t in trainers.values()) < cfg.steps:
+    stopped = not train and min(t.step for t in trainers.values()) < cfg.steps
+    until = min(t.step for t in trainers.values())
+    while train and min(t.step for t in trainers.values()) < cfg.steps:
         until = min(cfg.steps, (min(t.step for t in trainers.values()) // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
         for name in TWINS:
             trainer = trainers[name]
@@ -378,8 +385,8 @@ def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = Non
     result.files += write_heldout(held, out / "heldout")
     log(summary_text(result))
     if stopped:
-        log(f"stopped after {max_minutes:g} minutes at step {until}: rerun the same command to continue")
-    elif analyse:
+        log(f"stopped at step {until} of {cfg.steps}: rerun the same command to continue")
+    if analyse:
         result.files += analyse_twins(cfg, out, held, twins, log)
     return result
 
@@ -605,6 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False")
     p.add_argument("--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)")
     p.add_argument("--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses")
+    p.add_argument("--analyse-only", action="store_true",
+                   help="no training: write the figure, verdict and analyses of the twins as they are now")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -613,7 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = parse_settings(PRESETS[args.preset], args.settings)
-        result = run_study(cfg, args.out, args.max_minutes, progress=not args.quiet, analyse=not args.no_analysis)
+        result = run_study(cfg, args.out, args.max_minutes, progress=not args.quiet, analyse=not args.no_analysis,
+                           train=not args.analyse_only)
     except VizError as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2
