@@ -54,11 +54,13 @@ def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
 
 
 def test_position_probe_of_two_position_encodings(tmp_path, capsys):
-    args = ["position", "--model", "vit5_tiny", "vit5_tiny", "--model-args", "depth=1", "img_size=32", "patch_size=8",
-            "--size", "32", "48", "--noise-images", "4", "--out", str(tmp_path), *FAST]
+    tiny = ["depth=1", "img_size=32", "patch_size=8"]
+    args = ["position", "--model", "vit5_tiny", "--model-args", *tiny, "--model", "vit5_tiny", "--model-args", *tiny,
+            "ape=False", "--size", "32", "48", "--noise-images", "4", "--out", str(tmp_path), *FAST]
     assert main(args) == 0
     doc = json.loads((tmp_path / "position_probe.json").read_text())
     assert len(doc) == 2 and doc[0]["grid"] == [4, 6] and "RANDOM INIT" in doc[0]["model"]
+    assert "ape=False" in doc[1]["model"] and doc[1]["constant_spatial_share"] < doc[0]["constant_spatial_share"]
     assert (tmp_path / "position_probe.png").stat().st_size > 1000
     assert "constant-image spatial share" in capsys.readouterr().out
 

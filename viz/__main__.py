@@ -143,8 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-images", type=int, help="use at most the first N images of --images and of --reference")
     _run_args(p)
     p = sub.add_parser("position", help=ANALYSES["position"], description=ANALYSES["position"])
-    p.add_argument("--model", nargs="+", required=True, help="one or more model specs (same spec forms as above)")
-    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every model")
+    p.add_argument("--model", action="append", required=True,
+                   help="a model spec (same forms as above); repeat --model for several models, shown side by side")
+    p.add_argument("--model-args", action="append", nargs="+", metavar="KEY=VALUE",
+                   help="overrides: given once, for every model; repeated, one per --model in order (e.g. ape=False)")
     p.add_argument("--ema", action="store_true")
     p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
     p.add_argument("--levels", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="constant grey levels in [0, 1]")
@@ -200,12 +202,20 @@ def _ablate(args: argparse.Namespace) -> None:
 def _position(args: argparse.Namespace) -> None:
     cfg = PositionProbeConfig(tuple(args.size) if args.size else None, tuple(args.levels), args.noise_images,
                               args.layer, device=_device(args.device))
+    overrides = args.model_args or [[]]
+    if len(overrides) == 1:
+        overrides = overrides * len(args.model)
+    if len(overrides) != len(args.model):
+        raise VizError(f"give --model-args once (for every model) or once per --model: got {len(overrides)} for "
+                       f"{len(args.model)} models")
+    common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
     probes = []
-    for spec in args.model:
-        model = load_model_spec(spec, parse_overrides(args.model_args), args.ema)
+    for spec, items in zip(args.model, overrides):
+        model = load_model_spec(spec, parse_overrides(items), args.ema)
         print(f"model: {model.description}")
         kind = "RANDOM INIT" if model.random_init else "trained"
-        probe = run_position_probe(model.model, f"{model.label} ({kind})", cfg)
+        label = " ".join([model.label, *(i for i in items if i not in common), f"({kind})"])
+        probe = run_position_probe(model.model, label, cfg)
         probes.append(probe)
         summary = probe.summary()
         print(f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
