@@ -9,8 +9,10 @@ import torch
 import vit5
 from vit5.viz import MapStyle
 from vit5.viz.position import (
+    COLOUR_SPAN,
     PositionProbeConfig,
     constant_spatial_share,
+    pca_map,
     position_figure,
     position_share,
     probe_images,
@@ -22,6 +24,16 @@ def test_constant_spatial_share_by_hand():
     f = np.array([[[1.0, 0.0], [3.0, 0.0]]])  # two patches: mean (2, 0), deviations +-1
     assert constant_spatial_share(f)[0] == pytest.approx(1.0 / 5.0)  # mean sq deviation 1 / mean sq norm (1 + 9) / 2
     assert constant_spatial_share(np.ones((1, 4, 3)))[0] == 0.0
+
+
+def test_pca_map_is_grey_without_a_pattern_and_on_an_absolute_scale():
+    same = np.tile(np.array([3.0, -1.0, 2.0, 0.5]), (6, 1))
+    np.testing.assert_allclose(pca_map(same, (2, 3)), 0.5)  # no amplified rounding noise
+    f = np.tile(np.array([10.0, 0.0, 0.0, 0.0]), (6, 1))
+    f[:, 1] = [1, -1, 1, -1, 1, -1]  # one direction of deviation, +-1 on a norm of ~10
+    first = pca_map(f, (2, 3))[..., 0].ravel()
+    expected = 0.5 + 0.5 * np.abs(f[:, 1]) / (COLOUR_SPAN * np.sqrt((f**2).sum(-1).mean()))
+    np.testing.assert_allclose(np.sort(first), np.sort(np.where(f[:, 1] > 0, 1, -1) * (expected - 0.5) + 0.5))
 
 
 @pytest.mark.parametrize("pattern_var,noise_var", [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (3.0, 1.0)])

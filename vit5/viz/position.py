@@ -11,8 +11,11 @@ its real feature maps, and trace it to the position embeddings. This probe feeds
   variance that the patch position explains (an ANOVA R^2 over images) measures how much position
   dominates content;
 
-and reports, per model, the norm maps and PCA-to-RGB maps (:func:`~vit5.viz.pca.pca_rgb`, one PCA
-per map) of the block output (before the final norm), plus two numbers:
+and reports, per model, the norm maps and PCA-to-RGB maps of the block output (before the final
+norm; one PCA per map, its first three components as RGB on an absolute scale: grey is the mean
+feature, full colour a deviation of ``COLOUR_SPAN`` = 10 % of the mean feature norm, so a model
+whose patches barely differ stays grey instead of showing amplified rounding noise), plus two
+numbers:
 
 - ``constant_spatial_share``: ``mean_p ||f_p - mean_p f||^2 / mean_p ||f_p||^2`` for a constant
   image (0: every patch identical; averaged over the grey levels);
@@ -30,6 +33,7 @@ RoPE only (``ape=False``) and APE only (``rope=False``), at the same input size.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +47,8 @@ from .adapters import capture, check_input_size, describe, resolve_layers, unwra
 from .errors import VizError
 from .figures import MapStyle, Panel, panel_grid
 from .images import LoadedImage, to_batch
-from .pca import pca_rgb
+
+COLOUR_SPAN = 0.1  # PCA maps: a deviation of this share of the mean feature norm saturates the colour
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,19 @@ def constant_spatial_share(features: np.ndarray) -> np.ndarray:
     return np.where(total > 0, deviation / np.where(total > 0, total, 1.0), 0.0)
 
 
+def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """``[P, C]`` -> ``[h, w, 3]``: the first three principal components on the absolute scale of :data:`COLOUR_SPAN`."""
+    f = features.astype(np.float64)
+    centred = f - f.mean(axis=0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    comps = centred @ vt[:3].T
+    if comps.shape[1] < 3:
+        comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
+    scale = COLOUR_SPAN * np.sqrt((f**2).sum(axis=-1).mean())
+    rgb = 0.5 + 0.5 * comps / (scale if scale > 0 else 1.0)
+    return np.clip(rgb, 0.0, 1.0).reshape(*grid, 3)
+
+
 def position_share(features: np.ndarray) -> float:
     """``[M, P, C]`` -> intraclass correlation of the features with the patch position as the class."""
     f = features.astype(np.float64)
@@ -100,7 +118,6 @@ class PositionProbe:
     constant_norms: np.ndarray  # [levels, h, w]
     constant_pca: np.ndarray  # [levels, h, w, 3]
     noise_norms: np.ndarray  # [h, w] mean over noise images
-    noise_pca: np.ndarray  # [h, w, 3] of the mean noise-image feature map
     constant_spatial_share: float
     noise_position_share: float
     notes: tuple[str, ...] = ()
@@ -134,35 +151,37 @@ def run_position_probe(model: nn.Module, label: str, cfg: PositionProbeConfig = 
     f_const = _block_features(net, constant, layer, cfg.device)  # [levels, P, C]
     f_noise = _block_features(net, noise, layer, cfg.device)  # [M, P, C]
     grid = info.layout(size).grid
-    constant_pca = np.concatenate([pca_rgb(f[None], grid)[0] for f in f_const])  # one PCA per image
-    noise_pca = pca_rgb(f_noise.mean(axis=0, keepdims=True), grid)[0][0]
+    constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
     norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
     return PositionProbe(
         label, layer, grid, info.patch_size, tuple(cfg.levels), norms, constant_pca,
-        np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid), noise_pca,
+        np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid),
         float(constant_spatial_share(f_const).mean()), position_share(f_noise), tuple(notes),
     )
 
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
-    """Rows: models; columns: norm and PCA maps of a constant image and of the noise images' mean feature map.
+    """Rows: models; columns: norm and PCA maps of a constant image, and the mean norm map of the noise images.
 
-    Each norm column shares one colour scale across models; PCA maps are per model (one PCA each)."""
+    Each norm column shares one colour scale across models; PCA maps are per model (one PCA each). The
+    noise images' mean maps still hold their content's average (few images), so no PCA is drawn of
+    them: the position share says how much of their variance is due to position."""
     rows = []
     for p in probes:
         i = int(np.argmin(np.abs(np.asarray(p.levels) - level)))
         rows.append([
-            Panel(f"{p.model}\nconstant {p.levels[i]:g}: norms", p.constant_norms[i], group="constant norms", patch=p.patch_size),
+            Panel(f"{textwrap.fill(p.model, 42)}\nconstant {p.levels[i]:g}: norms", p.constant_norms[i],
+                  group="constant norms", patch=p.patch_size),
             Panel(f"constant {p.levels[i]:g}: PCA (share {p.constant_spatial_share:.2f})", rgb=p.constant_pca[i],
                   patch=p.patch_size),
-            Panel("noise: mean norms", p.noise_norms, group="noise norms", patch=p.patch_size),
-            Panel(f"noise: PCA of mean map (share {p.noise_position_share:.2f})", rgb=p.noise_pca, patch=p.patch_size),
+            Panel(f"noise: mean norms (position share {p.noise_position_share:.2f})", p.noise_norms, group="noise norms",
+                  patch=p.patch_size),
         ])
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
     notes = sorted({n for p in probes for n in p.notes})
     notes.append("constant share: patch-feature energy varying with position on a constant image; noise share: "
-                 "feature variance over noise images due to position (intraclass correlation); one PCA per map, "
-                 "components clipped at their 1st/99th percentiles")
+                 "feature variance over noise images due to position (intraclass correlation); PCA: one per map, grey = "
+                 f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm")
     return panel_grid(rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes)
 
 

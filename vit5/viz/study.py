@@ -56,7 +56,7 @@ TRAJECTORY_NAME = "trajectory.jsonl"
 TRACKED = (
     "outlier_ratio", "outlier_ratio_registers", "max_median_ratio", "norm_kurtosis", "received_outlier_mass",
     "patch_register_mass", "topk_sink_mass", "topk_register_share", "sink_rate", "sink_rate_register",
-    "sink_rate_patch",
+    "sink_rate_patch", "massive_ratio",
 )
 
 
