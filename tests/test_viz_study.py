@@ -122,3 +122,5 @@ def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
     assert not verdict(digits)["checks"]["outliers_on_background"]  # 0.3 below the background rate 0.6
     idle = {"no_registers": good["no_registers"], "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, 0.3, 4)]}
     assert not verdict(idle)["checks"]["registers_hold_attention"]  # 0.3 < twice the registers' uniform share 4/20
+    later = {"no_registers": [*digits["no_registers"], _row(20, 0.0, 0.0, 0.0, 0.0, 0.0)], "registers": good["registers"]}
+    assert verdict(later)["step"] == 10  # the latest step both twins reached

@@ -167,6 +167,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
+    p.add_argument("--dpi", type=int, default=100)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -194,7 +195,7 @@ def _ablate(args: argparse.Namespace) -> None:
                          device=_device(args.device))
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
     report = run_ablation(model.model, images, reference, model.label, cfg, notes)
-    files = report.write(args.out) + save_figure(ablation_figure(report), args.out / "ablation", tuple(args.formats))
+    files = report.write(args.out) + save_figure(ablation_figure(report, args.dpi), args.out / "ablation", tuple(args.formats))
     print(report.table())
     print(f"wrote {len(files)} files to {args.out}")
 
@@ -220,8 +221,9 @@ def _position(args: argparse.Namespace) -> None:
         summary = probe.summary()
         print(f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
               f"noise-image position share {summary['noise_position_share']:.4f}")
-    files = [write_probes(probes, args.out), *save_figure(position_figure(probes, MapStyle(formats=tuple(args.formats))),
-                                                          args.out / "position_probe", tuple(args.formats))]
+    style = MapStyle(dpi=args.dpi, formats=tuple(args.formats))
+    files = [write_probes(probes, args.out), *save_figure(position_figure(probes, style), args.out / "position_probe",
+                                                          style.formats)]
     print(f"wrote {len(files)} files to {args.out}")
 
 

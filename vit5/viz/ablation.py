@@ -253,7 +253,7 @@ class AblationReport:
             pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
             pp = lambda v: "n/a" if v is None else f"{v:+.1f}"
             lines.append([r.method, r.place, pct(r.top1), pp(self.change(r, "top1")), pct(r.knn), pp(self.change(r, "knn")),
-                          f"{r.patch_cosine:.4f}", f"{r.knn_overlap:.3f}"])
+                          f"{r.patch_cosine:.6f}", f"{r.knn_overlap:.3f}"])
         widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
         text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
         return (f"register ablation of {self.model}: {self.num_images} images, reference set {self.num_reference} images"
@@ -313,7 +313,7 @@ def run_ablation(model: nn.Module, images: Sequence[LoadedImage], reference: Seq
 def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
     """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap."""
     panels = [("change in top-1 (pp)", "top1"), ("change in kNN accuracy (pp)", "knn"),
-              ("patch-feature cosine to unablated", "patch_cosine"), ("kNN overlap with unablated", "knn_overlap")]
+              ("1 - patch-feature cosine to unablated (log)", "patch_cosine"), ("kNN overlap with unablated", "knn_overlap")]
     fig = Figure(figsize=(13.0, 3.4), dpi=dpi, layout="constrained")
     axes = fig.subplots(1, len(panels))
     places = list(report.config.places)
@@ -325,11 +325,16 @@ def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
             for place in places:
                 row = next(r for r in report.rows if r.method == method and r.place == place)
                 value = report.change(row, metric) if metric in ("top1", "knn") else getattr(row, metric)
+                value = 1.0 - value if metric == "patch_cosine" else value
                 values.append(np.nan if value is None else value)
             ax.bar(np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width, values, width, label=method)
         if all(getattr(r, metric) is None for r in report.rows):
             ax.text(0.5, 0.5, "needs labels", ha="center", va="center", transform=ax.transAxes)
-        ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
+        if metric == "patch_cosine":
+            if any(1.0 - r.patch_cosine > 0 for r in report.rows):
+                ax.set_yscale("log")
+        else:
+            ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
         ax.set_xticks(range(len(places)), ["at the input" if p == "input" else "after every block" for p in places])
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)

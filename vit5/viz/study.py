@@ -436,9 +436,8 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     registers at least twice their uniform share of attention and at least half the mass the
     outliers drew in the first twin.
     """
-    a, b = trajectories["no_registers"][-1], trajectories["registers"][-1]
-    if a["step"] != b["step"]:
-        b = next((r for r in reversed(trajectories["registers"]) if r["step"] == a["step"]), b)
+    step = max({r["step"] for r in trajectories["no_registers"]} & {r["step"] for r in trajectories["registers"]})
+    a, b = (next(r for r in trajectories[twin] if r["step"] == step) for twin in TWINS)
     depth = len(a["images_with_outliers"])
     best = max(range(depth), key=lambda i: (a["images_with_background_outliers"][i], a["metrics"]["outlier_ratio"][i] or 0))
     nxt = min(best + 1, depth - 1)

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-# (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds) or "reused" (the no-register twin's)
+# (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds), "reused" (the no-register twin's)
+# or "background" (own thresholds, drawn dashed)
 PANELS = (
     ("outlier-token ratio (max over blocks)", (
         ("no_registers", "outlier_ratio", "metrics", "no registers"),
@@ -15,8 +16,10 @@ PANELS = (
         ("registers", "outlier_ratio", "reused", "registers, no-register twin's thresholds"),
     )),
     ("images with an outlier patch (max over blocks)", (
-        ("no_registers", "images_with_outliers", "metrics", "no registers"),
-        ("registers", "images_with_outliers", "metrics", "registers"),
+        ("no_registers", "images_with_outliers", "metrics", "no registers: any patch"),
+        ("no_registers", "images_with_background_outliers", "background", "no registers: a background patch"),
+        ("registers", "images_with_outliers", "metrics", "registers: any patch"),
+        ("registers", "images_with_background_outliers", "background", "registers: a background patch"),
     )),
     ("max / median patch norm (max over blocks)", (
         ("no_registers", "max_median_ratio", "metrics", "no registers"),
@@ -46,7 +49,7 @@ def _value(row: dict, metric: str, where: str) -> float:
     block = row.get("reused") if where == "reused" else row
     if block is None:
         return float("nan")
-    values = block.get(metric) if metric in ("images_with_outliers",) else block["metrics"].get(metric)
+    values = block.get(metric) if metric.startswith("images_with") else block["metrics"].get(metric)
     values = [v for v in (values or []) if v is not None]
     if not values:
         return float("nan")
@@ -64,7 +67,8 @@ def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int 
             traj = trajectories.get(twin) or []
             steps = [r["step"] for r in traj]
             values = [_value(r, metric, where) for r in traj]
-            style = "--" if where == "reused" or metric == "sink_rate_patch" and twin == "registers" else "-"
+            dashed = where in ("reused", "background") or (metric == "sink_rate_patch" and twin == "registers")
+            style = "--" if dashed else "-"
             ax.plot(steps, values, style, color=COLOURS[twin], marker="o", markersize=3, label=label)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
