@@ -31,7 +31,7 @@ demo: setup
 # (resumable: rerun to continue), then `viz compare` of the twins on the held-out canvases (runs/register_study).
 STUDY := runs/register_study
 registers: setup
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m vit5.viz.study --out $(STUDY)
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m vit5.viz.study --out $(STUDY) --max-minutes 50
 	$(PY) -m viz compare --model $(STUDY)/no_registers/final --model-b $(STUDY)/registers/final \
 		--images $(STUDY)/heldout --out $(STUDY)/viz --max-figures 8
 

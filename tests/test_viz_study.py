@@ -124,3 +124,18 @@ def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
     assert not verdict(idle)["checks"]["registers_hold_attention"]  # 0.3 < twice the registers' uniform share 4/20
     later = {"no_registers": [*digits["no_registers"], _row(20, 0.0, 0.0, 0.0, 0.0, 0.0)], "registers": good["registers"]}
     assert verdict(later)["step"] == 10  # the latest step both twins reached
+
+
+def test_background_sinks_by_hand():
+    from vit5 import TokenLayout
+    from vit5.viz import TokenStats
+    from vit5.viz.study import background_sinks
+
+    layout = TokenLayout((1, 3), num_cls=0, num_registers=1, registers_first=False)  # p, p, p, reg
+    received = np.array([[[[0.1, 0.8, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25]],  # block 0: head 0 sinks on patch 1
+                          [[0.05, 0.05, 0.1, 0.8], [0.6, 0.2, 0.1, 0.1]]]])  # block 1: register sink, patch 0 sink
+    stats = TokenStats("toy", layout, [0, 1], ["a"], 8, norms=np.ones((1, 2, 4)), received=received,
+                       rollout=np.zeros((1, 4)))
+    background = np.array([[[False, True, True]]])
+    assert background_sinks(stats, background) == [1.0, 0.0]  # patch 1 is background, patch 0 is not
+    assert background_sinks(stats, background, eps=0.9) == [None, None]

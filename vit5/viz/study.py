@@ -47,6 +47,7 @@ from .collect import CollectConfig, collect
 from .errors import VizError
 from .images import LoadedImage
 from .report import MetricConfig, MetricReport, compute_metrics
+from .stats import TokenStats
 from .study_data import CanvasBatch, CanvasConfig, CanvasSource
 
 TWINS = ("no_registers", "registers")
@@ -217,13 +218,28 @@ def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, lis
     }
 
 
+def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3) -> list[float | None]:
+    """Per block, the share of the (image, head) pairs whose sink (a key receiving more than ``eps`` of the
+    average attention, as :func:`~vit5.viz.metrics.sink_heads`) is a background patch, among those whose
+    sink is a patch at all (None where no head has a patch sink)."""
+    patches = stats.patch_values(stats.received)  # [B, L, H, P]
+    top = patches.argmax(axis=-1)
+    is_sink = patches.max(axis=-1) > eps
+    bg = background.reshape(background.shape[0], 1, 1, -1)
+    on_background = np.take_along_axis(np.broadcast_to(bg, patches.shape), top[..., None], axis=-1)[..., 0]
+    counts = is_sink.sum(axis=(0, 2))
+    shares = (on_background & is_sink).sum(axis=(0, 2)) / np.maximum(counts, 1)
+    return [float(s) if c else None for s, c in zip(shares, counts)]
+
+
 def measure(model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None) -> dict[str, Any]:
     """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused ones)."""
     stats = collect(model, held.images, label, CollectConfig(batch_size=32, progress=False))
     report = compute_metrics(stats, MetricConfig(n_boot=200))
     record = {"thresholds": [_num(t) for t in report.thresholds], "metrics": _tracked(report),
               **study_metrics(report, held.background), "accuracy": accuracy(model, held.accuracy, task),
-              "num_tokens": stats.layout.num_tokens, "num_registers": stats.layout.num_registers}
+              "num_tokens": stats.layout.num_tokens, "num_registers": stats.layout.num_registers,
+              "patch_sinks_on_background": background_sinks(stats, held.background)}
     if thresholds is not None:
         reused = compute_metrics(stats, MetricConfig(n_boot=200, thresholds=tuple(thresholds),
                                                      threshold_source="no-register twin"))
@@ -464,6 +480,8 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
             "max_median_ratio": a["metrics"]["max_median_ratio"][best], "outlier_background_share": bg_share,
             "background_rate": bg_rate, "received_outlier_mass": received, "sink_rate": a["metrics"]["sink_rate"][nxt],
             "sink_rate_patch": a["metrics"]["sink_rate_patch"][nxt], "accuracy": a["accuracy"],
+            "patch_sinks_on_background_per_block": a.get("patch_sinks_on_background"),
+            "sink_rate_patch_per_block": a["metrics"]["sink_rate_patch"],
         },
         "registers": {
             "images_with_outliers": b["images_with_outliers"][best], "outlier_ratio": otr_b_own,
@@ -481,7 +499,7 @@ def summary_text(result: StudyResult) -> str:
     head = f"register study at step {v['step']}: {outcome} (outliers at block {v['layer']}, attention at {v['next_layer']})"
     lines = [head]
     for twin in TWINS:
-        lines.append(f"  {twin}: " + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items()))
+        lines.append(f"  {twin}: " + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items() if not k.endswith("per_block")))
     lines.append("  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()))
     return "\n".join(lines)
 

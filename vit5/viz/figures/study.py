@@ -77,10 +77,12 @@ def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int 
     for ax in axes.flat[len(PANELS):]:
         ax.set_axis_off()
     canvas = cfg.canvas
+    reached = min((traj[-1]["step"] for traj in trajectories.values() if traj), default=0)
+    progress = "" if reached >= cfg.steps else f"; STOPPED at step {reached} of {cfg.steps}"
     fig.suptitle(
         f"Register study (TRAINED twins, measured on {cfg.eval_images} held-out canvases): width {cfg.embed_dim}, "
         f"depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} canvases, task {canvas.task}, "
-        f"no CLS + average pooling, 0 vs {cfg.registers} registers", fontsize=9,
+        f"no CLS + average pooling, 0 vs {cfg.registers} registers{progress}", fontsize=9,
     )
     fig.supxlabel("outlier threshold: log-norm median + 5 MAD per block (default); sink: one key receives > 0.3 of a "
                   "head's average attention", fontsize=7)
