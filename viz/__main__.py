@@ -194,7 +194,8 @@ def _ablate(args: argparse.Namespace) -> None:
     cfg = AblationConfig(tuple(args.methods), tuple(args.places), args.knn_k, batch_size=args.batch_size,
                          device=_device(args.device))
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
-    report = run_ablation(model.model, images, reference, model.label, cfg, notes)
+    label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
+    report = run_ablation(model.model, images, reference, label, cfg, notes)
     files = report.write(args.out) + save_figure(ablation_figure(report, args.dpi), args.out / "ablation", tuple(args.formats))
     print(report.table())
     print(f"wrote {len(files)} files to {args.out}")
