@@ -1,6 +1,6 @@
 """Register ablation at inference: how much does a model depend on what its registers hold?
 
-Parodi et al. (arXiv 2604.14433, section 3, "replacement controls") replace the register hidden
+Parodi et al. (arXiv 2604.14433, Fig. 1 and their replacement controls) replace the register hidden
 states after every block and compare zeroing with three in-distribution replacements; zeroing
 costs DINOv2-reg / DINOv3 up to ~37 points while the replacements stay within ~1 point, i.e.
 zeroing overstates how much the model needs the exact register content. Here, for any vit5 or

@@ -88,8 +88,9 @@ ROW_KEYS = ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg", "massiv
 
 
 def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[str, torch.Tensor]:
-    """Massive activations of one block output ``[B, N, C]`` (Sun et al., arXiv 2402.17762, section 2
-    and their ViT code: the top magnitudes of the hidden state against its median magnitude).
+    """Massive activations of one block output ``[B, N, C]`` (Sun et al., arXiv 2402.17762, section 2, and
+    their ViT code, locuslab/massive-activations ``main_vit.py``: the top magnitudes of the hidden state
+    against its median magnitude).
 
     ``massive_top [B, top]`` the largest ``|x|`` over all tokens and channels, ``massive_token`` /
     ``massive_channel [B, top]`` where they sit, and ``massive_median [B]`` the median ``|x|``

@@ -1,6 +1,6 @@
 """Position-artifact probe: what do position embeddings alone leave in the patch features?
 
-Yang et al., "Denoising Vision Transformers" (arXiv 2401.02957, section 3, Fig. 3) show that a
+Yang et al., "Denoising Vision Transformers" (arXiv 2401.02957, Fig. 3) show that a
 ViT fed an image without content (a zero tensor) still produces the spatial artifact pattern of
 its real feature maps, and trace it to the position embeddings. This probe feeds
 

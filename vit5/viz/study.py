@@ -6,7 +6,7 @@ canvases: a few digits on a large uninformative background, labelled by a functi
 Neither twin has a CLS token and both average-pool the patches (``class_token=False,
 global_pool="avg"``), so the twin without registers has no spare token to use as an attention sink
 or a global store and must recruit patches, while the other has exactly that (Darcet et al.,
-arXiv 2309.16588, section 2 and 3). Every ``checkpoint_every`` steps both twins are recorded on
+arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins are recorded on
 held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
 with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
 :func:`verdict` checks the garbage-collector signature of the issue on the latest checkpoint, and

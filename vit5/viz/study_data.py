@@ -1,6 +1,6 @@
 """Canvases that reward a storage token: a few scikit-learn digits on a large uninformative background.
 
-Darcet et al. (arXiv 2309.16588, sections 3.1-3.2) find high-norm outlier tokens on patches that
+Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches that
 are redundant with their neighbours (uniform background) and holding global, not local,
 information. These canvases make most patches exactly that: ``count`` digits (real 8x8
 scikit-learn digits, upscaled bilinearly as alpha mattes by :func:`vit5.data.digits_seg.digit_alpha`)

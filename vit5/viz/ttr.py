@@ -1,7 +1,7 @@
 """Test-time registers: find the MLP "register neurons" that write high-norm outliers, and move them out.
 
-Jiang et al., "Vision Transformers Don't Need Trained Registers" (arXiv 2506.08010), section 3
-(Algorithm 1) and section 4 (Algorithm 2), and their code (nickjiang2378/test-time-registers,
+Jiang et al., "Vision Transformers Don't Need Trained Registers" (arXiv 2506.08010), Algorithm 1
+(register neurons) and Algorithm 2 (test-time register), and their code (nickjiang2378/test-time-registers,
 ``shared/algorithms.py::find_register_neurons`` and ``shared/hook_fn.py::activate_on_registers``
 at commit 341e15e):
 
