@@ -176,6 +176,7 @@ class HeldOut:
     """Held-out canvases: the metric images (with background masks) and the accuracy set."""
 
     images: list[LoadedImage]
+    labels: np.ndarray  # [B] or [B, 10] (multilabel)
     background: np.ndarray  # [B, h, w] bool
     accuracy: CanvasBatch
 
@@ -184,7 +185,7 @@ class HeldOut:
         source = CanvasSource(cfg.canvas, "val", cfg.seed)
         metric = source.batch(0, cfg.eval_images)
         images = [LoadedImage(f"heldout_{i:03d}", rgb) for i, rgb in enumerate(metric.images)]
-        return cls(images, metric.background, source.batch(1, cfg.accuracy_images))
+        return cls(images, metric.labels, metric.background, source.batch(1, cfg.accuracy_images))
 
 
 def accuracy(model: ViT5, batch: CanvasBatch, task: str, chunk: int = 128) -> float:
@@ -550,8 +551,7 @@ def analyse_twins(cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, V
     def with_labels(images: list[LoadedImage], labels: np.ndarray) -> list[LoadedImage]:
         return [LoadedImage(img.name, img.rgb, int(y) if labelled else None) for img, y in zip(images, labels)]
 
-    metric_labels = CanvasSource(cfg.canvas, "val", cfg.seed).batch(0, cfg.eval_images).labels
-    images = with_labels(held.images, metric_labels)
+    images = with_labels(held.images, held.labels)
     reference = with_labels([LoadedImage(f"reference_{i:03d}", rgb) for i, rgb in enumerate(reference_batch.images)],
                             reference_batch.labels)
     report = run_ablation(twins["registers"], images, reference, "registers twin (trained)",
