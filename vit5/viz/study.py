@@ -45,7 +45,7 @@ from torch import nn
 from ..model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
 from .collect import CollectConfig, collect
 from .errors import VizError
-from .images import LoadedImage
+from .images import LoadedImage, to_batch
 from .report import MetricConfig, MetricReport, compute_metrics
 from .stats import TokenStats
 from .study_data import CanvasBatch, CanvasConfig, CanvasSource
@@ -128,7 +128,7 @@ SMOKE = StudyConfig(
     embed_dim=32, depth=2, num_heads=2, registers=1, steps=6, batch_size=8, warmup_steps=2,
     checkpoint_every=3, eval_images=8, accuracy_images=16,
 )
-# The README study, chosen from pilots (docs/register-study.md): the count task learns within a few
+# The README study, chosen from pilots (docs/register-analyses.md): the count task learns within a few
 # hundred steps, and without QK-norm and LayerScale the twin without registers shows the most sinks.
 FULL = StudyConfig(
     canvas=CanvasConfig(size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"),
@@ -149,12 +149,9 @@ def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
     return {"no_registers": base, "registers": twin}
 
 
-def normalise(images: np.ndarray, model: nn.Module) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32 (as :func:`~vit5.viz.to_batch`)."""
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
-    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
-    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
-    return (x - mean) / std
+def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see them."""
+    return to_batch([LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
