@@ -70,3 +70,31 @@ def test_help_lists_the_register_analyses(capsys):
         build_parser().parse_args(["--help"])
     text = capsys.readouterr().out
     assert all(cmd in text for cmd in ("ablate", "ttr", "position"))
+
+
+def test_compare_models_without_cls_shows_received_attention(tmp_path, capsys):
+    no_cls = ["class_token=False", "global_pool='avg'"]
+    args = ["compare", *TINY, *no_cls, "num_registers=0", "--model-b", "vit5_tiny", "--model-b-args", "depth=1",
+            "img_size=32", "patch_size=8", *no_cls, "--images", "sklearn-samples", "--size", "32", "48",
+            "--out", str(tmp_path), "--bootstrap", "20", "--max-figures", "1", *FAST]
+    assert main(args) == 0
+    assert (tmp_path / "compare" / "summary_grid.png").stat().st_size > 1000
+
+
+def test_received_map_is_the_mean_attention_each_patch_receives():
+    import numpy as np
+    import torch
+    from viz_support import smooth_images, tiny_vit5
+
+    from vit5.viz import CollectConfig, capture, collect, describe, to_batch
+    from vit5.viz.maps import received_map
+
+    model = tiny_vit5(class_token=False, global_pool="avg", num_registers=1)
+    images = smooth_images(2)
+    stats = collect(model, images, "m", CollectConfig(progress=False))
+    info = describe(model)
+    with torch.no_grad(), capture(model, layers=[1], tokens=False) as rec:
+        model.forward_features(to_batch(images, info.mean, info.std))
+    attention = rec.attentions[1][1]  # image 1: [H, N, N]
+    expected = attention.mean(dim=1).mean(dim=0)[:24].reshape(4, 6)  # no CLS: patches first, then the register
+    np.testing.assert_allclose(received_map(stats, 1, 1), expected.numpy(), rtol=1e-5)
