@@ -19,7 +19,14 @@ Command line: ``python -m viz --help``.
 
 from .ablation import METHODS as ABLATION_METHODS
 from .ablation import PLACES as ABLATION_PLACES
-from .ablation import AblationConfig, AblationReport, ablate_registers, ablation_figure, register_reference, run_ablation
+from .ablation import (
+    AblationConfig,
+    AblationReport,
+    ablate_registers,
+    ablation_figure,
+    register_reference,
+    run_ablation,
+)
 from .adapters import ModelInfo, capture, describe, resolve_layers
 from .collect import CollectConfig, collect
 from .errors import VizError
@@ -32,7 +39,13 @@ from .report import MetricConfig, MetricReport, compute_metrics, load_thresholds
 from .rollout import attention_rollout
 from .runner import VIEWS, RunConfig, RunResult, run_compare, run_model, run_ttr
 from .stats import TokenStats
-from .ttr import NeuronSearch, NeuronSearchResult, RegisterNeuron, find_register_neurons, use_test_time_registers
+from .ttr import (
+    NeuronSearch,
+    NeuronSearchResult,
+    RegisterNeuron,
+    find_register_neurons,
+    use_test_time_registers,
+)
 
 __all__ = [
     "ABLATION_METHODS", "ABLATION_PLACES", "SKLEARN_SAMPLES", "VIEWS", "AblationConfig", "AblationReport",

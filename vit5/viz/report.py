@@ -246,7 +246,7 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
     if stats.massive_token is not None:
         types = stats.layout.token_types()
         massive = [
-            dict(layer=layer, token=token, token_type=types[token], channel=channel, share=share)
+            {"layer": layer, "token": token, "token_type": types[token], "channel": channel, "share": share}
             for layer, (token, channel, share) in zip(
                 stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0]))
         ]

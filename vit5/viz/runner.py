@@ -193,21 +193,23 @@ def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[st
     return _write_comparison(stats_a, stats_b, images, cfg, notes, Path(cfg.out) / "compare")
 
 
-def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search: NeuronSearch = NeuronSearch(),
+def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search: NeuronSearch | None = None,
             count: int = 1) -> tuple[NeuronSearchResult, RunResult, RunResult]:
     """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
     info, size, _ = _prepare(loaded, cfg)
     images = _load(sources, size, info.patch_size, cfg)
-    found = find_register_neurons(loaded.model, images, replace(search, batch_size=cfg.batch_size, device=cfg.device))
+    search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
+    found = find_register_neurons(loaded.model, images, search)
     cfg.log(found.describe())
     before = _record(loaded, images, cfg, features=0)
     with use_test_time_registers(loaded.model, found.neurons, count):
         after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, features=0)
     out = Path(cfg.out) / "ttr"
-    notes = [*_notes(loaded, cfg), f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register "
-             f"neurons of blocks <= {found.top_layer} (Jiang et al. 2025)"]
+    ttr_note = (f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of blocks "
+                f"<= {found.top_layer} (Jiang et al. 2025)")
+    notes = [*_notes(loaded, cfg), ttr_note]
     result = _write_comparison(before, after, images, cfg, notes, out)
     path = out / "register_neurons.json"
     path.write_text(json.dumps(asdict(found), indent=2))
