@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch comes first, from the versions this machine keeps on disk; override e.g. `make test TORCH=torch`.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup test demo gpu-check clean
+.PHONY: setup test demo registers gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,14 @@ demo: setup
 	rm -rf $(DEMO_RUN)
 	$(PY) train.py run.name=demo
 	$(PY) -m viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96 128 --out $(DEMO_RUN)/viz
+
+# The register study (not part of test or demo): twins without / with registers trained on digit canvases
+# (resumable: rerun to continue), then `viz compare` of the twins on the held-out canvases (runs/register_study).
+STUDY := runs/register_study
+registers: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m vit5.viz.study --out $(STUDY) --max-minutes 50
+	$(PY) -m viz compare --model $(STUDY)/no_registers/final --model-b $(STUDY)/registers/final \
+		--images $(STUDY)/heldout --out $(STUDY)/viz --max-figures 8
 
 # On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
 # one-pass QK-norm + RoPE, fuse_for_inference, compile and regional compile, KV-cache allocation) and

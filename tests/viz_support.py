@@ -58,3 +58,61 @@ def multiply_tokens(block: torch.nn.Module, token_indices: list[int], scale: flo
         return out
 
     return block.register_forward_hook(hook)
+
+
+def bright_patch_images(count: int, bright: list[tuple[int, int]], height: int = 32, width: int = 48, patch: int = 8):
+    """Smooth dark images (pixels <= 100) with pure white patches at ``bright`` (row, col) grid positions."""
+    images = []
+    for i in range(count):
+        rgb = (smooth_rgb(height, width, 100 + i).astype(np.float32) * (100 / 255)).round().astype(np.uint8)
+        for r, c in bright:
+            rgb[r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] = 255
+        images.append(LoadedImage(f"bright{i}", rgb))
+    return images
+
+
+def mlp_input(model: torch.nn.Module, layer: int, images) -> torch.Tensor:
+    """``[B, N, C]`` input of block ``layer``'s ``mlp.fc1`` (after its norm), recorded with a plain hook."""
+    from vit5.viz import describe, to_batch
+
+    info = describe(model)
+    seen = {}
+    handle = model.blocks[layer].mlp.fc1.register_forward_pre_hook(lambda m, a: seen.__setitem__("h", a[0].detach()))
+    with torch.no_grad():
+        model.forward_features(to_batch(images, info.mean, info.std))
+    handle.remove()
+    return seen["h"]
+
+
+def plant_outlier_neuron(model, layer: int, neuron: int, images, token_indices: list[int], boost: float = 30.0) -> None:
+    """Weight planting (written here, independent of vit5.viz.ttr): hidden unit ``neuron`` of block ``layer``'s
+    GELU MLP fires only on the tokens ``token_indices`` of ``images`` and writes a large vector there.
+
+    Its fc1 row reads the direction separating those tokens' MLP inputs from all others, with the bias
+    half-way between the two groups, so GELU is ~0 elsewhere; its fc2 column points along a random unit
+    vector, scaled so the planted tokens' norms grow by about ``boost`` times the median token norm.
+    """
+    h = mlp_input(model, layer, images)
+    mask = torch.zeros(h.shape[1], dtype=torch.bool)
+    mask[token_indices] = True
+    direction = h[:, mask].mean(dim=(0, 1)) - h[:, ~mask].mean(dim=(0, 1))
+    direction = direction / direction.norm()
+    s = h @ direction
+    low, high = s[:, ~mask].max(), s[:, mask].min()
+    assert high > low, "the planted tokens are not linearly separable from the others"
+    gain = 40.0 / float(high - low)
+    mlp = model.blocks[layer].mlp
+    with torch.no_grad():
+        mlp.fc1.weight[neuron] = gain * direction
+        mlp.fc1.bias[neuron] = -gain * (low + high) / 2
+        fired = torch.nn.functional.gelu(gain * (s[:, mask] - (low + high) / 2)).mean()
+        from vit5.viz import describe, to_batch
+
+        info = describe(model)
+        with torch.no_grad():
+            tokens = model.forward_intermediates(to_batch(images, info.mean, info.std), indices=[layer],
+                                                 output_fmt="NLC", intermediates_only=True)[0]
+        median = tokens.norm(dim=-1).median()
+        gamma = getattr(model.blocks[layer].ls2, "gamma", torch.ones(1)).abs().mean()
+        u = torch.nn.functional.normalize(torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(7)), dim=0)
+        mlp.fc2.weight[:, neuron] = u * boost * median / (fired * gamma)

@@ -1,7 +1,9 @@
-"""Command line for vit5.viz: ``python -m viz {attention,norms,compare,pca,metrics,all} ...``.
+"""Command line for vit5.viz: ``python -m viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position} ...``.
 
-Thin: parses options into :class:`vit5.viz.RunConfig` and calls :func:`vit5.viz.run_model` or
-:func:`vit5.viz.run_compare`. Bad input ends with one ``viz: error: ...`` line and exit code 2.
+Thin: parses options into :class:`vit5.viz.RunConfig` (or the analysis' own config) and calls
+:func:`vit5.viz.run_model`, :func:`vit5.viz.run_compare`, :func:`vit5.viz.run_ttr`,
+:func:`vit5.viz.run_ablation` or :func:`vit5.viz.run_position_probe`. Bad input ends with one
+``viz: error: ...`` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -16,18 +18,33 @@ from vit5.model.footprint import DEFAULT_MAX_PARAMS
 from vit5.model.spec import random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device
 from vit5.viz import (
+    ABLATION_METHODS,
+    ABLATION_PLACES,
     VIEWS,
+    AblationConfig,
     MapStyle,
     MetricConfig,
+    NeuronSearch,
     PlantSpec,
+    PositionProbeConfig,
     RunConfig,
     VizError,
+    ablation_figure,
+    describe,
+    load_images,
     load_model_spec,
     load_thresholds,
     parse_overrides,
+    position_figure,
+    run_ablation,
     run_compare,
     run_model,
+    run_position_probe,
+    run_ttr,
+    save_figure,
+    write_probes,
 )
+from vit5.viz.runner import RANDOM_INIT_NOTE
 
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -36,11 +53,18 @@ MODEL_HELP = (
 )
 SUBCOMMANDS = {
     "attention": ({"attention", "registers", "rollout"}, "CLS-to-patch maps per head and mean, register maps, rollout"),
-    "norms": ({"norms", "histograms", "profile"}, "token-norm maps, per-layer norm histograms, layer profile"),
+    "norms": ({"norms", "histograms", "profile", "massive"},
+              "token-norm maps, per-layer norm histograms, layer profile, massive activations"),
     "pca": ({"pca"}, "PCA of the patch features as RGB"),
     "metrics": ({"metrics"}, "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table"),
     "all": (set(VIEWS), "every figure and the metrics table for one model"),
     "compare": (set(), "two models side by side with shared colour scales (the garbage-collector figure)"),
+    "ttr": (set(), "test-time registers: find the register neurons, then the model without and with an extra token"),
+}
+ANALYSES = {
+    "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or after "
+              "every block; change in top-1, kNN accuracy, patch-feature cosine",
+    "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more models",
 }
 
 
@@ -110,7 +134,117 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p, compare=name == "compare")
         if name == "attention":
             p.add_argument("--registers", action="store_true", help="require register maps (error for a model without registers)")
+        if name == "ttr":
+            t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
+            t.add_argument("--detect-layer", type=int, help="block whose outliers are traced (default: highest outlier ratio)")
+            t.add_argument("--top-layer", type=int, help="search neurons in blocks <= this (default: the detect block)")
+            t.add_argument("--neurons", type=int, default=10, help="register neurons to keep (top k; default 10)")
+            t.add_argument("--count", type=int, default=1, help="test-time registers to append (default 1)")
+    p = sub.add_parser("ablate", help=ANALYSES["ablate"], description=ANALYSES["ablate"])
+    _model_args(p)
+    p.add_argument("--images", nargs="+", required=True, metavar="PATH",
+                   help="images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples")
+    p.add_argument("--reference", nargs="+", metavar="PATH",
+                   help="reference images (register means, kNN bank); default: the first half of --images")
+    p.add_argument("--folder-labels", action="store_true", help="folders are ImageFolders: label = class subfolder")
+    p.add_argument("--methods", nargs="+", default=list(ABLATION_METHODS), choices=ABLATION_METHODS)
+    p.add_argument("--places", nargs="+", default=list(ABLATION_PLACES), choices=ABLATION_PLACES)
+    p.add_argument("--knn-k", type=int, default=20)
+    p.add_argument("--max-images", type=int, help="use at most the first N images of --images and of --reference")
+    _run_args(p)
+    p = sub.add_parser("position", help=ANALYSES["position"], description=ANALYSES["position"])
+    p.add_argument("--model", action="append", required=True,
+                   help="a model spec (same forms as above); repeat --model for several models, shown side by side")
+    p.add_argument("--model-args", action="append", nargs="+", metavar="KEY=VALUE",
+                   help="overrides: given once, for every model; repeated, one per --model in order (e.g. ape=False)")
+    p.add_argument("--ema", action="store_true")
+    _init_args(p)
+    p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
+    p.add_argument("--levels", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="constant grey levels in [0, 1]")
+    p.add_argument("--noise-images", type=int, default=16)
+    _run_args(p)
     return parser
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for the model")
+    p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint")
+    _init_args(p)
+
+
+def _init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--random-init", action="store_true",
+                   help="build bare architecture names untrained instead of with their pretrained weights "
+                        "(every table and figure says random-init)")
+    p.add_argument("--max-params", type=float, metavar="N",
+                   help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
+    p.add_argument("--dpi", type=int, default=100)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _limit(args: argparse.Namespace) -> dict[str, float]:
+    return {"max_params": args.max_params} if args.max_params is not None else {}
+
+
+def _ablate(args: argparse.Namespace) -> None:
+    (random_init,) = random_init_flags([args.model], args.random_init)
+    model = load_model_spec(args.model, {**parse_overrides(args.model_args), **_limit(args)}, args.ema, random_init)
+    print(f"model: {model.description}")
+    info = describe(model.model)
+    size = tuple(args.size or info.img_size)
+    limit = args.max_images
+    if args.reference:
+        images, _ = load_images(args.images, size, info.patch_size, args.folder_labels, limit)
+        reference, _ = load_images(args.reference, size, info.patch_size, args.folder_labels, limit)
+    else:
+        images, _ = load_images(args.images, size, info.patch_size, args.folder_labels, limit and 2 * limit)
+        if len(images) < 4:
+            raise VizError("give --reference images, or at least 4 --images to split in halves")
+        images, reference = images[len(images) // 2 :], images[: len(images) // 2]
+    cfg = AblationConfig(tuple(args.methods), tuple(args.places), args.knn_k, batch_size=args.batch_size,
+                         device=str(resolve_device(args.device)))
+    notes = [RANDOM_INIT_NOTE] if model.random_init else []
+    label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
+    report = run_ablation(model.model, images, reference, label, cfg, notes)
+    files = report.write(args.out) + save_figure(ablation_figure(report, args.dpi), args.out / "ablation", tuple(args.formats))
+    print(report.table())
+    print(f"wrote {len(files)} files to {args.out}")
+
+
+def _position(args: argparse.Namespace) -> None:
+    cfg = PositionProbeConfig(tuple(args.size) if args.size else None, tuple(args.levels), args.noise_images,
+                              args.layer, device=str(resolve_device(args.device)))
+    overrides = args.model_args or [[]]
+    if len(overrides) == 1:
+        overrides = overrides * len(args.model)
+    if len(overrides) != len(args.model):
+        raise VizError(f"give --model-args once (for every model) or once per --model: got {len(overrides)} for "
+                       f"{len(args.model)} models")
+    common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
+    probes = []
+    for spec, items, random_init in zip(args.model, overrides, random_init_flags(args.model, args.random_init)):
+        model = load_model_spec(spec, {**parse_overrides(items), **_limit(args)}, args.ema, random_init)
+        print(f"model: {model.description}")
+        kind = "RANDOM INIT" if model.random_init else "trained"
+        label = " ".join([model.label, *(i for i in items if i not in common), f"({kind})"])
+        probe = run_position_probe(model.model, label, cfg)
+        probes.append(probe)
+        summary = probe.summary()
+        print(f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
+              f"noise-image position share {summary['noise_position_share']:.4f}")
+    style = MapStyle(dpi=args.dpi, formats=tuple(args.formats))
+    files = [write_probes(probes, args.out), *save_figure(position_figure(probes, style), args.out / "position_probe",
+                                                          style.formats)]
+    print(f"wrote {len(files)} files to {args.out}")
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -137,10 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     safe_console()
     one_line_warnings()
     args = build_parser().parse_args(argv)
-    limit = {"max_params": args.max_params} if args.max_params is not None else {}
+    limit = _limit(args)
     try:
-        cfg = _config(args)
         check_output_dir(args.out, "--out")
+        if args.command in ANALYSES:
+            (_ablate if args.command == "ablate" else _position)(args)
+            return 0
+        cfg = _config(args)
         specs = [args.model] + ([args.model_b] if args.command == "compare" else [])
         random_a, *random_b = random_init_flags(specs, args.random_init)
         model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema, random_a)
@@ -150,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             model_b = load_model_spec(args.model_b, overrides_b, args.ema, random_b[0])
             print(f"model B: {model_b.description}")
             run_compare(model, model_b, args.images, cfg)
+        elif args.command == "ttr":
+            search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
+            run_ttr(model, args.images, cfg, search, args.count)
         else:
             run_model(model, args.images, cfg)
     except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback

@@ -2,9 +2,12 @@
 
 Figures (attention maps, rollout, token-norm maps and histograms, layer profiles, PCA, the
 two-model "garbage collector" comparison) and per-layer metrics with bootstrap intervals
-(registers.md section 3: outlier-token ratio, max/median norm, kurtosis, CLS entropy, CLS mass
-on outliers, register mass, sink rate) for vit5 models and timm ViTs (``VisionTransformer``,
-``Eva``), whatever their token order.
+(outlier-token ratio, max/median norm, kurtosis, CLS entropy, CLS mass on outliers, register
+mass, sink rate, massive activations) for vit5 models and timm ViTs (``VisionTransformer``,
+``Eva``), whatever their token order; register analyses: ablation at inference
+(:mod:`~vit5.viz.ablation`), test-time registers (:mod:`~vit5.viz.ttr`), the position-artifact
+probe (:mod:`~vit5.viz.position`) and the register study that grows artifacts
+(:mod:`~vit5.viz.study`).
 
     from vit5.viz import capture, load_model_spec, run_model, RunConfig
     with capture(model, layers=[-1]) as rec:        # any supported model
@@ -14,21 +17,43 @@ on outliers, register mass, sink rate) for vit5 models and timm ViTs (``VisionTr
 Command line: ``python -m viz --help``.
 """
 
+from .ablation import METHODS as ABLATION_METHODS
+from .ablation import PLACES as ABLATION_PLACES
+from .ablation import (
+    AblationConfig,
+    AblationReport,
+    ablate_registers,
+    ablation_figure,
+    register_reference,
+    run_ablation,
+)
 from .adapters import ModelInfo, capture, describe, resolve_layers
 from .collect import CollectConfig, collect
 from .errors import VizError
-from .figures import MapStyle
+from .figures import MapStyle, save_figure
 from .images import SKLEARN_SAMPLES, ImageError, LoadedImage, load_images, to_batch
 from .load import LoadedModel, load_model_spec, parse_overrides
 from .plant import PlantSpec, plant_artifacts
+from .position import PositionProbe, PositionProbeConfig, position_figure, run_position_probe, write_probes
 from .report import MetricConfig, MetricReport, compute_metrics, load_thresholds
 from .rollout import attention_rollout
-from .runner import VIEWS, RunConfig, RunResult, run_compare, run_model
+from .runner import VIEWS, RunConfig, RunResult, run_compare, run_model, run_ttr
 from .stats import TokenStats
+from .ttr import (
+    NeuronSearch,
+    NeuronSearchResult,
+    RegisterNeuron,
+    find_register_neurons,
+    use_test_time_registers,
+)
 
 __all__ = [
-    "SKLEARN_SAMPLES", "VIEWS", "CollectConfig", "ImageError", "LoadedImage", "LoadedModel", "MapStyle",
-    "MetricConfig", "MetricReport", "ModelInfo", "PlantSpec", "RunConfig", "RunResult", "TokenStats", "VizError",
-    "attention_rollout", "capture", "collect", "compute_metrics", "describe", "load_images", "load_model_spec",
-    "load_thresholds", "parse_overrides", "plant_artifacts", "resolve_layers", "run_compare", "run_model", "to_batch",
+    "ABLATION_METHODS", "ABLATION_PLACES", "SKLEARN_SAMPLES", "VIEWS", "AblationConfig", "AblationReport",
+    "CollectConfig", "ImageError", "LoadedImage", "LoadedModel", "MapStyle", "MetricConfig", "MetricReport", "ModelInfo",
+    "NeuronSearch", "NeuronSearchResult", "PlantSpec", "PositionProbe", "PositionProbeConfig", "RegisterNeuron",
+    "RunConfig", "RunResult", "TokenStats", "VizError", "ablate_registers", "ablation_figure", "attention_rollout",
+    "capture", "collect", "compute_metrics", "describe", "find_register_neurons", "load_images", "load_model_spec",
+    "load_thresholds", "parse_overrides", "plant_artifacts", "position_figure", "register_reference", "resolve_layers",
+    "run_ablation", "run_compare", "run_model", "run_position_probe", "run_ttr", "save_figure", "to_batch",
+    "use_test_time_registers", "write_probes",
 ]

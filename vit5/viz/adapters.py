@@ -31,6 +31,7 @@ from .errors import VizError
 from .images import check_size
 
 SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
+TEST_REGISTERS_ATTR = "_viz_test_registers"  # set on the model by vit5.viz.ttr while test-time registers are active
 
 LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
@@ -52,10 +53,15 @@ class ModelInfo:
     registers_first: bool
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    test_registers: int = 0  # untrained tokens appended at the end by vit5.viz.ttr (model without registers)
 
     def layout(self, image_hw: tuple[int, int]) -> TokenLayout:
+        """The token layout inside the blocks; test-time registers sit after everything else, so a model
+        without trained registers reads ``[CLS | patches | test-time registers]`` in either family."""
         check_input_size(self, image_hw)
         grid = (image_hw[0] // self.patch_size, image_hw[1] // self.patch_size)
+        if self.test_registers:
+            return TokenLayout(grid, int(self.has_cls), self.test_registers, registers_first=False)
         return TokenLayout(grid, int(self.has_cls), self.num_registers, self.registers_first)
 
 
@@ -98,6 +104,7 @@ def describe(model: nn.Module) -> ModelInfo:
         return ModelInfo(
             "vit5", type(vit).__name__, cfg.depth, cfg.num_heads, cfg.patch_size, tuple(cfg.img_size), True,
             cfg.num_registers, cfg.class_token, False, tuple(vit.pretrained_cfg["mean"]), tuple(vit.pretrained_cfg["std"]),
+            getattr(vit, TEST_REGISTERS_ATTR, 0),
         )
     tm = _timm_model(model)
     patch = tuple(tm.patch_embed.patch_size)
@@ -110,6 +117,7 @@ def describe(model: nn.Module) -> ModelInfo:
         "timm", type(tm).__name__, len(tm.blocks), tm.blocks[0].attn.num_heads, patch[0], tuple(img_size),
         bool(tm.dynamic_img_size), tm.num_prefix_tokens - int(has_cls), has_cls, True,
         tuple(data_cfg.get("mean", (0.485, 0.456, 0.406))), tuple(data_cfg.get("std", (0.229, 0.224, 0.225))),
+        getattr(tm, TEST_REGISTERS_ATTR, 0),
     )
 
 
@@ -168,8 +176,14 @@ def capture(
 @contextmanager
 def _record_vit5(model, layers, attention, tokens, on_layer) -> Iterator[Recording]:
     vit = unwrap_model(model)
+    info = describe(vit)
     with record(vit, layers=layers, attention=attention, tokens=tokens, token_layers=layers) as rec:
         handles = []
+        if info.test_registers:  # runs after record's own layout hook: the blocks see the longer sequence
+            def test_layout(module, inputs, output) -> None:
+                rec.layout = info.layout(tuple(inputs[0].shape[-2:]))
+
+            handles.append(vit.patch_embed.register_forward_hook(test_layout))
         if on_layer is not None:
             for i in layers:  # runs after record's own hooks: hand over what the block produced, then drop it
                 def hand_over(module, inputs, output, i=i):

@@ -67,12 +67,12 @@ def collect(model: nn.Module, images: Sequence[LoadedImage], label: str, cfg: Co
 def layer_rows(attention: torch.Tensor, tokens: torch.Tensor, layout: TokenLayout) -> dict[str, torch.Tensor]:
     """What is kept of one block: ``attention [B, H, N, N]`` and ``tokens [B, N, C]`` reduced per image.
 
-    ``norms [B, N]``, ``received [B, H, N]`` (mean over queries), ``cls_attn [B, H, N]`` (the CLS
-    query's row), ``reg_attn [B, H, R, N]`` (register queries' rows) and ``patch_to_reg [B, H]``
-    (register mass of each patch query, averaged over patch queries); the last three only when
-    the layout has CLS / registers.
+    ``norms [B, N]``, ``received [B, H, N]`` (mean over queries), the :func:`massive_activations`,
+    ``cls_attn [B, H, N]`` (the CLS query's row), ``reg_attn [B, H, R, N]`` (register queries' rows)
+    and ``patch_to_reg [B, H]`` (register mass of each patch query, averaged over patch queries);
+    the last three only when the layout has CLS / registers.
     """
-    rows = {"norms": tokens.float().norm(dim=-1), "received": attention.mean(dim=2)}
+    rows = {"norms": tokens.float().norm(dim=-1), "received": attention.mean(dim=2), **massive_activations(tokens)}
     if layout.cls_index is not None:
         rows["cls_attn"] = attention[:, :, layout.cls_index]
     if layout.num_registers:
@@ -82,13 +82,39 @@ def layer_rows(attention: torch.Tensor, tokens: torch.Tensor, layout: TokenLayou
     return rows
 
 
+MASSIVE_TOP = 3
+ROW_KEYS = ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg", "massive_top", "massive_token",
+            "massive_channel", "massive_median")
+
+
+def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[str, torch.Tensor]:
+    """Massive activations of one block output ``[B, N, C]`` (Sun et al., arXiv 2402.17762, section 2, and
+    their ViT code, locuslab/massive-activations ``main_vit.py``: the top magnitudes of the hidden state
+    against its median magnitude).
+
+    ``massive_top [B, top]`` the largest ``|x|`` over all tokens and channels, ``massive_token`` /
+    ``massive_channel [B, top]`` where they sit, and ``massive_median [B]`` the median ``|x|``
+    (the mean of the two middle values for an even count, as numpy's median).
+    """
+    magnitude = tokens.detach().float().abs().flatten(1)  # [B, N * C], token-major
+    largest = magnitude.topk(min(top, magnitude.shape[1]), dim=1)
+    n = magnitude.shape[1]
+    low = magnitude.kthvalue((n + 1) // 2, dim=1).values
+    high = magnitude.kthvalue(n // 2 + 1, dim=1).values
+    channels = tokens.shape[-1]
+    return {
+        "massive_top": largest.values, "massive_token": largest.indices // channels,
+        "massive_channel": largest.indices % channels, "massive_median": (low + high) / 2,
+    }
+
+
 class _BatchReducer:
     """``on_layer`` callback: keeps :func:`layer_rows` of every block of one batch, in block order."""
 
     def __init__(self, layout: TokenLayout, head_fusion: HeadFusion) -> None:
         self.layout = layout
         self.head_fusion = head_fusion
-        self.rows: dict[str, list[torch.Tensor]] = {k: [] for k in ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg")}
+        self.rows: dict[str, list[torch.Tensor]] = {k: [] for k in ROW_KEYS}
         self.rollout: torch.Tensor | None = None
 
     def __call__(self, block: int, attention: torch.Tensor | None, tokens: torch.Tensor | None) -> None:

@@ -1,4 +1,4 @@
-"""Images for the visualisation tools: files, folders or scikit-learn's two sample photos.
+"""Images for the visualisation tools: files, folders, scikit-learn's two sample photos or digits.
 
 Each image is decoded with OpenCV (:func:`vit5.data.decode_image`), resized keeping its aspect
 ratio to cover the target size and centre-cropped to it (:func:`vit5.data.eval_transform`,
@@ -9,6 +9,12 @@ the pixels the model saw.
 
 Unreadable files and images smaller than one patch are skipped and reported (they cannot hold a
 single token); an input where nothing is left raises :class:`ImageError`.
+
+Labelled sources (for analyses that score a classifier, e.g. register ablation): ``digits-train``
+and ``digits-val`` (the built-in scikit-learn digits split of :func:`vit5.data.load_digits_split`,
+labels 0-9), and folders in ImageFolder layout when ``folder_labels`` is set (the label is the
+index of the image's first-level subfolder among the sorted subfolder names, as
+:class:`vit5.data.ImageFolderDataset` numbers classes).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform
 from .errors import VizError
 
 SKLEARN_SAMPLES = "sklearn-samples"
+DIGITS_SOURCES = ("digits-train", "digits-val")
 
 
 class ImageError(VizError):
@@ -35,6 +42,7 @@ class ImageError(VizError):
 class LoadedImage:
     name: str  # unique within a run, safe as a file name
     rgb: np.ndarray  # (H, W, 3) uint8: the pixels the model sees
+    label: int | None = None  # class index, for labelled sources
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,12 @@ class ImageSource:
     name: str
     path: str | None = None  # a file, or None for an in-memory sample
     array: np.ndarray | None = None
+    label: int | None = None
 
 
-def list_sources(sources: Sequence[str]) -> list[ImageSource]:
-    """Files, folders (their image files, recursively, sorted) and the literal ``sklearn-samples``."""
+def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[ImageSource]:
+    """Files, folders (their image files, recursively, sorted) and the literals ``sklearn-samples``,
+    ``digits-train`` and ``digits-val``; with ``folder_labels``, folders are labelled ImageFolders."""
     found: list[ImageSource] = []
     for source in sources:
         if source == SKLEARN_SAMPLES:
@@ -54,17 +64,35 @@ def list_sources(sources: Sequence[str]) -> list[ImageSource]:
             samples = load_sample_images()
             found += [ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)]
             continue
+        if source in DIGITS_SOURCES:
+            from ..data import load_digits_split
+
+            split = load_digits_split(source.removeprefix("digits-"), size=32)
+            found += [ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
+                      for i, img, t in zip(split.source_indices, split.images, split.targets)]
+            continue
         path = Path(source)
         if path.is_dir():
             files = image_files(path)
             if not files:
                 raise ImageError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
-            found += [ImageSource(str(p.relative_to(path).with_suffix("")), path=str(p)) for p in files]
+            classes = sorted({p.relative_to(path).parts[0] for p in files if len(p.relative_to(path).parts) > 1})
+            if folder_labels and not classes:
+                raise ImageError(f"folder {path} has no class subfolders: labelled folders are ImageFolders "
+                                 "(<folder>/<class>/<image>)")
+            found += [ImageSource(str(p.relative_to(path).with_suffix("")), path=str(p),
+                                  label=_folder_label(p.relative_to(path), classes) if folder_labels else None)
+                      for p in files]
         elif path.is_file():
             found.append(ImageSource(path.stem, path=str(path)))
         else:
-            raise ImageError(f"image source {source!r} does not exist: give image files, folders or {SKLEARN_SAMPLES!r}")
+            raise ImageError(f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
+                             f"or {' / '.join(DIGITS_SOURCES)}")
     return _unique_names(found)
+
+
+def _folder_label(relative: Path, classes: list[str]) -> int | None:
+    return classes.index(relative.parts[0]) if len(relative.parts) > 1 else None
 
 
 def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
@@ -74,16 +102,22 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
         seen[base] = seen.get(base, 0) + 1
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        unique.append(ImageSource(name, src.path, src.array))
+        unique.append(ImageSource(name, src.path, src.array, src.label))
     return unique
 
 
-def load_images(sources: Sequence[str], size: tuple[int, int], patch_size: int) -> tuple[list[LoadedImage], list[str]]:
-    """Load ``sources`` at ``size`` (height, width); returns the images and one line per skipped file."""
+def load_images(
+    sources: Sequence[str], size: tuple[int, int], patch_size: int, folder_labels: bool = False,
+    max_images: int | None = None,
+) -> tuple[list[LoadedImage], list[str]]:
+    """Load ``sources`` at ``size`` (height, width), at most ``max_images`` of them (in listing order);
+    returns the images and one line per skipped file."""
     check_size(size, patch_size)
     fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # resized pixels / 255
     images, skipped = [], []
-    for src in list_sources(sources):
+    for src in list_sources(sources, folder_labels):
+        if max_images is not None and len(images) >= max_images:
+            break
         try:
             rgb = src.array if src.array is not None else decode_image(src.path)
         except BadImageError as err:
@@ -97,7 +131,7 @@ def load_images(sources: Sequence[str], size: tuple[int, int], patch_size: int) 
             continue
         unit = fit(np.ascontiguousarray(rgb))  # exact multiples of 1/255: the resize works on uint8
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
-        images.append(LoadedImage(src.name, np.ascontiguousarray(shown)))
+        images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
     if not images:
         raise ImageError("no usable image in " + ", ".join(map(str, sources)) + "".join(f"\n  skipped {s}" for s in skipped))
     return images, skipped

@@ -22,6 +22,12 @@ def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = Fals
     return stats.to_grid(rows)
 
 
+def received_map(stats: TokenStats, image: int, layer: int) -> np.ndarray:
+    """Attention each patch receives, averaged over all queries and heads ``[h, w]`` (raw): the
+    attention map of a model without CLS token, where sinks show as bright patches."""
+    return stats.to_grid(stats.patch_values(stats.received[image, stats.layer_position(layer)].mean(axis=0)))
+
+
 def register_maps(stats: TokenStats, image: int, layer: int) -> np.ndarray:
     """Register-to-patch attention ``[R, h, w]`` (raw, head mean), one map per register."""
     if stats.reg_attn is None:

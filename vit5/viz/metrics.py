@@ -1,4 +1,4 @@
-"""Artifact metrics of registers.md section 3 (M1-M3, M5-M8) as pure functions of stored arrays.
+"""Artifact metrics (M1-M3, M5-M8, M10) as pure functions of stored arrays.
 
 Inputs are the arrays of :class:`~vit5.viz.stats.TokenStats` (B images, L consecutive blocks,
 H heads, P patches, R registers, N tokens); every metric returns per-image, per-layer values
@@ -84,7 +84,9 @@ def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarra
 
     ``cls_to_patches [B, L, H, P]`` (raw, not renormalised) and ``patch_outliers [B, L, P]`` of
     consecutive blocks: block ``l`` attends over the outputs of block ``l - 1``, so its outlier set
-    is block ``l - 1``'s. Block 0 reads the patch embeddings, which are not recorded: NaN.
+    is block ``l - 1``'s. Block 0 reads the patch embeddings, which are not recorded: NaN. Any
+    attention rows work in place of CLS's, e.g. the attention each patch receives averaged over
+    all queries (``received_outlier_mass``, for models without CLS).
     """
     mass = np.full(cls_to_patches.shape[:2], np.nan)
     mass[:, 1:] = (cls_to_patches[:, 1:] * patch_outliers[:, :-1, None, :]).sum(axis=-1).mean(axis=-1)
@@ -135,3 +137,26 @@ def sink_rate_by_type(received: np.ndarray, token_types: Sequence[str], eps: flo
     sink_type = types[received.argmax(axis=-1)]  # [B, L, H]
     has_sink = sink_heads(received, eps)
     return {t: (has_sink & (sink_type == t)).mean(axis=-1) for t in ("cls", "register", "patch")}
+
+
+# ---------------------------------------------------------------------------- M10 massive activations
+def massive_ratio(top1: np.ndarray, median: np.ndarray) -> np.ndarray:
+    """M10 (Sun et al., arXiv 2402.17762, section 2): largest ``|activation|`` over the median ``|activation|``
+    of a hidden state, per image and layer (NaN where the median is 0). The LLM rule "> 100 and
+    ~1000x the median" is not applied: ViT values are far smaller, so the ratio is reported as is."""
+    top1, median = np.asarray(top1, dtype=np.float64), np.asarray(median, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(median > 0, top1 / median, np.nan)
+
+
+def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, int, float]]:
+    """Per layer, the (token, channel) most often holding the largest activation and the share of images it does.
+
+    ``token``, ``channel [B, L]`` (the top-1 of each image). Ties go to the lowest token, then channel.
+    """
+    found = []
+    for layer in range(token.shape[1]):
+        pairs, counts = np.unique(np.stack([token[:, layer], channel[:, layer]], axis=1), axis=0, return_counts=True)
+        best = int(np.argmax(counts))
+        found.append((int(pairs[best, 0]), int(pairs[best, 1]), float(counts[best] / token.shape[0])))
+    return found

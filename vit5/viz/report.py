@@ -56,6 +56,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "cls_effective_tokens": ("M5 exp(entropy) of the renormalised CLS attention, head mean", "mean"),
     "cls_outlier_mass": ("M6 raw CLS attention on the previous block's outlier patches, head mean", "mean"),
     "cls_max_patch_attention": ("M6 max over heads and patches of CLS-to-patch attention", "mean"),
+    "received_outlier_mass": ("M6 attention the previous block's outlier patches receive, mean over all queries, head mean",
+                              "mean"),
     "cls_register_mass": ("M7 CLS attention mass on all registers, head mean", "mean"),
     "patch_register_mass": ("M7 patch-to-register attention mass, mean over patch queries and heads", "mean"),
     "topk_sink_mass": ("M7 received attention of the top-K keys other than CLS, head mean", "mean"),
@@ -64,6 +66,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "sink_rate_cls": ("M8 share of heads whose sink is the CLS token", "mean"),
     "sink_rate_register": ("M8 share of heads whose sink is a register", "mean"),
     "sink_rate_patch": ("M8 share of heads whose sink is a patch", "mean"),
+    "massive_top1": ("M10 largest |activation| of the block output over tokens and channels", "mean"),
+    "massive_ratio": ("M10 largest |activation| / median |activation| of the block output", "mean"),
+    "massive_on_cls": ("M10 share of images whose largest |activation| is on the CLS token", "mean"),
+    "massive_on_register": ("M10 share of images whose largest |activation| is on a register", "mean"),
+    "massive_on_patch": ("M10 share of images whose largest |activation| is on a patch", "mean"),
 }
 TABLE_COLUMNS = {
     "outlier_ratio": "OTR",
@@ -74,6 +81,7 @@ TABLE_COLUMNS = {
     "cls_register_mass": "CLS>reg",
     "patch_register_mass": "patch>reg",
     "sink_rate": "sink",
+    "massive_ratio": "MA top/med",
 }
 
 
@@ -88,6 +96,7 @@ class MetricReport:
     per_image: dict[str, np.ndarray]  # name -> [B, L]
     summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value / ci_low / ci_high [L]
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
+    massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
@@ -109,6 +118,7 @@ class MetricReport:
             thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source,
             confidence=self.config.ci, config=cfg,
             descriptions={name: METRICS[name][0] for name in self.summary}, metrics=self.rows(),
+            massive_activations=self.massive,
         )
         path.write_text(json.dumps(doc, indent=2))
         return path
@@ -137,9 +147,14 @@ class MetricReport:
         widths = [max(len(row[c]) for row in lines) for c in range(len(header))]
         text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
         sink_all = self.summary["sink_rate"]["value"][-1]
+        massive = ""
+        if self.massive:
+            where = ", ".join(f"{m['layer']}: {m['token_type']} {m['token']} ch {m['channel']} ({m['share']:.0%})"
+                              for m in self.massive)
+            massive = f"\nlargest activation (block: token, channel, share of images): {where}"
         return (
             f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over images "
-            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: {sink_all:.3g}"
+            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: {sink_all:.3g}{massive}"
         )
 
 
@@ -196,6 +211,7 @@ def per_image_metrics(stats: TokenStats, thresholds: np.ndarray, cfg: MetricConf
         values["cls_max_patch_attention"] = M.max_patch_attention(cls_patches)
         if layout.num_registers:
             values["cls_register_mass"] = M.register_mass(stats.register_values(stats.cls_attn))
+    values["received_outlier_mass"] = M.outlier_attention_mass(stats.patch_values(stats.received), outliers)
     if stats.patch_to_reg is not None:
         values["patch_register_mass"] = stats.patch_to_reg.mean(axis=-1)
     types = layout.token_types()
@@ -207,6 +223,12 @@ def per_image_metrics(stats: TokenStats, thresholds: np.ndarray, cfg: MetricConf
     values["sink_rate"] = M.sink_rate(stats.received, cfg.eps)
     for kind, rate in M.sink_rate_by_type(stats.received, types, cfg.eps).items():
         values[f"sink_rate_{kind}"] = rate
+    if stats.massive_top is not None:
+        values["massive_top1"] = stats.massive_top[..., 0].astype(np.float64)
+        values["massive_ratio"] = M.massive_ratio(stats.massive_top[..., 0], stats.massive_median)
+        holder = np.asarray(types)[stats.massive_token[..., 0]]
+        for kind in ("cls", "register", "patch"):
+            values[f"massive_on_{kind}"] = (holder == kind).astype(np.float64)
     return {name: values[name] for name in METRICS if name in values}, outliers
 
 
@@ -220,7 +242,16 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
             columns.append(per_image.mean(axis=1))  # share of all layer-heads
         rows = [bootstrap_ci(col, METRICS[name][1], cfg.n_boot, cfg.ci, cfg.seed) for col in columns]
         summary[name] = {key: np.array([r[j] for r in rows]) for j, key in enumerate(("value", "ci_low", "ci_high"))}
-    return MetricReport(stats.model, stats.num_images, list(stats.layers), thresholds, source, cfg, values, summary, outliers)
+    massive = None
+    if stats.massive_token is not None:
+        types = stats.layout.token_types()
+        massive = [
+            {"layer": layer, "token": token, "token_type": types[token], "channel": channel, "share": share}
+            for layer, (token, channel, share) in zip(
+                stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0]))
+        ]
+    return MetricReport(stats.model, stats.num_images, list(stats.layers), thresholds, source, cfg, values, summary,
+                        outliers, massive)
 
 
 def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:

@@ -5,21 +5,25 @@ writes the requested views: per-image figures for the first ``max_figures`` imag
 grid, dataset figures, ``metrics.json`` / ``metrics.csv`` and a printed table, and optionally the
 raw per-token arrays (``token_stats.npz`` / ``.safetensors``) for later figures.
 :func:`run_compare` does the same for two models on the same pixels, with shared colour scales
-and the first model's outlier thresholds reused for the second.
+and the first model's outlier thresholds reused for the second; :func:`run_ttr` compares a model
+without and with test-time registers the same way.
 
 Output layout (``out/``)::
 
     images/<image>/{cls_attention,register_attention,rollout,norm_map,pca}.{png,pdf}
-    summary_grid.*, norm_histograms.*, outlier_frequency.*, layer_profile.*, metrics.json, metrics.csv,
-    token_stats.npz
-    compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/metrics_<model>.*
+    summary_grid.*, norm_histograms.*, outlier_frequency.*, layer_profile.*, massive_activations.*,
+    metrics.json, metrics.csv, token_stats.npz
+    compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/massive_activations.*,
+    compare/metrics_<model>.*
+    ttr/ (as compare/, the model without and with test-time registers), ttr/register_neurons.json
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..model.footprint import attention_bytes
@@ -33,6 +37,7 @@ from .figures import (
     compare_figure,
     compare_summary_figure,
     layer_profile_figure,
+    massive_activation_figure,
     norm_histogram_figure,
     norm_map_figure,
     outlier_frequency_figure,
@@ -49,8 +54,9 @@ from .pca import pca_rgb
 from .plant import PlantSpec, plant_artifacts
 from .report import MetricConfig, MetricReport, compute_metrics
 from .stats import TokenStats
+from .ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
 
-VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "pca", "metrics")
+VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "massive", "pca", "metrics")
 RANDOM_INIT_NOTE = "RANDOM-INIT weights: an untrained model, shown to demonstrate the tools, not learned behaviour"
 
 
@@ -178,6 +184,8 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
         save(outlier_frequency_figure(stats, report.outliers, layers, style, notes), out / "outlier_frequency")
     if "profile" in views:
         save(layer_profile_figure({stats.model: report}, style, notes), out / "layer_profile")
+    if "massive" in views:
+        save(massive_activation_figure({stats.model: (stats, report)}, style, notes), out / "massive_activations")
     if "metrics" in views:
         result.files += [report.write_json(out / "metrics.json"), report.write_csv(out / "metrics.csv")]
         cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
@@ -197,14 +205,42 @@ def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[st
     images = _load(sources, size, max(info_a.patch_size, info_b.patch_size), cfg)
     stats_a = _record(model_a, images, cfg, features=0)
     stats_b = _record(model_b, images, cfg, features=0)
+    notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
+    return _write_comparison(stats_a, stats_b, images, cfg, notes, Path(cfg.out) / "compare")
+
+
+def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search: NeuronSearch | None = None,
+            count: int = 1) -> tuple[NeuronSearchResult, RunResult, RunResult]:
+    """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
+    compare the model without and with ``count`` test-time registers (figures and metrics, the second with
+    the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
+    info, size, _ = _prepare(loaded, cfg)
+    images = _load(sources, size, info.patch_size, cfg)
+    search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
+    found = find_register_neurons(loaded.model, images, search)
+    cfg.log(found.describe())
+    before = _record(loaded, images, cfg, features=0)
+    with use_test_time_registers(loaded.model, found.neurons, count):
+        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, features=0)
+    out = Path(cfg.out) / "ttr"
+    ttr_note = (f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of blocks "
+                f"<= {found.top_layer} (Jiang et al. 2025)")
+    notes = [*_notes(loaded, cfg), ttr_note]
+    result = _write_comparison(before, after, images, cfg, notes, out)
+    path = out / "register_neurons.json"
+    path.write_text(json.dumps(asdict(found), indent=2))
+    result[0].files.append(path)
+    return found, *result
+
+
+def _write_comparison(stats_a: TokenStats, stats_b: TokenStats, images: list[LoadedImage], cfg: RunConfig,
+                      notes: list[str], out: Path) -> tuple[RunResult, RunResult]:
     report_a = compute_metrics(stats_a, cfg.metrics)
     reuse = replace(cfg.metrics, thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
     own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
     report_b = compute_metrics(stats_b, cfg.metrics if own else reuse)
-    out = Path(cfg.out) / "compare"
     out.mkdir(parents=True, exist_ok=True)
     result_a, result_b = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
     style, files = cfg.style, result_a.files
     layer = cfg.layers[-1]
     for i, image in enumerate(images[: cfg.max_figures]):
@@ -216,6 +252,10 @@ def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[st
         files += save_figure(fig, out / "summary_grid", style.formats)
     files += save_figure(layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
                          out / "layer_profile", style.formats)
+    files += save_figure(massive_activation_figure({stats_a.model: (stats_a, report_a), stats_b.model: (stats_b, report_b)},
+                                                   style, notes), out / "massive_activations", style.formats)
+    if notes:
+        cfg.log("\n".join(notes))
     for stats, report in ((stats_a, report_a), (stats_b, report_b)):
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stats.model)
         files += [report.write_json(out / f"metrics_{safe}.json"), report.write_csv(out / f"metrics_{safe}.csv")]

@@ -20,7 +20,8 @@ import numpy as np
 from ..model import TokenLayout
 from .errors import VizError
 
-_ARRAYS = ("norms", "received", "rollout", "cls_attn", "reg_attn", "patch_to_reg", "features")
+_ARRAYS = ("norms", "received", "rollout", "cls_attn", "reg_attn", "patch_to_reg", "features", "massive_top",
+           "massive_token", "massive_channel", "massive_median")
 
 
 @dataclass
@@ -37,6 +38,10 @@ class TokenStats:
     reg_attn: np.ndarray | None = None  # [B, L, H, R, N] each register query's attention row
     patch_to_reg: np.ndarray | None = None  # [B, L, H] mean over patch queries of the mass on registers
     features: np.ndarray | None = None  # [F, P, C] patch features after the final norm (last block), first F images
+    massive_top: np.ndarray | None = None  # [B, L, 3] largest |activation| of each block output (Sun et al. 2024)
+    massive_token: np.ndarray | None = None  # [B, L, 3] token position of each of them
+    massive_channel: np.ndarray | None = None  # [B, L, 3] channel of each of them
+    massive_median: np.ndarray | None = None  # [B, L] median |activation| of each block output
 
     @property
     def num_images(self) -> int:

@@ -2,8 +2,9 @@
 
 Rows are CLS-to-patch attention (head mean) and patch-token norms; one colour scale per row for
 both models, so a model whose attention or norms concentrate on a few background tokens stands
-out against its twin (Darcet et al. 2023, Fig. 1 and 7). Models may differ in patch size as long
-as both grids tile the same image.
+out against its twin (Darcet et al. 2023, Fig. 1 and 7). A model without CLS token shows instead
+the attention each patch receives, averaged over all queries and heads (its sinks), on a scale of
+its own kind. Models may differ in patch size as long as both grids tile the same image.
 """
 
 from __future__ import annotations
@@ -13,20 +14,22 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from ..images import LoadedImage
-from ..maps import cls_maps, norm_map
+from ..maps import cls_maps, norm_map, received_map
 from ..stats import TokenStats
 from .base import MapStyle, Panel, panel_grid
 
 
 def _model_panels(stats: TokenStats, index: int, image: LoadedImage, attention_layer: int, norm_layer: int,
                   renormalise: bool) -> tuple[Panel, Panel]:
-    attention = cls_maps(stats, index, attention_layer, renormalise).mean(axis=0)
-    norms = norm_map(stats, index, norm_layer)
     at_attention = stats.layers[stats.layer_position(attention_layer)]
+    if stats.cls_attn is not None:
+        attention, kind = cls_maps(stats, index, attention_layer, renormalise).mean(axis=0), "CLS attention"
+    else:
+        attention, kind = received_map(stats, index, attention_layer), "attention received"
+    norms = norm_map(stats, index, norm_layer)
     at_norm = stats.layers[stats.layer_position(norm_layer)]
     return (
-        Panel(f"{stats.model}: CLS attention, layer {at_attention}", attention, image.rgb, group="CLS attention",
-              patch=stats.patch_size),
+        Panel(f"{stats.model}: {kind}, layer {at_attention}", attention, image.rgb, group=kind, patch=stats.patch_size),
         Panel(f"{stats.model}: norms, layer {at_norm}", norms, image.rgb, group="norms", patch=stats.patch_size),
     )
 
@@ -52,4 +55,4 @@ def compare_summary_figure(models: Sequence[TokenStats], images: Sequence[Loaded
         rows.append([Panel(image.name, image=image.rgb, patch=models[0].patch_size), *(p[0] for p in panels),
                      *(p[1] for p in panels)])
     names = " vs ".join(s.model for s in models)
-    return panel_grid(rows, style, f"{names}: CLS attention and token norms (shared colour scale per kind)", notes)
+    return panel_grid(rows, style, f"{names}: attention and token norms (shared colour scale per kind)", notes)

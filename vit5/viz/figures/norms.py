@@ -129,3 +129,40 @@ def layer_profile_figure(reports: Mapping[str, MetricReport], style: MapStyle, n
     if notes:
         fig.supxlabel("\n".join(notes), fontsize=8)
     return fig
+
+
+def massive_activation_figure(
+    models: Mapping[str, tuple[TokenStats, MetricReport]], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Per block, the top-3 ``|activation|`` of the block output and its median, averaged over images
+    (Sun et al., arXiv 2402.17762, Fig. 1 / their ViT code), one panel per model, log scale.
+
+    Each top-1 point is labelled with the token type and channel holding it most often.
+    """
+    fig = Figure(figsize=(max(4.6 * len(models), 6.5), 3.8), dpi=style.dpi, layout="constrained")
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, (label, (stats, report)) in zip(axes, models.items()):
+        if stats.massive_top is None:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+            continue
+        layers = stats.layers
+        top = stats.massive_top.mean(axis=0)  # [L, 3]
+        for k in range(top.shape[1]):
+            ax.plot(layers, top[:, k], marker="o", markersize=3, label=f"top {k + 1}")
+        ax.plot(layers, stats.massive_median.mean(axis=0), "k--", marker="s", markersize=3, label="median")
+        for where, y in zip(report.massive or [], top[:, 0]):
+            tag = {"cls": "CLS", "register": "reg", "patch": "patch"}[where["token_type"]]
+            ax.annotate(f"{tag} c{where['channel']}", (where["layer"], y), fontsize=6, xytext=(2, 4),
+                        textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_title(f"{label}", fontsize=9)
+        ax.set_xlabel("layer (block index)", fontsize=8)
+        ax.set_ylabel("|activation| (mean over images)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle("Massive activations: largest |activation| of each block output vs its median\n"
+                 "(labels: token and channel holding the top 1 most often)", fontsize=9)
+    if notes:
+        fig.supxlabel("\n".join(notes), fontsize=8)
+    return fig

@@ -1,0 +1,346 @@
+"""Register ablation at inference: how much does a model depend on what its registers hold?
+
+Parodi et al. (arXiv 2604.14433, Fig. 1 and their replacement controls) replace the register hidden
+states after every block and compare zeroing with three in-distribution replacements; zeroing
+costs DINOv2-reg / DINOv3 up to ~37 points while the replacements stay within ~1 point, i.e.
+zeroing overstates how much the model needs the exact register content. Here, for any vit5 or
+timm model with registers (either token order, through :class:`~vit5.TokenLayout`):
+
+- ``zeros``: the register tokens become zero vectors;
+- ``mean``: their mean over a reference image set, per position and register;
+- ``shuffle``: the registers of another image of the batch (a derangement: image ``b`` gets image
+  ``b - 1``'s, cyclically; needs at least two images per batch);
+- ``noise``: a random direction (isotropic Gaussian) with the L2 norm of the token it replaces
+  (norm-matched noise; Parodi et al. match the mean and variance instead, which at the input,
+  where the registers are the same learned constants for every image, would return the mean);
+
+either at the ``input`` (the register tokens entering the first block; they are learned
+constants, so ``mean`` and ``shuffle`` leave them unchanged there and must report no change) or
+after every block (``blocks``, Parodi et al.'s protocol). Reported per method and place: top-1 of
+the model's own head (labelled images and a head needed), weighted cosine kNN accuracy of the
+pooled features (:func:`vit5.eval.knn_accuracy`, reference images as the bank; labels needed), the
+mean cosine similarity of each final patch feature to the unablated one, and the label-free kNN
+overlap (share of each image's k nearest reference images, by pooled-feature cosine, that stay
+the same).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import nn
+
+from .adapters import describe, unwrap
+from .errors import VizError
+from .images import LoadedImage, to_batch
+
+METHODS = ("zeros", "mean", "shuffle", "noise")
+PLACES = ("input", "blocks")
+
+
+@dataclass
+class RegisterReference:
+    """Register statistics of a reference set: position 0 is the input, position ``d + 1`` block ``d``'s output."""
+
+    mean: torch.Tensor  # [depth + 1, R, C]
+    num_images: int
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    return unwrap(model).blocks
+
+
+@contextmanager
+def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
+    """Call ``edit(position, registers [B, R, C]) -> registers or None`` on the input of the first block
+    (position 0) and on every block's output (position ``d + 1``); a returned tensor replaces the registers."""
+    info = describe(model)
+    if info.num_registers == 0:
+        raise VizError(f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
+                       "(vit5 presets have 4; timm *_reg4_* models)")
+    net = unwrap(model)
+    state: dict = {}
+
+    def remember_size(module, args) -> None:
+        state["slice"] = info.layout(tuple(args[0].shape[-2:])).register_slice
+
+    def replace(x: torch.Tensor, position: int) -> torch.Tensor:
+        new = edit(position, x[:, state["slice"]])
+        if new is None:
+            return x
+        x = x.clone()
+        x[:, state["slice"]] = new.to(x.dtype)
+        return x
+
+    def on_input(module, args):
+        return (replace(args[0], 0), *args[1:])
+
+    def on_output(position: int):
+        return lambda module, args, output: replace(output, position)
+
+    blocks = _blocks(net)
+    handles = [net.patch_embed.register_forward_pre_hook(remember_size),
+               blocks[0].register_forward_pre_hook(on_input, prepend=True)]
+    # prepended: every other hook (e.g. a recording entered earlier) sees the replaced registers
+    handles += [block.register_forward_hook(on_output(d + 1), prepend=True) for d, block in enumerate(blocks)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _batches(images: Sequence[LoadedImage], model: nn.Module, batch_size: int, device: str) -> Iterator[torch.Tensor]:
+    info = describe(model)
+    for start in range(0, len(images), batch_size):
+        yield to_batch(images[start : start + batch_size], info.mean, info.std).to(device)
+
+
+@torch.no_grad()
+def register_reference(model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu") -> RegisterReference:
+    """Mean of the register tokens at every position over ``images``."""
+    if not images:
+        raise VizError("the register reference set is empty")
+    total: dict[int, torch.Tensor] = {}
+
+    def accumulate(position: int, registers: torch.Tensor) -> None:
+        total[position] = total.get(position, 0) + registers.double().sum(dim=0)
+
+    net = unwrap(model).eval().to(device)
+    with _register_hooks(net, accumulate):
+        for x in _batches(images, net, batch_size, device):
+            net.forward_features(x)
+    n = len(images)
+    return RegisterReference(torch.stack([total[p] / n for p in sorted(total)]).float().cpu(), n)
+
+
+@contextmanager
+def ablate_registers(model: nn.Module, method: str, place: str, reference: RegisterReference | None = None,
+                     seed: int = 0) -> Iterator[None]:
+    """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module docstring)."""
+    if method not in METHODS:
+        raise VizError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
+    if place not in PLACES:
+        raise VizError(f"unknown ablation place {place!r}: choose from {', '.join(PLACES)}")
+    if method == "mean" and reference is None:
+        raise VizError(f"the {method} ablation needs a reference set (register_reference(model, images))")
+    generator = torch.Generator().manual_seed(seed)
+
+    def edit(position: int, registers: torch.Tensor) -> torch.Tensor | None:
+        if (place == "input") != (position == 0):
+            return None
+        if method == "zeros":
+            return torch.zeros_like(registers)
+        if method == "shuffle":
+            if registers.shape[0] < 2:
+                raise VizError("shuffling registers across images needs at least two images per batch")
+            return registers.roll(1, dims=0)
+        if method == "mean":
+            return reference.mean[position].to(registers).expand_as(registers)
+        noise = torch.randn(registers.shape, generator=generator).to(registers)
+        return noise * (registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+
+    with _register_hooks(model, edit):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True)
+class AblationConfig:
+    methods: tuple[str, ...] = METHODS
+    places: tuple[str, ...] = PLACES
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    batch_size: int = 32
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS] + [p for p in self.places if p not in PLACES]
+        if bad or not self.methods or not self.places:
+            raise VizError(f"ablation methods come from {', '.join(METHODS)} and places from {', '.join(PLACES)}, "
+                           f"got {list(self.methods)} / {list(self.places)}")
+        if self.knn_k < 1 or self.knn_temperature <= 0 or self.batch_size < 1:
+            raise VizError("need knn_k >= 1, knn_temperature > 0 and batch_size >= 1")
+
+
+@dataclass
+class Outputs:
+    patches: torch.Tensor  # [M, P, C] final patch features
+    pooled: torch.Tensor  # [M, C] the head's input (pre-logits)
+    logits: torch.Tensor | None  # [M, classes]
+
+
+@torch.no_grad()
+def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu") -> Outputs:
+    """Final patch features, pooled features and logits (None without a head) of ``images``."""
+    net = unwrap(model).eval().to(device)
+    info = describe(net)
+    layout = info.layout(images[0].rgb.shape[:2])
+    patches, pooled, logits = [], [], []
+    has_head = getattr(net, "num_classes", 0) > 0
+    for x in _batches(images, net, batch_size, device):
+        tokens = net.forward_features(x)
+        patches.append(layout.patches(tokens).float().cpu())
+        pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
+        if has_head:
+            logits.append(net.forward_head(tokens).float().cpu())
+    return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
+
+
+def patch_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over images and patches of the cosine similarity of corresponding patch features ``[M, P, C]``."""
+    return float(F.cosine_similarity(a.double(), b.double(), dim=-1).mean())
+
+
+def knn_overlap(base_query: torch.Tensor, base_bank: torch.Tensor, query: torch.Tensor, bank: torch.Tensor, k: int) -> float:
+    """Label-free: the mean share of each query's ``k`` nearest bank items (cosine) kept after the change."""
+    k = min(k, bank.shape[0])
+
+    def neighbours(q: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        sim = F.normalize(q.double(), dim=-1) @ F.normalize(b.double(), dim=-1).T
+        return sim.topk(k, dim=-1).indices
+
+    before, after = neighbours(base_query, base_bank), neighbours(query, bank)
+    kept = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(before, after)]
+    return float(np.mean(kept))
+
+
+@dataclass
+class AblationRow:
+    method: str  # "none" for the unablated model
+    place: str
+    top1: float | None
+    knn: float | None
+    patch_cosine: float
+    knn_overlap: float
+
+
+@dataclass
+class AblationReport:
+    model: str
+    num_images: int
+    num_reference: int
+    config: AblationConfig
+    rows: list[AblationRow]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> AblationRow:
+        return self.rows[0]
+
+    def change(self, row: AblationRow, metric: str) -> float | None:
+        """Accuracy change in percentage points against the unablated model."""
+        value, base = getattr(row, metric), getattr(self.baseline, metric)
+        return None if value is None or base is None else 100.0 * (value - base)
+
+    def records(self) -> list[dict]:
+        return [dict(asdict(r), top1_change_pp=self.change(r, "top1"), knn_change_pp=self.change(r, "knn")) for r in self.rows]
+
+    def table(self) -> str:
+        head = ["method", "place", "top-1", "d top-1 (pp)", "kNN", "d kNN (pp)", "patch cos", "kNN overlap"]
+        lines = [head]
+        for r in self.rows:
+            pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
+            pp = lambda v: "n/a" if v is None else f"{v:+.1f}"
+            lines.append([r.method, r.place, pct(r.top1), pp(self.change(r, "top1")), pct(r.knn), pp(self.change(r, "knn")),
+                          f"{r.patch_cosine:.6f}", f"{r.knn_overlap:.3f}"])
+        widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
+        text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
+        return (f"register ablation of {self.model}: {self.num_images} images, reference set {self.num_reference} images"
+                + "".join(f"\n{n}" for n in self.notes) + f"\n{text}")
+
+    def write(self, out: str | Path) -> list[Path]:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"model": self.model, "num_images": self.num_images, "num_reference": self.num_reference,
+               "config": asdict(self.config), "notes": self.notes, "rows": self.records()}
+        (out / "ablation.json").write_text(json.dumps(doc, indent=2))
+        with (out / "ablation.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))
+            writer.writeheader()
+            writer.writerows(self.records())
+        return [out / "ablation.json", out / "ablation.csv"]
+
+
+def _labels(images: Sequence[LoadedImage]) -> np.ndarray | None:
+    labels = [img.label for img in images]
+    return None if any(label is None for label in labels) else np.asarray(labels)
+
+
+def run_ablation(model: nn.Module, images: Sequence[LoadedImage], reference: Sequence[LoadedImage], label: str,
+                 cfg: AblationConfig = AblationConfig(), notes: Sequence[str] = ()) -> AblationReport:
+    """Every method x place of ``cfg`` on ``images``; ``reference`` images give the register means and the kNN bank."""
+    from ..eval.probes import knn_accuracy
+
+    if not images or not reference:
+        raise VizError("register ablation needs images to evaluate and a reference set")
+    net = unwrap(model).eval().to(cfg.device)
+    ref_stats = register_reference(net, reference, cfg.batch_size, cfg.device)
+    labels, ref_labels = _labels(images), _labels(reference)
+    base, base_ref = (model_outputs(net, imgs, cfg.batch_size, cfg.device) for imgs in (images, reference))
+
+    def row(method: str, place: str, out: Outputs, out_ref: Outputs) -> AblationRow:
+        top1 = None
+        if out.logits is not None and labels is not None:
+            top1 = float((out.logits.argmax(-1).numpy() == labels).mean())
+        knn = None
+        if labels is not None and ref_labels is not None:
+            knn = knn_accuracy(out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature)
+        return AblationRow(method, place, top1, knn, patch_cosine(base.patches, out.patches),
+                           knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k))
+
+    rows = [row("none", "-", base, base_ref)]
+    for place in cfg.places:
+        for method in cfg.methods:
+            with ablate_registers(net, method, place, ref_stats, cfg.seed):
+                ablated = model_outputs(net, images, cfg.batch_size, cfg.device)
+                ablated_ref = model_outputs(net, reference, cfg.batch_size, cfg.device)
+            rows.append(row(method, place, ablated, ablated_ref))
+    extra = [] if labels is not None else ["no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
+    return AblationReport(label, len(images), len(reference), cfg, rows, [*notes, *extra])
+
+
+def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
+    """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap."""
+    panels = [("change in top-1 (pp)", "top1"), ("change in kNN accuracy (pp)", "knn"),
+              ("1 - patch-feature cosine to unablated (log)", "patch_cosine"), ("kNN overlap with unablated", "knn_overlap")]
+    fig = Figure(figsize=(13.0, 3.4), dpi=dpi, layout="constrained")
+    axes = fig.subplots(1, len(panels))
+    places = list(report.config.places)
+    methods = list(report.config.methods)
+    width = 0.8 / len(methods)
+    for ax, (title, metric) in zip(axes, panels):
+        for m, method in enumerate(methods):
+            values = []
+            for place in places:
+                row = next(r for r in report.rows if r.method == method and r.place == place)
+                value = report.change(row, metric) if metric in ("top1", "knn") else getattr(row, metric)
+                value = 1.0 - value if metric == "patch_cosine" else value
+                values.append(np.nan if value is None else value)
+            ax.bar(np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width, values, width, label=method)
+        if all(getattr(r, metric) is None for r in report.rows):
+            ax.text(0.5, 0.5, "needs labels", ha="center", va="center", transform=ax.transAxes)
+        if metric == "patch_cosine":
+            if any(1.0 - r.patch_cosine > 0 for r in report.rows):
+                ax.set_yscale("log")
+        else:
+            ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
+        ax.set_xticks(range(len(places)), ["at the input" if p == "input" else "after every block" for p in places])
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})",
+                 fontsize=10)
+    if report.notes:
+        fig.supxlabel("\n".join(report.notes), fontsize=8)
+    return fig

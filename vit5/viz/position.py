@@ -1,0 +1,193 @@
+"""Position-artifact probe: what do position embeddings alone leave in the patch features?
+
+Yang et al., "Denoising Vision Transformers" (arXiv 2401.02957, Fig. 3) show that a
+ViT fed an image without content (a zero tensor) still produces the spatial artifact pattern of
+its real feature maps, and trace it to the position embeddings. This probe feeds
+
+- constant images (one grey level per image, every pixel equal): any difference between patch
+  features is then caused by position alone (APE, RoPE, and the prefix tokens' position-dependent
+  attention);
+- independent uniform-noise images: content differs at every patch, so the share of feature
+  variance that the patch position explains (an ANOVA R^2 over images) measures how much position
+  dominates content;
+
+and reports, per model, the norm maps and PCA-to-RGB maps of the block output (before the final
+norm; one PCA per map, its first three components as RGB on an absolute scale: grey is the mean
+feature, full colour a deviation of ``COLOUR_SPAN`` = 10 % of the mean feature norm, so a model
+whose patches barely differ stays grey instead of showing amplified rounding noise), plus two
+numbers:
+
+- ``constant_spatial_share``: ``mean_p ||f_p - mean_p f||^2 / mean_p ||f_p||^2`` for a constant
+  image (0: every patch identical; averaged over the grey levels);
+- ``noise_position_share``: over M noise images, the share of feature variance due to the patch
+  position, as the one-way random-effects intraclass correlation: with position means ``mu_p``,
+  ``s2_within = sum_{m,p} ||f_mp - mu_p||^2 / (P (M - 1))`` and
+  ``s2_position = mean_p ||mu_p - mu||^2 - s2_within / M`` (the sampling noise of ``mu_p`` removed),
+  ``share = s2_position / (s2_position + s2_within)`` clipped to [0, 1] (0: position explains nothing
+  beyond chance, 1: features depend on position only).
+
+Compare models that differ only in their position encoding, e.g. ViT-5's learned APE + RoPE,
+RoPE only (``ape=False``) and APE only (``rope=False``), at the same input size.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from .adapters import capture, check_input_size, describe, resolve_layers, unwrap
+from .errors import VizError
+from .figures import MapStyle, Panel, panel_grid
+from .images import LoadedImage, to_batch
+
+COLOUR_SPAN = 0.1  # PCA maps: a deviation of this share of the mean feature norm saturates the colour
+
+
+@dataclass(frozen=True)
+class PositionProbeConfig:
+    size: tuple[int, int] | None = None  # (height, width); default: the model's own input size
+    levels: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # grey levels of the constant images, in [0, 1]
+    noise_images: int = 16
+    layer: int = -1  # block whose output is probed
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.levels or any(not 0.0 <= v <= 1.0 for v in self.levels):
+            raise VizError(f"grey levels must be in [0, 1], got {list(self.levels)}")
+        if self.noise_images < 2:
+            raise VizError(f"the position share over noise images needs at least 2 images, got {self.noise_images}")
+
+
+def probe_images(size: tuple[int, int], cfg: PositionProbeConfig) -> tuple[list[LoadedImage], list[LoadedImage]]:
+    """The constant images (one per grey level) and the uniform-noise images, as uint8 RGB."""
+    h, w = size
+    constant = [LoadedImage(f"constant_{v:g}", np.full((h, w, 3), round(v * 255), dtype=np.uint8)) for v in cfg.levels]
+    rng = np.random.default_rng(cfg.seed)
+    noise = [LoadedImage(f"noise_{i}", rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)) for i in range(cfg.noise_images)]
+    return constant, noise
+
+
+def constant_spatial_share(features: np.ndarray) -> np.ndarray:
+    """``[B, P, C]`` -> ``[B]``: energy of the deviations from the image's mean patch feature over the total energy."""
+    f = features.astype(np.float64)
+    deviation = ((f - f.mean(axis=1, keepdims=True)) ** 2).sum(axis=-1).mean(axis=1)
+    total = (f**2).sum(axis=-1).mean(axis=1)
+    return np.where(total > 0, deviation / np.where(total > 0, total, 1.0), 0.0)
+
+
+def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """``[P, C]`` -> ``[h, w, 3]``: the first three principal components on the absolute scale of :data:`COLOUR_SPAN`."""
+    f = features.astype(np.float64)
+    centred = f - f.mean(axis=0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    comps = centred @ vt[:3].T
+    if comps.shape[1] < 3:
+        comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
+    scale = COLOUR_SPAN * np.sqrt((f**2).sum(axis=-1).mean())
+    rgb = 0.5 + 0.5 * comps / (scale if scale > 0 else 1.0)
+    return np.clip(rgb, 0.0, 1.0).reshape(*grid, 3)
+
+
+def position_share(features: np.ndarray) -> float:
+    """``[M, P, C]`` -> intraclass correlation of the features with the patch position as the class."""
+    f = features.astype(np.float64)
+    m, p = f.shape[:2]
+    means = f.mean(axis=0)  # [P, C]
+    within = ((f - means) ** 2).sum() / (p * (m - 1))
+    position = ((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m
+    position = max(position, 0.0)
+    return float(position / (position + within)) if position + within > 0 else 0.0
+
+
+@dataclass
+class PositionProbe:
+    model: str
+    layer: int
+    grid: tuple[int, int]
+    patch_size: int
+    levels: tuple[float, ...]
+    constant_norms: np.ndarray  # [levels, h, w]
+    constant_pca: np.ndarray  # [levels, h, w, 3]
+    noise_norms: np.ndarray  # [h, w] mean over noise images
+    constant_spatial_share: float
+    noise_position_share: float
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> dict:
+        return {
+            "model": self.model, "layer": self.layer, "grid": list(self.grid), "levels": list(self.levels),
+            "constant_spatial_share": self.constant_spatial_share, "noise_position_share": self.noise_position_share,
+            "constant_norm_cv": float(np.mean([m.std() / m.mean() for m in self.constant_norms])), "notes": list(self.notes),
+        }
+
+
+@torch.no_grad()
+def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, device: str) -> np.ndarray:
+    info = describe(net)
+    layout = info.layout(images[0].rgb.shape[:2])
+    with capture(net, layers=[layer], attention=False) as rec:
+        net.forward_features(to_batch(images, info.mean, info.std).to(device))
+    return layout.patches(rec.tokens[layer]).float().cpu().numpy()
+
+
+def run_position_probe(model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(),
+                       notes: Sequence[str] = ()) -> PositionProbe:
+    """Probe one model (see the module docstring)."""
+    info = describe(model)
+    size = tuple(cfg.size or info.img_size)
+    check_input_size(info, size)
+    layer = resolve_layers(info.depth, [cfg.layer])[0]
+    net = unwrap(model).eval().to(cfg.device)
+    constant, noise = probe_images(size, cfg)
+    f_const = _block_features(net, constant, layer, cfg.device)  # [levels, P, C]
+    f_noise = _block_features(net, noise, layer, cfg.device)  # [M, P, C]
+    grid = info.layout(size).grid
+    constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
+    norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
+    return PositionProbe(
+        label, layer, grid, info.patch_size, tuple(cfg.levels), norms, constant_pca,
+        np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid),
+        float(constant_spatial_share(f_const).mean()), position_share(f_noise), tuple(notes),
+    )
+
+
+def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
+    """Rows: models; columns: norm and PCA maps of a constant image, and the mean norm map of the noise images.
+
+    Each norm column shares one colour scale across models; PCA maps are per model (one PCA each). The
+    noise images' mean maps still hold their content's average (few images), so no PCA is drawn of
+    them: the position share says how much of their variance is due to position."""
+    rows = []
+    for p in probes:
+        i = int(np.argmin(np.abs(np.asarray(p.levels) - level)))
+        rows.append([
+            Panel(f"{textwrap.fill(p.model, 42)}\nconstant {p.levels[i]:g}: norms", p.constant_norms[i],
+                  group="constant norms", patch=p.patch_size),
+            Panel(f"constant {p.levels[i]:g}: PCA (share {p.constant_spatial_share:.2f})", rgb=p.constant_pca[i],
+                  patch=p.patch_size),
+            Panel(f"noise: mean norms (position share {p.noise_position_share:.2f})", p.noise_norms, group="noise norms",
+                  patch=p.patch_size),
+        ])
+    layer = ", ".join(sorted({str(p.layer) for p in probes}))
+    notes = sorted({n for p in probes for n in p.notes})
+    notes.append("constant share: patch-feature energy varying with position on a constant image; noise share: "
+                 "feature variance over noise images due to position (intraclass correlation); PCA: one per map, grey = "
+                 f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm")
+    return panel_grid(rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes)
+
+
+def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
+    path = Path(out) / "position_probe.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([p.summary() for p in probes], indent=2))
+    return path
+

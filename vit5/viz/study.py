@@ -1,0 +1,649 @@
+"""The register study: grow artifacts in a model without registers, and watch its register twin stay clean.
+
+Two vit5 models that differ only in their register tokens (``registers`` = 0 or R; same init for
+every shared weight, same batches in the same order) are trained on :mod:`~vit5.viz.study_data`
+canvases: a few digits on a large uninformative background, labelled by a function of all of them.
+Neither twin has a CLS token and both average-pool the patches (``class_token=False,
+global_pool="avg"``), so the twin without registers has no spare token to use as an attention sink
+or a global store and must recruit patches, while the other has exactly that (Darcet et al.,
+arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins are recorded on
+held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
+with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
+:func:`verdict` checks the garbage-collector signature of the issue on the latest checkpoint, and
+:func:`~vit5.viz.figures.trajectory_figure` draws the trajectories of both twins.
+
+Resumable: each twin keeps its full training state (model, optimizer, scheduler, step) in
+``<out>/<twin>/state.pt``, written atomically at every checkpoint; rerunning the same command
+continues where it stopped (``max_minutes`` ends a chunk cleanly at a checkpoint). The twins are
+trained in alternating chunks of ``checkpoint_every`` steps, so a stopped study has both
+trajectories up to the same step. Weights of every checkpoint are kept as
+``<out>/<twin>/checkpoints/step_NNNNNN`` and the last as ``<out>/<twin>/final`` (vit5 directory
+format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers/final``).
+
+    python -m vit5.viz.study --out runs/register_study            # the full study (see FULL)
+    python -m vit5.viz.study --out /tmp/s --preset smoke           # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
+from .collect import CollectConfig, collect
+from .errors import VizError
+from .images import LoadedImage, to_batch
+from .report import MetricConfig, MetricReport, compute_metrics
+from .stats import TokenStats
+from .study_data import CanvasBatch, CanvasConfig, CanvasSource
+
+TWINS = ("no_registers", "registers")
+STATE_NAME = "state.pt"
+TRAJECTORY_NAME = "trajectory.jsonl"
+# metrics kept per layer in the trajectory (names of vit5.viz.report.METRICS, plus the study's own)
+TRACKED = (
+    "outlier_ratio", "outlier_ratio_registers", "max_median_ratio", "norm_kurtosis", "received_outlier_mass",
+    "patch_register_mass", "topk_sink_mass", "topk_register_share", "sink_rate", "sink_rate_register",
+    "sink_rate_patch", "massive_ratio",
+)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What the twins are, what they learn and how long; validated at construction."""
+
+    canvas: CanvasConfig = field(default_factory=CanvasConfig)
+    preset: str = "vit5_tiny"  # architecture family; the sizes below override its sizes
+    embed_dim: int = 128
+    depth: int = 8
+    num_heads: int = 8
+    model_args: tuple[tuple[str, Any], ...] = ()  # further ViT5Config overrides shared by both twins
+    registers: int = 4  # registers of the second twin (the first has none)
+    steps: int = 3200
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_steps: int = 100
+    grad_clip: float | None = 1.0
+    checkpoint_every: int = 400
+    eval_images: int = 64  # held-out canvases the metrics are measured on
+    accuracy_images: int = 256  # held-out canvases for the accuracy
+    seed: int = 0
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items()))
+        for name in ("embed_dim", "depth", "num_heads", "steps", "batch_size", "checkpoint_every", "eval_images",
+                     "accuracy_images"):
+            if getattr(self, name) < 1:
+                raise VizError(f"study {name} must be >= 1, got {getattr(self, name)}")
+        if self.registers < 1:
+            raise VizError(f"the register twin needs at least one register, got registers={self.registers}")
+        if not 0 < self.min_lr <= self.lr or self.weight_decay < 0 or self.warmup_steps < 0:
+            raise VizError(f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
+                           f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})")
+        reserved = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
+        clash = reserved & {k for k, _ in self.model_args}
+        if clash:
+            raise VizError(f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)")
+        for twin in TWINS:
+            self.model_config(twin)  # fail now on an invalid architecture
+
+    def model_config(self, twin: str) -> ViT5Config:
+        """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
+        if twin not in TWINS:
+            raise VizError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
+        try:
+            return preset_config(
+                self.preset, embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads,
+                **dict(self.model_args), img_size=self.canvas.size, patch_size=self.canvas.patch_size,
+                num_classes=self.canvas.num_outputs, class_token=False, global_pool="avg",
+                num_registers=0 if twin == "no_registers" else self.registers,
+            )
+        except ConfigError as err:
+            raise VizError(f"study model: {err}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["model_args"] = dict(self.model_args)
+        return doc
+
+
+SMOKE = StudyConfig(
+    canvas=CanvasConfig(size=(32, 32), patch_size=8, digits=(1, 2), digit_side=(8, 12)),
+    embed_dim=32, depth=2, num_heads=2, registers=1, steps=6, batch_size=8, warmup_steps=2,
+    checkpoint_every=3, eval_images=8, accuracy_images=16,
+)
+# The README study, chosen from pilots (docs/register-analyses.md): the count task learns within a few
+# hundred steps, and without QK-norm and LayerScale the twin without registers shows the most sinks.
+FULL = StudyConfig(
+    canvas=CanvasConfig(size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"),
+    model_args=(("qk_norm", False), ("layer_scale", None)),
+)
+PRESETS = {"full": FULL, "smoke": SMOKE}
+
+
+# ---------------------------------------------------------------------------------------------- twins
+def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
+    """Both twins with identical initial weights wherever they share a parameter."""
+    torch.manual_seed(cfg.seed)
+    base = ViT5(cfg.model_config("no_registers"))
+    twin = ViT5(cfg.model_config("registers"))
+    missing, unexpected = twin.load_state_dict(base.state_dict(), strict=False)
+    if unexpected or missing != ["reg_token"]:
+        raise RuntimeError(f"the twins differ in more than the registers: missing {missing}, unexpected {unexpected}")
+    return {"no_registers": base, "registers": twin}
+
+
+def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see them."""
+    return to_batch([LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    if task == "multilabel":
+        return F.binary_cross_entropy_with_logits(logits, labels)
+    return F.cross_entropy(logits, labels)
+
+
+def correct(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    """Per-sample correctness: the class, or (multilabel) every one of the ten presence bits."""
+    if task == "multilabel":
+        return ((logits > 0).float() == labels).all(dim=-1)
+    return logits.argmax(dim=-1) == labels
+
+
+# ---------------------------------------------------------------------------------------------- held-out set
+@dataclass
+class HeldOut:
+    """Held-out canvases: the metric images (with background masks) and the accuracy set."""
+
+    images: list[LoadedImage]
+    labels: np.ndarray  # [B] or [B, 10] (multilabel)
+    background: np.ndarray  # [B, h, w] bool
+    accuracy: CanvasBatch
+
+    @classmethod
+    def build(cls, cfg: StudyConfig) -> HeldOut:
+        source = CanvasSource(cfg.canvas, "val", cfg.seed)
+        metric = source.batch(0, cfg.eval_images)
+        images = [LoadedImage(f"heldout_{i:03d}", rgb) for i, rgb in enumerate(metric.images)]
+        return cls(images, metric.labels, metric.background, source.batch(1, cfg.accuracy_images))
+
+
+def accuracy(model: ViT5, batch: CanvasBatch, task: str, chunk: int = 128) -> float:
+    model.eval()
+    hits = []
+    with torch.no_grad():
+        for start in range(0, len(batch.labels), chunk):
+            logits = model(normalise(batch.images[start : start + chunk], model))
+            hits.append(correct(logits, torch.from_numpy(batch.labels[start : start + chunk]), task))
+    return float(torch.cat(hits).float().mean())
+
+
+def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, list[float | None]]:
+    """Per-layer numbers of the success criterion that the metric report does not hold itself.
+
+    ``images_with_outliers``: share of images with at least one outlier patch (``..._background_outliers``:
+    one on a background patch); ``outlier_background_share``: share of the outlier patches that are
+    background (``background_rate``: share of all patches that are).
+    """
+    outliers = report.outliers  # [B, L, P]
+    bg = background.reshape(background.shape[0], 1, -1)
+    total = outliers.sum(axis=(0, 2))
+    on_background = (outliers & bg).sum(axis=(0, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(total > 0, on_background / np.maximum(total, 1), np.nan)
+    return {
+        "images_with_outliers": [float(v) for v in outliers.any(axis=-1).mean(axis=0)],
+        "images_with_background_outliers": [float(v) for v in (outliers & bg).any(axis=-1).mean(axis=0)],
+        "outlier_background_share": [_num(v) for v in share],
+        "background_rate": [float(bg.mean())] * outliers.shape[1],
+    }
+
+
+def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3) -> list[float | None]:
+    """Per block, the share of the (image, head) pairs whose sink (a key receiving more than ``eps`` of the
+    average attention, as :func:`~vit5.viz.metrics.sink_heads`) is a background patch, among those whose
+    sink is a patch at all (None where no head has a patch sink)."""
+    patches = stats.patch_values(stats.received)  # [B, L, H, P]
+    top = patches.argmax(axis=-1)
+    is_sink = patches.max(axis=-1) > eps
+    bg = background.reshape(background.shape[0], 1, 1, -1)
+    on_background = np.take_along_axis(np.broadcast_to(bg, patches.shape), top[..., None], axis=-1)[..., 0]
+    counts = is_sink.sum(axis=(0, 2))
+    shares = (on_background & is_sink).sum(axis=(0, 2)) / np.maximum(counts, 1)
+    return [float(s) if c else None for s, c in zip(shares, counts)]
+
+
+def measure(model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None) -> dict[str, Any]:
+    """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused ones)."""
+    stats = collect(model, held.images, label, CollectConfig(batch_size=32, progress=False))
+    report = compute_metrics(stats, MetricConfig(n_boot=200))
+    record = {"thresholds": [_num(t) for t in report.thresholds], "metrics": _tracked(report),
+              **study_metrics(report, held.background), "accuracy": accuracy(model, held.accuracy, task),
+              "num_tokens": stats.layout.num_tokens, "num_registers": stats.layout.num_registers,
+              "patch_sinks_on_background": background_sinks(stats, held.background)}
+    if thresholds is not None:
+        reused = compute_metrics(stats, MetricConfig(n_boot=200, thresholds=tuple(thresholds),
+                                                     threshold_source="no-register twin"))
+        record["reused"] = {"metrics": _tracked(reused), **study_metrics(reused, held.background)}
+    return record
+
+
+def _tracked(report: MetricReport) -> dict[str, list[float | None]]:
+    n = len(report.layers)
+    return {name: [_num(v) for v in report.summary[name]["value"][:n]] for name in TRACKED if name in report.summary}
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+# ---------------------------------------------------------------------------------------------- training
+class Trainer:
+    """One twin's optimizer, schedule, resumable state and step loop."""
+
+    def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import CosineLRScheduler
+
+        self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
+        self.optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                             filter_bias_and_bn=True)
+        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=cfg.steps, lr_min=cfg.min_lr,
+                                           warmup_t=cfg.warmup_steps, warmup_lr_init=cfg.min_lr, t_in_epochs=False)
+        self.step = 0
+        self.losses: list[float] = []
+
+    @property
+    def state_path(self) -> Path:
+        return self.folder / STATE_NAME
+
+    def resume(self) -> bool:
+        if not self.state_path.is_file():
+            return False
+        state = torch.load(self.state_path, map_location="cpu", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        return True
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "step": self.step}, tmp)
+        os.replace(tmp, self.state_path)
+        save_pretrained(self.model, self.folder / "checkpoints" / f"step_{self.step:06d}",
+                        extra={"study_step": self.step, "twin": self.name})
+
+    def train(self, source: CanvasSource, until: int) -> float:
+        """Steps up to ``until``; returns the mean training loss of these steps."""
+        self.model.train()
+        task = self.cfg.canvas.task
+        losses = []
+        while self.step < until:
+            batch = source.batch(self.step, self.cfg.batch_size)
+            logits = self.model(normalise(batch.images, self.model))
+            loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
+            if not torch.isfinite(loss):
+                raise VizError(f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now {self.cfg.lr:g})")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.grad_clip:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.scheduler.step_update(self.step)
+            losses.append(loss.item())
+        return float(np.mean(losses)) if losses else float("nan")
+
+
+def _read_trajectory(path: Path, upto: int | None = None) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if upto is None or r["step"] <= upto]
+
+
+def _write_trajectory(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+@dataclass
+class StudyResult:
+    out: Path
+    trajectories: dict[str, list[dict]]
+    verdict: dict[str, Any]
+    complete: bool
+    files: list[Path] = field(default_factory=list)
+
+
+def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = None, progress: bool = True,
+              log: Callable[[str], None] = print, analyse: bool = True, train: bool = True) -> StudyResult:
+    """Train (or resume) both twins, recording metrics at every checkpoint; write the trajectory figure,
+    the verdict, the held-out canvases as PNGs and (with ``analyse``) the register analyses of the
+    twins as they are at the end of this chunk (:func:`analyse_twins`).
+
+    Stops cleanly after the checkpoint at which ``max_minutes`` is exceeded (rerun to continue);
+    ``train=False`` only writes the outputs and analyses of the twins as they are.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    _check_same_study(cfg, out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    held = HeldOut.build(cfg)
+    source = CanvasSource(cfg.canvas, "train", cfg.seed)
+    twins = build_twins(cfg)
+    trainers = {name: Trainer(name, model, cfg, out / name) for name, model in twins.items()}
+    trajectories = {}
+    for name, trainer in trainers.items():
+        resumed = trainer.resume()
+        rows = _read_trajectory(trainer.folder / TRAJECTORY_NAME, trainer.step)
+        if not rows:  # the untrained twins are the first point of every trajectory
+            rows = [_checkpoint_row(trainer, held, cfg, 0, float("nan"), None)] if name == TWINS[0] else []
+        trajectories[name] = rows
+        if resumed:
+            log(f"{name}: resumed at step {trainer.step}")
+    if not trajectories["registers"]:
+        ref = trajectories["no_registers"][0]["thresholds"]
+        trajectories["registers"] = [_checkpoint_row(trainers["registers"], held, cfg, 0, float("nan"), ref)]
+    start = time.monotonic()
+    bar = tqdm(total=cfg.steps, initial=min(t.step for t in trainers.values()), desc="register study", unit="step",
+               disable=not progress)
+    stopped = not train and min(t.step for t in trainers.values()) < cfg.steps
+    until = min(t.step for t in trainers.values())
+    while train and min(t.step for t in trainers.values()) < cfg.steps:
+        until = min(cfg.steps, (min(t.step for t in trainers.values()) // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+        for name in TWINS:
+            trainer = trainers[name]
+            if trainer.step >= until:
+                continue
+            loss = trainer.train(source, until)
+            ref = trajectories["no_registers"][-1]["thresholds"] if name == "registers" else None
+            trajectories[name].append(_checkpoint_row(trainer, held, cfg, trainer.step, loss, ref))
+            trainer.save()
+            _write_trajectory(trainer.folder / TRAJECTORY_NAME, trajectories[name])
+        bar.update(until - bar.n)
+        a, b = trajectories["no_registers"][-1], trajectories["registers"][-1]
+        bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=f"{_peak(a, 'outlier_ratio'):.3f}/"
+                        f"{_peak(b, 'outlier_ratio'):.3f}")
+        if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes and until < cfg.steps:
+            stopped = True
+            break
+    bar.close()
+    for name, trainer in trainers.items():
+        save_pretrained(trainer.model, out / name / "final", extra={"study_step": trainer.step, "twin": name})
+    result = StudyResult(out, trajectories, verdict(trajectories), complete=not stopped)
+    result.files += write_outputs(result, cfg)
+    result.files += write_heldout(held, out / "heldout")
+    log(summary_text(result))
+    if stopped:
+        log(f"stopped at step {until} of {cfg.steps}: rerun the same command to continue")
+    if analyse:
+        result.files += analyse_twins(cfg, out, held, twins, log)
+    return result
+
+
+def _checkpoint_row(trainer: Trainer, held: HeldOut, cfg: StudyConfig, step: int, loss: float,
+                    thresholds: Sequence[float] | None) -> dict:
+    row = measure(trainer.model, trainer.name, held, cfg.canvas.task, thresholds)
+    return {"step": step, "train_loss": _num(loss), "lr": trainer.optimizer.param_groups[0]["lr"], **row}
+
+
+def _check_same_study(cfg: StudyConfig, out: Path) -> None:
+    """A study folder belongs to one configuration: resuming with another would mix two studies."""
+    path = out / "study.json"
+    doc = json.loads(json.dumps(cfg.to_dict()))
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != doc:
+            changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+            raise VizError(f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
+                           "use another --out, or delete it to start over")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------- verdict
+def _peak(row: dict, metric: str) -> float:
+    values = [v for v in row["metrics"].get(metric, []) if v is not None]
+    return max(values) if values else float("nan")
+
+
+# success thresholds of the issue: outliers in >= half the images, >= 10x fewer with registers
+MIN_IMAGES_WITH_OUTLIERS = 0.5
+MIN_REDUCTION = 10.0
+ATTENTION_FACTOR = 2.0  # "drawing attention": at least twice the uniform share
+
+
+def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
+    """The garbage-collector signature of the issue at the latest checkpoint both twins reached.
+
+    The block read is the one where the most images of the twin without registers have an outlier
+    on a background patch. Checks: (1) at least half the images have one; (2) outliers sit on
+    background more often than a random patch does; (3) in the next block (which attends over this
+    block's output) the outlier patches receive at least twice their uniform share of attention
+    and some head has a patch as its sink; (4) the register twin's outlier ratio at that block is
+    at least 10x lower, with its own thresholds and with the first twin's; (5) its patches give its
+    registers at least twice their uniform share of attention and at least half the mass the
+    outliers drew in the first twin.
+    """
+    step = max({r["step"] for r in trajectories["no_registers"]} & {r["step"] for r in trajectories["registers"]})
+    a, b = (next(r for r in trajectories[twin] if r["step"] == step) for twin in TWINS)
+    depth = len(a["images_with_outliers"])
+    best = max(range(depth), key=lambda i: (a["images_with_background_outliers"][i], a["metrics"]["outlier_ratio"][i] or 0))
+    nxt = min(best + 1, depth - 1)
+    otr_a = a["metrics"]["outlier_ratio"][best] or 0.0
+    otr_b_own = b["metrics"]["outlier_ratio"][best] or 0.0
+    otr_b_reused = (b.get("reused") or b)["metrics"]["outlier_ratio"][best] or 0.0
+    bg_share, bg_rate = a["outlier_background_share"][best], a["background_rate"][best]
+    received = a["metrics"]["received_outlier_mass"][nxt] or 0.0
+    reg_mass = (b["metrics"].get("patch_register_mass") or [None] * depth)[nxt] or 0.0
+    uniform_registers = b["num_registers"] / b["num_tokens"]
+    checks = {
+        "outliers_in_half_the_images": a["images_with_background_outliers"][best] >= MIN_IMAGES_WITH_OUTLIERS,
+        "outliers_on_background": bg_share is not None and bg_share > bg_rate,
+        "outliers_draw_attention": otr_a > 0 and received >= ATTENTION_FACTOR * otr_a
+        and (a["metrics"]["sink_rate_patch"][nxt] or 0) > 0,
+        "registers_10x_fewer_outliers": otr_a > 0 and max(otr_b_own, otr_b_reused) * MIN_REDUCTION <= otr_a,
+        "registers_hold_attention": reg_mass >= ATTENTION_FACTOR * uniform_registers and reg_mass >= 0.5 * received,
+    }
+    return {
+        "step": a["step"], "layer": best, "next_layer": nxt, "success": all(checks.values()), "checks": checks,
+        "no_registers": {
+            "images_with_outliers": a["images_with_outliers"][best],
+            "images_with_background_outliers": a["images_with_background_outliers"][best], "outlier_ratio": otr_a,
+            "max_median_ratio": a["metrics"]["max_median_ratio"][best], "outlier_background_share": bg_share,
+            "background_rate": bg_rate, "received_outlier_mass": received, "sink_rate": a["metrics"]["sink_rate"][nxt],
+            "sink_rate_patch": a["metrics"]["sink_rate_patch"][nxt], "accuracy": a["accuracy"],
+            "patch_sinks_on_background_per_block": a.get("patch_sinks_on_background"),
+            "sink_rate_patch_per_block": a["metrics"]["sink_rate_patch"],
+        },
+        "registers": {
+            "images_with_outliers": b["images_with_outliers"][best], "outlier_ratio": otr_b_own,
+            "outlier_ratio_reused_thresholds": otr_b_reused, "max_median_ratio": b["metrics"]["max_median_ratio"][best],
+            "patch_register_mass": reg_mass, "uniform_register_share": uniform_registers,
+            "sink_rate": b["metrics"]["sink_rate"][nxt], "sink_rate_register": b["metrics"]["sink_rate_register"][nxt],
+            "accuracy": b["accuracy"],
+        },
+    }
+
+
+def summary_text(result: StudyResult) -> str:
+    v = result.verdict
+    outcome = "SUCCESS" if v["success"] else "no garbage-collector signature"
+    head = f"register study at step {v['step']}: {outcome} (outliers at block {v['layer']}, attention at {v['next_layer']})"
+    lines = [head]
+    for twin in TWINS:
+        lines.append(f"  {twin}: " + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items() if not k.endswith("per_block")))
+    lines.append("  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()))
+    return "\n".join(lines)
+
+
+def _fmt(x: Any) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
+    from .figures import save_figure
+    from .figures.study import trajectory_figure
+
+    files = save_figure(trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf"))
+    path = result.out / "verdict.json"
+    path.write_text(json.dumps(result.verdict, indent=2))
+    return [*files, path]
+
+
+def write_heldout(held: HeldOut, folder: Path) -> list[Path]:
+    """The metric canvases as PNG files, so ``viz compare`` / ``viz ttr`` can be pointed at exactly them."""
+    import cv2
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for image in held.images:
+        path = folder / f"{image.name}.png"
+        if not path.is_file():
+            cv2.imwrite(str(path), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
+        paths.append(path)
+    return paths
+
+
+def analyse_twins(cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5],
+                  log: Callable[[str], None] = print) -> list[Path]:
+    """Register ablation of the register twin and test-time registers on the twin without registers,
+    on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
+    from .ablation import AblationConfig, ablation_figure, run_ablation
+    from .figures import save_figure
+    from .load import load_model_spec
+    from .runner import RunConfig, run_ttr
+    from .ttr import NeuronSearch
+
+    folder = out / "analysis"
+    folder.mkdir(parents=True, exist_ok=True)
+    labelled = cfg.canvas.task != "multilabel"
+    reference_batch = CanvasSource(cfg.canvas, "val", cfg.seed).batch(2, cfg.eval_images)
+
+    def with_labels(images: list[LoadedImage], labels: np.ndarray) -> list[LoadedImage]:
+        return [LoadedImage(img.name, img.rgb, int(y) if labelled else None) for img, y in zip(images, labels)]
+
+    images = with_labels(held.images, held.labels)
+    reference = with_labels([LoadedImage(f"reference_{i:03d}", rgb) for i, rgb in enumerate(reference_batch.images)],
+                            reference_batch.labels)
+    report = run_ablation(twins["registers"], images, reference, "registers twin (trained)",
+                          AblationConfig(knn_k=10, batch_size=32))
+    log(report.table())
+    files = report.write(folder) + save_figure(ablation_figure(report), folder / "ablation", ("png", "pdf"))
+    summary: dict[str, Any] = {"ablation": report.records()}
+    loaded = load_model_spec(str(out / "no_registers" / "final"))
+    ttr_cfg = RunConfig(out=folder, batch_size=32, max_figures=4, progress=False, log=log,
+                        metrics=MetricConfig(n_boot=200))
+    try:
+        found, before, after = run_ttr(loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10))
+    except VizError as err:  # no outliers in the twin without registers: nothing to move
+        summary["ttr"] = {"applicable": False, "reason": str(err)}
+        log(f"test-time registers not applicable: {err}")
+    else:
+        d = found.detect_layer
+        pick = lambda r, name: (r.report.summary[name]["value"][d] if name in r.report.summary else None)
+        summary["ttr"] = {
+            "applicable": True, "detect_layer": d, "threshold": found.threshold,
+            "neurons": [[n.layer, n.neuron, n.score] for n in found.neurons],
+            **{f"{name}_{when}": _num(pick(r, name)) for name in ("outlier_ratio", "max_median_ratio", "sink_rate_patch")
+               for when, r in (("before", before), ("after", after))},
+            "test_time_register_outlier_ratio": _num(pick(after, "outlier_ratio_registers")),
+            "patch_register_mass_after": _num(pick(after, "patch_register_mass")),
+        }
+        files += before.files + after.files
+    path = folder / "analysis.json"
+    path.write_text(json.dumps(summary, indent=2))
+    return [*files, path]
+
+
+def load_twins(out: str | Path) -> dict[str, ViT5]:
+    """The final weights of both twins of a finished (or stopped) study."""
+    return {name: load_model(Path(out) / name / "final").eval() for name in TWINS}
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
+    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or ``model.KEY`` (ViT5Config)."""
+    from .load import parse_overrides
+
+    values = parse_overrides(items)
+    study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
+    canvas_keys = {f.name for f in fields(CanvasConfig)}
+    study, canvas, model = {}, {}, dict(base.model_args)
+    for key, value in values.items():
+        if key.startswith("model."):
+            model[key[len("model."):]] = value
+        elif key in study_keys:
+            study[key] = value
+        elif key in canvas_keys:
+            canvas[key] = value
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            raise VizError(f"unknown study setting {key!r}: {hint}")
+    try:
+        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
+    except TypeError as err:
+        raise VizError(f"bad study setting: {err}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m vit5.viz.study",
+        description="Train twin models without and with registers on canvases that reward a storage token, "
+                    "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
+    )
+    p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False")
+    p.add_argument("--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)")
+    p.add_argument("--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses")
+    p.add_argument("--analyse-only", action="store_true",
+                   help="no training: write the figure, verdict and analyses of the twins as they are now")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = parse_settings(PRESETS[args.preset], args.settings)
+        result = run_study(cfg, args.out, args.max_minutes, progress=not args.quiet, analyse=not args.no_analysis,
+                           train=not args.analyse_only)
+    except VizError as err:
+        print(f"study: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(result.files)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Canvases that reward a storage token: a few scikit-learn digits on a large uninformative background.
+
+Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches that
+are redundant with their neighbours (uniform background) and holding global, not local,
+information. These canvases make most patches exactly that: ``count`` digits (real 8x8
+scikit-learn digits, upscaled bilinearly as alpha mattes by :func:`vit5.data.digits_seg.digit_alpha`)
+on a canvas whose background is one flat grey level per image (``flat``), independent per-pixel
+noise (``noise``) or both (``flat+noise``: a flat level plus weak noise). The label needs every
+digit of the image, so no single patch holds it:
+
+- ``sum``: the sum of the digits (classes ``0 .. 9 * max_digits``);
+- ``summod``: the sum modulo 10 (a non-linear function of the set: no average of per-digit
+  features reads it out linearly);
+- ``count``: the number of digits;
+- ``max``: the largest digit;
+- ``multilabel``: which of the ten digits occur (ten binary targets).
+
+Each sample also carries a per-patch *background* mask (no pixel of the patch changed by a digit:
+for ``flat`` canvases every pixel of a background patch has the canvas's grey level), so a study
+can say whether outliers sit on low-information patches. Train canvases use
+the train digits and held-out canvases the val digits of :func:`vit5.data.load_digits_split`, so no
+digit instance is in both. Every batch is a pure function of ``(seed, stream, index)``: twins see
+the same pixels in the same order and a resumed run continues the same stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from ..data import load_digits_split
+from ..data.digits_seg import digit_alpha
+from .errors import VizError
+
+Task = Literal["sum", "summod", "count", "max", "multilabel"]
+Background = Literal["flat", "noise", "flat+noise"]
+TASKS: tuple[str, ...] = ("sum", "summod", "count", "max", "multilabel")
+BACKGROUNDS: tuple[str, ...] = ("flat", "noise", "flat+noise")
+_SPOT_TRIES = 30
+
+
+@dataclass(frozen=True)
+class CanvasConfig:
+    size: tuple[int, int] = (64, 64)  # canvas (height, width), multiples of the patch size
+    patch_size: int = 8
+    digits: tuple[int, int] = (2, 3)  # inclusive range of digits per canvas
+    digit_side: tuple[int, int] = (12, 20)  # inclusive range of a digit's side in pixels
+    background: Background = "flat"
+    noise_std: float = 24.0  # grey levels, for the noise backgrounds
+    task: Task = "sum"
+
+    def __post_init__(self) -> None:
+        for name in ("size", "digits", "digit_side"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        h, w = self.size
+        p = self.patch_size
+        if p < 1 or h % p or w % p or h < p or w < p:
+            raise VizError(f"canvas size {h}x{w} must be a positive multiple of the patch size {p}")
+        lo, hi = self.digits
+        if not 1 <= lo <= hi:
+            raise VizError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
+        s_lo, s_hi = self.digit_side
+        if not 4 <= s_lo <= s_hi <= min(h, w):
+            raise VizError(f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}")
+        if self.background not in BACKGROUNDS:
+            raise VizError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
+        if self.task not in TASKS:
+            raise VizError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.noise_std < 0:
+            raise VizError(f"noise_std must be >= 0, got {self.noise_std}")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.size[0] // self.patch_size, self.size[1] // self.patch_size
+
+    @property
+    def num_outputs(self) -> int:
+        """Classes of the label (or binary targets for ``multilabel``)."""
+        return {"sum": 9 * self.digits[1] + 1, "summod": 10, "count": self.digits[1] + 1, "max": 10, "multilabel": 10}[self.task]
+
+
+@dataclass(frozen=True)
+class CanvasBatch:
+    images: np.ndarray  # [B, H, W, 3] uint8 RGB
+    labels: np.ndarray  # [B] int64 class, or [B, 10] float32 for multilabel
+    background: np.ndarray  # [B, h, w] bool: patches without any digit pixel
+    digits: list[tuple[int, ...]]  # the digit classes on each canvas
+
+
+def label_of(digits: tuple[int, ...], task: Task) -> int | np.ndarray:
+    """The label of a canvas holding ``digits`` under ``task`` (the definitions of the module docstring)."""
+    if task == "sum":
+        return sum(digits)
+    if task == "summod":
+        return sum(digits) % 10
+    if task == "count":
+        return len(digits)
+    if task == "max":
+        return max(digits)
+    present = np.zeros(10, dtype=np.float32)
+    present[list(digits)] = 1.0
+    return present
+
+
+class CanvasSource:
+    """Deterministic batches of canvases from the train or val digits (see the module docstring)."""
+
+    def __init__(self, cfg: CanvasConfig, split: Literal["train", "val"], seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.split_id = 0 if split == "train" else 1
+        data = load_digits_split(split, size=8, seed=0)
+        self.pool = load_digits().images[data.source_indices].astype(np.float32)  # exact 0..16 intensities
+        self.targets = data.targets
+
+    def batch(self, index: int, size: int) -> CanvasBatch:
+        """Batch ``index`` of ``size`` canvases: the same arguments always give the same pixels."""
+        rng = np.random.default_rng([self.seed, self.split_id, index])
+        parts = [self._canvas(rng) for _ in range(size)]
+        images, labels, backgrounds, digits = zip(*parts)
+        return CanvasBatch(np.stack(images), np.stack(labels) if self.cfg.task == "multilabel" else np.array(labels),
+                           np.stack(backgrounds), list(digits))
+
+    def _canvas(self, rng: np.random.Generator):
+        cfg = self.cfg
+        h, w = cfg.size
+        canvas = np.full((h, w), rng.uniform(20.0, 110.0), dtype=np.float32)
+        if cfg.background == "noise":
+            canvas = rng.uniform(0.0, 130.0, size=(h, w)).astype(np.float32)
+        elif cfg.background == "flat+noise":
+            canvas += rng.normal(0.0, cfg.noise_std, size=(h, w)).astype(np.float32)
+        base = np.rint(canvas).clip(0, 255)
+        boxes: list[tuple[int, int, int]] = []
+        chosen = []
+        for _ in range(int(rng.integers(cfg.digits[0], cfg.digits[1] + 1))):
+            pick = int(rng.integers(len(self.targets)))
+            side = int(rng.integers(cfg.digit_side[0], cfg.digit_side[1] + 1))
+            top, left = _free_spot(rng, (h, w), side, boxes)
+            boxes.append((top, left, side))
+            alpha = digit_alpha(self.pool[pick], side)
+            colour = rng.uniform(190.0, 255.0)
+            window = canvas[top : top + side, left : left + side]
+            window[:] = window * (1.0 - alpha) + colour * alpha
+            chosen.append(int(self.targets[pick]))
+        gray = np.rint(canvas).clip(0, 255)
+        p = cfg.patch_size
+        gh, gw = cfg.grid
+        touched = (gray != base).reshape(gh, p, gw, p).any(axis=(1, 3))
+        digits = tuple(chosen)
+        rgb = np.repeat(gray.astype(np.uint8)[..., None], 3, axis=2)
+        return rgb, label_of(digits, cfg.task), ~touched, digits
+
+
+def _free_spot(rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """A random top-left corner whose square overlaps no earlier digit's square, if one of a few draws allows."""
+    best, best_overlap = (0, 0), np.inf
+    for _ in range(_SPOT_TRIES):
+        top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))
+        overlap = sum(
+            max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, l + s) - max(left, l))
+            for t, l, s in boxes
+        )
+        if overlap == 0:
+            return top, left
+        if overlap < best_overlap:
+            best, best_overlap = (top, left), overlap
+    return best

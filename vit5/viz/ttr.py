@@ -1,0 +1,211 @@
+"""Test-time registers: find the MLP "register neurons" that write high-norm outliers, and move them out.
+
+Jiang et al., "Vision Transformers Don't Need Trained Registers" (arXiv 2506.08010), Algorithm 1
+(register neurons) and Algorithm 2 (test-time register), and their code (nickjiang2378/test-time-registers,
+``shared/algorithms.py::find_register_neurons`` and ``shared/hook_fn.py::activate_on_registers``
+at commit 341e15e):
+
+:func:`find_register_neurons` (Algorithm 1): on a set of images, the outlier positions ``O`` are
+the patch tokens of the detection block's output whose L2 norm exceeds a threshold (here, by
+default, the toolkit's robust per-block threshold, log-norm median + k MAD, instead of an absolute
+norm such as the paper's 150 for DINOv2-L; images without outliers are skipped). For every MLP
+hidden unit ``n`` of every block ``l <= top_layer``, its score is the mean over images of
+``mean_{p in O} |a_{l,n}(p)|``, the hidden activation after the non-linearity (here: the input of
+``mlp.fc2``, which is that activation in vit5's and timm's ``Mlp``, ``SwiGLU`` and ``GluMlp``).
+All (block, unit) pairs are ranked together and the ``top_k`` best are the register neurons.
+
+:func:`use_test_time_registers` (Algorithm 2): inside the context, ``count`` zero tokens are appended
+after every other token (no position embedding, no RoPE rotation) before the first block and
+dropped before the final norm, so the head and the output layout are unchanged. At each register
+neuron, the appended tokens take the neuron's maximum activation over all tokens of the image
+(times ``scale``, 1 by default) and the patch tokens are set to zero; CLS keeps its value, as in
+the official hook (the paper's Algorithm 2 zeros every token but the register). The official hook
+edits batch element 0 only; this one edits every image of the batch. Models with trained
+registers are refused (the method is for models trained without them), and so are timm ``Eva``
+models (their RoPE tables have one row per patch and cannot take an extra token).
+
+While the context is active, :func:`~vit5.viz.describe` reports the extra tokens as registers at
+the end of the sequence, so :func:`~vit5.viz.collect`, the metrics and the figures treat the
+test-time register like a register: ``outlier_ratio_registers``, ``patch_register_mass`` etc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layers import RopeTable
+from .adapters import TEST_REGISTERS_ATTR, capture, describe, resolve_layers, unwrap
+from .errors import VizError
+from .images import LoadedImage, to_batch
+from .metrics import layer_thresholds, log_mad_threshold, outlier_ratio
+
+
+@dataclass(frozen=True)
+class RegisterNeuron:
+    layer: int  # block index
+    neuron: int  # hidden unit of the block's MLP
+    score: float  # mean |activation| at the outlier positions
+
+
+@dataclass(frozen=True)
+class NeuronSearch:
+    """Settings of Algorithm 1 (``None``: chosen from the images, see :func:`find_register_neurons`)."""
+
+    detect_layer: int | None = None  # block whose output outliers define O
+    top_layer: int | None = None  # only neurons of blocks <= this
+    top_k: int = 10
+    k: float = 5.0  # outlier threshold: log-norm median + k MAD over all patches of the set
+    threshold: float | None = None  # an explicit norm threshold instead
+    batch_size: int = 16
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.k <= 0 or self.batch_size < 1 or (self.threshold is not None and self.threshold <= 0):
+            raise VizError("register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold")
+
+
+@dataclass
+class NeuronSearchResult:
+    neurons: list[RegisterNeuron]
+    detect_layer: int
+    top_layer: int
+    threshold: float
+    images_with_outliers: int
+    num_images: int
+    outlier_ratio: list[float]  # per block, with each block's own log-MAD threshold (how the detect block was chosen)
+
+    def describe(self) -> str:
+        listed = ", ".join(f"{n.layer}:{n.neuron} ({n.score:.3g})" for n in self.neurons)
+        return (f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at block "
+                f"{self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/{self.num_images} "
+                f"images; neurons searched in blocks <= {self.top_layer}")
+
+
+def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
+    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on the hidden activation of each block's MLP."""
+    for layer in layers:
+        fc2 = getattr(getattr(net.blocks[layer], "mlp", None), "fc2", None)
+        if not isinstance(fc2, nn.Module):
+            raise VizError(f"block {layer} has no mlp.fc2 to read hidden activations from (unsupported MLP)")
+
+        def pre(module, args, layer=layer):
+            new = hook(layer, args[0])
+            return None if new is None else (new, *args[1:])
+
+        stack.callback(fc2.register_forward_pre_hook(pre, prepend=True).remove)
+
+
+@torch.no_grad()
+def find_register_neurons(model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()) -> NeuronSearchResult:
+    """Algorithm 1 of Jiang et al. (module docstring). Without ``detect_layer`` the block whose output has
+    the highest outlier ratio (own log-MAD threshold per block) is used; ``top_layer`` defaults to it."""
+    info = describe(model)
+    if info.test_registers:
+        raise VizError("find register neurons on the model itself, not inside use_test_time_registers()")
+    net = unwrap(model).eval().to(search.device)
+    layout = info.layout(images[0].rgb.shape[:2])
+    batches = [to_batch(images[s : s + search.batch_size], info.mean, info.std).to(search.device)
+               for s in range(0, len(images), search.batch_size)]
+    norms = []
+    with capture(net, attention=False) as rec:
+        for x in batches:
+            net.forward_features(x)
+            norms.append(torch.stack([layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)], 1))
+    patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
+    per_block = outlier_ratio(patch_norms, layer_thresholds(patch_norms, search.k)).mean(axis=0)
+    detect = int(np.argmax(per_block)) if search.detect_layer is None else resolve_layers(info.depth, [search.detect_layer])[0]
+    top = detect if search.top_layer is None else resolve_layers(info.depth, [search.top_layer])[0]
+    tau = search.threshold if search.threshold is not None else log_mad_threshold(patch_norms[:, detect], search.k)
+    scores, used, start = None, 0, 0
+    hidden: dict[int, torch.Tensor] = {}
+    for x in batches:
+        hidden.clear()
+        with ExitStack() as stack:
+            _mlp_input_hooks(stack, net, range(top + 1), lambda layer, h: hidden.__setitem__(layer, h.float().abs()))
+            net.forward_features(x)
+        outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
+        start += len(x)
+        for b in range(len(x)):
+            if not outliers[b].any():
+                continue
+            at = layout.patch_slice.start + torch.nonzero(outliers[b]).flatten()
+            image_scores = torch.stack([hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)])  # [layers, H]
+            scores = image_scores if scores is None else scores + image_scores
+            used += 1
+    if used == 0:
+        raise VizError(f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
+                       "(lower --k or give --threshold)")
+    mean = (scores / used).cpu()
+    order = torch.argsort(mean.flatten(), descending=True)[: search.top_k]
+    width = mean.shape[1]
+    neurons = [RegisterNeuron(int(i) // width, int(i) % width, float(mean.flatten()[i])) for i in order]
+    return NeuronSearchResult(neurons, detect, top, float(tau), used, len(images), [float(v) for v in per_block])
+
+
+@contextmanager
+def use_test_time_registers(model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0) -> Iterator[None]:
+    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons' activations."""
+    info = describe(model)
+    net = unwrap(model)
+    if info.num_registers:
+        raise VizError(f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
+                       "models trained without them")
+    if type(net).__name__ == "Eva":
+        raise VizError("timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
+                       "test-time registers support vit5 and timm VisionTransformer models")
+    if info.test_registers:
+        raise VizError("test-time registers are already active on this model")
+    if count < 1 or not neurons:
+        raise VizError("test-time registers need count >= 1 and at least one register neuron")
+    by_layer: dict[int, list[int]] = {}
+    for n in neurons:
+        by_layer.setdefault(resolve_layers(info.depth, [n.layer])[0], []).append(n.neuron)
+    state: dict = {}
+
+    def remember_size(module, args) -> None:
+        state["layout"] = info.layout(tuple(args[0].shape[-2:]))  # the model's own layout (info predates the context)
+        state["n"] = state["layout"].num_tokens
+
+    def append(module, args):
+        x = args[0]
+        if x.shape[1] == state["n"]:  # first block: append the zero tokens
+            x = torch.cat([x, x.new_zeros(x.shape[0], count, x.shape[2])], dim=1)
+        rope = args[1] if len(args) > 1 else None
+        if isinstance(rope, RopeTable) and rope.num_tokens == state["n"]:  # vit5: unrotated rows for the new tokens
+            if state.get("rope_in") is not rope:  # one padded table per forward, shared by the blocks like the model's
+                cos, sin = rope.cos, rope.sin
+                state["rope_in"], state["rope_out"] = rope, RopeTable.from_cos_sin(
+                    torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
+                    torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
+                    rope.layout,
+                )
+            return (x, state["rope_out"], *args[2:])
+        return (x, *args[1:])
+
+    def drop(module, args):
+        return (args[0][:, : state["n"]], *args[1:])
+
+    def move(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        index = torch.tensor(by_layer[layer], device=hidden.device)
+        hidden = hidden.clone()
+        peak = hidden[:, :, index].amax(dim=1, keepdim=True)  # [B, 1, k]: each neuron's max over all tokens
+        hidden[:, -count:, index] = scale * peak.expand(-1, count, -1)
+        patches = state["layout"].patch_slice
+        hidden[:, patches.start : patches.stop, index] = 0
+        return hidden
+
+    with ExitStack() as stack:
+        stack.callback(net.patch_embed.register_forward_pre_hook(remember_size, prepend=True).remove)
+        for block in net.blocks:
+            stack.callback(block.register_forward_pre_hook(append, prepend=True).remove)
+        stack.callback(net.norm.register_forward_pre_hook(drop, prepend=True).remove)
+        _mlp_input_hooks(stack, net, sorted(by_layer), move)
+        setattr(net, TEST_REGISTERS_ATTR, count)
+        stack.callback(delattr, net, TEST_REGISTERS_ATTR)
+        yield
