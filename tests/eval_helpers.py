@@ -41,7 +41,9 @@ def _digits_tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.from_numpy(data.targets)
 
 
-def train_tiny(steps: int = 150, seed: int = 0, ema_decay: float = 0.9) -> tuple[vit5.ViT5, dict[str, torch.Tensor]]:
+def train_tiny(
+    steps: int = 150, seed: int = 0, ema_decay: float = 0.9
+) -> tuple[vit5.ViT5, dict[str, torch.Tensor]]:
     """Plain AdamW on the digits at 32 px (about 5 s on one core); returns the model and EMA weights."""
     images, targets = _digits_tensors("train")
     torch.manual_seed(seed)

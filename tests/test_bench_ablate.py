@@ -27,8 +27,14 @@ from vit5.train.modeling import build_model
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "configs" / "demo_digits.yaml"
 SMALL = ("model.overrides.depth=2", "schedule.epochs=1", "schedule.warmup_epochs=0.2")
-TINY = (*SMALL, "model.img_size=16", "model.overrides.embed_dim=48", "model.overrides.num_heads=2",
-        "data.batch_size=32", "run.progress=false")  # fmt: skip
+TINY = (
+    *SMALL,
+    "model.img_size=16",
+    "model.overrides.embed_dim=48",
+    "model.overrides.num_heads=2",
+    "data.batch_size=32",
+    "run.progress=false",
+)
 
 # What each ablation must change in the ViT5Config of the full model, and nothing else (written out
 # here independently of the runner's table).
@@ -76,8 +82,10 @@ def test_every_ablation_changes_exactly_what_it_claims(tmp_path):
     assert block.attn.qkv.bias is None and isinstance(block.mlp, Mlp)
     assert not isinstance(block.ls1, nn.Identity)
 
-    assert all(isinstance(b.ls1, nn.Identity) and isinstance(b.ls2, nn.Identity)
-               for b in models["no_layerscale"].blocks)  # fmt: skip
+    assert all(
+        isinstance(b.ls1, nn.Identity) and isinstance(b.ls2, nn.Identity)
+        for b in models["no_layerscale"].blocks
+    )
     no_rope = models["no_rope"]
     assert no_rope.rope is None and no_rope.rope_reg is None and no_rope.rope_tables(grid) is None
     tokens = models["no_registers"].forward_features(torch.randn(1, 3, 32, 32))
@@ -108,7 +116,9 @@ def test_deit3_baseline_is_the_deit3_preset(tmp_path):
 
 
 def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, capsys):
-    with pytest.raises(ValueError, match="unknown ablation 'no_rop' \\(did you mean 'no_rope'\\?\\): choose from"):
+    with pytest.raises(
+        ValueError, match="unknown ablation 'no_rop' \\(did you mean 'no_rope'\\?\\): choose from"
+    ):
         select_ablations(["no_rop"])
     assert main(["--only", "no_rope,swigl", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -125,7 +135,9 @@ def test_delta_and_its_standard_error_follow_the_formula():
     delta = Delta.between(Spread(tuple(a)), Spread(tuple(ref)))
     se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(ref, ddof=1) / 3)
     assert delta.value == pytest.approx(np.mean(a) - np.mean(ref)) and delta.se == pytest.approx(se)
-    assert delta.beyond_noise and delta.interval == pytest.approx((delta.value - 2 * se, delta.value + 2 * se))
+    assert delta.beyond_noise and delta.interval == pytest.approx(
+        (delta.value - 2 * se, delta.value + 2 * se)
+    )
     noisy = Delta.between(Spread((97.0, 95.0, 96.0)), Spread((96.0, 96.5, 95.5)))
     assert not noisy.beyond_noise
     single = Delta.between(Spread((97.0,)), Spread((96.0,)))
@@ -139,15 +151,25 @@ def _subset(dataset, n: int) -> Subset:
 
 
 def test_runner_end_to_end_writes_the_report_and_reuses_finished_runs(tmp_path):
-    plan = AblationPlan(DEMO, tuple(select_ablations(["no_rope"])), (0, 1), tmp_path / "out", overrides=TINY,
-                        timing_batch=4, timing=TimingConfig(warmup=0, rounds=2))  # fmt: skip
+    plan = AblationPlan(
+        DEMO,
+        tuple(select_ablations(["no_rope"])),
+        (0, 1),
+        tmp_path / "out",
+        overrides=TINY,
+        timing_batch=4,
+        timing=TimingConfig(warmup=0, rounds=2),
+    )
     train_set, val_set, _ = build_datasets(plan.config(plan.ablations[0], 0))
     datasets = (_subset(train_set, 192), _subset(val_set, 96))
     result = run_ablation(plan, datasets, show_progress=False)
 
     assert [(r.ablation, r.seed, r.completed, r.reused) for r in result.records] == [
-        ("full", 0, True, False), ("no_rope", 0, True, False), ("full", 1, True, False), ("no_rope", 1, True, False)
-    ]  # fmt: skip
+        ("full", 0, True, False),
+        ("no_rope", 0, True, False),
+        ("full", 1, True, False),
+        ("no_rope", 1, True, False),
+    ]
     out = tmp_path / "out"
     summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")}
     assert set(summaries) == {"full-seed0", "full-seed1", "no_rope-seed0", "no_rope-seed1"}

@@ -26,7 +26,7 @@ def test_layer_grad_norms_match_autograd(batch):
     grads = torch.autograd.grad(F.cross_entropy(model(batch[0]), batch[1]), [p for ps in params for p in ps])
     flat, i = [], 0
     for ps in params:
-        flat.append(math.sqrt(sum(float(g.square().sum()) for g in grads[i:i + len(ps)])))
+        flat.append(math.sqrt(sum(float(g.square().sum()) for g in grads[i : i + len(ps)])))
         i += len(ps)
     assert norms == pytest.approx(flat, rel=1e-5)
     assert all(p.grad is None for p in model.parameters())  # leaves the model clean

@@ -14,8 +14,9 @@ from vit5.bench.mlp import build_mlps, weight_count
 
 @pytest.mark.parametrize("dtype,element", [("fp32", 4), ("bf16", 2)])
 def test_kv_cache_bytes_equal_the_formula_for_mha_gqa_mqa(dtype, element):
-    cfg = BenchConfig.profile("smoke", dtype=dtype, kv_layers=3, kv_heads=6, kv_head_dim=8, kv_tokens=5,
-                              kv_batch=2)
+    cfg = BenchConfig.profile(
+        "smoke", dtype=dtype, kv_layers=3, kv_heads=6, kv_head_dim=8, kv_tokens=5, kv_batch=2
+    )
     assert kv_head_counts(6) == [6, 3, 2, 1]  # MHA, GQA-3, GQA-2, MQA
     for kv_heads in kv_head_counts(6):
         r = measure_bytes_per_token(cfg, kv_heads)
@@ -41,11 +42,14 @@ def test_swiglu_rounding_is_upward_to_the_multiple():
     assert weight_count(build_mlps(d)["swiglu 8d/3"]) == 3 * d * hidden == 36864
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(depth=2),
-    dict(depth=2, num_kv_heads=1, mlp="swiglu"),
-    dict(depth=1, img_size=(32, 64), num_registers=0, class_token=False, global_pool="avg"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(depth=2),
+        dict(depth=2, num_kv_heads=1, mlp="swiglu"),
+        dict(depth=1, img_size=(32, 64), num_registers=0, class_token=False, global_pool="avg"),
+    ],
+)
 def test_counted_flops_match_the_analytic_formula(overrides):
     model = vit5.create_model("vit5_tiny", **overrides).eval()
     h, w = model.cfg.img_size

@@ -26,7 +26,15 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
             assert f"]({figure})" in text
     speed = payload["sections"][0]
     runs = speed["data"]["runs"]
-    contenders = {"vit5", "vit5_fused", "vit5_regional", "timm_eva", "timm_eva_compiled", "timm_vit", "reference"}
+    contenders = {
+        "vit5",
+        "vit5_fused",
+        "vit5_regional",
+        "timm_eva",
+        "timm_eva_compiled",
+        "timm_vit",
+        "reference",
+    }
     assert set(runs["tiny@32"]["samples"]["forward"]) == contenders
     assert set(runs["tiny@32"]["samples"]["train"]) == contenders - {"vit5_fused"}  # inference only
     assert set(runs["tiny@64"]["samples"]["forward"]) == contenders - {"vit5_regional", "timm_eva_compiled"}
@@ -58,7 +66,10 @@ def test_unknown_section_is_a_clear_error(tmp_path, capsys):
         (["--smoke", "--device", "mps"], "device must be 'cpu' or 'cuda'"),
         (["--smoke", "--threads", "0"], "threads must be at least 1"),
         (["--smoke", "--device", "cpu:x"], "got 'cpu:x'"),
-        (["--smoke", "--only", "kv_cache", "--out", str(tmp_path / "file")], "--out .*file is a file, not a folder"),
+        (
+            ["--smoke", "--only", "kv_cache", "--out", str(tmp_path / "file")],
+            "--out .*file is a file, not a folder",
+        ),
     ]:
         assert main(argv) == 2  # one error line, exit status 2 like every command line
         err = capsys.readouterr().err
@@ -66,9 +77,13 @@ def test_unknown_section_is_a_clear_error(tmp_path, capsys):
 
 
 def test_targets_are_marked_met_or_missed(tmp_path):
-    section = Section("demo", "Demo", "what it measures",
-                      tables=[Table("t", ("a", "b"), ((1, 2),))],
-                      targets=[Target("fast enough", 1.4, 1.3), Target("cheap enough", 7.0, 5.0, False, "%")])
+    section = Section(
+        "demo",
+        "Demo",
+        "what it measures",
+        tables=[Table("t", ("a", "b"), ((1, 2),))],
+        targets=[Target("fast enough", 1.4, 1.3), Target("cheap enough", 7.0, 5.0, False, "%")],
+    )
     assert section.targets[0].met and not section.targets[1].met
     text = render_markdown([section], {"device": "cpu"})
     assert "Targets: 1 of 2 met" in text

@@ -38,7 +38,17 @@ def eval_main(argv: list[str]) -> int:
 sys.path.insert(0, str(REPO))  # the top-level viz/ entry point is not part of the installed package
 from viz.__main__ import main as viz_main
 
-TINY = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=1", "embed_dim=32", "num_heads=2", "img_size=32", "patch_size=8"]
+TINY = [
+    "--model",
+    "vit5_tiny",
+    "--random-init",
+    "--model-args",
+    "depth=1",
+    "embed_dim=32",
+    "num_heads=2",
+    "img_size=32",
+    "patch_size=8",
+]
 
 
 @pytest.fixture
@@ -59,10 +69,20 @@ def one_error_line(err: str, prefix: str) -> str:
 def test_bad_devices_are_one_line(images, tmp_path, capsys, device):
     if device.startswith("cuda") and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
-    assert eval_main(["features", *TINY, "--images", str(images), "--out", str(tmp_path / "f"), "--device", device]) == 2
+    assert (
+        eval_main(
+            ["features", *TINY, "--images", str(images), "--out", str(tmp_path / "f"), "--device", device]
+        )
+        == 2
+    )
     line = one_error_line(capsys.readouterr().err, "eval: error: ")
     assert f"--device {device}" in line or f"--device {device!r}" in line
-    assert viz_main(["attention", *TINY, "--images", str(images), "--out", str(tmp_path / "v"), "--device", device]) == 2
+    assert (
+        viz_main(
+            ["attention", *TINY, "--images", str(images), "--out", str(tmp_path / "v"), "--device", device]
+        )
+        == 2
+    )
     one_error_line(capsys.readouterr().err, "viz: error: ")
 
 
@@ -85,8 +105,17 @@ def test_an_out_that_is_a_file_fails_before_any_work(images, tmp_path, capsys, m
 
 def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 8 * 2**30)  # the same on any machine
-    args = ["attention", "--model", "vit5_tiny", "--random-init", "--images", str(images), "--out", str(tmp_path / "v"),
-            "--quiet"]
+    args = [
+        "attention",
+        "--model",
+        "vit5_tiny",
+        "--random-init",
+        "--images",
+        str(images),
+        "--out",
+        str(tmp_path / "v"),
+        "--quiet",
+    ]
     assert viz_main([*args, "--size", "4096", "4096"]) == 2
     line = one_error_line(capsys.readouterr().err, "viz: error: ")
     # 65,541 tokens (256 x 256 patches, CLS, 4 registers), 3 heads, float32 scores and probabilities

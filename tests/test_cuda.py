@@ -31,7 +31,11 @@ def backends() -> list[str]:
 @pytest.mark.parametrize("backend", backends())
 def test_every_backend_matches_fp32_reference_in_bf16(backend, kv_heads):
     torch.manual_seed(0)
-    attn = Attention(AttentionConfig(dim=256, num_heads=4, num_kv_heads=kv_heads, backend=backend)).to(DEVICE).eval()
+    attn = (
+        Attention(AttentionConfig(dim=256, num_heads=4, num_kv_heads=kv_heads, backend=backend))
+        .to(DEVICE)
+        .eval()
+    )
     x = torch.randn(2, 197, 256, device=DEVICE)
     cos, sin = rope_cos_sin(Rope2D(64).angles((14, 14)), "interleaved")
     rope = (torch.cat([torch.ones(1, 64), cos]).to(DEVICE), torch.cat([torch.zeros(1, 64), sin]).to(DEVICE))
@@ -62,7 +66,9 @@ def test_bf16_model_on_cuda_matches_fp32_model_on_cpu():
 
 def test_fp32_model_on_cuda_matches_cpu_and_compiles():
     torch.manual_seed(0)
-    model = vit5.create_model("vit5_tiny", depth=2, img_size=(224, 320), num_classes=10, layer_scale=1.0).eval()
+    model = vit5.create_model(
+        "vit5_tiny", depth=2, img_size=(224, 320), num_classes=10, layer_scale=1.0
+    ).eval()
     images = torch.randn(2, 3, 224, 320)
     with torch.no_grad():
         expected = model(images)
@@ -95,7 +101,8 @@ def test_training_steps_in_bf16_reduce_the_loss():
 def test_kv_cache_allocates_exactly_the_formula_on_cuda(kv_heads):
     layers, batch, head_dim, tokens = 12, 2, 64, 256
     reading, cache = measure_memory(
-        lambda: KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE), DEVICE
+        lambda: KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE),
+        DEVICE,
     )
     # both tensors' sizes are multiples of the allocator's 512-byte blocks, so nothing is rounded
     assert reading.retained == cache.nbytes == 2 * layers * kv_heads * head_dim * tokens * batch * 2
@@ -149,7 +156,9 @@ def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
         F.cross_entropy(model(images), labels).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    peak = torch.cuda.max_memory_allocated() - base + 4 * sum(p.numel() for p in model.parameters())  # + weights
+    peak = (
+        torch.cuda.max_memory_allocated() - base + 4 * sum(p.numel() for p in model.parameters())
+    )  # + weights
     assert training_bytes(model.cfg, batch=16, ema=False) <= peak
 
 
@@ -179,8 +188,14 @@ def test_one_pass_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(n
 
 def test_fused_for_inference_model_in_bf16_matches_the_unfused_one():
     torch.manual_seed(0)
-    model = vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm").to(DEVICE).eval()
-    fused = vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm").to(DEVICE)
+    model = (
+        vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm")
+        .to(DEVICE)
+        .eval()
+    )
+    fused = vit5.create_model("vit5_tiny", depth=4, num_classes=10, layer_scale=0.5, norm="layernorm").to(
+        DEVICE
+    )
     fused.load_state_dict(model.state_dict())
     vit5.fuse_for_inference(fused)
     images = torch.randn(8, 3, 224, 224, device=DEVICE)
@@ -210,5 +225,9 @@ def test_regional_compile_with_inductor_on_cuda_equals_eager_and_trains():
     torch.testing.assert_close(loss, twin_loss, rtol=2e-2, atol=1e-3)
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters())]
     assert all(g is not None and torch.isfinite(g).all() for g, _ in grads)
-    torch.testing.assert_close(model.blocks[0].attn.qkv.weight.grad, twin.blocks[0].attn.qkv.weight.grad,
-                               rtol=5e-2, atol=5e-2 * twin.blocks[0].attn.qkv.weight.grad.abs().max().item())
+    torch.testing.assert_close(
+        model.blocks[0].attn.qkv.weight.grad,
+        twin.blocks[0].attn.qkv.weight.grad,
+        rtol=5e-2,
+        atol=5e-2 * twin.blocks[0].attn.qkv.weight.grad.abs().max().item(),
+    )

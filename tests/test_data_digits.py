@@ -31,6 +31,7 @@ def run_cli(monkeypatch, *args: str) -> int:
         runpy.run_module("vit5.data.digits", run_name="__main__")
     return info.value.code
 
+
 SOURCE = load_digits()
 
 

@@ -46,10 +46,18 @@ def test_layout_classes_sorted_recursive_case_insensitive(messy_root):
     ds = ImageFolderDataset(messy_root, "train")
     assert ds.class_names == ["cat", "dog"] and ds.class_to_idx == {"cat": 0, "dog": 1}
     assert names(ds) == [
-        "cat/B.JPG", "cat/a.png", "cat/d.png", "cat/nested/deeper/c.PNG",
-        "dog/broken/empty.jpg", "dog/broken/notes.jpg", "dog/broken/truncated.jpg",
-        "dog/e.png", "dog/f.jpeg", "dog/g.png", "dog/h.png",
-    ]  # fmt: skip
+        "cat/B.JPG",
+        "cat/a.png",
+        "cat/d.png",
+        "cat/nested/deeper/c.PNG",
+        "dog/broken/empty.jpg",
+        "dog/broken/notes.jpg",
+        "dog/broken/truncated.jpg",
+        "dog/e.png",
+        "dog/f.jpeg",
+        "dog/g.png",
+        "dog/h.png",
+    ]
     assert ds.targets == [0] * 4 + [1] * 7
     assert names(ImageFolderDataset(messy_root / "train", None)) == names(ds)  # split folder given directly
 
@@ -142,7 +150,10 @@ def test_empty_class_folder_fails_fast(tmp_path):
 
 def test_missing_split_and_root_fail_with_the_fix(tmp_path):
     write_png(tmp_path / "train" / "a" / "1.png", random_rgb(4, 4))
-    with pytest.raises(ImageFolderError, match=r"split folder .*val does not exist \(sub-folders of .*: train\).*holds 'val/'"):
+    with pytest.raises(
+        ImageFolderError,
+        match=r"split folder .*val does not exist \(sub-folders of .*: train\).*holds 'val/'",
+    ):
         ImageFolderDataset(tmp_path, "val")
     with pytest.raises(ImageFolderError, match="does not exist or is not a folder"):
         ImageFolderDataset(tmp_path / "nope", "train")

@@ -35,7 +35,8 @@ def test_data_package_imports_nothing_else_from_vit5():
                 or module == "timm.data"
                 or module == "vit5.data"
                 or module.startswith("vit5.data.")
-                or module in ("vit5.errors", "vit5.files")  # leaf modules: the user-error base, crash-safe files
+                or module
+                in ("vit5.errors", "vit5.files")  # leaf modules: the user-error base, crash-safe files
             )
             if not allowed:
                 offenders.append(f"{path.relative_to(package)}: {module}")

@@ -119,10 +119,25 @@ def test_undecodable_file_names_are_listed_and_reported_safely(data, tmp_path):
 
     from vit5.train.summary import format_summary, write_summary
 
-    summary = {"run_dir": "r", "status": "completed", "epochs": 1, "updates": 1, "model": "m", "best_top1": None,
-               "best_epoch": -1, "final_top1": None, "final_top5": None, "ema_top1": None, "best_ema_top1": None,
-               "wall_seconds": 1.0, "train_seconds": 1.0, "train_images_per_s": 1.0, "num_processes": 1,
-               "bad_files": 1, "bad_file_paths": bad}  # fmt: skip
+    summary = {
+        "run_dir": "r",
+        "status": "completed",
+        "epochs": 1,
+        "updates": 1,
+        "model": "m",
+        "best_top1": None,
+        "best_epoch": -1,
+        "final_top1": None,
+        "final_top5": None,
+        "ema_top1": None,
+        "best_ema_top1": None,
+        "wall_seconds": 1.0,
+        "train_seconds": 1.0,
+        "train_images_per_s": 1.0,
+        "num_processes": 1,
+        "bad_files": 1,
+        "bad_file_paths": bad,
+    }
     write_summary(tmp_path, summary)
     text = (tmp_path / "summary.txt").read_text(encoding="utf-8")  # valid UTF-8, the name escaped
     assert "caf\\xe9-\\xff.png" in text and text.startswith(format_summary(summary).splitlines()[0])

@@ -33,7 +33,11 @@ def test_hidden_folders_are_not_data_for_any_tool(tmp_path):
 
     for split_dir in ("images/val", "annotations/val"):
         write_png(tmp_path / split_dir / "a.png", random_rgb(8, 8))
-    write_png(tmp_path / "images/val/.ipynb_checkpoints/a-checkpoint.png", random_rgb(8, 8))  # no mask: not data
+    write_png(
+        tmp_path / "images/val/.ipynb_checkpoints/a-checkpoint.png", random_rgb(8, 8)
+    )  # no mask: not data
     assert image_files(tmp_path / "images") == [tmp_path / "images/val/a.png"]
-    assert list_pairs(tmp_path, "val") == [(tmp_path / "images/val/a.png", tmp_path / "annotations/val/a.png")]
+    assert list_pairs(tmp_path, "val") == [
+        (tmp_path / "images/val/a.png", tmp_path / "annotations/val/a.png")
+    ]
     assert [s.path for s in list_sources([str(tmp_path / "images")])] == [str(tmp_path / "images/val/a.png")]

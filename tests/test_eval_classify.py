@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from eval_helpers import digits_folder, random_rgb, single_thread, tiny_model, trained_checkpoint
 from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, top_k_accuracy_score
 
-from eval_helpers import digits_folder, random_rgb, single_thread, tiny_model, trained_checkpoint
 from vit5.data import decode_image, eval_transform
 from vit5.eval import (
     ClassifySettings,
@@ -84,10 +84,31 @@ def test_two_processes_give_the_numbers_of_one(single_process, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-        "-m", "eval", "classify", "--model", str(trained_checkpoint()), "--weights", "raw",
-        "--data", str(digits_folder()), "--out", str(tmp_path), "--batch-size", "16", "--workers", "0", "--device", "cpu",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "eval",
+        "classify",
+        "--model",
+        str(trained_checkpoint()),
+        "--weights",
+        "raw",
+        "--data",
+        str(digits_folder()),
+        "--out",
+        str(tmp_path),
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -112,9 +133,20 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
     (tmp_path / "val" / "b" / "notes.jpg").write_text("not an image")
     from vit5.eval import LoadedModel
 
-    model = LoadedModel(tiny_model(num_classes=2).eval(), label="tiny", spec="tiny", weights="random", description="tiny",
-                        input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0)
-    result = evaluate(model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False)
+    model = LoadedModel(
+        tiny_model(num_classes=2).eval(),
+        label="tiny",
+        spec="tiny",
+        weights="random",
+        description="tiny",
+        input_size=(32, 32),
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        crop_pct=1.0,
+    )
+    result = evaluate(
+        model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False
+    )
     assert result.scores.num_images == 6
     assert result.scores.confusion.sum() == 6
     skipped = {Path(s["path"]).name: s["reason"] for s in result.skipped}
@@ -129,7 +161,9 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
 
     official = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
     ema = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
-    torch.save({"model": official.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "vit5_official.pth")
+    torch.save(
+        {"model": official.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "vit5_official.pth"
+    )
     x = torch.randn(2, 3, 32, 32)
     (loaded,) = load_models(str(tmp_path / "vit5_official.pth"))
     assert (loaded.label, loaded.weights) == ("vit5_official", "raw")
@@ -161,8 +195,12 @@ def test_wrong_class_count_and_bad_size_are_clear_errors(models):
 def test_sizes_from_scales_round_to_patch_multiples():
     assert round_to_patch((35.2, 60), 8) == (32, 64)
     assert sizes_from_scales(["0.5", "0.75", "1", "1.1", "1x2", "2x1"], (32, 32), 8) == [
-        (16, 16), (24, 24), (32, 32), (32, 64), (64, 32),
-    ]  # fmt: skip
+        (16, 16),
+        (24, 24),
+        (32, 32),
+        (32, 64),
+        (64, 32),
+    ]
 
 
 def test_sweep_matches_classify_at_each_size_and_plots(models, single_process, tmp_path):

@@ -9,15 +9,21 @@ import cv2
 import pytest
 import timm
 import torch
+from eval_helpers import random_rgb, tiny_model
 from safetensors.torch import load_file
 
 import vit5.eval.export as export_module
-from eval_helpers import random_rgb, tiny_model
 from vit5.data import decode_image, resize_transform
 from vit5.eval import EvalError, FeatureSettings, export_features, iter_features, read_features, read_manifest
 from vit5.eval.images import own_size
 
-SIZES = {"a.png": (40, 50), "sub/b.png": (40, 50), "sub/deeper/c.jpg": (64, 48), "d.png": (33, 70), "e.png": (40, 50)}
+SIZES = {
+    "a.png": (40, 50),
+    "sub/b.png": (40, 50),
+    "sub/deeper/c.jpg": (64, 48),
+    "d.png": (33, 70),
+    "e.png": (40, 50),
+}
 
 
 @pytest.fixture
@@ -34,7 +40,9 @@ def images(tmp_path) -> Path:
 def _reference(model, path: Path, size: tuple[int, int], blocks: list[int], norm: bool):
     x = resize_transform(size)(decode_image(path))[None]
     with torch.no_grad():
-        return model.forward_intermediates(x, indices=blocks, return_prefix_tokens=True, norm=norm, intermediates_only=True)
+        return model.forward_intermediates(
+            x, indices=blocks, return_prefix_tokens=True, norm=norm, intermediates_only=True
+        )
 
 
 def test_written_files_equal_forward_intermediates_at_own_size(images, tmp_path):
@@ -53,11 +61,15 @@ def test_written_files_equal_forward_intermediates_at_own_size(images, tmp_path)
         assert entry["image_size"] == [h, w] and entry["input_size"] == list(size)
         assert entry["grid"] == [size[0] // 8, size[1] // 8]
         saved = load_file(str(tmp_path / "out" / entry["file"]))
-        for block, (patches, prefix) in zip([0, 2], _reference(model, images / name, size, [0, 2], norm=False)):
+        for block, (patches, prefix) in zip(
+            [0, 2], _reference(model, images / name, size, [0, 2], norm=False)
+        ):
             assert saved[f"blocks.{block}.patches"].shape == (64, size[0] // 8, size[1] // 8)
             torch.testing.assert_close(saved[f"blocks.{block}.patches"], patches[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(saved[f"blocks.{block}.cls"], prefix[0, 0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(saved[f"blocks.{block}.registers"], prefix[0, 1:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                saved[f"blocks.{block}.registers"], prefix[0, 1:], atol=1e-5, rtol=1e-5
+            )
     assert own_size((33, 70), 8) == (32, 72)
 
 
@@ -74,8 +86,16 @@ def test_normed_last_block_matches_forward_features_token_layout(images):
 
 
 def test_timm_vit_with_registers(images):
-    model = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=32, depth=2, embed_dim=48, num_heads=2,
-                              reg_tokens=2, dynamic_img_size=True).eval()  # fmt: skip
+    model = timm.create_model(
+        "vit_small_patch16_224",
+        pretrained=False,
+        img_size=32,
+        depth=2,
+        embed_dim=48,
+        num_heads=2,
+        reg_tokens=2,
+        dynamic_img_size=True,
+    ).eval()
     path = images / "sub" / "deeper" / "c.jpg"
     ((_, feats),) = list(iter_features(model, [path], FeatureSettings(size=(48, 32), norm=True)))
     mean, std = model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
@@ -100,8 +120,14 @@ def test_fixed_size_half_storage_and_iterator_agree(images, tmp_path):
         assert set(from_disk) == {p.resolve() for p in in_memory} == {(images / n).resolve() for n in SIZES}
         for path, feats in in_memory.items():
             saved = from_disk[path.resolve()]
-            assert saved["blocks.1.patches"].dtype == torch_dtype and saved["blocks.1.patches"].shape == (64, 4, 8)
-            torch.testing.assert_close(saved["blocks.1.patches"], feats["blocks.1.patches"].to(torch_dtype), atol=0, rtol=0)
+            assert saved["blocks.1.patches"].dtype == torch_dtype and saved["blocks.1.patches"].shape == (
+                64,
+                4,
+                8,
+            )
+            torch.testing.assert_close(
+                saved["blocks.1.patches"], feats["blocks.1.patches"].to(torch_dtype), atol=0, rtol=0
+            )
 
 
 def test_max_side_limits_own_size(images):
@@ -144,7 +170,10 @@ def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_pat
     assert manifest["complete"] and manifest["num_images"] == 5
     export_features(model, images, tmp_path / "fresh", settings, progress=False)
     for entry in manifest["images"]:
-        resumed, fresh = load_file(str(out / entry["file"])), load_file(str(tmp_path / "fresh" / entry["file"]))
+        resumed, fresh = (
+            load_file(str(out / entry["file"])),
+            load_file(str(tmp_path / "fresh" / entry["file"])),
+        )
         assert resumed.keys() == fresh.keys()
         assert all(torch.equal(resumed[k], fresh[k]) for k in resumed)
 
@@ -161,7 +190,9 @@ def test_other_settings_are_refused_unless_overwrite(images, tmp_path):
     other = tiny_model().eval()  # new random weights
     with pytest.raises(EvalError, match="model_fingerprint"):
         export_features(other, images, tmp_path, FeatureSettings(), progress=False)
-    summary = export_features(other, images, tmp_path, FeatureSettings(dtype="float16"), overwrite=True, progress=False)
+    summary = export_features(
+        other, images, tmp_path, FeatureSettings(dtype="float16"), overwrite=True, progress=False
+    )
     assert summary.written == 5 and json.loads((tmp_path / "manifest.json").read_text())["dtype"] == "float16"
 
 

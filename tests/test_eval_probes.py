@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from eval_helpers import TINY, digits_folder, single_thread, trained_checkpoint
-from vit5.eval import EvalError, ProbeSettings, knn_accuracy, load_models, logreg_accuracy, open_split, probe_table, run_probes
+
+from vit5.eval import (
+    EvalError,
+    ProbeSettings,
+    knn_accuracy,
+    load_models,
+    logreg_accuracy,
+    open_split,
+    probe_table,
+    run_probes,
+)
 
 CHANCE = 0.1
 SETTINGS = ProbeSettings(pools=("cls", "avg"), knn_k=(10,), batch_size=128)

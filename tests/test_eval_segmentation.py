@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from eval_helpers import TINY, single_thread
 from sklearn.datasets import load_digits
 
-from eval_helpers import TINY, single_thread
 from vit5.data.digits_seg import SEG_CLASSES, SegSetConfig, digit_seg_samples, make_digit_segmentation
 from vit5.eval import (
     EvalError,
@@ -38,7 +38,9 @@ def test_masks_agree_with_where_the_digits_were_pasted():
         for p in sample.placements:
             assert digits.target[p.source_index] == p.digit
             assert 0 <= p.top <= 48 - p.side and 0 <= p.left <= 48 - p.side
-            matte = (digits.images[p.source_index] / 16.0).astype(np.float32)  # bilinear float32 matte, as documented
+            matte = (digits.images[p.source_index] / 16.0).astype(
+                np.float32
+            )  # bilinear float32 matte, as documented
             alpha = cv2.resize(matte, (p.side, p.side), interpolation=cv2.INTER_LINEAR)
             expected[p.top : p.top + p.side, p.left : p.left + p.side][alpha >= 0.5] = p.digit + 1
         np.testing.assert_array_equal(sample.mask, expected)
@@ -103,9 +105,13 @@ def test_palette_and_16_bit_masks_give_class_ids(tmp_path):
     cv2.imwrite(str(tmp_path / "deep.png"), (ids * 1000).astype(np.uint16))
     info = SegDatasetInfo(11, SEG_CLASSES)
     np.testing.assert_array_equal(read_mask(tmp_path / "palette.png", (48, 48), info), ids)
-    deep = read_mask(tmp_path / "deep.png", (48, 48), SegDatasetInfo(10001, tuple(map(str, range(10001))), ignore_index=-1))
+    deep = read_mask(
+        tmp_path / "deep.png", (48, 48), SegDatasetInfo(10001, tuple(map(str, range(10001))), ignore_index=-1)
+    )
     np.testing.assert_array_equal(deep, ids * 1000)
-    ade = read_mask(tmp_path / "palette.png", (48, 48), SegDatasetInfo(10, SEG_CLASSES[1:], reduce_zero_label=True))
+    ade = read_mask(
+        tmp_path / "palette.png", (48, 48), SegDatasetInfo(10, SEG_CLASSES[1:], reduce_zero_label=True)
+    )
     np.testing.assert_array_equal(ade, np.where(ids == 0, 255, ids - 1))  # ADE20K: 0 = ignore, 1..N -> 0..N-1
 
 
@@ -122,8 +128,14 @@ def test_colour_and_missing_masks_name_the_file(seg_root):
 def _probe(root: Path, model=None, **settings):
     model = model or load_models("vit5_tiny", random_init=True, **TINY)[0]
     defaults = dict(size=(48, 48), epochs=2, batch_size=4)
-    return run_segmentation_probe(model, str(root), dataset_info(root), ("train", "val"),
-                                  SegProbeSettings(**{**defaults, **settings}), progress=False)  # fmt: skip
+    return run_segmentation_probe(
+        model,
+        str(root),
+        dataset_info(root),
+        ("train", "val"),
+        SegProbeSettings(**{**defaults, **settings}),
+        progress=False,
+    )
 
 
 def test_probe_runs_end_to_end_and_is_deterministic(seg_root):
@@ -151,8 +163,12 @@ def test_linear_head_learns_informative_features_and_not_noise():
     info = SegDatasetInfo(11, SEG_CLASSES)
     settings = SegProbeSettings(epochs=15, lr=0.1, batch_size=16)
     with single_thread():
-        oracle = score_linear_head(train_linear_head(_encoded(train, True), info, (48, 48), settings), _encoded(val, True), info)
-        noise = score_linear_head(train_linear_head(_encoded(train, False), info, (48, 48), settings), _encoded(val, False, 1), info)
+        oracle = score_linear_head(
+            train_linear_head(_encoded(train, True), info, (48, 48), settings), _encoded(val, True), info
+        )
+        noise = score_linear_head(
+            train_linear_head(_encoded(train, False), info, (48, 48), settings), _encoded(val, False, 1), info
+        )
     background_share = np.mean([(s.mask == 0).mean() for s in val])
     assert oracle.miou > 0.7 and oracle.pixel_accuracy > 0.93
     assert noise.miou < 0.15  # nothing but background can be found

@@ -38,7 +38,9 @@ def reference_attention(attn: Attention, x, rope=None, causal=False):
 
 
 def make(backend="sdpa", heads=4, kv_heads=None, dim=64, **kw):
-    attn = Attention(AttentionConfig(dim=dim, num_heads=heads, num_kv_heads=kv_heads, backend=backend, **kw)).eval()
+    attn = Attention(
+        AttentionConfig(dim=dim, num_heads=heads, num_kv_heads=kv_heads, backend=backend, **kw)
+    ).eval()
     with torch.no_grad():
         for norm in (attn.q_norm, attn.k_norm):
             if hasattr(norm, "weight"):
@@ -68,7 +70,9 @@ def test_backends_agree_and_causal_agrees():
     x, rope = torch.randn(2, 15, 64), rope_for()
     torch.testing.assert_close(sdpa(x, rope), eager(x, rope), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(sdpa(x, rope, causal=True), eager(x, rope, causal=True), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(sdpa(x, rope, causal=True), reference_attention(sdpa, x, rope, causal=True), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        sdpa(x, rope, causal=True), reference_attention(sdpa, x, rope, causal=True), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_qk_norm_comes_before_rope_and_v_is_not_rotated():
@@ -105,7 +109,9 @@ def test_config_validation():
 
 
 def decoder_stack(depth=3, kv_heads=2, backend="sdpa"):
-    cfg = BlockConfig(attn=AttentionConfig(dim=64, num_heads=4, num_kv_heads=kv_heads, backend=backend), layer_scale=None)
+    cfg = BlockConfig(
+        attn=AttentionConfig(dim=64, num_heads=4, num_kv_heads=kv_heads, backend=backend), layer_scale=None
+    )
     return torch.nn.ModuleList(Block(cfg) for _ in range(depth)).eval()
 
 

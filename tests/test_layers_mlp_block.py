@@ -6,7 +6,16 @@ import torch.nn.functional as F
 from timm.layers import GluMlp
 from timm.layers import Mlp as TimmMlp
 
-from vit5.layers import AttentionConfig, Block, BlockConfig, Mlp, SwiGLU, drop_path, drop_path_rates, swiglu_hidden_dim
+from vit5.layers import (
+    AttentionConfig,
+    Block,
+    BlockConfig,
+    Mlp,
+    SwiGLU,
+    drop_path,
+    drop_path_rates,
+    swiglu_hidden_dim,
+)
 from vit5.layers.block import add_branch
 
 
@@ -39,7 +48,13 @@ def test_swiglu_at_8d_over_3_has_the_parameters_of_the_4d_gelu_mlp(dim):
 
 
 def block(pre_norm=True, layer_scale=1e-4, drop=0.0, norm="rmsnorm"):
-    cfg = BlockConfig(attn=AttentionConfig(dim=32, num_heads=2), pre_norm=pre_norm, layer_scale=layer_scale, drop_path=drop, norm=norm)
+    cfg = BlockConfig(
+        attn=AttentionConfig(dim=32, num_heads=2),
+        pre_norm=pre_norm,
+        layer_scale=layer_scale,
+        drop_path=drop,
+        norm=norm,
+    )
     return Block(cfg).eval()
 
 

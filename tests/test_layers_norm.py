@@ -9,7 +9,7 @@ from vit5.layers.norm import rms_normalize
 
 def rmsnorm_formula(x, g, eps):
     x64 = x.double()
-    return (x64 / torch.sqrt((x64**2).mean(-1, keepdim=True) + eps) * g.double())
+    return x64 / torch.sqrt((x64**2).mean(-1, keepdim=True) + eps) * g.double()
 
 
 def test_rmsnorm_matches_formula_fp32():
@@ -54,7 +54,9 @@ def test_cpu_rms_normalize_and_its_backward_match_the_formula():
     assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-6), (x,))
     strided = torch.randn(2, 4, 6, 8, dtype=torch.float64)[:, :, :4].requires_grad_()  # the qk slice layout
     assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-2), (strided,))
-    torch.testing.assert_close(rms_normalize(x.float(), 1e-6), torch.nn.functional.rms_norm(x.float(), (16,), eps=1e-6))
+    torch.testing.assert_close(
+        rms_normalize(x.float(), 1e-6), torch.nn.functional.rms_norm(x.float(), (16,), eps=1e-6)
+    )
 
 
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
@@ -72,11 +74,15 @@ def test_head_groups_get_their_own_norm_in_one_call(kind):
     identity = (torch.nn.Identity(), torch.nn.Identity())
     assert norm_head_groups(x, identity, (3, 2)) is x
     mixed = (norms[0], torch.nn.Identity())  # a swapped-in module: run one by one
-    torch.testing.assert_close(norm_head_groups(x, mixed, (3, 2)), torch.cat([expected[:, :, :3], x[:, :, 3:]], 2))
+    torch.testing.assert_close(
+        norm_head_groups(x, mixed, (3, 2)), torch.cat([expected[:, :, :3], x[:, :, 3:]], 2)
+    )
 
 
 def test_rmsnorm_without_gain():
     norm = RMSNorm(16, affine=False)
     assert norm.weight is None and not list(norm.parameters()) and "affine=False" in repr(norm)
     x = torch.randn(3, 16)
-    torch.testing.assert_close(norm(x).double(), rmsnorm_formula(x, torch.ones(16), 1e-6), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        norm(x).double(), rmsnorm_formula(x, torch.ones(16), 1e-6), rtol=1e-5, atol=1e-6
+    )

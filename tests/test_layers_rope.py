@@ -21,7 +21,9 @@ def official_formula(x, grid, theta=10000.0):
     freqs = 1.0 / theta ** (torch.arange(0, head_dim // 2, 2).float() / (head_dim // 2))
     rows = torch.outer(torch.arange(grid[0]).float(), freqs).repeat_interleave(2, -1)
     cols = torch.outer(torch.arange(grid[1]).float(), freqs).repeat_interleave(2, -1)
-    angles = torch.cat([rows[:, None].expand(*grid, -1), cols[None].expand(*grid, -1)], -1).reshape(-1, head_dim)
+    angles = torch.cat([rows[:, None].expand(*grid, -1), cols[None].expand(*grid, -1)], -1).reshape(
+        -1, head_dim
+    )
     pairs = x.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
     return x * angles.cos() + rotated * angles.sin()
@@ -43,7 +45,9 @@ def test_equals_official_formula_and_timm_on_non_square_grid():
     ours = rotate(x, Rope2D(head_dim), grid)
     torch.testing.assert_close(ours, official_formula(x, grid), rtol=1e-5, atol=1e-5)
     timm_rope = RotaryEmbeddingCat(head_dim, temperature=10000, in_pixels=False, grid_indexing="ij")
-    torch.testing.assert_close(ours, apply_rot_embed_cat(x, timm_rope.get_embed(list(grid))), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ours, apply_rot_embed_cat(x, timm_rope.get_embed(list(grid))), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_axis_order_xy_matches_timm_xy_indexing():
@@ -51,14 +55,18 @@ def test_axis_order_xy_matches_timm_xy_indexing():
     x = torch.randn(1, 2, grid[0] * grid[1], head_dim)
     timm_rope = RotaryEmbeddingCat(head_dim, temperature=100, in_pixels=False, grid_indexing="xy")
     ours = rotate(x, Rope2D(head_dim, theta=100, axis_order="xy"), grid)
-    torch.testing.assert_close(ours, apply_rot_embed_cat(x, timm_rope.get_embed(list(grid))), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ours, apply_rot_embed_cat(x, timm_rope.get_embed(list(grid))), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_half_layout_is_the_interleaved_rotation_with_permuted_channels():
     grid, head_dim = (5, 7), 16
     x = torch.randn(1, 1, 35, head_dim)
     # half layout pairs (i, i + d/2); interleaved pairs (2i, 2i+1): map one onto the other
-    perm = torch.stack([torch.arange(head_dim // 2), torch.arange(head_dim // 2) + head_dim // 2], -1).flatten()
+    perm = torch.stack(
+        [torch.arange(head_dim // 2), torch.arange(head_dim // 2) + head_dim // 2], -1
+    ).flatten()
     inter = rotate(x[..., perm], Rope2D(head_dim, layout="interleaved"), grid)
     half = rotate(x, Rope2D(head_dim, layout="half"), grid)
     torch.testing.assert_close(half[..., perm], inter)
@@ -76,7 +84,9 @@ def test_relative_position_property():
     score = lambda m, n: (rq[m] @ rk[n]).item()  # noqa: E731
     assert score((1, 2), (4, 7)) == pytest.approx(score((5, 3), (8, 8)), abs=1e-4)
     assert score((0, 0), (3, 1)) == pytest.approx(score((6, 10), (9, 11)), abs=1e-4)
-    assert score((1, 2), (4, 7)) != pytest.approx(score((1, 2), (4, 8)), abs=1e-3)  # a different offset differs
+    assert score((1, 2), (4, 7)) != pytest.approx(
+        score((1, 2), (4, 8)), abs=1e-3
+    )  # a different offset differs
 
 
 def test_rotation_preserves_norms_and_leaves_zero_angles_alone():
@@ -89,7 +99,9 @@ def test_rotation_preserves_norms_and_leaves_zero_angles_alone():
 
 
 def test_frequencies_match_the_reference_values():
-    torch.testing.assert_close(rope_frequencies(64, 10000)[:3], torch.tensor([1.0, 0.5623413, 0.3162278], dtype=torch.float64))
+    torch.testing.assert_close(
+        rope_frequencies(64, 10000)[:3], torch.tensor([1.0, 0.5623413, 0.3162278], dtype=torch.float64)
+    )
     assert rope_frequencies(64, 10000)[-1].item() == pytest.approx(1.778e-4, rel=1e-3)
     assert rope_frequencies(64, 100)[-1].item() == pytest.approx(0.0133, rel=1e-2)
     assert len(rope_frequencies(72, 10000)) == 18  # ViT-5-XL head_dim 72
@@ -111,7 +123,9 @@ def test_rescaled_positions_interpolate_onto_the_reference_grid():
     assert row1 == pytest.approx(14 / 24)
     official = VisionRotaryEmbedding(32, pt_seq_len=14)  # built for 14, fed 24x24
     x = torch.randn(1, 576, 1, 64)
-    torch.testing.assert_close(rotate(x.transpose(1, 2), rope, (24, 24)).transpose(1, 2), official(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rotate(x.transpose(1, 2), rope, (24, 24)).transpose(1, 2), official(x), rtol=1e-5, atol=1e-5
+    )
     integer = Rope2D(64).angles((24, 24)).view(24, 24, -1)[1, 0, 0].item()
     assert integer == 1.0 and not math.isclose(integer, row1)
 
@@ -127,7 +141,11 @@ def test_eager_complex_path_equals_the_real_formula_with_gradients(dtype):
     pairs = qf.unflatten(-1, (-1, 2))
     expected = qf * cos + torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2) * sin
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), expected.to(dtype).float(), rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-6)
+    torch.testing.assert_close(
+        out.float(), expected.to(dtype).float(), rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-6
+    )
     (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
     (grad_ref,) = torch.autograd.grad(expected.to(dtype).float().square().sum(), qkv)
-    torch.testing.assert_close(grad.float(), grad_ref.float(), rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5)
+    torch.testing.assert_close(
+        grad.float(), grad_ref.float(), rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5
+    )

@@ -35,7 +35,14 @@ def independent_attention(model, block_input, grid):
     p = grid[0] * grid[1]
 
     def rotate(t):
-        return torch.cat([t[:, :, :1], apply_rot_embed_cat(t[:, :, 1 : 1 + p], patch_rope), apply_rot_embed_cat(t[:, :, 1 + p :], reg_rope)], 2)
+        return torch.cat(
+            [
+                t[:, :, :1],
+                apply_rot_embed_cat(t[:, :, 1 : 1 + p], patch_rope),
+                apply_rot_embed_cat(t[:, :, 1 + p :], reg_rope),
+            ],
+            2,
+        )
 
     q, k = rotate(q), rotate(k)
     return (q @ k.transpose(-1, -2) / d**0.5).softmax(-1)
@@ -61,7 +68,9 @@ def test_recorded_tokens_are_the_block_outputs_before_the_final_norm():
     x = torch.randn(2, 3, 32, 48)
     with vit5.record(model, attention=False) as rec:
         model(x)
-    inter = model.forward_intermediates(x, output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True)
+    inter = model.forward_intermediates(
+        x, output_fmt="NLC", return_prefix_tokens=True, intermediates_only=True
+    )
     for i, (patches, prefix) in enumerate(inter):
         torch.testing.assert_close(rec.layout.patches(rec.tokens[i]), patches)
         torch.testing.assert_close(rec.tokens[i][:, :1], prefix[:, :1])

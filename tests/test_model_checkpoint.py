@@ -39,7 +39,9 @@ def test_official_checkpoint_gives_official_logits(tmp_path):
     torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
     assert model.cfg.num_registers == 4 and model.cfg.rope and model.cfg.norm == "rmsnorm"
     assert len(model.load_report.dropped) == 4  # 2 blocks x (rope, rope_reg) buffers verified then dropped
-    by_name = vit5.create_model("vit5_tiny", pretrained=path, embed_dim=96, depth=2, num_heads=3, num_classes=7, img_size=64)
+    by_name = vit5.create_model(
+        "vit5_tiny", pretrained=path, embed_dim=96, depth=2, num_heads=3, num_classes=7, img_size=64
+    )
     torch.testing.assert_close(by_name.eval()(x), ref(x), rtol=1e-4, atol=1e-4)
 
 
@@ -60,7 +62,11 @@ def test_official_checkpoint_at_a_new_resolution_resamples_the_ape(tmp_path):
     model = vit5.load_model(path, img_size=96)
     assert any("4x4 -> 6x6" in r for r in model.load_report.resampled)
     grid = ref.pos_embed.detach().reshape(1, 4, 4, 96).permute(0, 3, 1, 2)
-    expected = F.interpolate(grid, size=(6, 6), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, 36, 96)
+    expected = (
+        F.interpolate(grid, size=(6, 6), mode="bicubic", align_corners=False)
+        .permute(0, 2, 3, 1)
+        .reshape(1, 36, 96)
+    )
     torch.testing.assert_close(model.pos_embed.detach(), expected)
     # the official fine-tuning recipe: build at 96 and load the interpolated APE; logits agree
     ref96 = official(img_size=96)
@@ -89,7 +95,9 @@ def timm_vit(**kw):
     [
         dict(no_embed_class=True, init_values=1e-4),  # DeiT-III (timm deit3_*)
         dict(),  # the 2020 ViT: APE with a CLS row, no LayerScale
-        dict(reg_tokens=4, no_embed_class=True, init_values=1e-4),  # registers, [CLS | regs | patches] in timm
+        dict(
+            reg_tokens=4, no_embed_class=True, init_values=1e-4
+        ),  # registers, [CLS | regs | patches] in timm
     ],
 )
 def test_timm_vision_transformer_checkpoint_gives_timm_logits(tmp_path, kwargs):
@@ -101,7 +109,9 @@ def test_timm_vision_transformer_checkpoint_gives_timm_logits(tmp_path, kwargs):
 
 
 def test_timm_deit3_loads_into_the_deit3_preset(tmp_path):
-    ref = timm_vit(embed_dim=192, depth=12, num_heads=3, no_embed_class=True, init_values=1e-4, num_classes=1000)
+    ref = timm_vit(
+        embed_dim=192, depth=12, num_heads=3, no_embed_class=True, init_values=1e-4, num_classes=1000
+    )
     torch.save({"state_dict": ref.state_dict()}, tmp_path / "deit3_tiny.pth")
     model = vit5.create_model("deit3_tiny", pretrained=tmp_path / "deit3_tiny.pth", img_size=64).eval()
     x = torch.randn(1, 3, 64, 64)
@@ -128,7 +138,10 @@ def test_new_head_for_fine_tuning_and_clear_head_mismatch(tmp_path):
     assert tuned.head.weight.shape == (9, 192) and tuned.load_report.reset == ["head.weight", "head.bias"]
     torch.testing.assert_close(tuned.blocks[1].mlp.fc2.weight, model.blocks[1].mlp.fc2.weight)
     torch.save(model.state_dict(), tmp_path / "sd.pth")
-    with pytest.raises(CheckpointError, match=r"head.weight: checkpoint \(4, 192\) vs model \(1000, 192\)[\s\S]*num_classes=4"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"head.weight: checkpoint \(4, 192\) vs model \(1000, 192\)[\s\S]*num_classes=4",
+    ):
         vit5.create_model("vit5_tiny", pretrained=tmp_path / "sd.pth", depth=2, img_size=32)
 
 
@@ -136,7 +149,9 @@ def test_mismatched_architecture_lists_keys(tmp_path):
     model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4)
     torch.save(model.state_dict(), tmp_path / "sd.pth")
     with pytest.raises(CheckpointError) as err:
-        vit5.create_model("vit5_tiny", pretrained=tmp_path / "sd.pth", depth=3, img_size=32, num_classes=4, qk_norm=False)
+        vit5.create_model(
+            "vit5_tiny", pretrained=tmp_path / "sd.pth", depth=3, img_size=32, num_classes=4, qk_norm=False
+        )
     text = str(err.value)
     assert "missing (" in text and "blocks.2.attn.qkv.weight" in text
     assert "unexpected (" in text and "blocks.0.attn.q_norm.weight" in text
@@ -164,7 +179,9 @@ def test_bad_files_fail_clearly(tmp_path):
         vit5.load_model(tmp_path / "junk.pth")
     with pytest.raises(CheckpointError, match="does not exist"):
         vit5.load_model(tmp_path / "missing")
-    with pytest.raises(CheckpointError, match=r"vit5_tiny has no released weights \(released: vit5_small_patch16_224.in1k"):
+    with pytest.raises(
+        CheckpointError, match=r"vit5_tiny has no released weights \(released: vit5_small_patch16_224.in1k"
+    ):
         vit5.create_model("vit5_tiny", pretrained=True)
     (tmp_path / "empty_dir").mkdir()
     with pytest.raises(CheckpointError, match="needs config.json"):

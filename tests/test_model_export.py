@@ -72,8 +72,24 @@ def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path
 
 
 def test_export_command_bad_input_is_one_error_line(tmp_path, capsys):
-    assert main(["--model", "vit5_tiny", "--random-init", "--model-args", "depth=1", "img_size=32",
-                 "--onnx", str(tmp_path / "m.onnx"), "--size", "30", "32"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "--model",
+                "vit5_tiny",
+                "--random-init",
+                "--model-args",
+                "depth=1",
+                "img_size=32",
+                "--onnx",
+                str(tmp_path / "m.onnx"),
+                "--size",
+                "30",
+                "32",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(
         "vit5 export: error: image size 30x32 is not a positive multiple of the patch size 16"

@@ -20,15 +20,30 @@ SWITCHES = [
     {},
     {"norm": "layernorm", "qkv_bias": True, "qk_norm": False, "rope": False, "num_registers": 0},
     {"mlp": "swiglu", "num_kv_heads": 1, "layer_scale": None, "class_token": False, "global_pool": "avg"},
-    {"mlp": "swiglu", "mlp_bias": True, "mlp_ratio": 2.5, "ape": False, "num_registers": 9, "img_size": (32, 48)},
-    {"mlp_ratio": 0.001, "num_classes": 0, "pre_norm": False, "in_chans": 1, "patch_size": 4},  # hidden 0 -> 4 * dim
+    {
+        "mlp": "swiglu",
+        "mlp_bias": True,
+        "mlp_ratio": 2.5,
+        "ape": False,
+        "num_registers": 9,
+        "img_size": (32, 48),
+    },
+    {
+        "mlp_ratio": 0.001,
+        "num_classes": 0,
+        "pre_norm": False,
+        "in_chans": 1,
+        "patch_size": 4,
+    },  # hidden 0 -> 4 * dim
 ]
 
 
 @pytest.mark.parametrize("switches", SWITCHES)
 @pytest.mark.parametrize("name", ["vit5_tiny", "deit3_tiny", "vanilla_vit_tiny"])
 def test_parameter_count_is_exact(name, switches):
-    cfg = vit5.preset_config(name, **{"depth": 2, "embed_dim": 48, "num_heads": 4, "img_size": 32, **switches})
+    cfg = vit5.preset_config(
+        name, **{"depth": 2, "embed_dim": 48, "num_heads": 4, "img_size": 32, **switches}
+    )
     built = sum(p.numel() for p in vit5.ViT5(cfg).parameters())
     assert parameter_count(cfg) == built
 
@@ -60,7 +75,9 @@ def test_a_preset_beyond_the_limit_is_refused_with_the_estimate(no_model_built):
         vit5.create_model("vit5_tiny", depth=100_000)
     with pytest.raises(vit5.ConfigError, match=r"more than the limit of 1e\+06"):
         check_size(vit5.preset_config("vit5_tiny"), max_params=1e6)
-    assert check_size(vit5.preset_config("vit5_tiny"), max_params=6e6).params == 5_712_424  # the limit can be raised
+    assert (
+        check_size(vit5.preset_config("vit5_tiny"), max_params=6e6).params == 5_712_424
+    )  # the limit can be raised
 
 
 @pytest.fixture
@@ -99,9 +116,14 @@ def edit_config(directory, **changes):
         ({"rope_ref_grid": [0, 3]}, "rope_ref_grid sides must be positive"),
     ],
 )
-def test_every_malformed_config_json_is_a_config_error_naming_the_file(model_dir, no_model_built, changes, message):
+def test_every_malformed_config_json_is_a_config_error_naming_the_file(
+    model_dir, no_model_built, changes, message
+):
     edit_config(model_dir, **changes)
-    for load in (lambda: vit5.load_model(model_dir), lambda: vit5.create_model("vit5_tiny", pretrained=model_dir)):
+    for load in (
+        lambda: vit5.load_model(model_dir),
+        lambda: vit5.create_model("vit5_tiny", pretrained=model_dir),
+    ):
         with pytest.raises(vit5.ConfigError, match=message) as caught:
             load()
         assert str(model_dir / "config.json") in str(caught.value)
@@ -111,9 +133,16 @@ def test_the_config_json_must_describe_its_own_weights(model_dir):
     edit_config(model_dir, depth=100_000)
     stored = json.loads((model_dir / "config.json").read_text())["model_args"]
     described = parameter_count(vit5.ViT5Config.from_dict(stored))  # the formula, no model built
-    held = sum(p.numel() for p in vit5.create_model("vit5_tiny", depth=2, embed_dim=48, num_heads=2, img_size=16,
-                                                   patch_size=8).parameters())  # fmt: skip
-    with pytest.raises(vit5.ConfigError, match=f"describes a model of {described:,} parameters, but its weights hold {held:,}"):
+    held = sum(
+        p.numel()
+        for p in vit5.create_model(
+            "vit5_tiny", depth=2, embed_dim=48, num_heads=2, img_size=16, patch_size=8
+        ).parameters()
+    )
+    with pytest.raises(
+        vit5.ConfigError,
+        match=f"describes a model of {described:,} parameters, but its weights hold {held:,}",
+    ):
         vit5.load_model(model_dir)
 
 

@@ -83,7 +83,9 @@ def test_fx_feature_extraction_matches_eager_at_any_size(name):
         x = torch.randn(2, 3, *size)
         with torch.no_grad():
             out = extractor(x)
-            assert torch.equal(out["logits"], model(x))  # the same computation, not merely close (as timm checks)
+            assert torch.equal(
+                out["logits"], model(x)
+            )  # the same computation, not merely close (as timm checks)
             n_tokens = model.num_prefix_tokens + model.num_reg_tokens + size[0] // 8 * size[1] // 8
             assert out["block0"].shape == (2, n_tokens, model.embed_dim)
     with pytest.raises(ValueError, match="not a positive multiple of the patch size 8"):

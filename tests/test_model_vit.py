@@ -19,9 +19,14 @@ def tiny(**kw):
 @pytest.mark.parametrize(
     "name,img,count",
     [
-        ("vit5_small", 224, 22_039_144), ("vit5_base", 224, 86_543_080), ("vit5_large", 224, 304_258_024),
-        ("vit5_xlarge", 224, 448_505_128), ("vit5_small", 192, 22_019_176), ("vit5_base", 384, 86_834_920),
-        ("vit5_large", 192, 304_204_776), ("vit5_xlarge", 384, 448_942_888),
+        ("vit5_small", 224, 22_039_144),
+        ("vit5_base", 224, 86_543_080),
+        ("vit5_large", 224, 304_258_024),
+        ("vit5_xlarge", 224, 448_505_128),
+        ("vit5_small", 192, 22_019_176),
+        ("vit5_base", 384, 86_834_920),
+        ("vit5_large", 192, 304_204_776),
+        ("vit5_xlarge", 384, 448_942_888),
     ],
 )
 def test_official_parameter_counts(name, img, count):
@@ -45,7 +50,12 @@ def test_token_order_and_ape_on_patches_only():
     tokens, grid = model.prepare_tokens(x)
     assert grid == (2, 3) and tokens.shape == (2, 1 + 6 + 4, 192)
     patches = model.patch_embed.proj(x).flatten(2).transpose(1, 2)
-    pos = F.interpolate(model.pos_embed.reshape(1, 2, 2, 192).permute(0, 3, 1, 2), size=(2, 3), mode="bicubic", align_corners=False)
+    pos = F.interpolate(
+        model.pos_embed.reshape(1, 2, 2, 192).permute(0, 3, 1, 2),
+        size=(2, 3),
+        mode="bicubic",
+        align_corners=False,
+    )
     torch.testing.assert_close(tokens[:, 0], model.cls_token[0].expand(2, -1))
     torch.testing.assert_close(tokens[:, 1:7], patches + pos.permute(0, 2, 3, 1).reshape(1, 6, 192))
     torch.testing.assert_close(tokens[:, 7:], model.reg_token.expand(2, -1, -1))
@@ -67,7 +77,9 @@ def test_any_resolution_and_set_input_size():
 
 def test_wrong_inputs_fail_with_a_fix():
     model = tiny()
-    with pytest.raises(ValueError, match=r"image size 33x32 is not a positive multiple of the patch size 16.*32x32"):
+    with pytest.raises(
+        ValueError, match=r"image size 33x32 is not a positive multiple of the patch size 16.*32x32"
+    ):
         model(torch.randn(1, 3, 33, 32))
     with pytest.raises(ValueError, match="add a batch dimension"):
         model(torch.randn(3, 32, 32))
@@ -82,9 +94,14 @@ def test_forward_intermediates_contract():
     assert [s.shape for s, _ in inter] == [(2, 192, 2, 4)] * 2 and inter[0][1].shape == (2, 5, 192)
     torch.testing.assert_close(final, model.forward_features(x))
     normed = model.forward_intermediates(x, indices=1, norm=True, output_fmt="NLC", intermediates_only=True)
-    torch.testing.assert_close(normed[0], final[:, 1:9])  # last block + norm = the patch part of forward_features
+    torch.testing.assert_close(
+        normed[0], final[:, 1:9]
+    )  # last block + norm = the patch part of forward_features
     nchw = model.forward_intermediates(x, indices=1, intermediates_only=True)[0]
-    torch.testing.assert_close(nchw.flatten(2).transpose(1, 2), model.forward_intermediates(x, 1, output_fmt="NLC", intermediates_only=True)[0])
+    torch.testing.assert_close(
+        nchw.flatten(2).transpose(1, 2),
+        model.forward_intermediates(x, 1, output_fmt="NLC", intermediates_only=True)[0],
+    )
     early = model.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
     torch.testing.assert_close(early[0], inter[0][0])
     with pytest.raises(ValueError, match="out of range"):
@@ -94,7 +111,9 @@ def test_forward_intermediates_contract():
 def test_get_intermediate_layers_dino_style():
     model = tiny(depth=3)
     x = torch.randn(2, 3, 32, 48)
-    (patches, cls, regs), = model.get_intermediate_layers(x, n=1, reshape=True, return_class_token=True, return_extra_tokens=True)
+    ((patches, cls, regs),) = model.get_intermediate_layers(
+        x, n=1, reshape=True, return_class_token=True, return_extra_tokens=True
+    )
     assert patches.shape == (2, 192, 2, 3) and cls.shape == (2, 192) and regs.shape == (2, 4, 192)
     torch.testing.assert_close(cls, model.forward_features(x)[:, 0])
 
@@ -114,8 +133,16 @@ def test_timm_registry_optimizer_and_feature_wrapper():
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay = sorted(names[i] for i in names if i not in decayed)
-    assert {"pos_embed", "cls_token", "reg_token", "norm.weight", "blocks.0.ls1.gamma", "blocks.0.attn.q_norm.weight",
-            "blocks.0.mlp.fc1.bias", "head.bias"} <= set(no_decay)
+    assert {
+        "pos_embed",
+        "cls_token",
+        "reg_token",
+        "norm.weight",
+        "blocks.0.ls1.gamma",
+        "blocks.0.attn.q_norm.weight",
+        "blocks.0.mlp.fc1.bias",
+        "head.bias",
+    } <= set(no_decay)
     assert all(names[i].endswith("weight") and "norm" not in names[i] for i in decayed)
     features = timm.create_model("vit5_tiny", depth=3, img_size=32, features_only=True, out_indices=(1, 2))
     assert [f.shape for f in features(torch.randn(1, 3, 32, 48))] == [(1, 192, 2, 3)] * 2
@@ -169,7 +196,10 @@ def test_torch_compile_has_no_graph_breaks():
         (dict(num_registers=3), "perfect square"),
         (dict(img_size=100), "img_size 100x100 is not a multiple of patch_size 16"),
         (dict(class_token=False), "global_pool='token' needs class_token=True"),
-        (dict(norm="batchnorm"), r"norm = 'batchnorm' has the wrong type: expected one of 'rmsnorm', 'layernorm'"),
+        (
+            dict(norm="batchnorm"),
+            r"norm = 'batchnorm' has the wrong type: expected one of 'rmsnorm', 'layernorm'",
+        ),
         (dict(depth="12"), "depth = '12' has the wrong type: expected int"),
         (dict(num_registrs=4), "unknown ViT5Config key 'num_registrs': did you mean 'num_registers'"),
     ],
@@ -180,10 +210,26 @@ def test_config_validation_messages(kwargs, message):
 
 
 def test_every_component_is_switchable():
-    plain = tiny(rope=False, num_registers=0, qk_norm=False, layer_scale=None, norm="layernorm", qkv_bias=True,
-                 mlp="swiglu", pre_norm=False, ape=False, num_kv_heads=1, attn_backend="eager")
+    plain = tiny(
+        rope=False,
+        num_registers=0,
+        qk_norm=False,
+        layer_scale=None,
+        norm="layernorm",
+        qkv_bias=True,
+        mlp="swiglu",
+        pre_norm=False,
+        ape=False,
+        num_kv_heads=1,
+        attn_backend="eager",
+    )
     assert plain(torch.randn(1, 3, 32, 32)).shape == (1, 5)
-    assert plain.rope is None and plain.reg_token is None and plain.pos_embed is None and plain.rope_tables((2, 2)) is None
+    assert (
+        plain.rope is None
+        and plain.reg_token is None
+        and plain.pos_embed is None
+        and plain.rope_tables((2, 2)) is None
+    )
     assert ViT5Config.from_dict(plain.cfg.to_dict()) == plain.cfg
     unknown = vit5.create_model
     with pytest.raises(ConfigError, match="unknown model 'vit5_smal': did you mean vit5_small"):
@@ -213,7 +259,9 @@ def test_saved_config_rebuilds_a_reset_or_pruned_model(tmp_path):
 
 
 def test_rescaled_rope_keeps_its_training_grid_when_loaded_at_another_size(tmp_path):
-    model = vit5.create_model("vit5_tiny", depth=1, img_size=32, patch_size=8, rope_positions="rescaled").eval()
+    model = vit5.create_model(
+        "vit5_tiny", depth=1, img_size=32, patch_size=8, rope_positions="rescaled"
+    ).eval()
     vit5.save_pretrained(model, tmp_path / "m")
     moved = vit5.load_model(tmp_path / "m", img_size=64).eval()
     assert moved.cfg.rope_ref_grid == (4, 4)

@@ -69,7 +69,9 @@ def test_resume_restores_optimizer_and_ema(tmp_path):
     trainer.checkpoints.save = save_and_snapshot
     trainer.fit()
     ckpt = trainer.run_dir / "checkpoints" / "ckpt-000000020"
-    changed = tiny_config(tmp_path, "schedule.epochs=1", "checkpoint.every_steps=20", "optim.weight_decay=0.3")
+    changed = tiny_config(
+        tmp_path, "schedule.epochs=1", "checkpoint.every_steps=20", "optim.weight_decay=0.3"
+    )
     resumed = Trainer(changed, resume=ckpt)
     assert (resumed.state.epoch, resumed.state.batch, resumed.state.num_updates) == (0, 20, 20)
     state = resumed.optimizer.state_dict()["state"]

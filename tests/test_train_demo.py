@@ -12,8 +12,13 @@ DEMO = REPO / "configs" / "demo_digits.yaml"
 
 
 def test_demo_config_learns_the_digits_in_seconds(tmp_path):
-    overrides = ["model.overrides.depth=2", "schedule.epochs=2", "schedule.warmup_epochs=0.2",
-                 f"run.output_dir={tmp_path}", "run.progress=false"]  # fmt: skip
+    overrides = [
+        "model.overrides.depth=2",
+        "schedule.epochs=2",
+        "schedule.warmup_epochs=0.2",
+        f"run.output_dir={tmp_path}",
+        "run.progress=false",
+    ]
     summary = Trainer(load_config(DEMO, overrides)).fit()
     assert summary["final_top1"] > 60  # chance is 10%; the full demo reaches > 97%
     run = Path(summary["run_dir"])

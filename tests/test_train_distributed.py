@@ -52,11 +52,24 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     out.mkdir()
     accelerate = Path(sys.executable).parent / "accelerate"
     command = [
-        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        str(script), str(out), *TINY, f"run.output_dir={tmp_path / 'runs'}",
-    ]  # fmt: skip
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        str(out),
+        *TINY,
+        f"run.output_dir={tmp_path / 'runs'}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_CONFIG_FILE": str(tmp_path / "none.yaml")}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -84,13 +97,23 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     # --resume under 2 processes: every process verifies and loads; when only rank 1's random state is
     # damaged, both stop with one error line (neither waits at a barrier for the other)
     (checkpoint,) = (tmp_path / "runs" / "tiny" / "checkpoints").iterdir()
-    assert sorted(p.name for p in checkpoint.glob("rng_state_*.json")) == ["rng_state_0.json", "rng_state_1.json"]
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.json")) == [
+        "rng_state_0.json",
+        "rng_state_1.json",
+    ]
     (checkpoint / "rng_state_1.json").write_text("{}")
     train_py = Path(__file__).resolve().parent.parent / "train.py"
-    resume = [*command[: command.index(str(script))], str(train_py), "--resume", str(tmp_path / "runs" / "tiny"),
-              "schedule.epochs=2"]  # fmt: skip
+    resume = [
+        *command[: command.index(str(script))],
+        str(train_py),
+        "--resume",
+        str(tmp_path / "runs" / "tiny"),
+        "schedule.epochs=2",
+    ]
     resume[resume.index("--main_process_port") + 1] = str(free_port())
-    result = subprocess.run(resume, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        resume, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "rng_state_1.json is damaged" in errors[0], result.stderr[-3000:]

@@ -100,9 +100,13 @@ def test_finetune_a_run_of_ours_on_three_classes_at_a_new_resolution(tmp_path, c
                 f.unlink()
             (root / split / digit).rmdir()
     cfg = tiny_config(
-        tmp_path, "data.dataset=folder", f"data.root={root}", f"model.pretrained={tmp_path / 'pretrained'}",
-        "model.img_size=32", "optim.layer_decay=0.75",
-    )  # fmt: skip
+        tmp_path,
+        "data.dataset=folder",
+        f"data.root={root}",
+        f"model.pretrained={tmp_path / 'pretrained'}",
+        "model.img_size=32",
+        "optim.layer_decay=0.75",
+    )
     trainer = Trainer(cfg)
     torch.testing.assert_close(trainer.raw_model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
     summary = trainer.fit()

@@ -246,9 +246,15 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
 def test_a_model_or_a_step_too_large_is_refused_before_allocation(tmp_path, monkeypatch):
     with pytest.raises(TrainConfigError, match=r"depth 100000.*model\.max_params"):
         tiny_config(tmp_path, "model.overrides.depth=100000")
-    assert tiny_config(tmp_path, "model.overrides.depth=100000", "model.max_params=1e12").model.max_params == 1e12
+    assert (
+        tiny_config(tmp_path, "model.overrides.depth=100000", "model.max_params=1e12").model.max_params
+        == 1e12
+    )
     monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 2**20)  # 1 MiB left
-    with pytest.raises(Vit5Error, match=r"training vit5_tiny at 16px \(9 tokens per image\) with data.batch_size=32 "
-                                        r"needs about .* but cpu has 1.00 MiB available; lower data.batch_size"):
+    with pytest.raises(
+        Vit5Error,
+        match=r"training vit5_tiny at 16px \(9 tokens per image\) with data.batch_size=32 "
+        r"needs about .* but cpu has 1.00 MiB available; lower data.batch_size",
+    ):
         Trainer(tiny_config(tmp_path))
     assert not (tmp_path / "tiny").exists()  # refused before the run directory was made

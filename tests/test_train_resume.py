@@ -14,8 +14,15 @@ from vit5.train.checkpointing import resolve_resume
 from vit5.train.metrics import read_csv
 
 # Every source of randomness on: 3-Augment (torch RNG), drop path (torch RNG), Mixup/CutMix (NumPy RNG).
-ARGS = [*TINY, "aug.train=three_augment", "aug.hflip=0.5", "model.drop_path_rate=0.1", "schedule.epochs=2",
-        "schedule.warmup_epochs=1", "checkpoint.every_steps=17"]  # fmt: skip
+ARGS = [
+    *TINY,
+    "aug.train=three_augment",
+    "aug.hflip=0.5",
+    "model.drop_path_rate=0.1",
+    "schedule.epochs=2",
+    "schedule.warmup_epochs=1",
+    "checkpoint.every_steps=17",
+]
 STEPS_PER_EPOCH = 1438 // 32  # 44; checkpoints at steps 17, 34, 44 (epoch end), 51, 68, 85, 88
 
 

@@ -41,10 +41,15 @@ def count_calls(trainer: Trainer) -> list[int]:
 def test_schedule_steps_once_per_optimizer_step_under_accumulation(tmp_path):
     peak, warmup_lr, min_lr = 2e-3, 1e-5, 1e-4
     cfg = tiny_config(
-        tmp_path, "optim.accum_steps=3", "schedule.epochs=2", "schedule.warmup_epochs=1",
-        f"optim.lr={peak}", f"schedule.warmup_lr={warmup_lr}", f"schedule.min_lr={min_lr}",
+        tmp_path,
+        "optim.accum_steps=3",
+        "schedule.epochs=2",
+        "schedule.warmup_epochs=1",
+        f"optim.lr={peak}",
+        f"schedule.warmup_lr={warmup_lr}",
+        f"schedule.min_lr={min_lr}",
         "ema.enabled=false",
-    )  # fmt: skip
+    )
     trainer = Trainer(cfg)
     lrs, micro = record_real_steps(trainer), count_calls(trainer)
     trainer.fit()
@@ -60,11 +65,16 @@ def test_schedule_steps_once_per_optimizer_step_under_accumulation(tmp_path):
 def test_epoch_interval_reproduces_the_official_one_epoch_lag(tmp_path):
     peak, warmup_lr, min_lr = 2e-3, 1e-5, 1e-4
     cfg = tiny_config(
-        tmp_path, "data.batch_size=128", "schedule.epochs=3", "schedule.warmup_epochs=1",
+        tmp_path,
+        "data.batch_size=128",
+        "schedule.epochs=3",
+        "schedule.warmup_epochs=1",
         "schedule.interval=epoch",
-        f"optim.lr={peak}", f"schedule.warmup_lr={warmup_lr}", f"schedule.min_lr={min_lr}",
+        f"optim.lr={peak}",
+        f"schedule.warmup_lr={warmup_lr}",
+        f"schedule.min_lr={min_lr}",
         "ema.enabled=false",
-    )  # fmt: skip
+    )
     trainer = Trainer(cfg)
     lrs = record_real_steps(trainer)
     trainer.fit()

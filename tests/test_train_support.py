@@ -17,15 +17,30 @@ TRAIN_PY = REPO / "train.py"
 
 # vit5_tiny cut to 2 blocks of width 48 on 16-px digits (2x2 patches of 8 px): ~1 s per epoch on one core.
 TINY = [
-    "data.dataset=digits", "data.batch_size=32", "data.num_workers=0",
-    "model.name=vit5_tiny", "model.img_size=16", "model.overrides.patch_size=8", "model.overrides.depth=2",
-    "model.overrides.embed_dim=48", "model.overrides.num_heads=2",
-    "aug.train=none", "aug.repeated_aug=1", "aug.ra_selected_round=0",
-    "loss.name=soft_ce", "optim.name=adamw", "optim.lr=2e-3",
-    "schedule.epochs=1", "schedule.warmup_epochs=0", "schedule.interval=update",
-    "ema.decay=0.9", "checkpoint.keep_last=5", "run.progress=false", "run.mixed_precision=fp32",
+    "data.dataset=digits",
+    "data.batch_size=32",
+    "data.num_workers=0",
+    "model.name=vit5_tiny",
+    "model.img_size=16",
+    "model.overrides.patch_size=8",
+    "model.overrides.depth=2",
+    "model.overrides.embed_dim=48",
+    "model.overrides.num_heads=2",
+    "aug.train=none",
+    "aug.repeated_aug=1",
+    "aug.ra_selected_round=0",
+    "loss.name=soft_ce",
+    "optim.name=adamw",
+    "optim.lr=2e-3",
+    "schedule.epochs=1",
+    "schedule.warmup_epochs=0",
+    "schedule.interval=update",
+    "ema.decay=0.9",
+    "checkpoint.keep_last=5",
+    "run.progress=false",
+    "run.mixed_precision=fp32",
     "run.name=tiny",
-]  # fmt: skip
+]
 
 
 def tiny_config(tmp_path: Path, *overrides: str) -> TrainConfig:

@@ -45,7 +45,9 @@ def test_zeros_and_mean_put_exactly_those_values_after_every_block(family):
     reference = register_reference(model, images)
     for block, regs in plain.items():  # position block + 1 holds block's output mean over the images
         torch.testing.assert_close(reference.mean[block + 1], regs.mean(dim=0))
-    torch.testing.assert_close(reference.mean[0], model.reg_token[0].detach())  # input registers: the learned tokens
+    torch.testing.assert_close(
+        reference.mean[0], model.reg_token[0].detach()
+    )  # input registers: the learned tokens
     for regs in _registers(model, images, method="zeros", place="blocks").values():
         assert regs.abs().max() == 0
     for block, regs in _registers(model, images, method="mean", place="blocks", reference=reference).items():
@@ -60,7 +62,9 @@ def test_shuffle_and_noise_after_a_single_block(family):
     torch.testing.assert_close(shuffled, plain[[3, 0, 1, 2]])  # image b gets image b - 1's registers
     noisy = _registers(model, images, method="noise", place="blocks", seed=3)[0]
     torch.testing.assert_close(noisy.norm(dim=-1), plain.norm(dim=-1))  # norm-matched ...
-    assert torch.nn.functional.cosine_similarity(noisy, plain, dim=-1).abs().max() < 0.9  # ... random directions
+    assert (
+        torch.nn.functional.cosine_similarity(noisy, plain, dim=-1).abs().max() < 0.9
+    )  # ... random directions
 
 
 def test_input_zeros_reach_the_first_block():
@@ -83,7 +87,9 @@ def test_report_numbers_equal_direct_computations():
     with torch.no_grad():
         model.head.weight.normal_(0, 1.0)  # a head whose argmax varies between images
     images, reference = _labelled(6), _labelled(12)[6:]
-    report = run_ablation(model, images, reference, "tiny", AblationConfig(knn_k=3, methods=("zeros", "mean")))
+    report = run_ablation(
+        model, images, reference, "tiny", AblationConfig(knn_k=3, methods=("zeros", "mean"))
+    )
     info = describe(model)
     x, x_ref = (to_batch(imgs, info.mean, info.std) for imgs in (images, reference))
     labels, ref_labels = np.array([i.label for i in images]), np.array([i.label for i in reference])
@@ -104,25 +110,40 @@ def test_report_numbers_equal_direct_computations():
         assert row.top1 == pytest.approx(top1)
         pooled, pooled_ref = (model.forward_head(t, pre_logits=True).numpy() for t in (tokens, tokens_ref))
         assert row.knn == pytest.approx(knn_accuracy(pooled_ref, ref_labels, pooled, labels, 3))
-        cos = torch.nn.functional.cosine_similarity(tokens[:, 1:-4].double(), base[:, 1:-4].double(), dim=-1).mean()
+        cos = torch.nn.functional.cosine_similarity(
+            tokens[:, 1:-4].double(), base[:, 1:-4].double(), dim=-1
+        ).mean()
         assert row.patch_cosine == pytest.approx(float(cos), abs=1e-6)
     rows = {(r.method, r.place): r for r in report.rows}
-    assert rows[("mean", "input")].patch_cosine == pytest.approx(1.0, abs=1e-6)  # learned constants: no change
+    assert rows[("mean", "input")].patch_cosine == pytest.approx(
+        1.0, abs=1e-6
+    )  # learned constants: no change
     assert rows[("zeros", "blocks")].patch_cosine < 1.0
-    assert report.change(rows[("zeros", "blocks")], "top1") == pytest.approx(100 * (rows[("zeros", "blocks")].top1 - rows[("none", "-")].top1))
+    assert report.change(rows[("zeros", "blocks")], "top1") == pytest.approx(
+        100 * (rows[("zeros", "blocks")].top1 - rows[("none", "-")].top1)
+    )
     assert "ABLATED registers of tiny" in ablation_figure(report)._suptitle.get_text()
     assert "d top-1 (pp)" in report.table()
 
 
 def test_label_free_report_and_errors():
     model = _model("timm")
-    report = run_ablation(model, smooth_images(4), smooth_images(4), "timm", AblationConfig(knn_k=2, places=("blocks",)))
+    report = run_ablation(
+        model, smooth_images(4), smooth_images(4), "timm", AblationConfig(knn_k=2, places=("blocks",))
+    )
     assert all(r.top1 is None and r.knn is None for r in report.rows)
     assert "no labels" in report.notes[-1] and 0 <= report.rows[1].knn_overlap <= 1
-    with pytest.raises(VizError, match="no register tokens"), ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"):
+    with (
+        pytest.raises(VizError, match="no register tokens"),
+        ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"),
+    ):
         pass
     with pytest.raises(VizError, match="needs a reference set"), ablate_registers(model, "mean", "blocks"):
         pass
     info = describe(model)
-    with pytest.raises(VizError, match="at least two images"), torch.no_grad(), ablate_registers(model, "shuffle", "blocks"):
+    with (
+        pytest.raises(VizError, match="at least two images"),
+        torch.no_grad(),
+        ablate_registers(model, "shuffle", "blocks"),
+    ):
         model.forward_features(to_batch(smooth_images(1), info.mean, info.std))

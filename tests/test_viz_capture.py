@@ -1,9 +1,9 @@
 """capture(): attention equals an independent softmax(q k^T / sqrt(d)), for vit5 and timm, whatever the token order."""
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
-import timm
 from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from viz_support import sharpen, tiny_timm, tiny_vit5
 
@@ -19,8 +19,20 @@ def _not_uniform(attn: torch.Tensor) -> None:
 
 
 def test_vit5_attention_equals_the_official_reference_with_rope_qknorm_registers(tmp_path):
-    ref = sharpen(OfficialViT5(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=3,
-                               num_registers=4, rope=True, qk_norm=True), scale=4.0)
+    ref = sharpen(
+        OfficialViT5(
+            img_size=32,
+            patch_size=8,
+            embed_dim=64,
+            depth=2,
+            num_heads=2,
+            num_classes=3,
+            num_registers=4,
+            rope=True,
+            qk_norm=True,
+        ),
+        scale=4.0,
+    )
     torch.save({"model": ref.state_dict()}, tmp_path / "ref.pth")
     model = vit5.load_model(tmp_path / "ref.pth").eval()
     x = torch.randn(2, 3, 32, 32)
@@ -61,7 +73,9 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
     _not_uniform(expected)
     torch.testing.assert_close(rec.attentions[1], expected, rtol=1e-4, atol=1e-5)
     # tokens are block outputs before the final norm
-    torch.testing.assert_close(rec.tokens[1], blk(rec.tokens[0], model.rope_tables(grid)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        rec.tokens[1], blk(rec.tokens[0], model.rope_tables(grid)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_timm_vit_with_registers_attention_equals_a_hand_recomputation():
@@ -76,14 +90,18 @@ def test_timm_vit_with_registers_attention_equals_a_hand_recomputation():
             explicit = model(x)
     attn = model.blocks[1].attn
     b, n, _ = inputs["x"].shape
-    q, k, _ = F.linear(inputs["x"], attn.qkv.weight, attn.qkv.bias).reshape(b, n, 3, 2, 32).permute(2, 0, 3, 1, 4)
+    q, k, _ = (
+        F.linear(inputs["x"], attn.qkv.weight, attn.qkv.bias).reshape(b, n, 3, 2, 32).permute(2, 0, 3, 1, 4)
+    )
     q = F.layer_norm(q, (32,), attn.q_norm.weight, attn.q_norm.bias, attn.q_norm.eps)
     k = F.layer_norm(k, (32,), attn.k_norm.weight, attn.k_norm.bias, attn.k_norm.eps)
     expected = (q @ k.transpose(-1, -2) / 32**0.5).softmax(-1)
     _not_uniform(expected)
     torch.testing.assert_close(rec.attentions[1], expected, rtol=1e-4, atol=1e-5)
     assert rec.layout == vit5.TokenLayout((4, 6), 1, 4, registers_first=True)
-    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)  # the explicit path computes the same thing
+    torch.testing.assert_close(
+        explicit, fused, rtol=1e-5, atol=1e-5
+    )  # the explicit path computes the same thing
     assert all(blk.attn.fused_attn for blk in model.blocks)  # restored
 
 
@@ -96,8 +114,19 @@ def test_timm_flag_is_restored_after_an_error():
 
 
 def test_timm_eva_rope_attention_equals_a_recomputation_with_timm_rope():
-    model = sharpen(timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=2, embed_dim=64, num_heads=2,
-                                      img_size=32, patch_size=8, dynamic_img_size=True, num_classes=0))
+    model = sharpen(
+        timm.create_model(
+            "vit_small_patch16_rope_224",
+            pretrained=False,
+            depth=2,
+            embed_dim=64,
+            num_heads=2,
+            img_size=32,
+            patch_size=8,
+            dynamic_img_size=True,
+            num_classes=0,
+        )
+    )
     inputs = {}
     model.blocks[0].norm1.register_forward_hook(lambda m, a, out: inputs.setdefault("x", out))
     x = torch.randn(1, 3, 32, 48)
@@ -118,20 +147,35 @@ def test_timm_eva_rope_attention_equals_a_recomputation_with_timm_rope():
 def test_describe_both_families():
     v, t = describe(tiny_vit5()), describe(tiny_timm(reg_tokens=4))
     assert (v.family, v.num_registers, v.registers_first, v.patch_size, v.depth) == ("vit5", 4, False, 8, 2)
-    assert (t.family, t.num_registers, t.registers_first, t.patch_size, t.num_heads) == ("timm", 4, True, 8, 2)
+    assert (t.family, t.num_registers, t.registers_first, t.patch_size, t.num_heads) == (
+        "timm",
+        4,
+        True,
+        8,
+        2,
+    )
     with pytest.raises(VizError, match="cannot visualise a Linear"):
         describe(torch.nn.Linear(2, 2))
 
 
 def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
-    with pytest.raises(VizError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"):
+    with pytest.raises(
+        VizError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
+    ):
         resolve_layers(2, [7])
     assert resolve_layers(4, [-1, 0, -1]) == [0, 3]
     assert resolve_layers(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
     with pytest.raises(VizError, match="last 5 blocks of a model with 4"):
         resolve_layers(4, 5)
-    fixed = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, embed_dim=64, num_heads=2, img_size=32,
-                              patch_size=8)
+    fixed = timm.create_model(
+        "vit_small_patch16_224",
+        pretrained=False,
+        depth=1,
+        embed_dim=64,
+        num_heads=2,
+        img_size=32,
+        patch_size=8,
+    )
     with pytest.raises(VizError, match="built for 32x32 inputs only"):
         describe(fixed).layout((32, 48))
     with pytest.raises(VizError, match="not a positive multiple of the patch size 8: use --size 32 48"):

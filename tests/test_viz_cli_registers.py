@@ -16,14 +16,35 @@ FAST = ["--quiet", "--formats", "png", "--random-init"]
 
 
 def test_ablate_on_labelled_digits(tmp_path, capsys):
-    args = ["ablate", *TINY, "num_classes=10", "--images", "digits-val", "--reference", "digits-train",
-            "--max-images", "60", "--methods", "zeros", "mean", "--places", "blocks", "--out", str(tmp_path), *FAST]
+    args = [
+        "ablate",
+        *TINY,
+        "num_classes=10",
+        "--images",
+        "digits-val",
+        "--reference",
+        "digits-train",
+        "--max-images",
+        "60",
+        "--methods",
+        "zeros",
+        "mean",
+        "--places",
+        "blocks",
+        "--out",
+        str(tmp_path),
+        *FAST,
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "RANDOM-INIT weights" in out and "d top-1 (pp)" in out
     doc = json.loads((tmp_path / "ablation.json").read_text())
     assert doc["num_images"] == 60 and doc["num_reference"] == 60
-    assert [(r["method"], r["place"]) for r in doc["rows"]] == [("none", "-"), ("zeros", "blocks"), ("mean", "blocks")]
+    assert [(r["method"], r["place"]) for r in doc["rows"]] == [
+        ("none", "-"),
+        ("zeros", "blocks"),
+        ("mean", "blocks"),
+    ]
     assert all(r["top1"] is not None and r["knn"] is not None for r in doc["rows"])
     assert (tmp_path / "ablation.png").stat().st_size > 1000 and (tmp_path / "ablation.csv").exists()
 
@@ -38,16 +59,41 @@ def test_ablate_needs_registers(tmp_path, capsys):
 
 
 def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
-    common = ["--images", "sklearn-samples", "--size", "32", "48", "--out", str(tmp_path), "--bootstrap", "20",
-              "--max-figures", "1", *FAST]
-    args = ["ttr", *TINY, "num_registers=0", "--threshold", "1e-3", "--neurons", "3", *common]  # every patch an outlier
+    common = [
+        "--images",
+        "sklearn-samples",
+        "--size",
+        "32",
+        "48",
+        "--out",
+        str(tmp_path),
+        "--bootstrap",
+        "20",
+        "--max-figures",
+        "1",
+        *FAST,
+    ]
+    args = [
+        "ttr",
+        *TINY,
+        "num_registers=0",
+        "--threshold",
+        "1e-3",
+        "--neurons",
+        "3",
+        *common,
+    ]  # every patch an outlier
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "register neurons (block:unit" in out and "TEST-TIME REGISTER" in out
     found = json.loads((tmp_path / "ttr" / "register_neurons.json").read_text())
     assert len(found["neurons"]) == 3 and found["detect_layer"] == 0
-    after = json.loads((tmp_path / "ttr" / "metrics_vit5_tiny-random-init___test-time_register.json").read_text())
-    assert any(r["metric"] == "patch_register_mass" for r in after["metrics"])  # the extra token counts as a register
+    after = json.loads(
+        (tmp_path / "ttr" / "metrics_vit5_tiny-random-init___test-time_register.json").read_text()
+    )
+    assert any(
+        r["metric"] == "patch_register_mass" for r in after["metrics"]
+    )  # the extra token counts as a register
     assert (tmp_path / "ttr" / "summary_grid.png").stat().st_size > 1000
     assert main(["ttr", *TINY, "--threshold", "1e-3", *common]) == 2
     assert "already has 4 trained registers" in capsys.readouterr().err
@@ -55,12 +101,32 @@ def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
 
 def test_position_probe_of_two_position_encodings(tmp_path, capsys):
     tiny = ["depth=1", "img_size=32", "patch_size=8"]
-    args = ["position", "--model", "vit5_tiny", "--model-args", *tiny, "--model", "vit5_tiny", "--model-args", *tiny,
-            "ape=False", "--size", "32", "48", "--noise-images", "4", "--out", str(tmp_path), *FAST]
+    args = [
+        "position",
+        "--model",
+        "vit5_tiny",
+        "--model-args",
+        *tiny,
+        "--model",
+        "vit5_tiny",
+        "--model-args",
+        *tiny,
+        "ape=False",
+        "--size",
+        "32",
+        "48",
+        "--noise-images",
+        "4",
+        "--out",
+        str(tmp_path),
+        *FAST,
+    ]
     assert main(args) == 0
     doc = json.loads((tmp_path / "position_probe.json").read_text())
     assert len(doc) == 2 and doc[0]["grid"] == [4, 6] and "RANDOM INIT" in doc[0]["model"]
-    assert "ape=False" in doc[1]["model"] and doc[1]["constant_spatial_share"] < doc[0]["constant_spatial_share"]
+    assert (
+        "ape=False" in doc[1]["model"] and doc[1]["constant_spatial_share"] < doc[0]["constant_spatial_share"]
+    )
     assert (tmp_path / "position_probe.png").stat().st_size > 1000
     assert "constant-image spatial share" in capsys.readouterr().out
 
@@ -74,9 +140,31 @@ def test_help_lists_the_register_analyses(capsys):
 
 def test_compare_models_without_cls_shows_received_attention(tmp_path, capsys):
     no_cls = ["class_token=False", "global_pool='avg'"]
-    args = ["compare", *TINY, *no_cls, "num_registers=0", "--model-b", "vit5_tiny", "--model-b-args", "depth=1",
-            "img_size=32", "patch_size=8", *no_cls, "--images", "sklearn-samples", "--size", "32", "48",
-            "--out", str(tmp_path), "--bootstrap", "20", "--max-figures", "1", *FAST]
+    args = [
+        "compare",
+        *TINY,
+        *no_cls,
+        "num_registers=0",
+        "--model-b",
+        "vit5_tiny",
+        "--model-b-args",
+        "depth=1",
+        "img_size=32",
+        "patch_size=8",
+        *no_cls,
+        "--images",
+        "sklearn-samples",
+        "--size",
+        "32",
+        "48",
+        "--out",
+        str(tmp_path),
+        "--bootstrap",
+        "20",
+        "--max-figures",
+        "1",
+        *FAST,
+    ]
     assert main(args) == 0
     assert (tmp_path / "compare" / "summary_grid.png").stat().st_size > 1000
 
@@ -96,5 +184,7 @@ def test_received_map_is_the_mean_attention_each_patch_receives():
     with torch.no_grad(), capture(model, layers=[1], tokens=False) as rec:
         model.forward_features(to_batch(images, info.mean, info.std))
     attention = rec.attentions[1][1]  # image 1: [H, N, N]
-    expected = attention.mean(dim=1).mean(dim=0)[:24].reshape(4, 6)  # no CLS: patches first, then the register
+    expected = (
+        attention.mean(dim=1).mean(dim=0)[:24].reshape(4, 6)
+    )  # no CLS: patches first, then the register
     np.testing.assert_allclose(received_map(stats, 1, 1), expected.numpy(), rtol=1e-5)

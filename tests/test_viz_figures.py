@@ -22,7 +22,9 @@ GRID, PATCH, HOT = (4, 6), 8, (2, 3)
 GRAY = LoadedImage("gray", np.full((32, 48, 3), 128, np.uint8))
 
 
-def synthetic_stats(registers: int = 2, heads: int = 2, scale: float = 1.0, name: str = "synthetic") -> TokenStats:
+def synthetic_stats(
+    registers: int = 2, heads: int = 2, scale: float = 1.0, name: str = "synthetic"
+) -> TokenStats:
     """One image, one layer, vit5 order; the patch at HOT has the largest norm, registers larger still."""
     layout = vit5.TokenLayout(GRID, 1, registers)
     n = layout.num_tokens
@@ -33,8 +35,18 @@ def synthetic_stats(registers: int = 2, heads: int = 2, scale: float = 1.0, name
     rows = rng.random((1, 1, heads, n))
     rows /= rows.sum(-1, keepdims=True)
     reg = rng.random((1, 1, heads, registers, n)) if registers else None
-    return TokenStats(name, layout, [0], ["gray"], PATCH, norms=norms, received=rows, rollout=rows[0, 0, :1],
-                      cls_attn=rows * scale, reg_attn=reg)
+    return TokenStats(
+        name,
+        layout,
+        [0],
+        ["gray"],
+        PATCH,
+        norms=norms,
+        received=rows,
+        rollout=rows[0, 0, :1],
+        cls_attn=rows * scale,
+        reg_attn=reg,
+    )
 
 
 def test_norm_map_written_with_expected_size_and_peak_at_the_planted_patch(tmp_path):
@@ -45,7 +57,9 @@ def test_norm_map_written_with_expected_size_and_peak_at_the_planted_patch(tmp_p
     pixels = cv2.cvtColor(cv2.imread(str(png)), cv2.COLOR_BGR2RGB).astype(float)
     declared_w, declared_h = fig.get_size_inches()
     assert pixels.shape[:2] == (round(declared_h * 80), round(declared_w * 80))  # whole pixels, as declared
-    width, min_height = figure_size(1, 1, 48 / 32, style)  # one panel; the height grows with wrapped title lines
+    width, min_height = figure_size(
+        1, 1, 48 / 32, style
+    )  # one panel; the height grows with wrapped title lines
     assert pixels.shape[1] == round(width * 80) and declared_h >= min_height
     # the hottest overlay colour (top of viridis at alpha 0.5 over gray), searched inside the map's axes only
     hot = 0.5 * np.array(matplotlib.colormaps["viridis"](1.0)[:3]) * 255 + 0.5 * 128

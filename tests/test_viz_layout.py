@@ -20,7 +20,10 @@ MODELS = {
 @pytest.mark.parametrize("family,registers", list(MODELS))
 def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, registers):
     model = MODELS[(family, registers)]()
-    row, col = 1, 4  # in the 4 x 6 grid of a 32 x 48 image (a transposed or sqrt(N) reshape would misplace it)
+    row, col = (
+        1,
+        4,
+    )  # in the 4 x 6 grid of a 32 x 48 image (a transposed or sqrt(N) reshape would misplace it)
     num_cls = 1
     first_patch = num_cls + (registers if family == "timm" else 0)  # written out, not taken from the library
     handle = multiply_tokens(model.blocks[0], [first_patch + row * 6 + col], 30.0)
@@ -28,7 +31,12 @@ def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, regis
     handle.remove()
     assert stats.layout.grid == (4, 6) and stats.layout.num_registers == registers
     assert stats.layout.registers_first == (family == "timm")
-    assert stats.norms.shape == (2, 2, 1 + registers + 24) and stats.received.shape == (2, 2, 2 if family == "timm" else 3, 1 + registers + 24)
+    assert stats.norms.shape == (2, 2, 1 + registers + 24) and stats.received.shape == (
+        2,
+        2,
+        2 if family == "timm" else 3,
+        1 + registers + 24,
+    )
     for image in range(2):
         for layer in (0, 1):
             assert np.unravel_index(norm_map(stats, image, layer).argmax(), (4, 6)) == (row, col)
@@ -45,7 +53,12 @@ def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, regis
 
 @pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
 def test_raw_arrays_round_trip(tmp_path, suffix):
-    stats = collect(tiny_timm(reg_tokens=4), smooth_images(3), "timm", CollectConfig(batch_size=2, keep_features=2, progress=False))
+    stats = collect(
+        tiny_timm(reg_tokens=4),
+        smooth_images(3),
+        "timm",
+        CollectConfig(batch_size=2, keep_features=2, progress=False),
+    )
     assert stats.features.shape == (2, 24, 64)  # only the first two images keep features
     loaded = TokenStats.load(stats.save(tmp_path / f"raw{suffix}"))
     assert loaded.layout == stats.layout and loaded.names == stats.names and loaded.layers == stats.layers
@@ -61,7 +74,9 @@ def test_images_from_folders_files_and_sklearn(tmp_path):
     write_png(tmp_path / "a" / "tiny.png", smooth_rgb(4, 4, 3))
     (tmp_path / "a" / "broken.png").write_bytes(b"not an image")
     write_png(tmp_path / "b" / "wide.png", smooth_rgb(50, 50, 4))  # same name as a/wide.png
-    images, skipped = load_images([str(tmp_path / "a"), str(tmp_path / "b" / "wide.png"), "sklearn-samples"], (32, 48), 8)
+    images, skipped = load_images(
+        [str(tmp_path / "a"), str(tmp_path / "b" / "wide.png"), "sklearn-samples"], (32, 48), 8
+    )
     assert [img.name for img in images] == ["sub_tall", "wide", "wide_2", "china", "flower"]
     assert all(img.rgb.shape == (32, 48, 3) and img.rgb.dtype == np.uint8 for img in images)
     assert len(skipped) == 2
@@ -96,5 +111,7 @@ def test_images_of_different_sizes_cannot_share_a_run():
 def test_stored_cls_rows_are_raw_attention_over_all_tokens():
     stats = collect(tiny_vit5(depth=3), smooth_images(3), "x", QUIET)
     assert stats.cls_attn.shape == (3, 3, 3, 29) and stats.reg_attn.shape == (3, 3, 3, 4, 29)
-    np.testing.assert_allclose(stats.cls_attn.sum(-1), 1.0, atol=1e-5)  # over all tokens: the patch part does not sum to 1
+    np.testing.assert_allclose(
+        stats.cls_attn.sum(-1), 1.0, atol=1e-5
+    )  # over all tokens: the patch part does not sum to 1
     assert (stats.patch_values(stats.cls_attn).sum(-1) < 1 - 1e-3).all()

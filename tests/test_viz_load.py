@@ -31,7 +31,9 @@ def test_preset_with_overrides_is_random_and_labelled():
         load_model_spec("vit5_tiny", TINY, use_ema=True, random_init=True)
     with pytest.raises(VizError, match="vit5_tiny has no released weights .* --random-init"):
         load_model_spec("vit5_tiny", TINY)  # a name means its pretrained weights, as in timm
-    with pytest.raises(VizError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"):
+    with pytest.raises(
+        VizError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"
+    ):
         load_model_spec("vit5_tiny@w.pth", TINY, random_init=True)
 
 
@@ -40,7 +42,9 @@ def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):
     vit5.save_pretrained(model, tmp_path / "run" / "model")
     direct = load_model_spec(str(tmp_path / "run" / "model"))
     run = load_model_spec(str(tmp_path / "run"))  # a run directory with one checkpoint directory in it
-    assert not direct.random_init and run.label == direct.label == "run-model"  # generic folder names get the run's
+    assert (
+        not direct.random_init and run.label == direct.label == "run-model"
+    )  # generic folder names get the run's
     _same_output(direct.model, model)
     _same_output(run.model, model)
     vit5.save_pretrained(model, tmp_path / "run" / "other")
@@ -62,8 +66,17 @@ def test_official_pth(tmp_path):
 def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
     source = tiny_timm(reg_tokens=4)
     save_file(source.state_dict(), str(tmp_path / "w.safetensors"))
-    args = dict(depth=2, embed_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=0, reg_tokens=4,
-                no_embed_class=True, qk_norm=True)
+    args = dict(
+        depth=2,
+        embed_dim=64,
+        num_heads=2,
+        img_size=32,
+        patch_size=8,
+        num_classes=0,
+        reg_tokens=4,
+        no_embed_class=True,
+        qk_norm=True,
+    )
     loaded = load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", args)
     assert loaded.model.dynamic_img_size and not loaded.random_init  # any patch-multiple size works
     _same_output(loaded.model, source)
@@ -74,15 +87,20 @@ def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
 
 
 def test_timm_dinov2_in_metas_own_key_layout_goes_through_the_models_filter(tmp_path):
-    source = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56,
-                               dynamic_img_size=True).eval()
+    source = timm.create_model(
+        "vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56, dynamic_img_size=True
+    ).eval()
     meta = {k: v.clone() for k, v in source.state_dict().items()}
-    meta["register_tokens"] = meta.pop("reg_token")  # facebookresearch/dinov2 names, mask token, CLS row in pos_embed
+    meta["register_tokens"] = meta.pop(
+        "reg_token"
+    )  # facebookresearch/dinov2 names, mask token, CLS row in pos_embed
     meta["mask_token"] = torch.zeros(1, 384)
     meta["pos_embed"] = torch.cat([torch.zeros(1, 1, 384), meta["pos_embed"]], 1)
     torch.save(meta, tmp_path / "dinov2_vits14_reg4.pth")
-    loaded = load_model_spec(f"timm:vit_small_patch14_reg4_dinov2@{tmp_path / 'dinov2_vits14_reg4.pth'}",
-                             {"depth": 1, "img_size": 56})
+    loaded = load_model_spec(
+        f"timm:vit_small_patch14_reg4_dinov2@{tmp_path / 'dinov2_vits14_reg4.pth'}",
+        {"depth": 1, "img_size": 56},
+    )
     x = torch.randn(1, 3, 56, 84)
     with torch.no_grad():
         torch.testing.assert_close(loaded.model.forward_features(x), source.forward_features(x))

@@ -46,7 +46,12 @@ def test_a_planted_massive_value_is_located_on_its_register_and_channel(family):
     handle.remove()
     for block in (1, 2):
         where = report.massive[block]
-        assert (where["token"], where["channel"], where["token_type"], where["share"]) == (token, 5, "register", 1.0)
+        assert (where["token"], where["channel"], where["token_type"], where["share"]) == (
+            token,
+            5,
+            "register",
+            1.0,
+        )
         magnitude = rec.tokens[block].abs().flatten(1).numpy()
         expected = magnitude.max(axis=1) / np.median(magnitude, axis=1)
         np.testing.assert_allclose(report.per_image["massive_ratio"][:, block], expected, rtol=1e-5)

@@ -9,7 +9,15 @@ import torch
 from viz_support import multiply_tokens, smooth_images, tiny_vit5
 
 import vit5
-from vit5.viz import CollectConfig, MetricConfig, TokenStats, VizError, collect, compute_metrics, load_thresholds
+from vit5.viz import (
+    CollectConfig,
+    MetricConfig,
+    TokenStats,
+    VizError,
+    collect,
+    compute_metrics,
+    load_thresholds,
+)
 from vit5.viz import metrics as M
 from vit5.viz.collect import layer_rows
 from vit5.viz.maps import norm_map, outlier_map
@@ -64,7 +72,9 @@ def test_reference_thresholds_are_reused_for_the_twin(clean_and_planted, tmp_pat
     assert "reused from clean" in reused.threshold_source
     np.testing.assert_allclose(reused.per_image["outlier_ratio"][:, 1], 2 / 24)
     explicit = compute_metrics(planted, MetricConfig(threshold=1e9, n_boot=50))
-    assert explicit.per_image["outlier_ratio"].max() == 0 and explicit.threshold_source == "explicit norm 1e+09"
+    assert (
+        explicit.per_image["outlier_ratio"].max() == 0 and explicit.threshold_source == "explicit norm 1e+09"
+    )
     with pytest.raises(VizError, match="cannot read thresholds"):
         load_thresholds(tmp_path / "missing.json")
 
@@ -97,9 +107,13 @@ def test_sink_rate_entropy_and_topk_on_toy_attention():
     report = compute_metrics(_toy_stats(attention, layout), MetricConfig(eps=0.3, top_k=1, n_boot=10))
     value = lambda name: report.summary[name]["value"][0]  # noqa: E731
     assert value("sink_rate") == 0.5 and value("sink_rate_register") == 0.5 and value("sink_rate_patch") == 0
-    p0 = np.array([0.28, 0.25]) / 0.53  # head 0's CLS row renormalised over the two patches; head 1's is uniform
+    p0 = (
+        np.array([0.28, 0.25]) / 0.53
+    )  # head 0's CLS row renormalised over the two patches; head 1's is uniform
     assert value("cls_entropy") == pytest.approx((-(p0 * np.log(p0)).sum() / math.log(2) + 1.0) / 2)
-    assert value("topk_sink_mass") == pytest.approx((0.28 + 0.7) / 2)  # top-1 received key per head, head mean
+    assert value("topk_sink_mass") == pytest.approx(
+        (0.28 + 0.7) / 2
+    )  # top-1 received key per head, head mean
     assert value("topk_register_share") == pytest.approx(0.5)  # head 0: a patch, head 1: the register
 
 

@@ -40,7 +40,9 @@ def test_canvases_are_deterministic_flat_where_background_and_split_by_digit():
         levels = {int(v) for v in patches[background].ravel()}
         assert len(levels) == 1  # flat background: every background pixel has the canvas's one grey level
         assert all(len(np.unique(p)) > 1 for p in patches[~background])  # a digit touches every other patch
-    assert not set(map(bytes, train.pool.reshape(len(train.pool), -1))) & set(map(bytes, val.pool.reshape(len(val.pool), -1)))
+    assert not set(map(bytes, train.pool.reshape(len(train.pool), -1))) & set(
+        map(bytes, val.pool.reshape(len(val.pool), -1))
+    )
 
 
 def test_twins_differ_only_in_their_registers():
@@ -60,7 +62,9 @@ def _final_weights(out):
 def test_smoke_study_resumes_to_the_same_weights(tmp_path, capsys):
     whole = run_study(SMOKE, tmp_path / "whole", progress=False, log=lambda s: None, analyse=False)
     assert whole.complete and [r["step"] for r in whole.trajectories["registers"]] == [0, 3, 6]
-    first = run_study(SMOKE, tmp_path / "parts", max_minutes=0, progress=False, log=lambda s: None, analyse=False)
+    first = run_study(
+        SMOKE, tmp_path / "parts", max_minutes=0, progress=False, log=lambda s: None, analyse=False
+    )
     assert not first.complete and [r["step"] for r in first.trajectories["no_registers"]] == [0, 3]
     rest = run_study(SMOKE, tmp_path / "parts", progress=False, log=lambda s: None, analyse=False)
     assert rest.complete and [r["step"] for r in rest.trajectories["no_registers"]] == [0, 3, 6]
@@ -68,7 +72,9 @@ def test_smoke_study_resumes_to_the_same_weights(tmp_path, capsys):
         for key, value in _final_weights(tmp_path / "whole")[twin].items():
             torch.testing.assert_close(_final_weights(tmp_path / "parts")[twin][key], value, rtol=0, atol=0)
     row = rest.trajectories["registers"][-1]
-    assert len(row["metrics"]["outlier_ratio"]) == SMOKE.depth and "reused" in row and row["num_registers"] == 1
+    assert (
+        len(row["metrics"]["outlier_ratio"]) == SMOKE.depth and "reused" in row and row["num_registers"] == 1
+    )
     with pytest.raises(VizError, match="holds a study with other settings .changed: steps"):
         run_study(replace(SMOKE, steps=9), tmp_path / "parts", progress=False, log=lambda s: None)
 
@@ -77,14 +83,24 @@ def test_command_line_smoke_run_with_analyses(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--preset", "smoke", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "register study at step 6" in out and "register ablation of registers twin (trained)" in out
-    for name in ("trajectory.png", "verdict.json", "heldout/heldout_000.png", "analysis/ablation.png", "analysis/analysis.json"):
+    for name in (
+        "trajectory.png",
+        "verdict.json",
+        "heldout/heldout_000.png",
+        "analysis/ablation.png",
+        "analysis/analysis.json",
+    ):
         assert (tmp_path / name).stat().st_size > 100
     assert (tmp_path / "no_registers" / "checkpoints" / "step_000003" / "model.safetensors").is_file()
     doc = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
     assert len(doc["ablation"]) == 9 and "ttr" in doc
     steps = (tmp_path / "registers" / "trajectory.jsonl").read_text()
-    assert main(["--out", str(tmp_path), "--preset", "smoke", "--quiet", "--analyse-only", "--no-analysis"]) == 0
-    assert (tmp_path / "registers" / "trajectory.jsonl").read_text() == steps  # nothing trained, nothing re-measured
+    assert (
+        main(["--out", str(tmp_path), "--preset", "smoke", "--quiet", "--analyse-only", "--no-analysis"]) == 0
+    )
+    assert (
+        tmp_path / "registers" / "trajectory.jsonl"
+    ).read_text() == steps  # nothing trained, nothing re-measured
     assert main(["--out", str(tmp_path / "x"), "--preset", "smoke", "--set", "stepz=3"]) == 2
     assert "unknown study setting 'stepz': did you mean 'steps'?" in capsys.readouterr().err
 
@@ -100,18 +116,31 @@ def test_settings_parse_into_the_right_sections():
 def _row(step, otr, images_bg, bg_share, received, sink_patch, reg_mass=None, registers=0):
     n = 3
     return {
-        "step": step, "num_tokens": 16 + registers, "num_registers": registers, "accuracy": 0.5,
-        "images_with_outliers": [images_bg] * n, "images_with_background_outliers": [0.0, images_bg, 0.0],
-        "outlier_background_share": [bg_share] * n, "background_rate": [0.6] * n,
-        "metrics": {"outlier_ratio": [0.0, otr, 0.0], "max_median_ratio": [1.0] * n, "sink_rate": [0.5] * n,
-                    "received_outlier_mass": [None, 0.0, received], "sink_rate_patch": [0.0, 0.0, sink_patch],
-                    "sink_rate_register": [0.0, 0.0, 0.4], "patch_register_mass": [reg_mass] * n},
+        "step": step,
+        "num_tokens": 16 + registers,
+        "num_registers": registers,
+        "accuracy": 0.5,
+        "images_with_outliers": [images_bg] * n,
+        "images_with_background_outliers": [0.0, images_bg, 0.0],
+        "outlier_background_share": [bg_share] * n,
+        "background_rate": [0.6] * n,
+        "metrics": {
+            "outlier_ratio": [0.0, otr, 0.0],
+            "max_median_ratio": [1.0] * n,
+            "sink_rate": [0.5] * n,
+            "received_outlier_mass": [None, 0.0, received],
+            "sink_rate_patch": [0.0, 0.0, sink_patch],
+            "sink_rate_register": [0.0, 0.0, 0.4],
+            "patch_register_mass": [reg_mass] * n,
+        },
     }
 
 
 def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
-    good = {"no_registers": [_row(10, 0.1, 0.8, 0.9, 0.4, 0.25)],
-            "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, reg_mass=0.5, registers=4)]}
+    good = {
+        "no_registers": [_row(10, 0.1, 0.8, 0.9, 0.4, 0.25)],
+        "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, reg_mass=0.5, registers=4)],
+    }
     v = verdict(good)
     assert v["success"] and v["layer"] == 1 and v["next_layer"] == 2 and all(v["checks"].values())
     weak = {"no_registers": [_row(10, 0.1, 0.8, 0.9, 0.15, 0.25)], "registers": good["registers"]}
@@ -121,8 +150,13 @@ def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
     digits = {"no_registers": [_row(10, 0.1, 0.8, 0.3, 0.4, 0.25)], "registers": good["registers"]}
     assert not verdict(digits)["checks"]["outliers_on_background"]  # 0.3 below the background rate 0.6
     idle = {"no_registers": good["no_registers"], "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, 0.3, 4)]}
-    assert not verdict(idle)["checks"]["registers_hold_attention"]  # 0.3 < twice the registers' uniform share 4/20
-    later = {"no_registers": [*digits["no_registers"], _row(20, 0.0, 0.0, 0.0, 0.0, 0.0)], "registers": good["registers"]}
+    assert not verdict(idle)["checks"][
+        "registers_hold_attention"
+    ]  # 0.3 < twice the registers' uniform share 4/20
+    later = {
+        "no_registers": [*digits["no_registers"], _row(20, 0.0, 0.0, 0.0, 0.0, 0.0)],
+        "registers": good["registers"],
+    }
     assert verdict(later)["step"] == 10  # the latest step both twins reached
 
 
@@ -132,10 +166,17 @@ def test_background_sinks_by_hand():
     from vit5.viz.study import background_sinks
 
     layout = TokenLayout((1, 3), num_cls=0, num_registers=1, registers_first=False)  # p, p, p, reg
-    received = np.array([[[[0.1, 0.8, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25]],  # block 0: head 0 sinks on patch 1
-                          [[0.05, 0.05, 0.1, 0.8], [0.6, 0.2, 0.1, 0.1]]]])  # block 1: register sink, patch 0 sink
-    stats = TokenStats("toy", layout, [0, 1], ["a"], 8, norms=np.ones((1, 2, 4)), received=received,
-                       rollout=np.zeros((1, 4)))
+    received = np.array(
+        [
+            [
+                [[0.1, 0.8, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25]],  # block 0: head 0 sinks on patch 1
+                [[0.05, 0.05, 0.1, 0.8], [0.6, 0.2, 0.1, 0.1]],
+            ]
+        ]
+    )  # block 1: register sink, patch 0 sink
+    stats = TokenStats(
+        "toy", layout, [0, 1], ["a"], 8, norms=np.ones((1, 2, 4)), received=received, rollout=np.zeros((1, 4))
+    )
     background = np.array([[[False, True, True]]])
     assert background_sinks(stats, background) == [1.0, 0.0]  # patch 1 is background, patch 0 is not
     assert background_sinks(stats, background, eps=0.9) == [None, None]

@@ -62,7 +62,12 @@ def _explicit_block_output(model, images, layer: int, neuron: int) -> torch.Tens
         tokens, grid = model.prepare_tokens(x)
         table = model.rope_tables(grid)
         cos, sin = table.cos, table.sin
-        extra = {"rope": (torch.cat([cos, torch.ones(1, cos.shape[1])]), torch.cat([sin, torch.zeros(1, sin.shape[1])]))}
+        extra = {
+            "rope": (
+                torch.cat([cos, torch.ones(1, cos.shape[1])]),
+                torch.cat([sin, torch.zeros(1, sin.shape[1])]),
+            )
+        }
     else:
         tokens = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
         extra = {}
@@ -96,7 +101,9 @@ def test_test_time_register_equals_the_explicit_computation_and_removes_the_outl
         with torch.no_grad(), capture(model, layers=[LAYER], attention=False) as rec:
             out = model.forward_features(to_batch(images, info.mean, info.std))
         moved = collect(model, images, "test-time register", QUIET)
-    torch.testing.assert_close(rec.tokens[LAYER], _explicit_block_output(model, images, LAYER, NEURON), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        rec.tokens[LAYER], _explicit_block_output(model, images, LAYER, NEURON), atol=1e-4, rtol=1e-5
+    )
     assert out.shape[1] == plain.layout.num_tokens  # the extra token is dropped before the final norm
     after = compute_metrics(moved, MetricConfig(n_boot=20, thresholds=tuple(reference.thresholds)))
     assert after.per_image["outlier_ratio"][:, LAYER].max() == 0  # the outliers left the patches ...
@@ -113,10 +120,20 @@ def test_no_outliers_is_a_clear_error():
 
 
 def test_refused_for_models_with_trained_registers_and_eva():
-    with pytest.raises(VizError, match="already has 4 trained registers"), \
-            use_test_time_registers(tiny_vit5(depth=2), [RegisterNeuron(0, 0, 1.0)]):
+    with (
+        pytest.raises(VizError, match="already has 4 trained registers"),
+        use_test_time_registers(tiny_vit5(depth=2), [RegisterNeuron(0, 0, 1.0)]),
+    ):
         pass
-    eva = timm.create_model("vit_small_patch16_rope_224", pretrained=False, depth=1, embed_dim=32, num_heads=2,
-                            img_size=32, patch_size=8, num_classes=0)
+    eva = timm.create_model(
+        "vit_small_patch16_rope_224",
+        pretrained=False,
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        img_size=32,
+        patch_size=8,
+        num_classes=0,
+    )
     with pytest.raises(VizError, match="Eva"), use_test_time_registers(eva, [RegisterNeuron(0, 0, 1.0)]):
         pass

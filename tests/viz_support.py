@@ -28,8 +28,18 @@ def tiny_vit5(**overrides) -> torch.nn.Module:
 
 
 def tiny_timm(reg_tokens: int = 4, **overrides) -> torch.nn.Module:
-    cfg = dict(depth=2, embed_dim=64, num_heads=2, img_size=32, patch_size=8, num_classes=0, reg_tokens=reg_tokens,
-               no_embed_class=True, dynamic_img_size=True, qk_norm=True)
+    cfg = dict(
+        depth=2,
+        embed_dim=64,
+        num_heads=2,
+        img_size=32,
+        patch_size=8,
+        num_classes=0,
+        reg_tokens=reg_tokens,
+        no_embed_class=True,
+        dynamic_img_size=True,
+        qk_norm=True,
+    )
     return sharpen(timm.create_model("vit_small_patch16_224", pretrained=False, **{**cfg, **overrides}))
 
 
@@ -60,7 +70,9 @@ def multiply_tokens(block: torch.nn.Module, token_indices: list[int], scale: flo
     return block.register_forward_hook(hook)
 
 
-def bright_patch_images(count: int, bright: list[tuple[int, int]], height: int = 32, width: int = 48, patch: int = 8):
+def bright_patch_images(
+    count: int, bright: list[tuple[int, int]], height: int = 32, width: int = 48, patch: int = 8
+):
     """Smooth dark images (pixels <= 100) with pure white patches at ``bright`` (row, col) grid positions."""
     images = []
     for i in range(count):
@@ -77,14 +89,18 @@ def mlp_input(model: torch.nn.Module, layer: int, images) -> torch.Tensor:
 
     info = describe(model)
     seen = {}
-    handle = model.blocks[layer].mlp.fc1.register_forward_pre_hook(lambda m, a: seen.__setitem__("h", a[0].detach()))
+    handle = model.blocks[layer].mlp.fc1.register_forward_pre_hook(
+        lambda m, a: seen.__setitem__("h", a[0].detach())
+    )
     with torch.no_grad():
         model.forward_features(to_batch(images, info.mean, info.std))
     handle.remove()
     return seen["h"]
 
 
-def plant_outlier_neuron(model, layer: int, neuron: int, images, token_indices: list[int], boost: float = 30.0) -> None:
+def plant_outlier_neuron(
+    model, layer: int, neuron: int, images, token_indices: list[int], boost: float = 30.0
+) -> None:
     """Weight planting (written here, independent of vit5.viz.ttr): hidden unit ``neuron`` of block ``layer``'s
     GELU MLP fires only on the tokens ``token_indices`` of ``images`` and writes a large vector there.
 
@@ -110,9 +126,15 @@ def plant_outlier_neuron(model, layer: int, neuron: int, images, token_indices: 
 
         info = describe(model)
         with torch.no_grad():
-            tokens = model.forward_intermediates(to_batch(images, info.mean, info.std), indices=[layer],
-                                                 output_fmt="NLC", intermediates_only=True)[0]
+            tokens = model.forward_intermediates(
+                to_batch(images, info.mean, info.std),
+                indices=[layer],
+                output_fmt="NLC",
+                intermediates_only=True,
+            )[0]
         median = tokens.norm(dim=-1).median()
         gamma = getattr(model.blocks[layer].ls2, "gamma", torch.ones(1)).abs().mean()
-        u = torch.nn.functional.normalize(torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(7)), dim=0)
+        u = torch.nn.functional.normalize(
+            torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(7)), dim=0
+        )
         mlp.fc2.weight[:, neuron] = u * boost * median / (fired * gamma)

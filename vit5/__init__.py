@@ -12,8 +12,8 @@ modern component switchable, plus training, evaluation and visualisation.
 Importing the package registers every preset in timm (``timm.create_model("vit5_small")``).
 """
 
-from .errors import Vit5Error
-from .model import (
+from vit5.errors import Vit5Error
+from vit5.model import (
     PRESETS,
     CheckpointError,
     ConfigError,
@@ -33,7 +33,7 @@ from .model import (
     record,
     save_pretrained,
 )
-from .model.registry import register_presets
+from vit5.model.registry import register_presets
 
 __version__ = "0.1.0"
 
@@ -44,13 +44,32 @@ def __getattr__(name: str):
     """``vit5.export_onnx`` / ``vit5.export_program``, imported on first use (``python -m
     vit5.model.export`` then runs a module not yet imported)."""
     if name in ("export_onnx", "export_program"):
-        from .model import export
+        from vit5.model import export
 
         return getattr(export, name)
     raise AttributeError(f"module 'vit5' has no attribute {name!r}")
 
+
 __all__ = [
-    "PRESETS", "CheckpointError", "ConfigError", "LoadReport", "Recording", "TokenLayout", "ViT5", "ViT5Config",
-    "Vit5Error", "compile_blocks", "create_model", "export_onnx", "export_program", "fuse_for_inference",
-    "list_presets", "load_model", "preset_config", "push_to_hub", "read_checkpoint", "record", "save_pretrained",
+    "PRESETS",
+    "CheckpointError",
+    "ConfigError",
+    "LoadReport",
+    "Recording",
+    "TokenLayout",
+    "ViT5",
+    "ViT5Config",
+    "Vit5Error",
+    "compile_blocks",
+    "create_model",
+    "export_onnx",
+    "export_program",
+    "fuse_for_inference",
+    "list_presets",
+    "load_model",
+    "preset_config",
+    "push_to_hub",
+    "read_checkpoint",
+    "record",
+    "save_pretrained",
 ]

@@ -63,7 +63,11 @@ def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, 
     """
     where = path if path is not None else (err.filename if err.filename is not None else "")
     where = os.fsdecode(where) if isinstance(where, bytes) else str(where)
-    return f"cannot {doing} {where}: {os_error_reason(err)}" if where else f"cannot {doing}: {os_error_reason(err)}"
+    return (
+        f"cannot {doing} {where}: {os_error_reason(err)}"
+        if where
+        else f"cannot {doing}: {os_error_reason(err)}"
+    )
 
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
@@ -92,7 +96,11 @@ def _escape_undecodable(err: UnicodeError) -> tuple[str, int]:
     out = []
     for char in err.object[err.start : err.end]:
         code = ord(char)
-        out.append(f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else char.encode("ascii", "backslashreplace").decode())
+        out.append(
+            f"\\x{code - 0xDC00:02x}"
+            if 0xDC80 <= code <= 0xDCFF
+            else char.encode("ascii", "backslashreplace").decode()
+        )
     return "".join(out), err.end
 
 
@@ -112,7 +120,9 @@ def safe_console() -> None:
 def one_line_warnings() -> None:
     """Print warnings as ``warning: MESSAGE`` (one line, no source line), as command lines should."""
 
-    def format_warning(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
+    def format_warning(
+        message: Any, category: Any, filename: str, lineno: int, line: str | None = None
+    ) -> str:
         return f"warning: {message}\n"
 
     warnings.formatwarning = format_warning

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import ESCAPE_UNDECODABLE, StorageError, Vit5Error, os_error_reason, storage_error
+from vit5.errors import ESCAPE_UNDECODABLE, StorageError, Vit5Error, os_error_reason, storage_error
 
 LOCK_NAME = ".lock"
 _STAGING = ".tmp-"
@@ -227,9 +227,12 @@ class FolderLock:
                 raise FolderLocked(self._held_message(holder)) from None
             raise storage_error(err, self.path, "lock") from err
         record = {
-            "pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
-            "command": " ".join(sys.argv), "since": datetime.datetime.now().isoformat(timespec="seconds"),
-        }  # fmt: skip
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "purpose": self.purpose,
+            "command": " ".join(sys.argv),
+            "since": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(record).encode("utf-8", errors=ESCAPE_UNDECODABLE))
         self._fd = fd
@@ -247,7 +250,9 @@ class FolderLock:
     def __enter__(self) -> FolderLock:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self.acquire()
 
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
     def _held_message(self, holder: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .errors import Vit5Error
+from vit5.errors import Vit5Error
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 

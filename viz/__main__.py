@@ -52,73 +52,158 @@ MODEL_HELP = (
     "ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights unless @CHECKPOINT)"
 )
 SUBCOMMANDS = {
-    "attention": ({"attention", "registers", "rollout"}, "CLS-to-patch maps per head and mean, register maps, rollout"),
-    "norms": ({"norms", "histograms", "profile", "massive"},
-              "token-norm maps, per-layer norm histograms, layer profile, massive activations"),
+    "attention": (
+        {"attention", "registers", "rollout"},
+        "CLS-to-patch maps per head and mean, register maps, rollout",
+    ),
+    "norms": (
+        {"norms", "histograms", "profile", "massive"},
+        "token-norm maps, per-layer norm histograms, layer profile, massive activations",
+    ),
     "pca": ({"pca"}, "PCA of the patch features as RGB"),
     "metrics": ({"metrics"}, "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table"),
     "all": (set(VIEWS), "every figure and the metrics table for one model"),
     "compare": (set(), "two models side by side with shared colour scales (the garbage-collector figure)"),
-    "ttr": (set(), "test-time registers: find the register neurons, then the model without and with an extra token"),
+    "ttr": (
+        set(),
+        "test-time registers: find the register neurons, then the model without and with an extra token",
+    ),
 }
 ANALYSES = {
     "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or after "
-              "every block; change in top-1, kNN accuracy, patch-feature cosine",
+    "every block; change in top-1, kNN accuracy, patch-feature cosine",
     "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more models",
 }
 
 
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     p.add_argument("--model", required=True, help=MODEL_HELP)
-    p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)")
+    p.add_argument(
+        "--model-args",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)",
+    )
     p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint(s)")
-    p.add_argument("--random-init", action="store_true",
-                   help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-                        "pretrained weights; checkpoints load as usual; every figure and table says random-init")
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+        "pretrained weights; checkpoints load as usual; every figure and table says random-init",
+    )
     if compare:
-        p.add_argument("--model-b", required=True, help="second model (same spec forms); uses --model's outlier thresholds")
-        p.add_argument("--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b")
-        p.add_argument("--own-thresholds", action="store_true",
-                       help="score --model-b with its own outlier thresholds (default: reuse --model's, for twins)")
-    p.add_argument("--images", nargs="+", required=True, metavar="PATH",
-                   help="image files, folders (searched recursively) or 'sklearn-samples' (scikit-learn's two photos)")
+        p.add_argument(
+            "--model-b",
+            required=True,
+            help="second model (same spec forms); uses --model's outlier thresholds",
+        )
+        p.add_argument(
+            "--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b"
+        )
+        p.add_argument(
+            "--own-thresholds",
+            action="store_true",
+            help="score --model-b with its own outlier thresholds (default: reuse --model's, for twins)",
+        )
+    p.add_argument(
+        "--images",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="image files, folders (searched recursively) or 'sklearn-samples' (scikit-learn's two photos)",
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--layers", nargs="+", type=int, default=[-1],
-                   help="blocks drawn in per-image figures (negative counts from the end; default: the last). "
-                        "Metrics always cover every block")
-    p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"),
-                   help="input size, multiples of the patch size, non-square allowed (default: the model's own size); "
-                        "images are resized to cover it and centre-cropped")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        type=int,
+        default=[-1],
+        help="blocks drawn in per-image figures (negative counts from the end; default: the last). "
+        "Metrics always cover every block",
+    )
+    p.add_argument(
+        "--size",
+        nargs=2,
+        type=int,
+        metavar=("H", "W"),
+        help="input size, multiples of the patch size, non-square allowed (default: the model's own size); "
+        "images are resized to cover it and centre-cropped",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--max-params", type=float, metavar="N",
-                   help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
-    p.add_argument("--max-figures", type=int, default=16, help="per-image figures and summary rows for the first N images")
+    p.add_argument(
+        "--max-params",
+        type=float,
+        metavar="N",
+        help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})",
+    )
+    p.add_argument(
+        "--max-figures",
+        type=int,
+        default=16,
+        help="per-image figures and summary rows for the first N images",
+    )
     g = p.add_argument_group("maps")
-    g.add_argument("--renorm", action="store_true",
-                   help="CLS maps renormalised over patches (default: raw, the share of all tokens)")
-    g.add_argument("--upsample", choices=("nearest", "bilinear"), default="nearest",
-                   help="map upsampling to pixels (default nearest: shows the token grid)")
+    g.add_argument(
+        "--renorm",
+        action="store_true",
+        help="CLS maps renormalised over patches (default: raw, the share of all tokens)",
+    )
+    g.add_argument(
+        "--upsample",
+        choices=("nearest", "bilinear"),
+        default="nearest",
+        help="map upsampling to pixels (default nearest: shows the token grid)",
+    )
     g.add_argument("--cmap", default="viridis")
     g.add_argument("--alpha", type=float, default=0.5, help="overlay opacity")
-    g.add_argument("--clip", type=float, metavar="PCT",
-                   help="clip colour scales at this percentile (stated on the figure; default: no clipping)")
+    g.add_argument(
+        "--clip",
+        type=float,
+        metavar="PCT",
+        help="clip colour scales at this percentile (stated on the figure; default: no clipping)",
+    )
     g.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
     g.add_argument("--dpi", type=int, default=100)
     m = p.add_argument_group("metrics")
-    m.add_argument("--k", type=float, default=5.0, help="outlier threshold: median + k * MAD of log-norms (default 5)")
-    m.add_argument("--threshold", type=float, help="explicit outlier norm threshold for every layer (instead of k * MAD)")
-    m.add_argument("--threshold-from", type=Path, metavar="METRICS_JSON",
-                   help="reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)")
+    m.add_argument(
+        "--k", type=float, default=5.0, help="outlier threshold: median + k * MAD of log-norms (default 5)"
+    )
+    m.add_argument(
+        "--threshold", type=float, help="explicit outlier norm threshold for every layer (instead of k * MAD)"
+    )
+    m.add_argument(
+        "--threshold-from",
+        type=Path,
+        metavar="METRICS_JSON",
+        help="reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)",
+    )
     m.add_argument("--eps", type=float, default=0.3, help="sink-rate epsilon (default 0.3)")
-    m.add_argument("--top-k", type=int, help="keys in the top-K sink mass (default: the register count, or 4)")
-    m.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples over images (default 1000)")
-    m.add_argument("--save-raw", choices=("npz", "safetensors"), help="also save the raw per-token norms and attention rows")
+    m.add_argument(
+        "--top-k", type=int, help="keys in the top-K sink mass (default: the register count, or 4)"
+    )
+    m.add_argument(
+        "--bootstrap", type=int, default=1000, help="bootstrap resamples over images (default 1000)"
+    )
+    m.add_argument(
+        "--save-raw",
+        choices=("npz", "safetensors"),
+        help="also save the raw per-token norms and attention rows",
+    )
     k = p.add_argument_group("planted artifacts (a pipeline self-check; every output is labelled PLANTED)")
     k.add_argument("--plant-layer", type=int, help="block whose output gets planted high-norm tokens")
-    k.add_argument("--plant-at", nargs=2, type=int, action="append", metavar=("ROW", "COL"), help="patch to plant (repeatable)")
-    k.add_argument("--plant-scale", type=float, default=20.0, help="norm multiplier of planted tokens (default 20)")
+    k.add_argument(
+        "--plant-at",
+        nargs=2,
+        type=int,
+        action="append",
+        metavar=("ROW", "COL"),
+        help="patch to plant (repeatable)",
+    )
+    k.add_argument(
+        "--plant-scale", type=float, default=20.0, help="norm multiplier of planted tokens (default 20)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -133,34 +218,74 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _common(p, compare=name == "compare")
         if name == "attention":
-            p.add_argument("--registers", action="store_true", help="require register maps (error for a model without registers)")
+            p.add_argument(
+                "--registers",
+                action="store_true",
+                help="require register maps (error for a model without registers)",
+            )
         if name == "ttr":
             t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
-            t.add_argument("--detect-layer", type=int, help="block whose outliers are traced (default: highest outlier ratio)")
-            t.add_argument("--top-layer", type=int, help="search neurons in blocks <= this (default: the detect block)")
-            t.add_argument("--neurons", type=int, default=10, help="register neurons to keep (top k; default 10)")
+            t.add_argument(
+                "--detect-layer",
+                type=int,
+                help="block whose outliers are traced (default: highest outlier ratio)",
+            )
+            t.add_argument(
+                "--top-layer", type=int, help="search neurons in blocks <= this (default: the detect block)"
+            )
+            t.add_argument(
+                "--neurons", type=int, default=10, help="register neurons to keep (top k; default 10)"
+            )
             t.add_argument("--count", type=int, default=1, help="test-time registers to append (default 1)")
     p = sub.add_parser("ablate", help=ANALYSES["ablate"], description=ANALYSES["ablate"])
     _model_args(p)
-    p.add_argument("--images", nargs="+", required=True, metavar="PATH",
-                   help="images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples")
-    p.add_argument("--reference", nargs="+", metavar="PATH",
-                   help="reference images (register means, kNN bank); default: the first half of --images")
-    p.add_argument("--folder-labels", action="store_true", help="folders are ImageFolders: label = class subfolder")
+    p.add_argument(
+        "--images",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples",
+    )
+    p.add_argument(
+        "--reference",
+        nargs="+",
+        metavar="PATH",
+        help="reference images (register means, kNN bank); default: the first half of --images",
+    )
+    p.add_argument(
+        "--folder-labels", action="store_true", help="folders are ImageFolders: label = class subfolder"
+    )
     p.add_argument("--methods", nargs="+", default=list(ABLATION_METHODS), choices=ABLATION_METHODS)
     p.add_argument("--places", nargs="+", default=list(ABLATION_PLACES), choices=ABLATION_PLACES)
     p.add_argument("--knn-k", type=int, default=20)
-    p.add_argument("--max-images", type=int, help="use at most the first N images of --images and of --reference")
+    p.add_argument(
+        "--max-images", type=int, help="use at most the first N images of --images and of --reference"
+    )
     _run_args(p)
     p = sub.add_parser("position", help=ANALYSES["position"], description=ANALYSES["position"])
-    p.add_argument("--model", action="append", required=True,
-                   help="a model spec (same forms as above); repeat --model for several models, shown side by side")
-    p.add_argument("--model-args", action="append", nargs="+", metavar="KEY=VALUE",
-                   help="overrides: given once, for every model; repeated, one per --model in order (e.g. ape=False)")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="a model spec (same forms as above); repeat --model for several models, shown side by side",
+    )
+    p.add_argument(
+        "--model-args",
+        action="append",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="overrides: given once, for every model; repeated, one per --model in order (e.g. ape=False)",
+    )
     p.add_argument("--ema", action="store_true")
     _init_args(p)
     p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
-    p.add_argument("--levels", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="constant grey levels in [0, 1]")
+    p.add_argument(
+        "--levels",
+        nargs="+",
+        type=float,
+        default=[0.0, 0.25, 0.5, 0.75, 1.0],
+        help="constant grey levels in [0, 1]",
+    )
     p.add_argument("--noise-images", type=int, default=16)
     _run_args(p)
     return parser
@@ -174,16 +299,25 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _init_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--random-init", action="store_true",
-                   help="build bare architecture names untrained instead of with their pretrained weights "
-                        "(every table and figure says random-init)")
-    p.add_argument("--max-params", type=float, metavar="N",
-                   help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})")
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="build bare architecture names untrained instead of with their pretrained weights "
+        "(every table and figure says random-init)",
+    )
+    p.add_argument(
+        "--max-params",
+        type=float,
+        metavar="N",
+        help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})",
+    )
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)")
+    p.add_argument(
+        "--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)"
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
@@ -197,7 +331,9 @@ def _limit(args: argparse.Namespace) -> dict[str, float]:
 
 def _ablate(args: argparse.Namespace) -> None:
     (random_init,) = random_init_flags([args.model], args.random_init)
-    model = load_model_spec(args.model, {**parse_overrides(args.model_args), **_limit(args)}, args.ema, random_init)
+    model = load_model_spec(
+        args.model, {**parse_overrides(args.model_args), **_limit(args)}, args.ema, random_init
+    )
     print(f"model: {model.description}")
     info = describe(model.model)
     size = tuple(args.size or info.img_size)
@@ -210,28 +346,44 @@ def _ablate(args: argparse.Namespace) -> None:
         if len(images) < 4:
             raise VizError("give --reference images, or at least 4 --images to split in halves")
         images, reference = images[len(images) // 2 :], images[: len(images) // 2]
-    cfg = AblationConfig(tuple(args.methods), tuple(args.places), args.knn_k, batch_size=args.batch_size,
-                         device=str(resolve_device(args.device)))
+    cfg = AblationConfig(
+        tuple(args.methods),
+        tuple(args.places),
+        args.knn_k,
+        batch_size=args.batch_size,
+        device=str(resolve_device(args.device)),
+    )
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
     label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
     report = run_ablation(model.model, images, reference, label, cfg, notes)
-    files = report.write(args.out) + save_figure(ablation_figure(report, args.dpi), args.out / "ablation", tuple(args.formats))
+    files = report.write(args.out) + save_figure(
+        ablation_figure(report, args.dpi), args.out / "ablation", tuple(args.formats)
+    )
     print(report.table())
     print(f"wrote {len(files)} files to {args.out}")
 
 
 def _position(args: argparse.Namespace) -> None:
-    cfg = PositionProbeConfig(tuple(args.size) if args.size else None, tuple(args.levels), args.noise_images,
-                              args.layer, device=str(resolve_device(args.device)))
+    cfg = PositionProbeConfig(
+        tuple(args.size) if args.size else None,
+        tuple(args.levels),
+        args.noise_images,
+        args.layer,
+        device=str(resolve_device(args.device)),
+    )
     overrides = args.model_args or [[]]
     if len(overrides) == 1:
         overrides = overrides * len(args.model)
     if len(overrides) != len(args.model):
-        raise VizError(f"give --model-args once (for every model) or once per --model: got {len(overrides)} for "
-                       f"{len(args.model)} models")
+        raise VizError(
+            f"give --model-args once (for every model) or once per --model: got {len(overrides)} for "
+            f"{len(args.model)} models"
+        )
     common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
     probes = []
-    for spec, items, random_init in zip(args.model, overrides, random_init_flags(args.model, args.random_init)):
+    for spec, items, random_init in zip(
+        args.model, overrides, random_init_flags(args.model, args.random_init)
+    ):
         model = load_model_spec(spec, {**parse_overrides(items), **_limit(args)}, args.ema, random_init)
         print(f"model: {model.description}")
         kind = "RANDOM INIT" if model.random_init else "trained"
@@ -239,11 +391,15 @@ def _position(args: argparse.Namespace) -> None:
         probe = run_position_probe(model.model, label, cfg)
         probes.append(probe)
         summary = probe.summary()
-        print(f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
-              f"noise-image position share {summary['noise_position_share']:.4f}")
+        print(
+            f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
+            f"noise-image position share {summary['noise_position_share']:.4f}"
+        )
     style = MapStyle(dpi=args.dpi, formats=tuple(args.formats))
-    files = [write_probes(probes, args.out), *save_figure(position_figure(probes, style), args.out / "position_probe",
-                                                          style.formats)]
+    files = [
+        write_probes(probes, args.out),
+        *save_figure(position_figure(probes, style), args.out / "position_probe", style.formats),
+    ]
     print(f"wrote {len(files)} files to {args.out}")
 
 
@@ -256,14 +412,31 @@ def _config(args: argparse.Namespace) -> RunConfig:
         plant = PlantSpec(args.plant_layer, tuple(tuple(rc) for rc in args.plant_at), args.plant_scale)
     device = str(resolve_device(args.device))
     return RunConfig(
-        out=args.out, views=frozenset(SUBCOMMANDS[args.command][0]), size=tuple(args.size) if args.size else None,
-        layers=tuple(args.layers), batch_size=args.batch_size, device=device, max_figures=args.max_figures,
-        renormalise=args.renorm, require_registers=getattr(args, "registers", False),
-        reuse_thresholds=not getattr(args, "own_thresholds", False), save_raw=args.save_raw,
-        style=MapStyle(args.cmap, args.alpha, args.upsample, args.clip, args.dpi, formats=tuple(args.formats)),
-        metrics=MetricConfig(k=args.k, threshold=args.threshold, thresholds=thresholds, threshold_source=source,
-                             eps=args.eps, top_k=args.top_k, n_boot=args.bootstrap),
-        plant=plant, progress=not args.quiet,
+        out=args.out,
+        views=frozenset(SUBCOMMANDS[args.command][0]),
+        size=tuple(args.size) if args.size else None,
+        layers=tuple(args.layers),
+        batch_size=args.batch_size,
+        device=device,
+        max_figures=args.max_figures,
+        renormalise=args.renorm,
+        require_registers=getattr(args, "registers", False),
+        reuse_thresholds=not getattr(args, "own_thresholds", False),
+        save_raw=args.save_raw,
+        style=MapStyle(
+            args.cmap, args.alpha, args.upsample, args.clip, args.dpi, formats=tuple(args.formats)
+        ),
+        metrics=MetricConfig(
+            k=args.k,
+            threshold=args.threshold,
+            thresholds=thresholds,
+            threshold_source=source,
+            eps=args.eps,
+            top_k=args.top_k,
+            n_boot=args.bootstrap,
+        ),
+        plant=plant,
+        progress=not args.quiet,
     )
 
 

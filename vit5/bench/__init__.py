@@ -5,14 +5,25 @@ measured, side by side in one process. Run ``python -m vit5.bench --help``.
     sections, report = run_bench(BenchConfig.profile("quick"), Path("runs/bench_quick"))
 """
 
-from .config import BenchConfig, DepthAblationConfig
-from .memory import MemoryReading, measure_memory
-from .results import Section, Table, Target
-from .runner import SECTIONS, run_bench
-from .timing import Samples, TimingConfig, measure, paired_ratio, speedup
+from vit5.bench.config import BenchConfig, DepthAblationConfig
+from vit5.bench.memory import MemoryReading, measure_memory
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.runner import SECTIONS, run_bench
+from vit5.bench.timing import Samples, TimingConfig, measure, paired_ratio, speedup
 
 __all__ = [
-    "SECTIONS", "BenchConfig", "DepthAblationConfig", "MemoryReading", "Samples", "Section", "Table",
+    "SECTIONS",
+    "BenchConfig",
+    "DepthAblationConfig",
+    "MemoryReading",
+    "Samples",
+    "Section",
+    "Table",
     "Target",
-    "TimingConfig", "measure", "measure_memory", "paired_ratio", "run_bench", "speedup",
+    "TimingConfig",
+    "measure",
+    "measure_memory",
+    "paired_ratio",
+    "run_bench",
+    "speedup",
 ]

@@ -1,8 +1,8 @@
 """``python -m vit5.bench``: speed, memory and the modern components, measured side by side.
 
-    python -m vit5.bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
-    python -m vit5.bench --device cuda --dtype bf16 --out runs/bench_gpu
-    python -m vit5.bench --quick --only speed,modern_cost
+python -m vit5.bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
+python -m vit5.bench --device cuda --dtype bf16 --out runs/bench_gpu
+python -m vit5.bench --quick --only speed,modern_cost
 """
 
 from __future__ import annotations
@@ -16,23 +16,30 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's star
 
 import torch  # noqa: E402
 
-from ..errors import Vit5Error, safe_console, user_message  # noqa: E402
-from ..files import check_output_dir  # noqa: E402
-from .config import BenchConfig  # noqa: E402
-from .results import format_value  # noqa: E402
-from .runner import SECTIONS, run_bench, select_sections  # noqa: E402
+from vit5.bench.config import BenchConfig  # noqa: E402
+from vit5.bench.results import format_value  # noqa: E402
+from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
+from vit5.errors import Vit5Error, safe_console, user_message  # noqa: E402
+from vit5.files import check_output_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m vit5.bench", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m vit5.bench",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
     mode.add_argument("--smoke", action="store_true", help="tiny models; seconds")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
-                        help="fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
     parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
     return parser.parse_args(argv)
@@ -57,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         select_sections(only)
         profile = "smoke" if args.smoke else "quick" if args.quick else "full"
         out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
-    except (Vit5Error, OSError, ValueError) as error:  # ValueError: BenchConfig's and the section list's checks
+    except (
+        Vit5Error,
+        OSError,
+        ValueError,
+    ) as error:  # ValueError: BenchConfig's and the section list's checks
         print(f"error: {user_message(error) or error}", file=sys.stderr)
         return 2
     if profile == "full" and cfg.device == "cpu":

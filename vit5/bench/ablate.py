@@ -33,21 +33,20 @@ from torch.utils.data import Dataset
 from tqdm import tqdm
 
 import vit5
+from vit5.bench.ablation_report import RunRecord, SpeedResult, build_section
+from vit5.bench.ablations import ABLATIONS, REFERENCE, Ablation, select_ablations
+from vit5.bench.config import BenchConfig
+from vit5.bench.environment import environment, load_average
+from vit5.bench.models import count_parameters
+from vit5.bench.report import markdown_table, render_markdown, write_report
+from vit5.bench.results import Section
+from vit5.bench.throughput import MODES, measure_throughput
+from vit5.bench.timing import TimingConfig
 from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config_load import config_diff
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
-
-from .ablation_report import RunRecord, SpeedResult, build_section
-from .ablations import ABLATIONS, REFERENCE, Ablation, select_ablations
-from .config import BenchConfig
-from .environment import environment, load_average
-from .models import count_parameters
-from .report import markdown_table, render_markdown, write_report
-from .results import Section
-from .throughput import MODES, measure_throughput
-from .timing import TimingConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds
@@ -69,11 +68,23 @@ class Scale:
 SCALES: dict[str, Scale] = {
     # The digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs, 6 seeds: 54 runs in about an
     # hour on 2 idle CPU cores; best/ is not kept (the ablation reads the last epoch).
-    "digits": Scale("demo_digits.yaml", ("checkpoint.save_best=false", "run.progress=false"), tuple(range(6)), 6,
-                    timing_batch=64, timing=TimingConfig(warmup=1, rounds=5)),
-    "imagenet": Scale("vit5_small_in1k.yaml", ("checkpoint.save_best=false",), (0,), None,
-                      timing_batch=128, timing=TimingConfig(warmup=3, rounds=10)),
-}  # fmt: skip
+    "digits": Scale(
+        "demo_digits.yaml",
+        ("checkpoint.save_best=false", "run.progress=false"),
+        tuple(range(6)),
+        6,
+        timing_batch=64,
+        timing=TimingConfig(warmup=1, rounds=5),
+    ),
+    "imagenet": Scale(
+        "vit5_small_in1k.yaml",
+        ("checkpoint.save_best=false",),
+        (0,),
+        None,
+        timing_batch=128,
+        timing=TimingConfig(warmup=3, rounds=10),
+    ),
+}
 
 
 class AblationError(Vit5Error, ValueError):
@@ -113,14 +124,21 @@ class AblationPlan:
 
     def config(self, ablation: Ablation, seed: int) -> TrainConfig:
         """The training config of one run (validated; a bad override raises TrainConfigError)."""
-        per_run = [f"run.output_dir={self.out_dir / 'runs'}", f"run.name={self.run_name(ablation, seed)}",
-                   f"run.seed={seed}"]  # fmt: skip
+        per_run = [
+            f"run.output_dir={self.out_dir / 'runs'}",
+            f"run.name={self.run_name(ablation, seed)}",
+            f"run.seed={seed}",
+        ]
         return load_config(self.base, [*self.overrides, *ablation.overrides, *per_run])
 
 
 # ------------------------------------------------------------------------------------ training
 def train_run(
-    cfg: TrainConfig, ablation: str, seed: int, log: Path, datasets: tuple[Dataset, Dataset] | None,
+    cfg: TrainConfig,
+    ablation: str,
+    seed: int,
+    log: Path,
+    datasets: tuple[Dataset, Dataset] | None,
     keep_checkpoints: bool,
 ) -> RunRecord:
     """Train one run to the end, reuse it when finished before, or resume it from its last checkpoint.
@@ -204,8 +222,10 @@ def _run_line(r: RunRecord) -> str:
     if r.status != "completed":
         return f"{head}: {r.status.upper()}: {r.error}"
     how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
-    return (f"{head}: top-1 {_pct(r.final_top1)} (EMA {_pct(r.ema_top1)}), "
-            f"{r.train_images_per_s:.0f} img/s, {how}")  # fmt: skip
+    return (
+        f"{head}: top-1 {_pct(r.final_top1)} (EMA {_pct(r.ema_top1)}), "
+        f"{r.train_images_per_s:.0f} img/s, {how}"
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -213,7 +233,9 @@ def _pct(value: float | None) -> str:
 
 
 # ------------------------------------------------------------------------------------- timing
-def measure_speed(plan: AblationPlan, records: Sequence[RunRecord], log: Callable[[str], None]) -> SpeedResult:
+def measure_speed(
+    plan: AblationPlan, records: Sequence[RunRecord], log: Callable[[str], None]
+) -> SpeedResult:
     """Parameters of each trained model (its first seed's ``final/``) and forward / training-step
     images/s of all of them side by side, on the device and precision the runs trained with."""
     finals: dict[str, Path] = {}
@@ -224,13 +246,18 @@ def measure_speed(plan: AblationPlan, records: Sequence[RunRecord], log: Callabl
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
     dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
-    result = SpeedResult({name: count_parameters(m) for name, m in models.items()}, device=device, dtype=dtype)
+    result = SpeedResult(
+        {name: count_parameters(m) for name, m in models.items()}, device=device, dtype=dtype
+    )
     if models:
-        log(f"timing {len(models)} models side by side ({' and '.join(MODES)}, batch {plan.timing_batch}, "
-            f"{plan.timing.rounds} rounds, {device} {dtype})")  # fmt: skip
+        log(
+            f"timing {len(models)} models side by side ({' and '.join(MODES)}, batch {plan.timing_batch}, "
+            f"{plan.timing.rounds} rounds, {device} {dtype})"
+        )
         num_classes = next(iter(models.values())).cfg.num_classes
-        result.run = measure_throughput(models, cfg.model.img_size, plan.timing_batch, plan.timing, device,
-                                        dtype, num_classes=num_classes)  # fmt: skip
+        result.run = measure_throughput(
+            models, cfg.model.img_size, plan.timing_batch, plan.timing, device, dtype, num_classes=num_classes
+        )
     return result
 
 
@@ -239,8 +266,10 @@ def describe(plan: AblationPlan) -> str:
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     data = "digits" if cfg.data.dataset == "digits" else str(cfg.data.root)
     epochs = cfg.schedule.epochs
-    return (f"{cfg.model.name} @ {cfg.model.img_size}px on {data}, {epochs} epoch{'s' * (epochs != 1)}, "
-            f"seed{'s' * (len(plan.seeds) != 1)} {', '.join(map(str, plan.seeds))}")  # fmt: skip
+    return (
+        f"{cfg.model.name} @ {cfg.model.img_size}px on {data}, {epochs} epoch{'s' * (epochs != 1)}, "
+        f"seed{'s' * (len(plan.seeds) != 1)} {', '.join(map(str, plan.seeds))}"
+    )
 
 
 @dataclass
@@ -264,14 +293,18 @@ def run_ablation(
     if not is_main_process():
         return AblationResult(records)
     speed = measure_speed(plan, records, log=print if show_progress else lambda _: None)
-    section = build_section(plan.ablations, records, speed, describe(plan), plan.out_dir / "figures", plan.label)
+    section = build_section(
+        plan.ablations, records, speed, describe(plan), plan.out_dir / "figures", plan.label
+    )
     env = environment(BenchConfig(device=speed.device, dtype=speed.dtype))
     env.update(
-        load_average=load_before, base_config=str(plan.base), overrides=" ".join(plan.overrides),
+        load_average=load_before,
+        base_config=str(plan.base),
+        overrides=" ".join(plan.overrides),
         seeds=list(plan.seeds),
         training_minutes=round(sum(r.wall_seconds for r in records if r.completed) / 60, 1),
         load_average_after=load_average(),
-    )  # fmt: skip
+    )
     md_path, _ = write_report([section], plan.out_dir, env)
     md_path.write_text(render_markdown([section], env, title=TITLE))  # write_report titles the benchmark
     return AblationResult(records, section, md_path)
@@ -279,21 +312,39 @@ def run_ablation(
 
 # --------------------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m vit5.bench.ablate", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--scale", choices=tuple(SCALES), default="digits",
-                        help="digits (default): the demo recipe at a reduced budget, for a CPU; imagenet: "
-                             "configs/vit5_small_in1k.yaml, needs data.root=...")  # fmt: skip
-    parser.add_argument("--config", type=Path, default=None, help="base training recipe instead of the scale's")
+    parser = argparse.ArgumentParser(
+        prog="python -m vit5.bench.ablate",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--scale",
+        choices=tuple(SCALES),
+        default="digits",
+        help="digits (default): the demo recipe at a reduced budget, for a CPU; imagenet: "
+        "configs/vit5_small_in1k.yaml, needs data.root=...",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="base training recipe instead of the scale's"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the scale's)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the scale's)")
-    parser.add_argument("--only", default=None,
-                        help=f"comma-separated ablations (full is always run): {','.join(ABLATIONS)}")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/ablate_<scale>)")
+    parser.add_argument(
+        "--only", default=None, help=f"comma-separated ablations (full is always run): {','.join(ABLATIONS)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output directory (default runs/ablate_<scale>)"
+    )
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints/")
-    parser.add_argument("--list", action="store_true", help="print the ablations and their overrides, then exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="training-config overrides for every run, e.g. data.batch_size=32")  # fmt: skip
+    parser.add_argument(
+        "--list", action="store_true", help="print the ablations and their overrides, then exit"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="training-config overrides for every run, e.g. data.batch_size=32",
+    )
     return parser.parse_args(argv)
 
 

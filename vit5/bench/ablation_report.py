@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .ablations import REFERENCE, Ablation
-from .plots import bar_chart
-from .results import Section, Table, Target
-from .throughput import MODES, ThroughputRun
-from .timing import speedup
+from vit5.bench.ablations import REFERENCE, Ablation
+from vit5.bench.plots import bar_chart
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.throughput import MODES, ThroughputRun
+from vit5.bench.timing import speedup
 
 SWIGLU_PARAM_TOLERANCE_PERCENT = 3.0
 FIGURE = "ablation_top1_delta.png"
@@ -46,7 +46,9 @@ class RunRecord:
     def from_summary(cls, ablation: str, seed: int, summary: dict[str, Any], reused: bool) -> RunRecord:
         """From a training summary (:meth:`vit5.train.Trainer.fit` / ``summary.json``)."""
         keys = ("final_top1", "ema_top1", "val_images", "train_images_per_s", "wall_seconds")
-        return cls(ablation, seed, summary["run_dir"], summary["status"], reused, **{k: summary[k] for k in keys})
+        return cls(
+            ablation, seed, summary["run_dir"], summary["status"], reused, **{k: summary[k] for k in keys}
+        )
 
     @property
     def completed(self) -> bool:
@@ -136,9 +138,13 @@ def deltas(by_name: dict[str, Spread]) -> dict[str, Delta]:
 
 # ------------------------------------------------------------------------------------ section
 def build_section(
-    ablations: Sequence[Ablation], records: Sequence[RunRecord], speed: SpeedResult, setting: str,
-    figures_dir: Path, label: str = "",
-) -> Section:  # fmt: skip
+    ablations: Sequence[Ablation],
+    records: Sequence[RunRecord],
+    speed: SpeedResult,
+    setting: str,
+    figures_dir: Path,
+    label: str = "",
+) -> Section:
     """Tables, notes, the SwiGLU parameter-parity check and the delta plot (under ``figures_dir``)."""
     raw, ema = spreads(records, "final_top1"), spreads(records, "ema_top1")
     section = Section(
@@ -179,13 +185,28 @@ def accuracy_table(
     for a in ablations:
         if a.name not in raw:
             continue
-        rows.append((
-            a.name, a.what, raw[a.name].n, raw[a.name].text(), _delta_cell(raw_d, a.name),
-            ema[a.name].text() if a.name in ema else "n/a", _delta_cell(ema_d, a.name),
-            "-" if a.paper_delta is None else f"{a.paper_delta:+.2f}",
-        ))  # fmt: skip
-    columns = ("ablation", "change", "seeds", "top-1 % (mean ± std)", "Δ vs full (± SE)", "EMA top-1 %",
-               "EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)")  # fmt: skip
+        rows.append(
+            (
+                a.name,
+                a.what,
+                raw[a.name].n,
+                raw[a.name].text(),
+                _delta_cell(raw_d, a.name),
+                ema[a.name].text() if a.name in ema else "n/a",
+                _delta_cell(ema_d, a.name),
+                "-" if a.paper_delta is None else f"{a.paper_delta:+.2f}",
+            )
+        )
+    columns = (
+        "ablation",
+        "change",
+        "seeds",
+        "top-1 % (mean ± std)",
+        "Δ vs full (± SE)",
+        "EMA top-1 %",
+        "EMA Δ (± SE)",
+        "paper Δ, ImageNet (UNVERIFIED)",
+    )
     return Table(f"Top-1: {setting}", columns, tuple(rows))
 
 
@@ -204,14 +225,29 @@ def speed_table(ablations: Sequence[Ablation], records: Sequence[RunRecord], spe
         if a.name not in speed.params:
             continue
         cells: list[Any] = [a.name, f"{speed.params[a.name]:,}", _ratio(speed.params, a.name, "{:.3f}")]
-        cells += [f"{in_runs[a.name]:.0f}", _ratio(in_runs, a.name, "{:.2f}x")] if a.name in in_runs else ["n/a"] * 2
+        cells += (
+            [f"{in_runs[a.name]:.0f}", _ratio(in_runs, a.name, "{:.2f}x")]
+            if a.name in in_runs
+            else ["n/a"] * 2
+        )
         for mode in MODES:
             cells += _side_by_side_cells(speed.run, mode, a.name)
         rows.append(tuple(cells))
-    columns = ("ablation", "parameters", "vs full", "train img/s in runs", "vs full", "forward img/s",
-               "vs full (IQR)", "train-step img/s", "vs full (IQR)")  # fmt: skip
+    columns = (
+        "ablation",
+        "parameters",
+        "vs full",
+        "train img/s in runs",
+        "vs full",
+        "forward img/s",
+        "vs full (IQR)",
+        "train-step img/s",
+        "vs full (IQR)",
+    )
     how = f"batch {speed.run.batch} at {speed.run.img_size}px, " if speed.run else ""
-    return Table(f"Parameters and throughput (side by side: {how}{speed.device} {speed.dtype})", columns, tuple(rows))
+    return Table(
+        f"Parameters and throughput (side by side: {how}{speed.device} {speed.dtype})", columns, tuple(rows)
+    )
 
 
 def _ratio(values: dict[str, float] | dict[str, int], name: str, fmt: str) -> str:
@@ -254,8 +290,11 @@ def accuracy_notes(
     for label, by_name in (("raw", raw), ("EMA", ema)):
         found = deltas(by_name)
         if found:
-            hits = [f"{a.name} ({found[a.name].text(mark=False)})" for a in ablations
-                    if a.name in found and found[a.name].beyond_noise]  # fmt: skip
+            hits = [
+                f"{a.name} ({found[a.name].text(mark=False)})"
+                for a in ablations
+                if a.name in found and found[a.name].beyond_noise
+            ]
             notes.append(f"Beyond the seed spread ({label}): {', '.join(hits) if hits else 'none'}.")
     return notes
 
@@ -281,8 +320,13 @@ def swiglu_parity(params: dict[str, int]) -> Target | None:
     if "swiglu" not in params or REFERENCE not in params:
         return None
     off = 100 * abs(params["swiglu"] / params[REFERENCE] - 1)
-    return Target("SwiGLU model's parameters within 3% of the GELU model's (a fair swap)", off,
-                  SWIGLU_PARAM_TOLERANCE_PERCENT, higher_is_better=False, unit="%")  # fmt: skip
+    return Target(
+        "SwiGLU model's parameters within 3% of the GELU model's (a fair swap)",
+        off,
+        SWIGLU_PARAM_TOLERANCE_PERCENT,
+        higher_is_better=False,
+        unit="%",
+    )
 
 
 def delta_plot(
@@ -296,6 +340,13 @@ def delta_plot(
         if all(n in found for n in names):
             series[label] = [found[n].value for n in names]
             errors[label] = [found[n].interval for n in names]
-    bar_chart(path, names, series, errors, title=f"Top-1 change vs the full ViT-5\n{setting}",
-              ylabel="Δ top-1 (points), ± 2 SE", reference_line=0.0)  # fmt: skip
+    bar_chart(
+        path,
+        names,
+        series,
+        errors,
+        title=f"Top-1 change vs the full ViT-5\n{setting}",
+        ylabel="Δ top-1 (points), ± 2 SE",
+        reference_line=0.0,
+    )
     return f"{path.parent.name}/{path.name}"

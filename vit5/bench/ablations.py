@@ -29,20 +29,41 @@ ABLATIONS: dict[str, Ablation] = {
     for a in (
         Ablation("full", "ViT-5 as configured: every component", ()),
         Ablation("no_layerscale", "without LayerScale", (f"{_M}layer_scale=null",), -0.29),
-        Ablation("no_rope", "without 2D RoPE (patches and registers; APE only)",
-                 (f"{_M}rope=false", f"{_M}register_rope=false"), -0.24),
+        Ablation(
+            "no_rope",
+            "without 2D RoPE (patches and registers; APE only)",
+            (f"{_M}rope=false", f"{_M}register_rope=false"),
+            -0.24,
+        ),
         Ablation("no_registers", "without the 4 registers", (f"{_M}num_registers=0",), -0.17),
-        Ablation("layernorm", "LayerNorm instead of RMSNorm (blocks, final and QK-norm)",
-                 (f"{_M}norm=layernorm",), -0.15),
+        Ablation(
+            "layernorm",
+            "LayerNorm instead of RMSNorm (blocks, final and QK-norm)",
+            (f"{_M}norm=layernorm",),
+            -0.15,
+        ),
         Ablation("no_qk_norm", "without QK-norm", (f"{_M}qk_norm=false",), -0.12),
         Ablation("qkv_bias", "with a bias on the qkv projection", (f"{_M}qkv_bias=true",), -0.06),
-        Ablation("swiglu", "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
-                 (f"{_M}mlp=swiglu",), -0.42),
-        Ablation("deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm",
-                 (f"{_M}norm=layernorm", f"{_M}qkv_bias=true", f"{_M}rope=false", f"{_M}num_registers=0",
-                  f"{_M}qk_norm=false"), -0.8),
+        Ablation(
+            "swiglu",
+            "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
+            (f"{_M}mlp=swiglu",),
+            -0.42,
+        ),
+        Ablation(
+            "deit3",
+            "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm",
+            (
+                f"{_M}norm=layernorm",
+                f"{_M}qkv_bias=true",
+                f"{_M}rope=false",
+                f"{_M}num_registers=0",
+                f"{_M}qk_norm=false",
+            ),
+            -0.8,
+        ),
     )
-}  # fmt: skip
+}
 
 REFERENCE = "full"  # every delta is against this one
 

@@ -15,14 +15,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from vit5.bench.config import BenchConfig
+from vit5.bench.context import BenchContext
+from vit5.bench.memory import measure_memory
+from vit5.bench.plots import line_chart
+from vit5.bench.results import Section, Table, Target, format_bytes
+from vit5.bench.timing import device_sync, measure
 from vit5.layers import eager_attention
-
-from .config import BenchConfig
-from .context import BenchContext
-from .memory import measure_memory
-from .plots import line_chart
-from .results import Section, Table, Target, format_bytes
-from .timing import device_sync, measure
 
 TARGET_TOKENS = 8192
 MAX_SDPA_FRACTION = 0.25
@@ -45,6 +44,7 @@ def _flash_attn_backend() -> AttentionFn | None:
         from flash_attn import flash_attn_func
     except ImportError:
         return None
+
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
@@ -73,8 +73,11 @@ def _measure_length(
         for name, fn in backends.items():
             reading, outputs[name] = measure_memory(lambda fn=fn: fn(q, k, v), cfg.device)
             result[name] = {"peak_bytes": reading.peak}
-        samples = measure({b: (lambda fn=fn: fn(q, k, v)) for b, fn in backends.items()}, cfg.attn_timing,
-                          device_sync(cfg.device))
+        samples = measure(
+            {b: (lambda fn=fn: fn(q, k, v)) for b, fn in backends.items()},
+            cfg.attn_timing,
+            device_sync(cfg.device),
+        )
     for name in backends:
         result[name]["seconds"] = samples[name].median
         if "eager" in outputs:
@@ -103,35 +106,62 @@ def run(ctx: BenchContext) -> Section:
     rows = []
     for n, by_backend in results.items():
         sdpa, eager = by_backend["sdpa"], by_backend.get("eager")
-        rows.append((
-            n,
-            format_bytes(sdpa["peak_bytes"]),
-            format_bytes(eager["peak_bytes"]) if eager else "skipped",
-            f"{eager['peak_bytes'] / sdpa['peak_bytes']:.1f}x" if eager else "-",
-            f"{1e3 * sdpa['seconds']:.2f}",
-            f"{1e3 * eager['seconds']:.2f}" if eager else "-",
-            f"{eager['seconds'] / sdpa['seconds']:.2f}x" if eager else "-",
-            f"{sdpa['max_abs_diff_vs_eager']:.1e}" if eager else "-",
-        ))
-    columns = ("tokens", "sdpa peak", "eager peak", "eager/sdpa memory", "sdpa ms", "eager ms",
-               "sdpa speed-up", "max |sdpa - eager|")
+        rows.append(
+            (
+                n,
+                format_bytes(sdpa["peak_bytes"]),
+                format_bytes(eager["peak_bytes"]) if eager else "skipped",
+                f"{eager['peak_bytes'] / sdpa['peak_bytes']:.1f}x" if eager else "-",
+                f"{1e3 * sdpa['seconds']:.2f}",
+                f"{1e3 * eager['seconds']:.2f}" if eager else "-",
+                f"{eager['seconds'] / sdpa['seconds']:.2f}x" if eager else "-",
+                f"{sdpa['max_abs_diff_vs_eager']:.1e}" if eager else "-",
+            )
+        )
+    columns = (
+        "tokens",
+        "sdpa peak",
+        "eager peak",
+        "eager/sdpa memory",
+        "sdpa ms",
+        "eager ms",
+        "sdpa speed-up",
+        "max |sdpa - eager|",
+    )
     section.tables.append(Table(f"Attention ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
     if TARGET_TOKENS in results and "eager" in results[TARGET_TOKENS]:
         at_target = results[TARGET_TOKENS]
         fraction = at_target["sdpa"]["peak_bytes"] / at_target["eager"]["peak_bytes"]
-        section.targets.append(Target(f"sdpa peak memory / eager peak at {TARGET_TOKENS} tokens", fraction,
-                                      MAX_SDPA_FRACTION, higher_is_better=False))
+        section.targets.append(
+            Target(
+                f"sdpa peak memory / eager peak at {TARGET_TOKENS} tokens",
+                fraction,
+                MAX_SDPA_FRACTION,
+                higher_is_better=False,
+            )
+        )
     else:
-        section.notes.append(f"The {TARGET_TOKENS}-token target was not measured in this run (lengths: "
-                             f"{cfg.attn_seq_lens}, eager limit {format_bytes(cfg.attn_eager_max_bytes)}).")
+        section.notes.append(
+            f"The {TARGET_TOKENS}-token target was not measured in this run (lengths: "
+            f"{cfg.attn_seq_lens}, eager limit {format_bytes(cfg.attn_eager_max_bytes)})."
+        )
     lengths = list(results)
     names = list(backends)
     for key, label, scale in (("peak_bytes", "peak memory (MiB)", 2**-20), ("seconds", "time (ms)", 1e3)):
         path = ctx.figure(f"attention_{key}.png")
-        series = {b: [results[n][b][key] * scale if b in results[n] else None for n in lengths]
-                  for b in names}
-        line_chart(path, lengths, series, title=f"Attention {label} vs tokens", xlabel="tokens", ylabel=label,
-                   logx=True, logy=True)
+        series = {
+            b: [results[n][b][key] * scale if b in results[n] else None for n in lengths] for b in names
+        }
+        line_chart(
+            path,
+            lengths,
+            series,
+            title=f"Attention {label} vs tokens",
+            xlabel="tokens",
+            ylabel=label,
+            logx=True,
+            logy=True,
+        )
         section.figures.append(ctx.relative(path))
     section.data = {"results": {str(n): r for n, r in results.items()}}
     return section

@@ -20,12 +20,18 @@ import torch._inductor.config
 from torch._dynamo.utils import counters
 
 import vit5
-
-from .context import BenchContext
-from .models import ModelSpec, build_vit5
-from .results import Section, Table
-from .throughput import MODES, autocast_context, forward_step, measure_throughput, random_batch, train_step
-from .timing import device_sync, speedup
+from vit5.bench.context import BenchContext
+from vit5.bench.models import ModelSpec, build_vit5
+from vit5.bench.results import Section, Table
+from vit5.bench.throughput import (
+    MODES,
+    autocast_context,
+    forward_step,
+    measure_throughput,
+    random_batch,
+    train_step,
+)
+from vit5.bench.timing import device_sync, speedup
 
 WAYS: tuple[str, ...] = ("eager", "compiled", "regional")
 
@@ -67,8 +73,11 @@ def run(ctx: BenchContext) -> Section:
             ctx.log(f"torch.compile ({cfg.compile_backend}) of vit5_{size}: first calls, {way}")
             fwd_s, fwd_graphs = _first_call(forward_step(model, images, amp), sync)
             train_s, train_graphs = _first_call(train_step(model, images, labels, amp), sync)
-            cold[way] = {"first_forward_s": fwd_s, "first_train_step_s": train_s,
-                         "graphs": fwd_graphs + train_graphs}
+            cold[way] = {
+                "first_forward_s": fwd_s,
+                "first_train_step_s": train_s,
+                "graphs": fwd_graphs + train_graphs,
+            }
     with torch.no_grad():
         for model in models.values():
             model.eval()
@@ -86,16 +95,30 @@ def run(ctx: BenchContext) -> Section:
     rows = []
     for way in WAYS:
         first = cold[way]
-        cells: list[object] = [way, f"{first['first_forward_s']:.2f}", f"{first['first_train_step_s']:.2f}",
-                               int(first["graphs"])]
+        cells: list[object] = [
+            way,
+            f"{first['first_forward_s']:.2f}",
+            f"{first['first_train_step_s']:.2f}",
+            int(first["graphs"]),
+        ]
         for mode in MODES:
             rate = run.samples[mode][way].rate(cfg.batch)
             ratio = speedup(run.samples[mode][way], run.samples[mode]["eager"])
-            cells += [f"{rate.median:.1f} ({rate.q1:.1f}-{rate.q3:.1f})",
-                      f"{ratio.median:.2f}x ({ratio.q1:.2f}-{ratio.q3:.2f})"]
+            cells += [
+                f"{rate.median:.1f} ({rate.q1:.1f}-{rate.q3:.1f})",
+                f"{ratio.median:.2f}x ({ratio.q1:.2f}-{ratio.q3:.2f})",
+            ]
         rows.append(tuple(cells))
-    columns = ("way", "first forward s", "first train step s", "graphs compiled", "forward img/s (IQR)",
-               "x eager", "train img/s (IQR)", "x eager")
+    columns = (
+        "way",
+        "first forward s",
+        "first train step s",
+        "graphs compiled",
+        "forward img/s (IQR)",
+        "x eager",
+        "train img/s (IQR)",
+        "x eager",
+    )
     section.tables.append(Table(f"Cold start and steady speed (vit5_{size})", columns, tuple(rows)))
     section.notes.append(
         "Largest logit difference from eager: "
@@ -104,8 +127,14 @@ def run(ctx: BenchContext) -> Section:
         "regional compilation builds one block's graphs and reuses them for every block."
     )
     if cfg.compile_backend != "inductor":
-        section.notes.append(f"Backend {cfg.compile_backend!r} generates no code: these rows exercise the "
-                             "paths, they do not measure fusion or compile time.")
-    section.data = {"cold_start": cold, "max_abs_diff": max_diff, "backend": cfg.compile_backend,
-                    "run": run.to_dict()}
+        section.notes.append(
+            f"Backend {cfg.compile_backend!r} generates no code: these rows exercise the "
+            "paths, they do not measure fusion or compile time."
+        )
+    section.data = {
+        "cold_start": cold,
+        "max_abs_diff": max_diff,
+        "backend": cfg.compile_backend,
+        "run": run.to_dict(),
+    }
     return section

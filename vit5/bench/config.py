@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from .timing import TimingConfig
+from vit5.bench.timing import TimingConfig
 
 Profile = Literal["smoke", "quick", "full"]
 
@@ -83,7 +83,9 @@ class BenchConfig:
         if device is None or device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
         if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)")
+            raise ValueError(
+                f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)"
+            )
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import BenchConfig
+from vit5.bench.config import BenchConfig
 
 
 @dataclass

@@ -100,13 +100,15 @@ def vit5_pipelines() -> dict[str, Pipeline]:
 def torchvision_pipelines() -> dict[str, Pipeline]:
     """The official DeiT-III / ViT-5 transforms on PIL (``augment.py``; ``datasets.py`` for eval)."""
     finish = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    train = T.Compose([
-        T.RandomResizedCrop(SIZE, interpolation=T.InterpolationMode.BICUBIC),
-        T.RandomHorizontalFlip(),
-        T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), T.Lambda(_pil_blur)]),
-        T.ColorJitter(0.3, 0.3, 0.3),
-        *finish,
-    ])  # fmt: skip
+    train = T.Compose(
+        [
+            T.RandomResizedCrop(SIZE, interpolation=T.InterpolationMode.BICUBIC),
+            T.RandomHorizontalFlip(),
+            T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), T.Lambda(_pil_blur)]),
+            T.ColorJitter(0.3, 0.3, 0.3),
+            *finish,
+        ]
+    )
     val = T.Compose([T.Resize(SIZE, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE), *finish])
     return {"train": lambda p: train(_pil_open(p)), "eval": lambda p: val(_pil_open(p))}
 

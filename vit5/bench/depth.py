@@ -27,12 +27,11 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
-
-from .config import DepthAblationConfig
-from .context import BenchContext
-from .plots import line_chart
-from .results import Section, Table, Target
-from .timing import num_threads
+from vit5.bench.config import DepthAblationConfig
+from vit5.bench.context import BenchContext
+from vit5.bench.plots import line_chart
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.timing import num_threads
 
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
@@ -50,9 +49,19 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
 def build_trunk(cfg: DepthAblationConfig, pre_norm: bool) -> nn.Module:
     torch.manual_seed(0)
     return vit5.create_model(
-        "vit5_tiny", img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=cfg.width,
-        depth=cfg.depth, num_heads=cfg.heads, pre_norm=pre_norm, layer_scale=None, num_registers=0,
-        rope=False, register_rope=False,
+        "vit5_tiny",
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=cfg.width,
+        depth=cfg.depth,
+        num_heads=cfg.heads,
+        pre_norm=pre_norm,
+        layer_scale=None,
+        num_registers=0,
+        rope=False,
+        register_rope=False,
     )
 
 
@@ -60,8 +69,9 @@ def layer_grad_norms(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     """L2 norm of d(loss)/d(parameters) of each block, for one batch."""
     model.zero_grad(set_to_none=True)
     F.cross_entropy(model(images), labels).backward()
-    norms = [math.sqrt(sum(float(p.grad.square().sum()) for p in block.parameters()))
-             for block in model.blocks]
+    norms = [
+        math.sqrt(sum(float(p.grad.square().sum()) for p in block.parameters())) for block in model.blocks
+    ]
     model.zero_grad(set_to_none=True)
     return norms
 
@@ -126,27 +136,63 @@ def run(ctx: BenchContext) -> Section:
         f"each fixed lr without warmup (batch {cfg.batch}).",
     )
     ratios = {name: output_input_ratio(p) for name, p in profiles.items()}
-    section.tables.append(Table("Gradient profile at step 0", (
-        "placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest"),
-        tuple((name, f"{ratios[name]:.2f}", f"{p[0] / p[1]:.1f}", f"{min(p):.3g}", f"{max(p):.3g}")
-              for name, p in profiles.items())))
-    section.tables.append(Table("Fixed-lr runs", (
-        "placement", "lr", "first loss", "best loss", "final loss (last 10)", "largest spike (nats)"),
-        tuple((name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{_final(c):.3f}", f"{largest_spike(c):.3f}")
-              for (name, lr), c in curves.items())))
+    section.tables.append(
+        Table(
+            "Gradient profile at step 0",
+            ("placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest"),
+            tuple(
+                (name, f"{ratios[name]:.2f}", f"{p[0] / p[1]:.1f}", f"{min(p):.3g}", f"{max(p):.3g}")
+                for name, p in profiles.items()
+            ),
+        )
+    )
+    section.tables.append(
+        Table(
+            "Fixed-lr runs",
+            ("placement", "lr", "first loss", "best loss", "final loss (last 10)", "largest spike (nats)"),
+            tuple(
+                (
+                    name,
+                    f"{lr:g}",
+                    f"{c[0]:.3f}",
+                    f"{min(c):.3f}",
+                    f"{_final(c):.3f}",
+                    f"{largest_spike(c):.3f}",
+                )
+                for (name, lr), c in curves.items()
+            ),
+        )
+    )
     top = max(cfg.lrs)
     section.targets += [
-        Target("pre-norm gradient profile flat: last/first-quarter ratio, lower bound", ratios["pre-norm"],
-               FLAT_BAND[0]),
-        Target("pre-norm gradient profile flat: last/first-quarter ratio, upper bound", ratios["pre-norm"],
-               FLAT_BAND[1], higher_is_better=False),
-        Target("post-norm gradient grows toward the output: last/first-quarter ratio", ratios["post-norm"],
-               GROWING_RATIO),
-        Target(f"post-norm spikes at lr {top:g}: largest rise above its best loss",
-               largest_spike(curves[("post-norm", top)]), SPIKE_NATS, unit="nats"),
-        Target(f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap",
-               _final(curves[("post-norm", top)]) - _final(curves[("pre-norm", top)]), SPIKE_NATS,
-               unit="nats"),
+        Target(
+            "pre-norm gradient profile flat: last/first-quarter ratio, lower bound",
+            ratios["pre-norm"],
+            FLAT_BAND[0],
+        ),
+        Target(
+            "pre-norm gradient profile flat: last/first-quarter ratio, upper bound",
+            ratios["pre-norm"],
+            FLAT_BAND[1],
+            higher_is_better=False,
+        ),
+        Target(
+            "post-norm gradient grows toward the output: last/first-quarter ratio",
+            ratios["post-norm"],
+            GROWING_RATIO,
+        ),
+        Target(
+            f"post-norm spikes at lr {top:g}: largest rise above its best loss",
+            largest_spike(curves[("post-norm", top)]),
+            SPIKE_NATS,
+            unit="nats",
+        ),
+        Target(
+            f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap",
+            _final(curves[("post-norm", top)]) - _final(curves[("pre-norm", top)]),
+            SPIKE_NATS,
+            unit="nats",
+        ),
     ]
     section.notes.append(
         "Pre-norm gradients falling toward the output match NormFormer's measurement (Shleifer et al., "
@@ -155,16 +201,32 @@ def run(ctx: BenchContext) -> Section:
         "d = 512)."
     )
     path = ctx.figure("depth_grad_profile.png")
-    line_chart(path, list(range(cfg.depth)), profiles,
-               title=f"Gradient norm per block at step 0, depth {cfg.depth}",
-               xlabel="block (input -> output)", ylabel="||grad||", logy=True)
+    line_chart(
+        path,
+        list(range(cfg.depth)),
+        profiles,
+        title=f"Gradient norm per block at step 0, depth {cfg.depth}",
+        xlabel="block (input -> output)",
+        ylabel="||grad||",
+        logy=True,
+    )
     section.figures.append(ctx.relative(path))
     path = ctx.figure("depth_loss.png")
-    series = {f"{name} lr {lr:g}": [v if math.isfinite(v) else None for v in c]
-              for (name, lr), c in curves.items()}
-    line_chart(path, list(range(1, cfg.steps + 1)), series, title="Training loss at fixed lr, no warmup",
-               xlabel="step", ylabel="cross-entropy")
+    series = {
+        f"{name} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (name, lr), c in curves.items()
+    }
+    line_chart(
+        path,
+        list(range(1, cfg.steps + 1)),
+        series,
+        title="Training loss at fixed lr, no warmup",
+        xlabel="step",
+        ylabel="cross-entropy",
+    )
     section.figures.append(ctx.relative(path))
-    section.data = {"grad_norms": profiles, "losses": {f"{n}@{lr:g}": c for (n, lr), c in curves.items()},
-                    "config": dataclasses.asdict(cfg)}
+    section.data = {
+        "grad_norms": profiles,
+        "losses": {f"{n}@{lr:g}": c for (n, lr), c in curves.items()},
+        "config": dataclasses.asdict(cfg),
+    }
     return section

@@ -9,7 +9,7 @@ import sys
 import timm
 import torch
 
-from .config import BenchConfig
+from vit5.bench.config import BenchConfig
 
 
 def cpu_name() -> str:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 
 import vit5
-
-from .context import BenchContext
-from .results import Section, Table
-from .timing import measure, speedup
+from vit5.bench.context import BenchContext
+from vit5.bench.results import Section, Table
+from vit5.bench.timing import measure, speedup
 
 
 def _session(path, threads: int):

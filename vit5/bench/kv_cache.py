@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from vit5.bench.config import BenchConfig
+from vit5.bench.context import BenchContext
+from vit5.bench.memory import measure_memory
+from vit5.bench.plots import bar_chart
+from vit5.bench.results import Section, Table, Target
 from vit5.layers import Attention, AttentionConfig, KVCache
-
-from .config import BenchConfig
-from .context import BenchContext
-from .memory import measure_memory
-from .plots import bar_chart
-from .results import Section, Table, Target
 
 
 def formula_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -83,18 +82,40 @@ def run(ctx: BenchContext) -> Section:
         kind = "MHA" if kv_heads == cfg.kv_heads else "MQA" if kv_heads == 1 else f"GQA-{kv_heads}"
         equal = r["exact_multiple"] and r["measured_per_token"] == r["formula_per_token"]
         shrink = results[0]["measured_per_token"] / r["measured_per_token"]
-        rows.append((kind, kv_heads, f"{r['measured_per_token']:,}", f"{r['formula_per_token']:,}",
-                     "yes" if equal else "NO", f"{shrink:.1f}x"))
+        rows.append(
+            (
+                kind,
+                kv_heads,
+                f"{r['measured_per_token']:,}",
+                f"{r['formula_per_token']:,}",
+                "yes" if equal else "NO",
+                f"{shrink:.1f}x",
+            )
+        )
         excess = r["retained_bytes"] - r["formula_per_token"] * cfg.kv_tokens * cfg.kv_batch
-        section.targets.append(Target(f"{kind}: |measured - formula| bytes held", abs(excess), 0.0,
-                                      higher_is_better=False, unit="B"))
-    section.tables.append(Table("KV cache", ("attention", "kv heads", "measured B/token", "formula B/token",
-                                             "equal", "smaller than MHA"), tuple(rows)))
+        section.targets.append(
+            Target(
+                f"{kind}: |measured - formula| bytes held", abs(excess), 0.0, higher_is_better=False, unit="B"
+            )
+        )
+    section.tables.append(
+        Table(
+            "KV cache",
+            ("attention", "kv heads", "measured B/token", "formula B/token", "equal", "smaller than MHA"),
+            tuple(rows),
+        )
+    )
     path = ctx.figure("kv_cache.png")
-    bar_chart(path, [str(r["kv_heads"]) for r in results],
-              {"measured": [r["measured_per_token"] for r in results],
-               "formula": [r["formula_per_token"] for r in results]},
-              title="KV-cache bytes per token by kv heads", ylabel="bytes / token")
+    bar_chart(
+        path,
+        [str(r["kv_heads"]) for r in results],
+        {
+            "measured": [r["measured_per_token"] for r in results],
+            "formula": [r["formula_per_token"] for r in results],
+        },
+        title="KV-cache bytes per token by kv heads",
+        ylabel="bytes / token",
+    )
     section.figures.append(ctx.relative(path))
     section.data = {"results": results}
     return section

@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from .context import BenchContext
-from .flops import analytic_forward_flops, counted_forward_flops
-from .models import EAGER_CONTENDERS, ModelSpec, build_contender
-from .plots import bar_chart
-from .results import Section, Table
-from .throughput import autocast_context, forward_step
-from .timing import Quartiles, device_sync, measure
+from vit5.bench.context import BenchContext
+from vit5.bench.flops import analytic_forward_flops, counted_forward_flops
+from vit5.bench.models import EAGER_CONTENDERS, ModelSpec, build_contender
+from vit5.bench.plots import bar_chart
+from vit5.bench.results import Section, Table
+from vit5.bench.throughput import autocast_context, forward_step
+from vit5.bench.timing import Quartiles, device_sync, measure
 
 MATMUL = "matmul"
 
@@ -58,22 +58,40 @@ def run(ctx: BenchContext) -> Section:
         achieved = [flops[name] / s for s in samples[name].seconds]
         ratio = Quartiles.of([a / (matmul_flops / m) for a, m in zip(achieved, samples[MATMUL].seconds)])
         mfu[name] = ratio.median
-        rows.append((name, f"{flops[name] / cfg.batch / 1e9:.2f}",
-                     f"{Quartiles.of(achieved).median / 1e9:.1f}",
-                     f"{100 * ratio.median:.1f}% ({100 * ratio.q1:.1f}-{100 * ratio.q3:.1f})"))
-    section.tables.append(Table(
-        f"MFU ({cfg.device}, {cfg.dtype}); matmul peak {peak.median / 1e9:.1f} GFLOP/s",
-        ("model", "GFLOPs / image", "achieved GFLOP/s", "MFU (IQR)"), tuple(rows),
-    ))
+        rows.append(
+            (
+                name,
+                f"{flops[name] / cfg.batch / 1e9:.2f}",
+                f"{Quartiles.of(achieved).median / 1e9:.1f}",
+                f"{100 * ratio.median:.1f}% ({100 * ratio.q1:.1f}-{100 * ratio.q3:.1f})",
+            )
+        )
+    section.tables.append(
+        Table(
+            f"MFU ({cfg.device}, {cfg.dtype}); matmul peak {peak.median / 1e9:.1f} GFLOP/s",
+            ("model", "GFLOPs / image", "achieved GFLOP/s", "MFU (IQR)"),
+            tuple(rows),
+        )
+    )
     section.notes.append(
         f"vit5 FLOPs counted {flops['vit5']:,} vs analytic {analytic:,} "
         f"({'equal' if flops['vit5'] == analytic else 'differ'}). The reference path does the same math "
         "(its explicit attention matmuls count the same FLOPs as the fused kernel)."
     )
     path = ctx.figure("mfu.png")
-    bar_chart(path, list(mfu), {"MFU %": [100 * v for v in mfu.values()]},
-              title="Forward MFU vs same-run matmul", ylabel="% of matmul FLOP/s")
+    bar_chart(
+        path,
+        list(mfu),
+        {"MFU %": [100 * v for v in mfu.values()]},
+        title="Forward MFU vs same-run matmul",
+        ylabel="% of matmul FLOP/s",
+    )
     section.figures.append(ctx.relative(path))
-    section.data = {"flops": flops, "analytic_vit5_flops": analytic, "matmul_flops_per_s": peak.to_dict(),
-                    "mfu": mfu, "samples": {k: s.to_dict() for k, s in samples.items()}}
+    section.data = {
+        "flops": flops,
+        "analytic_vit5_flops": analytic,
+        "matmul_flops_per_s": peak.to_dict(),
+        "mfu": mfu,
+        "samples": {k: s.to_dict() for k, s in samples.items()},
+    }
     return section

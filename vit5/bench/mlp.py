@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 import vit5
+from vit5.bench.context import BenchContext
+from vit5.bench.models import count_parameters
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.timing import device_sync, measure, speedup
 from vit5.layers import Mlp, SwiGLU, swiglu_hidden_dim
-
-from .context import BenchContext
-from .models import count_parameters
-from .results import Section, Table, Target
-from .timing import device_sync, measure, speedup
 
 
 def weight_count(module: nn.Module) -> int:
@@ -47,12 +46,14 @@ def run(ctx: BenchContext) -> Section:
         def step() -> None:
             with torch.no_grad():
                 m(x)
+
         return step
 
     def forward_backward(m: nn.Module):
         def step() -> None:
             m(xg).backward(grad)
             m.zero_grad(set_to_none=True)
+
         return step
 
     ctx.log("MLPs: forward and forward+backward")
@@ -61,8 +62,10 @@ def run(ctx: BenchContext) -> Section:
     bwd = measure({k: forward_backward(m) for k, m in mlps.items()}, cfg.op_timing, sync)
     size = cfg.size_for_targets
     depth = {"depth": cfg.depth} if cfg.depth else {}
-    whole = {kind: count_parameters(vit5.create_model(f"vit5_{size}", mlp=kind, **depth))
-             for kind in ("gelu", "swiglu")}
+    whole = {
+        kind: count_parameters(vit5.create_model(f"vit5_{size}", mlp=kind, **depth))
+        for kind in ("gelu", "swiglu")
+    }
     section = Section(
         "mlp",
         "SwiGLU (8d/3) against GELU (4d)",
@@ -71,22 +74,56 @@ def run(ctx: BenchContext) -> Section:
     )
     rows = []
     for name, m in mlps.items():
-        rows.append((name, m.fc2.in_features, f"{count_parameters(m):,}", f"{weight_count(m):,}",
-                     f"{1e3 * fwd[name].median:.3f}", f"{speedup(fwd[name], fwd['gelu 4d']).median:.2f}x",
-                     f"{1e3 * bwd[name].median:.3f}", f"{speedup(bwd[name], bwd['gelu 4d']).median:.2f}x"))
-    section.tables.append(Table("MLP", ("mlp", "hidden", "params", "weights", "fwd ms", "fwd speed-up",
-                                        "fwd+bwd ms", "fwd+bwd speed-up"), tuple(rows)))
-    section.tables.append(Table(f"Whole model, vit5_{size}", ("mlp", "params"),
-                                tuple((k, f"{v:,}") for k, v in whole.items())))
+        rows.append(
+            (
+                name,
+                m.fc2.in_features,
+                f"{count_parameters(m):,}",
+                f"{weight_count(m):,}",
+                f"{1e3 * fwd[name].median:.3f}",
+                f"{speedup(fwd[name], fwd['gelu 4d']).median:.2f}x",
+                f"{1e3 * bwd[name].median:.3f}",
+                f"{speedup(bwd[name], bwd['gelu 4d']).median:.2f}x",
+            )
+        )
+    section.tables.append(
+        Table(
+            "MLP",
+            (
+                "mlp",
+                "hidden",
+                "params",
+                "weights",
+                "fwd ms",
+                "fwd speed-up",
+                "fwd+bwd ms",
+                "fwd+bwd speed-up",
+            ),
+            tuple(rows),
+        )
+    )
+    section.tables.append(
+        Table(f"Whole model, vit5_{size}", ("mlp", "params"), tuple((k, f"{v:,}") for k, v in whole.items()))
+    )
     gap = abs(weight_count(mlps["swiglu 8d/3"]) - weight_count(mlps["gelu 4d"]))
-    section.targets.append(Target("SwiGLU 8d/3 vs GELU 4d: weight-matrix parameter difference", gap, 0,
-                                  higher_is_better=False, unit="params"))
+    section.targets.append(
+        Target(
+            "SwiGLU 8d/3 vs GELU 4d: weight-matrix parameter difference",
+            gap,
+            0,
+            higher_is_better=False,
+            unit="params",
+        )
+    )
     section.notes.append(
         f"Whole vit5_{size}: SwiGLU/GELU parameter ratio {whole['swiglu'] / whole['gelu']:.4f} "
         "(the difference is GELU's biases and the rounding of 8d/3 up to a multiple of 64)."
     )
-    section.data = {"params": {k: count_parameters(m) for k, m in mlps.items()},
-                    "weights": {k: weight_count(m) for k, m in mlps.items()}, "whole_model_params": whole,
-                    "forward": {k: s.to_dict() for k, s in fwd.items()},
-                    "forward_backward": {k: s.to_dict() for k, s in bwd.items()}}
+    section.data = {
+        "params": {k: count_parameters(m) for k, m in mlps.items()},
+        "weights": {k: weight_count(m) for k, m in mlps.items()},
+        "whole_model_params": whole,
+        "forward": {k: s.to_dict() for k, s in fwd.items()},
+        "forward_backward": {k: s.to_dict() for k, s in bwd.items()},
+    }
     return section

@@ -38,7 +38,13 @@ from vit5.model.presets import SIZES
 from vit5.reference import OfficialViT5
 
 CONTENDERS: tuple[str, ...] = (
-    "vit5", "vit5_fused", "vit5_regional", "timm_eva", "timm_eva_compiled", "timm_vit", "reference",
+    "vit5",
+    "vit5_fused",
+    "vit5_regional",
+    "timm_eva",
+    "timm_eva_compiled",
+    "timm_vit",
+    "reference",
 )
 EAGER_CONTENDERS: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")  # one per implementation
 

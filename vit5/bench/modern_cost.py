@@ -16,13 +16,12 @@ pays).
 from __future__ import annotations
 
 import vit5
-
-from .context import BenchContext
-from .models import ModelSpec, build_vit5, modern_variants
-from .plots import bar_chart
-from .results import Section, Table, Target
-from .throughput import MODES, measure_throughput
-from .timing import paired_ratio, speedup
+from vit5.bench.context import BenchContext
+from vit5.bench.models import ModelSpec, build_vit5, modern_variants
+from vit5.bench.plots import bar_chart
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.throughput import MODES, measure_throughput
+from vit5.bench.timing import paired_ratio, speedup
 
 MAX_COST_PERCENT = 5.0
 
@@ -51,8 +50,14 @@ def run(ctx: BenchContext) -> Section:
             spread = f"{100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f}"
             cells += [f"{result.images_per_s(mode, name):.1f}", f"{costs[mode][name]:+.1f}% ({spread})"]
         rows.append(tuple(cells))
-    columns = ("variant", "overrides", "forward img/s", "full's cost (IQR)", "train img/s",
-               "full's cost (IQR)")
+    columns = (
+        "variant",
+        "overrides",
+        "forward img/s",
+        "full's cost (IQR)",
+        "train img/s",
+        "full's cost (IQR)",
+    )
     title = f"vit5_{size} @ {cfg.img_size} ({cfg.device}, {cfg.dtype})"
     section.tables.append(Table(title, columns, tuple(rows)))
     section.notes.append(
@@ -62,11 +67,15 @@ def run(ctx: BenchContext) -> Section:
     ways_table, ways_costs = _cost_by_way(ctx, spec, variants)
     section.tables.append(ways_table)
     if cfg.compile_backend == "inductor":
-        section.notes.append("Regional: inductor fuses each block's element-wise work, forward and backward; "
-                             "this cost is what training with model.compile=regional pays.")
+        section.notes.append(
+            "Regional: inductor fuses each block's element-wise work, forward and backward; "
+            "this cost is what training with model.compile=regional pays."
+        )
     else:
-        section.notes.append(f"Regional rows use backend {cfg.compile_backend!r}, which generates no code: "
-                             "they exercise the path, they do not measure fusion.")
+        section.notes.append(
+            f"Regional rows use backend {cfg.compile_backend!r}, which generates no code: "
+            "they exercise the path, they do not measure fusion."
+        )
     for mode in MODES:
         label = f"RoPE + registers + QK-Norm together, {mode} (vit5_{size})"
         section.targets.append(
@@ -74,9 +83,14 @@ def run(ctx: BenchContext) -> Section:
         )
     parts = [n for n in variants if n != "full"]
     path = ctx.figure("modern_cost.png")
-    bar_chart(path, parts, {m: [costs[m][p] for p in parts] for m in MODES},
-              title=f"Cost of the full model over each variant, vit5_{size}", ylabel="% slower than variant",
-              reference_line=MAX_COST_PERCENT)
+    bar_chart(
+        path,
+        parts,
+        {m: [costs[m][p] for p in parts] for m in MODES},
+        title=f"Cost of the full model over each variant, vit5_{size}",
+        ylabel="% slower than variant",
+        reference_line=MAX_COST_PERCENT,
+    )
     section.figures.append(ctx.relative(path))
     section.data = {"costs_percent": costs, "run": result.to_dict(), "by_way": ways_costs}
     return section
@@ -94,8 +108,9 @@ def _cost_by_way(
     for name in ("full", "none"):
         models[name] = build_vit5(spec, **variants[name])
         models[f"{name} fused"] = vit5.fuse_for_inference(build_vit5(spec, **variants[name]))
-        models[f"{name} regional"] = vit5.compile_blocks(build_vit5(spec, **variants[name]),
-                                                         backend=cfg.compile_backend)
+        models[f"{name} regional"] = vit5.compile_blocks(
+            build_vit5(spec, **variants[name]), backend=cfg.compile_backend
+        )
     ctx.log(f"modern parts: full and none, eager / fused / regional ({cfg.compile_backend}), side by side")
     result = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype)
     rows, costs = [], {}
@@ -107,12 +122,15 @@ def _cost_by_way(
             ratio = paired_ratio(samples["full" + suffix], samples["none" + suffix])
             costs[f"{way} {mode}"] = {"cost_percent": 100 * (ratio.median - 1), "ratio": ratio.to_dict()}
             spread = f"{100 * (ratio.q1 - 1):+.0f} to {100 * (ratio.q3 - 1):+.0f}"
-            rows.append((
-                way, mode,
-                f"{result.images_per_s(mode, 'full' + suffix):.1f}",
-                f"{result.images_per_s(mode, 'none' + suffix):.1f}",
-                f"{100 * (ratio.median - 1):+.1f}% ({spread})",
-            ))
+            rows.append(
+                (
+                    way,
+                    mode,
+                    f"{result.images_per_s(mode, 'full' + suffix):.1f}",
+                    f"{result.images_per_s(mode, 'none' + suffix):.1f}",
+                    f"{100 * (ratio.median - 1):+.1f}% ({spread})",
+                )
+            )
     for way in ("fused", "regional"):
         for mode in MODES:
             if f"full {way}" in result.samples[mode]:

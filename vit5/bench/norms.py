@@ -14,11 +14,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from vit5.bench.context import BenchContext
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.timing import Samples, device_sync, measure, speedup
 from vit5.layers import AttentionConfig, Block, BlockConfig, make_norm
-
-from .context import BenchContext
-from .results import Section, Table, Target
-from .timing import Samples, device_sync, measure, speedup
 
 NORMS: tuple[str, ...] = ("rmsnorm", "layernorm")
 
@@ -38,9 +37,11 @@ def strip_norms(block: Block) -> Block:
 
 def _step(module: nn.Module, x: torch.Tensor, backward: bool) -> Callable[[], None]:
     if not backward:
+
         def forward() -> None:
             with torch.no_grad():
                 module(x)
+
         return forward
     x = x.detach().requires_grad_()
     grad = torch.randn_like(x)
@@ -88,22 +89,32 @@ def run(ctx: BenchContext) -> Section:
             shares[(label, norm)] = (measured, summed)
         for what in ("call", "qk call", "block"):
             ratio = speedup(s[f"rmsnorm {what}"], s[f"layernorm {what}"]).median
-            rows.append((label, what, f"{ms[f'rmsnorm {what}']:.3f}", f"{ms[f'layernorm {what}']:.3f}",
-                         f"{ratio:.2f}x"))
-        share_cells = [f"{100 * shares[(label, norm)][0]:.1f}% / {100 * shares[(label, norm)][1]:.1f}%"
-                       for norm in NORMS]
+            rows.append(
+                (
+                    label,
+                    what,
+                    f"{ms[f'rmsnorm {what}']:.3f}",
+                    f"{ms[f'layernorm {what}']:.3f}",
+                    f"{ratio:.2f}x",
+                )
+            )
+        share_cells = [
+            f"{100 * shares[(label, norm)][0]:.1f}% / {100 * shares[(label, norm)][1]:.1f}%" for norm in NORMS
+        ]
         rows.append((label, "norm share of block (removed / sum of calls)", *share_cells, "-"))
     columns = ("pass", "measurement", "RMSNorm", "LayerNorm", "RMSNorm speed-up")
     section.tables.append(Table("Norm timing", columns, tuple(rows)))
     for label in passes:
         ratio = speedup(samples[label]["rmsnorm block"], samples[label]["layernorm block"]).median
-        section.targets.append(Target(f"RMSNorm block at least as fast as LayerNorm block, {label}", ratio,
-                                      1.0))
+        section.targets.append(
+            Target(f"RMSNorm block at least as fast as LayerNorm block, {label}", ratio, 1.0)
+        )
     section.notes.append(
         "The targets restate the claim 'RMSNorm is cheaper' (modern-deltas); the issue sets no number. "
         "The share tells how much any norm change can matter."
     )
-    section.data = {"samples": {k: {n: x.to_dict() for n, x in v.items()} for k, v in samples.items()},
-                    "shares": {f"{k[0]}/{k[1]}": {"removed": v[0], "sum_of_calls": v[1]}
-                               for k, v in shares.items()}}
+    section.data = {
+        "samples": {k: {n: x.to_dict() for n, x in v.items()} for k, v in samples.items()},
+        "shares": {f"{k[0]}/{k[1]}": {"removed": v[0], "sum_of_calls": v[1]} for k, v in shares.items()},
+    }
     return section

@@ -20,9 +20,21 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 CATEGORIES: tuple[str, ...] = ("matmul", "attention", "elementwise", "optimizer")
-_MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation", "aten::conv2d",
-           "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution",
-           "aten::convolution_backward", "aten::_int_mm", "aten::_scaled_mm")  # fmt: skip
+_MATMUL = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_addmm_activation",
+    "aten::conv2d",
+    "aten::convolution",
+    "aten::_convolution",
+    "aten::mkldnn_convolution",
+    "aten::cudnn_convolution",
+    "aten::convolution_backward",
+    "aten::_int_mm",
+    "aten::_scaled_mm",
+)
 
 
 def op_category(name: str) -> str | None:

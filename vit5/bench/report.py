@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .results import Section, Table, Target, format_value
+from vit5.bench.results import Section, Table, Target, format_value
 
 NOISE_NOTE = (
     "Times are wall-clock on the machine described above. On a shared or busy machine absolute "
@@ -28,9 +28,11 @@ def busy_warning(env: dict[str, Any]) -> str | None:
     peak = max((load[0] for load in loads if load), default=0.0)
     cores = env.get("cpu_count") or 0
     if cores and peak > cores:
-        return (f"The machine was busy (load average up to {peak:.1f} on {cores} cores): other processes "
-                "took CPU time, and multi-threaded ops stall whenever one of their threads is descheduled, "
-                "which penalises models with many small ops. Rerun on an idle machine, or with --threads 1.")
+        return (
+            f"The machine was busy (load average up to {peak:.1f} on {cores} cores): other processes "
+            "took CPU time, and multi-threaded ops stall whenever one of their threads is descheduled, "
+            "which penalises models with many small ops. Rerun on an idle machine, or with --threads 1."
+        )
     return None
 
 

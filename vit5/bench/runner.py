@@ -9,13 +9,24 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import attention_memory, compile_speedup, depth, export, kv_cache, mfu, mlp, modern_cost, norms, speed
-from .config import BenchConfig
-from .context import BenchContext
-from .environment import environment, load_average
-from .report import write_report
-from .results import Section
-from .timing import num_threads
+from vit5.bench import (
+    attention_memory,
+    compile_speedup,
+    depth,
+    export,
+    kv_cache,
+    mfu,
+    mlp,
+    modern_cost,
+    norms,
+    speed,
+)
+from vit5.bench.config import BenchConfig
+from vit5.bench.context import BenchContext
+from vit5.bench.environment import environment, load_average
+from vit5.bench.report import write_report
+from vit5.bench.results import Section
+from vit5.bench.timing import num_threads
 
 # name -> section, in report order (the numbering)
 SECTIONS: dict[str, Callable[[BenchContext], Section]] = {

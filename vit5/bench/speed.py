@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .context import BenchContext
-from .models import CONTENDERS, EAGER_CONTENDERS, ModelSpec, build_contender, count_parameters
-from .op_profile import CATEGORIES, OpBreakdown, op_breakdown
-from .plots import bar_chart
-from .results import Section, Table, Target
-from .throughput import (
+from vit5.bench.context import BenchContext
+from vit5.bench.models import CONTENDERS, EAGER_CONTENDERS, ModelSpec, build_contender, count_parameters
+from vit5.bench.op_profile import CATEGORIES, OpBreakdown, op_breakdown
+from vit5.bench.plots import bar_chart
+from vit5.bench.results import Section, Table, Target
+from vit5.bench.throughput import (
     MODES,
     ThroughputRun,
     autocast_context,
@@ -28,7 +28,7 @@ from .throughput import (
     random_batch,
     train_step,
 )
-from .timing import speedup
+from vit5.bench.timing import speedup
 
 YARDSTICK = "timm_vit"
 PROFILED: tuple[str, ...] = ("vit5", "vit5_fused", "timm_eva", "timm_vit")
@@ -115,8 +115,10 @@ def _profiles(ctx: BenchContext, size: str) -> tuple[Table, dict[str, dict[str, 
         for mode, step in steps.items():
             breakdown: OpBreakdown = op_breakdown(step, cfg.device, calls=cfg.profile_calls)
             data[f"{name} {mode}"] = breakdown.to_dict()
-            top = ", ".join(f"{op.removeprefix('aten::')} {100 * s / breakdown.total:.1f}%"
-                            for op, s in breakdown.top_elementwise[:4])
+            top = ", ".join(
+                f"{op.removeprefix('aten::')} {100 * s / breakdown.total:.1f}%"
+                for op, s in breakdown.top_elementwise[:4]
+            )
             rows.append((name, mode, *(f"{100 * breakdown.share(c):.1f}%" for c in CATEGORIES), top))
     columns = ("model", "step", *(f"{c} %" for c in CATEGORIES), "largest elementwise ops")
     title = f"Where the time goes: torch.profiler self time ({size} @ {cfg.img_size}, {cfg.device})"
@@ -140,11 +142,20 @@ def run(ctx: BenchContext) -> Section:
         key = f"{size}@{cfg.img_size}"
         runs[key], params[key] = _measure(ctx, size, cfg.img_size, cfg.batch, names)
     hires_key = f"{target_size}@{cfg.hires_img_size}"
-    runs[hires_key], params[hires_key] = _measure(ctx, target_size, cfg.hires_img_size, cfg.hires_batch,
-                                                  (*EAGER_CONTENDERS, "vit5_fused"))
+    runs[hires_key], params[hires_key] = _measure(
+        ctx, target_size, cfg.hires_img_size, cfg.hires_batch, (*EAGER_CONTENDERS, "vit5_fused")
+    )
 
-    columns = ("model", "size", "res", "params", "forward img/s (IQR)", "x timm_vit (IQR)",
-               "train img/s (IQR)", "x timm_vit (IQR)")
+    columns = (
+        "model",
+        "size",
+        "res",
+        "params",
+        "forward img/s (IQR)",
+        "x timm_vit (IQR)",
+        "train img/s (IQR)",
+        "x timm_vit (IQR)",
+    )
     rows = [row for key, r in runs.items() for row in _rows(key.split("@")[0], r, params[key])]
     section.tables.append(Table(f"Throughput ({cfg.device}, {cfg.dtype})", columns, tuple(rows)))
     section.targets += _targets(target_size, "base", runs[f"{target_size}@{cfg.img_size}"])
@@ -154,14 +165,19 @@ def run(ctx: BenchContext) -> Section:
     section.notes.append(
         "Compiled contenders (vit5_regional: each block compiled, as model.compile=regional; "
         f"timm_eva_compiled: the whole model) use backend {cfg.compile_backend!r}; their compilation "
-        "happens in the untimed warm-up" + (
-            "." if cfg.compile_backend == "inductor" else ", and this backend generates no code: the rows "
+        "happens in the untimed warm-up"
+        + (
+            "."
+            if cfg.compile_backend == "inductor"
+            else ", and this backend generates no code: the rows "
             "exercise the path, they do not measure fusion."
         )
     )
     for mode in MODES:
-        ref = {k: speedup(r.samples[mode]["timm_vit"], r.samples[mode]["reference"]).median
-               for k, r in runs.items()}
+        ref = {
+            k: speedup(r.samples[mode]["timm_vit"], r.samples[mode]["reference"]).median
+            for k, r in runs.items()
+        }
         section.notes.append(
             f"Context ({mode}): timm's plain ViT over the reference path: "
             + ", ".join(f"{v:.2f}x at {k}" for k, v in ref.items())
@@ -169,15 +185,27 @@ def run(ctx: BenchContext) -> Section:
         )
     for key, r in runs.items():
         names = list(r.samples["forward"])
-        rates = {mode: [r.samples[mode][n].rate(r.batch) if n in r.samples[mode] else None for n in names]
-                 for mode in MODES}
+        rates = {
+            mode: [r.samples[mode][n].rate(r.batch) if n in r.samples[mode] else None for n in names]
+            for mode in MODES
+        }
         series = {mode: [q.median if q else math.nan for q in qs] for mode, qs in rates.items()}
-        errors = {mode: [(q.q1, q.q3) if q else (math.nan, math.nan) for q in qs]
-                  for mode, qs in rates.items()}
+        errors = {
+            mode: [(q.q1, q.q3) if q else (math.nan, math.nan) for q in qs] for mode, qs in rates.items()
+        }
         path = ctx.figure(f"throughput_{key.replace('@', '_')}.png")
-        bar_chart(path, names, series, errors, title=f"{key} images/s ({cfg.device}, {cfg.dtype})",
-                  ylabel="images/s")
+        bar_chart(
+            path,
+            names,
+            series,
+            errors,
+            title=f"{key} images/s ({cfg.device}, {cfg.dtype})",
+            ylabel="images/s",
+        )
         section.figures.append(ctx.relative(path))
-    section.data = {"runs": {k: r.to_dict() for k, r in runs.items()}, "params": params,
-                    "op_profile": profile_data}
+    section.data = {
+        "runs": {k: r.to_dict() for k, r in runs.items()},
+        "params": params,
+        "op_profile": profile_data,
+    }
     return section

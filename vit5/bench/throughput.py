@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .timing import Samples, TimingConfig, device_sync, measure
+from vit5.bench.timing import Samples, TimingConfig, device_sync, measure
 
 MODES: tuple[str, ...] = ("forward", "train")
 

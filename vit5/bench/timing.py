@@ -131,7 +131,7 @@ def measure(
     reps = {name: _calls_per_sample(fns[name], sync, cfg.min_sample_s) for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(cfg.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn, k = fns[name], reps[name]
             sync()

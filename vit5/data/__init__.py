@@ -13,7 +13,13 @@ from vit5.data.digits import (
     export_digits_imagefolder,
     load_digits_split,
 )
-from vit5.data.folder import IMAGE_EXTENSIONS, BadImageWarning, ImageFolderDataset, ImageFolderError, image_files
+from vit5.data.folder import (
+    IMAGE_EXTENSIONS,
+    BadImageWarning,
+    ImageFolderDataset,
+    ImageFolderError,
+    image_files,
+)
 from vit5.data.loader import build_loader
 from vit5.data.randaug import TimmRandAugment
 from vit5.data.sampler import RepeatAugSampler

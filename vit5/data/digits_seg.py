@@ -156,17 +156,24 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
     root = Path(root)
     info_path = root / "dataset.json"
     info = {
-        "name": "digits-seg", "num_classes": len(SEG_CLASSES), "class_names": list(SEG_CLASSES),
-        "ignore_index": IGNORE_INDEX, "config": asdict(cfg),
+        "name": "digits-seg",
+        "num_classes": len(SEG_CLASSES),
+        "class_names": list(SEG_CLASSES),
+        "ignore_index": IGNORE_INDEX,
+        "config": asdict(cfg),
         "splits": {"train": cfg.num_train, "val": cfg.num_val},
-    }  # fmt: skip
+    }
     if info_path.is_file():
         old = json.loads(info_path.read_text()).get("config")
         if old != json.loads(json.dumps(asdict(cfg))):
-            raise FileExistsError(f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another folder")
+            raise FileExistsError(
+                f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another folder"
+            )
     for split in SPLITS:
         for i, sample in enumerate(digit_seg_samples(split, cfg)):
-            _write_png(root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR))
+            _write_png(
+                root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR)
+            )
             _write_png(root / "annotations" / split / f"{i:05d}.png", sample.mask)
     partial = info_path.with_suffix(".json.partial")
     partial.write_text(json.dumps(info, indent=2))

@@ -29,8 +29,19 @@ from vit5.data.decode import BadImageError, decode_image
 from vit5.errors import Vit5Error
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
-)  # fmt: skip
+    ".jpg",
+    ".jpeg",
+    ".jpe",
+    ".png",
+    ".bmp",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".pnm",
+)
 _SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
 
 
@@ -108,6 +119,7 @@ class ImageFolderDataset(Dataset):
         Raises:
             ImageFolderError: no file decodes.
         """
+
         def check(index: int) -> BadImageError | None:
             try:
                 decode_image(self.samples[index][0], self.alpha_background)
@@ -171,7 +183,9 @@ class ImageFolderDataset(Dataset):
             return
         self._bad[index] = True
         warnings.warn(
-            f"skipping unreadable image {error}; using the next readable file instead", BadImageWarning, stacklevel=3
+            f"skipping unreadable image {error}; using the next readable file instead",
+            BadImageWarning,
+            stacklevel=3,
         )
 
     def _all_bad_error(self, example: BadImageError | None) -> ImageFolderError:
@@ -189,7 +203,9 @@ def _split_dir(root: Path, split: str | None) -> Path:
     split_dir = root / split
     if not split_dir.is_dir():
         available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        shown = ", ".join(available[:8]) + (f", ... ({len(available) - 8} more)" if len(available) > 8 else "")
+        shown = ", ".join(available[:8]) + (
+            f", ... ({len(available) - 8} more)" if len(available) > 8 else ""
+        )
         raise ImageFolderError(
             f"split folder {split_dir} does not exist (sub-folders of {root}: {shown or 'none'}). "
             f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that holds "
@@ -233,7 +249,10 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
 
 
 def image_files(
-    folder: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS, *, follow_outside: bool = False
+    folder: str | os.PathLike[str],
+    extensions: Iterable[str] = IMAGE_EXTENSIONS,
+    *,
+    follow_outside: bool = False,
 ) -> list[Path]:
     """Every image file under ``folder``, recursively, each file once, sorted by path.
 
@@ -312,6 +331,10 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"))  # fmt: skip
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a file")

@@ -69,4 +69,3 @@ def build_loader(
         persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers,
         generator=torch.Generator().manual_seed(seed),
     )
-

@@ -12,24 +12,76 @@
 The command line is ``python -m eval {classify,sweep,features,probe,segprobe,make-seg}``.
 """
 
-from .backbone import BackboneInfo, describe, dense_features
-from .classify import ClassifyResult, ClassifySettings, evaluate, open_split, per_class_table, summary_table
-from .errors import EvalError
-from .export import ExportSummary, export_features, read_features, read_manifest
-from .features import FailedImage, FeatureSettings, ImageFeatures, extract, iter_features
-from .load import LoadedModel, load_models
-from .metrics import ClassificationMeter, ClassificationScores, SegmentationScores, confusion_matrix, segmentation_scores
-from .probes import ProbeRow, ProbeSettings, knn_accuracy, logreg_accuracy, probe_table, run_probes
-from .seg_data import SegDatasetInfo, dataset_info, default_splits, list_pairs, read_mask
-from .segmentation import SegProbeResult, SegProbeSettings, run_segmentation_probe, seg_tables
-from .sweep import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
+from vit5.eval.backbone import BackboneInfo, dense_features, describe
+from vit5.eval.classify import (
+    ClassifyResult,
+    ClassifySettings,
+    evaluate,
+    open_split,
+    per_class_table,
+    summary_table,
+)
+from vit5.eval.errors import EvalError
+from vit5.eval.export import ExportSummary, export_features, read_features, read_manifest
+from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extract, iter_features
+from vit5.eval.load import LoadedModel, load_models
+from vit5.eval.metrics import (
+    ClassificationMeter,
+    ClassificationScores,
+    SegmentationScores,
+    confusion_matrix,
+    segmentation_scores,
+)
+from vit5.eval.probes import ProbeRow, ProbeSettings, knn_accuracy, logreg_accuracy, probe_table, run_probes
+from vit5.eval.seg_data import SegDatasetInfo, dataset_info, default_splits, list_pairs, read_mask
+from vit5.eval.segmentation import SegProbeResult, SegProbeSettings, run_segmentation_probe, seg_tables
+from vit5.eval.sweep import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
 
 __all__ = [
-    "BackboneInfo", "ClassificationMeter", "ClassificationScores", "ClassifyResult", "ClassifySettings", "EvalError",
-    "ExportSummary", "FailedImage", "FeatureSettings", "ImageFeatures", "LoadedModel", "ProbeRow", "ProbeSettings",
-    "SegDatasetInfo", "SegProbeResult", "SegProbeSettings", "SegmentationScores", "confusion_matrix", "dataset_info",
-    "default_splits", "dense_features", "describe", "evaluate", "export_features", "extract", "iter_features",
-    "knn_accuracy", "list_pairs", "load_models", "logreg_accuracy", "open_split", "per_class_table", "probe_table",
-    "read_features", "read_manifest", "read_mask", "run_probes", "run_segmentation_probe", "run_sweep", "seg_tables",
-    "segmentation_scores", "sizes_from_scales", "summary_table", "sweep_plot", "sweep_records", "sweep_table",
+    "BackboneInfo",
+    "ClassificationMeter",
+    "ClassificationScores",
+    "ClassifyResult",
+    "ClassifySettings",
+    "EvalError",
+    "ExportSummary",
+    "FailedImage",
+    "FeatureSettings",
+    "ImageFeatures",
+    "LoadedModel",
+    "ProbeRow",
+    "ProbeSettings",
+    "SegDatasetInfo",
+    "SegProbeResult",
+    "SegProbeSettings",
+    "SegmentationScores",
+    "confusion_matrix",
+    "dataset_info",
+    "default_splits",
+    "dense_features",
+    "describe",
+    "evaluate",
+    "export_features",
+    "extract",
+    "iter_features",
+    "knn_accuracy",
+    "list_pairs",
+    "load_models",
+    "logreg_accuracy",
+    "open_split",
+    "per_class_table",
+    "probe_table",
+    "read_features",
+    "read_manifest",
+    "read_mask",
+    "run_probes",
+    "run_segmentation_probe",
+    "run_sweep",
+    "seg_tables",
+    "segmentation_scores",
+    "sizes_from_scales",
+    "summary_table",
+    "sweep_plot",
+    "sweep_records",
+    "sweep_table",
 ]

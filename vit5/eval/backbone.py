@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..model import ViT5, unwrap_model
-from ..model.footprint import BIG_TOKEN_COUNT, forward_bytes
-from ..runtime import check_fits
-from .errors import EvalError
+from vit5.eval.errors import EvalError
+from vit5.model import ViT5, unwrap_model
+from vit5.model.footprint import BIG_TOKEN_COUNT, forward_bytes
+from vit5.runtime import check_fits
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,15 @@ def describe(model: nn.Module) -> BackboneInfo:
         vit = None
     if isinstance(vit, ViT5):
         cfg = vit.cfg
-        return BackboneInfo(len(vit.blocks), cfg.patch_size, cfg.embed_dim, int(cfg.class_token), cfg.num_registers,
-                            True, tuple(cfg.img_size))  # fmt: skip
+        return BackboneInfo(
+            len(vit.blocks),
+            cfg.patch_size,
+            cfg.embed_dim,
+            int(cfg.class_token),
+            cfg.num_registers,
+            True,
+            tuple(cfg.img_size),
+        )
     blocks, patch_embed = getattr(model, "blocks", None), getattr(model, "patch_embed", None)
     if not hasattr(model, "forward_intermediates") or blocks is None or patch_embed is None:
         raise EvalError(
@@ -55,9 +62,14 @@ def describe(model: nn.Module) -> BackboneInfo:
         raise EvalError(f"non-square patches {patch} are not supported")
     num_cls = int(getattr(model, "cls_token", None) is not None)
     return BackboneInfo(
-        len(blocks), patch[0], model.embed_dim, num_cls, model.num_prefix_tokens - num_cls,
-        bool(getattr(model, "dynamic_img_size", False)), tuple(patch_embed.img_size or (0, 0)),
-    )  # fmt: skip
+        len(blocks),
+        patch[0],
+        model.embed_dim,
+        num_cls,
+        model.num_prefix_tokens - num_cls,
+        bool(getattr(model, "dynamic_img_size", False)),
+        tuple(patch_embed.img_size or (0, 0)),
+    )
 
 
 def patch_size_of(model: nn.Module) -> int | None:
@@ -74,7 +86,9 @@ def block_indices(info: BackboneInfo, layers: Sequence[int]) -> list[int]:
         raise EvalError("choose at least one layer (e.g. -1 for the last block)")
     bad = [i for i in layers if not -info.depth <= i < info.depth]
     if bad:
-        raise EvalError(f"layer(s) {bad} out of range for a model with {info.depth} blocks (use 0..{info.depth - 1} or -1..-{info.depth})")
+        raise EvalError(
+            f"layer(s) {bad} out of range for a model with {info.depth} blocks (use 0..{info.depth - 1} or -1..-{info.depth})"
+        )
     return sorted({i % info.depth for i in layers})
 
 
@@ -99,10 +113,11 @@ def check_forward_memory(
     more than :data:`~vit5.model.footprint.BIG_TOKEN_COUNT` tokens."""
     tokens = (size[0] // patch_size) * (size[1] // patch_size)
     check_fits(
-        forward_bytes(batch, tokens, width), device,
+        forward_bytes(batch, tokens, width),
+        device,
         f"a forward of {batch} image(s) at {size[0]}x{size[1]} ({tokens:,} tokens each)",
         "use a smaller size (--size, or --max-side for images at their own size) or a smaller batch",
-    )  # fmt: skip
+    )
     if tokens > BIG_TOKEN_COUNT and size not in _WARNED_SIZES:
         _WARNED_SIZES.add(size)
         warnings.warn(
@@ -133,11 +148,18 @@ def dense_features(
 ) -> dict[str, torch.Tensor]:
     """``{name: [B, ...]}`` for the (absolute, sorted) ``blocks``; ``norm`` applies the final norm."""
     check_input(info, tuple(images.shape[-2:]))
-    check_forward_memory(info.patch_size, info.embed_dim, images.shape[0], tuple(images.shape[-2:]), images.device)
+    check_forward_memory(
+        info.patch_size, info.embed_dim, images.shape[0], tuple(images.shape[-2:]), images.device
+    )
     outputs = model.forward_intermediates(
-        images, indices=list(blocks), return_prefix_tokens=True, norm=norm, stop_early=True,
-        output_fmt="NCHW", intermediates_only=True,
-    )  # fmt: skip
+        images,
+        indices=list(blocks),
+        return_prefix_tokens=True,
+        norm=norm,
+        stop_early=True,
+        output_fmt="NCHW",
+        intermediates_only=True,
+    )
     features = {}
     for b, (spatial, prefix) in zip(blocks, outputs):
         features[f"blocks.{b}.patches"] = spatial

@@ -22,13 +22,12 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
-
-from .backbone import check_forward_memory, patch_size_of
-from .errors import EvalError
-from .images import LabelledImages, bad_file_reason, check_patch_multiple
-from .load import LoadedModel
-from .metrics import ClassificationMeter, ClassificationScores
-from .report import format_table
+from vit5.eval.backbone import check_forward_memory, patch_size_of
+from vit5.eval.errors import EvalError
+from vit5.eval.images import LabelledImages, bad_file_reason, check_patch_multiple
+from vit5.eval.load import LoadedModel
+from vit5.eval.metrics import ClassificationMeter, ClassificationScores
+from vit5.eval.report import format_table
 
 
 @dataclass(frozen=True)
@@ -44,9 +43,13 @@ class ClassifySettings:
         if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
             raise EvalError(f"size must be a positive (height, width) pair, got {self.size}")
         if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
-            raise EvalError(f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}")
+            raise EvalError(
+                f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}"
+            )
         if self.batch_size < 1 or self.num_workers < 0:
-            raise EvalError(f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
+            raise EvalError(
+                f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
+            )
 
 
 @dataclass
@@ -69,13 +72,23 @@ class ClassifyResult:
     def to_dict(self) -> dict[str, Any]:
         s = self.scores
         return {
-            "model": self.model, "weights": self.weights, "data": self.data, "size": list(self.size),
-            "crop_ratio": self.crop_ratio, "num_images": s.num_images, "top1": s.top1, "top5": s.top5,
-            "loss": s.loss, "images_per_s": self.images_per_s, "seconds": self.seconds,
+            "model": self.model,
+            "weights": self.weights,
+            "data": self.data,
+            "size": list(self.size),
+            "crop_ratio": self.crop_ratio,
+            "num_images": s.num_images,
+            "top1": s.top1,
+            "top5": s.top5,
+            "loss": s.loss,
+            "images_per_s": self.images_per_s,
+            "seconds": self.seconds,
             "num_processes": self.num_processes,
             "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
-            "class_names": self.class_names, "confusion_matrix": s.confusion, "skipped": self.skipped,
-        }  # fmt: skip
+            "class_names": self.class_names,
+            "confusion_matrix": s.confusion,
+            "skipped": self.skipped,
+        }
 
 
 def open_split(root: str | os.PathLike[str], split: str | None) -> ImageFolderDataset:
@@ -111,34 +124,62 @@ def evaluate(
     crop = settings.crop_ratio or loaded.crop_pct
     transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
     images = LabelledImages(dataset.samples, transform, size)
-    loader = accelerator.prepare(build_loader(images, settings.batch_size, train=False, num_workers=settings.num_workers))
+    loader = accelerator.prepare(
+        build_loader(images, settings.batch_size, train=False, num_workers=settings.num_workers)
+    )
     model = loaded.model.to(accelerator.device).eval()
     meter, bad = ClassificationMeter(num_classes), []
     start = time.perf_counter()
-    bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not (progress and accelerator.is_main_process))
+    bar = tqdm(
+        loader,
+        desc=f"{loaded.label} @ {size[0]}x{size[1]}",
+        disable=not (progress and accelerator.is_main_process),
+    )
     with torch.inference_mode():
         for batch, targets, indices, ok in bar:
             logits = model(batch)
-            logits, targets, indices, ok = accelerator.gather_for_metrics((logits, targets, indices, ok.to(torch.uint8)))
+            logits, targets, indices, ok = accelerator.gather_for_metrics(
+                (logits, targets, indices, ok.to(torch.uint8))
+            )
             ok = ok.bool()
             meter.update(logits[ok], targets[ok])
             bad += indices[~ok].tolist()
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
-    skipped = [{"path": dataset.samples[i][0], "reason": bad_file_reason(dataset.samples[i][0])} for i in sorted(set(bad))]
+    skipped = [
+        {"path": dataset.samples[i][0], "reason": bad_file_reason(dataset.samples[i][0])}
+        for i in sorted(set(bad))
+    ]
     return ClassifyResult(
-        model=loaded.label, weights=loaded.weights, data=str(Path(dataset.root)), size=size, crop_ratio=crop,
-        class_names=list(dataset.class_names), scores=meter.compute(), seconds=seconds,
-        num_processes=accelerator.num_processes, skipped=skipped,
-    )  # fmt: skip
+        model=loaded.label,
+        weights=loaded.weights,
+        data=str(Path(dataset.root)),
+        size=size,
+        crop_ratio=crop,
+        class_names=list(dataset.class_names),
+        scores=meter.compute(),
+        seconds=seconds,
+        num_processes=accelerator.num_processes,
+        skipped=skipped,
+    )
 
 
 def summary_table(results: list[ClassifyResult]) -> str:
     rows = [
-        (r.model, r.weights, f"{r.size[0]}x{r.size[1]}", r.crop_ratio, r.scores.num_images,
-         100 * r.scores.top1, 100 * r.scores.top5, r.scores.loss, round(r.images_per_s, 1), len(r.skipped))
+        (
+            r.model,
+            r.weights,
+            f"{r.size[0]}x{r.size[1]}",
+            r.crop_ratio,
+            r.scores.num_images,
+            100 * r.scores.top1,
+            100 * r.scores.top5,
+            r.scores.loss,
+            round(r.images_per_s, 1),
+            len(r.skipped),
+        )
         for r in results
-    ]  # fmt: skip
+    ]
     headers = ("model", "weights", "size", "crop", "images", "top-1 %", "top-5 %", "loss", "img/s", "skipped")
     return format_table(headers, rows, title="classification")
 
@@ -150,5 +191,7 @@ def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
     rank = np.nan_to_num(acc, nan=np.inf)  # classes without images last
     order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
     rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
-    title = f"per-class accuracy, {result.model}" + (f" ({limit} worst of {len(acc)})" if len(acc) > limit else "")
+    title = f"per-class accuracy, {result.model}" + (
+        f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
+    )
     return format_table(("class", "images", "accuracy %"), rows, title=title)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import Vit5Error
+from vit5.errors import Vit5Error
 
 
 class EvalError(Vit5Error, ValueError):

@@ -33,13 +33,13 @@ from safetensors.torch import load_file, save
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..files import FolderLock, check_output_dir
-from .backbone import block_indices, check_input, describe, feature_names
-from .errors import EvalError, read_json
-from .features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
-from .images import check_patch_multiple, list_images
-from .load import LoadedModel
-from .report import to_jsonable, write_json
+from vit5.eval.backbone import block_indices, check_input, describe, feature_names
+from vit5.eval.errors import EvalError, read_json
+from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
+from vit5.eval.images import check_patch_multiple, list_images
+from vit5.eval.load import LoadedModel
+from vit5.eval.report import to_jsonable, write_json
+from vit5.files import FolderLock, check_output_dir
 
 FORMAT = "vit5-features/1"
 MANIFEST = "manifest.json"
@@ -58,10 +58,14 @@ class ExportSummary:
 
     def __str__(self) -> str:
         rate = f", {self.written / self.seconds:.1f} img/s" if self.seconds > 0 and self.written else ""
-        lines = [f"features -> {self.out_dir}: {self.written} written, {self.skipped} already done, "
-                 f"{len(self.failed)} failed ({self.seconds:.1f} s{rate})"]  # fmt: skip
+        lines = [
+            f"features -> {self.out_dir}: {self.written} written, {self.skipped} already done, "
+            f"{len(self.failed)} failed ({self.seconds:.1f} s{rate})"
+        ]
         lines += [f"  failed: {f.path}: {f.reason}" for f in self.failed[:10]]
-        return "\n".join(lines + ([f"  ... {len(self.failed) - 10} more in {MANIFEST}"] if len(self.failed) > 10 else []))
+        return "\n".join(
+            lines + ([f"  ... {len(self.failed) - 10} more in {MANIFEST}"] if len(self.failed) > 10 else [])
+        )
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -98,9 +102,14 @@ def export_features(
 
 
 def _export(
-    model: nn.Module | LoadedModel, images: str | os.PathLike[str], out_dir: Path, settings: FeatureSettings,
-    overwrite: bool, progress: bool, manifest_every_s: float,
-) -> ExportSummary:  # fmt: skip
+    model: nn.Module | LoadedModel,
+    images: str | os.PathLike[str],
+    out_dir: Path,
+    settings: FeatureSettings,
+    overwrite: bool,
+    progress: bool,
+    manifest_every_s: float,
+) -> ExportSummary:
     start = time.perf_counter()
     root, paths = list_images(images)
     module, mean, std = resolve_model(model)
@@ -110,14 +119,24 @@ def _export(
         check_patch_multiple(settings.size, info.patch_size)
         check_input(info, settings.size)
     chosen = {**settings.identity(), "layers": blocks}  # absolute: -1 and 11 are the same run
-    identity = to_jsonable({"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std})
+    identity = to_jsonable(
+        {"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std}
+    )
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     header = {
-        "format": FORMAT, "model": model.label if isinstance(model, LoadedModel) else type(module).__name__,
-        **identity, "run_id": run_id, "blocks": blocks, "features": feature_names(info, blocks),
-        "patch_size": info.patch_size, "embed_dim": info.embed_dim, "has_cls": bool(info.num_cls),
-        "num_registers": info.num_registers, "dtype": settings.dtype, "source_root": str(root.resolve()),
-    }  # fmt: skip
+        "format": FORMAT,
+        "model": model.label if isinstance(model, LoadedModel) else type(module).__name__,
+        **identity,
+        "run_id": run_id,
+        "blocks": blocks,
+        "features": feature_names(info, blocks),
+        "patch_size": info.patch_size,
+        "embed_dim": info.embed_dim,
+        "has_cls": bool(info.num_cls),
+        "num_registers": info.num_registers,
+        "dtype": settings.dtype,
+        "source_root": str(root.resolve()),
+    }
     _check_same_run(out_dir, identity, run_id, overwrite)
     for partial in out_dir.rglob(f"*{SUFFIX}{PARTIAL}") if out_dir.is_dir() else ():
         partial.unlink()
@@ -158,17 +177,24 @@ def _source_stat(path: Path) -> dict[str, int]:
     return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
 
 
-def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch_size: int) -> dict[str, Any]:
+def _write_image(
+    out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch_size: int
+) -> dict[str, Any]:
     rel = _relative(root, item.path)
     entry = {
-        "path": rel, "file": rel + SUFFIX, "image_size": list(item.image_size), "input_size": list(item.input_size),
+        "path": rel,
+        "file": rel + SUFFIX,
+        "image_size": list(item.image_size),
+        "input_size": list(item.input_size),
         "grid": [item.input_size[0] // patch_size, item.input_size[1] // patch_size],
-    }  # fmt: skip
+    }
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + PARTIAL)
     meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
-    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)})
+    payload = save(
+        {k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)}
+    )
     partial.write_bytes(payload)  # plain write: permissions follow the umask
     os.replace(partial, target)
     return entry
@@ -194,7 +220,9 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     if overwrite or not manifest.is_file():
         return
     old = read_json(manifest)
-    if old.get("run_id") != run_id and old.get("num_images", 1) > 0:  # an export that wrote nothing blocks nothing
+    if (
+        old.get("run_id") != run_id and old.get("num_images", 1) > 0
+    ):  # an export that wrote nothing blocks nothing
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
         raise EvalError(
             f"{out_dir} holds features from another model or other settings ({'; '.join(changed) or 'other format'}); "
@@ -203,13 +231,23 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
 
 
 def _write_manifest(
-    out_dir: Path, root: Path, header: dict, entries: dict[str, dict], failed: Sequence[FailedImage], complete: bool
+    out_dir: Path,
+    root: Path,
+    header: dict,
+    entries: dict[str, dict],
+    failed: Sequence[FailedImage],
+    complete: bool,
 ) -> None:
-    write_json(out_dir / MANIFEST, {
-        **header, "complete": complete, "num_images": len(entries),
-        "images": [entries[k] for k in sorted(entries)],
-        "failed": [{"path": _relative(root, f.path), "reason": f.reason} for f in failed],
-    })  # fmt: skip
+    write_json(
+        out_dir / MANIFEST,
+        {
+            **header,
+            "complete": complete,
+            "num_images": len(entries),
+            "images": [entries[k] for k in sorted(entries)],
+            "failed": [{"path": _relative(root, f.path), "reason": f.reason} for f in failed],
+        },
+    )
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -26,14 +26,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vit5.data import BadImageError, BadImageWarning, decode_image, resize_transform
-
-from .backbone import BackboneInfo, block_indices, check_input, dense_features, describe
-from .errors import EvalError
-from .images import Size, check_patch_multiple, list_images, own_size
-from .load import LoadedModel
+from vit5.eval.backbone import BackboneInfo, block_indices, check_input, dense_features, describe
+from vit5.eval.errors import EvalError
+from vit5.eval.images import Size, check_patch_multiple, list_images, own_size
+from vit5.eval.load import LoadedModel
 
 StorageDtype = Literal["float32", "float16", "bfloat16"]
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 _PENDING_BATCHES = 4  # decoded images allowed to wait in buckets, in batches
 
 
@@ -64,11 +67,15 @@ class FeatureSettings:
         if self.dtype not in DTYPES:
             raise EvalError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.size is not None and self.max_side is not None:
-            raise EvalError("give either a fixed size or max_side (which limits each image's own size), not both")
+            raise EvalError(
+                "give either a fixed size or max_side (which limits each image's own size), not both"
+            )
         if self.max_side is not None and self.max_side < 1:
             raise EvalError(f"max_side must be >= 1, got {self.max_side}")
         if self.batch_size < 1 or self.num_workers < 0:
-            raise EvalError(f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
+            raise EvalError(
+                f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
+            )
 
     def identity(self) -> dict:
         """The settings that change the output (not batch size or workers)."""
@@ -99,7 +106,12 @@ class _Decoded:
 
 class _ResizedImages(Dataset):
     def __init__(
-        self, paths: Sequence[Path], settings: FeatureSettings, patch_size: int, mean: Sequence[float], std: Sequence[float]
+        self,
+        paths: Sequence[Path],
+        settings: FeatureSettings,
+        patch_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
     ) -> None:
         self.paths, self.settings, self.patch_size = list(paths), settings, patch_size
         self.mean, self.std = tuple(mean), tuple(std)
@@ -175,9 +187,14 @@ def _as_is(item: _Decoded) -> _Decoded:
 
 
 def _run(
-    model: nn.Module, info: BackboneInfo, blocks: list[int], settings: FeatureSettings,
-    items: list[_Decoded], paths: list[Path], device: torch.device,
-) -> Iterator[ImageFeatures]:  # fmt: skip
+    model: nn.Module,
+    info: BackboneInfo,
+    blocks: list[int],
+    settings: FeatureSettings,
+    items: list[_Decoded],
+    paths: list[Path],
+    device: torch.device,
+) -> Iterator[ImageFeatures]:
     batch = torch.stack([item.image for item in items]).to(device)
     features = dense_features(model, batch, info, blocks, norm=settings.norm)
     features = {k: v.to(DTYPES[settings.dtype]).cpu() for k, v in features.items()}
@@ -202,6 +219,8 @@ def iter_features(
     paths = list_images(images)[1] if isinstance(images, (str, os.PathLike)) else list(images)
     for item in extract(model, paths, settings, mean=mean, std=std):
         if isinstance(item, FailedImage):
-            warnings.warn(f"skipping unreadable image {item.path}: {item.reason}", BadImageWarning, stacklevel=2)
+            warnings.warn(
+                f"skipping unreadable image {item.path}: {item.reason}", BadImageWarning, stacklevel=2
+            )
             continue
         yield item.path, item.features

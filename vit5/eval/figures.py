@@ -31,8 +31,15 @@ def plot_confusion(
     if n <= 15:
         for (i, j), value in np.ndenumerate(confusion):
             if value:
-                ax.text(j, i, int(value), ha="center", va="center", fontsize=7,
-                        color="white" if normalised[i, j] > 0.5 else "black")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    int(value),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if normalised[i, j] > 0.5 else "black",
+                )
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     ax.set_title(title or "confusion matrix (counts; colour = row fraction)")
@@ -55,11 +62,18 @@ def plot_sweep(
         line = ax.plot([x for x, _ in square], [v for _, v in square], marker="o", label=label)[0]
         for (h, w), value in points:
             if h != w:
-                ax.scatter([np.sqrt(h * w)], [value], facecolors="none", edgecolors=line.get_color(), s=60, zorder=3)
+                ax.scatter(
+                    [np.sqrt(h * w)], [value], facecolors="none", edgecolors=line.get_color(), s=60, zorder=3
+                )
                 if (h, w) not in labelled:  # once per size, not per model
                     row = labelled[(h, w)] = sum(hh * ww == h * w for hh, ww in labelled)
-                    ax.annotate(f"{h}x{w}", (np.sqrt(h * w), value), textcoords="offset points",
-                                xytext=(6, 4 - 11 * row), fontsize=8)  # fmt: skip
+                    ax.annotate(
+                        f"{h}x{w}",
+                        (np.sqrt(h * w), value),
+                        textcoords="offset points",
+                        xytext=(6, 4 - 11 * row),
+                        fontsize=8,
+                    )
     if train_size is not None:
         ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
     ax.set_xlabel("input side sqrt(H x W) in pixels (hollow: non-square)")

@@ -16,13 +16,14 @@ import torch
 from torch.utils.data import Dataset
 
 from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image, image_files
-
-from .errors import EvalError
+from vit5.eval.errors import EvalError
 
 Size = tuple[int, int]
 
 
-def list_images(source: str | os.PathLike[str], extensions: Sequence[str] = IMAGE_EXTENSIONS) -> tuple[Path, list[Path]]:
+def list_images(
+    source: str | os.PathLike[str], extensions: Sequence[str] = IMAGE_EXTENSIONS
+) -> tuple[Path, list[Path]]:
     """``(root, files)``: every image under folder ``source`` (recursive, sorted, hidden entries
     skipped), or ``source`` itself when it is a file (then ``root`` is its folder)."""
     source = Path(source)

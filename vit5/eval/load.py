@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..model.spec import LoadedModel, ModelSpecError, distinct_labels, has_ema_weights, load_spec, parse_model_args
-from .errors import EvalError
+from vit5.eval.errors import EvalError
+from vit5.model.spec import (
+    LoadedModel,
+    ModelSpecError,
+    distinct_labels,
+    has_ema_weights,
+    load_spec,
+    parse_model_args,
+)
 
 __all__ = ["LoadedModel", "distinct_labels", "load_models", "parse_overrides"]
 

@@ -24,12 +24,11 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, build_loader, eval_transform
-
-from .backbone import block_indices, dense_features, describe
-from .errors import EvalError
-from .images import LabelledImages
-from .load import LoadedModel
-from .report import format_table
+from vit5.eval.backbone import block_indices, dense_features, describe
+from vit5.eval.errors import EvalError
+from vit5.eval.images import LabelledImages
+from vit5.eval.load import LoadedModel
+from vit5.eval.report import format_table
 
 POOLS = ("cls", "avg")
 
@@ -75,15 +74,26 @@ def encode(
         raise EvalError(f"{loaded.label} has no CLS token; use pools=('avg',)")
     (block,) = block_indices(info, [settings.layer])
     size = tuple(settings.size or loaded.input_size)
-    transform = eval_transform(size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std)
-    loader = build_loader(LabelledImages(dataset.samples, transform, size), settings.batch_size, train=False,
-                          num_workers=settings.num_workers)  # fmt: skip
+    transform = eval_transform(
+        size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std
+    )
+    loader = build_loader(
+        LabelledImages(dataset.samples, transform, size),
+        settings.batch_size,
+        train=False,
+        num_workers=settings.num_workers,
+    )
     device = next(loaded.model.parameters()).device
     pooled: dict[str, list[torch.Tensor]] = {p: [] for p in settings.pools}
     targets, skipped = [], 0
-    for images, labels, _, ok in tqdm(loader, desc=f"encode {loaded.label}", disable=not progress, leave=False):
+    for images, labels, _, ok in tqdm(
+        loader, desc=f"encode {loaded.label}", disable=not progress, leave=False
+    ):
         feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
-        views = {"cls": feats.get(f"blocks.{block}.cls"), "avg": feats[f"blocks.{block}.patches"].mean(dim=(-2, -1))}
+        views = {
+            "cls": feats.get(f"blocks.{block}.cls"),
+            "avg": feats[f"blocks.{block}.patches"].mean(dim=(-2, -1)),
+        }
         for pool in settings.pools:
             pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
@@ -92,20 +102,32 @@ def encode(
 
 
 def knn_accuracy(
-    train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray, k: int = 20, temperature: float = 0.07
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    val_x: np.ndarray,
+    val_y: np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
 ) -> float:
     """Weighted cosine kNN (DINO): neighbours vote with ``exp(cos / T)``."""
     knn = KNeighborsClassifier(
-        n_neighbors=min(k, len(train_y)), metric="cosine", algorithm="brute",
+        n_neighbors=min(k, len(train_y)),
+        metric="cosine",
+        algorithm="brute",
         weights=lambda distance: np.exp((1.0 - distance) / temperature),
-    )  # fmt: skip
+    )
     return float(knn.fit(train_x, train_y).score(val_x, val_y))
 
 
 def logreg_accuracy(
-    train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
-    c: float = 1.0, max_iter: int = 1000, seed: int = 0,
-) -> float:  # fmt: skip
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    val_x: np.ndarray,
+    val_y: np.ndarray,
+    c: float = 1.0,
+    max_iter: int = 1000,
+    seed: int = 0,
+) -> float:
     """Linear probe: standardise, then multinomial L2 logistic regression."""
     probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
     return float(probe.fit(train_x, train_y).score(val_x, val_y))
@@ -119,7 +141,9 @@ def run_probes(
     progress: bool = True,
 ) -> list[ProbeRow]:
     if list(train.class_names) != list(val.class_names):
-        raise EvalError(f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}...")
+        raise EvalError(
+            f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}..."
+        )
     train_x, train_y, _ = encode(loaded, train, settings, progress)
     val_x, val_y, _ = encode(loaded, val, settings, progress)
     rows = []
@@ -129,8 +153,15 @@ def run_probes(
             acc = knn_accuracy(train_x[pool], train_y, val_x[pool], val_y, k, settings.knn_temperature)
             rows.append(ProbeRow(loaded.label, pool, f"knn-{k}", acc, time.perf_counter() - start))
         start = time.perf_counter()
-        acc = logreg_accuracy(train_x[pool], train_y, val_x[pool], val_y, settings.logreg_c, settings.logreg_max_iter,
-                              settings.seed)  # fmt: skip
+        acc = logreg_accuracy(
+            train_x[pool],
+            train_y,
+            val_x[pool],
+            val_y,
+            settings.logreg_c,
+            settings.logreg_max_iter,
+            settings.seed,
+        )
         rows.append(ProbeRow(loaded.label, pool, "logreg", acc, time.perf_counter() - start))
     return rows
 

@@ -16,7 +16,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: s
     """A fixed-width table; floats with 4 significant decimals, None/NaN as '-'."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = lambda values: "  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(values, widths)))  # noqa: E731
+    line = lambda values: "  ".join(
+        str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(values, widths))
+    )  # noqa: E731
     out = [title] if title else []
     out += [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
     return "\n".join(out)
@@ -51,7 +53,9 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON, atomically (a crash never leaves half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # plain open: permissions follow the umask
+    partial = path.with_name(
+        f".{path.name}.{os.getpid()}.partial"
+    )  # plain open: permissions follow the umask
     partial.write_text(json.dumps(to_jsonable(obj), indent=2))
     os.replace(partial, path)
     return path

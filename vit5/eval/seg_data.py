@@ -22,8 +22,7 @@ import numpy as np
 from PIL import Image
 
 from vit5.data import image_files
-
-from .errors import EvalError, read_json
+from vit5.eval.errors import EvalError, read_json
 
 SPLIT_PAIRS = (("train", "val"), ("training", "validation"))
 
@@ -42,7 +41,9 @@ def default_splits(root: str | os.PathLike[str]) -> tuple[str, str]:
         if all((Path(root) / "images" / s).is_dir() for s in pair):
             return pair
     found = sorted(p.name for p in (Path(root) / "images").glob("*") if p.is_dir())
-    raise EvalError(f"{root}/images has no train/val (or training/validation) folders (found {found}); name the splits")
+    raise EvalError(
+        f"{root}/images has no train/val (or training/validation) folders (found {found}); name the splits"
+    )
 
 
 def dataset_info(
@@ -60,7 +61,9 @@ def dataset_info(
     names = meta.get("class_names") if meta.get("num_classes") == num_classes else None
     ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
     if 0 <= ignore_index < num_classes:
-        raise EvalError(f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1")
+        raise EvalError(
+            f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1"
+        )
     return SegDatasetInfo(
         num_classes=num_classes,
         class_names=tuple(names or (str(i) for i in range(num_classes))),
@@ -74,7 +77,9 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
     image_dir, mask_dir = Path(root) / "images" / split, Path(root) / "annotations" / split
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():
-            raise EvalError(f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/")
+            raise EvalError(
+                f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/"
+            )
     images = image_files(image_dir)
     if not images:
         raise EvalError(f"{image_dir} holds no images")
@@ -82,7 +87,9 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
     for image in images:
         mask = (mask_dir / image.relative_to(image_dir)).with_suffix(".png")
         if not mask.is_file():
-            raise EvalError(f"image {image} has no label mask {mask} (masks are PNG files with the image's relative path)")
+            raise EvalError(
+                f"image {image} has no label mask {mask} (masks are PNG files with the image's relative path)"
+            )
         pairs.append((image, mask))
     return pairs
 

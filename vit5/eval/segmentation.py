@@ -22,14 +22,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vit5.data import BadImageError, decode_image, resize_transform
-
-from .backbone import block_indices, check_input, dense_features, describe
-from .errors import EvalError
-from .images import check_patch_multiple
-from .load import LoadedModel
-from .metrics import SegmentationScores, confusion_matrix, segmentation_scores
-from .report import format_table
-from .seg_data import SegDatasetInfo, list_pairs, read_mask
+from vit5.eval.backbone import block_indices, check_input, dense_features, describe
+from vit5.eval.errors import EvalError
+from vit5.eval.images import check_patch_multiple
+from vit5.eval.load import LoadedModel
+from vit5.eval.metrics import SegmentationScores, confusion_matrix, segmentation_scores
+from vit5.eval.report import format_table
+from vit5.eval.seg_data import SegDatasetInfo, list_pairs, read_mask
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,20 @@ class SegProbeResult:
 
     def to_dict(self) -> dict:
         return {
-            "model": self.model, "size": list(self.size), "blocks": self.blocks, "miou": self.scores.miou,
-            "pixel_accuracy": self.scores.pixel_accuracy, "iou": dict(zip(self.class_names, self.scores.iou.tolist())),
-            "num_train": self.num_train, "num_val": self.num_val, "seconds_features": self.seconds_features,
-            "seconds_train": self.seconds_train, "final_train_loss": self.final_train_loss,
-            "confusion_matrix": self.scores.confusion, "skipped": self.skipped,
-        }  # fmt: skip
+            "model": self.model,
+            "size": list(self.size),
+            "blocks": self.blocks,
+            "miou": self.scores.miou,
+            "pixel_accuracy": self.scores.pixel_accuracy,
+            "iou": dict(zip(self.class_names, self.scores.iou.tolist())),
+            "num_train": self.num_train,
+            "num_val": self.num_val,
+            "seconds_features": self.seconds_features,
+            "seconds_train": self.seconds_train,
+            "final_train_loss": self.final_train_loss,
+            "confusion_matrix": self.scores.confusion,
+            "skipped": self.skipped,
+        }
 
 
 @dataclass
@@ -83,16 +90,24 @@ class EncodedSplit:
 
 
 def _encode(
-    loaded: LoadedModel, pairs: Sequence, info: SegDatasetInfo, size: tuple[int, int], blocks: list[int],
-    settings: SegProbeSettings, desc: str, progress: bool,
-) -> EncodedSplit:  # fmt: skip
+    loaded: LoadedModel,
+    pairs: Sequence,
+    info: SegDatasetInfo,
+    size: tuple[int, int],
+    blocks: list[int],
+    settings: SegProbeSettings,
+    desc: str,
+    progress: bool,
+) -> EncodedSplit:
     backbone = describe(loaded.model)
     transform = resize_transform(size, mean=loaded.mean, std=loaded.std)
     device = next(loaded.model.parameters()).device
     chunks, masks, skipped, batch = [], [], [], []
 
     def flush() -> None:
-        feats = dense_features(loaded.model, torch.stack(batch).to(device), backbone, blocks, norm=settings.norm)
+        feats = dense_features(
+            loaded.model, torch.stack(batch).to(device), backbone, blocks, norm=settings.norm
+        )
         chunks.append(torch.cat([feats[f"blocks.{b}.patches"] for b in blocks], dim=1).half().cpu())
         batch.clear()
 
@@ -127,17 +142,23 @@ class LinearHead:
 
 
 def train_linear_head(
-    train: EncodedSplit, info: SegDatasetInfo, size: tuple[int, int], settings: SegProbeSettings,
+    train: EncodedSplit,
+    info: SegDatasetInfo,
+    size: tuple[int, int],
+    settings: SegProbeSettings,
     device: torch.device | str = "cpu",
-) -> LinearHead:  # fmt: skip
+) -> LinearHead:
     """Fit the head with AdamW (cosine schedule) on logits upsampled to ``size``, masks resized
     to ``size`` with nearest neighbour; deterministic for ``settings.seed``. The cached features
     stay on the CPU (fp16); each batch and the head run on ``device`` (the backbone's)."""
     feats = train.features
     std, mean = torch.std_mean(feats.float(), dim=(0, 2, 3), keepdim=True)
     std = std.clamp_min(1e-6)
-    targets = torch.from_numpy(np.stack([cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST)
-                                         for m in train.masks])).long()  # fmt: skip
+    targets = torch.from_numpy(
+        np.stack(
+            [cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST) for m in train.masks]
+        )
+    ).long()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         conv = nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1)
@@ -167,7 +188,11 @@ def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo)
     device = head.conv.weight.device
     for feats, mask in zip(val.features, val.masks):
         logits = head(feats[None].to(device))
-        pred = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False).argmax(dim=1)[0].cpu()
+        pred = (
+            F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
+            .argmax(dim=1)[0]
+            .cpu()
+        )
         target = torch.from_numpy(mask)
         valid = target != info.ignore_index
         confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
@@ -189,27 +214,50 @@ def run_segmentation_probe(
     check_patch_multiple(size, backbone.patch_size)
     check_input(backbone, size)
     start = time.perf_counter()
-    train = _encode(loaded, list_pairs(root, splits[0]), info, size, blocks, settings, f"features {splits[0]}", progress)
-    val = _encode(loaded, list_pairs(root, splits[1]), info, size, blocks, settings, f"features {splits[1]}", progress)
+    train = _encode(
+        loaded, list_pairs(root, splits[0]), info, size, blocks, settings, f"features {splits[0]}", progress
+    )
+    val = _encode(
+        loaded, list_pairs(root, splits[1]), info, size, blocks, settings, f"features {splits[1]}", progress
+    )
     seconds_features = time.perf_counter() - start
     start = time.perf_counter()
     head = train_linear_head(train, info, size, settings, device=next(loaded.model.parameters()).device)
     seconds_train = time.perf_counter() - start
     return SegProbeResult(
-        model=loaded.label, size=size, blocks=blocks, class_names=info.class_names, scores=score_linear_head(head, val, info),
-        num_train=len(train.masks), num_val=len(val.masks), seconds_features=seconds_features,
-        seconds_train=seconds_train, final_train_loss=head.final_loss, skipped=train.skipped + val.skipped,
-    )  # fmt: skip
+        model=loaded.label,
+        size=size,
+        blocks=blocks,
+        class_names=info.class_names,
+        scores=score_linear_head(head, val, info),
+        num_train=len(train.masks),
+        num_val=len(val.masks),
+        seconds_features=seconds_features,
+        seconds_train=seconds_train,
+        final_train_loss=head.final_loss,
+        skipped=train.skipped + val.skipped,
+    )
 
 
 def seg_tables(results: Sequence[SegProbeResult]) -> str:
     summary = format_table(
         ("model", "size", "blocks", "train", "val", "mIoU %", "pixel acc %", "features s", "train s"),
-        [(r.model, f"{r.size[0]}x{r.size[1]}", ",".join(map(str, r.blocks)), r.num_train, r.num_val,
-          100 * r.scores.miou, 100 * r.scores.pixel_accuracy, round(r.seconds_features, 1), round(r.seconds_train, 1))
-         for r in results],
+        [
+            (
+                r.model,
+                f"{r.size[0]}x{r.size[1]}",
+                ",".join(map(str, r.blocks)),
+                r.num_train,
+                r.num_val,
+                100 * r.scores.miou,
+                100 * r.scores.pixel_accuracy,
+                round(r.seconds_features, 1),
+                round(r.seconds_train, 1),
+            )
+            for r in results
+        ],
         title="segmentation linear probe",
-    )  # fmt: skip
+    )
     names = results[0].class_names
     per_class = format_table(
         ("class", *(r.model for r in results)),

@@ -15,13 +15,12 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from vit5.data import ImageFolderDataset
-
-from .classify import ClassifyResult, ClassifySettings, evaluate
-from .errors import EvalError
-from .figures import plot_sweep
-from .images import Size, round_to_patch
-from .load import LoadedModel
-from .report import format_table
+from vit5.eval.classify import ClassifyResult, ClassifySettings, evaluate
+from vit5.eval.errors import EvalError
+from vit5.eval.figures import plot_sweep
+from vit5.eval.images import Size, round_to_patch
+from vit5.eval.load import LoadedModel
+from vit5.eval.report import format_table
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
@@ -71,7 +70,9 @@ def sweep_table(results: Sequence[ClassifyResult], metric: str = "top1") -> str:
     return format_table(("size", *labels), rows, title=f"{metric} % against input size")
 
 
-def sweep_plot(results: Sequence[ClassifyResult], path: str | os.PathLike[str], train_size: Size | None = None) -> Path:
+def sweep_plot(
+    results: Sequence[ClassifyResult], path: str | os.PathLike[str], train_size: Size | None = None
+) -> Path:
     series: dict[str, list[tuple[Size, float]]] = {}
     for r in results:
         series.setdefault(r.model, []).append((r.size, 100 * r.scores.top1))
@@ -81,8 +82,16 @@ def sweep_plot(results: Sequence[ClassifyResult], path: str | os.PathLike[str], 
 def sweep_records(results: Sequence[ClassifyResult]) -> list[dict]:
     """Compact JSON rows (no confusion matrices)."""
     return [
-        {"model": r.model, "weights": r.weights, "size": list(r.size), "crop_ratio": r.crop_ratio,
-         "num_images": r.scores.num_images, "top1": r.scores.top1, "top5": r.scores.top5, "loss": r.scores.loss,
-         "images_per_s": r.images_per_s}
+        {
+            "model": r.model,
+            "weights": r.weights,
+            "size": list(r.size),
+            "crop_ratio": r.crop_ratio,
+            "num_images": r.scores.num_images,
+            "top1": r.scores.top1,
+            "top5": r.scores.top5,
+            "loss": r.scores.loss,
+            "images_per_s": r.images_per_s,
+        }
         for r in results
-    ]  # fmt: skip
+    ]

@@ -1,19 +1,50 @@
 """Building blocks of a modern ViT, pure torch: one concept per module."""
 
-from .attention import ATTENTION_BACKENDS, Attention, AttentionConfig, causal_mask, eager_attention
-from .block import Block, BlockConfig, LayerScale
-from .drop import DropPath, drop_path, drop_path_rates
-from .kv_cache import KVCache, LayerKVCache
-from .mlp import Mlp, SwiGLU, swiglu_hidden_dim
-from .norm import RMSNorm, make_norm, norm_head_groups
-from .patch_embed import PatchEmbed
-from .pos_embed import resample_pos_embed
-from .rope import Rope2D, RopeTable, apply_rope, rope_angles_2d, rope_cos_sin, rope_frequencies, rotate_pairs
+from vit5.layers.attention import ATTENTION_BACKENDS, Attention, AttentionConfig, causal_mask, eager_attention
+from vit5.layers.block import Block, BlockConfig, LayerScale
+from vit5.layers.drop import DropPath, drop_path, drop_path_rates
+from vit5.layers.kv_cache import KVCache, LayerKVCache
+from vit5.layers.mlp import Mlp, SwiGLU, swiglu_hidden_dim
+from vit5.layers.norm import RMSNorm, make_norm, norm_head_groups
+from vit5.layers.patch_embed import PatchEmbed
+from vit5.layers.pos_embed import resample_pos_embed
+from vit5.layers.rope import (
+    Rope2D,
+    RopeTable,
+    apply_rope,
+    rope_angles_2d,
+    rope_cos_sin,
+    rope_frequencies,
+    rotate_pairs,
+)
 
 __all__ = [
-    "ATTENTION_BACKENDS", "Attention", "AttentionConfig", "Block", "BlockConfig", "DropPath", "KVCache",
-    "LayerKVCache", "LayerScale", "Mlp", "PatchEmbed", "RMSNorm", "Rope2D", "RopeTable", "SwiGLU",
-    "apply_rope", "causal_mask", "drop_path", "drop_path_rates", "eager_attention", "make_norm",
-    "norm_head_groups", "resample_pos_embed", "rope_angles_2d", "rope_cos_sin", "rope_frequencies",
-    "rotate_pairs", "swiglu_hidden_dim",
+    "ATTENTION_BACKENDS",
+    "Attention",
+    "AttentionConfig",
+    "Block",
+    "BlockConfig",
+    "DropPath",
+    "KVCache",
+    "LayerKVCache",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "RMSNorm",
+    "Rope2D",
+    "RopeTable",
+    "SwiGLU",
+    "apply_rope",
+    "causal_mask",
+    "drop_path",
+    "drop_path_rates",
+    "eager_attention",
+    "make_norm",
+    "norm_head_groups",
+    "resample_pos_embed",
+    "rope_angles_2d",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "rotate_pairs",
+    "swiglu_hidden_dim",
 ]

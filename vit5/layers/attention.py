@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import LayerKVCache
-from .norm import NormKind, make_norm, norm_head_groups
-from .rope import RopeLayout, RopeTable
+from vit5.layers.kv_cache import LayerKVCache
+from vit5.layers.norm import NormKind, make_norm, norm_head_groups
+from vit5.layers.rope import RopeLayout, RopeTable
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flash_attn", "eager")
@@ -162,7 +162,9 @@ class Attention(nn.Module):
                     f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
                 )
             qk = rope.rotate(qk, token_dim=-3)
-        q, k = qk.split((h, h_kv), dim=2)  # unpacked directly: torch.fx cannot iterate a generator over a proxy
+        q, k = qk.split(
+            (h, h_kv), dim=2
+        )  # unpacked directly: torch.fx cannot iterate a generator over a proxy
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, N, d] views
         v = v.transpose(1, 2)
         if kv_cache is not None:
@@ -189,7 +191,9 @@ class Attention(nn.Module):
         if needs_mask and n != m:
             mask = causal_mask(n, m, q.device)
             return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=needs_mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=needs_mask, enable_gqa=gqa
+        )
 
     def _flash(self, q, k, v, causal: bool, dropout_p: float) -> torch.Tensor:
         flash_attn_func = _flash_attn_func()

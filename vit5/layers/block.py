@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import Attention, AttentionConfig
-from .drop import DropPath, drop_path_keep
-from .kv_cache import LayerKVCache
-from .mlp import Mlp, MlpKind, SwiGLU
-from .norm import NormKind, make_norm
-from .rope import RopeTable
+from vit5.layers.attention import Attention, AttentionConfig
+from vit5.layers.drop import DropPath, drop_path_keep
+from vit5.layers.kv_cache import LayerKVCache
+from vit5.layers.mlp import Mlp, MlpKind, SwiGLU
+from vit5.layers.norm import NormKind, make_norm
+from vit5.layers.rope import RopeTable
 
 
 class LayerScale(nn.Module):

@@ -34,7 +34,9 @@ def checked_images(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Ten
             + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
         )
     if not x.is_floating_point():
-        raise ValueError(f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}")
+        raise ValueError(
+            f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}"
+        )
     grid_of((x.shape[-2], x.shape[-1]), patch_size)
     return x
 
@@ -43,7 +45,9 @@ torch.fx.wrap("checked_images")
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768, bias: bool = True) -> None:
+    def __init__(
+        self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768, bias: bool = True
+    ) -> None:
         super().__init__()
         self.patch_size = patch_size
         self.in_chans = in_chans

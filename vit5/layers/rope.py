@@ -196,7 +196,6 @@ torch.fx.wrap("checked_rope_input")
 torch.fx.wrap("rotate_complex")
 
 
-
 class Rope2D(nn.Module):
     """One axial 2D RoPE convention: bands plus the rules that turn a grid into angles.
 

@@ -1,7 +1,7 @@
 """The ViT-5 model: config, presets, the backbone, capture, checkpoints, converters and the Hub."""
 
-from .capture import Recording, record, unwrap_model
-from .checkpoint import (
+from vit5.model.capture import Recording, record, unwrap_model
+from vit5.model.checkpoint import (
     Checkpoint,
     LoadReport,
     create_model,
@@ -11,16 +11,38 @@ from .checkpoint import (
     read_checkpoint,
     save_pretrained,
 )
-from .config import ConfigError, ViT5Config
-from .convert import CheckpointError, detect_source, infer_config
-from .layout import TokenLayout
-from .optimize import compile_blocks, fuse_for_inference
-from .presets import PRESETS, list_presets, preset_config
-from .vit import IMAGENET_MEAN, IMAGENET_STD, ViT5, take_indices
+from vit5.model.config import ConfigError, ViT5Config
+from vit5.model.convert import CheckpointError, detect_source, infer_config
+from vit5.model.layout import TokenLayout
+from vit5.model.optimize import compile_blocks, fuse_for_inference
+from vit5.model.presets import PRESETS, list_presets, preset_config
+from vit5.model.vit import IMAGENET_MEAN, IMAGENET_STD, ViT5, take_indices
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Checkpoint", "CheckpointError", "ConfigError", "LoadReport",
-    "Recording", "TokenLayout", "ViT5", "ViT5Config", "compile_blocks", "create_model", "detect_source",
-    "fuse_for_inference", "infer_config", "list_presets", "load_model", "load_weights", "preset_config",
-    "push_to_hub", "read_checkpoint", "record", "save_pretrained", "take_indices", "unwrap_model",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "PRESETS",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigError",
+    "LoadReport",
+    "Recording",
+    "TokenLayout",
+    "ViT5",
+    "ViT5Config",
+    "compile_blocks",
+    "create_model",
+    "detect_source",
+    "fuse_for_inference",
+    "infer_config",
+    "list_presets",
+    "load_model",
+    "load_weights",
+    "preset_config",
+    "push_to_hub",
+    "read_checkpoint",
+    "record",
+    "save_pretrained",
+    "take_indices",
+    "unwrap_model",
 ]

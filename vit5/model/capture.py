@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .layout import TokenLayout
-from .vit import ViT5, take_indices
+from vit5.model.layout import TokenLayout
+from vit5.model.vit import ViT5, take_indices
 
 
 @dataclass
@@ -72,7 +72,9 @@ class Recording:
 
 def _get(store: dict[int, torch.Tensor], layer: int, kind: str) -> torch.Tensor:
     if layer not in store:
-        raise KeyError(f"no {kind} recorded for block {layer}: recorded {sorted(store)} (pass layers=... to record)")
+        raise KeyError(
+            f"no {kind} recorded for block {layer}: recorded {sorted(store)} (pass layers=... to record)"
+        )
     return store[layer]
 
 

@@ -35,15 +35,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
-from ..errors import storage_error
-from ..files import atomic_write_bytes, atomic_write_json
-from ..layers import resample_pos_embed
-from . import hub
-from .config import ConfigError, ViT5Config
-from .convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
-from .footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
-from .presets import PRESETS, closest_preset, preset_config
-from .vit import ViT5, default_pretrained_cfg
+from vit5.errors import storage_error
+from vit5.files import atomic_write_bytes, atomic_write_json
+from vit5.layers import resample_pos_embed
+from vit5.model import hub
+from vit5.model.config import ConfigError, ViT5Config
+from vit5.model.convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
+from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
+from vit5.model.presets import PRESETS, closest_preset, preset_config
+from vit5.model.vit import ViT5, default_pretrained_cfg
 
 logger = logging.getLogger("vit5")
 
@@ -52,7 +52,14 @@ WEIGHTS_NAME = "model.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 HEAD_KEYS = ("head.weight", "head.bias")
 FIRST_CONV_KEY = "patch_embed.proj.weight"
-HUB_CONFIG_KEYS = ("architecture", "num_classes", "num_features", "global_pool", "model_args", "pretrained_cfg")
+HUB_CONFIG_KEYS = (
+    "architecture",
+    "num_classes",
+    "num_features",
+    "global_pool",
+    "model_args",
+    "pretrained_cfg",
+)
 Pretrained = str | os.PathLike | bool | None
 
 
@@ -80,7 +87,9 @@ class LoadReport:
             lines.append(f"  newly initialised (not in the checkpoint's shape): {', '.join(self.reset)}")
         lines += [f"  resampled {item}" for item in self.resampled]
         if self.dropped:
-            lines.append(f"  verified and dropped (rebuilt at run time): {len(self.dropped)} RoPE frequency buffers")
+            lines.append(
+                f"  verified and dropped (rebuilt at run time): {len(self.dropped)} RoPE frequency buffers"
+            )
         return "\n".join(lines)
 
 
@@ -145,11 +154,15 @@ def hub_config(model: ViT5) -> dict[str, Any]:
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
     """A state dict as the bytes of a safetensors file (CPU, contiguous), ready for an atomic write."""
-    return save_safetensors({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, metadata={"format": "pt"})
+    return save_safetensors(
+        {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, metadata={"format": "pt"}
+    )
 
 
 # ---------------------------------------------------------------------------------- read
-def read_checkpoint(path: str | os.PathLike, use_ema: bool = False, source: Source | None = None) -> Checkpoint:
+def read_checkpoint(
+    path: str | os.PathLike, use_ema: bool = False, source: Source | None = None
+) -> Checkpoint:
     """Read weights from our directory, a ``.safetensors`` file, or a ``.pth`` (official / timm)."""
     path = Path(path)
     if not path.exists():
@@ -177,7 +190,9 @@ def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
     try:
         config = vit5_config(json.loads(config_file.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})") from err
+        raise CheckpointError(
+            f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})"
+        ) from err
     try:
         sd = load_file(str(weights))
     except (SafetensorError, OSError) as err:
@@ -242,7 +257,9 @@ def safe_torch_load(
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(
-                io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu", weights_only=True
+                io.BytesIO(source) if isinstance(source, bytes) else source,
+                map_location="cpu",
+                weights_only=True,
             )
     except pickle.UnpicklingError as err:
         text = str(err)
@@ -258,9 +275,13 @@ def safe_torch_load(
         message = f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). {hint}"
         raise CheckpointError(message.rstrip()) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {err})") from err
+        raise CheckpointError(
+            f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {err})"
+        ) from err
     except Exception as err:  # a damaged file fails in other ways too (struct, zip): one message for all
-        raise CheckpointError(f"{label} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
+        raise CheckpointError(
+            f"{label} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})"
+        ) from err
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:
@@ -341,11 +362,17 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
         return
     lines = [f"checkpoint {ckpt.path} ({ckpt.source} format) does not fit the model:"]
     if missing:
-        lines.append(f"  missing ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
+        lines.append(
+            f"  missing ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}"
+        )
     if unexpected:
-        lines.append(f"  unexpected ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}")
+        lines.append(
+            f"  unexpected ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}"
+        )
     for k in mismatched[:12]:
-        lines.append(f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}")
+        lines.append(
+            f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}"
+        )
     if any(k in HEAD_KEYS for k in mismatched):
         classes = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
         lines.append(
@@ -353,7 +380,9 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
             "ignore_head=True (a new num_classes when fine-tuning) to start a new head"
         )
     elif missing or unexpected:
-        lines.append("  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source format")
+        lines.append(
+            "  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source format"
+        )
     raise CheckpointError("\n".join(lines))
 
 
@@ -488,7 +517,9 @@ def _stored_config(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViT5Config:
     # the weights were saved from this very config: a config.json edited (or mixed up) to describe
     # another model is refused here, before a model of its size is allocated
     described = parameter_count(stored)
-    held = sum(t.numel() for k, t in ckpt.state_dict.items() if not k.endswith(("rope.freqs", "rope_reg.freqs")))
+    held = sum(
+        t.numel() for k, t in ckpt.state_dict.items() if not k.endswith(("rope.freqs", "rope_reg.freqs"))
+    )
     if described != held:
         raise ConfigError(
             f"{config_file} describes a model of {described:,} parameters, but its weights hold {held:,}: the "
@@ -571,7 +602,12 @@ def push_to_hub(
     with tempfile.TemporaryDirectory() as tmp:
         folder = stage_for_hub(model, Path(tmp), repo_id)
         return hub.upload_folder(
-            folder, repo_id, commit_message=commit_message, revision=revision, private=private, token=token,
+            folder,
+            repo_id,
+            commit_message=commit_message,
+            revision=revision,
+            private=private,
+            token=token,
             create_pr=create_pr,
         )
 
@@ -589,11 +625,17 @@ def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -
                 "(model = vit5.load_model(path)) and push the model"
             )
         loaded = load_model(directory)
-        ema = read_checkpoint(directory, use_ema=True).state_dict if (directory / EMA_WEIGHTS_NAME).is_file() else None
+        ema = (
+            read_checkpoint(directory, use_ema=True).state_dict
+            if (directory / EMA_WEIGHTS_NAME).is_file()
+            else None
+        )
         data = json.loads((directory / CONFIG_NAME).read_text())
         extra = {k: v for k, v in data.items() if k not in (*HUB_CONFIG_KEYS, "config")}
         save_pretrained(loaded, folder, ema_state_dict=ema, extra=extra)
         model = loaded
-    card = hub.model_card(repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters()))
+    card = hub.model_card(
+        repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters())
+    )
     (folder / "README.md").write_text(card)
     return folder

@@ -17,8 +17,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import Vit5Error
-from ..layers import AttentionConfig, BlockConfig, drop_path_rates, swiglu_hidden_dim
+from vit5.errors import Vit5Error
+from vit5.layers import AttentionConfig, BlockConfig, drop_path_rates, swiglu_hidden_dim
 
 
 class ConfigError(Vit5Error, ValueError):
@@ -102,7 +102,11 @@ class ViT5Config:
                 f"2D RoPE needs head_dim divisible by 4, but embed_dim {self.embed_dim} / num_heads "
                 f"{self.num_heads} = {self.head_dim}: change the sizes or set rope=False, register_rope=False"
             )
-        if self.num_registers and self.register_rope and math.isqrt(self.num_registers) ** 2 != self.num_registers:
+        if (
+            self.num_registers
+            and self.register_rope
+            and math.isqrt(self.num_registers) ** 2 != self.num_registers
+        ):
             fail(
                 f"register RoPE places registers on a sqrt(R) x sqrt(R) grid, so num_registers must be a "
                 f"perfect square, got {self.num_registers}: use 1, 4, 9, ... or register_rope=False"
@@ -184,7 +188,9 @@ class ViT5Config:
         """A config from :meth:`to_dict` output (e.g. read from a ``config.json``); anything else,
         a list, a wrong type, NaN, a negative size, is a :class:`ConfigError`."""
         if not isinstance(values, dict):
-            raise ConfigError(f"a {cls.__name__} must be a mapping of field names to values, not {type(values).__name__}")
+            raise ConfigError(
+                f"a {cls.__name__} must be a mapping of field names to values, not {type(values).__name__}"
+            )
         check_keys(values, cls)
         return cls(**values)
 

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import Vit5Error
-from ..layers import rope_frequencies
-from .config import ConfigError, ViT5Config
+from vit5.errors import Vit5Error
+from vit5.layers import rope_frequencies
+from vit5.model.config import ConfigError, ViT5Config
 
 Source = Literal["vit5", "official", "timm"]
 SOURCES: tuple[str, ...] = ("vit5", "official", "timm")
@@ -67,7 +67,9 @@ def _check_rope_buffer(key: str, freqs: torch.Tensor, cfg: ViT5Config, kind: str
         switch = "rope=True" if kind == "rope" else "register_rope=True"
         raise CheckpointError(f"checkpoint has {key} (a RoPE model) but this model has it off: set {switch}")
     expected = rope_frequencies(cfg.head_dim, theta).float()
-    if freqs.shape != expected.shape or not torch.allclose(freqs.float().cpu(), expected, rtol=1e-4, atol=1e-7):
+    if freqs.shape != expected.shape or not torch.allclose(
+        freqs.float().cpu(), expected, rtol=1e-4, atol=1e-7
+    ):
         raise CheckpointError(
             f"{key} holds RoPE frequencies {freqs.flatten()[:3].tolist()}... that differ from this model's "
             f"(head_dim {cfg.head_dim}, theta {theta}): {expected[:3].tolist()}...; check head sizes and "
@@ -175,7 +177,9 @@ def _infer_head_dim(sd: dict[str, torch.Tensor], official: bool) -> int | None:
     return 64 if sd["patch_embed.proj.weight"].shape[0] % 64 == 0 else None
 
 
-def config_from_checkpoint(state_dict: dict[str, torch.Tensor], source: Source, **overrides: Any) -> ViT5Config:
+def config_from_checkpoint(
+    state_dict: dict[str, torch.Tensor], source: Source, **overrides: Any
+) -> ViT5Config:
     inferred = infer_config(state_dict, source)
     if "num_heads" not in inferred and "num_heads" not in overrides:
         raise CheckpointError(
@@ -185,4 +189,6 @@ def config_from_checkpoint(state_dict: dict[str, torch.Tensor], source: Source, 
     try:
         return ViT5Config.from_dict({**inferred, **overrides})
     except ConfigError as err:
-        raise CheckpointError(f"the inferred architecture is invalid ({err}); pass the preset name instead") from err
+        raise CheckpointError(
+            f"the inferred architecture is invalid ({err}); pass the preset name instead"
+        ) from err

@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..layers.patch_embed import grid_of
-from .config import ConfigError
-from .convert import CheckpointError
-from .spec import ModelSpecError, load_spec, parse_model_args, random_init_flags
+from vit5.layers.patch_embed import grid_of
+from vit5.model.config import ConfigError
+from vit5.model.convert import CheckpointError
+from vit5.model.spec import ModelSpecError, load_spec, parse_model_args, random_init_flags
 
 logger = logging.getLogger("vit5")
 
@@ -247,9 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a torch.export .pt2).",
         epilog="Example: python -m vit5.model.export --model vit5_small --onnx vit5_small.onnx --size 224 224",
     )
-    p.add_argument("--model", required=True,
-                   help="model spec: vit5_small (released weights), a released name, a checkpoint path or directory, "
-                        "hf-hub:USER/REPO, or timm:NAME[@CHECKPOINT]")  # fmt: skip
+    p.add_argument(
+        "--model",
+        required=True,
+        help="model spec: vit5_small (released weights), a released name, a checkpoint path or directory, "
+        "hf-hub:USER/REPO, or timm:NAME[@CHECKPOINT]",
+    )
     p.add_argument(
         "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides (e.g. depth=2)"
     )

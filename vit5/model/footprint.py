@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..runtime import format_bytes
-from .config import ConfigError, ViT5Config
+from vit5.model.config import ConfigError, ViT5Config
+from vit5.runtime import format_bytes
 
 # 2e9 parameters (7.5 GiB in float32), over four times the largest preset (vit5_xlarge, 0.45e9); raise
 # it for a larger model with max_params= (Python), --max-params (eval, viz) or model.max_params (training)
@@ -148,4 +148,3 @@ def check_size(cfg: ViT5Config, max_params: float = DEFAULT_MAX_PARAMS, source: 
             f"model.max_params in a training config"
         )
     return size
-

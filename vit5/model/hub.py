@@ -32,9 +32,9 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from .convert import CheckpointError
-from .presets import PRESETS
-from .vit import default_pretrained_cfg
+from vit5.model.convert import CheckpointError
+from vit5.model.presets import PRESETS
+from vit5.model.vit import default_pretrained_cfg
 
 OFFICIAL_REPO = "FengWang3211/ViT-5"
 HF_HUB_PREFIX = "hf-hub:"

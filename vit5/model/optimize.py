@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import LayerScale, RMSNorm
-from .capture import unwrap_model
-from .vit import ViT5
+from vit5.layers import LayerScale, RMSNorm
+from vit5.model.capture import unwrap_model
+from vit5.model.vit import ViT5
 
 
 @torch.no_grad()

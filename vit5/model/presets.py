@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from .config import ConfigError, ViT5Config
+from vit5.model.config import ConfigError, ViT5Config
 
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(embed_dim=192, depth=12, num_heads=3),
@@ -26,9 +26,18 @@ SIZES: dict[str, dict[str, int]] = {
 _NO_MODERN_POSITIONS = dict(rope=False, num_registers=0, qk_norm=False)
 FAMILIES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "vit5": ({}, ("tiny", "small", "base", "large", "xlarge")),
-    "deit3": (dict(norm="layernorm", qkv_bias=True, **_NO_MODERN_POSITIONS), ("tiny", "small", "base", "large")),
+    "deit3": (
+        dict(norm="layernorm", qkv_bias=True, **_NO_MODERN_POSITIONS),
+        ("tiny", "small", "base", "large"),
+    ),
     "vanilla_vit": (
-        dict(norm="layernorm", qkv_bias=True, layer_scale=None, drop_path_schedule="linear", **_NO_MODERN_POSITIONS),
+        dict(
+            norm="layernorm",
+            qkv_bias=True,
+            layer_scale=None,
+            drop_path_schedule="linear",
+            **_NO_MODERN_POSITIONS,
+        ),
         ("tiny", "small", "base"),
     ),
 }
@@ -39,7 +48,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     for size in sizes
 }
 # (size, resolution) of the official ViT-5 weights (github.com/wangf3014/ViT-5 README, commit b7b0796)
-RELEASED: tuple[tuple[str, int], ...] = (("small", 224), ("base", 224), ("base", 384), ("large", 224), ("large", 384))
+RELEASED: tuple[tuple[str, int], ...] = (
+    ("small", 224),
+    ("base", 224),
+    ("base", 384),
+    ("large", 224),
+    ("large", 384),
+)
 PRESETS.update(
     {f"vit5_{size}_patch16_{res}": {**PRESETS[f"vit5_{size}"], "img_size": res} for size, res in RELEASED}
 )

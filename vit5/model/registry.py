@@ -26,12 +26,12 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 
-from . import hub
-from .checkpoint import checkpoint_filter_fn, read_checkpoint
-from .config import ConfigError
-from .convert import CheckpointError
-from .presets import PRESETS, preset_config
-from .vit import ViT5, default_pretrained_cfg
+from vit5.model import hub
+from vit5.model.checkpoint import checkpoint_filter_fn, read_checkpoint
+from vit5.model.config import ConfigError
+from vit5.model.convert import CheckpointError
+from vit5.model.presets import PRESETS, preset_config
+from vit5.model.vit import ViT5, default_pretrained_cfg
 
 _FEATURE_DEFAULTS = {
     "feature_cls": "getter",

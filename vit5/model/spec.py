@@ -37,12 +37,12 @@ from typing import Any, Literal
 
 from torch import nn
 
-from ..errors import Vit5Error
-from . import hub
-from .checkpoint import EMA_WEIGHTS_NAME, WEIGHTS_NAME, create_model, load_model
-from .config import ConfigError
-from .convert import CheckpointError
-from .presets import PRESETS
+from vit5.errors import Vit5Error
+from vit5.model import hub
+from vit5.model.checkpoint import EMA_WEIGHTS_NAME, WEIGHTS_NAME, create_model, load_model
+from vit5.model.config import ConfigError
+from vit5.model.convert import CheckpointError
+from vit5.model.presets import PRESETS
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
@@ -98,12 +98,16 @@ def checkpoint_dir(path: Path) -> Path:
     """``path`` itself, or the checkpoint directory of a run directory (``final/``, else its only one)."""
     if not path.is_dir() or (path / "config.json").exists():
         return path
-    found = sorted(d for d in path.iterdir() if (d / "config.json").is_file() and (d / WEIGHTS_NAME).is_file())
+    found = sorted(
+        d for d in path.iterdir() if (d / "config.json").is_file() and (d / WEIGHTS_NAME).is_file()
+    )
     names = [d.name for d in found]
     if "final" in names:
         return path / "final"
     if len(found) > 1:
-        raise ModelSpecError(f"{path} holds several checkpoint directories, pick one: {', '.join(map(str, found))}")
+        raise ModelSpecError(
+            f"{path} holds several checkpoint directories, pick one: {', '.join(map(str, found))}"
+        )
     return found[0] if found else path  # none: vit5.load_model explains what a checkpoint directory needs
 
 
@@ -124,22 +128,42 @@ def load_spec(
             return _load_timm(spec, overrides, use_ema)
         if spec.startswith(hub.HF_HUB_PREFIX):
             model = load_model(spec, use_ema=use_ema, **overrides)
-            label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1] + ("-ema" if use_ema else "")
-            return _finish(model, label, spec, "ema" if use_ema else "raw", f"vit5 model {spec} ({_weights_word(use_ema)})")
+            label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1] + (
+                "-ema" if use_ema else ""
+            )
+            return _finish(
+                model,
+                label,
+                spec,
+                "ema" if use_ema else "raw",
+                f"vit5 model {spec} ({_weights_word(use_ema)})",
+            )
         name, _, weights_path = spec.partition("@")
         if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
             weights = weights_path or _released(name)
             model = create_model(name, pretrained=weights, use_ema=use_ema, **overrides)
             arch = name.partition(".")[0]
             label = arch + ("-ema" if use_ema else "")
-            return _finish(model, label, spec, "ema" if use_ema else "raw", f"vit5 {arch}, {_weights_word(use_ema)} {weights}")
+            return _finish(
+                model,
+                label,
+                spec,
+                "ema" if use_ema else "raw",
+                f"vit5 {arch}, {_weights_word(use_ema)} {weights}",
+            )
         path = Path(spec)
         if not path.exists():
             _unknown(spec)
         resolved = checkpoint_dir(path)
         model = load_model(resolved, use_ema=use_ema, **overrides)
         label = _path_label(resolved) + ("-ema" if use_ema else "")
-        return _finish(model, label, spec, "ema" if use_ema else "raw", f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})")
+        return _finish(
+            model,
+            label,
+            spec,
+            "ema" if use_ema else "raw",
+            f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})",
+        )
     except (CheckpointError, ConfigError) as err:
         raise ModelSpecError(f"cannot load {spec}: {err}") from err
 
@@ -156,7 +180,9 @@ def names_weights(spec: str) -> bool:
     """Whether ``spec`` names weights: a path, ``@CHECKPOINT``, ``hf-hub:``, a tag (``NAME.TAG``)."""
     if spec.startswith(TIMM_PREFIX):
         return not is_bare_name(spec)
-    return spec.startswith(hub.HF_HUB_PREFIX) or "@" in spec or hub.is_weights_name(spec) or Path(spec).exists()
+    return (
+        spec.startswith(hub.HF_HUB_PREFIX) or "@" in spec or hub.is_weights_name(spec) or Path(spec).exists()
+    )
 
 
 def is_bare_name(spec: str) -> bool:
@@ -172,7 +198,9 @@ def random_init_flags(specs: Sequence[str], random_init: bool) -> list[bool]:
     """Which of a command's models ``--random-init`` builds untrained: its bare architecture names
     (checkpoints among them load as usual, so one command can compare trained and untrained)."""
     flags = [random_init and is_bare_name(spec) for spec in specs]
-    if random_init and all(names_weights(spec) for spec in specs):  # (a misspelt name is reported when loaded)
+    if random_init and all(
+        names_weights(spec) for spec in specs
+    ):  # (a misspelt name is reported when loaded)
         raise ModelSpecError(
             f"--random-init builds bare architecture names untrained (vit5_tiny, {TIMM_PREFIX}NAME), but "
             f"{', '.join(specs)} {'names' if len(specs) == 1 else 'name'} weights: drop --random-init"
@@ -210,7 +238,9 @@ def _load_random(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedM
         model, kind = _create_timm(name, overrides, pretrained=False), "timm"
     else:
         model, kind = create_model(name, **overrides), "vit5 preset"
-    return _finish(model, name + RANDOM_LABEL, spec, "random", f"{kind} {name}, RANDOM INIT (--random-init: no weights)")
+    return _finish(
+        model, name + RANDOM_LABEL, spec, "random", f"{kind} {name}, RANDOM INIT (--random-init: no weights)"
+    )
 
 
 def distinct_labels(models: list[LoadedModel]) -> list[LoadedModel]:
@@ -243,19 +273,25 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
     if weights_path and not Path(weights_path).is_file():
         raise ModelSpecError(f"checkpoint {weights_path} does not exist")
     if use_ema and not weights_path:
-        raise ModelSpecError(f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option")
+        raise ModelSpecError(
+            f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option"
+        )
     model = _create_timm(name, overrides, pretrained=not weights_path)
     if weights_path:
         filter_fn = getattr(importlib.import_module(type(model).__module__), "checkpoint_filter_fn", None)
         try:
             load_checkpoint(model, weights_path, use_ema=use_ema, strict=True, filter_fn=filter_fn)
         except (RuntimeError, KeyError) as err:
-            raise ModelSpecError(f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}") from err
+            raise ModelSpecError(
+                f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}"
+            ) from err
         source = f"{_weights_word(use_ema)} {weights_path}"
     else:
         source = f"pretrained weights {model.pretrained_cfg.get('architecture', name)}.{model.pretrained_cfg.get('tag') or ''}"
     arch = name.partition(".")[0]
-    return _finish(model, arch + ("-ema" if use_ema else ""), spec, "ema" if use_ema else "raw", f"timm {name}, {source}")
+    return _finish(
+        model, arch + ("-ema" if use_ema else ""), spec, "ema" if use_ema else "raw", f"timm {name}, {source}"
+    )
 
 
 def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.Module:
@@ -263,10 +299,14 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
     import timm
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
-    overrides = {k: v for k, v in overrides.items() if k != "max_params"}  # vit5's size limit; timm names its own
+    overrides = {
+        k: v for k, v in overrides.items() if k != "max_params"
+    }  # vit5's size limit; timm names its own
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-        raise ModelSpecError(f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+        raise ModelSpecError(
+            f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else "")
+        )
     if pretrained and not timm.is_model_pretrained(name):
         raise ModelSpecError(
             f"timm has no pretrained weights for {name} (tagged ones: {', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resample_pos_embed
-from .config import ViT5Config
-from .layout import TokenLayout
+from vit5.layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resample_pos_embed
+from vit5.model.config import ViT5Config
+from vit5.model.layout import TokenLayout
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -37,10 +37,16 @@ torch.fx.wrap("resample_pos_embed")
 
 def is_tracing() -> bool:
     """Whether the forward is being compiled or exported (dynamo), traced by ``torch.fx`` or ``torch.jit``."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+    )
 
 
-def default_pretrained_cfg(img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000) -> dict[str, Any]:
+def default_pretrained_cfg(
+    img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000
+) -> dict[str, Any]:
     """timm's data config for a ViT-5 model: the official evaluation recipe.
 
     Resize the shorter side to the input size, bicubic, centre crop at ratio 1.0, ImageNet
@@ -96,15 +102,25 @@ class ViT5(nn.Module):
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
         grid = cfg.grid_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.embed_dim)) if cfg.num_registers else None
+        self.reg_token = (
+            nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.embed_dim)) if cfg.num_registers else None
+        )
         self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], cfg.embed_dim)) if cfg.ape else None
         self.rope = self.rope_reg = None
         if cfg.rope:
-            self.rope = Rope2D(cfg.head_dim, cfg.rope_theta, cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions,
-                               cfg.rope_ref_grid)
+            self.rope = Rope2D(
+                cfg.head_dim,
+                cfg.rope_theta,
+                cfg.rope_layout,
+                cfg.rope_axis_order,
+                cfg.rope_positions,
+                cfg.rope_ref_grid,
+            )
         if cfg.num_registers and cfg.register_rope:
             side = int(cfg.num_registers**0.5)
-            self.rope_reg = Rope2D(cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order)
+            self.rope_reg = Rope2D(
+                cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order
+            )
             self._register_grid = (side, side)
         self._rope_cache: dict[tuple, RopeTable] = {}
 
@@ -113,7 +129,8 @@ class ViT5(nn.Module):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.feature_info = [
-            dict(module=f"blocks.{i}", num_chs=cfg.embed_dim, reduction=cfg.patch_size) for i in range(cfg.depth)
+            dict(module=f"blocks.{i}", num_chs=cfg.embed_dim, reduction=cfg.patch_size)
+            for i in range(cfg.depth)
         ]
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
         self.fused_for_inference = False  # set by vit5.fuse_for_inference: eval only from then on
@@ -171,8 +188,11 @@ class ViT5(nn.Module):
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
         patches = self.rope.angles(grid, device) if self.rope is not None else zeros(grid[0] * grid[1])
-        registers = (self.rope_reg.angles(self._register_grid, device) if self.rope_reg is not None
-                     else zeros(self.num_reg_tokens))
+        registers = (
+            self.rope_reg.angles(self._register_grid, device)
+            if self.rope_reg is not None
+            else zeros(self.num_reg_tokens)
+        )
         angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
         return RopeTable.from_angles(angles, self.cfg.rope_layout)
 
@@ -284,7 +304,13 @@ class ViT5(nn.Module):
         grid = self.grid_size((x.shape[-2], x.shape[-1]))
         layout = self.token_layout(grid)
         outs = self.forward_intermediates(
-            x, n, return_prefix_tokens=True, norm=norm, stop_early=True, output_fmt="NLC", intermediates_only=True
+            x,
+            n,
+            return_prefix_tokens=True,
+            norm=norm,
+            stop_early=True,
+            output_fmt="NLC",
+            intermediates_only=True,
         )
         results = []
         for patches, prefix in outs:
@@ -344,7 +370,9 @@ class ViT5(nn.Module):
         changes: dict[str, object] = {"num_classes": num_classes}
         if global_pool is not None:
             if global_pool not in ("token", "avg", ""):
-                raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
+                raise ValueError(
+                    f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)"
+                )
             if global_pool == "token" and self.cls_token is None:
                 raise ValueError("global_pool='token' needs a CLS token: use 'avg'")
             self.global_pool = global_pool

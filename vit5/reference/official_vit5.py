@@ -72,7 +72,11 @@ class OfficialAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.num_registers = num_registers
         self.rope = VisionRotaryEmbedding(head_dim // 2, rope_size) if rope_size > 0 else None
-        self.rope_reg = VisionRotaryEmbedding(head_dim // 2, rope_reg_size, theta=reg_theta) if rope_reg_size > 0 else None
+        self.rope_reg = (
+            VisionRotaryEmbedding(head_dim // 2, rope_reg_size, theta=reg_theta)
+            if rope_reg_size > 0
+            else None
+        )
         self.qk_norm = qk_norm
         if qk_norm:
             self.q_norm = OfficialRMSNorm(head_dim)
@@ -163,9 +167,16 @@ class OfficialViT5(nn.Module):
         reg_side = int(num_registers**0.5)
         self.blocks = nn.ModuleList(
             OfficialBlock(
-                embed_dim, num_heads, norm_layer, init_scale,
-                qkv_bias=qkv_bias, rope_size=img_size // patch_size if rope else 0, rope_reg_size=reg_side,
-                num_registers=num_registers, reg_theta=reg_theta, qk_norm=qk_norm,
+                embed_dim,
+                num_heads,
+                norm_layer,
+                init_scale,
+                qkv_bias=qkv_bias,
+                rope_size=img_size // patch_size if rope else 0,
+                rope_reg_size=reg_side,
+                num_registers=num_registers,
+                reg_theta=reg_theta,
+                qk_norm=qk_norm,
             )
             for _ in range(depth)
         )

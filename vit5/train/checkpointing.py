@@ -147,7 +147,12 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, accelerator: Accelerator, directory: Path, keep_last: int, parts: Resumable, config: dict[str, Any]
+        self,
+        accelerator: Accelerator,
+        directory: Path,
+        keep_last: int,
+        parts: Resumable,
+        config: dict[str, Any],
     ) -> None:
         self.accelerator = accelerator
         self.directory = directory
@@ -166,7 +171,9 @@ class CheckpointManager:
         acc, parts = self.accelerator, self.parts
         final = self.directory / checkpoint_name(num_updates)
         tmp = self.directory / f"{_TMP_PREFIX}{final.name}"
-        _raise_agreed(acc, _attempt(lambda: staging_dir(final)) if acc.is_main_process else None)  # creates tmp
+        _raise_agreed(
+            acc, _attempt(lambda: staging_dir(final)) if acc.is_main_process else None
+        )  # creates tmp
         files: dict[str, bytes] = {}
         if acc.is_main_process:
             files[MODEL_FILE] = safetensors_bytes(parts.model.state_dict())
@@ -177,25 +184,39 @@ class CheckpointManager:
             files[OPTIMIZER_FILE] = buffer.getvalue()
             files[STATE_FILE] = _json_bytes(_train_state(acc, parts.state))
         files[rng_file(acc.process_index)] = _json_bytes(capture_rng())
-        error = _attempt(lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()])
+        error = _attempt(
+            lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()]
+        )
         if acc.is_main_process and error is None:
             error = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
         errors_seen = gather_object([error]) if acc.num_processes > 1 else [error]
         if any(errors_seen) and acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
         first = next((e for e in errors_seen if e), None)
-        _raise_agreed(acc, f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)" if first else None)
+        _raise_agreed(
+            acc,
+            f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)"
+            if first
+            else None,
+        )
         return final
 
-    def _publish(self, tmp: Path, final: Path, num_updates: int, state: TrainState, files: dict[str, bytes]) -> None:
+    def _publish(
+        self, tmp: Path, final: Path, num_updates: int, state: TrainState, files: dict[str, bytes]
+    ) -> None:
         listed = {name: _digest(data) for name, data in files.items()}
         for rank in range(1, self.accelerator.num_processes):  # written by the other processes
             listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
         manifest = {
-            "format": FORMAT, "num_updates": num_updates, "epoch": state.epoch, "batch": state.batch,
-            "num_processes": self.accelerator.num_processes, "ema": EMA_FILE in files,
-            "config": self.config, "files": listed,
-        }  # fmt: skip
+            "format": FORMAT,
+            "num_updates": num_updates,
+            "epoch": state.epoch,
+            "batch": state.batch,
+            "num_processes": self.accelerator.num_processes,
+            "ema": EMA_FILE in files,
+            "config": self.config,
+            "files": listed,
+        }
         for name in listed:  # flushed to disk before the manifest that vouches for them
             _fsync(tmp / name)
         atomic_write_json(tmp / MANIFEST, manifest)
@@ -260,11 +281,12 @@ class CheckpointManager:
                     alternative="; or accept an inexact resume with checkpoint.allow_inexact_resume=true",
                 ) from err
             return Restored(
-                path, exact=False,
+                path,
+                exact=False,
                 warning=f"WARNING: {reason}; continuing WITHOUT restoring the random generators "
                 "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and the summary "
                 "records resume_exact=false",
-            )  # fmt: skip
+            )
         return Restored(path, exact=True)
 
 
@@ -317,11 +339,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
         not isinstance(manifest, dict)
         or manifest.get("format") != FORMAT
         or not isinstance(files, dict)
-        or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
-                   for v in files.values())
+        or not all(
+            isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
+            for v in files.values()
+        )
         or not isinstance(manifest.get("num_processes"), int)
         or not isinstance(manifest.get("config"), dict)
-    ):  # fmt: skip
+    ):
         raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
     unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
     if unsafe:

@@ -39,9 +39,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--config", type=Path, help="YAML recipe (default: configs/demo_digits.yaml)")
     parser.add_argument(
-        "--resume", nargs="?", const="", default=None, metavar="DIR",
+        "--resume",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
         help="continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="setting overrides, e.g. optim.lr=1e-3"
     )
@@ -57,10 +61,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # settings a checkpoint's state depends on: the architecture, the optimizer's state layout, the
 # number of micro-batches per step and per epoch (the resume position), and what the EMA holds
 FROZEN_ON_RESUME = (
-    "model.name", "model.img_size", "model.num_classes", "model.overrides", "data.dataset", "data.batch_size",
-    "data.train_split", "optim.name", "optim.accum_steps", "ema.enabled", "aug.repeated_aug",
+    "model.name",
+    "model.img_size",
+    "model.num_classes",
+    "model.overrides",
+    "data.dataset",
+    "data.batch_size",
+    "data.train_split",
+    "optim.name",
+    "optim.accum_steps",
+    "ema.enabled",
+    "aug.repeated_aug",
     "aug.ra_selected_round",
-)  # fmt: skip
+)
 
 
 def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig, Path | None, list[str]]:

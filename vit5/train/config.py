@@ -27,7 +27,9 @@ class ModelSection:
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
-    max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
+    max_params: float = (
+        2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
+    )
     compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
 
 
@@ -139,4 +141,3 @@ class TrainConfig:
     ema: EmaSection = field(default_factory=EmaSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
-

@@ -11,7 +11,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 
-
 @dataclass(frozen=True)
 class EvalResult:
     loss: float  # mean cross-entropy
@@ -34,12 +33,14 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
             logits = model(images)
         logits = logits.float()
         hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
-        sums += torch.stack([
-            F.cross_entropy(logits, labels, reduction="sum"),
-            hits[:, 0].sum(),
-            hits.any(dim=1).sum(),
-            torch.tensor(labels.numel(), device=labels.device),
-        ]).double()
+        sums += torch.stack(
+            [
+                F.cross_entropy(logits, labels, reduction="sum"),
+                hits[:, 0].sum(),
+                hits.any(dim=1).sum(),
+                torch.tensor(labels.numel(), device=labels.device),
+            ]
+        ).double()
     model.train(was_training)
     loss_sum, correct1, correct5, count = accelerator.reduce(sums, "sum").tolist()
     if count == 0:

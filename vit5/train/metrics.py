@@ -19,9 +19,20 @@ import torch
 from accelerate import Accelerator
 
 CSV_COLUMNS = (
-    "epoch", "updates", "lr", "train_loss", "train_images_per_s", "epoch_seconds",
-    "val_loss", "val_top1", "val_top5", "ema_val_loss", "ema_top1", "ema_top5", "bad_files",
-)  # fmt: skip
+    "epoch",
+    "updates",
+    "lr",
+    "train_loss",
+    "train_images_per_s",
+    "epoch_seconds",
+    "val_loss",
+    "val_top1",
+    "val_top5",
+    "ema_val_loss",
+    "ema_top1",
+    "ema_top5",
+    "bad_files",
+)
 
 
 def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float]:

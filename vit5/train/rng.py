@@ -29,11 +29,16 @@ def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {
         "format": FORMAT,
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": _encode(torch.get_rng_state()),
         "cuda": [_encode(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-    }  # fmt: skip
+    }
     return state
 
 
@@ -80,7 +85,13 @@ def restore_rng(state: Any) -> None:
 
     random.setstate((py["version"], tuple(internal), py["gauss_next"]))
     np.random.set_state(
-        (npy["kind"], np.asarray(keys, dtype=np.uint32), npy["pos"], npy["has_gauss"], float(npy["cached_gaussian"]))
+        (
+            npy["kind"],
+            np.asarray(keys, dtype=np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            float(npy["cached_gaussian"]),
+        )
     )
     torch.set_rng_state(cpu)
     if cuda:

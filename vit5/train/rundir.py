@@ -74,7 +74,9 @@ def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
     return _on_main(accelerator, take)[1]
 
 
-def fork_run_dir(accelerator: Accelerator, run_dir: Path, checkpoint: Path) -> tuple[Path, Path, FolderLock | None]:
+def fork_run_dir(
+    accelerator: Accelerator, run_dir: Path, checkpoint: Path
+) -> tuple[Path, Path, FolderLock | None]:
     """Continue from ``checkpoint`` (not the latest of ``run_dir``) in a new run directory.
 
     Returns ``(new_run_dir, its copy of the checkpoint, lock)``. ``best/`` is copied when it is the
@@ -100,7 +102,9 @@ def fork_run_dir(accelerator: Accelerator, run_dir: Path, checkpoint: Path) -> t
 
 def newer_checkpoints(checkpoint: Path) -> list[Path]:
     """The checkpoints of ``checkpoint``'s run written after it (a later timeline)."""
-    return [c for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > checkpoint_number(checkpoint)]
+    return [
+        c for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > checkpoint_number(checkpoint)
+    ]
 
 
 def recover_leftovers(run_dir: Path) -> None:

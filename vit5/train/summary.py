@@ -52,9 +52,13 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     ]
     lines += [f"    {path}" for path in summary["bad_file_paths"][:_MAX_LISTED_BAD_FILES]]
     if summary.get("forked_from"):
-        lines.append(f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)")
+        lines.append(
+            f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
+        )
     if summary.get("resume_exact") is False:
-        lines.append("  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)")
+        lines.append(
+            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
+        )
     return "\n".join(lines)
 
 

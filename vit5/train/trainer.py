@@ -77,7 +77,9 @@ class Trainer:
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
-        _check_writable(acc, resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser())
+        _check_writable(
+            acc, resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser()
+        )
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
@@ -109,7 +111,11 @@ class Trainer:
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
         self.checkpoints = CheckpointManager(
-            acc, self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, self.resumable, config=asdict(cfg)
+            acc,
+            self.run_dir / rundir.CHECKPOINTS,
+            cfg.checkpoint.keep_last,
+            self.resumable,
+            config=asdict(cfg),
         )
         try:
             if resume is not None:
@@ -118,7 +124,9 @@ class Trainer:
                 rundir.write_config(self.run_dir, cfg, note=self._fork_note())
         except BaseException:
             self.close()
-            if self.forked_from is not None and acc.is_main_process:  # a fork that never started: nothing to keep
+            if (
+                self.forked_from is not None and acc.is_main_process
+            ):  # a fork that never started: nothing to keep
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.parts = LoopParts(
@@ -351,14 +359,17 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
     """Refuse a run whose weights, optimizer states and kept activations cannot fit on the device
     (a lower bound: a run refused here could never have trained)."""
     bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
-    need = training_bytes(model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
+    need = training_bytes(
+        model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
+    )
     tokens = num_tokens(model.cfg)
     check_fits(
-        need, acc.device,
+        need,
+        acc.device,
         f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with data.batch_size="
         f"{cfg.data.batch_size}",
         "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
-    )  # fmt: skip
+    )
 
 
 def _check_writable(acc: Accelerator, folder: Path) -> None:
@@ -366,7 +377,9 @@ def _check_writable(acc: Accelerator, folder: Path) -> None:
     message = None
     if acc.is_main_process:
         try:
-            check_output_dir(folder, "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir")
+            check_output_dir(
+                folder, "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
+            )
         except StorageError as err:
             message = str(err)
     messages = gather_object([message]) if acc.num_processes > 1 else [message]

@@ -17,9 +17,9 @@ probe (:mod:`~vit5.viz.position`) and the register study that grows artifacts
 Command line: ``python -m viz --help``.
 """
 
-from .ablation import METHODS as ABLATION_METHODS
-from .ablation import PLACES as ABLATION_PLACES
-from .ablation import (
+from vit5.viz.ablation import METHODS as ABLATION_METHODS
+from vit5.viz.ablation import PLACES as ABLATION_PLACES
+from vit5.viz.ablation import (
     AblationConfig,
     AblationReport,
     ablate_registers,
@@ -27,19 +27,25 @@ from .ablation import (
     register_reference,
     run_ablation,
 )
-from .adapters import ModelInfo, capture, describe, resolve_layers
-from .collect import CollectConfig, collect
-from .errors import VizError
-from .figures import MapStyle, save_figure
-from .images import SKLEARN_SAMPLES, ImageError, LoadedImage, load_images, to_batch
-from .load import LoadedModel, load_model_spec, parse_overrides
-from .plant import PlantSpec, plant_artifacts
-from .position import PositionProbe, PositionProbeConfig, position_figure, run_position_probe, write_probes
-from .report import MetricConfig, MetricReport, compute_metrics, load_thresholds
-from .rollout import attention_rollout
-from .runner import VIEWS, RunConfig, RunResult, run_compare, run_model, run_ttr
-from .stats import TokenStats
-from .ttr import (
+from vit5.viz.adapters import ModelInfo, capture, describe, resolve_layers
+from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.errors import VizError
+from vit5.viz.figures import MapStyle, save_figure
+from vit5.viz.images import SKLEARN_SAMPLES, ImageError, LoadedImage, load_images, to_batch
+from vit5.viz.load import LoadedModel, load_model_spec, parse_overrides
+from vit5.viz.plant import PlantSpec, plant_artifacts
+from vit5.viz.position import (
+    PositionProbe,
+    PositionProbeConfig,
+    position_figure,
+    run_position_probe,
+    write_probes,
+)
+from vit5.viz.report import MetricConfig, MetricReport, compute_metrics, load_thresholds
+from vit5.viz.rollout import attention_rollout
+from vit5.viz.runner import VIEWS, RunConfig, RunResult, run_compare, run_model, run_ttr
+from vit5.viz.stats import TokenStats
+from vit5.viz.ttr import (
     NeuronSearch,
     NeuronSearchResult,
     RegisterNeuron,
@@ -48,12 +54,53 @@ from .ttr import (
 )
 
 __all__ = [
-    "ABLATION_METHODS", "ABLATION_PLACES", "SKLEARN_SAMPLES", "VIEWS", "AblationConfig", "AblationReport",
-    "CollectConfig", "ImageError", "LoadedImage", "LoadedModel", "MapStyle", "MetricConfig", "MetricReport", "ModelInfo",
-    "NeuronSearch", "NeuronSearchResult", "PlantSpec", "PositionProbe", "PositionProbeConfig", "RegisterNeuron",
-    "RunConfig", "RunResult", "TokenStats", "VizError", "ablate_registers", "ablation_figure", "attention_rollout",
-    "capture", "collect", "compute_metrics", "describe", "find_register_neurons", "load_images", "load_model_spec",
-    "load_thresholds", "parse_overrides", "plant_artifacts", "position_figure", "register_reference", "resolve_layers",
-    "run_ablation", "run_compare", "run_model", "run_position_probe", "run_ttr", "save_figure", "to_batch",
-    "use_test_time_registers", "write_probes",
+    "ABLATION_METHODS",
+    "ABLATION_PLACES",
+    "SKLEARN_SAMPLES",
+    "VIEWS",
+    "AblationConfig",
+    "AblationReport",
+    "CollectConfig",
+    "ImageError",
+    "LoadedImage",
+    "LoadedModel",
+    "MapStyle",
+    "MetricConfig",
+    "MetricReport",
+    "ModelInfo",
+    "NeuronSearch",
+    "NeuronSearchResult",
+    "PlantSpec",
+    "PositionProbe",
+    "PositionProbeConfig",
+    "RegisterNeuron",
+    "RunConfig",
+    "RunResult",
+    "TokenStats",
+    "VizError",
+    "ablate_registers",
+    "ablation_figure",
+    "attention_rollout",
+    "capture",
+    "collect",
+    "compute_metrics",
+    "describe",
+    "find_register_neurons",
+    "load_images",
+    "load_model_spec",
+    "load_thresholds",
+    "parse_overrides",
+    "plant_artifacts",
+    "position_figure",
+    "register_reference",
+    "resolve_layers",
+    "run_ablation",
+    "run_compare",
+    "run_model",
+    "run_position_probe",
+    "run_ttr",
+    "save_figure",
+    "to_batch",
+    "use_test_time_registers",
+    "write_probes",
 ]

@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import nn
 
-from .adapters import describe, unwrap
-from .errors import VizError
-from .images import LoadedImage, to_batch
+from vit5.viz.adapters import describe, unwrap
+from vit5.viz.errors import VizError
+from vit5.viz.images import LoadedImage, to_batch
 
 METHODS = ("zeros", "mean", "shuffle", "noise")
 PLACES = ("input", "blocks")
@@ -65,8 +65,10 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
     (position 0) and on every block's output (position ``d + 1``); a returned tensor replaces the registers."""
     info = describe(model)
     if info.num_registers == 0:
-        raise VizError(f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
-                       "(vit5 presets have 4; timm *_reg4_* models)")
+        raise VizError(
+            f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
+            "(vit5 presets have 4; timm *_reg4_* models)"
+        )
     net = unwrap(model)
     state: dict = {}
 
@@ -88,8 +90,10 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
         return lambda module, args, output: replace(output, position)
 
     blocks = _blocks(net)
-    handles = [net.patch_embed.register_forward_pre_hook(remember_size),
-               blocks[0].register_forward_pre_hook(on_input, prepend=True)]
+    handles = [
+        net.patch_embed.register_forward_pre_hook(remember_size),
+        blocks[0].register_forward_pre_hook(on_input, prepend=True),
+    ]
     # prepended: every other hook (e.g. a recording entered earlier) sees the replaced registers
     handles += [block.register_forward_hook(on_output(d + 1), prepend=True) for d, block in enumerate(blocks)]
     try:
@@ -99,14 +103,18 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
             handle.remove()
 
 
-def _batches(images: Sequence[LoadedImage], model: nn.Module, batch_size: int, device: str) -> Iterator[torch.Tensor]:
+def _batches(
+    images: Sequence[LoadedImage], model: nn.Module, batch_size: int, device: str
+) -> Iterator[torch.Tensor]:
     info = describe(model)
     for start in range(0, len(images), batch_size):
         yield to_batch(images[start : start + batch_size], info.mean, info.std).to(device)
 
 
 @torch.no_grad()
-def register_reference(model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu") -> RegisterReference:
+def register_reference(
+    model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu"
+) -> RegisterReference:
     """Mean of the register tokens at every position over ``images``."""
     if not images:
         raise VizError("the register reference set is empty")
@@ -124,8 +132,9 @@ def register_reference(model: nn.Module, images: Sequence[LoadedImage], batch_si
 
 
 @contextmanager
-def ablate_registers(model: nn.Module, method: str, place: str, reference: RegisterReference | None = None,
-                     seed: int = 0) -> Iterator[None]:
+def ablate_registers(
+    model: nn.Module, method: str, place: str, reference: RegisterReference | None = None, seed: int = 0
+) -> Iterator[None]:
     """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module docstring)."""
     if method not in METHODS:
         raise VizError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
@@ -147,7 +156,9 @@ def ablate_registers(model: nn.Module, method: str, place: str, reference: Regis
         if method == "mean":
             return reference.mean[position].to(registers).expand_as(registers)
         noise = torch.randn(registers.shape, generator=generator).to(registers)
-        return noise * (registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+        return noise * (
+            registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        )
 
     with _register_hooks(model, edit):
         yield
@@ -167,8 +178,10 @@ class AblationConfig:
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS] + [p for p in self.places if p not in PLACES]
         if bad or not self.methods or not self.places:
-            raise VizError(f"ablation methods come from {', '.join(METHODS)} and places from {', '.join(PLACES)}, "
-                           f"got {list(self.methods)} / {list(self.places)}")
+            raise VizError(
+                f"ablation methods come from {', '.join(METHODS)} and places from {', '.join(PLACES)}, "
+                f"got {list(self.methods)} / {list(self.places)}"
+            )
         if self.knn_k < 1 or self.knn_temperature <= 0 or self.batch_size < 1:
             raise VizError("need knn_k >= 1, knn_temperature > 0 and batch_size >= 1")
 
@@ -181,7 +194,9 @@ class Outputs:
 
 
 @torch.no_grad()
-def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu") -> Outputs:
+def model_outputs(
+    model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu"
+) -> Outputs:
     """Final patch features, pooled features and logits (None without a head) of ``images``."""
     net = unwrap(model).eval().to(device)
     info = describe(net)
@@ -202,7 +217,9 @@ def patch_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.double(), b.double(), dim=-1).mean())
 
 
-def knn_overlap(base_query: torch.Tensor, base_bank: torch.Tensor, query: torch.Tensor, bank: torch.Tensor, k: int) -> float:
+def knn_overlap(
+    base_query: torch.Tensor, base_bank: torch.Tensor, query: torch.Tensor, bank: torch.Tensor, k: int
+) -> float:
     """Label-free: the mean share of each query's ``k`` nearest bank items (cosine) kept after the change."""
     k = min(k, bank.shape[0])
 
@@ -244,7 +261,10 @@ class AblationReport:
         return None if value is None or base is None else 100.0 * (value - base)
 
     def records(self) -> list[dict]:
-        return [dict(asdict(r), top1_change_pp=self.change(r, "top1"), knn_change_pp=self.change(r, "knn")) for r in self.rows]
+        return [
+            dict(asdict(r), top1_change_pp=self.change(r, "top1"), knn_change_pp=self.change(r, "knn"))
+            for r in self.rows
+        ]
 
     def table(self) -> str:
         head = ["method", "place", "top-1", "d top-1 (pp)", "kNN", "d kNN (pp)", "patch cos", "kNN overlap"]
@@ -252,18 +272,37 @@ class AblationReport:
         for r in self.rows:
             pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
             pp = lambda v: "n/a" if v is None else f"{v:+.1f}"
-            lines.append([r.method, r.place, pct(r.top1), pp(self.change(r, "top1")), pct(r.knn), pp(self.change(r, "knn")),
-                          f"{r.patch_cosine:.6f}", f"{r.knn_overlap:.3f}"])
+            lines.append(
+                [
+                    r.method,
+                    r.place,
+                    pct(r.top1),
+                    pp(self.change(r, "top1")),
+                    pct(r.knn),
+                    pp(self.change(r, "knn")),
+                    f"{r.patch_cosine:.6f}",
+                    f"{r.knn_overlap:.3f}",
+                ]
+            )
         widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
         text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
-        return (f"register ablation of {self.model}: {self.num_images} images, reference set {self.num_reference} images"
-                + "".join(f"\n{n}" for n in self.notes) + f"\n{text}")
+        return (
+            f"register ablation of {self.model}: {self.num_images} images, reference set {self.num_reference} images"
+            + "".join(f"\n{n}" for n in self.notes)
+            + f"\n{text}"
+        )
 
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"model": self.model, "num_images": self.num_images, "num_reference": self.num_reference,
-               "config": asdict(self.config), "notes": self.notes, "rows": self.records()}
+        doc = {
+            "model": self.model,
+            "num_images": self.num_images,
+            "num_reference": self.num_reference,
+            "config": asdict(self.config),
+            "notes": self.notes,
+            "rows": self.records(),
+        }
         (out / "ablation.json").write_text(json.dumps(doc, indent=2))
         with (out / "ablation.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))
@@ -277,10 +316,16 @@ def _labels(images: Sequence[LoadedImage]) -> np.ndarray | None:
     return None if any(label is None for label in labels) else np.asarray(labels)
 
 
-def run_ablation(model: nn.Module, images: Sequence[LoadedImage], reference: Sequence[LoadedImage], label: str,
-                 cfg: AblationConfig = AblationConfig(), notes: Sequence[str] = ()) -> AblationReport:
+def run_ablation(
+    model: nn.Module,
+    images: Sequence[LoadedImage],
+    reference: Sequence[LoadedImage],
+    label: str,
+    cfg: AblationConfig = AblationConfig(),
+    notes: Sequence[str] = (),
+) -> AblationReport:
     """Every method x place of ``cfg`` on ``images``; ``reference`` images give the register means and the kNN bank."""
-    from ..eval.probes import knn_accuracy
+    from vit5.eval.probes import knn_accuracy
 
     if not images or not reference:
         raise VizError("register ablation needs images to evaluate and a reference set")
@@ -295,9 +340,17 @@ def run_ablation(model: nn.Module, images: Sequence[LoadedImage], reference: Seq
             top1 = float((out.logits.argmax(-1).numpy() == labels).mean())
         knn = None
         if labels is not None and ref_labels is not None:
-            knn = knn_accuracy(out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature)
-        return AblationRow(method, place, top1, knn, patch_cosine(base.patches, out.patches),
-                           knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k))
+            knn = knn_accuracy(
+                out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature
+            )
+        return AblationRow(
+            method,
+            place,
+            top1,
+            knn,
+            patch_cosine(base.patches, out.patches),
+            knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k),
+        )
 
     rows = [row("none", "-", base, base_ref)]
     for place in cfg.places:
@@ -306,14 +359,22 @@ def run_ablation(model: nn.Module, images: Sequence[LoadedImage], reference: Seq
                 ablated = model_outputs(net, images, cfg.batch_size, cfg.device)
                 ablated_ref = model_outputs(net, reference, cfg.batch_size, cfg.device)
             rows.append(row(method, place, ablated, ablated_ref))
-    extra = [] if labels is not None else ["no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
+    extra = (
+        []
+        if labels is not None
+        else ["no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
+    )
     return AblationReport(label, len(images), len(reference), cfg, rows, [*notes, *extra])
 
 
 def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
     """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap."""
-    panels = [("change in top-1 (pp)", "top1"), ("change in kNN accuracy (pp)", "knn"),
-              ("1 - patch-feature cosine to unablated (log)", "patch_cosine"), ("kNN overlap with unablated", "knn_overlap")]
+    panels = [
+        ("change in top-1 (pp)", "top1"),
+        ("change in kNN accuracy (pp)", "knn"),
+        ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
+        ("kNN overlap with unablated", "knn_overlap"),
+    ]
     fig = Figure(figsize=(13.0, 3.4), dpi=dpi, layout="constrained")
     axes = fig.subplots(1, len(panels))
     places = list(report.config.places)
@@ -335,12 +396,16 @@ def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
                 ax.set_yscale("log")
         else:
             ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
-        ax.set_xticks(range(len(places)), ["at the input" if p == "input" else "after every block" for p in places])
+        ax.set_xticks(
+            range(len(places)), ["at the input" if p == "input" else "after every block" for p in places]
+        )
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
-    fig.suptitle(f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})",
-                 fontsize=10)
+    fig.suptitle(
+        f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})",
+        fontsize=10,
+    )
     if report.notes:
         fig.supxlabel("\n".join(report.notes), fontsize=8)
     return fig

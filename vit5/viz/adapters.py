@@ -25,13 +25,14 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..model import Recording, TokenLayout, ViT5, record, take_indices, unwrap_model
-
-from .errors import VizError
-from .images import check_size
+from vit5.model import Recording, TokenLayout, ViT5, record, take_indices, unwrap_model
+from vit5.viz.errors import VizError
+from vit5.viz.images import check_size
 
 SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
-TEST_REGISTERS_ATTR = "_viz_test_registers"  # set on the model by vit5.viz.ttr while test-time registers are active
+TEST_REGISTERS_ATTR = (
+    "_viz_test_registers"  # set on the model by vit5.viz.ttr while test-time registers are active
+)
 
 LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
@@ -102,8 +103,18 @@ def describe(model: nn.Module) -> ModelInfo:
     if vit is not None:
         cfg = vit.cfg
         return ModelInfo(
-            "vit5", type(vit).__name__, cfg.depth, cfg.num_heads, cfg.patch_size, tuple(cfg.img_size), True,
-            cfg.num_registers, cfg.class_token, False, tuple(vit.pretrained_cfg["mean"]), tuple(vit.pretrained_cfg["std"]),
+            "vit5",
+            type(vit).__name__,
+            cfg.depth,
+            cfg.num_heads,
+            cfg.patch_size,
+            tuple(cfg.img_size),
+            True,
+            cfg.num_registers,
+            cfg.class_token,
+            False,
+            tuple(vit.pretrained_cfg["mean"]),
+            tuple(vit.pretrained_cfg["std"]),
             getattr(vit, TEST_REGISTERS_ATTR, 0),
         )
     tm = _timm_model(model)
@@ -114,9 +125,18 @@ def describe(model: nn.Module) -> ModelInfo:
     img_size = tm.patch_embed.img_size or tuple(data_cfg.get("input_size", (3, 224, 224))[1:])
     has_cls = tm.cls_token is not None
     return ModelInfo(
-        "timm", type(tm).__name__, len(tm.blocks), tm.blocks[0].attn.num_heads, patch[0], tuple(img_size),
-        bool(tm.dynamic_img_size), tm.num_prefix_tokens - int(has_cls), has_cls, True,
-        tuple(data_cfg.get("mean", (0.485, 0.456, 0.406))), tuple(data_cfg.get("std", (0.229, 0.224, 0.225))),
+        "timm",
+        type(tm).__name__,
+        len(tm.blocks),
+        tm.blocks[0].attn.num_heads,
+        patch[0],
+        tuple(img_size),
+        bool(tm.dynamic_img_size),
+        tm.num_prefix_tokens - int(has_cls),
+        has_cls,
+        True,
+        tuple(data_cfg.get("mean", (0.485, 0.456, 0.406))),
+        tuple(data_cfg.get("std", (0.229, 0.224, 0.225))),
         getattr(tm, TEST_REGISTERS_ATTR, 0),
     )
 
@@ -180,12 +200,14 @@ def _record_vit5(model, layers, attention, tokens, on_layer) -> Iterator[Recordi
     with record(vit, layers=layers, attention=attention, tokens=tokens, token_layers=layers) as rec:
         handles = []
         if info.test_registers:  # runs after record's own layout hook: the blocks see the longer sequence
+
             def test_layout(module, inputs, output) -> None:
                 rec.layout = info.layout(tuple(inputs[0].shape[-2:]))
 
             handles.append(vit.patch_embed.register_forward_hook(test_layout))
         if on_layer is not None:
             for i in layers:  # runs after record's own hooks: hand over what the block produced, then drop it
+
                 def hand_over(module, inputs, output, i=i):
                     on_layer(i, rec.attentions.pop(i, None), rec.tokens.pop(i, None))
 
@@ -199,7 +221,9 @@ def _record_vit5(model, layers, attention, tokens, on_layer) -> Iterator[Recordi
 
 @contextmanager
 def _record_timm(model, info: ModelInfo, layers, attention, tokens, on_layer) -> Iterator[Recording]:
-    rec = Recording(info.depth, attention_layers=layers if attention else [], token_layers=layers if tokens else [])
+    rec = Recording(
+        info.depth, attention_layers=layers if attention else [], token_layers=layers if tokens else []
+    )
     probs: dict[int, torch.Tensor] = {}
 
     def set_layout(module, args) -> None:

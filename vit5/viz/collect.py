@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..model import TokenLayout
-from .adapters import capture, describe, unwrap
-from .errors import VizError
-from .images import LoadedImage, to_batch
-from .rollout import HeadFusion, rollout_source_row, rollout_step
-from .stats import TokenStats
+from vit5.model import TokenLayout
+from vit5.viz.adapters import capture, describe, unwrap
+from vit5.viz.errors import VizError
+from vit5.viz.images import LoadedImage, to_batch
+from vit5.viz.rollout import HeadFusion, rollout_source_row, rollout_step
+from vit5.viz.stats import TokenStats
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,18 @@ class CollectConfig:
             raise VizError(f"batch size must be at least 1, got {self.batch_size}")
 
 
-def collect(model: nn.Module, images: Sequence[LoadedImage], label: str, cfg: CollectConfig = CollectConfig()) -> TokenStats:
+def collect(
+    model: nn.Module, images: Sequence[LoadedImage], label: str, cfg: CollectConfig = CollectConfig()
+) -> TokenStats:
     """Record all blocks of ``model`` on ``images`` (all of one size) into :class:`TokenStats`.
 
     The model is put in eval mode on ``cfg.device``; images are normalised with its own mean / std.
     """
     sizes = {img.rgb.shape[:2] for img in images}
     if len(sizes) != 1:
-        raise VizError(f"all images of a run must share one size (metrics compare equal resolutions), got {sorted(sizes)}")
+        raise VizError(
+            f"all images of a run must share one size (metrics compare equal resolutions), got {sorted(sizes)}"
+        )
     info = describe(model)
     layout = info.layout(sizes.pop())
     net = unwrap(model).eval().to(cfg.device)
@@ -72,7 +76,11 @@ def layer_rows(attention: torch.Tensor, tokens: torch.Tensor, layout: TokenLayou
     and ``patch_to_reg [B, H]`` (register mass of each patch query, averaged over patch queries);
     the last three only when the layout has CLS / registers.
     """
-    rows = {"norms": tokens.float().norm(dim=-1), "received": attention.mean(dim=2), **massive_activations(tokens)}
+    rows = {
+        "norms": tokens.float().norm(dim=-1),
+        "received": attention.mean(dim=2),
+        **massive_activations(tokens),
+    }
     if layout.cls_index is not None:
         rows["cls_attn"] = attention[:, :, layout.cls_index]
     if layout.num_registers:
@@ -83,8 +91,17 @@ def layer_rows(attention: torch.Tensor, tokens: torch.Tensor, layout: TokenLayou
 
 
 MASSIVE_TOP = 3
-ROW_KEYS = ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg", "massive_top", "massive_token",
-            "massive_channel", "massive_median")
+ROW_KEYS = (
+    "norms",
+    "received",
+    "cls_attn",
+    "reg_attn",
+    "patch_to_reg",
+    "massive_top",
+    "massive_token",
+    "massive_channel",
+    "massive_median",
+)
 
 
 def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[str, torch.Tensor]:
@@ -103,8 +120,10 @@ def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[st
     high = magnitude.kthvalue(n // 2 + 1, dim=1).values
     channels = tokens.shape[-1]
     return {
-        "massive_top": largest.values, "massive_token": largest.indices // channels,
-        "massive_channel": largest.indices % channels, "massive_median": (low + high) / 2,
+        "massive_top": largest.values,
+        "massive_token": largest.indices // channels,
+        "massive_channel": largest.indices % channels,
+        "massive_median": (low + high) / 2,
     }
 
 
@@ -122,7 +141,11 @@ class _BatchReducer:
             self.rows[key].append(value)
         self.rollout = rollout_step(self.rollout, attention, self.head_fusion)
 
-    def stats(self, label: str, layers: list[int], names: list[str], patch: int, features: np.ndarray | None) -> TokenStats:
+    def stats(
+        self, label: str, layers: list[int], names: list[str], patch: int, features: np.ndarray | None
+    ) -> TokenStats:
         arrays = {k: torch.stack(v, dim=1).cpu().numpy() if v else None for k, v in self.rows.items()}
         rollout = rollout_source_row(self.rollout, self.layout).cpu().numpy()
-        return TokenStats(label, self.layout, layers, names, patch, rollout=rollout, features=features, **arrays)
+        return TokenStats(
+            label, self.layout, layers, names, patch, rollout=rollout, features=features, **arrays
+        )

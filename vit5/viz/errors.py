@@ -3,7 +3,7 @@
 Every message names the problem and the fix; the ``viz`` command prints it without a traceback.
 """
 
-from ..errors import Vit5Error
+from vit5.errors import Vit5Error
 
 
 class VizError(Vit5Error, ValueError):

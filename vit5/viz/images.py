@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform, image_files
-from .errors import VizError
+from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform, image_files
+from vit5.viz.errors import VizError
 
 SKLEARN_SAMPLES = "sklearn-samples"
 DIGITS_SOURCES = ("digits-train", "digits-val")
@@ -62,32 +62,47 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
             from sklearn.datasets import load_sample_images
 
             samples = load_sample_images()
-            found += [ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)]
+            found += [
+                ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)
+            ]
             continue
         if source in DIGITS_SOURCES:
-            from ..data import load_digits_split
+            from vit5.data import load_digits_split
 
             split = load_digits_split(source.removeprefix("digits-"), size=32)
-            found += [ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
-                      for i, img, t in zip(split.source_indices, split.images, split.targets)]
+            found += [
+                ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
+                for i, img, t in zip(split.source_indices, split.images, split.targets)
+            ]
             continue
         path = Path(source)
         if path.is_dir():
             files = image_files(path)
             if not files:
                 raise ImageError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
-            classes = sorted({p.relative_to(path).parts[0] for p in files if len(p.relative_to(path).parts) > 1})
+            classes = sorted(
+                {p.relative_to(path).parts[0] for p in files if len(p.relative_to(path).parts) > 1}
+            )
             if folder_labels and not classes:
-                raise ImageError(f"folder {path} has no class subfolders: labelled folders are ImageFolders "
-                                 "(<folder>/<class>/<image>)")
-            found += [ImageSource(str(p.relative_to(path).with_suffix("")), path=str(p),
-                                  label=_folder_label(p.relative_to(path), classes) if folder_labels else None)
-                      for p in files]
+                raise ImageError(
+                    f"folder {path} has no class subfolders: labelled folders are ImageFolders "
+                    "(<folder>/<class>/<image>)"
+                )
+            found += [
+                ImageSource(
+                    str(p.relative_to(path).with_suffix("")),
+                    path=str(p),
+                    label=_folder_label(p.relative_to(path), classes) if folder_labels else None,
+                )
+                for p in files
+            ]
         elif path.is_file():
             found.append(ImageSource(path.stem, path=str(path)))
         else:
-            raise ImageError(f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
-                             f"or {' / '.join(DIGITS_SOURCES)}")
+            raise ImageError(
+                f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
+                f"or {' / '.join(DIGITS_SOURCES)}"
+            )
     return _unique_names(found)
 
 
@@ -107,7 +122,10 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
 
 
 def load_images(
-    sources: Sequence[str], size: tuple[int, int], patch_size: int, folder_labels: bool = False,
+    sources: Sequence[str],
+    size: tuple[int, int],
+    patch_size: int,
+    folder_labels: bool = False,
     max_images: int | None = None,
 ) -> tuple[list[LoadedImage], list[str]]:
     """Load ``sources`` at ``size`` (height, width), at most ``max_images`` of them (in listing order);
@@ -133,14 +151,21 @@ def load_images(
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
         images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
     if not images:
-        raise ImageError("no usable image in " + ", ".join(map(str, sources)) + "".join(f"\n  skipped {s}" for s in skipped))
+        raise ImageError(
+            "no usable image in "
+            + ", ".join(map(str, sources))
+            + "".join(f"\n  skipped {s}" for s in skipped)
+        )
     return images, skipped
 
 
 def check_size(size: tuple[int, int], patch_size: int) -> None:
     h, w = size
     if h < patch_size or w < patch_size or h % patch_size or w % patch_size:
-        fix = (max(patch_size, round(h / patch_size) * patch_size), max(patch_size, round(w / patch_size) * patch_size))
+        fix = (
+            max(patch_size, round(h / patch_size) * patch_size),
+            max(patch_size, round(w / patch_size) * patch_size),
+        )
         raise ImageError(
             f"size {h}x{w} is not a positive multiple of the patch size {patch_size}: use --size {fix[0]} {fix[1]}"
         )

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..model.spec import LoadedModel, ModelSpecError, load_spec, parse_model_args
-from .adapters import describe
-from .errors import VizError
+from vit5.model.spec import LoadedModel, ModelSpecError, load_spec, parse_model_args
+from vit5.viz.adapters import describe
+from vit5.viz.errors import VizError
 
 __all__ = ["LoadedModel", "load_model_spec", "parse_overrides"]
 

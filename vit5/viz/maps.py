@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import VizError
-from .stats import TokenStats
+from vit5.viz.errors import VizError
+from vit5.viz.stats import TokenStats
 
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
     """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over patches."""
     if stats.cls_attn is None:
-        raise VizError(f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)")
+        raise VizError(
+            f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"
+        )
     rows = stats.patch_values(stats.cls_attn[image, stats.layer_position(layer)])
     if renormalise:
         rows = rows / rows.sum(axis=-1, keepdims=True)

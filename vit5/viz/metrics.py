@@ -70,7 +70,11 @@ def cls_entropy(cls_to_patches: np.ndarray) -> np.ndarray:
     p = _renormalised(cls_to_patches)
     entropy = -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
     num_patches = cls_to_patches.shape[-1]
-    return (entropy / np.log(num_patches)).mean(axis=-1) if num_patches > 1 else np.full(entropy.shape[:2], np.nan)
+    return (
+        (entropy / np.log(num_patches)).mean(axis=-1)
+        if num_patches > 1
+        else np.full(entropy.shape[:2], np.nan)
+    )
 
 
 def cls_effective_tokens(cls_to_patches: np.ndarray) -> np.ndarray:
@@ -128,7 +132,9 @@ def sink_rate(received: np.ndarray, eps: float = 0.3) -> np.ndarray:
     return sink_heads(received, eps).mean(axis=-1)
 
 
-def sink_rate_by_type(received: np.ndarray, token_types: Sequence[str], eps: float = 0.3) -> dict[str, np.ndarray]:
+def sink_rate_by_type(
+    received: np.ndarray, token_types: Sequence[str], eps: float = 0.3
+) -> dict[str, np.ndarray]:
     """M8 broken down by the type (``cls`` / ``register`` / ``patch``) of each head's sink key.
 
     The values of all types add up to :func:`sink_rate`.
@@ -156,7 +162,9 @@ def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, 
     """
     found = []
     for layer in range(token.shape[1]):
-        pairs, counts = np.unique(np.stack([token[:, layer], channel[:, layer]], axis=1), axis=0, return_counts=True)
+        pairs, counts = np.unique(
+            np.stack([token[:, layer], channel[:, layer]], axis=1), axis=0, return_counts=True
+        )
         best = int(np.argmax(counts))
         found.append((int(pairs[best, 0]), int(pairs[best, 1]), float(counts[best] / token.shape[0])))
     return found

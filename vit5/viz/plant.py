@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .adapters import describe, resolve_layers, unwrap
-from .errors import VizError
+from vit5.viz.adapters import describe, resolve_layers, unwrap
+from vit5.viz.errors import VizError
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,10 @@ def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[PlantSpec]:
         out[:, index] = out[:, index] * spec.scale
         return out
 
-    handles = [net.patch_embed.register_forward_pre_hook(remember_size), net.blocks[layer].register_forward_hook(plant)]
+    handles = [
+        net.patch_embed.register_forward_pre_hook(remember_size),
+        net.blocks[layer].register_forward_hook(plant),
+    ]
     try:
         yield PlantSpec(layer, tuple(spec.positions), spec.scale)
     finally:

@@ -43,10 +43,10 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from .adapters import capture, check_input_size, describe, resolve_layers, unwrap
-from .errors import VizError
-from .figures import MapStyle, Panel, panel_grid
-from .images import LoadedImage, to_batch
+from vit5.viz.adapters import capture, check_input_size, describe, resolve_layers, unwrap
+from vit5.viz.errors import VizError
+from vit5.viz.figures import MapStyle, Panel, panel_grid
+from vit5.viz.images import LoadedImage, to_batch
 
 COLOUR_SPAN = 0.1  # PCA maps: a deviation of this share of the mean feature norm saturates the colour
 
@@ -64,15 +64,24 @@ class PositionProbeConfig:
         if not self.levels or any(not 0.0 <= v <= 1.0 for v in self.levels):
             raise VizError(f"grey levels must be in [0, 1], got {list(self.levels)}")
         if self.noise_images < 2:
-            raise VizError(f"the position share over noise images needs at least 2 images, got {self.noise_images}")
+            raise VizError(
+                f"the position share over noise images needs at least 2 images, got {self.noise_images}"
+            )
 
 
-def probe_images(size: tuple[int, int], cfg: PositionProbeConfig) -> tuple[list[LoadedImage], list[LoadedImage]]:
+def probe_images(
+    size: tuple[int, int], cfg: PositionProbeConfig
+) -> tuple[list[LoadedImage], list[LoadedImage]]:
     """The constant images (one per grey level) and the uniform-noise images, as uint8 RGB."""
     h, w = size
-    constant = [LoadedImage(f"constant_{v:g}", np.full((h, w, 3), round(v * 255), dtype=np.uint8)) for v in cfg.levels]
+    constant = [
+        LoadedImage(f"constant_{v:g}", np.full((h, w, 3), round(v * 255), dtype=np.uint8)) for v in cfg.levels
+    ]
     rng = np.random.default_rng(cfg.seed)
-    noise = [LoadedImage(f"noise_{i}", rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)) for i in range(cfg.noise_images)]
+    noise = [
+        LoadedImage(f"noise_{i}", rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
+        for i in range(cfg.noise_images)
+    ]
     return constant, noise
 
 
@@ -124,9 +133,14 @@ class PositionProbe:
 
     def summary(self) -> dict:
         return {
-            "model": self.model, "layer": self.layer, "grid": list(self.grid), "levels": list(self.levels),
-            "constant_spatial_share": self.constant_spatial_share, "noise_position_share": self.noise_position_share,
-            "constant_norm_cv": float(np.mean([m.std() / m.mean() for m in self.constant_norms])), "notes": list(self.notes),
+            "model": self.model,
+            "layer": self.layer,
+            "grid": list(self.grid),
+            "levels": list(self.levels),
+            "constant_spatial_share": self.constant_spatial_share,
+            "noise_position_share": self.noise_position_share,
+            "constant_norm_cv": float(np.mean([m.std() / m.mean() for m in self.constant_norms])),
+            "notes": list(self.notes),
         }
 
 
@@ -139,8 +153,9 @@ def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, d
     return layout.patches(rec.tokens[layer]).float().cpu().numpy()
 
 
-def run_position_probe(model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(),
-                       notes: Sequence[str] = ()) -> PositionProbe:
+def run_position_probe(
+    model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(), notes: Sequence[str] = ()
+) -> PositionProbe:
     """Probe one model (see the module docstring)."""
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
@@ -154,9 +169,17 @@ def run_position_probe(model: nn.Module, label: str, cfg: PositionProbeConfig = 
     constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
     norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
     return PositionProbe(
-        label, layer, grid, info.patch_size, tuple(cfg.levels), norms, constant_pca,
+        label,
+        layer,
+        grid,
+        info.patch_size,
+        tuple(cfg.levels),
+        norms,
+        constant_pca,
         np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid),
-        float(constant_spatial_share(f_const).mean()), position_share(f_noise), tuple(notes),
+        float(constant_spatial_share(f_const).mean()),
+        position_share(f_noise),
+        tuple(notes),
     )
 
 
@@ -169,20 +192,37 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
     rows = []
     for p in probes:
         i = int(np.argmin(np.abs(np.asarray(p.levels) - level)))
-        rows.append([
-            Panel(f"{textwrap.fill(p.model, 42)}\nconstant {p.levels[i]:g}: norms", p.constant_norms[i],
-                  group="constant norms", patch=p.patch_size),
-            Panel(f"constant {p.levels[i]:g}: PCA (share {p.constant_spatial_share:.2f})", rgb=p.constant_pca[i],
-                  patch=p.patch_size),
-            Panel(f"noise: mean norms (position share {p.noise_position_share:.2f})", p.noise_norms, group="noise norms",
-                  patch=p.patch_size),
-        ])
+        rows.append(
+            [
+                Panel(
+                    f"{textwrap.fill(p.model, 42)}\nconstant {p.levels[i]:g}: norms",
+                    p.constant_norms[i],
+                    group="constant norms",
+                    patch=p.patch_size,
+                ),
+                Panel(
+                    f"constant {p.levels[i]:g}: PCA (share {p.constant_spatial_share:.2f})",
+                    rgb=p.constant_pca[i],
+                    patch=p.patch_size,
+                ),
+                Panel(
+                    f"noise: mean norms (position share {p.noise_position_share:.2f})",
+                    p.noise_norms,
+                    group="noise norms",
+                    patch=p.patch_size,
+                ),
+            ]
+        )
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
     notes = sorted({n for p in probes for n in p.notes})
-    notes.append("constant share: patch-feature energy varying with position on a constant image; noise share: "
-                 "feature variance over noise images due to position (intraclass correlation); PCA: one per map, grey = "
-                 f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm")
-    return panel_grid(rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes)
+    notes.append(
+        "constant share: patch-feature energy varying with position on a constant image; noise share: "
+        "feature variance over noise images due to position (intraclass correlation); PCA: one per map, grey = "
+        f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
+    )
+    return panel_grid(
+        rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes
+    )
 
 
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
@@ -190,4 +230,3 @@ def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([p.summary() for p in probes], indent=2))
     return path
-

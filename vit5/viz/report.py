@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import metrics as M
-from .errors import VizError
-from .stats import TokenStats
+from vit5.viz import metrics as M
+from vit5.viz.errors import VizError
+from vit5.viz.stats import TokenStats
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class MetricConfig:
         if not 0 < self.eps < 1:
             raise VizError(f"the sink epsilon is a share of attention in (0, 1), got {self.eps}")
         if not 0 < self.ci < 1 or self.n_boot < 1:
-            raise VizError(f"bootstrap needs 0 < ci < 1 and n_boot >= 1, got ci={self.ci}, n_boot={self.n_boot}")
+            raise VizError(
+                f"bootstrap needs 0 < ci < 1 and n_boot >= 1, got ci={self.ci}, n_boot={self.n_boot}"
+            )
 
 
 # name: (description, statistic over images)
@@ -52,12 +54,17 @@ METRICS: dict[str, tuple[str, str]] = {
     "max_median_ratio": ("M2 max / median patch norm (median over images)", "median"),
     "share_max_median_over_3": ("M2 share of images whose max / median patch norm exceeds 3", "mean"),
     "norm_kurtosis": ("M3 excess kurtosis of the patch norms of an image", "mean"),
-    "cls_entropy": ("M5 entropy of CLS attention renormalised over patches / log(#patches), head mean", "mean"),
+    "cls_entropy": (
+        "M5 entropy of CLS attention renormalised over patches / log(#patches), head mean",
+        "mean",
+    ),
     "cls_effective_tokens": ("M5 exp(entropy) of the renormalised CLS attention, head mean", "mean"),
     "cls_outlier_mass": ("M6 raw CLS attention on the previous block's outlier patches, head mean", "mean"),
     "cls_max_patch_attention": ("M6 max over heads and patches of CLS-to-patch attention", "mean"),
-    "received_outlier_mass": ("M6 attention the previous block's outlier patches receive, mean over all queries, head mean",
-                              "mean"),
+    "received_outlier_mass": (
+        "M6 attention the previous block's outlier patches receive, mean over all queries, head mean",
+        "mean",
+    ),
     "cls_register_mass": ("M7 CLS attention mass on all registers, head mean", "mean"),
     "patch_register_mass": ("M7 patch-to-register attention mass, mean over patch queries and heads", "mean"),
     "topk_sink_mass": ("M7 received attention of the top-K keys other than CLS, head mean", "mean"),
@@ -94,7 +101,9 @@ class MetricReport:
     threshold_source: str
     config: MetricConfig
     per_image: dict[str, np.ndarray]  # name -> [B, L]
-    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value / ci_low / ci_high [L]
+    summary: dict[str, dict[str, np.ndarray]] = field(
+        default_factory=dict
+    )  # name -> value / ci_low / ci_high [L]
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
 
@@ -103,10 +112,17 @@ class MetricReport:
         rows = []
         for name, values in self.summary.items():
             for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
-                rows.append(dict(
-                    metric=name, layer=layer, value=_num(values["value"][i]), ci_low=_num(values["ci_low"][i]),
-                    ci_high=_num(values["ci_high"][i]), statistic=METRICS[name][1], n_images=self.num_images,
-                ))
+                rows.append(
+                    dict(
+                        metric=name,
+                        layer=layer,
+                        value=_num(values["value"][i]),
+                        ci_low=_num(values["ci_low"][i]),
+                        ci_high=_num(values["ci_high"][i]),
+                        statistic=METRICS[name][1],
+                        n_images=self.num_images,
+                    )
+                )
         return rows
 
     def write_json(self, path: str | Path) -> Path:
@@ -114,10 +130,15 @@ class MetricReport:
         cfg = asdict(self.config)
         cfg["thresholds"] = list(cfg["thresholds"]) if cfg["thresholds"] is not None else None
         doc = dict(
-            model=self.model, num_images=self.num_images, layers=self.layers,
-            thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source,
-            confidence=self.config.ci, config=cfg,
-            descriptions={name: METRICS[name][0] for name in self.summary}, metrics=self.rows(),
+            model=self.model,
+            num_images=self.num_images,
+            layers=self.layers,
+            thresholds=[_num(t) for t in self.thresholds],
+            threshold_source=self.threshold_source,
+            confidence=self.config.ci,
+            config=cfg,
+            descriptions={name: METRICS[name][0] for name in self.summary},
+            metrics=self.rows(),
             massive_activations=self.massive,
         )
         path.write_text(json.dumps(doc, indent=2))
@@ -149,8 +170,10 @@ class MetricReport:
         sink_all = self.summary["sink_rate"]["value"][-1]
         massive = ""
         if self.massive:
-            where = ", ".join(f"{m['layer']}: {m['token_type']} {m['token']} ch {m['channel']} ({m['share']:.0%})"
-                              for m in self.massive)
+            where = ", ".join(
+                f"{m['layer']}: {m['token_type']} {m['token']} ch {m['channel']} ({m['share']:.0%})"
+                for m in self.massive
+            )
             massive = f"\nlargest activation (block: token, channel, share of images): {where}"
         return (
             f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over images "
@@ -162,7 +185,9 @@ def _num(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def bootstrap_ci(values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images. NaN-aware."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -184,13 +209,19 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
             return ref, cfg.threshold_source or "reused from a reference model"
         # a reference of another depth: the threshold of the same relative depth
         at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)
-        return ref[at], f"{cfg.threshold_source or 'reference model'} ({ref.size} layers, mapped by relative depth)"
+        return ref[
+            at
+        ], f"{cfg.threshold_source or 'reference model'} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
         return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
-    return M.layer_thresholds(stats.patch_values(stats.norms), cfg.k), f"log-norm median + {cfg.k:g} MAD of this model"
+    return M.layer_thresholds(
+        stats.patch_values(stats.norms), cfg.k
+    ), f"log-norm median + {cfg.k:g} MAD of this model"
 
 
-def per_image_metrics(stats: TokenStats, thresholds: np.ndarray, cfg: MetricConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def per_image_metrics(
+    stats: TokenStats, thresholds: np.ndarray, cfg: MetricConfig
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """All metric values ``name -> [B, L]`` and the outlier-patch mask ``[B, L, P]``."""
     layout = stats.layout
     patch_norms = stats.patch_values(stats.norms)
@@ -241,17 +272,30 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
         if name == "sink_rate":
             columns.append(per_image.mean(axis=1))  # share of all layer-heads
         rows = [bootstrap_ci(col, METRICS[name][1], cfg.n_boot, cfg.ci, cfg.seed) for col in columns]
-        summary[name] = {key: np.array([r[j] for r in rows]) for j, key in enumerate(("value", "ci_low", "ci_high"))}
+        summary[name] = {
+            key: np.array([r[j] for r in rows]) for j, key in enumerate(("value", "ci_low", "ci_high"))
+        }
     massive = None
     if stats.massive_token is not None:
         types = stats.layout.token_types()
         massive = [
             {"layer": layer, "token": token, "token_type": types[token], "channel": channel, "share": share}
             for layer, (token, channel, share) in zip(
-                stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0]))
+                stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
+            )
         ]
-    return MetricReport(stats.model, stats.num_images, list(stats.layers), thresholds, source, cfg, values, summary,
-                        outliers, massive)
+    return MetricReport(
+        stats.model,
+        stats.num_images,
+        list(stats.layers),
+        thresholds,
+        source,
+        cfg,
+        values,
+        summary,
+        outliers,
+        massive,
+    )
 
 
 def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:
@@ -261,5 +305,7 @@ def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:
         doc = json.loads(path.read_text())
         thresholds = tuple(float(t) for t in doc["thresholds"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise VizError(f"cannot read thresholds from {path}: expected a metrics.json written by `viz metrics` ({err})") from err
+        raise VizError(
+            f"cannot read thresholds from {path}: expected a metrics.json written by `viz metrics` ({err})"
+        ) from err
     return thresholds, f"reused from {doc.get('model', 'reference')} ({path})"

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from ..model import TokenLayout
+from vit5.model import TokenLayout
 
 HeadFusion = Literal["mean", "max", "min"]
 

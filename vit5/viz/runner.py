@@ -26,12 +26,12 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..model.footprint import attention_bytes
-from ..runtime import check_fits
-from .adapters import ModelInfo, check_input_size, describe, resolve_layers
-from .collect import CollectConfig, collect
-from .errors import VizError
-from .figures import (
+from vit5.model.footprint import attention_bytes
+from vit5.runtime import check_fits
+from vit5.viz.adapters import ModelInfo, check_input_size, describe, resolve_layers
+from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.errors import VizError
+from vit5.viz.figures import (
     MapStyle,
     cls_attention_figure,
     compare_figure,
@@ -47,17 +47,19 @@ from .figures import (
     save_figure,
     summary_figure,
 )
-from .figures.pca import pca_note
-from .images import LoadedImage, load_images
-from .load import LoadedModel
-from .pca import pca_rgb
-from .plant import PlantSpec, plant_artifacts
-from .report import MetricConfig, MetricReport, compute_metrics
-from .stats import TokenStats
-from .ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
+from vit5.viz.figures.pca import pca_note
+from vit5.viz.images import LoadedImage, load_images
+from vit5.viz.load import LoadedModel
+from vit5.viz.pca import pca_rgb
+from vit5.viz.plant import PlantSpec, plant_artifacts
+from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
+from vit5.viz.stats import TokenStats
+from vit5.viz.ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
 
 VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "massive", "pca", "metrics")
-RANDOM_INIT_NOTE = "RANDOM-INIT weights: an untrained model, shown to demonstrate the tools, not learned behaviour"
+RANDOM_INIT_NOTE = (
+    "RANDOM-INIT weights: an untrained model, shown to demonstrate the tools, not learned behaviour"
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ class RunResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _prepare(loaded: LoadedModel, cfg: RunConfig, size: tuple[int, int] | None = None) -> tuple[ModelInfo, tuple[int, int], list[int]]:
+def _prepare(
+    loaded: LoadedModel, cfg: RunConfig, size: tuple[int, int] | None = None
+) -> tuple[ModelInfo, tuple[int, int], list[int]]:
     info = describe(loaded.model)
     size = tuple(size or cfg.size or info.img_size)
     check_input_size(info, size)
@@ -115,24 +119,31 @@ def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunCon
     images, skipped = load_images(sources, size, patch)
     for line in skipped:
         cfg.log(f"warning: skipped {line}")
-    cfg.log(f"{len(images)} images at {size[0]}x{size[1]}" + (f" ({len(skipped)} skipped)" if skipped else ""))
+    cfg.log(
+        f"{len(images)} images at {size[0]}x{size[1]}" + (f" ({len(skipped)} skipped)" if skipped else "")
+    )
     return images
 
 
 def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
     """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of a
     block, in float32) cannot fit on ``device``, with the estimate."""
-    tokens = (size[0] // info.patch_size) * (size[1] // info.patch_size) + int(info.has_cls) + info.num_registers
+    tokens = (
+        (size[0] // info.patch_size) * (size[1] // info.patch_size) + int(info.has_cls) + info.num_registers
+    )
     check_fits(
-        attention_bytes(batch, info.num_heads, tokens), device,
+        attention_bytes(batch, info.num_heads, tokens),
+        device,
         f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} ({tokens:,} tokens, "
         f"{info.num_heads} heads: {tokens:,} x {tokens:,} weights per head)",
         "use a smaller --size" + (" or --batch-size 1" if batch > 1 else ""),
-    )  # fmt: skip
+    )
 
 
 def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int) -> TokenStats:
-    check_recording_memory(describe(loaded.model), images[0].rgb.shape[:2], min(cfg.batch_size, len(images)), cfg.device)
+    check_recording_memory(
+        describe(loaded.model), images[0].rgb.shape[:2], min(cfg.batch_size, len(images)), cfg.device
+    )
     collect_cfg = CollectConfig(cfg.batch_size, cfg.device, keep_features=features, progress=cfg.progress)
     with plant_artifacts(loaded.model, cfg.plant) if cfg.plant else nullcontext():
         return collect(loaded.model, images, loaded.label, collect_cfg)
@@ -165,27 +176,43 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     for i, image in enumerate(shown):
         folder = out / "images" / image.name
         if "attention" in views and has_cls:
-            save(cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes), folder / "cls_attention")
+            save(
+                cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes),
+                folder / "cls_attention",
+            )
         if "registers" in views and info.num_registers:
-            save(register_attention_figure(stats, i, image, layers, style, notes), folder / "register_attention")
+            save(
+                register_attention_figure(stats, i, image, layers, style, notes),
+                folder / "register_attention",
+            )
         if "rollout" in views:
             save(rollout_figure(stats, i, image, style, notes), folder / "rollout")
         if "norms" in views:
             save(norm_map_figure(stats, i, image, layers, style, report.outliers, notes), folder / "norm_map")
         if pca is not None:
-            save(pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes), folder / "pca")
+            save(
+                pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes),
+                folder / "pca",
+            )
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([pca_note(variance)] if pca is not None else [])
-        fig = summary_figure(stats, shown, grid_views, layers[-1], layers[-1], style, pca, cfg.renormalise, grid_notes)
+        fig = summary_figure(
+            stats, shown, grid_views, layers[-1], layers[-1], style, pca, cfg.renormalise, grid_notes
+        )
         save(fig, out / "summary_grid")
     if "histograms" in views:
         save(norm_histogram_figure(stats, report.thresholds, style, notes=notes), out / "norm_histograms")
-        save(outlier_frequency_figure(stats, report.outliers, layers, style, notes), out / "outlier_frequency")
+        save(
+            outlier_frequency_figure(stats, report.outliers, layers, style, notes), out / "outlier_frequency"
+        )
     if "profile" in views:
         save(layer_profile_figure({stats.model: report}, style, notes), out / "layer_profile")
     if "massive" in views:
-        save(massive_activation_figure({stats.model: (stats, report)}, style, notes), out / "massive_activations")
+        save(
+            massive_activation_figure({stats.model: (stats, report)}, style, notes),
+            out / "massive_activations",
+        )
     if "metrics" in views:
         result.files += [report.write_json(out / "metrics.json"), report.write_csv(out / "metrics.csv")]
         cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
@@ -195,7 +222,9 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     return result
 
 
-def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> tuple[RunResult, RunResult]:
+def run_compare(
+    model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig
+) -> tuple[RunResult, RunResult]:
     """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for B
     (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
     info_a, size, layers = _prepare(model_a, cfg)
@@ -209,8 +238,13 @@ def run_compare(model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[st
     return _write_comparison(stats_a, stats_b, images, cfg, notes, Path(cfg.out) / "compare")
 
 
-def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search: NeuronSearch | None = None,
-            count: int = 1) -> tuple[NeuronSearchResult, RunResult, RunResult]:
+def run_ttr(
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    cfg: RunConfig,
+    search: NeuronSearch | None = None,
+    count: int = 1,
+) -> tuple[NeuronSearchResult, RunResult, RunResult]:
     """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
@@ -221,10 +255,14 @@ def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search:
     cfg.log(found.describe())
     before = _record(loaded, images, cfg, features=0)
     with use_test_time_registers(loaded.model, found.neurons, count):
-        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, features=0)
+        after = _record(
+            replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, features=0
+        )
     out = Path(cfg.out) / "ttr"
-    ttr_note = (f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of blocks "
-                f"<= {found.top_layer} (Jiang et al. 2025)")
+    ttr_note = (
+        f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of blocks "
+        f"<= {found.top_layer} (Jiang et al. 2025)"
+    )
     notes = [*_notes(loaded, cfg), ttr_note]
     result = _write_comparison(before, after, images, cfg, notes, out)
     path = out / "register_neurons.json"
@@ -233,10 +271,18 @@ def run_ttr(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig, search:
     return found, *result
 
 
-def _write_comparison(stats_a: TokenStats, stats_b: TokenStats, images: list[LoadedImage], cfg: RunConfig,
-                      notes: list[str], out: Path) -> tuple[RunResult, RunResult]:
+def _write_comparison(
+    stats_a: TokenStats,
+    stats_b: TokenStats,
+    images: list[LoadedImage],
+    cfg: RunConfig,
+    notes: list[str],
+    out: Path,
+) -> tuple[RunResult, RunResult]:
     report_a = compute_metrics(stats_a, cfg.metrics)
-    reuse = replace(cfg.metrics, thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
+    reuse = replace(
+        cfg.metrics, thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}"
+    )
     own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
     report_b = compute_metrics(stats_b, cfg.metrics if own else reuse)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,18 +293,30 @@ def _write_comparison(stats_a: TokenStats, stats_b: TokenStats, images: list[Loa
         fig = compare_figure([stats_a, stats_b], i, image, layer, layer, style, cfg.renormalise, notes)
         files += save_figure(fig, out / image.name, style.formats)
     if images[: cfg.max_figures]:
-        fig = compare_summary_figure([stats_a, stats_b], images[: cfg.max_figures], layer, layer, style,
-                                     cfg.renormalise, notes)
+        fig = compare_summary_figure(
+            [stats_a, stats_b], images[: cfg.max_figures], layer, layer, style, cfg.renormalise, notes
+        )
         files += save_figure(fig, out / "summary_grid", style.formats)
-    files += save_figure(layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
-                         out / "layer_profile", style.formats)
-    files += save_figure(massive_activation_figure({stats_a.model: (stats_a, report_a), stats_b.model: (stats_b, report_b)},
-                                                   style, notes), out / "massive_activations", style.formats)
+    files += save_figure(
+        layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
+        out / "layer_profile",
+        style.formats,
+    )
+    files += save_figure(
+        massive_activation_figure(
+            {stats_a.model: (stats_a, report_a), stats_b.model: (stats_b, report_b)}, style, notes
+        ),
+        out / "massive_activations",
+        style.formats,
+    )
     if notes:
         cfg.log("\n".join(notes))
     for stats, report in ((stats_a, report_a), (stats_b, report_b)):
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stats.model)
-        files += [report.write_json(out / f"metrics_{safe}.json"), report.write_csv(out / f"metrics_{safe}.csv")]
+        files += [
+            report.write_json(out / f"metrics_{safe}.json"),
+            report.write_csv(out / f"metrics_{safe}.csv"),
+        ]
         if cfg.save_raw:
             files.append(stats.save(out / f"token_stats_{safe}.{cfg.save_raw}"))
         cfg.log(report.table())

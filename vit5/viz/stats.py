@@ -17,11 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import TokenLayout
-from .errors import VizError
+from vit5.model import TokenLayout
+from vit5.viz.errors import VizError
 
-_ARRAYS = ("norms", "received", "rollout", "cls_attn", "reg_attn", "patch_to_reg", "features", "massive_top",
-           "massive_token", "massive_channel", "massive_median")
+_ARRAYS = (
+    "norms",
+    "received",
+    "rollout",
+    "cls_attn",
+    "reg_attn",
+    "patch_to_reg",
+    "features",
+    "massive_top",
+    "massive_token",
+    "massive_channel",
+    "massive_median",
+)
 
 
 @dataclass
@@ -37,8 +48,12 @@ class TokenStats:
     cls_attn: np.ndarray | None = None  # [B, L, H, N] the CLS query's attention row
     reg_attn: np.ndarray | None = None  # [B, L, H, R, N] each register query's attention row
     patch_to_reg: np.ndarray | None = None  # [B, L, H] mean over patch queries of the mass on registers
-    features: np.ndarray | None = None  # [F, P, C] patch features after the final norm (last block), first F images
-    massive_top: np.ndarray | None = None  # [B, L, 3] largest |activation| of each block output (Sun et al. 2024)
+    features: np.ndarray | None = (
+        None  # [F, P, C] patch features after the final norm (last block), first F images
+    )
+    massive_top: np.ndarray | None = (
+        None  # [B, L, 3] largest |activation| of each block output (Sun et al. 2024)
+    )
     massive_token: np.ndarray | None = None  # [B, L, 3] token position of each of them
     massive_channel: np.ndarray | None = None  # [B, L, 3] channel of each of them
     massive_median: np.ndarray | None = None  # [B, L] median |activation| of each block output
@@ -69,12 +84,23 @@ class TokenStats:
     def save(self, path: str | Path) -> Path:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
         path = Path(path)
-        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAYS if getattr(self, name) is not None}
-        meta = json.dumps(dict(
-            model=self.model, layers=self.layers, names=self.names, patch_size=self.patch_size, grid=list(self.layout.grid),
-            num_cls=self.layout.num_cls, num_registers=self.layout.num_registers,
-            registers_first=self.layout.registers_first,
-        ))
+        arrays = {
+            name: np.ascontiguousarray(getattr(self, name))
+            for name in _ARRAYS
+            if getattr(self, name) is not None
+        }
+        meta = json.dumps(
+            dict(
+                model=self.model,
+                layers=self.layers,
+                names=self.names,
+                patch_size=self.patch_size,
+                grid=list(self.layout.grid),
+                num_cls=self.layout.num_cls,
+                num_registers=self.layout.num_registers,
+                registers_first=self.layout.registers_first,
+            )
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
             from safetensors.numpy import save_file
@@ -99,7 +125,9 @@ class TokenStats:
             with np.load(path) as f:
                 meta = json.loads(str(f["vit5_viz"]))
                 arrays = {k: f[k] for k in f.files if k != "vit5_viz"}
-        layout = TokenLayout(tuple(meta["grid"]), meta["num_cls"], meta["num_registers"], meta["registers_first"])
+        layout = TokenLayout(
+            tuple(meta["grid"]), meta["num_cls"], meta["num_registers"], meta["registers_first"]
+        )
         return cls(meta["model"], layout, meta["layers"], meta["names"], meta["patch_size"], **arrays)
 
     @classmethod

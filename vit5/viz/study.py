@@ -42,22 +42,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
-from .collect import CollectConfig, collect
-from .errors import VizError
-from .images import LoadedImage, to_batch
-from .report import MetricConfig, MetricReport, compute_metrics
-from .stats import TokenStats
-from .study_data import CanvasBatch, CanvasConfig, CanvasSource
+from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
+from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.errors import VizError
+from vit5.viz.images import LoadedImage, to_batch
+from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
+from vit5.viz.stats import TokenStats
+from vit5.viz.study_data import CanvasBatch, CanvasConfig, CanvasSource
 
 TWINS = ("no_registers", "registers")
 STATE_NAME = "state.pt"
 TRAJECTORY_NAME = "trajectory.jsonl"
 # metrics kept per layer in the trajectory (names of vit5.viz.report.METRICS, plus the study's own)
 TRACKED = (
-    "outlier_ratio", "outlier_ratio_registers", "max_median_ratio", "norm_kurtosis", "received_outlier_mass",
-    "patch_register_mass", "topk_sink_mass", "topk_register_share", "sink_rate", "sink_rate_register",
-    "sink_rate_patch", "massive_ratio",
+    "outlier_ratio",
+    "outlier_ratio_registers",
+    "max_median_ratio",
+    "norm_kurtosis",
+    "received_outlier_mass",
+    "patch_register_mass",
+    "topk_sink_mass",
+    "topk_register_share",
+    "sink_rate",
+    "sink_rate_register",
+    "sink_rate_patch",
+    "massive_ratio",
 )
 
 
@@ -87,19 +96,31 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items()))
-        for name in ("embed_dim", "depth", "num_heads", "steps", "batch_size", "checkpoint_every", "eval_images",
-                     "accuracy_images"):
+        for name in (
+            "embed_dim",
+            "depth",
+            "num_heads",
+            "steps",
+            "batch_size",
+            "checkpoint_every",
+            "eval_images",
+            "accuracy_images",
+        ):
             if getattr(self, name) < 1:
                 raise VizError(f"study {name} must be >= 1, got {getattr(self, name)}")
         if self.registers < 1:
             raise VizError(f"the register twin needs at least one register, got registers={self.registers}")
         if not 0 < self.min_lr <= self.lr or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise VizError(f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
-                           f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})")
+            raise VizError(
+                f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
+                f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})"
+            )
         reserved = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
         clash = reserved & {k for k, _ in self.model_args}
         if clash:
-            raise VizError(f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)")
+            raise VizError(
+                f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)"
+            )
         for twin in TWINS:
             self.model_config(twin)  # fail now on an invalid architecture
 
@@ -109,9 +130,16 @@ class StudyConfig:
             raise VizError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
         try:
             return preset_config(
-                self.preset, embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads,
-                **dict(self.model_args), img_size=self.canvas.size, patch_size=self.canvas.patch_size,
-                num_classes=self.canvas.num_outputs, class_token=False, global_pool="avg",
+                self.preset,
+                embed_dim=self.embed_dim,
+                depth=self.depth,
+                num_heads=self.num_heads,
+                **dict(self.model_args),
+                img_size=self.canvas.size,
+                patch_size=self.canvas.patch_size,
+                num_classes=self.canvas.num_outputs,
+                class_token=False,
+                global_pool="avg",
                 num_registers=0 if twin == "no_registers" else self.registers,
             )
         except ConfigError as err:
@@ -125,13 +153,23 @@ class StudyConfig:
 
 SMOKE = StudyConfig(
     canvas=CanvasConfig(size=(32, 32), patch_size=8, digits=(1, 2), digit_side=(8, 12)),
-    embed_dim=32, depth=2, num_heads=2, registers=1, steps=6, batch_size=8, warmup_steps=2,
-    checkpoint_every=3, eval_images=8, accuracy_images=16,
+    embed_dim=32,
+    depth=2,
+    num_heads=2,
+    registers=1,
+    steps=6,
+    batch_size=8,
+    warmup_steps=2,
+    checkpoint_every=3,
+    eval_images=8,
+    accuracy_images=16,
 )
 # The README study, chosen from pilots (docs/register-analyses.md): the count task learns within a few
 # hundred steps, and without QK-norm and LayerScale the twin without registers shows the most sinks.
 FULL = StudyConfig(
-    canvas=CanvasConfig(size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"),
+    canvas=CanvasConfig(
+        size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"
+    ),
     model_args=(("qk_norm", False), ("layer_scale", None)),
 )
 PRESETS = {"full": FULL, "smoke": SMOKE}
@@ -145,13 +183,17 @@ def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
     twin = ViT5(cfg.model_config("registers"))
     missing, unexpected = twin.load_state_dict(base.state_dict(), strict=False)
     if unexpected or missing != ["reg_token"]:
-        raise RuntimeError(f"the twins differ in more than the registers: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"the twins differ in more than the registers: missing {missing}, unexpected {unexpected}"
+        )
     return {"no_registers": base, "registers": twin}
 
 
 def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
     """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see them."""
-    return to_batch([LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+    return to_batch(
+        [LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
+    )
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
@@ -230,24 +272,36 @@ def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3
     return [float(s) if c else None for s, c in zip(shares, counts)]
 
 
-def measure(model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None) -> dict[str, Any]:
+def measure(
+    model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None
+) -> dict[str, Any]:
     """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused ones)."""
     stats = collect(model, held.images, label, CollectConfig(batch_size=32, progress=False))
     report = compute_metrics(stats, MetricConfig(n_boot=200))
-    record = {"thresholds": [_num(t) for t in report.thresholds], "metrics": _tracked(report),
-              **study_metrics(report, held.background), "accuracy": accuracy(model, held.accuracy, task),
-              "num_tokens": stats.layout.num_tokens, "num_registers": stats.layout.num_registers,
-              "patch_sinks_on_background": background_sinks(stats, held.background)}
+    record = {
+        "thresholds": [_num(t) for t in report.thresholds],
+        "metrics": _tracked(report),
+        **study_metrics(report, held.background),
+        "accuracy": accuracy(model, held.accuracy, task),
+        "num_tokens": stats.layout.num_tokens,
+        "num_registers": stats.layout.num_registers,
+        "patch_sinks_on_background": background_sinks(stats, held.background),
+    }
     if thresholds is not None:
-        reused = compute_metrics(stats, MetricConfig(n_boot=200, thresholds=tuple(thresholds),
-                                                     threshold_source="no-register twin"))
+        reused = compute_metrics(
+            stats, MetricConfig(n_boot=200, thresholds=tuple(thresholds), threshold_source="no-register twin")
+        )
         record["reused"] = {"metrics": _tracked(reused), **study_metrics(reused, held.background)}
     return record
 
 
 def _tracked(report: MetricReport) -> dict[str, list[float | None]]:
     n = len(report.layers)
-    return {name: [_num(v) for v in report.summary[name]["value"][:n]] for name in TRACKED if name in report.summary}
+    return {
+        name: [_num(v) for v in report.summary[name]["value"][:n]]
+        for name in TRACKED
+        if name in report.summary
+    }
 
 
 def _num(x: float) -> float | None:
@@ -263,10 +317,17 @@ class Trainer:
         from timm.scheduler import CosineLRScheduler
 
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
-        self.optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                             filter_bias_and_bn=True)
-        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=cfg.steps, lr_min=cfg.min_lr,
-                                           warmup_t=cfg.warmup_steps, warmup_lr_init=cfg.min_lr, t_in_epochs=False)
+        self.optimizer = create_optimizer_v2(
+            model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, filter_bias_and_bn=True
+        )
+        self.scheduler = CosineLRScheduler(
+            self.optimizer,
+            t_initial=cfg.steps,
+            lr_min=cfg.min_lr,
+            warmup_t=cfg.warmup_steps,
+            warmup_lr_init=cfg.min_lr,
+            t_in_epochs=False,
+        )
         self.step = 0
         self.losses: list[float] = []
 
@@ -287,11 +348,21 @@ class Trainer:
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "step": self.step}, tmp)
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+            },
+            tmp,
+        )
         os.replace(tmp, self.state_path)
-        save_pretrained(self.model, self.folder / "checkpoints" / f"step_{self.step:06d}",
-                        extra={"study_step": self.step, "twin": self.name})
+        save_pretrained(
+            self.model,
+            self.folder / "checkpoints" / f"step_{self.step:06d}",
+            extra={"study_step": self.step, "twin": self.name},
+        )
 
     def train(self, source: CanvasSource, until: int) -> float:
         """Steps up to ``until``; returns the mean training loss of these steps."""
@@ -303,7 +374,9 @@ class Trainer:
             logits = self.model(normalise(batch.images, self.model))
             loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
             if not torch.isfinite(loss):
-                raise VizError(f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now {self.cfg.lr:g})")
+                raise VizError(
+                    f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now {self.cfg.lr:g})"
+                )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self.cfg.grad_clip:
@@ -337,8 +410,15 @@ class StudyResult:
     files: list[Path] = field(default_factory=list)
 
 
-def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = None, progress: bool = True,
-              log: Callable[[str], None] = print, analyse: bool = True, train: bool = True) -> StudyResult:
+def run_study(
+    cfg: StudyConfig,
+    out: str | Path,
+    max_minutes: float | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    analyse: bool = True,
+    train: bool = True,
+) -> StudyResult:
     """Train (or resume) both twins, recording metrics at every checkpoint; write the trajectory figure,
     the verdict, the held-out canvases as PNGs and (with ``analyse``) the register analyses of the
     twins as they are at the end of this chunk (:func:`analyse_twins`).
@@ -369,12 +449,20 @@ def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = Non
         ref = trajectories["no_registers"][0]["thresholds"]
         trajectories["registers"] = [_checkpoint_row(trainers["registers"], held, cfg, 0, float("nan"), ref)]
     start = time.monotonic()
-    bar = tqdm(total=cfg.steps, initial=min(t.step for t in trainers.values()), desc="register study", unit="step",
-               disable=not progress)
+    bar = tqdm(
+        total=cfg.steps,
+        initial=min(t.step for t in trainers.values()),
+        desc="register study",
+        unit="step",
+        disable=not progress,
+    )
     stopped = not train and min(t.step for t in trainers.values()) < cfg.steps
     until = min(t.step for t in trainers.values())
     while train and min(t.step for t in trainers.values()) < cfg.steps:
-        until = min(cfg.steps, (min(t.step for t in trainers.values()) // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+        until = min(
+            cfg.steps,
+            (min(t.step for t in trainers.values()) // cfg.checkpoint_every + 1) * cfg.checkpoint_every,
+        )
         for name in TWINS:
             trainer = trainers[name]
             if trainer.step >= until:
@@ -386,8 +474,10 @@ def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = Non
             _write_trajectory(trainer.folder / TRAJECTORY_NAME, trajectories[name])
         bar.update(until - bar.n)
         a, b = trajectories["no_registers"][-1], trajectories["registers"][-1]
-        bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=f"{_peak(a, 'outlier_ratio'):.3f}/"
-                        f"{_peak(b, 'outlier_ratio'):.3f}")
+        bar.set_postfix(
+            acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}",
+            otr=f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}",
+        )
         if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes and until < cfg.steps:
             stopped = True
             break
@@ -405,8 +495,14 @@ def run_study(cfg: StudyConfig, out: str | Path, max_minutes: float | None = Non
     return result
 
 
-def _checkpoint_row(trainer: Trainer, held: HeldOut, cfg: StudyConfig, step: int, loss: float,
-                    thresholds: Sequence[float] | None) -> dict:
+def _checkpoint_row(
+    trainer: Trainer,
+    held: HeldOut,
+    cfg: StudyConfig,
+    step: int,
+    loss: float,
+    thresholds: Sequence[float] | None,
+) -> dict:
     row = measure(trainer.model, trainer.name, held, cfg.canvas.task, thresholds)
     return {"step": step, "train_loss": _num(loss), "lr": trainer.optimizer.param_groups[0]["lr"], **row}
 
@@ -419,8 +515,10 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
         old = json.loads(path.read_text())
         if old != doc:
             changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
-            raise VizError(f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
-                           "use another --out, or delete it to start over")
+            raise VizError(
+                f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
+                "use another --out, or delete it to start over"
+            )
         return
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2))
@@ -450,10 +548,15 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     registers at least twice their uniform share of attention and at least half the mass the
     outliers drew in the first twin.
     """
-    step = max({r["step"] for r in trajectories["no_registers"]} & {r["step"] for r in trajectories["registers"]})
+    step = max(
+        {r["step"] for r in trajectories["no_registers"]} & {r["step"] for r in trajectories["registers"]}
+    )
     a, b = (next(r for r in trajectories[twin] if r["step"] == step) for twin in TWINS)
     depth = len(a["images_with_outliers"])
-    best = max(range(depth), key=lambda i: (a["images_with_background_outliers"][i], a["metrics"]["outlier_ratio"][i] or 0))
+    best = max(
+        range(depth),
+        key=lambda i: (a["images_with_background_outliers"][i], a["metrics"]["outlier_ratio"][i] or 0),
+    )
     nxt = min(best + 1, depth - 1)
     otr_a = a["metrics"]["outlier_ratio"][best] or 0.0
     otr_b_own = b["metrics"]["outlier_ratio"][best] or 0.0
@@ -465,27 +568,42 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     checks = {
         "outliers_in_half_the_images": a["images_with_background_outliers"][best] >= MIN_IMAGES_WITH_OUTLIERS,
         "outliers_on_background": bg_share is not None and bg_share > bg_rate,
-        "outliers_draw_attention": otr_a > 0 and received >= ATTENTION_FACTOR * otr_a
+        "outliers_draw_attention": otr_a > 0
+        and received >= ATTENTION_FACTOR * otr_a
         and (a["metrics"]["sink_rate_patch"][nxt] or 0) > 0,
         "registers_10x_fewer_outliers": otr_a > 0 and max(otr_b_own, otr_b_reused) * MIN_REDUCTION <= otr_a,
-        "registers_hold_attention": reg_mass >= ATTENTION_FACTOR * uniform_registers and reg_mass >= 0.5 * received,
+        "registers_hold_attention": reg_mass >= ATTENTION_FACTOR * uniform_registers
+        and reg_mass >= 0.5 * received,
     }
     return {
-        "step": a["step"], "layer": best, "next_layer": nxt, "success": all(checks.values()), "checks": checks,
+        "step": a["step"],
+        "layer": best,
+        "next_layer": nxt,
+        "success": all(checks.values()),
+        "checks": checks,
         "no_registers": {
             "images_with_outliers": a["images_with_outliers"][best],
-            "images_with_background_outliers": a["images_with_background_outliers"][best], "outlier_ratio": otr_a,
-            "max_median_ratio": a["metrics"]["max_median_ratio"][best], "outlier_background_share": bg_share,
-            "background_rate": bg_rate, "received_outlier_mass": received, "sink_rate": a["metrics"]["sink_rate"][nxt],
-            "sink_rate_patch": a["metrics"]["sink_rate_patch"][nxt], "accuracy": a["accuracy"],
+            "images_with_background_outliers": a["images_with_background_outliers"][best],
+            "outlier_ratio": otr_a,
+            "max_median_ratio": a["metrics"]["max_median_ratio"][best],
+            "outlier_background_share": bg_share,
+            "background_rate": bg_rate,
+            "received_outlier_mass": received,
+            "sink_rate": a["metrics"]["sink_rate"][nxt],
+            "sink_rate_patch": a["metrics"]["sink_rate_patch"][nxt],
+            "accuracy": a["accuracy"],
             "patch_sinks_on_background_per_block": a.get("patch_sinks_on_background"),
             "sink_rate_patch_per_block": a["metrics"]["sink_rate_patch"],
         },
         "registers": {
-            "images_with_outliers": b["images_with_outliers"][best], "outlier_ratio": otr_b_own,
-            "outlier_ratio_reused_thresholds": otr_b_reused, "max_median_ratio": b["metrics"]["max_median_ratio"][best],
-            "patch_register_mass": reg_mass, "uniform_register_share": uniform_registers,
-            "sink_rate": b["metrics"]["sink_rate"][nxt], "sink_rate_register": b["metrics"]["sink_rate_register"][nxt],
+            "images_with_outliers": b["images_with_outliers"][best],
+            "outlier_ratio": otr_b_own,
+            "outlier_ratio_reused_thresholds": otr_b_reused,
+            "max_median_ratio": b["metrics"]["max_median_ratio"][best],
+            "patch_register_mass": reg_mass,
+            "uniform_register_share": uniform_registers,
+            "sink_rate": b["metrics"]["sink_rate"][nxt],
+            "sink_rate_register": b["metrics"]["sink_rate_register"][nxt],
             "accuracy": b["accuracy"],
         },
     }
@@ -497,20 +615,31 @@ def summary_text(result: StudyResult) -> str:
     head = f"register study at step {v['step']}: {outcome} (outliers at block {v['layer']}, attention at {v['next_layer']})"
     lines = [head]
     for twin in TWINS:
-        lines.append(f"  {twin}: " + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items() if not k.endswith("per_block")))
+        lines.append(
+            f"  {twin}: "
+            + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items() if not k.endswith("per_block"))
+        )
     lines.append("  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()))
     return "\n".join(lines)
 
 
 def _fmt(x: Any) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}" if isinstance(x, float) else str(x)
+    return (
+        "n/a"
+        if x is None or (isinstance(x, float) and math.isnan(x))
+        else f"{x:.3g}"
+        if isinstance(x, float)
+        else str(x)
+    )
 
 
 def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
-    from .figures import save_figure
-    from .figures.study import trajectory_figure
+    from vit5.viz.figures import save_figure
+    from vit5.viz.figures.study import trajectory_figure
 
-    files = save_figure(trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf"))
+    files = save_figure(
+        trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
+    )
     path = result.out / "verdict.json"
     path.write_text(json.dumps(result.verdict, indent=2))
     return [*files, path]
@@ -530,15 +659,16 @@ def write_heldout(held: HeldOut, folder: Path) -> list[Path]:
     return paths
 
 
-def analyse_twins(cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5],
-                  log: Callable[[str], None] = print) -> list[Path]:
+def analyse_twins(
+    cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5], log: Callable[[str], None] = print
+) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from .ablation import AblationConfig, ablation_figure, run_ablation
-    from .figures import save_figure
-    from .load import load_model_spec
-    from .runner import RunConfig, run_ttr
-    from .ttr import NeuronSearch
+    from vit5.viz.ablation import AblationConfig, ablation_figure, run_ablation
+    from vit5.viz.figures import save_figure
+    from vit5.viz.load import load_model_spec
+    from vit5.viz.runner import RunConfig, run_ttr
+    from vit5.viz.ttr import NeuronSearch
 
     folder = out / "analysis"
     folder.mkdir(parents=True, exist_ok=True)
@@ -546,19 +676,29 @@ def analyse_twins(cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, V
     reference_batch = CanvasSource(cfg.canvas, "val", cfg.seed).batch(2, cfg.eval_images)
 
     def with_labels(images: list[LoadedImage], labels: np.ndarray) -> list[LoadedImage]:
-        return [LoadedImage(img.name, img.rgb, int(y) if labelled else None) for img, y in zip(images, labels)]
+        return [
+            LoadedImage(img.name, img.rgb, int(y) if labelled else None) for img, y in zip(images, labels)
+        ]
 
     images = with_labels(held.images, held.labels)
-    reference = with_labels([LoadedImage(f"reference_{i:03d}", rgb) for i, rgb in enumerate(reference_batch.images)],
-                            reference_batch.labels)
-    report = run_ablation(twins["registers"], images, reference, "registers twin (trained)",
-                          AblationConfig(knn_k=10, batch_size=32))
+    reference = with_labels(
+        [LoadedImage(f"reference_{i:03d}", rgb) for i, rgb in enumerate(reference_batch.images)],
+        reference_batch.labels,
+    )
+    report = run_ablation(
+        twins["registers"],
+        images,
+        reference,
+        "registers twin (trained)",
+        AblationConfig(knn_k=10, batch_size=32),
+    )
     log(report.table())
     files = report.write(folder) + save_figure(ablation_figure(report), folder / "ablation", ("png", "pdf"))
     summary: dict[str, Any] = {"ablation": report.records()}
     loaded = load_model_spec(str(out / "no_registers" / "final"))
-    ttr_cfg = RunConfig(out=folder, batch_size=32, max_figures=4, progress=False, log=log,
-                        metrics=MetricConfig(n_boot=200))
+    ttr_cfg = RunConfig(
+        out=folder, batch_size=32, max_figures=4, progress=False, log=log, metrics=MetricConfig(n_boot=200)
+    )
     try:
         found, before, after = run_ttr(loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10))
     except VizError as err:  # no outliers in the twin without registers: nothing to move
@@ -566,12 +706,17 @@ def analyse_twins(cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, V
         log(f"test-time registers not applicable: {err}")
     else:
         d = found.detect_layer
-        pick = lambda r, name: (r.report.summary[name]["value"][d] if name in r.report.summary else None)
+        pick = lambda r, name: r.report.summary[name]["value"][d] if name in r.report.summary else None
         summary["ttr"] = {
-            "applicable": True, "detect_layer": d, "threshold": found.threshold,
+            "applicable": True,
+            "detect_layer": d,
+            "threshold": found.threshold,
             "neurons": [[n.layer, n.neuron, n.score] for n in found.neurons],
-            **{f"{name}_{when}": _num(pick(r, name)) for name in ("outlier_ratio", "max_median_ratio", "sink_rate_patch")
-               for when, r in (("before", before), ("after", after))},
+            **{
+                f"{name}_{when}": _num(pick(r, name))
+                for name in ("outlier_ratio", "max_median_ratio", "sink_rate_patch")
+                for when, r in (("before", before), ("after", after))
+            },
             "test_time_register_outlier_ratio": _num(pick(after, "outlier_ratio_registers")),
             "patch_register_mass_after": _num(pick(after, "patch_register_mass")),
         }
@@ -589,7 +734,7 @@ def load_twins(out: str | Path) -> dict[str, ViT5]:
 # ---------------------------------------------------------------------------------------------- command line
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or ``model.KEY`` (ViT5Config)."""
-    from .load import parse_overrides
+    from vit5.viz.load import parse_overrides
 
     values = parse_overrides(items)
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
@@ -597,7 +742,7 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     study, canvas, model = {}, {}, dict(base.model_args)
     for key, value in values.items():
         if key.startswith("model."):
-            model[key[len("model."):]] = value
+            model[key[len("model.") :]] = value
         elif key in study_keys:
             study[key] = value
         elif key in canvas_keys:
@@ -606,7 +751,11 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
             import difflib
 
             close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            )
             raise VizError(f"unknown study setting {key!r}: {hint}")
     try:
         return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
@@ -618,16 +767,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m vit5.viz.study",
         description="Train twin models without and with registers on canvases that reward a storage token, "
-                    "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
+        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
     )
     p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="settings",
-                   help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False")
-    p.add_argument("--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)")
-    p.add_argument("--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses")
-    p.add_argument("--analyse-only", action="store_true",
-                   help="no training: write the figure, verdict and analyses of the twins as they are now")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds"
+    )
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="settings",
+        help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False",
+    )
+    p.add_argument(
+        "--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)"
+    )
+    p.add_argument(
+        "--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses"
+    )
+    p.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="no training: write the figure, verdict and analyses of the twins as they are now",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -636,8 +800,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = parse_settings(PRESETS[args.preset], args.settings)
-        result = run_study(cfg, args.out, args.max_minutes, progress=not args.quiet, analyse=not args.no_analysis,
-                           train=not args.analyse_only)
+        result = run_study(
+            cfg,
+            args.out,
+            args.max_minutes,
+            progress=not args.quiet,
+            analyse=not args.no_analysis,
+            train=not args.analyse_only,
+        )
     except VizError as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2

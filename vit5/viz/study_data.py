@@ -31,9 +31,9 @@ from typing import Literal
 import numpy as np
 from sklearn.datasets import load_digits
 
-from ..data import load_digits_split
-from ..data.digits_seg import digit_alpha
-from .errors import VizError
+from vit5.data import load_digits_split
+from vit5.data.digits_seg import digit_alpha
+from vit5.viz.errors import VizError
 
 Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
@@ -64,7 +64,9 @@ class CanvasConfig:
             raise VizError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
         s_lo, s_hi = self.digit_side
         if not 4 <= s_lo <= s_hi <= min(h, w):
-            raise VizError(f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}")
+            raise VizError(
+                f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}"
+            )
         if self.background not in BACKGROUNDS:
             raise VizError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
         if self.task not in TASKS:
@@ -79,7 +81,13 @@ class CanvasConfig:
     @property
     def num_outputs(self) -> int:
         """Classes of the label (or binary targets for ``multilabel``)."""
-        return {"sum": 9 * self.digits[1] + 1, "summod": 10, "count": self.digits[1] + 1, "max": 10, "multilabel": 10}[self.task]
+        return {
+            "sum": 9 * self.digits[1] + 1,
+            "summod": 10,
+            "count": self.digits[1] + 1,
+            "max": 10,
+            "multilabel": 10,
+        }[self.task]
 
 
 @dataclass(frozen=True)
@@ -121,8 +129,12 @@ class CanvasSource:
         rng = np.random.default_rng([self.seed, self.split_id, index])
         parts = [self._canvas(rng) for _ in range(size)]
         images, labels, backgrounds, digits = zip(*parts)
-        return CanvasBatch(np.stack(images), np.stack(labels) if self.cfg.task == "multilabel" else np.array(labels),
-                           np.stack(backgrounds), list(digits))
+        return CanvasBatch(
+            np.stack(images),
+            np.stack(labels) if self.cfg.task == "multilabel" else np.array(labels),
+            np.stack(backgrounds),
+            list(digits),
+        )
 
     def _canvas(self, rng: np.random.Generator):
         cfg = self.cfg
@@ -154,7 +166,9 @@ class CanvasSource:
         return rgb, label_of(digits, cfg.task), ~touched, digits
 
 
-def _free_spot(rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]) -> tuple[int, int]:
+def _free_spot(
+    rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]
+) -> tuple[int, int]:
     """A random top-left corner whose square overlaps no earlier digit's square, if one of a few draws allows."""
     best, best_overlap = (0, 0), np.inf
     for _ in range(_SPOT_TRIES):

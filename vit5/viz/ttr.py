@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..layers import RopeTable
-from .adapters import TEST_REGISTERS_ATTR, capture, describe, resolve_layers, unwrap
-from .errors import VizError
-from .images import LoadedImage, to_batch
-from .metrics import layer_thresholds, log_mad_threshold, outlier_ratio
+from vit5.layers import RopeTable
+from vit5.viz.adapters import TEST_REGISTERS_ATTR, capture, describe, resolve_layers, unwrap
+from vit5.viz.errors import VizError
+from vit5.viz.images import LoadedImage, to_batch
+from vit5.viz.metrics import layer_thresholds, log_mad_threshold, outlier_ratio
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,15 @@ class NeuronSearch:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.k <= 0 or self.batch_size < 1 or (self.threshold is not None and self.threshold <= 0):
-            raise VizError("register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold")
+        if (
+            self.top_k < 1
+            or self.k <= 0
+            or self.batch_size < 1
+            or (self.threshold is not None and self.threshold <= 0)
+        ):
+            raise VizError(
+                "register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold"
+            )
 
 
 @dataclass
@@ -78,13 +85,17 @@ class NeuronSearchResult:
     threshold: float
     images_with_outliers: int
     num_images: int
-    outlier_ratio: list[float]  # per block, with each block's own log-MAD threshold (how the detect block was chosen)
+    outlier_ratio: list[
+        float
+    ]  # per block, with each block's own log-MAD threshold (how the detect block was chosen)
 
     def describe(self) -> str:
         listed = ", ".join(f"{n.layer}:{n.neuron} ({n.score:.3g})" for n in self.neurons)
-        return (f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at block "
-                f"{self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/{self.num_images} "
-                f"images; neurons searched in blocks <= {self.top_layer}")
+        return (
+            f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at block "
+            f"{self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/{self.num_images} "
+            f"images; neurons searched in blocks <= {self.top_layer}"
+        )
 
 
 def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
@@ -102,7 +113,9 @@ def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], ho
 
 
 @torch.no_grad()
-def find_register_neurons(model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()) -> NeuronSearchResult:
+def find_register_neurons(
+    model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()
+) -> NeuronSearchResult:
     """Algorithm 1 of Jiang et al. (module docstring). Without ``detect_layer`` the block whose output has
     the highest outlier ratio (own log-MAD threshold per block) is used; ``top_layer`` defaults to it."""
     info = describe(model)
@@ -110,24 +123,40 @@ def find_register_neurons(model: nn.Module, images: Sequence[LoadedImage], searc
         raise VizError("find register neurons on the model itself, not inside use_test_time_registers()")
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
-    batches = [to_batch(images[s : s + search.batch_size], info.mean, info.std).to(search.device)
-               for s in range(0, len(images), search.batch_size)]
+    batches = [
+        to_batch(images[s : s + search.batch_size], info.mean, info.std).to(search.device)
+        for s in range(0, len(images), search.batch_size)
+    ]
     norms = []
     with capture(net, attention=False) as rec:
         for x in batches:
             net.forward_features(x)
-            norms.append(torch.stack([layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)], 1))
+            norms.append(
+                torch.stack(
+                    [layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)], 1
+                )
+            )
     patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
     per_block = outlier_ratio(patch_norms, layer_thresholds(patch_norms, search.k)).mean(axis=0)
-    detect = int(np.argmax(per_block)) if search.detect_layer is None else resolve_layers(info.depth, [search.detect_layer])[0]
+    detect = (
+        int(np.argmax(per_block))
+        if search.detect_layer is None
+        else resolve_layers(info.depth, [search.detect_layer])[0]
+    )
     top = detect if search.top_layer is None else resolve_layers(info.depth, [search.top_layer])[0]
-    tau = search.threshold if search.threshold is not None else log_mad_threshold(patch_norms[:, detect], search.k)
+    tau = (
+        search.threshold
+        if search.threshold is not None
+        else log_mad_threshold(patch_norms[:, detect], search.k)
+    )
     scores, used, start = None, 0, 0
     hidden: dict[int, torch.Tensor] = {}
     for x in batches:
         hidden.clear()
         with ExitStack() as stack:
-            _mlp_input_hooks(stack, net, range(top + 1), lambda layer, h: hidden.__setitem__(layer, h.float().abs()))
+            _mlp_input_hooks(
+                stack, net, range(top + 1), lambda layer, h: hidden.__setitem__(layer, h.float().abs())
+            )
             net.forward_features(x)
         outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
         start += len(x)
@@ -135,30 +164,42 @@ def find_register_neurons(model: nn.Module, images: Sequence[LoadedImage], searc
             if not outliers[b].any():
                 continue
             at = layout.patch_slice.start + torch.nonzero(outliers[b]).flatten()
-            image_scores = torch.stack([hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)])  # [layers, H]
+            image_scores = torch.stack(
+                [hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)]
+            )  # [layers, H]
             scores = image_scores if scores is None else scores + image_scores
             used += 1
     if used == 0:
-        raise VizError(f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
-                       "(lower --k or give --threshold)")
+        raise VizError(
+            f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
+            "(lower --k or give --threshold)"
+        )
     mean = (scores / used).cpu()
     order = torch.argsort(mean.flatten(), descending=True)[: search.top_k]
     width = mean.shape[1]
     neurons = [RegisterNeuron(int(i) // width, int(i) % width, float(mean.flatten()[i])) for i in order]
-    return NeuronSearchResult(neurons, detect, top, float(tau), used, len(images), [float(v) for v in per_block])
+    return NeuronSearchResult(
+        neurons, detect, top, float(tau), used, len(images), [float(v) for v in per_block]
+    )
 
 
 @contextmanager
-def use_test_time_registers(model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0) -> Iterator[None]:
+def use_test_time_registers(
+    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
+) -> Iterator[None]:
     """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons' activations."""
     info = describe(model)
     net = unwrap(model)
     if info.num_registers:
-        raise VizError(f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
-                       "models trained without them")
+        raise VizError(
+            f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
+            "models trained without them"
+        )
     if type(net).__name__ == "Eva":
-        raise VizError("timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
-                       "test-time registers support vit5 and timm VisionTransformer models")
+        raise VizError(
+            "timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
+            "test-time registers support vit5 and timm VisionTransformer models"
+        )
     if info.test_registers:
         raise VizError("test-time registers are already active on this model")
     if count < 1 or not neurons:
@@ -169,7 +210,9 @@ def use_test_time_registers(model: nn.Module, neurons: Sequence[RegisterNeuron],
     state: dict = {}
 
     def remember_size(module, args) -> None:
-        state["layout"] = info.layout(tuple(args[0].shape[-2:]))  # the model's own layout (info predates the context)
+        state["layout"] = info.layout(
+            tuple(args[0].shape[-2:])
+        )  # the model's own layout (info predates the context)
         state["n"] = state["layout"].num_tokens
 
     def append(module, args):
@@ -177,13 +220,20 @@ def use_test_time_registers(model: nn.Module, neurons: Sequence[RegisterNeuron],
         if x.shape[1] == state["n"]:  # first block: append the zero tokens
             x = torch.cat([x, x.new_zeros(x.shape[0], count, x.shape[2])], dim=1)
         rope = args[1] if len(args) > 1 else None
-        if isinstance(rope, RopeTable) and rope.num_tokens == state["n"]:  # vit5: unrotated rows for the new tokens
-            if state.get("rope_in") is not rope:  # one padded table per forward, shared by the blocks like the model's
+        if (
+            isinstance(rope, RopeTable) and rope.num_tokens == state["n"]
+        ):  # vit5: unrotated rows for the new tokens
+            if (
+                state.get("rope_in") is not rope
+            ):  # one padded table per forward, shared by the blocks like the model's
                 cos, sin = rope.cos, rope.sin
-                state["rope_in"], state["rope_out"] = rope, RopeTable.from_cos_sin(
-                    torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
-                    torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
-                    rope.layout,
+                state["rope_in"], state["rope_out"] = (
+                    rope,
+                    RopeTable.from_cos_sin(
+                        torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
+                        torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
+                        rope.layout,
+                    ),
                 )
             return (x, state["rope_out"], *args[2:])
         return (x, *args[1:])

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from ..images import LoadedImage
-from ..maps import cls_maps, register_maps, rollout_map
-from ..stats import TokenStats
-from .base import MapStyle, Panel, panel_grid
+from vit5.viz.figures.base import MapStyle, Panel, panel_grid
+from vit5.viz.images import LoadedImage
+from vit5.viz.maps import cls_maps, register_maps, rollout_map
+from vit5.viz.stats import TokenStats
 
 RAW = "raw: share of all tokens, so CLS and registers hold the rest"
 RENORMALISED = "renormalised over the patches"
@@ -29,28 +29,52 @@ def cls_attention_figure(
     for layer in layers:
         maps = cls_maps(stats, index, layer, renormalise)
         group = f"layer {layer}"
-        row = [Panel(f"layer {layer} head {h}", m, image.rgb, group=group, patch=stats.patch_size) for h, m in enumerate(maps)]
-        row.append(Panel(f"layer {layer} head mean", maps.mean(axis=0), image.rgb, group=group, patch=stats.patch_size))
+        row = [
+            Panel(f"layer {layer} head {h}", m, image.rgb, group=group, patch=stats.patch_size)
+            for h, m in enumerate(maps)
+        ]
+        row.append(
+            Panel(
+                f"layer {layer} head mean", maps.mean(axis=0), image.rgb, group=group, patch=stats.patch_size
+            )
+        )
         rows.append(row)
     kind = RENORMALISED if renormalise else RAW
     return panel_grid(rows, style, f"{stats.model} | {image.name}: CLS-to-patch attention ({kind})", notes)
 
 
 def register_attention_figure(
-    stats: TokenStats, index: int, image: LoadedImage, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    style: MapStyle,
+    notes: Sequence[str] = (),
 ) -> Figure:
     """One row per layer, one panel per register (head mean, raw); one colour scale per layer."""
     rows = []
     for layer in layers:
         maps = register_maps(stats, index, layer)
-        rows.append([
-            Panel(f"layer {layer} register {r}", m, image.rgb, group=f"layer {layer}", patch=stats.patch_size)
-            for r, m in enumerate(maps)
-        ])
-    return panel_grid(rows, style, f"{stats.model} | {image.name}: register-to-patch attention (head mean, {RAW})", notes)
+        rows.append(
+            [
+                Panel(
+                    f"layer {layer} register {r}",
+                    m,
+                    image.rgb,
+                    group=f"layer {layer}",
+                    patch=stats.patch_size,
+                )
+                for r, m in enumerate(maps)
+            ]
+        )
+    return panel_grid(
+        rows, style, f"{stats.model} | {image.name}: register-to-patch attention (head mean, {RAW})", notes
+    )
 
 
-def rollout_figure(stats: TokenStats, index: int, image: LoadedImage, style: MapStyle, notes: Sequence[str] = ()) -> Figure:
+def rollout_figure(
+    stats: TokenStats, index: int, image: LoadedImage, style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
     """Attention rollout over all blocks, on the image and alone (one colour scale)."""
     values = rollout_map(stats, index)
     source = "CLS" if stats.layout.cls_index is not None else "mean patch"

@@ -26,7 +26,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..errors import VizError
+from vit5.viz.errors import VizError
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,16 @@ def color_limits(arrays: Sequence[np.ndarray], clip_percentile: float | None, la
 
 
 # Panel geometry in inches: a map, its colorbar to the right, its title above.
-_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _HEADER_H, _NOTE_LINE_H, _FONT, _TITLE_FONT = 0.32, 0.12, 0.06, 0.12, 0.45, 0.17, 8, 10
+_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _HEADER_H, _NOTE_LINE_H, _FONT, _TITLE_FONT = (
+    0.32,
+    0.12,
+    0.06,
+    0.12,
+    0.45,
+    0.17,
+    8,
+    10,
+)
 
 
 def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
@@ -122,7 +131,10 @@ def figure_size(
     map_w = style.panel_inches
     cell_w = map_w + _CBAR_GAP + _CBAR_W + 0.55 + _PAD  # 0.55: colorbar tick labels
     cell_h = map_w / aspect + _TITLE_H + _PAD
-    width, height = cols * cell_w, rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD
+    width, height = (
+        cols * cell_w,
+        rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD,
+    )
     snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
     return snap(width), snap(height)
 
@@ -151,7 +163,9 @@ def panel_grid(
     all_notes = [n for n in notes if n] + sorted({lim.note for lim in limits.values() if lim.note})
     width, _ = figure_size(len(rows), cols, aspect, style)
     title_lines = _text_lines([title], width, _TITLE_FONT)
-    width, height = figure_size(len(rows), cols, aspect, style, _text_lines(all_notes, width, _FONT), title_lines)
+    width, height = figure_size(
+        len(rows), cols, aspect, style, _text_lines(all_notes, width, _FONT), title_lines
+    )
     header = _header_height(title_lines)
     fig = Figure(figsize=(width, height), dpi=style.dpi)
     map_w, map_h = style.panel_inches, style.panel_inches / aspect
@@ -170,7 +184,9 @@ def panel_grid(
             _draw(fig, ax, cax, panel, style, limits.get(panel.group))
     fig.suptitle(title, fontsize=_TITLE_FONT, y=1 - 0.12 / height, va="top", wrap=True)
     if all_notes:
-        fig.text(0.5, _PAD / 2 / height, "\n".join(all_notes), ha="center", va="bottom", fontsize=_FONT, wrap=True)
+        fig.text(
+            0.5, _PAD / 2 / height, "\n".join(all_notes), ha="center", va="bottom", fontsize=_FONT, wrap=True
+        )
     return fig
 
 
@@ -197,17 +213,30 @@ def _draw(fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: Limits | 
         ax.imshow(panel.image, extent=extent, interpolation="nearest")
     if panel.rgb is not None:
         rgb = np.stack([upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)], axis=-1)
-        ax.imshow(np.clip(rgb, 0, 1), extent=extent, interpolation="nearest", alpha=style.alpha if panel.image is not None else 1.0)
+        ax.imshow(
+            np.clip(rgb, 0, 1),
+            extent=extent,
+            interpolation="nearest",
+            alpha=style.alpha if panel.image is not None else 1.0,
+        )
     if panel.values is not None:
         alpha = style.alpha if panel.image is not None else 1.0
         norm = Normalize(limits.vmin, limits.vmax)
-        ax.imshow(upsample(panel.values, patch, style.upsample), extent=extent, cmap=style.cmap, norm=norm,
-                  alpha=alpha, interpolation="nearest")
+        ax.imshow(
+            upsample(panel.values, patch, style.upsample),
+            extent=extent,
+            cmap=style.cmap,
+            norm=norm,
+            alpha=alpha,
+            interpolation="nearest",
+        )
         colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax)
         colorbar.ax.tick_params(labelsize=7)
     if panel.marks is not None:
         for r, c in zip(*np.nonzero(panel.marks)):
-            ax.add_patch(Rectangle((c * patch, r * patch), patch, patch, fill=False, edgecolor="red", linewidth=1.0))
+            ax.add_patch(
+                Rectangle((c * patch, r * patch), patch, patch, fill=False, edgecolor="red", linewidth=1.0)
+            )
     ax.set_xlim(0, w)
     ax.set_ylim(h, 0)
     ax.set_aspect("auto")  # the axes box already has the map's aspect

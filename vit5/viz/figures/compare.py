@@ -13,14 +13,20 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from ..images import LoadedImage
-from ..maps import cls_maps, norm_map, received_map
-from ..stats import TokenStats
-from .base import MapStyle, Panel, panel_grid
+from vit5.viz.figures.base import MapStyle, Panel, panel_grid
+from vit5.viz.images import LoadedImage
+from vit5.viz.maps import cls_maps, norm_map, received_map
+from vit5.viz.stats import TokenStats
 
 
-def _model_panels(stats: TokenStats, index: int, image: LoadedImage, attention_layer: int, norm_layer: int,
-                  renormalise: bool) -> tuple[Panel, Panel]:
+def _model_panels(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    attention_layer: int,
+    norm_layer: int,
+    renormalise: bool,
+) -> tuple[Panel, Panel]:
     at_attention = stats.layers[stats.layer_position(attention_layer)]
     if stats.cls_attn is not None:
         attention, kind = cls_maps(stats, index, attention_layer, renormalise).mean(axis=0), "CLS attention"
@@ -29,13 +35,29 @@ def _model_panels(stats: TokenStats, index: int, image: LoadedImage, attention_l
     norms = norm_map(stats, index, norm_layer)
     at_norm = stats.layers[stats.layer_position(norm_layer)]
     return (
-        Panel(f"{stats.model}: {kind}, layer {at_attention}", attention, image.rgb, group=kind, patch=stats.patch_size),
-        Panel(f"{stats.model}: norms, layer {at_norm}", norms, image.rgb, group="norms", patch=stats.patch_size),
+        Panel(
+            f"{stats.model}: {kind}, layer {at_attention}",
+            attention,
+            image.rgb,
+            group=kind,
+            patch=stats.patch_size,
+        ),
+        Panel(
+            f"{stats.model}: norms, layer {at_norm}", norms, image.rgb, group="norms", patch=stats.patch_size
+        ),
     )
 
 
-def compare_figure(models: Sequence[TokenStats], index: int, image: LoadedImage, attention_layer: int, norm_layer: int,
-                   style: MapStyle, renormalise: bool = False, notes: Sequence[str] = ()) -> Figure:
+def compare_figure(
+    models: Sequence[TokenStats],
+    index: int,
+    image: LoadedImage,
+    attention_layer: int,
+    norm_layer: int,
+    style: MapStyle,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
     """Columns: the image then each model; rows: attention and norms. Layers are block indices (-1: each model's last)."""
     panels = [_model_panels(s, index, image, attention_layer, norm_layer, renormalise) for s in models]
     rows = [
@@ -46,13 +68,27 @@ def compare_figure(models: Sequence[TokenStats], index: int, image: LoadedImage,
     return panel_grid(rows, style, f"{image.name}: {names} (shared colour scale per row)", notes)
 
 
-def compare_summary_figure(models: Sequence[TokenStats], images: Sequence[LoadedImage], attention_layer: int,
-                           norm_layer: int, style: MapStyle, renormalise: bool = False, notes: Sequence[str] = ()) -> Figure:
+def compare_summary_figure(
+    models: Sequence[TokenStats],
+    images: Sequence[LoadedImage],
+    attention_layer: int,
+    norm_layer: int,
+    style: MapStyle,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
     """One row per image: the image, every model's attention, every model's norms; one scale per kind over all rows."""
     rows = []
     for index, image in enumerate(images):
         panels = [_model_panels(s, index, image, attention_layer, norm_layer, renormalise) for s in models]
-        rows.append([Panel(image.name, image=image.rgb, patch=models[0].patch_size), *(p[0] for p in panels),
-                     *(p[1] for p in panels)])
+        rows.append(
+            [
+                Panel(image.name, image=image.rgb, patch=models[0].patch_size),
+                *(p[0] for p in panels),
+                *(p[1] for p in panels),
+            ]
+        )
     names = " vs ".join(s.model for s in models)
-    return panel_grid(rows, style, f"{names}: attention and token norms (shared colour scale per kind)", notes)
+    return panel_grid(
+        rows, style, f"{names}: attention and token norms (shared colour scale per kind)", notes
+    )

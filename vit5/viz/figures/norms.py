@@ -9,11 +9,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
 
-from ..images import LoadedImage
-from ..maps import norm_map, outlier_map
-from ..report import MetricReport
-from ..stats import TokenStats
-from .base import MapStyle, Panel, panel_grid
+from vit5.viz.figures.base import MapStyle, Panel, panel_grid
+from vit5.viz.images import LoadedImage
+from vit5.viz.maps import norm_map, outlier_map
+from vit5.viz.report import MetricReport
+from vit5.viz.stats import TokenStats
 
 NORM_KIND = "L2 norm of block outputs before the final norm"
 TOKEN_COLOURS = {"patch": "tab:blue", "register": "tab:orange", "cls": "tab:green"}
@@ -33,10 +33,20 @@ def norm_map_figure(
     for layer in layers:
         marks = outlier_map(outliers, stats, index, layer) if outliers is not None else None
         count = f", {int(marks.sum())} above threshold" if marks is not None else ""
-        panels.append(Panel(f"layer {layer}{count}", norm_map(stats, index, layer), image.rgb, group=f"layer {layer}",
-                            patch=stats.patch_size, marks=marks))
+        panels.append(
+            Panel(
+                f"layer {layer}{count}",
+                norm_map(stats, index, layer),
+                image.rgb,
+                group=f"layer {layer}",
+                patch=stats.patch_size,
+                marks=marks,
+            )
+        )
     extra = ["red squares: tokens above the outlier threshold of their layer"] if outliers is not None else []
-    return panel_grid([panels], style, f"{stats.model} | {image.name}: patch-token norms ({NORM_KIND})", [*notes, *extra])
+    return panel_grid(
+        [panels], style, f"{stats.model} | {image.name}: patch-token norms ({NORM_KIND})", [*notes, *extra]
+    )
 
 
 def outlier_frequency_figure(
@@ -47,8 +57,12 @@ def outlier_frequency_figure(
     Shows border bias and stripes from position-embedding interpolation.
     """
     panels = [
-        Panel(f"layer {layer}", stats.to_grid(outliers[:, stats.layer_position(layer)].mean(axis=0)), group="share",
-              patch=stats.patch_size)
+        Panel(
+            f"layer {layer}",
+            stats.to_grid(outliers[:, stats.layer_position(layer)].mean(axis=0)),
+            group="share",
+            patch=stats.patch_size,
+        )
         for layer in layers
     ]
     title = f"{stats.model}: share of {stats.num_images} images with an outlier token at each position"
@@ -76,7 +90,13 @@ def norm_histogram_figure(
             values = norms[:, types == kind].ravel()
             if values.size:
                 ax.hist(values, bins=bins, color=colour, alpha=0.6, label=f"{kind} ({values.size})")
-        ax.axvline(thresholds[pos], color="red", linestyle="--", linewidth=1, label=f"threshold {thresholds[pos]:.3g}")
+        ax.axvline(
+            thresholds[pos],
+            color="red",
+            linestyle="--",
+            linewidth=1,
+            label=f"threshold {thresholds[pos]:.3g}",
+        )
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10))
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -87,7 +107,9 @@ def norm_histogram_figure(
         ax.legend(fontsize=6)
     for ax in axes.flat[num:]:
         ax.set_axis_off()
-    fig.suptitle(f"{stats.model}: token norms per layer, {stats.num_images} images ({NORM_KIND})", fontsize=10)
+    fig.suptitle(
+        f"{stats.model}: token norms per layer, {stats.num_images} images ({NORM_KIND})", fontsize=10
+    )
     if notes:
         fig.supxlabel("\n".join(notes), fontsize=8)
     return fig
@@ -100,7 +122,9 @@ PROFILE_PANELS = (
 )
 
 
-def layer_profile_figure(reports: Mapping[str, MetricReport], style: MapStyle, notes: Sequence[str] = ()) -> Figure:
+def layer_profile_figure(
+    reports: Mapping[str, MetricReport], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
     """Per-layer curves with bootstrap bands, one line per model: where artifacts start (TTR Fig. 2)."""
     fig = Figure(figsize=(4.0 * len(PROFILE_PANELS), 3.4), dpi=style.dpi, layout="constrained")
     axes = fig.subplots(1, len(PROFILE_PANELS), squeeze=False)[0]
@@ -113,11 +137,19 @@ def layer_profile_figure(reports: Mapping[str, MetricReport], style: MapStyle, n
                 s = report.summary[name]
                 layers = report.layers
                 n = len(layers)
-                line, = ax.plot(layers, s["value"][:n], styles[m % len(styles)], marker="o", markersize=3,
-                                label=f"{label}: {name}")
+                (line,) = ax.plot(
+                    layers,
+                    s["value"][:n],
+                    styles[m % len(styles)],
+                    marker="o",
+                    markersize=3,
+                    label=f"{label}: {name}",
+                )
                 ax.fill_between(layers, s["ci_low"][:n], s["ci_high"][:n], color=line.get_color(), alpha=0.2)
         if not ax.lines:
-            ax.text(0.5, 0.5, "not applicable\n(no registers)", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, "not applicable\n(no registers)", ha="center", va="center", transform=ax.transAxes
+            )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("layer (block index)", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -152,8 +184,13 @@ def massive_activation_figure(
         ax.plot(layers, stats.massive_median.mean(axis=0), "k--", marker="s", markersize=3, label="median")
         for where, y in zip(report.massive or [], top[:, 0]):
             tag = {"cls": "CLS", "register": "reg", "patch": "patch"}[where["token_type"]]
-            ax.annotate(f"{tag} c{where['channel']}", (where["layer"], y), fontsize=6, xytext=(2, 4),
-                        textcoords="offset points")
+            ax.annotate(
+                f"{tag} c{where['channel']}",
+                (where["layer"], y),
+                fontsize=6,
+                xytext=(2, 4),
+                textcoords="offset points",
+            )
         ax.set_yscale("log")
         ax.set_title(f"{label}", fontsize=9)
         ax.set_xlabel("layer (block index)", fontsize=8)
@@ -161,8 +198,11 @@ def massive_activation_figure(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
-    fig.suptitle("Massive activations: largest |activation| of each block output vs its median\n"
-                 "(labels: token and channel holding the top 1 most often)", fontsize=9)
+    fig.suptitle(
+        "Massive activations: largest |activation| of each block output vs its median\n"
+        "(labels: token and channel holding the top 1 most often)",
+        fontsize=9,
+    )
     if notes:
         fig.supxlabel("\n".join(notes), fontsize=8)
     return fig

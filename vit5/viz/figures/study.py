@@ -10,34 +10,57 @@ from matplotlib.figure import Figure
 # (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds), "reused" (the no-register twin's)
 # or "background" (own thresholds, drawn dashed)
 PANELS = (
-    ("outlier-token ratio (max over blocks)", (
-        ("no_registers", "outlier_ratio", "metrics", "no registers"),
-        ("registers", "outlier_ratio", "metrics", "registers, own thresholds"),
-        ("registers", "outlier_ratio", "reused", "registers, no-register twin's thresholds"),
-    )),
-    ("images with an outlier patch (max over blocks)", (
-        ("no_registers", "images_with_outliers", "metrics", "no registers: any patch"),
-        ("no_registers", "images_with_background_outliers", "background", "no registers: a background patch"),
-        ("registers", "images_with_outliers", "metrics", "registers: any patch"),
-        ("registers", "images_with_background_outliers", "background", "registers: a background patch"),
-    )),
-    ("max / median patch norm (max over blocks)", (
-        ("no_registers", "max_median_ratio", "metrics", "no registers"),
-        ("registers", "max_median_ratio", "metrics", "registers"),
-    )),
-    ("sink rate: heads whose sink is a patch / a register (all blocks)", (
-        ("no_registers", "sink_rate_patch", "metrics", "no registers: patch sinks"),
-        ("registers", "sink_rate_patch", "metrics", "registers: patch sinks"),
-        ("registers", "sink_rate_register", "metrics", "registers: register sinks"),
-    )),
-    ("attention mass (max over blocks)", (
-        ("no_registers", "received_outlier_mass", "metrics", "no registers: on outlier patches"),
-        ("registers", "patch_register_mass", "metrics", "registers: patches on registers"),
-    )),
-    ("held-out accuracy", (
-        ("no_registers", "accuracy", "metrics", "no registers"),
-        ("registers", "accuracy", "metrics", "registers"),
-    )),
+    (
+        "outlier-token ratio (max over blocks)",
+        (
+            ("no_registers", "outlier_ratio", "metrics", "no registers"),
+            ("registers", "outlier_ratio", "metrics", "registers, own thresholds"),
+            ("registers", "outlier_ratio", "reused", "registers, no-register twin's thresholds"),
+        ),
+    ),
+    (
+        "images with an outlier patch (max over blocks)",
+        (
+            ("no_registers", "images_with_outliers", "metrics", "no registers: any patch"),
+            (
+                "no_registers",
+                "images_with_background_outliers",
+                "background",
+                "no registers: a background patch",
+            ),
+            ("registers", "images_with_outliers", "metrics", "registers: any patch"),
+            ("registers", "images_with_background_outliers", "background", "registers: a background patch"),
+        ),
+    ),
+    (
+        "max / median patch norm (max over blocks)",
+        (
+            ("no_registers", "max_median_ratio", "metrics", "no registers"),
+            ("registers", "max_median_ratio", "metrics", "registers"),
+        ),
+    ),
+    (
+        "sink rate: heads whose sink is a patch / a register (all blocks)",
+        (
+            ("no_registers", "sink_rate_patch", "metrics", "no registers: patch sinks"),
+            ("registers", "sink_rate_patch", "metrics", "registers: patch sinks"),
+            ("registers", "sink_rate_register", "metrics", "registers: register sinks"),
+        ),
+    ),
+    (
+        "attention mass (max over blocks)",
+        (
+            ("no_registers", "received_outlier_mass", "metrics", "no registers: on outlier patches"),
+            ("registers", "patch_register_mass", "metrics", "registers: patches on registers"),
+        ),
+    ),
+    (
+        "held-out accuracy",
+        (
+            ("no_registers", "accuracy", "metrics", "no registers"),
+            ("registers", "accuracy", "metrics", "registers"),
+        ),
+    ),
 )
 COLOURS = {"no_registers": "tab:red", "registers": "tab:blue"}
 MEAN_OVER_BLOCKS = {"sink_rate_patch", "sink_rate_register"}
@@ -67,14 +90,16 @@ def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int 
             traj = trajectories.get(twin) or []
             steps = [r["step"] for r in traj]
             values = [_value(r, metric, where) for r in traj]
-            dashed = where in ("reused", "background") or (metric == "sink_rate_patch" and twin == "registers")
+            dashed = where in ("reused", "background") or (
+                metric == "sink_rate_patch" and twin == "registers"
+            )
             style = "--" if dashed else "-"
             ax.plot(steps, values, style, color=COLOURS[twin], marker="o", markersize=3, label=label)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
-    for ax in axes.flat[len(PANELS):]:
+    for ax in axes.flat[len(PANELS) :]:
         ax.set_axis_off()
     canvas = cfg.canvas
     reached = min((traj[-1]["step"] for traj in trajectories.values() if traj), default=0)
@@ -82,8 +107,12 @@ def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int 
     fig.suptitle(
         f"Register study (TRAINED twins, measured on {cfg.eval_images} held-out canvases): width {cfg.embed_dim}, "
         f"depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} canvases, task {canvas.task}, "
-        f"no CLS + average pooling, 0 vs {cfg.registers} registers{progress}", fontsize=9,
+        f"no CLS + average pooling, 0 vs {cfg.registers} registers{progress}",
+        fontsize=9,
     )
-    fig.supxlabel("outlier threshold: log-norm median + 5 MAD per block (default); sink: one key receives > 0.3 of a "
-                  "head's average attention", fontsize=7)
+    fig.supxlabel(
+        "outlier threshold: log-norm median + 5 MAD per block (default); sink: one key receives > 0.3 of a "
+        "head's average attention",
+        fontsize=7,
+    )
     return fig
