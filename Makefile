@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch comes first, from the versions this machine keeps on disk; override e.g. `make test TORCH=torch`.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup test demo registers gpu-check clean
+.PHONY: setup lint test demo registers gpu-check clean
 
 setup: $(VENV)/.installed
 

@@ -1,1 +1,2 @@
-"""``python -m eval``: classification metrics, resolution sweeps, dense features and probes (see ``--help``)."""
+"""``python -m eval``: classification metrics, resolution sweeps, dense features and probes (see
+``--help``)."""

@@ -124,7 +124,8 @@ def cmd_classify(args: argparse.Namespace) -> None:
         for s in r.skipped:
             print(f"skipped {s['path']}: {s['reason']}")
     print(
-        f"\nwrote {write_json(args.out / 'classify.json', [r.to_dict() for r in results])} and confusion_*.png"
+        f"\nwrote {write_json(args.out / 'classify.json', [r.to_dict() for r in results])} and "
+        "confusion_*.png"
     )
 
 
@@ -195,7 +196,8 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
     except (ValueError, FileExistsError) as err:
         raise EvalError(str(err)) from err
     print(
-        f"digits-seg -> {args.root}: {info['splits']['train']} train / {info['splits']['val']} val canvases of "
+        f"digits-seg -> {args.root}: {info['splits']['train']} train / {info['splits']['val']} val canvases "
+        "of "
         f"{args.size}x{args.size}, {info['num_classes']} classes (0 = background, d + 1 = digit d)"
     )
 
@@ -238,7 +240,8 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
         "--max-params",
         type=float,
         metavar="N",
-        help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})",
+        help="refuse vit5 models larger than N parameters before building them (default "
+        f"{DEFAULT_MAX_PARAMS:.0e})",
     )
     p.add_argument("--seed", type=int, default=0, help="seeds --random-init models and the probes")
 

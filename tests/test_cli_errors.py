@@ -36,7 +36,7 @@ def eval_main(argv: list[str]) -> int:
 
 
 sys.path.insert(0, str(REPO))  # the top-level viz/ entry point is not part of the installed package
-from viz.__main__ import main as viz_main
+from viz.__main__ import main as viz_main  # noqa: E402
 
 TINY = [
     "--model",

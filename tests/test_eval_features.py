@@ -74,7 +74,8 @@ def test_written_files_equal_forward_intermediates_at_own_size(images, tmp_path)
 
 
 def test_normed_last_block_matches_forward_features_token_layout(images):
-    """Independent of forward_intermediates: the final-normed last block is forward_features, [CLS|patches|regs]."""
+    """Independent of forward_intermediates: the final-normed last block is forward_features,
+    [CLS|patches|regs]."""
     model = tiny_model().eval()
     path = images / "a.png"
     ((_, feats),) = list(iter_features(model, [path], FeatureSettings(size=(32, 48), norm=True)))

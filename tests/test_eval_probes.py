@@ -1,4 +1,5 @@
-"""Frozen-feature probes: a trained tiny model beats chance by far; features unrelated to the images do not."""
+"""Frozen-feature probes: a trained tiny model beats chance by far; features unrelated to the images do
+not."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def test_frequencies_match_the_reference_values():
 
 
 def test_register_grid_angles_as_official():
-    """Registers on a 2x2 grid, theta 100: pair 0 rotates by the row [0,0,1,1], pair d/4 by the column [0,1,0,1]."""
+    """Registers on a 2x2 grid, theta 100: pair 0 rotates by the row [0,0,1,1], pair d/4 by the column
+    [0,1,0,1]."""
     angles = Rope2D(64, theta=100).angles((2, 2))
     assert angles[:, 0].tolist() == [0, 0, 1, 1]
     assert angles[:, 16].tolist() == [0, 1, 0, 1]

@@ -1,4 +1,5 @@
-"""record(): attention probabilities equal an independent softmax(q k^T / sqrt(d)); tokens are block outputs."""
+"""record(): attention probabilities equal an independent softmax(q k^T / sqrt(d)); tokens are block
+outputs."""
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ def test_recorded_attention_equals_the_official_implementation(tmp_path):
 
 
 def independent_attention(model, block_input, grid):
-    """Softmax attention recomputed from the block's weights with timm's RoPE (patches: theta 1e4, registers: 2x2, 100)."""
+    """Softmax attention recomputed from the block's weights with timm's RoPE (patches: theta 1e4,
+    registers: 2x2, 100)."""
     blk = model.blocks[-1]
     b, n, c = block_input.shape
     h, d = blk.attn.num_heads, blk.attn.head_dim

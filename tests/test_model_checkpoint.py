@@ -1,4 +1,5 @@
-"""Checkpoints: our format round-trips; official ViT-5 and timm weights give the source's logits; loads are strict."""
+"""Checkpoints: our format round-trips; official ViT-5 and timm weights give the source's logits; loads are
+strict."""
 
 import json
 

@@ -25,7 +25,8 @@ def _model(family: str, depth: int = 2, **kw):
 
 
 def _registers(model, images, **ablation) -> dict[int, torch.Tensor]:
-    """Register tokens of every block output ``[B, R, C]``, recorded with capture (ablated inside the context)."""
+    """Register tokens of every block output ``[B, R, C]``, recorded with capture (ablated inside the
+    context)."""
     info = describe(model)
     layout = info.layout(images[0].rgb.shape[:2])
     x = to_batch(images, info.mean, info.std)

@@ -1,4 +1,5 @@
-"""capture(): attention equals an independent softmax(q k^T / sqrt(d)), for vit5 and timm, whatever the token order."""
+"""capture(): attention equals an independent softmax(q k^T / sqrt(d)), for vit5 and timm, whatever the
+token order."""
 
 import pytest
 import timm

@@ -1,4 +1,5 @@
-"""``python -m viz``: end to end on tiny models, and bad input ends in one clear message (exit 2, no traceback)."""
+"""``python -m viz``: end to end on tiny models, and bad input ends in one clear message (exit 2, no
+traceback)."""
 
 import csv
 import json

@@ -9,7 +9,7 @@ from viz_support import smooth_rgb, write_png
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the top-level viz/ entry point is not part of the installed package
-from viz.__main__ import build_parser, main
+from viz.__main__ import build_parser, main  # noqa: E402
 
 TINY = ["--model", "vit5_tiny", "--model-args", "depth=1", "img_size=32", "patch_size=8"]
 FAST = ["--quiet", "--formats", "png", "--random-init"]

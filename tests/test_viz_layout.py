@@ -1,4 +1,5 @@
-"""Token layouts: R = 0 and R = 4, vit5 [CLS|patches|regs] and timm [CLS|regs|patches], non-square grids; images; raw arrays."""
+"""Token layouts: R = 0 and R = 4, vit5 [CLS|patches|regs] and timm [CLS|regs|patches], non-square grids;
+images; raw arrays."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""Model specs: presets, checkpoint directories and run directories, official .pth files, timm names with checkpoints."""
+"""Model specs: presets, checkpoint directories and run directories, official .pth files, timm names with
+checkpoints."""
 
 import pytest
 import timm

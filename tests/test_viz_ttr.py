@@ -1,4 +1,5 @@
-"""Test-time registers: a planted outlier neuron is found first, and its activations move into the extra token.
+"""Test-time registers: a planted outlier neuron is found first, and its activations move into the extra
+token.
 
 The neuron is planted by weights (viz_support.plant_outlier_neuron, independent of vit5.viz.ttr) so that
 it fires only on white patches; detection and clean-up are then checked exactly: the block output

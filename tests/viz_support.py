@@ -60,7 +60,8 @@ def write_png(path, rgb: np.ndarray):
 
 
 def multiply_tokens(block: torch.nn.Module, token_indices: list[int], scale: float):
-    """A forward hook (written here, independent of vit5.viz.plant) scaling chosen tokens of a block's output."""
+    """A forward hook (written here, independent of vit5.viz.plant) scaling chosen tokens of a block's
+    output."""
 
     def hook(module, inputs, output):
         out = output.clone()
@@ -101,8 +102,9 @@ def mlp_input(model: torch.nn.Module, layer: int, images) -> torch.Tensor:
 def plant_outlier_neuron(
     model, layer: int, neuron: int, images, token_indices: list[int], boost: float = 30.0
 ) -> None:
-    """Weight planting (written here, independent of vit5.viz.ttr): hidden unit ``neuron`` of block ``layer``'s
-    GELU MLP fires only on the tokens ``token_indices`` of ``images`` and writes a large vector there.
+    """Weight planting (written here, independent of vit5.viz.ttr): hidden unit ``neuron`` of block
+    ``layer``'s GELU MLP fires only on the tokens ``token_indices`` of ``images`` and writes a large
+    vector there.
 
     Its fc1 row reads the direction separating those tokens' MLP inputs from all others, with the bias
     half-way between the two groups, so GELU is ~0 elsewhere; its fc2 column points along a random unit

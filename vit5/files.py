@@ -72,7 +72,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, durable: bool = True) -> Path:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8; file name bytes of another encoding become ``\\xNN``."""
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8; file name bytes of another encoding become
+    ``\\xNN``."""
     return atomic_write_bytes(path, text.encode("utf-8", errors=ESCAPE_UNDECODABLE), durable)
 
 
@@ -259,9 +260,13 @@ class FolderLock:
         who = f"pid {holder.get('pid', '?')}"
         if holder.get("host") and holder.get("host") != socket.gethostname():
             who += f" on host {holder['host']}"
-        what = f" ({holder.get('purpose', 'writing')}, `{holder.get('command', '?')}`, since {holder.get('since', '?')})"
+        what = (
+            f" ({holder.get('purpose', 'writing')}, `{holder.get('command', '?')}`,"
+            f" since {holder.get('since', '?')})"
+        )
         return (
-            f"{self.folder} is in use by {who}{what}: only one process may write there at a time. Wait for it "
+            f"{self.folder} is in use by {who}{what}: only one process may write there at a time. Wait for "
+            "it "
             f"to finish or stop it (kill {holder.get('pid', 'PID')}). The lock ({self.path}) is released the "
             f"moment that process exits, so a lock left by a killed run never needs clearing; if it still "
             f"shows, a process it started holds it (`fuser {self.path}` names it)"

@@ -1,4 +1,5 @@
-"""Command line for vit5.viz: ``python -m viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position} ...``.
+"""Command line for vit5.viz:
+``python -m viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position} ...``.
 
 Thin: parses options into :class:`vit5.viz.RunConfig` (or the analysis' own config) and calls
 :func:`vit5.viz.run_model`, :func:`vit5.viz.run_compare`, :func:`vit5.viz.run_ttr`,
@@ -49,7 +50,8 @@ from vit5.viz.runner import RANDOM_INIT_NOTE
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
     "(vit5_base_patch16_384.in1k), PRESET@WEIGHTS, a vit5 checkpoint directory, a checkpoint file (official "
-    "ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights unless @CHECKPOINT)"
+    "ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights unless "
+    "@CHECKPOINT)"
 )
 SUBCOMMANDS = {
     "attention": (
@@ -70,9 +72,10 @@ SUBCOMMANDS = {
     ),
 }
 ANALYSES = {
-    "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or after "
-    "every block; change in top-1, kNN accuracy, patch-feature cosine",
-    "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more models",
+    "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or "
+    "after every block; change in top-1, kNN accuracy, patch-feature cosine",
+    "position": "position-artifact probe: norm and PCA maps of constant and noise images, "
+    "for one or more models",
 }
 
 
@@ -83,7 +86,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)",
+        help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 "
+        "img_size=64)",
     )
     p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint(s)")
     p.add_argument(
@@ -136,7 +140,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         "--max-params",
         type=float,
         metavar="N",
-        help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})",
+        help="refuse vit5 models larger than N parameters before building them (default "
+        f"{DEFAULT_MAX_PARAMS:.0e})",
     )
     p.add_argument(
         "--max-figures",
@@ -210,8 +215,10 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m viz",
-        description="Attention maps, token norms and the register 'garbage collector' effect, as figures and numbers.",
-        epilog="Example: python -m viz all --model vit5_tiny --random-init --model-args depth=4 --images sklearn-samples --out runs/viz",
+        description="Attention maps, token norms and the register 'garbage collector' effect, as figures "
+        "and numbers.",
+        epilog="Example: python -m viz all --model vit5_tiny --random-init --model-args depth=4 --images "
+        "sklearn-samples --out runs/viz",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in SUBCOMMANDS.items():
@@ -309,7 +316,8 @@ def _init_args(p: argparse.ArgumentParser) -> None:
         "--max-params",
         type=float,
         metavar="N",
-        help=f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})",
+        help="refuse vit5 models larger than N parameters before building them (default "
+        f"{DEFAULT_MAX_PARAMS:.0e})",
     )
 
 
@@ -392,7 +400,8 @@ def _position(args: argparse.Namespace) -> None:
         probes.append(probe)
         summary = probe.summary()
         print(
-            f"  block {summary['layer']}: constant-image spatial share {summary['constant_spatial_share']:.4f}, "
+            f"  block {summary['layer']}: constant-image spatial share "
+            f"{summary['constant_spatial_share']:.4f}, "
             f"noise-image position share {summary['noise_position_share']:.4f}"
         )
     style = MapStyle(dpi=args.dpi, formats=tuple(args.formats))

@@ -278,12 +278,14 @@ def accuracy_notes(
         ),
         (
             "(>2 SE): the difference exceeds the spread between seeds. With a handful of seeds this is a "
-            "screen, not a significance test; without the mark the run cannot tell that config from the full one."
+            "screen, not a significance test; without the mark the run cannot tell that config from the "
+            "full one."
         ),
     ]
     if val_images:
         notes.append(
-            f"One validation image is {100 / val_images:.2f} points ({val_images} images). The paper's deltas "
+            f"One validation image is {100 / val_images:.2f} points ({val_images} images). The paper's "
+            "deltas "
             "(third-party readings of Tab. 10, UNVERIFIED: average over S/B/L; DeiT-III: ViT-S at 224) are "
             "0.06-0.8 points on ImageNet-1k (50,000 validation images, hundreds of epochs)."
         )

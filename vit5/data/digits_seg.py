@@ -81,7 +81,8 @@ class SegSetConfig:
         s_lo, s_hi = self.digit_scale
         if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
             raise ValueError(
-                f"digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got {self.digit_scale} "
+                "digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got "
+                f"{self.digit_scale} "
                 f"at size {self.size}"
             )
 
@@ -167,7 +168,8 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
         old = json.loads(info_path.read_text()).get("config")
         if old != json.loads(json.dumps(asdict(cfg))):
             raise FileExistsError(
-                f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another folder"
+                f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another "
+                "folder"
             )
     for split in SPLITS:
         for i, sample in enumerate(digit_seg_samples(split, cfg)):

@@ -225,7 +225,8 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
     for name in found:  # a class folder that links to the split (or above) would hold every class
         if _inside(split_real, os.path.realpath(split_dir / name)):
             raise ImageFolderError(
-                f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which contains "
+                f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
+                "contains "
                 f"{split_dir} itself: remove the link"
             )
     if not found:

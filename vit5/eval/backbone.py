@@ -87,7 +87,8 @@ def block_indices(info: BackboneInfo, layers: Sequence[int]) -> list[int]:
     bad = [i for i in layers if not -info.depth <= i < info.depth]
     if bad:
         raise EvalError(
-            f"layer(s) {bad} out of range for a model with {info.depth} blocks (use 0..{info.depth - 1} or -1..-{info.depth})"
+            f"layer(s) {bad} out of range for a model with {info.depth} blocks (use 0..{info.depth - 1} or "
+            f"-1..-{info.depth})"
         )
     return sorted({i % info.depth for i in layers})
 
@@ -121,7 +122,8 @@ def check_forward_memory(
     if tokens > BIG_TOKEN_COUNT and size not in _WARNED_SIZES:
         _WARNED_SIZES.add(size)
         warnings.warn(
-            f"input {size[0]}x{size[1]} has {tokens:,} tokens: attention cost grows with their square, so this "
+            f"input {size[0]}x{size[1]} has {tokens:,} tokens: attention cost grows with their square, so "
+            "this "
             f"is slow (minutes per image on a CPU); --max-side or --size limits it",
             LargeInputWarning,
             stacklevel=3,

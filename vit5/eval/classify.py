@@ -112,7 +112,8 @@ def evaluate(
     outputs = getattr(loaded.model, "num_classes", None)
     if outputs != num_classes:
         raise EvalError(
-            f"{loaded.label} has {outputs} outputs but {dataset.root} has {num_classes} classes; evaluate on the data "
+            f"{loaded.label} has {outputs} outputs but {dataset.root} has {num_classes} classes; evaluate "
+            "on the data "
             f"set it was trained for (class folders in the same sorted order)"
         )
     size = tuple(settings.size or loaded.input_size)

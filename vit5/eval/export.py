@@ -84,7 +84,7 @@ def export_features(
     model: nn.Module | LoadedModel,
     images: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
-    settings: FeatureSettings = FeatureSettings(),
+    settings: FeatureSettings | None = None,
     *,
     overwrite: bool = False,
     progress: bool = True,
@@ -98,7 +98,9 @@ def export_features(
     """
     out_dir = check_output_dir(out_dir, "output folder")
     with FolderLock(out_dir, "feature export"):
-        return _export(model, images, out_dir, settings, overwrite, progress, manifest_every_s)
+        return _export(
+            model, images, out_dir, settings or FeatureSettings(), overwrite, progress, manifest_every_s
+        )
 
 
 def _export(
@@ -225,7 +227,8 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     ):  # an export that wrote nothing blocks nothing
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
         raise EvalError(
-            f"{out_dir} holds features from another model or other settings ({'; '.join(changed) or 'other format'}); "
+            f"{out_dir} holds features from another model or other settings "
+            f"({'; '.join(changed) or 'other format'}); "
             "use a new output folder, or overwrite to replace them"
         )
 

@@ -65,7 +65,8 @@ def check_patch_multiple(size: Size, patch_size: int) -> Size:
     if size[0] % patch_size or size[1] % patch_size or min(size) <= 0:
         fix = round_to_patch(size, patch_size)
         raise EvalError(
-            f"input size {size[0]}x{size[1]} is not a multiple of the patch size {patch_size}; use e.g. {fix[0]}x{fix[1]}"
+            f"input size {size[0]}x{size[1]} is not a multiple of the patch size {patch_size}; use e.g. "
+            f"{fix[0]}x{fix[1]}"
         )
     return size
 

@@ -16,9 +16,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: s
     """A fixed-width table; floats with 4 significant decimals, None/NaN as '-'."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    line = lambda values: "  ".join(
-        str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(values, widths))
-    )  # noqa: E731
+
+    def line(values: Sequence[Any]) -> str:
+        return "  ".join(
+            str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(values, widths))
+        )
+
     out = [title] if title else []
     out += [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
     return "\n".join(out)

@@ -112,7 +112,8 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
         )
     if tuple(mask.shape) != tuple(image_hw):
         raise EvalError(
-            f"label mask {path} is {mask.shape[0]}x{mask.shape[1]} but its image is {image_hw[0]}x{image_hw[1]}; "
+            f"label mask {path} is {mask.shape[0]}x{mask.shape[1]} but its image is "
+            f"{image_hw[0]}x{image_hw[1]}; "
             "masks must have the size of their image"
         )
     mask = mask.astype(np.int64)

@@ -46,7 +46,7 @@ def run_sweep(
     models: Sequence[LoadedModel],
     dataset: ImageFolderDataset,
     sizes: Sequence[Size],
-    settings: ClassifySettings = ClassifySettings(),
+    settings: ClassifySettings | None = None,
     accelerator: Accelerator | None = None,
     progress: bool = True,
 ) -> list[ClassifyResult]:
@@ -54,6 +54,7 @@ def run_sweep(
     if not sizes:
         raise EvalError("the sweep needs at least one size")
     accelerator = accelerator or Accelerator()
+    settings = settings or ClassifySettings()
     return [
         evaluate(loaded, dataset, replace(settings, size=tuple(size)), accelerator, progress)
         for loaded in models

@@ -226,8 +226,14 @@ def describe_config(data: Any) -> str:
         )
     if "model_type" in data or "architectures" in data:
         kind = ", ".join(data.get("architectures") or []) or "model"
-        return f"it describes a Hugging Face transformers {kind} (model_type {data.get('model_type')!r}), not a vit5 / timm model"
-    return f"it has none of the keys of a vit5 or timm config (architecture, model_args); its keys: {sorted(data)[:10]}"
+        return (
+            f"it describes a Hugging Face transformers {kind} (model_type {data.get('model_type')!r}), "
+            "not a vit5 / timm model"
+        )
+    return (
+        "it has none of the keys of a vit5 or timm config (architecture, model_args); "
+        f"its keys: {sorted(data)[:10]}"
+    )
 
 
 def _torch_load(path: Path) -> Any:
@@ -268,11 +274,15 @@ def safe_torch_load(
             other = _BLOCKED_OTHER.search(text)
             detail = other.group(1) if other else text.splitlines()[0]
             raise CheckpointError(
-                f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by torch.save: "
+                f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by "
+                "torch.save: "
                 f"{detail})"
             ) from err
         what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
-        message = f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). {hint}"
+        message = (
+            f"{label} contains {what}, which vit5 refuses to execute "
+            f"(torch.load with weights_only=True). {hint}"
+        )
         raise CheckpointError(message.rstrip()) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise CheckpointError(
@@ -354,7 +364,8 @@ def _resample_pos_embed(sd: dict, model: ViT5, ckpt: Checkpoint, report: LoadRep
 
 
 def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str, ...] = ()) -> None:
-    """Raise unless ``sd`` has exactly the keys and shapes of ``expected`` (``adaptable`` keys may differ in shape)."""
+    """Raise unless ``sd`` has exactly the keys and shapes of ``expected`` (``adaptable`` keys may differ in
+    shape)."""
     missing = [k for k in expected if k not in sd and k not in adaptable]
     unexpected = [k for k in sd if k not in expected and k not in adaptable]
     mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape and k not in adaptable]
@@ -367,7 +378,8 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
         )
     if unexpected:
         lines.append(
-            f"  unexpected ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}"
+            f"  unexpected ({len(unexpected)}): "
+            f"{', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}"
         )
     for k in mismatched[:12]:
         lines.append(
@@ -381,7 +393,8 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
         )
     elif missing or unexpected:
         lines.append(
-            "  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source format"
+            "  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source "
+            "format"
         )
     raise CheckpointError("\n".join(lines))
 
@@ -501,7 +514,8 @@ def _check_release_fits(release: hub.Release, name: str, overrides: dict[str, An
     shape = ("embed_dim", "depth", "num_heads")
     if any(getattr(theirs, k) != getattr(ours, k) for k in shape):
         raise CheckpointError(
-            f"{release.name} holds a {release.arch} ({', '.join(f'{k} {getattr(theirs, k)}' for k in shape)}), "
+            f"{release.name} holds a {release.arch} "
+            f"({', '.join(f'{k} {getattr(theirs, k)}' for k in shape)}), "
             f"not {name}: create_model({release.arch!r}, pretrained=True)"
         )
 
@@ -522,7 +536,8 @@ def _stored_config(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViT5Config:
     )
     if described != held:
         raise ConfigError(
-            f"{config_file} describes a model of {described:,} parameters, but its weights hold {held:,}: the "
+            f"{config_file} describes a model of {described:,} parameters, but its weights hold {held:,}: "
+            "the "
             f"config does not belong to these weights (edited, or copied from another run)"
         )
     try:

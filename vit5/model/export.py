@@ -244,8 +244,10 @@ def _missing(module: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m vit5.model.export",
-        description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a torch.export .pt2).",
-        epilog="Example: python -m vit5.model.export --model vit5_small --onnx vit5_small.onnx --size 224 224",
+        description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a "
+        "torch.export .pt2).",
+        epilog="Example: python -m vit5.model.export --model vit5_small --onnx vit5_small.onnx --size 224 "
+        "224",
     )
     p.add_argument(
         "--model",

@@ -66,7 +66,8 @@ def _entrypoint(name: str) -> Callable[..., Any]:
         tag = kwargs.get("pretrained_cfg")
         if isinstance(tag, str) and f"{name}.{tag}" not in get_arch_pretrained_cfgs(name):
             raise CheckpointError(
-                f"unknown pretrained tag {tag!r} for {name}: the released ViT-5 weights are {', '.join(hub.RELEASES)}"
+                f"unknown pretrained tag {tag!r} for {name}: the released ViT-5 weights are "
+                f"{', '.join(hub.RELEASES)}"
             )
         release = hub.default_release(name)
         if pretrained and tag is None and release is not None and release.arch != name:

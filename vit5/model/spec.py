@@ -172,7 +172,8 @@ def _unknown(spec: str) -> None:
     close = difflib.get_close_matches(spec.partition("@")[0], list(PRESETS), n=4, cutoff=0.5)
     raise ModelSpecError(
         f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
-        f"({', '.join(close) or 'see vit5.list_presets()'}); timm models are written {TIMM_PREFIX}NAME[@CHECKPOINT]"
+        f"({', '.join(close) or 'see vit5.list_presets()'}); timm models are written "
+        f"{TIMM_PREFIX}NAME[@CHECKPOINT]"
     )
 
 
@@ -287,7 +288,8 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
             ) from err
         source = f"{_weights_word(use_ema)} {weights_path}"
     else:
-        source = f"pretrained weights {model.pretrained_cfg.get('architecture', name)}.{model.pretrained_cfg.get('tag') or ''}"
+        cfg = model.pretrained_cfg
+        source = f"pretrained weights {cfg.get('architecture', name)}.{cfg.get('tag') or ''}"
     arch = name.partition(".")[0]
     return _finish(
         model, arch + ("-ema" if use_ema else ""), spec, "ema" if use_ema else "raw", f"timm {name}, {source}"
@@ -295,7 +297,8 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
 
 
 def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.Module:
-    """``timm.create_model`` with ``dynamic_img_size=True`` where the family takes it; hub errors explained."""
+    """``timm.create_model`` with ``dynamic_img_size=True`` where the family takes it; hub errors
+    explained."""
     import timm
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
@@ -309,7 +312,8 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
         )
     if pretrained and not timm.is_model_pretrained(name):
         raise ModelSpecError(
-            f"timm has no pretrained weights for {name} (tagged ones: {', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
+            f"timm has no pretrained weights for {name} (tagged ones: "
+            f"{', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
             "add @CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
         )
     try:

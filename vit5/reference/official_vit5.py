@@ -139,7 +139,8 @@ class OfficialPatchEmbed(nn.Module):
 
 
 class OfficialViT5(nn.Module):
-    """``vit_models`` with ``flash=False`` as the ``vit5_*`` / ``deit_*_patch16_LS`` registrations build it."""
+    """``vit_models`` with ``flash=False`` as the ``vit5_*`` / ``deit_*_patch16_LS`` registrations build
+    it."""
 
     def __init__(
         self,

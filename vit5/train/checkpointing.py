@@ -300,10 +300,14 @@ def last_good_hint(damaged: Path) -> str:
             verify_checkpoint(candidate)
         except ResumeError:
             continue
-        hint = f"The last good checkpoint of this run is {candidate}: resume with `python train.py --resume {candidate}`"
+        hint = (
+            f"The last good checkpoint of this run is {candidate}: "
+            f"resume with `python train.py --resume {candidate}`"
+        )
         if candidate != checkpoints[-1]:
             hint += (
-                f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} first "
+                f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} "
+                "first "
                 f"to continue in place)"
             )
         return hint
@@ -326,7 +330,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         if any((path / legacy).exists() for legacy in _LEGACY_FILES):
             raise ResumeError(
                 f"{path} was written by an older vit5 in Accelerate's pickle-based format, which --resume no "
-                f"longer reads: loading it can run code stored in the checkpoint folder. Start a new run from "
+                "longer reads: loading it can run code stored in the checkpoint folder. Start a new run "
+                "from "
                 f"the run's weights instead (model.pretrained={path.parent.parent / 'final'})"
             )
         raise ResumeError(f"{path} is not a complete training checkpoint: it has no {MANIFEST}")
@@ -378,7 +383,8 @@ def _verified(path: Path, name: str, manifest: dict[str, Any]) -> bytes:
         raise _Damaged(f"{path / name} cannot be read ({err.strerror or err})") from err
     if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
         raise _Damaged(
-            f"{path / name} is damaged: {len(data)} bytes that do not match the {expected['bytes']} bytes and "
+            f"{path / name} is damaged: {len(data)} bytes that do not match the {expected['bytes']} bytes "
+            "and "
             f"SHA-256 recorded when it was written (truncated, emptied or modified)"
         )
     return data
@@ -391,7 +397,8 @@ def _shared_files(manifest: dict[str, Any]) -> list[str]:
 def _check_compatible(path: Path, manifest: dict[str, Any], num_processes: int, ema: bool) -> None:
     if manifest["num_processes"] != num_processes:
         raise ResumeError(
-            f"{path} was written by {manifest['num_processes']} process(es), this run has {num_processes}: the "
+            f"{path} was written by {manifest['num_processes']} process(es), this run has {num_processes}: "
+            "the "
             f"position in the epoch and the random states are per process. Resume with "
             f"{manifest['num_processes']} process(es), or start a new run from the weights "
             f"(model.pretrained={path.parent.parent / 'final'})"
@@ -408,7 +415,8 @@ def _load_weights(path: Path, name: str, data: bytes, module: nn.Module) -> None
         module.load_state_dict(state, strict=True)
     except (SafetensorError, RuntimeError, ValueError) as err:
         raise ResumeError(
-            f"{path / name} does not fit this run's model ({str(err).splitlines()[0]}): a checkpoint resumes only "
+            f"{path / name} does not fit this run's model ({str(err).splitlines()[0]}): a checkpoint "
+            "resumes only "
             f"with the model it was written with"
         ) from err
 
@@ -421,7 +429,8 @@ def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -
         raise _Damaged(str(err)) from err
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         raise ResumeError(
-            f"{path / OPTIMIZER_FILE} does not fit this run's optimizer ({err}): a checkpoint resumes only with "
+            f"{path / OPTIMIZER_FILE} does not fit this run's optimizer ({err}): a checkpoint resumes only "
+            "with "
             f"the optimizer and model it was written with"
         ) from err
 
@@ -470,7 +479,8 @@ def _digest(data: bytes) -> dict[str, Any]:
 
 
 def _attempt(action: Callable[[], Any]) -> str | None:
-    """Run ``action``; return the message of a user error instead of raising it (see :func:`_raise_agreed`)."""
+    """Run ``action``; return the message of a user error instead of raising it (see
+    :func:`_raise_agreed`)."""
     try:
         action()
     except (Vit5Error, OSError) as err:

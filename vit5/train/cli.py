@@ -98,8 +98,10 @@ def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig
     frozen = [line for line in changes if line.startswith(FROZEN_ON_RESUME)]
     if frozen:
         raise ResumeError(
-            f"--resume cannot change {'; '.join(frozen)} (set in {run_dir / CONFIG_FILE} or on the command line): "
-            f"the checkpoint's model, optimizer state and position in the epoch depend on them. Start a new run "
+            f"--resume cannot change {'; '.join(frozen)} (set in {run_dir / CONFIG_FILE} or on the command "
+            "line): "
+            "the checkpoint's model, optimizer state and position in the epoch depend on them. Start a new "
+            "run "
             f"from its weights instead (model.pretrained={run_dir}/final)"
         )
     return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]

@@ -171,7 +171,8 @@ class Trainer:
             return ""
         checkpoint, newer = self.forked_from
         return (
-            f"forked from {checkpoint}: {checkpoint.parent.parent} has newer checkpoints ({', '.join(newer)}),\n"
+            f"forked from {checkpoint}: {checkpoint.parent.parent} has newer checkpoints "
+            f"({', '.join(newer)}),\n"
             f"which stay untouched; this run continues from {checkpoint.name} in {self.run_dir}"
         )
 
@@ -366,7 +367,8 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
     check_fits(
         need,
         acc.device,
-        f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with data.batch_size="
+        f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with "
+        "data.batch_size="
         f"{cfg.data.batch_size}",
         "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
     )
@@ -397,8 +399,10 @@ def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
         )
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainConfigError(
-            f"{acc.distributed_type.value} is not supported: vit5 writes training checkpoints in its own format "
+            f"{acc.distributed_type.value} is not supported: vit5 writes training checkpoints in its own "
+            "format "
             f"(safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), which "
-            f"holds full, unsharded model and optimizer states. Train with DDP (accelerate launch --multi_gpu "
+            "holds full, unsharded model and optimizer states. Train with DDP (accelerate launch "
+            "--multi_gpu "
             f"or torchrun), which fits every ViT-5 preset on current GPUs"
         )

@@ -49,7 +49,8 @@ PLACES = ("input", "blocks")
 
 @dataclass
 class RegisterReference:
-    """Register statistics of a reference set: position 0 is the input, position ``d + 1`` block ``d``'s output."""
+    """Register statistics of a reference set: position 0 is the input, position ``d + 1`` block ``d``'s
+    output."""
 
     mean: torch.Tensor  # [depth + 1, R, C]
     num_images: int
@@ -61,8 +62,9 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
 
 @contextmanager
 def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
-    """Call ``edit(position, registers [B, R, C]) -> registers or None`` on the input of the first block
-    (position 0) and on every block's output (position ``d + 1``); a returned tensor replaces the registers."""
+    """Call ``edit(position, registers [B, R, C]) -> registers or None`` on the input of the first
+    block (position 0) and on every block's output (position ``d + 1``); a returned tensor replaces the
+    registers."""
     info = describe(model)
     if info.num_registers == 0:
         raise VizError(
@@ -135,7 +137,8 @@ def register_reference(
 def ablate_registers(
     model: nn.Module, method: str, place: str, reference: RegisterReference | None = None, seed: int = 0
 ) -> Iterator[None]:
-    """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module docstring)."""
+    """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module
+    docstring)."""
     if method not in METHODS:
         raise VizError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
     if place not in PLACES:
@@ -270,8 +273,13 @@ class AblationReport:
         head = ["method", "place", "top-1", "d top-1 (pp)", "kNN", "d kNN (pp)", "patch cos", "kNN overlap"]
         lines = [head]
         for r in self.rows:
-            pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
-            pp = lambda v: "n/a" if v is None else f"{v:+.1f}"
+
+            def pct(v: float | None) -> str:
+                return "n/a" if v is None else f"{100 * v:.1f}"
+
+            def pp(v: float | None) -> str:
+                return "n/a" if v is None else f"{v:+.1f}"
+
             lines.append(
                 [
                     r.method,
@@ -287,9 +295,8 @@ class AblationReport:
         widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
         text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
         return (
-            f"register ablation of {self.model}: {self.num_images} images, reference set {self.num_reference} images"
-            + "".join(f"\n{n}" for n in self.notes)
-            + f"\n{text}"
+            f"register ablation of {self.model}: {self.num_images} images, reference set "
+            f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{text}"
         )
 
     def write(self, out: str | Path) -> list[Path]:
@@ -324,7 +331,8 @@ def run_ablation(
     cfg: AblationConfig = AblationConfig(),
     notes: Sequence[str] = (),
 ) -> AblationReport:
-    """Every method x place of ``cfg`` on ``images``; ``reference`` images give the register means and the kNN bank."""
+    """Every method x place of ``cfg`` on ``images``; ``reference`` images give the register means and the
+    kNN bank."""
     from vit5.eval.probes import knn_accuracy
 
     if not images or not reference:

@@ -87,7 +87,8 @@ def _timm_model(model: nn.Module) -> nn.Module:
         if not (hasattr(attn, "fused_attn") and isinstance(getattr(attn, "attn_drop", None), nn.Module)):
             raise VizError(
                 f"block {i} of this {type(model).__name__} has an attention module ({type(attn).__name__}) "
-                "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be recorded"
+                "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be "
+                "recorded"
             )
     return model
 

@@ -46,7 +46,8 @@ def collect(
     sizes = {img.rgb.shape[:2] for img in images}
     if len(sizes) != 1:
         raise VizError(
-            f"all images of a run must share one size (metrics compare equal resolutions), got {sorted(sizes)}"
+            "all images of a run must share one size (metrics compare equal resolutions), got "
+            f"{sorted(sizes)}"
         )
     info = describe(model)
     layout = info.layout(sizes.pop())

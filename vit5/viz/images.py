@@ -167,7 +167,8 @@ def check_size(size: tuple[int, int], patch_size: int) -> None:
             max(patch_size, round(w / patch_size) * patch_size),
         )
         raise ImageError(
-            f"size {h}x{w} is not a positive multiple of the patch size {patch_size}: use --size {fix[0]} {fix[1]}"
+            f"size {h}x{w} is not a positive multiple of the patch size {patch_size}: use --size {fix[0]} "
+            f"{fix[1]}"
         )
 
 

@@ -13,7 +13,8 @@ from vit5.viz.stats import TokenStats
 
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
-    """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over patches."""
+    """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over
+    patches."""
     if stats.cls_attn is None:
         raise VizError(
             f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"

@@ -147,16 +147,18 @@ def sink_rate_by_type(
 
 # ---------------------------------------------------------------------------- M10 massive activations
 def massive_ratio(top1: np.ndarray, median: np.ndarray) -> np.ndarray:
-    """M10 (Sun et al., arXiv 2402.17762, section 2): largest ``|activation|`` over the median ``|activation|``
-    of a hidden state, per image and layer (NaN where the median is 0). The LLM rule "> 100 and
-    ~1000x the median" is not applied: ViT values are far smaller, so the ratio is reported as is."""
+    """M10 (Sun et al., arXiv 2402.17762, section 2): largest ``|activation|`` over the median
+    ``|activation|`` of a hidden state, per image and layer (NaN where the median is 0). The LLM
+    rule "> 100 and ~1000x the median" is not applied: ViT values are far smaller, so the ratio is reported
+    as is."""
     top1, median = np.asarray(top1, dtype=np.float64), np.asarray(median, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(median > 0, top1 / median, np.nan)
 
 
 def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, int, float]]:
-    """Per layer, the (token, channel) most often holding the largest activation and the share of images it does.
+    """Per layer, the (token, channel) most often holding the largest activation and the share of
+    images it does.
 
     ``token``, ``channel [B, L]`` (the top-1 of each image). Ties go to the lowest token, then channel.
     """

@@ -18,14 +18,16 @@ CLIP_PERCENTILES = (1.0, 99.0)
 def pca_rgb(
     features: np.ndarray, grid: tuple[int, int], percentiles: tuple[float, float] = CLIP_PERCENTILES
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``features [B, P, C]`` (P = h * w) to RGB maps ``[B, h, w, 3]`` in [0, 1] and the explained variance ratios ``[3]``."""
+    """``features [B, P, C]`` (P = h * w) to RGB maps ``[B, h, w, 3]`` in [0, 1] and the explained variance
+    ratios ``[3]``."""
     b, p, c = features.shape
     if p != grid[0] * grid[1]:
         raise VizError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
     flat = features.reshape(b * p, c).astype(np.float64)
     if flat.shape[0] < 3 or c < 3:
         raise VizError(
-            f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {flat.shape[0]} tokens of {c} channels"
+            f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {flat.shape[0]} tokens of {c} "
+            "channels"
         )
     pca = PCA(n_components=3, svd_solver="full", random_state=0)
     comps = pca.fit_transform(flat)

@@ -28,7 +28,10 @@ class PlantSpec:
 
     def describe(self) -> str:
         where = ", ".join(f"({r},{c})" for r, c in self.positions)
-        return f"PLANTED artifacts (x{self.scale:g} norm) at layer {self.layer}, patches {where}: not a property of the model"
+        return (
+            f"PLANTED artifacts (x{self.scale:g} norm) at layer {self.layer}, patches {where}: "
+            "not a property of the model"
+        )
 
 
 @contextmanager

@@ -86,7 +86,8 @@ def probe_images(
 
 
 def constant_spatial_share(features: np.ndarray) -> np.ndarray:
-    """``[B, P, C]`` -> ``[B]``: energy of the deviations from the image's mean patch feature over the total energy."""
+    """``[B, P, C]`` -> ``[B]``: energy of the deviations from the image's mean patch feature over the total
+    energy."""
     f = features.astype(np.float64)
     deviation = ((f - f.mean(axis=1, keepdims=True)) ** 2).sum(axis=-1).mean(axis=1)
     total = (f**2).sum(axis=-1).mean(axis=1)
@@ -94,7 +95,8 @@ def constant_spatial_share(features: np.ndarray) -> np.ndarray:
 
 
 def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """``[P, C]`` -> ``[h, w, 3]``: the first three principal components on the absolute scale of :data:`COLOUR_SPAN`."""
+    """``[P, C]`` -> ``[h, w, 3]``: the first three principal components on the absolute scale of
+    :data:`COLOUR_SPAN`."""
     f = features.astype(np.float64)
     centred = f - f.mean(axis=0)
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
@@ -184,7 +186,8 @@ def run_position_probe(
 
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
-    """Rows: models; columns: norm and PCA maps of a constant image, and the mean norm map of the noise images.
+    """Rows: models; columns: norm and PCA maps of a constant image, and the mean norm map of the noise
+    images.
 
     Each norm column shares one colour scale across models; PCA maps are per model (one PCA each). The
     noise images' mean maps still hold their content's average (few images), so no PCA is drawn of
@@ -217,7 +220,8 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
     notes = sorted({n for p in probes for n in p.notes})
     notes.append(
         "constant share: patch-feature energy varying with position on a constant image; noise share: "
-        "feature variance over noise images due to position (intraclass correlation); PCA: one per map, grey = "
+        "feature variance over noise images due to position (intraclass correlation); PCA: one per map, "
+        "grey = "
         f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
     )
     return panel_grid(

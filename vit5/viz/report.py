@@ -176,8 +176,10 @@ class MetricReport:
             )
             massive = f"\nlargest activation (block: token, channel, share of images): {where}"
         return (
-            f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over images "
-            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: {sink_all:.3g}{massive}"
+            f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over "
+            "images "
+            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: "
+            f"{sink_all:.3g}{massive}"
         )
 
 
@@ -188,7 +190,8 @@ def _num(x: float) -> float | None:
 def bootstrap_ci(
     values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0
 ) -> tuple[float, float, float]:
-    """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images. NaN-aware."""
+    """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images.
+    NaN-aware."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     if values.size == 0:

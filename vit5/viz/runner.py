@@ -225,8 +225,8 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
 def run_compare(
     model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig
 ) -> tuple[RunResult, RunResult]:
-    """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for B
-    (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
+    """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for
+    B (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
     info_a, size, layers = _prepare(model_a, cfg)
     info_b, _, _ = _prepare(model_b, cfg, size)
     if model_a.label == model_b.label:
@@ -260,7 +260,8 @@ def run_ttr(
         )
     out = Path(cfg.out) / "ttr"
     ttr_note = (
-        f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of blocks "
+        f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
+        "blocks "
         f"<= {found.top_layer} (Jiang et al. 2025)"
     )
     notes = [*_notes(loaded, cfg), ttr_note]

@@ -190,7 +190,8 @@ def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
 
 
 def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see them."""
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see
+    them."""
     return to_batch(
         [LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
     )
@@ -275,7 +276,8 @@ def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3
 def measure(
     model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None
 ) -> dict[str, Any]:
-    """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused ones)."""
+    """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused
+    ones)."""
     stats = collect(model, held.images, label, CollectConfig(batch_size=32, progress=False))
     report = compute_metrics(stats, MetricConfig(n_boot=200))
     record = {
@@ -375,7 +377,8 @@ class Trainer:
             loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
             if not torch.isfinite(loss):
                 raise VizError(
-                    f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now {self.cfg.lr:g})"
+                    f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now "
+                    f"{self.cfg.lr:g})"
                 )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -612,7 +615,10 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
 def summary_text(result: StudyResult) -> str:
     v = result.verdict
     outcome = "SUCCESS" if v["success"] else "no garbage-collector signature"
-    head = f"register study at step {v['step']}: {outcome} (outliers at block {v['layer']}, attention at {v['next_layer']})"
+    head = (
+        f"register study at step {v['step']}: {outcome} "
+        f"(outliers at block {v['layer']}, attention at {v['next_layer']})"
+    )
     lines = [head]
     for twin in TWINS:
         lines.append(
@@ -706,7 +712,10 @@ def analyse_twins(
         log(f"test-time registers not applicable: {err}")
     else:
         d = found.detect_layer
-        pick = lambda r, name: r.report.summary[name]["value"][d] if name in r.report.summary else None
+
+        def pick(r, name: str):
+            return r.report.summary[name]["value"][d] if name in r.report.summary else None
+
         summary["ttr"] = {
             "applicable": True,
             "detect_layer": d,
@@ -733,7 +742,8 @@ def load_twins(out: str | Path) -> dict[str, ViT5]:
 
 # ---------------------------------------------------------------------------------------------- command line
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
-    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or ``model.KEY`` (ViT5Config)."""
+    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
+    ``model.KEY`` (ViT5Config)."""
     from vit5.viz.load import parse_overrides
 
     values = parse_overrides(items)

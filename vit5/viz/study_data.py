@@ -169,13 +169,14 @@ class CanvasSource:
 def _free_spot(
     rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]
 ) -> tuple[int, int]:
-    """A random top-left corner whose square overlaps no earlier digit's square, if one of a few draws allows."""
+    """A random top-left corner whose square overlaps no earlier digit's square, if one of a few draws
+    allows."""
     best, best_overlap = (0, 0), np.inf
     for _ in range(_SPOT_TRIES):
         top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))
         overlap = sum(
-            max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, l + s) - max(left, l))
-            for t, l, s in boxes
+            max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, x + s) - max(left, x))
+            for t, x, s in boxes
         )
         if overlap == 0:
             return top, left

@@ -92,14 +92,17 @@ class NeuronSearchResult:
     def describe(self) -> str:
         listed = ", ".join(f"{n.layer}:{n.neuron} ({n.score:.3g})" for n in self.neurons)
         return (
-            f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at block "
-            f"{self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/{self.num_images} "
+            f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at "
+            "block "
+            f"{self.detect_layer} above norm {self.threshold:.3g} in "
+            f"{self.images_with_outliers}/{self.num_images} "
             f"images; neurons searched in blocks <= {self.top_layer}"
         )
 
 
 def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
-    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on the hidden activation of each block's MLP."""
+    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on the hidden activation of each block's
+    MLP."""
     for layer in layers:
         fc2 = getattr(getattr(net.blocks[layer], "mlp", None), "fc2", None)
         if not isinstance(fc2, nn.Module):
@@ -187,7 +190,8 @@ def find_register_neurons(
 def use_test_time_registers(
     model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
 ) -> Iterator[None]:
-    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons' activations."""
+    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons'
+    activations."""
     info = describe(model)
     net = unwrap(model)
     if info.num_registers:

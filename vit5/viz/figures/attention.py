@@ -82,5 +82,8 @@ def rollout_figure(
         Panel("on the image", values, image.rgb, group="rollout", patch=stats.patch_size),
         Panel("map", values, group="rollout", patch=stats.patch_size),
     ]
-    title = f"{stats.model} | {image.name}: attention rollout ({source} row, head mean, 0.5 identity; Abnar & Zuidema 2020)"
+    title = (
+        f"{stats.model} | {image.name}: attention rollout "
+        f"({source} row, head mean, 0.5 identity; Abnar & Zuidema 2020)"
+    )
     return panel_grid([panels], style, title, notes)

@@ -91,7 +91,11 @@ def color_limits(arrays: Sequence[np.ndarray], clip_percentile: float | None, la
     note = ""
     if clip_percentile is not None and clip_percentile < 100:
         clipped = float(np.percentile(values, clip_percentile))
-        note = f"{label + ': ' if label else ''}colour scale clipped at the {clip_percentile:g}th percentile ({clipped:.3g}; max {vmax:.3g})"
+        prefix = f"{label}: " if label else ""
+        note = (
+            f"{prefix}colour scale clipped at the {clip_percentile:g}th percentile "
+            f"({clipped:.3g}; max {vmax:.3g})"
+        )
         vmax = clipped
     if vmax <= vmin:
         vmax = vmin + 1e-12

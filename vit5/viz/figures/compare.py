@@ -58,7 +58,8 @@ def compare_figure(
     renormalise: bool = False,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """Columns: the image then each model; rows: attention and norms. Layers are block indices (-1: each model's last)."""
+    """Columns: the image then each model; rows: attention and norms. Layers are block indices (-1: each
+    model's last)."""
     panels = [_model_panels(s, index, image, attention_layer, norm_layer, renormalise) for s in models]
     rows = [
         [Panel("image", image=image.rgb, patch=models[0].patch_size), *(p[0] for p in panels)],
@@ -77,7 +78,8 @@ def compare_summary_figure(
     renormalise: bool = False,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """One row per image: the image, every model's attention, every model's norms; one scale per kind over all rows."""
+    """One row per image: the image, every model's attention, every model's norms; one scale per kind over
+    all rows."""
     rows = []
     for index, image in enumerate(images):
         panels = [_model_panels(s, index, image, attention_layer, norm_layer, renormalise) for s in models]

@@ -28,7 +28,8 @@ def norm_map_figure(
     outliers: np.ndarray | None = None,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """One panel per layer, each with its own colour scale (norms grow with depth); outliers outlined in red."""
+    """One panel per layer, each with its own colour scale (norms grow with depth); outliers outlined in
+    red."""
     panels = []
     for layer in layers:
         marks = outlier_map(outliers, stats, index, layer) if outliers is not None else None
@@ -52,7 +53,8 @@ def norm_map_figure(
 def outlier_frequency_figure(
     stats: TokenStats, outliers: np.ndarray, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
 ) -> Figure:
-    """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10); one scale, 0 to 1.
+    """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10); one scale,
+    0 to 1.
 
     Shows border bias and stripes from position-embedding interpolation.
     """

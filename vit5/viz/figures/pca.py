@@ -16,7 +16,8 @@ def pca_note(variance: np.ndarray) -> str:
     lo, hi = CLIP_PERCENTILES
     shares = ", ".join(f"PC{i + 1} {v:.0%}" for i, v in enumerate(variance))
     return (
-        f"RGB = PC1, PC2, PC3 of the final-norm patch features, one PCA over all images (variance: {shares}); "
+        "RGB = PC1, PC2, PC3 of the final-norm patch features, one PCA over all images (variance: "
+        f"{shares}); "
         f"each component clipped to its {lo:g}-{hi:g}th percentiles (no colorbar: a 3-channel map)"
     )
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-# (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds), "reused" (the no-register twin's)
+# (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds), "reused" (the no-register
+# twin's)
 # or "background" (own thresholds, drawn dashed)
 PANELS = (
     (
@@ -105,8 +106,10 @@ def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int 
     reached = min((traj[-1]["step"] for traj in trajectories.values() if traj), default=0)
     progress = "" if reached >= cfg.steps else f"; STOPPED at step {reached} of {cfg.steps}"
     fig.suptitle(
-        f"Register study (TRAINED twins, measured on {cfg.eval_images} held-out canvases): width {cfg.embed_dim}, "
-        f"depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} canvases, task {canvas.task}, "
+        f"Register study (TRAINED twins, measured on {cfg.eval_images} held-out canvases): width "
+        f"{cfg.embed_dim}, "
+        f"depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} canvases, task "
+        f"{canvas.task}, "
         f"no CLS + average pooling, 0 vs {cfg.registers} registers{progress}",
         fontsize=9,
     )
