@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import os
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,36 @@ from vit5.train.config_checks import validate_config
 from vit5.train.errors import TrainConfigError
 
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
+DEMO_RECIPE = "demo_digits"  # what `vit5 train` runs with no --config
+
+
+def recipes() -> dict[str, Path]:
+    """The recipes that ship inside the package (``vit5/configs/*.yaml``, also ``configs/`` in the
+    repository), by name: ``{"vit5_small_in1k": Path(...), ...}``."""
+    folder = Path(str(importlib.resources.files("vit5").joinpath("configs")))
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def recipe_path(recipe: str | os.PathLike[str]) -> Path:
+    """A recipe by name (``vit5_small_in1k``, with or without ``.yaml``) or by path.
+
+    An existing file wins; otherwise a bare name is looked up among the packaged :func:`recipes`.
+
+    Raises:
+        TrainConfigError: neither a file nor a packaged recipe, naming the packaged ones.
+    """
+    path = Path(recipe).expanduser()
+    if path.is_file():
+        return path
+    packaged = recipes()
+    name = path.name.removesuffix(".yaml")
+    if path.parent == Path(".") and name in packaged:
+        return packaged[name]
+    hint = f"; packaged recipes (give one by name): {', '.join(packaged)}" if packaged else ""
+    if path.parent != Path(".") and path.parent.is_dir():
+        nearby = sorted(p.name for p in path.parent.glob("*.yaml"))
+        hint = f". Configs in {path.parent}: {nearby}" if nearby else hint
+    raise TrainConfigError(f"config file {path} does not exist{hint}")
 
 
 def load_config(
@@ -34,6 +65,7 @@ def load_config(
     """Defaults <- YAML file ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then validate.
 
     Args:
+        path: a YAML file, or the name of a packaged recipe (:func:`recipe_path`).
         check_paths: also check that ``data.root`` / ``model.pretrained`` exist (off to inspect
             a recipe on a machine without the data).
 
@@ -43,7 +75,8 @@ def load_config(
     merged = OmegaConf.structured(TrainConfig)
     required: set[str] = set()  # `???` in the file: the user must give these on the command line
     if path is not None:
-        loaded = _read_yaml(Path(path))
+        path = recipe_path(path)
+        loaded = _read_yaml(path)
         required = set(OmegaConf.missing_keys(loaded))
         merged = _merge(merged, loaded, where=str(path))
     for item in overrides:
@@ -91,10 +124,6 @@ def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
 
 # ---------------------------------------------------------------------------------- reading
 def _read_yaml(path: Path) -> DictConfig:
-    if not path.is_file():
-        nearby = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        hint = f" Configs in {path.parent}: {nearby}." if nearby else ""
-        raise TrainConfigError(f"config file {path} does not exist.{hint}")
     try:
         loaded = OmegaConf.load(path)
     except Exception as e:  # yaml.YAMLError and friends; keep the parser's line/column message
