@@ -65,7 +65,7 @@ def _accelerator(args: argparse.Namespace):
 
     # Without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group and
     # every process would evaluate everything.
-    return Accelerator(cpu=args.device == "cpu" or not torch.cuda.is_available())
+    return Accelerator(cpu=resolve_device(args.device).type == "cpu")
 
 
 def _models(args: argparse.Namespace, device: torch.device | None = None) -> list:

@@ -10,11 +10,11 @@ checkpoint's head does not fit the data's number of classes (``model.new_head``)
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import vit5
 from vit5 import ViT5
+from vit5.model.convert import HeadMismatchError
 from vit5.train.config import ModelSection
 from vit5.train.errors import TrainConfigError
 
@@ -25,26 +25,22 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
     overrides = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
     if cfg.new_head:
         overrides["num_classes"] = num_classes
-    logger = logging.getLogger("vit5")
-    level = logger.level
-    logger.setLevel(logging.ERROR)  # the report is returned and printed once by the main process
     try:
         model = vit5.create_model(
             cfg.name,
             pretrained=Path(str(cfg.pretrained)).expanduser(),
             use_ema=cfg.pretrained_ema,
             max_params=cfg.max_params,
+            log_report=False,  # the report is returned and printed once by the main process
             **overrides,
         )
     except vit5.CheckpointError as e:
         hint = (
             f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
-            if "mismatch head." in str(e)
+            if isinstance(e, HeadMismatchError)
             else ""
         )
         raise TrainConfigError(f"model.pretrained={cfg.pretrained}: {e}{hint}") from e
-    finally:
-        logger.setLevel(level)
     if model.num_classes != num_classes:
         raise TrainConfigError(
             f"model.pretrained={cfg.pretrained} has a {model.num_classes}-class head but the data has "
