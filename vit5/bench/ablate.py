@@ -45,7 +45,7 @@ from vit5.bench.timing import TimingConfig
 from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.config_load import config_diff, recipe_path
+from vit5.train.config import config_diff, recipe_path
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
 
 OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds

@@ -24,8 +24,7 @@ from pathlib import Path
 from vit5.cli import print_main, run_command
 from vit5.errors import safe_console
 from vit5.train.checkpointing import checkpoint_config, resolve_resume
-from vit5.train.config import TrainConfig
-from vit5.train.config_load import DEMO_RECIPE, config_diff, config_from_dict, load_config, recipes
+from vit5.train.config import DEMO_RECIPE, TrainConfig, config_diff, config_from_dict, load_config, recipes
 from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
 from vit5.train.rundir import CONFIG_FILE
 
