@@ -165,3 +165,19 @@ def test_resume_flag_without_a_directory_keeps_overrides():
     assert args.resume == "" and args.overrides == ["optim.lr=1e-3", "schedule.epochs=3"]
     args = parse_args(["--resume", "runs/demo", "schedule.epochs=3"])
     assert args.resume == "runs/demo" and args.overrides == ["schedule.epochs=3"]
+
+
+def test_recipes_load_by_name_from_the_package_and_the_repository_folder_is_the_same():
+    from vit5.train.config import recipe_path, recipes
+
+    assert CONFIGS.resolve() == next(iter(recipes().values())).parent.resolve()  # configs -> vit5/configs
+    assert sorted(recipes()) == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    by_name = load_config("vit5_small_in1k", ["data.root=/imagenet"], check_paths=False)
+    assert by_name == load_config(
+        CONFIGS / "vit5_small_in1k.yaml", ["data.root=/imagenet"], check_paths=False
+    )
+    assert recipe_path("demo_digits.yaml") == recipes()["demo_digits"]
+    with pytest.raises(
+        TrainConfigError, match=r"vit5_smal does not exist; packaged recipes .*vit5_small_in1k"
+    ):
+        load_config("vit5_smal")

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ablate": ("vit5.bench.ablate", "component ablation: train each variant, compare accuracy and speed"),
     "export": ("vit5.model.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
 }
+OWN_PROG = {"train", "eval", "viz"}  # subcommands whose main() takes the program name for usage lines
 SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 
 
@@ -95,7 +96,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name in OWN_PROG:
         return run_command(lambda: module.main(rest, prog=f"vit5 {name}"))
     return run_command(lambda: module.main(rest))
-
-
-# subcommands whose main() takes the program name shown in its usage lines
-OWN_PROG = {"train", "eval", "viz"}
