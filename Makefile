@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VIT5 := $(VENV)/bin/vit5
 # torch comes first, from the versions this machine keeps on disk; override e.g. `make test TORCH=torch`.
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 
@@ -28,15 +29,15 @@ test: setup
 DEMO_RUN := runs/demo
 demo: setup
 	rm -rf $(DEMO_RUN)
-	$(PY) train.py run.name=demo
-	$(PY) -m viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96 128 --out $(DEMO_RUN)/viz
+	OMP_WAIT_POLICY=PASSIVE $(VIT5) train run.name=demo
+	$(VIT5) viz all --model $(DEMO_RUN)/final --images sklearn-samples --size 96x128 --out $(DEMO_RUN)/viz
 
 # The register study (not part of test or demo): twins without / with registers trained on digit canvases
 # (resumable: rerun to continue), then `viz compare` of the twins on the held-out canvases (runs/register_study).
 STUDY := runs/register_study
 registers: setup
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m vit5.viz.study --out $(STUDY) --max-minutes 50
-	$(PY) -m viz compare --model $(STUDY)/no_registers/final --model-b $(STUDY)/registers/final \
+	OMP_WAIT_POLICY=PASSIVE $(VIT5) viz study --out $(STUDY) --max-minutes 50
+	$(VIT5) viz compare --model $(STUDY)/no_registers/final --model-b $(STUDY)/registers/final \
 		--images $(STUDY)/heldout --out $(STUDY)/viz --max-figures 8
 
 # On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
@@ -45,7 +46,7 @@ registers: setup
 gpu-check: setup
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
 	$(PY) -m pytest -q tests/test_cuda.py
-	$(PY) -m vit5.bench --quick --device cuda --dtype bf16 --only speed,modern_cost,attention_memory,compile --out runs/bench_gpu
+	$(VIT5) bench --quick --device cuda --dtype bf16 --only speed,modern_cost,attention_memory,compile --out runs/bench_gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache

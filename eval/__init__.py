@@ -1,2 +1,1 @@
-"""``python -m eval``: classification metrics, resolution sweeps, dense features and probes (see
-``--help``)."""
+"""``python -m eval``: a shim for ``vit5 eval`` (see ``vit5 eval --help``)."""

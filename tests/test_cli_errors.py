@@ -8,7 +8,6 @@ any encoding printed under a strict UTF-8 console.
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 from pathlib import Path
 
@@ -20,23 +19,18 @@ from eval_helpers import random_rgb
 import vit5
 import vit5.runtime
 from vit5.bench.__main__ import main as bench_main
+from vit5.eval import cli as eval_cli
 from vit5.files import FolderLock
-
-REPO = Path(__file__).resolve().parents[1]
-eval_namespace = runpy.run_path(str(REPO / "eval" / "__main__.py"), run_name="eval_cli")
-_eval_main = eval_namespace["main"]
+from vit5.viz.cli import main as viz_main
 
 
 def eval_main(argv: list[str]) -> int:
-    """``python -m eval ARGV`` in-process: its exit status (errors leave through ``parser.exit(2)``)."""
+    """``vit5 eval ARGV`` in-process: its exit status (argparse's errors leave through SystemExit)."""
     try:
-        return _eval_main(argv)
+        return eval_cli.main(argv)
     except SystemExit as exit_info:
         return int(exit_info.code)
 
-
-sys.path.insert(0, str(REPO))  # the top-level viz/ entry point is not part of the installed package
-from viz.__main__ import main as viz_main  # noqa: E402
 
 TINY = [
     "--model",
@@ -75,7 +69,7 @@ def test_bad_devices_are_one_line(images, tmp_path, capsys, device):
         )
         == 2
     )
-    line = one_error_line(capsys.readouterr().err, "eval: error: ")
+    line = one_error_line(capsys.readouterr().err, "error: ")
     assert f"--device {device}" in line or f"--device {device!r}" in line
     assert (
         viz_main(
@@ -83,22 +77,21 @@ def test_bad_devices_are_one_line(images, tmp_path, capsys, device):
         )
         == 2
     )
-    one_error_line(capsys.readouterr().err, "viz: error: ")
+    one_error_line(capsys.readouterr().err, "error: ")
 
 
 def test_an_out_that_is_a_file_fails_before_any_work(images, tmp_path, capsys, monkeypatch):
     def no_work(*args, **kwargs):
         raise AssertionError("the evaluation ran before --out was checked")
 
-    monkeypatch.setitem(eval_namespace, "evaluate", no_work)
-    monkeypatch.setitem(_eval_main.__globals__, "evaluate", no_work)
+    monkeypatch.setattr(eval_cli, "evaluate", no_work)
     afile = tmp_path / "afile"
     afile.write_text("")
     data = ["--data", str(images), "--split", ""]
     assert eval_main(["classify", *TINY, *data, "--out", str(afile)]) == 2
-    assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "eval: error: ")
+    assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "error: ")
     assert viz_main(["attention", *TINY, "--images", str(images), "--out", str(afile)]) == 2
-    assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "viz: error: ")
+    assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "error: ")
     assert bench_main(["--smoke", "--out", str(afile)]) == 2
     assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "error: ")
 
@@ -116,8 +109,8 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
         str(tmp_path / "v"),
         "--quiet",
     ]
-    assert viz_main([*args, "--size", "4096", "4096"]) == 2
-    line = one_error_line(capsys.readouterr().err, "viz: error: ")
+    assert viz_main([*args, "--size", "4096"]) == 2
+    line = one_error_line(capsys.readouterr().err, "error: ")
     # 65,541 tokens (256 x 256 patches, CLS, 4 registers), 3 heads, float32 scores and probabilities
     expected = 3 * 65_541**2 * 8 / 2**30
     assert f"needs about {expected:.2f} GiB" in line and "8.00 GiB available" in line and "--size" in line
@@ -126,7 +119,7 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
 def test_a_refused_size_leaves_nothing_that_blocks_the_rerun(images, tmp_path, capsys):
     out = tmp_path / "f"
     assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "36"]) == 2
-    assert "not a multiple of the patch size 8" in one_error_line(capsys.readouterr().err, "eval: error: ")
+    assert "not a multiple of the patch size 8" in one_error_line(capsys.readouterr().err, "error: ")
     assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "32"]) == 0
     assert "2 written" in capsys.readouterr().out
 
@@ -136,7 +129,7 @@ def test_a_second_feature_export_into_one_folder_is_refused(images, tmp_path, ca
     out.mkdir()
     with FolderLock(out, "feature export"):
         assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out)]) == 2
-    line = one_error_line(capsys.readouterr().err, "eval: error: ")
+    line = one_error_line(capsys.readouterr().err, "error: ")
     assert f"in use by pid {os.getpid()} (feature export" in line
     assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out)]) == 0  # released: works
 

@@ -125,7 +125,7 @@ def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():
 def test_rng_state_with_cuda_generators_survives_a_json_round_trip():
     import json
 
-    from vit5.train.rng import capture_rng, restore_rng
+    from vit5.train.checkpointing import capture_rng, restore_rng
 
     torch.manual_seed(0)
     state = json.loads(json.dumps(capture_rng()))  # what a checkpoint stores

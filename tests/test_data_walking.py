@@ -117,7 +117,7 @@ def test_undecodable_file_names_are_listed_and_reported_safely(data, tmp_path):
         decode_image(bad[0])
     assert os.fsencode(caught.value.path) == raw
 
-    from vit5.train.summary import format_summary, write_summary
+    from vit5.train.rundir import format_summary, write_summary
 
     summary = {
         "run_dir": "r",

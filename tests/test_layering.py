@@ -30,8 +30,9 @@ ALLOWED_INTERNAL = {
     "bench": {"", "layers", "model", "reference", "data", "train"},
 }
 # leaf modules every subpackage may import (they import nothing from vit5 themselves): the user-error
-# base class, crash-safe files and locks, device and memory checks
-LEAF_MODULES = {"errors", "files", "runtime"}
+# base class, crash-safe files and locks, device and memory checks, the command line's shared pieces
+# (vit5.cli imports its subcommands by name only)
+LEAF_MODULES = {"cli", "errors", "files", "runtime"}
 # third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
 LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}

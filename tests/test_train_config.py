@@ -1,5 +1,6 @@
 """Training config: YAML + dotted overrides, validated up front with messages that name the fix;
-the shipped recipes resolve to the official README hyper-parameters (reference §3.1-3.2)."""
+the shipped recipes resolve to the official README hyper-parameters (github.com/wangf3014/ViT-5
+README training commands, main.py defaults at commit 095d747)."""
 
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_overrides_apply_after_the_file_and_round_trip_through_yaml(tmp_path):
     assert load_config(path) == cfg
 
 
-# Expected values typed from the README commands and §3.2 of the reference, not from our YAMLs.
+# Expected values typed from the official README commands and main.py defaults, not from our YAMLs.
 RECIPES = {
     "vit5_small_in1k.yaml": dict(name="vit5_small", img=224, epochs=800, lr=4e-3, dp=0.05),
     "vit5_base_in1k.yaml": dict(name="vit5_base", img=192, epochs=800, lr=3e-3, dp=0.2),
@@ -164,3 +165,19 @@ def test_resume_flag_without_a_directory_keeps_overrides():
     assert args.resume == "" and args.overrides == ["optim.lr=1e-3", "schedule.epochs=3"]
     args = parse_args(["--resume", "runs/demo", "schedule.epochs=3"])
     assert args.resume == "runs/demo" and args.overrides == ["schedule.epochs=3"]
+
+
+def test_recipes_load_by_name_from_the_package_and_the_repository_folder_is_the_same():
+    from vit5.train.config import recipe_path, recipes
+
+    assert CONFIGS.resolve() == next(iter(recipes().values())).parent.resolve()  # configs -> vit5/configs
+    assert sorted(recipes()) == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    by_name = load_config("vit5_small_in1k", ["data.root=/imagenet"], check_paths=False)
+    assert by_name == load_config(
+        CONFIGS / "vit5_small_in1k.yaml", ["data.root=/imagenet"], check_paths=False
+    )
+    assert recipe_path("demo_digits.yaml") == recipes()["demo_digits"]
+    with pytest.raises(
+        TrainConfigError, match=r"vit5_smal does not exist; packaged recipes .*vit5_small_in1k"
+    ):
+        load_config("vit5_smal")

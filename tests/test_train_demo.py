@@ -45,6 +45,6 @@ def test_command_line_errors_exit_2_with_a_message_and_no_traceback(tmp_path, ca
         (["data.dataset=folder", f"data.root={tmp_path}"], "data.train_split='train'"),
     ]
     for argv, message in cases:
-        assert main(argv, default_config=DEMO) == 2, argv
+        assert main(argv) == 2, argv  # no --config: the packaged demo recipe
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err

@@ -9,7 +9,7 @@ from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse
 
 from vit5.data import export_digits_imagefolder
 from vit5.train import Trainer
-from vit5.train.metrics import read_csv
+from vit5.train.rundir import read_csv
 
 
 def plant_bad_files(root: Path) -> list[str]:

@@ -1,4 +1,5 @@
-"""Optimizer: timm factory with the ViT-5 weight-decay groups (reference §3.2) and layer decay."""
+"""Optimizer: timm factory with the ViT-5 weight-decay groups (timm ``create_optimizer`` as
+main.py of github.com/wangf3014/ViT-5 calls it, commit 095d747) and layer decay."""
 
 import pytest
 import torch
@@ -6,8 +7,7 @@ from timm.optim import Lamb
 
 import vit5
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.optim import build_optimizer, peak_lr
-from vit5.train.schedule import LRSchedule
+from vit5.train.optim import LRSchedule, build_optimizer, peak_lr
 
 
 def tiny_model():

@@ -1,5 +1,5 @@
 """``--resume`` continues exactly: a run killed with SIGKILL mid-epoch, after a checkpoint, and resumed ends
-with the same weights as an uninterrupted run with the same seed (the issue's acceptance test)."""
+with the same weights as an uninterrupted run with the same seed (exact resume)."""
 
 import signal
 import subprocess
@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from test_train_support import TINY, run_train, train_command
 
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.metrics import read_csv
+from vit5.train.rundir import read_csv
 
 # Every source of randomness on: 3-Augment (torch RNG), drop path (torch RNG), Mixup/CutMix (NumPy RNG).
 ARGS = [

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from viz_support import smooth_rgb, write_png
 
+from vit5.viz.cli import build_parser, main
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the top-level viz/ entry point is not part of the installed package
-from viz.__main__ import build_parser, main  # noqa: E402
 
 TINY = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=2", "img_size=32", "patch_size=8"]
-FAST = ["--size", "32", "48", "--quiet", "--formats", "png", "--bootstrap", "50"]
+FAST = ["--size", "32x48", "--quiet", "--formats", "png", "--bootstrap", "50"]
 
 
 @pytest.fixture
@@ -39,8 +39,7 @@ def test_all_end_to_end_as_a_subprocess(tmp_path, folder):
         "--out",
         str(out),
         "--size",
-        "32",
-        "48",
+        "32x48",
         "--quiet",
         "--save-raw",
         "npz",
@@ -139,7 +138,7 @@ def test_compare_reuses_the_first_models_thresholds(tmp_path, folder, capsys):
     "extra,message",
     [
         (["--layers", "7"], "layer 7 is out of range: this model has 2 blocks, valid layers are 0..1"),
-        (["--size", "30", "48"], "not a positive multiple of the patch size 8: use --size 32 48"),
+        (["--size", "30x48"], "not a positive multiple of the patch size 8: use --size 32 48"),
         (["--threshold-from", "missing.json"], "cannot read thresholds from missing.json"),
         (["--plant-at", "1", "1"], "planting needs both --plant-layer and at least one --plant-at"),
     ],

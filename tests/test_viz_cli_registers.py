@@ -1,15 +1,11 @@
 """``python -m viz {ablate,ttr,position}`` end to end on tiny models, and their clear errors."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from viz_support import smooth_rgb, write_png
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the top-level viz/ entry point is not part of the installed package
-from viz.__main__ import build_parser, main  # noqa: E402
+from vit5.viz.cli import build_parser, main
 
 TINY = ["--model", "vit5_tiny", "--model-args", "depth=1", "img_size=32", "patch_size=8"]
 FAST = ["--quiet", "--formats", "png", "--random-init"]
@@ -63,8 +59,7 @@ def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
         "--images",
         "sklearn-samples",
         "--size",
-        "32",
-        "48",
+        "32x48",
         "--out",
         str(tmp_path),
         "--bootstrap",
@@ -113,8 +108,7 @@ def test_position_probe_of_two_position_encodings(tmp_path, capsys):
         *tiny,
         "ape=False",
         "--size",
-        "32",
-        "48",
+        "32x48",
         "--noise-images",
         "4",
         "--out",
@@ -155,8 +149,7 @@ def test_compare_models_without_cls_shows_received_attention(tmp_path, capsys):
         "--images",
         "sklearn-samples",
         "--size",
-        "32",
-        "48",
+        "32x48",
         "--out",
         str(tmp_path),
         "--bootstrap",

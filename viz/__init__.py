@@ -1,1 +1,1 @@
-"""``python -m viz``: attention maps, token norms and register metrics (see ``python -m viz --help``)."""
+"""``python -m viz``: a shim for ``vit5 viz`` (see ``vit5 viz --help``)."""

@@ -45,10 +45,9 @@ from vit5.bench.timing import TimingConfig
 from vit5.errors import Vit5Error, safe_console, user_message
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.config_load import config_diff
+from vit5.train.config import config_diff, recipe_path
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds
 TITLE = "vit5 ablation report"
 
@@ -359,7 +358,7 @@ def plan_from_args(args: argparse.Namespace) -> AblationPlan:
         ablations = tuple(select_ablations(only))
     except ValueError as e:
         raise AblationError(f"--only: {e}") from None
-    base = args.config if args.config is not None else CONFIGS / scale.config
+    base = args.config if args.config is not None else recipe_path(scale.config)
     if not base.is_file():
         raise AblationError(f"config file {base} does not exist: pass --config PATH to a training recipe")
     out_dir = args.out or Path("runs") / f"ablate_{args.scale}"

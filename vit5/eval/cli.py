@@ -1,23 +1,24 @@
-"""Command line for :mod:`vit5.eval`: ``python -m eval COMMAND ...`` (``python -m eval COMMAND --help``).
+"""Command line for :mod:`vit5.eval`: ``vit5 eval COMMAND ...`` (``vit5 eval COMMAND --help``;
+``python -m eval`` is the same).
 
 Thin: parses options, calls the library, prints tables and writes JSON (and figures) under
-``--out``. Bad input ends with one ``eval: error: ...`` line and exit code 2. ``classify`` and
+``--out``. Bad input ends with one ``error: ...`` line and exit code 2. ``classify`` and
 ``sweep`` run multi-process too and give the numbers of one process: on GPUs
-``accelerate launch --multi_gpu --num_processes N -m eval classify ...``; on CPUs
-``torchrun --nproc_per_node N -m eval classify ...``.
+``accelerate launch --multi_gpu --num_processes N -m vit5 eval classify ...``; on CPUs
+``torchrun --nproc_per_node N -m vit5 eval classify ...``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from vit5.cli import SIZE_HELP, parse_size, run_command
 from vit5.data.digits_seg import SegSetConfig, make_digit_segmentation
-from vit5.errors import Vit5Error, one_line_warnings, safe_console, user_message
+from vit5.errors import one_line_warnings, safe_console
 from vit5.eval import (
     ClassifySettings,
     EvalError,
@@ -44,7 +45,6 @@ from vit5.eval import (
 )
 from vit5.eval.backbone import patch_size_of
 from vit5.eval.figures import plot_confusion
-from vit5.eval.images import parse_size
 from vit5.eval.load import distinct_labels, parse_overrides
 from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
@@ -60,23 +60,12 @@ MODEL_HELP = (
 )
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        return parse_size(text)
-    except EvalError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-
-
 def _accelerator(args: argparse.Namespace):
     from accelerate import Accelerator
 
     # Without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group and
     # every process would evaluate everything.
-    return Accelerator(cpu=args.device == "cpu" or not torch.cuda.is_available())
-
-
-def _device(name: str) -> torch.device:
-    return resolve_device(name)
+    return Accelerator(cpu=resolve_device(args.device).type == "cpu")
 
 
 def _models(args: argparse.Namespace, device: torch.device | None = None) -> list:
@@ -100,7 +89,7 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
         for m in load_models(spec, args.weights, untrained, **parse_overrides(items), **limit)
     ]
     for m in loaded:
-        m.model.to(device or _device(getattr(args, "device", "auto")))
+        m.model.to(device or resolve_device(getattr(args, "device", "auto")))
     return distinct_labels(loaded)
 
 
@@ -266,9 +255,9 @@ def _classify_options(p: argparse.ArgumentParser) -> None:
     _loader_options(p, 64, 4)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -277,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split",
     )
     _classify_options(p)
-    p.add_argument("--size", type=_size, help="eval size N or HxW (default: the model's own)")
+    p.add_argument(
+        "--size", type=parse_size, metavar="N|HxW", help=f"eval size, {SIZE_HELP} (default: the model's own)"
+    )
     p.add_argument(
         "--out", type=Path, required=True, help="writes classify.json and confusion_<model>.png here"
     )
@@ -296,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})",
     )
     group.add_argument(
-        "--sizes", nargs="+", type=_size, metavar="N|HxW", help="absolute sizes instead of --scales"
+        "--sizes", nargs="+", type=parse_size, metavar="N|HxW", help="absolute sizes instead of --scales"
     )
     p.add_argument("--out", type=Path, required=True, help="writes sweep.json and sweep.png here")
     p.set_defaults(run=cmd_sweep)
@@ -321,7 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
-        "--size", type=_size, help="resize every image to N or HxW (patch multiples); default: own size"
+        "--size",
+        type=parse_size,
+        metavar="N|HxW",
+        help=f"resize every image to {SIZE_HELP}; default: own size",
     )
     size.add_argument("--max-side", type=int, help="own size, shrunk so the longer side is at most this")
     p.add_argument("--norm", action="store_true", help="apply the final norm to each block's output")
@@ -357,7 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-norm", action="store_true", help="probe raw block outputs instead of final-normed ones"
     )
-    p.add_argument("--size", type=_size, help="input size (default: the model's)")
+    p.add_argument(
+        "--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP} (default: the model's)"
+    )
     _loader_options(p, 64, 2)
     p.add_argument("--out", type=Path, required=True, help="writes probe.json here")
     p.set_defaults(run=cmd_probe)
@@ -377,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reduce-zero-label", action="store_true", help="ADE20K: id 0 is ignored, ids shift down by one"
     )
-    p.add_argument("--size", type=_size, help="input size (default: the model's)")
+    p.add_argument(
+        "--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP} (default: the model's)"
+    )
     p.add_argument(
         "--layers", nargs="+", type=int, default=[-1], help="blocks whose patch features are concatenated"
     )
@@ -414,22 +412,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 eval") -> int:
+    """Entry point of ``vit5 eval``; returns the exit status (2 after one ``error:`` line on bad input)."""
     safe_console()
     one_line_warnings()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     torch.manual_seed(getattr(args, "seed", 0))
-    try:
+
+    def work() -> None:
         if getattr(args, "device", None) is not None:
             resolve_device(args.device)  # a bad --device fails before any work
         if getattr(args, "out", None) is not None:
             check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
         args.run(args)
-    except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback
-        parser.exit(2, f"eval: error: {user_message(err)}\n")
-    return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_command(work)

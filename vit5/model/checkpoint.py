@@ -40,7 +40,14 @@ from vit5.files import atomic_write_bytes, atomic_write_json
 from vit5.layers import resample_pos_embed
 from vit5.model import hub
 from vit5.model.config import ConfigError, ViT5Config
-from vit5.model.convert import CheckpointError, Source, config_from_checkpoint, convert, detect_source
+from vit5.model.convert import (
+    CheckpointError,
+    HeadMismatchError,
+    Source,
+    config_from_checkpoint,
+    convert,
+    detect_source,
+)
 from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
 from vit5.model.presets import PRESETS, closest_preset, preset_config
 from vit5.model.vit import ViT5, default_pretrained_cfg
@@ -396,12 +403,18 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
             "  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source "
             "format"
         )
-    raise CheckpointError("\n".join(lines))
+    error = HeadMismatchError if any(k in HEAD_KEYS for k in mismatched) else CheckpointError
+    raise error("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------- factories
 def create_model(
-    name: str, pretrained: Pretrained = None, *, max_params: float = DEFAULT_MAX_PARAMS, **overrides: Any
+    name: str,
+    pretrained: Pretrained = None,
+    *,
+    max_params: float = DEFAULT_MAX_PARAMS,
+    log_report: bool = True,
+    **overrides: Any,
 ) -> ViT5:
     """Build preset ``name`` with config ``overrides``; optionally load weights.
 
@@ -415,7 +428,8 @@ def create_model(
     When ``num_classes`` is overridden and differs from the checkpoint's head, the head is reset
     (fine-tuning); the APE is resampled when ``img_size`` differs. Everything else loads strictly.
     Pass ``use_ema=True`` to take the EMA weights and ``source=`` to force a checkpoint format.
-    A model of more than ``max_params`` parameters is refused before it is allocated.
+    A model of more than ``max_params`` parameters is refused before it is allocated. What was
+    loaded is ``model.load_report``; ``log_report=False`` leaves printing it to the caller.
     """
     use_ema = overrides.pop("use_ema", False)
     source = overrides.pop("source", None)
@@ -444,7 +458,7 @@ def create_model(
         _check_named_preset(name, cfg, pretrained, overrides)
     else:
         cfg = preset_config(name, **overrides)
-    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
+    return _build_and_load(cfg, ckpt, "num_classes" in overrides, max_params, log_report)
 
 
 def load_model(
@@ -584,15 +598,15 @@ def _check_named_preset(name: str, cfg: ViT5Config, pretrained: Any, overrides: 
         )
 
 
-def _build_and_load(cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool, max_params: float) -> ViT5:
+def _build_and_load(
+    cfg: ViT5Config, ckpt: Checkpoint, ignore_head: bool, max_params: float, log_report: bool = True
+) -> ViT5:
     check_size(cfg, max_params, source=ckpt.path)
     model = ViT5(cfg)
     report = load_weights(model, ckpt, ignore_head=ignore_head)
     model.load_report = report
-    if report.reset or report.resampled:
-        logger.warning(str(report))
-    else:
-        logger.info(str(report))
+    if log_report:
+        logger.log(logging.WARNING if report.reset or report.resampled else logging.INFO, str(report))
     return model
 
 

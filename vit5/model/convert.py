@@ -40,6 +40,10 @@ class CheckpointError(Vit5Error, ValueError):
     """A checkpoint cannot be loaded as asked; the message lists what does not fit and how to fix it."""
 
 
+class HeadMismatchError(CheckpointError):
+    """The checkpoint's classifier head is for another number of classes (fine-tuning: start a new head)."""
+
+
 def detect_source(state_dict: dict[str, torch.Tensor]) -> Source:
     """``"official"`` when the ViT-5 code's LayerScale names are present, else timm-style names."""
     return "official" if any(k.endswith(".gamma_1") for k in state_dict) else "timm"

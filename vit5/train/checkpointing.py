@@ -8,9 +8,9 @@ and nothing that is unpickled: every file is safetensors, JSON, or read with
 ``model.safetensors``   the raw weights
 ``model_ema.safetensors`` the EMA weights (when the EMA is on)
 ``optimizer.pt``        ``optimizer.state_dict()`` (moments, step counts, param groups)
-``train_state.json``    :class:`~vit5.train.state.TrainState` (epoch, batch, updates, history),
+``train_state.json``    :class:`TrainState` (epoch, batch, updates, history),
                         Accelerate's step counter and the fp16 gradient scaler
-``rng_state_<rank>.json`` every random generator of process ``rank`` (:mod:`vit5.train.rng`)
+``rng_state_<rank>.json`` every random generator of process ``rank`` (:func:`capture_rng`)
 ``checkpoint.json``     written last: the format, the config as run, the number of processes,
                         and the size and SHA-256 of every other file
 ====================== ==========================================================================
@@ -38,21 +38,32 @@ resumed run has saved a newer checkpoint of its own.
 **Model directories** (``final/``, ``best/``): our safetensors format via :func:`vit5.save_pretrained`,
 raw and EMA weights, built in a staging folder and swapped into place in one step
 (:func:`vit5.files.replace_dir`): a kill leaves the old complete directory or the new one.
+
+**Random states** as plain JSON (no pickle): :func:`capture_rng` reads Python's ``random``, NumPy's
+global generator, torch's CPU generator and every CUDA device's generator; :func:`restore_rng` puts
+them back after checking the shape of every field, so a damaged or crafted file is refused
+(``ValueError``) instead of silently leaving a generator unrestored. Together with the model,
+optimizer and loop position (:class:`TrainState`) this makes a resumed run draw exactly the
+augmentations, drop-path masks and Mixup pairs of an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import io
 import json
 import os
+import random
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object
@@ -67,8 +78,6 @@ from vit5.errors import StorageError, Vit5Error, storage_error, user_message
 from vit5.files import atomic_write_bytes, atomic_write_json, replace_dir, staging_dir
 from vit5.model.checkpoint import safe_torch_load, safetensors_bytes
 from vit5.train.errors import ResumeError
-from vit5.train.rng import capture_rng, restore_rng
-from vit5.train.state import TrainState
 
 FORMAT = "vit5-train-checkpoint/1"
 MANIFEST = "checkpoint.json"
@@ -302,7 +311,7 @@ def last_good_hint(damaged: Path) -> str:
             continue
         hint = (
             f"The last good checkpoint of this run is {candidate}: "
-            f"resume with `python train.py --resume {candidate}`"
+            f"resume with `vit5 train --resume {candidate}`"
         )
         if candidate != checkpoints[-1]:
             hint += (
@@ -551,3 +560,145 @@ def save_model_dir(
 
         error = _attempt(write)
     _raise_agreed(accelerator, error)
+
+
+@dataclass
+class TrainState:
+    """Where the run is: ``epoch`` (0-based, in progress), ``batch`` (micro-batches of it already
+    trained, always a multiple of the accumulation steps), ``num_updates`` (optimizer steps so far),
+    the best raw val top-1 and its epoch, time and images spent, and the per-epoch metric rows."""
+
+    epoch: int = 0
+    batch: int = 0
+    num_updates: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = -1
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    images_seen: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore from :meth:`state_dict` output (e.g. read back from JSON).
+
+        Raises:
+            ValueError: not a mapping of exactly these fields with values of their types.
+        """
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        if not isinstance(state, dict) or set(state) != set(fields):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"expected the fields {sorted(fields)}, got {got}")
+        for name, value in state.items():
+            kind = {"int": int, "float": (int, float), "list[dict[str, Any]]": list}[str(fields[name].type)]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} is not of type {fields[name].type}")
+            if name == "history" and not all(isinstance(row, dict) for row in value):
+                raise ValueError("history must be a list of metric rows")
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+RNG_FORMAT = "vit5-rng/1"
+
+
+def capture_rng() -> dict[str, Any]:
+    """The current state of every generator, JSON-serialisable."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "format": RNG_FORMAT,
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": _encode(torch.get_rng_state()),
+        "cuda": [_encode(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng(state: Any) -> None:
+    """Set every generator from :func:`capture_rng`'s output.
+
+    Raises:
+        ValueError: a field is missing, of the wrong type or size (nothing is half-restored: every
+            field is checked before any generator is set).
+    """
+    _require(isinstance(state, dict) and state.get("format") == RNG_FORMAT, f"not a {RNG_FORMAT} record")
+    py, npy = state.get("python"), state.get("numpy")
+    _require(isinstance(py, dict) and isinstance(npy, dict), "the python or numpy generator state is missing")
+    internal, keys = py.get("state"), npy.get("keys")
+    _require(
+        isinstance(internal, list) and len(internal) == 625 and all(map(_is_uint32, internal)),
+        "the python generator state is not 625 32-bit integers",
+    )
+    _require(
+        isinstance(py.get("version"), int) and isinstance(py.get("gauss_next"), (float, type(None))),
+        "the python generator version or gauss_next has the wrong type",
+    )
+    _require(
+        isinstance(keys, list) and len(keys) == 624 and all(map(_is_uint32, keys)),
+        "the numpy generator keys are not 624 32-bit integers",
+    )
+    _require(
+        npy.get("kind") == "MT19937" and isinstance(npy.get("pos"), int) and 0 <= npy["pos"] <= 624,
+        "the numpy generator kind or position is invalid",
+    )
+    _require(
+        isinstance(npy.get("has_gauss"), int) and isinstance(npy.get("cached_gaussian"), (int, float)),
+        "the numpy generator gaussian cache has the wrong type",
+    )
+    cpu = _decode(state.get("torch"), torch.get_rng_state().numel(), "torch")
+    cuda_states = state.get("cuda")
+    _require(isinstance(cuda_states, list), "the CUDA generator states are missing")
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _require(
+        not cuda_states or len(cuda_states) == devices,
+        f"{len(cuda_states)} CUDA generator states for {devices} visible CUDA devices",
+    )
+    cuda = [_decode(s, None, "cuda") for s in cuda_states]
+
+    random.setstate((py["version"], tuple(internal), py["gauss_next"]))
+    np.random.set_state(
+        (
+            npy["kind"],
+            np.asarray(keys, dtype=np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            float(npy["cached_gaussian"]),
+        )
+    )
+    torch.set_rng_state(cpu)
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _is_uint32(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: Any, size: int | None, what: str) -> torch.Tensor:
+    _require(isinstance(text, str), f"the {what} generator state is missing")
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise ValueError(f"the {what} generator state is not base64") from None
+    if size is not None and len(raw) != size:
+        raise ValueError(f"the {what} generator state has {len(raw)} bytes, not {size}")
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()

@@ -1,7 +1,8 @@
-"""``python train.py [--config FILE] [--resume [DIR]] [key=value ...]``
+"""``vit5 train [--config RECIPE] [--resume [DIR]] [key=value ...]`` (``python train.py`` is the same)
 
-* no arguments: the built-in digits demo (``configs/demo_digits.yaml``);
-* ``--config FILE``: a recipe, e.g. ``configs/vit5_small_in1k.yaml``; ``key=value`` overrides any
+* no arguments: the built-in digits demo (the packaged recipe ``demo_digits``);
+* ``--config RECIPE``: a packaged recipe by name (``vit5_small_in1k``; they live in ``vit5/configs/``,
+  also reachable as ``configs/`` in the repository) or a YAML file; ``key=value`` overrides any
   setting (``data.root=/data/imagenet optim.lr=3e-3 model.overrides.depth=6``);
 * ``--resume DIR``: continue the run in ``DIR`` (or the checkpoint ``DIR/checkpoints/ckpt-N``)
   exactly where its last checkpoint left it, with the run's own ``config.yaml`` (``key=value``
@@ -9,7 +10,7 @@
   ``run.output_dir/run.name`` of the config. An older checkpoint (newer ones exist) continues in
   a new run directory ``DIR-2``; nothing of ``DIR`` is changed.
 
-Launch on several GPUs / nodes with ``accelerate launch train.py ...``. User errors (config, data,
+Launch on several GPUs / nodes with ``accelerate launch -m vit5 train ...``. User errors (config, data,
 a damaged checkpoint, a full or read-only disk, a run in use) exit with status 2 and one ``error:``
 line naming the fix; a diverged run exits with status 1.
 """
@@ -17,27 +18,27 @@ line naming the fix; a diverged run exits with status 1.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.errors import Vit5Error, safe_console, user_message
+from vit5.cli import print_main, run_command
+from vit5.errors import safe_console
 from vit5.train.checkpointing import checkpoint_config, resolve_resume
-from vit5.train.config import TrainConfig
-from vit5.train.config_load import config_diff, config_from_dict, load_config
+from vit5.train.config import DEMO_RECIPE, TrainConfig, config_diff, config_from_dict, load_config, recipes
 from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
 from vit5.train.rundir import CONFIG_FILE
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="train.py",
+        prog=prog,
         description="Train or fine-tune a ViT-5 with Accelerate (no arguments: the built-in digits demo).",
-        epilog="example: accelerate launch train.py --config configs/vit5_small_in1k.yaml "
-        "data.root=/data/imagenet",
+        epilog="example: accelerate launch -m vit5 train --config vit5_small_in1k data.root=/data/imagenet",
     )
-    parser.add_argument("--config", type=Path, help="YAML recipe (default: configs/demo_digits.yaml)")
+    parser.add_argument(
+        "--config",
+        help=f"a packaged recipe ({', '.join(recipes())}) or a YAML file (default: {DEMO_RECIPE})",
+    )
     parser.add_argument(
         "--resume",
         nargs="?",
@@ -76,7 +77,9 @@ FROZEN_ON_RESUME = (
 )
 
 
-def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig, Path | None, list[str]]:
+def resolve(
+    args: argparse.Namespace, default_config: str | Path = DEMO_RECIPE
+) -> tuple[TrainConfig, Path | None, list[str]]:
     """The config to run, the checkpoint to resume from (or None) and notes to print."""
     if args.resume is None:
         return load_config(args.config or default_config, args.overrides), None, []
@@ -107,28 +110,23 @@ def resolve(args: argparse.Namespace, default_config: Path) -> tuple[TrainConfig
     return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]
 
 
-def main(argv: Sequence[str] | None = None, default_config: Path | None = None) -> int:
-    """Entry point of ``train.py``; returns the process exit status."""
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
+    """Entry point of ``vit5 train``; returns the process exit status (1: the run diverged, 2: a user
+    error - bad input, a full or read-only disk - after one ``error:`` line)."""
     from vit5.train.trainer import Trainer  # heavy imports after argument errors
 
     safe_console()
-    args = parse_args(argv)
-    default = default_config or Path.cwd() / "configs" / "demo_digits.yaml"
-    try:
-        cfg, checkpoint, notes = resolve(args, default)
+    args = parse_args(argv, prog)
+
+    def work() -> int:
+        cfg, checkpoint, notes = resolve(args)
         for note in notes:
-            _print_main(note)
-        Trainer(cfg, resume=checkpoint).fit()
-    except TrainingDiverged as e:
-        _print_main(f"error: {e}", err=True)
-        return 1
-    except (Vit5Error, OSError) as e:  # a user error (bad input, a full or read-only disk): one line
-        _print_main(f"error: {user_message(e)}", err=True)
-        return 2
-    return 0
+            print_main(note)
+        try:
+            Trainer(cfg, resume=checkpoint).fit()
+        except TrainingDiverged as e:
+            print_main(f"error: {e}", err=True)
+            return 1
+        return 0
 
-
-def _print_main(message: str, err: bool = False) -> None:
-    """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(message, file=sys.stderr if err else sys.stdout, flush=True)
+    return run_command(work)

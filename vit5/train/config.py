@@ -1,17 +1,43 @@
-"""The training configuration: one typed dataclass per section, read by OmegaConf.
+"""The training configuration: one typed dataclass per section, read from YAML plus dotted
+``key=value`` overrides by OmegaConf, then checked before any work starts.
 
-Defaults are the ViT-5-Small ImageNet pre-training recipe (DeiT-III style; reference §3.2): LAMB
-lr 4e-3 (absolute, ``--unscale-lr``), weight decay 0.05, 800 epochs with 5 warmup epochs from
-1e-6, cosine to 1e-5, 3-Augment, Mixup 0.8 / CutMix 1.0 with binarised BCE, repeated
-augmentation x3, EMA 0.99996, bf16. ``configs/*.yaml`` only state what differs.
+Defaults are the ViT-5-Small ImageNet pre-training recipe (DeiT-III style; the official README's
+``main.py`` command and its defaults, github.com/wangf3014/ViT-5 at commit 095d747): LAMB lr 4e-3
+(absolute, ``--unscale-lr``), weight decay 0.05, 800 epochs with 5 warmup epochs from 1e-6, cosine
+to 1e-5 stepped per epoch, 3-Augment, Mixup 0.8 / CutMix 1.0 with binarised BCE, repeated
+augmentation x3, EMA 0.99996, bf16. The ImageNet recipes (``vit5/configs/*.yaml``, :func:`recipes`)
+restate every setting of their official command, defaults included, so each reads as that command;
+the digits demo states its own small setup.
 
-Loading, overrides and validation live in :mod:`vit5.train.config_load`.
+* Loading (:func:`load_config`): defaults <- a YAML recipe (a file, or a packaged recipe by name)
+  <- overrides. A key that is not a setting is named with the closest valid key and the file or
+  argument it came from; a value of the wrong type names the expected type; ``???`` in a recipe
+  marks a setting the user must give.
+* Checks (:func:`validate_config`): every problem is collected and reported at once, each with its
+  fix: a value out of range, a model preset or timm optimizer that does not exist, model overrides
+  that do not form a valid ``ViT5Config``, combinations that cannot work (an odd batch under Mixup,
+  smoothed BCE targets that a threshold turns into all ones) and data / checkpoint paths that do
+  not exist.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib.resources
+import os
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import vit5
+from vit5.model.footprint import check_size
+from vit5.train.errors import TrainConfigError
 
 
 @dataclass
@@ -141,3 +167,372 @@ class TrainConfig:
     ema: EmaSection = field(default_factory=EmaSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
+
+
+def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
+    """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
+    problems: list[str] = []
+    for check in _CHECKS:
+        problems.extend(check(cfg))
+    if check_paths:
+        problems.extend(_check_paths(cfg))
+    if problems:
+        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+
+def _ranges(cfg: TrainConfig) -> list[str]:
+    rules: list[tuple[str, Any, Callable[[Any], bool], str]] = [
+        ("model.img_size", cfg.model.img_size, lambda v: v > 0, "> 0"),
+        ("model.num_classes", cfg.model.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("model.drop_path_rate", cfg.model.drop_path_rate, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("model.max_params", cfg.model.max_params, lambda v: v > 0, "> 0"),
+        ("data.batch_size", cfg.data.batch_size, lambda v: v >= 1, ">= 1"),
+        ("data.eval_batch_size", cfg.data.eval_batch_size, lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.num_workers", cfg.data.num_workers, lambda v: v >= 0, ">= 0"),
+        ("data.digits_val_fraction", cfg.data.digits_val_fraction, lambda v: 0 < v < 1, "in (0, 1)"),
+        ("aug.color_jitter", cfg.aug.color_jitter, lambda v: v >= 0, ">= 0"),
+        ("aug.scale", cfg.aug.scale, lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+        ("aug.hflip", cfg.aug.hflip, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.eval_crop_ratio", cfg.aug.eval_crop_ratio, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("aug.repeated_aug", cfg.aug.repeated_aug, lambda v: v >= 1, ">= 1 (1 = off)"),
+        ("aug.ra_selected_round", cfg.aug.ra_selected_round, lambda v: v >= 0, ">= 0"),
+        ("aug.mixup", cfg.aug.mixup, lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.cutmix", cfg.aug.cutmix, lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.mixup_prob", cfg.aug.mixup_prob, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        (
+            "aug.mixup_switch_prob",
+            cfg.aug.mixup_switch_prob,
+            lambda v: 0 <= v <= 1,
+            "a probability in [0, 1]",
+        ),
+        ("loss.smoothing", cfg.loss.smoothing, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("optim.lr", cfg.optim.lr, lambda v: v > 0, "> 0"),
+        ("optim.lr_base_batch", cfg.optim.lr_base_batch, lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("optim.weight_decay", cfg.optim.weight_decay, lambda v: v >= 0, ">= 0"),
+        ("optim.eps", cfg.optim.eps, lambda v: v > 0, "> 0"),
+        ("optim.betas", cfg.optim.betas, lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+        ("optim.layer_decay", cfg.optim.layer_decay, lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
+        ("optim.clip_grad", cfg.optim.clip_grad, lambda v: v is None or v > 0, "> 0 or null"),
+        ("optim.accum_steps", cfg.optim.accum_steps, lambda v: v >= 1, ">= 1"),
+        ("schedule.epochs", cfg.schedule.epochs, lambda v: v >= 1, ">= 1"),
+        (
+            "schedule.warmup_epochs",
+            cfg.schedule.warmup_epochs,
+            lambda v: 0 <= v < cfg.schedule.epochs,
+            "in [0, schedule.epochs)",
+        ),
+        ("schedule.warmup_lr", cfg.schedule.warmup_lr, lambda v: v >= 0, ">= 0"),
+        ("schedule.min_lr", cfg.schedule.min_lr, lambda v: v >= 0, ">= 0"),
+        ("ema.decay", cfg.ema.decay, lambda v: 0 < v < 1, "in (0, 1)"),
+        (
+            "checkpoint.every_steps",
+            cfg.checkpoint.every_steps,
+            lambda v: v >= 0,
+            ">= 0 (0 = epoch ends only)",
+        ),
+        ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, lambda v: v >= 1, ">= 1"),
+        ("checkpoint.keep_last", cfg.checkpoint.keep_last, lambda v: v >= 1, ">= 1"),
+        ("run.eval_every_epochs", cfg.run.eval_every_epochs, lambda v: v >= 1, ">= 1"),
+    ]
+    return [f"{key}={value!r} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
+
+
+def _names(cfg: TrainConfig) -> list[str]:
+    from timm.optim import list_optimizers
+
+    problems = []
+    presets = vit5.list_presets()
+    if cfg.model.name not in presets:
+        close = difflib.get_close_matches(cfg.model.name, presets, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        problems.append(f"model.name={cfg.model.name!r} is not a preset; {hint}presets: {', '.join(presets)}")
+    else:
+        problems.extend(_model_overrides(cfg))
+    optimizers = list_optimizers()
+    if cfg.optim.name not in optimizers:
+        close = difflib.get_close_matches(cfg.optim.name, optimizers, n=3)
+        problems.append(
+            f"optim.name={cfg.optim.name!r} is not a timm optimizer (closest: {', '.join(close) or 'none'}); "
+            f"this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
+        )
+    if not cfg.aug.randaug.startswith("rand-"):
+        problems.append(
+            f"aug.randaug={cfg.aug.randaug!r} must be a timm RandAugment string like 'rand-m9-mstd0.5-inc1'"
+        )
+    if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
+        problems.append(
+            f"run.name={cfg.run.name!r} must be a plain folder name (the run goes to run.output_dir/run.name)"
+        )
+    return problems
+
+
+def _model_overrides(cfg: TrainConfig) -> list[str]:
+    taken = {"img_size", "drop_path_rate", "num_classes"} & set(cfg.model.overrides)
+    if taken:
+        return [f"model.overrides.{k} duplicates model.{k}; set model.{k} instead" for k in sorted(taken)]
+    try:
+        model_cfg = vit5.preset_config(
+            cfg.model.name,
+            img_size=cfg.model.img_size,
+            drop_path_rate=cfg.model.drop_path_rate,
+            **cfg.model.overrides,
+        )
+        if cfg.model.pretrained is None:  # a checkpoint's own size is checked when it is read
+            check_size(
+                model_cfg.replace(num_classes=cfg.model.num_classes or 0), cfg.model.max_params, "the config"
+            )
+    except (vit5.ConfigError, TypeError, ValueError) as e:
+        return [
+            f"model (preset {cfg.model.name} with img_size={cfg.model.img_size}, "
+            f"overrides={cfg.model.overrides}): {e}"
+        ]
+    return []
+
+
+def _combinations(cfg: TrainConfig) -> list[str]:
+    problems = []
+    if cfg.aug.mixing and cfg.data.batch_size % 2:
+        problems.append(
+            f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
+            f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
+        )
+    threshold = cfg.loss.bce_target_threshold
+    if (
+        cfg.loss.name == "bce"
+        and cfg.loss.smoothing > 0
+        and threshold is not None
+        and threshold < cfg.loss.smoothing
+    ):
+        problems.append(
+            f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
+            f"loss.bce_target_threshold={threshold}, so binarising makes all targets 1; "
+            f"set loss.smoothing=0 (official) or loss.bce_target_threshold=null"
+        )
+    if cfg.data.dataset == "folder" and cfg.data.root is None:
+        problems.append(
+            "data.root is not set: pass data.root=/path/to/dataset "
+            "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
+            "or data.dataset=digits for the built-in digits"
+        )
+    if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
+        problems.append(
+            f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
+            "regional (compile one block, shared by all: faster first step) or false"
+        )
+    if cfg.model.compile and cfg.model.grad_checkpointing:
+        problems.append("model.compile and model.grad_checkpointing together are not supported; pick one")
+    return problems
+
+
+def _check_paths(cfg: TrainConfig) -> list[str]:
+    problems = []
+    if cfg.data.dataset == "folder" and cfg.data.root is not None:
+        root = Path(cfg.data.root).expanduser()
+        if not root.is_dir():
+            problems.append(f"data.root={cfg.data.root} does not exist or is not a folder; check the path")
+        else:
+            for key, split in (
+                ("data.train_split", cfg.data.train_split),
+                ("data.val_split", cfg.data.val_split),
+            ):
+                if not (root / split).is_dir():
+                    found = sorted(
+                        p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                    )
+                    problems.append(
+                        f"{key}={split!r}: {root / split} does not exist (sub-folders of {root}: {found}); "
+                        f"set {key} or fix data.root"
+                    )
+    if cfg.model.pretrained is not None and not Path(cfg.model.pretrained).expanduser().exists():
+        problems.append(f"model.pretrained={cfg.model.pretrained} does not exist; check the path")
+    return problems
+
+
+_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (_ranges, _names, _combinations)
+
+
+_FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
+DEMO_RECIPE = "demo_digits"  # what `vit5 train` runs with no --config
+
+
+def recipes() -> dict[str, Path]:
+    """The recipes that ship inside the package (``vit5/configs/*.yaml``, also ``configs/`` in the
+    repository), by name: ``{"vit5_small_in1k": Path(...), ...}``."""
+    folder = Path(str(importlib.resources.files("vit5").joinpath("configs")))
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def recipe_path(recipe: str | os.PathLike[str]) -> Path:
+    """A recipe by name (``vit5_small_in1k``, with or without ``.yaml``) or by path.
+
+    An existing file wins; otherwise a bare name is looked up among the packaged :func:`recipes`.
+
+    Raises:
+        TrainConfigError: neither a file nor a packaged recipe, naming the packaged ones.
+    """
+    path = Path(recipe).expanduser()
+    if path.is_file():
+        return path
+    packaged = recipes()
+    name = path.name.removesuffix(".yaml")
+    if path.parent == Path(".") and name in packaged:
+        return packaged[name]
+    hint = f"; packaged recipes (give one by name): {', '.join(packaged)}" if packaged else ""
+    if path.parent != Path(".") and path.parent.is_dir():
+        nearby = sorted(p.name for p in path.parent.glob("*.yaml"))
+        hint = f". Configs in {path.parent}: {nearby}" if nearby else hint
+    raise TrainConfigError(f"config file {path} does not exist{hint}")
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    check_paths: bool = True,
+) -> TrainConfig:
+    """Defaults <- YAML file ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then validate.
+
+    Args:
+        path: a YAML file, or the name of a packaged recipe (:func:`recipe_path`).
+        check_paths: also check that ``data.root`` / ``model.pretrained`` exist (off to inspect
+            a recipe on a machine without the data).
+
+    Raises:
+        TrainConfigError: listing every problem found.
+    """
+    merged = OmegaConf.structured(TrainConfig)
+    required: set[str] = set()  # `???` in the file: the user must give these on the command line
+    if path is not None:
+        path = recipe_path(path)
+        loaded = _read_yaml(path)
+        required = set(OmegaConf.missing_keys(loaded))
+        merged = _merge(merged, loaded, where=str(path))
+    for item in overrides:
+        merged = _merge(merged, _parse_override(item), where=f"command line '{item}'")
+        required.discard(item.partition("=")[0].strip())
+    if required:
+        example = " ".join(f"{k}=..." for k in sorted(required))
+        raise TrainConfigError(
+            f"{path}: required setting(s) {', '.join(sorted(required))} not given; add {example}"
+        )
+    cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    validate_config(cfg, check_paths=check_paths)
+    return cfg
+
+
+def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
+    """A config from its ``dataclasses.asdict`` form (as recorded in a checkpoint), validated
+    without checking paths.
+
+    Raises:
+        TrainConfigError: naming ``where`` the values came from.
+    """
+    if not isinstance(values, Mapping):
+        raise TrainConfigError(f"{where}: expected a mapping of sections")
+    merged = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(dict(values)), where=where)
+    cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
+def config_to_yaml(cfg: TrainConfig) -> str:
+    """The full config (every setting, defaults included) as YAML, loadable by :func:`load_config`."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
+    """``"section.key: old -> new"`` for every setting that differs."""
+    flat_old, flat_new = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    return [
+        f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}"
+        for k in sorted(flat_new)
+        if flat_old.get(k) != flat_new[k]
+    ]
+
+
+# ---------------------------------------------------------------------------------- reading
+def _read_yaml(path: Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError and friends; keep the parser's line/column message
+        raise TrainConfigError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(loaded, DictConfig):
+        raise TrainConfigError(f"{path} must hold a mapping of sections (model:, data:, ...), not a list")
+    return loaded
+
+
+def _parse_override(item: str) -> DictConfig:
+    key, sep, _ = item.partition("=")
+    if not sep or not key.strip():
+        raise TrainConfigError(
+            f"command-line argument {item!r} is not a key=value override; write e.g. optim.lr=1e-3 "
+            f"or data.root=/path/to/imagenet"
+        )
+    if key.startswith("-"):
+        raise TrainConfigError(f"unknown option {key!r}; options are --config FILE and --resume [DIR]")
+    try:
+        return OmegaConf.from_dotlist([item])
+    except OmegaConfBaseException as e:
+        raise TrainConfigError(f"cannot parse override {item!r}: {e}") from e
+
+
+def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
+    _check_keys(OmegaConf.to_container(update), TrainConfig, prefix="", where=where)
+    try:
+        return typing.cast(DictConfig, OmegaConf.merge(base, update))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        reason = str(getattr(e, "msg", None) or e).splitlines()[0]
+        if not key:
+            raise TrainConfigError(f"{where}: bad value: {reason}") from e
+        raise TrainConfigError(
+            f"{where}: bad value for {key}: {reason} (expected {_expected_type(key)})"
+        ) from e
+
+
+def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
+    if not isinstance(node, Mapping):
+        if prefix:
+            raise TrainConfigError(
+                f"{where}: {prefix.rstrip('.')} is a section; give it keys, e.g. {prefix}KEY=VALUE"
+            )
+        raise TrainConfigError(f"{where}: expected a mapping of sections")
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            raise TrainConfigError(f"{where}: {full} is not a setting. {_suggest(str(key), fields, prefix)}")
+        if dataclasses.is_dataclass(hints[key]) and full not in _FREE_FORM:
+            _check_keys(value, typing.cast(type, hints[key]), prefix=f"{full}.", where=where)
+
+
+def _suggest(key: str, choices: Iterable[str], prefix: str) -> str:
+    choices = sorted(choices)
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
+    hint = f"Did you mean {prefix}{close[0]}? " if close else ""
+    section = prefix.rstrip(".") or "the top level"
+    return f"{hint}Valid keys in {section}: {', '.join(choices)}."
+
+
+def _expected_type(full_key: str) -> str:
+    schema: Any = TrainConfig
+    hint: Any = None
+    for part in full_key.split("."):
+        if not dataclasses.is_dataclass(schema):
+            break
+        hint = typing.get_type_hints(schema).get(part)
+        schema = hint
+    if hint is None:
+        return "see vit5/train/config.py"
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and f"{prefix}{key}" not in _FREE_FORM:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

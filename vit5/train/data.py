@@ -1,13 +1,14 @@
 """Data sets and loaders for a run, built from the config on top of :mod:`vit5.data`.
 
-Sharding across processes is done here, once, and the loaders are **not** passed to
-``accelerator.prepare`` (which would shard them a second time):
+Sharding across processes:
 
 * train: a rank-aware :class:`~vit5.data.RepeatAugSampler` (DeiT's RASampler; ``repeated_aug=1``
   is a plain distributed shuffle). All ranks share the seed, so they agree on the permutation
-  and take disjoint strides of it.
-* val: rank ``r`` of ``W`` takes samples ``r, r + W, ...``: disjoint, nothing padded or
-  repeated, so the summed counts are exact.
+  and take disjoint strides of it; the loader is not passed to ``accelerator.prepare`` (which
+  would shard it a second time).
+* val: ``accelerator.prepare`` shards it and pads the last batches;
+  :func:`vit5.train.evaluate.evaluate` drops the padding with ``gather_for_metrics``, so the
+  counts are exact (the distributed evaluation of :mod:`vit5.eval.classify`).
 """
 
 from __future__ import annotations
@@ -101,8 +102,7 @@ def build_run_data(
             f"lower data.batch_size"
         )
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
-    val_indices = list(range(rank, len(val_set), world))  # type: ignore[arg-type]
-    val_loader = build_loader(val_set, eval_batch, train=False, sampler=val_indices, **common)  # type: ignore[arg-type]
+    val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
     return RunData(train_set, val_set, class_names, train_loader, val_loader)
 
 

@@ -1,4 +1,11 @@
-"""Top-1 / top-5 accuracy and cross-entropy on the validation shard of each process, reduced."""
+"""Top-1 / top-5 accuracy and cross-entropy of the validation set, over every process.
+
+The same distributed evaluation as :func:`vit5.eval.classify.evaluate`: the loader is
+Accelerate-prepared (each process gets a shard; the last batches are padded with repeated samples
+so that every process runs as many batches), and ``accelerator.gather_for_metrics`` collects each
+batch's per-image results and drops the padding, so N processes give the numbers of one
+(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +28,8 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
-    """Evaluate ``model`` (raw or EMA) on this process's ``loader`` shard; collective over ranks."""
+    """Evaluate ``model`` (raw or EMA) on ``loader`` (prepared by ``accelerator``; a plain loader
+    is evaluated whole on each process). Collective: call on every process."""
     was_training = model.training
     model.eval()
     # running sums stay on the device: one host sync for the whole pass, not three per batch
@@ -33,16 +41,14 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
             logits = model(images)
         logits = logits.float()
         hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
-        sums += torch.stack(
-            [
-                F.cross_entropy(logits, labels, reduction="sum"),
-                hits[:, 0].sum(),
-                hits.any(dim=1).sum(),
-                torch.tensor(labels.numel(), device=labels.device),
-            ]
-        ).double()
+        per_image = torch.stack(
+            [F.cross_entropy(logits, labels, reduction="none"), hits[:, 0].float(), hits.any(dim=1).float()],
+            dim=1,
+        )
+        per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
+        sums += torch.cat([per_image.sum(dim=0), per_image.new_tensor([len(per_image)])]).double()
     model.train(was_training)
-    loss_sum, correct1, correct5, count = accelerator.reduce(sums, "sum").tolist()
+    loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:
         raise RuntimeError("the validation set is empty on every process")
     return EvalResult(

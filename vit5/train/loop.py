@@ -1,6 +1,6 @@
-"""One training epoch: mixed precision and gradient accumulation through Accelerate.
+"""One training epoch: targets, loss, mixed precision and gradient accumulation through Accelerate.
 
-Each micro-batch: targets mixed (Mixup / CutMix or one-hot), forward and loss under
+Each micro-batch: targets mixed (:class:`TargetMixer`), forward and loss (:func:`build_loss`) under
 ``accelerator.autocast()`` (bf16 on GPU in the recipe; fp32 master weights), a finite-loss check
 *before* backward (a NaN never reaches the weights), ``accelerator.backward``. Inside
 ``accelerator.accumulate`` the optimizer only steps when ``accelerator.sync_gradients`` is true;
@@ -10,26 +10,41 @@ checkpoints) advance.
 An epoch is truncated to a multiple of the accumulation steps, so every optimizer step sees the
 same number of micro-batches and epochs start on a step boundary (the loader is not prepared by
 Accelerate, which would otherwise flush a partial accumulation at the end of the loader).
+
+Targets are always soft ``[B, classes]``: Mixup / CutMix (timm ``Mixup``; the official recipe mixes
+every batch: Mixup alpha 0.8, CutMix alpha 1.0, switch 0.5, mode ``batch``) or, with mixing off,
+(smoothed) one-hot rows, so one loss code path serves both. timm ``Mixup`` draws from NumPy's global
+RNG (checkpointed with the run) and asserts an even batch per process (validated in the config).
+The losses:
+
+* ``bce`` (pre-training, ``--bce-loss``): ``BCEWithLogits`` with targets binarised like the
+  official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5 at commit 095d747):
+  every class present in the mix is a positive. timm ``BinaryCrossEntropy(smoothing=0,
+  target_threshold=0)`` does exactly this.
+* ``soft_ce`` (fine-tuning): timm ``SoftTargetCrossEntropy``; label smoothing is already folded
+  into the targets; on smoothed one-hot rows it equals cross-entropy with label smoothing.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
+from timm.data import Mixup
+from timm.data.mixup import mixup_target
+from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from vit5.train.metrics import reduce_sums
-from vit5.train.mixup import TargetMixer
-from vit5.train.schedule import LRSchedule
-from vit5.train.state import TrainState
+from vit5.train.checkpointing import TrainState
+from vit5.train.config import AugSection, LossSection
+from vit5.train.optim import LRSchedule
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -124,6 +139,12 @@ def train_one_epoch(
     return EpochResult(loss=loss_total / max(images, 1), images=int(images), seconds=seconds)
 
 
+def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float]:
+    """Sum ``values`` over all processes (collective: every rank must call it)."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(tensor, "sum").tolist()
+
+
 def _checked(acc: Accelerator, loss: torch.Tensor, epoch: int, state: TrainState) -> float:
     """The loss as a float, after checking that it is finite on every process (one host sync)."""
     loss = loss.detach().float()
@@ -136,3 +157,34 @@ def _checked(acc: Accelerator, loss: torch.Tensor, epoch: int, state: TrainState
             value if not math.isfinite(value) else math.nan, epoch, state.batch, state.num_updates
         )
     return value
+
+
+class TargetMixer:
+    """``(images, labels) -> (images, soft targets)`` for a training batch."""
+
+    def __init__(self, cfg: AugSection, num_classes: int, smoothing: float) -> None:
+        self.num_classes = num_classes
+        self.smoothing = smoothing
+        self.mixup: Mixup | None = None
+        if cfg.mixing:
+            self.mixup = Mixup(
+                mixup_alpha=cfg.mixup,
+                cutmix_alpha=cfg.cutmix,
+                prob=cfg.mixup_prob,
+                switch_prob=cfg.mixup_switch_prob,
+                mode=cfg.mixup_mode,
+                label_smoothing=smoothing,
+                num_classes=num_classes,
+            )
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.mixup is not None:
+            return self.mixup(images, labels)
+        return images, mixup_target(labels, self.num_classes, lam=1.0, smoothing=self.smoothing)
+
+
+def build_loss(cfg: LossSection) -> nn.Module:
+    """The training criterion ``(logits [B, C], soft targets [B, C]) -> scalar``."""
+    if cfg.name == "bce":
+        return BinaryCrossEntropy(smoothing=0.0, target_threshold=cfg.bce_target_threshold)
+    return SoftTargetCrossEntropy()

@@ -1,36 +1,53 @@
 """The run directory: where it goes, who may write it, and the files every run leaves.
 
 ``RUN = run.output_dir / run.name`` holds ``config.yaml`` (the full config as run),
-``checkpoints/`` (resumable state), ``best/`` and ``final/`` (model directories), ``metrics.csv``,
-``curves.png`` and ``summary.{txt,json}``. A new run never writes into an existing, non-empty
-directory: it takes the next free ``NAME-2``, ``NAME-3``, ...
+``checkpoints/`` (resumable state, :mod:`vit5.train.checkpointing`), ``best/`` and ``final/``
+(model directories), ``metrics.csv``, ``curves.png`` and ``summary.{txt,json}``. A new run never
+writes into an existing, non-empty directory: it takes the next free ``NAME-2``, ``NAME-3``, ...
 
 **One writer**: the main process holds ``RUN/.lock`` (:class:`vit5.files.FolderLock`) from the
-start of the run to its end, so a second ``train.py`` (a second ``--resume`` of the same run)
+start of the run to its end, so a second ``vit5 train`` (a second ``--resume`` of the same run)
 stops with an error naming the holder instead of interleaving checkpoints.
 
 **Resume never rewrites history**: resuming from the run's latest checkpoint continues in the
 same directory; resuming from an older one (newer checkpoints exist) *forks*: a new run directory
 ``NAME-K`` gets a copy of that checkpoint (hard links where possible) and, when it is the best
 model of that point, of ``best/``. The original run is only read, never changed.
+
+**Metrics**: every number in ``metrics.csv`` covers the whole data set and all processes: sums
+(loss x count, correct predictions, counts, images) are reduced with
+``accelerator.reduce(..., "sum")`` before any division, so shards of unequal size are weighted
+correctly. One line per epoch is printed, the final summary is written as text and JSON, and the
+curves (loss, accuracy and learning rate against epochs) as ``curves.png``.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
+from matplotlib.figure import Figure
 
 from vit5.errors import Vit5Error, storage_error, user_message
-from vit5.files import FolderLock, FolderLocked, atomic_write_text, recover_dir, replace_dir, staging_dir
+from vit5.files import (
+    FolderLock,
+    FolderLocked,
+    atomic_write_json,
+    atomic_write_text,
+    recover_dir,
+    replace_dir,
+    staging_dir,
+)
 from vit5.train.checkpointing import STATE_FILE, checkpoint_number, list_checkpoints
-from vit5.train.config import TrainConfig
-from vit5.train.config_load import config_to_yaml
+from vit5.train.config import TrainConfig, config_to_yaml
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS = "checkpoints"
@@ -177,3 +194,139 @@ def _best_matches(best: Path, checkpoint: Path) -> bool:
         return bool(exported.get("epoch") == state["best_epoch"] and state["best_epoch"] > 0)
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+_MAX_LISTED_BAD_FILES = 20
+
+
+def epoch_line(row: Mapping[str, Any], num_epochs: int) -> str:
+    """``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) | lr 1.20e-03 | 1234 img/s | 12.3 s``."""
+    parts = [f"epoch {row['epoch']}/{num_epochs}", f"loss {row['train_loss']:.4f}"]
+    if row.get("val_top1") is not None:
+        val = f"val top-1 {row['val_top1']:.2f}%"
+        if row.get("ema_top1") is not None:
+            val += f" (EMA {row['ema_top1']:.2f}%)"
+        parts.append(val)
+    parts += [
+        f"lr {row['lr']:.2e}",
+        f"{row['train_images_per_s']:.0f} img/s",
+        f"{row['epoch_seconds']:.1f} s",
+    ]
+    if row.get("bad_files"):
+        parts.append(f"{row['bad_files']} bad files skipped")
+    return " | ".join(parts)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The final summary block printed at the end and written to ``summary.txt``."""
+
+    def pct(key: str) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else f"{value:.2f}%"
+
+    lines = [
+        f"run {summary['run_dir']} {summary['status']}: "
+        f"{summary['epochs']} epochs, {summary['updates']} optimizer steps",
+        f"  model            {summary['model']}",
+        f"  best top-1       {pct('best_top1')} (epoch {summary['best_epoch']}, raw weights; saved in best/)",
+        f"  final top-1      {pct('final_top1')} (top-5 {pct('final_top5')})",
+        f"  EMA top-1        {pct('ema_top1')} at the end, best {pct('best_ema_top1')}",
+        f"  wall time        {summary['wall_seconds'] / 60:.1f} min "
+        f"({summary['train_seconds'] / 60:.1f} min training)",
+        f"  throughput       {summary['train_images_per_s']:.0f} images/s "
+        f"over {summary['num_processes']} process(es)",
+        f"  skipped files    {summary['bad_files']}",
+    ]
+    lines += [f"    {path}" for path in summary["bad_file_paths"][:_MAX_LISTED_BAD_FILES]]
+    if summary.get("forked_from"):
+        lines.append(
+            f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
+        )
+    if summary.get("resume_exact") is False:
+        lines.append(
+            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
+        )
+    return "\n".join(lines)
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    """``summary.json`` and ``summary.txt``, each written atomically; file names of any encoding
+    survive (escaped in JSON, backslash-escaped in the text)."""
+    atomic_write_json(run_dir / SUMMARY_JSON, summary)
+    atomic_write_text(run_dir / SUMMARY_TXT, format_summary(summary) + "\n")
+
+
+_PANELS = (
+    ("loss", (("train_loss", "train (soft targets)"), ("val_loss", "val"), ("ema_val_loss", "val, EMA"))),
+    ("top-1 accuracy (%)", (("val_top1", "val"), ("ema_top1", "val, EMA"))),
+    ("learning rate (end of epoch)", (("lr", "peak group"),)),
+)
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Three panels side by side; epochs on x (1-based); a missing value leaves a gap."""
+    fig = Figure(figsize=(13, 3.6), layout="constrained")  # no pyplot: no global backend, no GUI
+    axes = fig.subplots(1, 3)
+    epochs = [int(r["epoch"]) for r in rows]
+    for ax, (ylabel, series) in zip(axes, _PANELS, strict=True):
+        for key, label in series:
+            points = [(e, r[key]) for e, r in zip(epochs, rows, strict=True) if r.get(key) is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    axes[2].set_yscale("log")
+    best = [r["val_top1"] for r in rows if r.get("val_top1") is not None]
+    if best:
+        axes[1].set_title(f"best val top-1 {max(best):.2f}%", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+CSV_COLUMNS = (
+    "epoch",
+    "updates",
+    "lr",
+    "train_loss",
+    "train_images_per_s",
+    "epoch_seconds",
+    "val_loss",
+    "val_top1",
+    "val_top5",
+    "ema_val_loss",
+    "ema_top1",
+    "ema_top5",
+    "bad_files",
+)
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Write ``rows`` (one per epoch; missing values empty) atomically, floats to 6 significant digits."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _fmt(row.get(k)) for k in CSV_COLUMNS})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, buffer.getvalue(), durable=False)
+
+
+def read_csv(path: Path) -> list[dict[str, float | None]]:
+    """Rows of a metrics CSV with numbers parsed (empty cells -> None)."""
+    with open(path, newline="") as f:
+        return [{k: (float(v) if v != "" else None) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

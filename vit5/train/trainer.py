@@ -2,7 +2,7 @@
 Accelerate, runs the epochs, evaluates raw and EMA weights, and leaves the run directory.
 
     from vit5.train import Trainer, load_config
-    summary = Trainer(load_config("configs/demo_digits.yaml")).fit()
+    summary = Trainer(load_config("demo_digits")).fit()
 
 Only the main process prints and writes files; every collective (metric reductions, checkpoint
 barriers) runs on all processes.
@@ -30,22 +30,15 @@ from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
 from vit5.runtime import check_fits
 from vit5.train import rundir
-from vit5.train.checkpointing import CheckpointManager, Resumable, save_model_dir
+from vit5.train.checkpointing import CheckpointManager, Resumable, TrainState, save_model_dir
 from vit5.train.config import TrainConfig
-from vit5.train.curves import plot_curves
 from vit5.train.data import RunData, bad_files, build_run_data
-from vit5.train.ema import build_ema
 from vit5.train.errors import TrainConfigError, TrainingDiverged
 from vit5.train.evaluate import EvalResult, evaluate
-from vit5.train.loop import LoopParts, NonFiniteLoss, train_one_epoch
-from vit5.train.losses import build_loss
-from vit5.train.metrics import write_csv
-from vit5.train.mixup import TargetMixer
+from vit5.train.loop import LoopParts, NonFiniteLoss, TargetMixer, build_loss, train_one_epoch
 from vit5.train.modeling import build_model
-from vit5.train.optim import build_optimizer, peak_lr
-from vit5.train.schedule import LRSchedule
-from vit5.train.state import TrainState
-from vit5.train.summary import epoch_line, format_summary, write_summary
+from vit5.train.optim import LRSchedule, build_ema, build_optimizer, peak_lr
+from vit5.train.rundir import epoch_line, format_summary, plot_curves, write_csv, write_summary
 
 
 class Trainer:
@@ -346,7 +339,7 @@ class Trainer:
         if self.last_checkpoint is not None:
             keep = (
                 f"The last good checkpoint is {self.last_checkpoint}; "
-                f"resume with `python train.py --resume {self.run_dir}`"
+                f"resume with `vit5 train --resume {self.run_dir}`"
             )
         else:
             keep = "No checkpoint was written yet, so nothing can be resumed"
@@ -394,8 +387,8 @@ def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
     if launched != acc.num_processes:
         raise TrainConfigError(
             f"launched as {launched} processes but Accelerate runs {acc.num_processes}; each would train "
-            f"alone. Launch with `accelerate launch --multi_gpu --num_processes N train.py` "
-            f"or `torchrun --nproc_per_node N train.py`"
+            f"alone. Launch with `accelerate launch --multi_gpu --num_processes N -m vit5 train` "
+            f"or `torchrun --nproc_per_node N -m vit5 train`"
         )
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainConfigError(

@@ -1,10 +1,12 @@
 """Command line for vit5.viz:
-``python -m viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position} ...``.
+``vit5 viz {attention,norms,compare,pca,metrics,all,ttr,ablate,position,study} ...`` (``python -m viz``
+is the same).
 
 Thin: parses options into :class:`vit5.viz.RunConfig` (or the analysis' own config) and calls
 :func:`vit5.viz.run_model`, :func:`vit5.viz.run_compare`, :func:`vit5.viz.run_ttr`,
-:func:`vit5.viz.run_ablation` or :func:`vit5.viz.run_position_probe`. Bad input ends with one
-``viz: error: ...`` line and exit code 2.
+:func:`vit5.viz.run_ablation` or :func:`vit5.viz.run_position_probe`; ``study`` is the register
+study's own command line (:mod:`vit5.viz.study`). Bad input ends with one ``error: ...`` line and exit
+code 2.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit5.errors import Vit5Error, one_line_warnings, safe_console, user_message
+from vit5.cli import SIZE_HELP, parse_size, run_command
+from vit5.errors import one_line_warnings, safe_console
 from vit5.files import check_output_dir
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
 from vit5.model.spec import random_init_flags
@@ -46,6 +49,7 @@ from vit5.viz import (
     write_probes,
 )
 from vit5.viz.runner import RANDOM_INIT_NOTE
+from vit5.viz.study import main as study_main
 
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -77,6 +81,10 @@ ANALYSES = {
     "position": "position-artifact probe: norm and PCA maps of constant and noise images, "
     "for one or more models",
 }
+STUDY_HELP = (
+    "the register study: train twins without / with registers on digit canvases, tracking the artifact "
+    "metrics (resumable; `vit5 viz study --help`)"
+)
 
 
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
@@ -128,11 +136,10 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     )
     p.add_argument(
         "--size",
-        nargs=2,
-        type=int,
-        metavar=("H", "W"),
-        help="input size, multiples of the patch size, non-square allowed (default: the model's own size); "
-        "images are resized to cover it and centre-cropped",
+        type=parse_size,
+        metavar="N|HxW",
+        help=f"input size, {SIZE_HELP} (default: the model's own size); images are resized to cover it "
+        "and centre-cropped",
     )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -212,12 +219,12 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m viz",
+        prog=prog,
         description="Attention maps, token norms and the register 'garbage collector' effect, as figures "
         "and numbers.",
-        epilog="Example: python -m viz all --model vit5_tiny --random-init --model-args depth=4 --images "
+        epilog="Example: vit5 viz all --model vit5_tiny --random-init --model-args depth=4 --images "
         "sklearn-samples --out runs/viz",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -295,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--noise-images", type=int, default=16)
     _run_args(p)
+    sub.add_parser("study", help=STUDY_HELP, add_help=False)  # parsed by vit5.viz.study
     return parser
 
 
@@ -324,7 +332,7 @@ def _init_args(p: argparse.ArgumentParser) -> None:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument(
-        "--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)"
+        "--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP} (default: the model's own)"
     )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -449,35 +457,38 @@ def _config(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
+    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
     safe_console()
     one_line_warnings()
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:
+        return run_command(lambda: study_main(argv[1:]))
+    args = build_parser(prog).parse_args(argv)
+    return run_command(lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> None:
     limit = _limit(args)
-    try:
-        check_output_dir(args.out, "--out")
-        if args.command in ANALYSES:
-            (_ablate if args.command == "ablate" else _position)(args)
-            return 0
-        cfg = _config(args)
-        specs = [args.model] + ([args.model_b] if args.command == "compare" else [])
-        random_a, *random_b = random_init_flags(specs, args.random_init)
-        model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema, random_a)
-        print(f"model: {model.description}")
-        if args.command == "compare":
-            overrides_b = {**parse_overrides(args.model_b_args), **limit}
-            model_b = load_model_spec(args.model_b, overrides_b, args.ema, random_b[0])
-            print(f"model B: {model_b.description}")
-            run_compare(model, model_b, args.images, cfg)
-        elif args.command == "ttr":
-            search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
-            run_ttr(model, args.images, cfg, search, args.count)
-        else:
-            run_model(model, args.images, cfg)
-    except (Vit5Error, OSError) as err:  # bad input, or a full / read-only disk: one line, no traceback
-        print(f"viz: error: {user_message(err)}", file=sys.stderr)
-        return 2
-    return 0
+    check_output_dir(args.out, "--out")
+    if args.command in ANALYSES:
+        (_ablate if args.command == "ablate" else _position)(args)
+        return
+    cfg = _config(args)
+    specs = [args.model] + ([args.model_b] if args.command == "compare" else [])
+    random_a, *random_b = random_init_flags(specs, args.random_init)
+    model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema, random_a)
+    print(f"model: {model.description}")
+    if args.command == "compare":
+        overrides_b = {**parse_overrides(args.model_b_args), **limit}
+        model_b = load_model_spec(args.model_b, overrides_b, args.ema, random_b[0])
+        print(f"model B: {model_b.description}")
+        run_compare(model, model_b, args.images, cfg)
+    elif args.command == "ttr":
+        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
+        run_ttr(model, args.images, cfg, search, args.count)
+    else:
+        run_model(model, args.images, cfg)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,8 @@
+"""``python -m eval COMMAND ...``: the same as ``vit5 eval`` (:mod:`vit5.eval.cli`)."""
+
+import sys
+
+from vit5.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["eval", *sys.argv[1:]]))
