@@ -1,6 +1,6 @@
 """Training config: YAML + dotted overrides, validated up front with messages that name the fix;
 the shipped recipes resolve to the official README hyper-parameters (github.com/wangf3014/ViT-5
-README training commands, main.py defaults at commit 095d747)."""
+README training commands, main.py defaults at commit b7b0796)."""
 
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Optimizer: timm factory with the ViT-5 weight-decay groups (timm ``create_optimizer`` as
-main.py of github.com/wangf3014/ViT-5 calls it, commit 095d747) and layer decay."""
+main.py of github.com/wangf3014/ViT-5 calls it, commit b7b0796) and layer decay."""
 
 import pytest
 import torch

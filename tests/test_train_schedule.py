@@ -1,6 +1,6 @@
 """The lr schedule advances only on real optimizer steps (gradient accumulation), per update or with the
 official per-epoch lag; values checked against the cosine-with-warmup formula (timm
-``CosineLRScheduler``, as main.py of github.com/wangf3014/ViT-5 steps it per epoch, commit 095d747)."""
+``CosineLRScheduler``, as main.py of github.com/wangf3014/ViT-5 steps it per epoch, commit b7b0796)."""
 
 import math
 

@@ -2,7 +2,7 @@
 ``key=value`` overrides by OmegaConf, then checked before any work starts.
 
 Defaults are the ViT-5-Small ImageNet pre-training recipe (DeiT-III style; the official README's
-``main.py`` command and its defaults, github.com/wangf3014/ViT-5 at commit 095d747): LAMB lr 4e-3
+``main.py`` command and its defaults, github.com/wangf3014/ViT-5 at commit b7b0796): LAMB lr 4e-3
 (absolute, ``--unscale-lr``), weight decay 0.05, 800 epochs with 5 warmup epochs from 1e-6, cosine
 to 1e-5 stepped per epoch, 3-Augment, Mixup 0.8 / CutMix 1.0 with binarised BCE, repeated
 augmentation x3, EMA 0.99996, bf16. The ImageNet recipes (``vit5/configs/*.yaml``, :func:`recipes`)

@@ -18,7 +18,7 @@ RNG (checkpointed with the run) and asserts an even batch per process (validated
 The losses:
 
 * ``bce`` (pre-training, ``--bce-loss``): ``BCEWithLogits`` with targets binarised like the
-  official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5 at commit 095d747):
+  official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5 at commit b7b0796):
   every class present in the mix is a positive. timm ``BinaryCrossEntropy(smoothing=0,
   target_threshold=0)`` does exactly this.
 * ``soft_ce`` (fine-tuning): timm ``SoftTargetCrossEntropy``; label smoothing is already folded

@@ -3,7 +3,7 @@
 Pretrained weights: an official ViT-5 ``.pth``, a timm ``deit3_*`` / ``vit_*`` state dict, or one of
 our runs (a ``final/`` or ``best/`` directory). Loading goes through :func:`vit5.create_model` and is
 strict except for the two deliberate, reported changes of the official fine-tune recipe (main.py's
-``--finetune`` branch, github.com/wangf3014/ViT-5 at commit 095d747): a **new head** when the
+``--finetune`` branch, github.com/wangf3014/ViT-5 at commit b7b0796): a **new head** when the
 checkpoint's head does not fit the data's number of classes (``model.new_head``), and the
 **position embedding resampled** (bicubic) when ``model.img_size`` differs. With
 ``model.new_head=false`` a head of the wrong size is an error that says how to fix it.

@@ -1,7 +1,7 @@
 """The update rule: optimizer, learning-rate schedule and EMA of the weights.
 
 **Optimizer** through ``timm.optim.create_optimizer_v2``, which does the grouping the official code
-relies on (timm ``create_optimizer`` in main.py of github.com/wangf3014/ViT-5 at commit 095d747): no
+relies on (timm ``create_optimizer`` in main.py of github.com/wangf3014/ViT-5 at commit b7b0796): no
 weight decay for every 1-D parameter (RMSNorm / LayerNorm / QK-Norm gains, biases, LayerScale
 ``ls*.gamma``) nor for the model's ``no_weight_decay()`` set (``pos_embed``, ``cls_token``,
 ``reg_token``). With ``layer_decay`` it reads ``model.group_matcher()`` and gives each group an
