@@ -9,9 +9,9 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from viz_support import sharpen, tiny_timm, tiny_vit5
 
 import vit5
-from vit5.model import take_indices
+from vit5.model import block_indices, take_indices
 from vit5.reference import OfficialViT5
-from vit5.viz import VizError, capture, describe, resolve_layers
+from vit5.viz import VizError, capture, describe
 
 
 def _not_uniform(attn: torch.Tensor) -> None:
@@ -155,7 +155,7 @@ def test_describe_both_families():
         8,
         2,
     )
-    with pytest.raises(VizError, match="cannot visualise a Linear"):
+    with pytest.raises(VizError, match="cannot use a Linear: supported are vit5 models and timm"):
         describe(torch.nn.Linear(2, 2))
 
 
@@ -163,11 +163,11 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     with pytest.raises(
         VizError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
     ):
-        resolve_layers(2, [7])
-    assert resolve_layers(4, [-1, 0, -1]) == [0, 3]
-    assert resolve_layers(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
+        block_indices(2, [7])
+    assert block_indices(4, [-1, 0, -1]) == [0, 3]
+    assert block_indices(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
     with pytest.raises(VizError, match="last 5 blocks of a model with 4"):
-        resolve_layers(4, 5)
+        block_indices(4, 5)
     fixed = timm.create_model(
         "vit_small_patch16_224",
         pretrained=False,

@@ -42,7 +42,7 @@ from vit5.bench.report import markdown_table, render_markdown, write_report
 from vit5.bench.results import Section
 from vit5.bench.throughput import MODES, measure_throughput
 from vit5.bench.timing import TimingConfig
-from vit5.errors import Vit5Error, safe_console, user_message
+from vit5.errors import InputError, Vit5Error, safe_console, user_message
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config_load import config_diff
@@ -87,8 +87,7 @@ SCALES: dict[str, Scale] = {
 }
 
 
-class AblationError(Vit5Error, ValueError):
-    """The ablation cannot run as asked; the message names the fix."""
+AblationError = InputError  # the ablation cannot run as asked; the message names the fix
 
 
 @dataclass(frozen=True)
@@ -107,17 +106,17 @@ class AblationPlan:
 
     def __post_init__(self) -> None:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise AblationError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+            raise InputError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
         if not any(a.name == REFERENCE for a in self.ablations):
-            raise AblationError(f"the ablations must include {REFERENCE!r}: every delta is against it")
+            raise InputError(f"the ablations must include {REFERENCE!r}: every delta is against it")
         owned = [o for o in self.overrides if o.partition("=")[0].strip() in OWNED_KEYS]
         if owned:
-            raise AblationError(
+            raise InputError(
                 f"{', '.join(owned)}: the runner sets run.output_dir, run.name and run.seed itself; "
                 f"use --out DIR and --seeds S ... instead"
             )
         if self.timing_batch < 1:
-            raise AblationError(f"timing_batch must be at least 1, got {self.timing_batch}")
+            raise InputError(f"timing_batch must be at least 1, got {self.timing_batch}")
 
     def run_name(self, ablation: Ablation, seed: int) -> str:
         return f"{ablation.name}-seed{seed}"
@@ -181,7 +180,7 @@ def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
     saved = load_config(run_dir / CONFIG_FILE, check_paths=False)
     changed = [line for line in config_diff(saved, cfg) if not line.startswith("run.progress")]
     if changed:
-        raise AblationError(
+        raise InputError(
             f"{run_dir} holds a run with other settings ({'; '.join(changed)}), so its result would not be "
             f"comparable; use a new --out, or delete {run_dir} to train it again"
         )
@@ -349,22 +348,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def plan_from_args(args: argparse.Namespace) -> AblationPlan:
-    """The plan the command line asks for; a bad name or value raises AblationError."""
+    """The plan the command line asks for; a bad name or value raises InputError."""
     scale = SCALES[args.scale]
     if args.epochs is not None and args.epochs < 1:
-        raise AblationError(f"--epochs must be at least 1, got {args.epochs}")
+        raise InputError(f"--epochs must be at least 1, got {args.epochs}")
     epochs = args.epochs if args.epochs is not None else scale.epochs
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
     try:
         ablations = tuple(select_ablations(only))
     except ValueError as e:
-        raise AblationError(f"--only: {e}") from None
+        raise InputError(f"--only: {e}") from None
     base = args.config if args.config is not None else CONFIGS / scale.config
     if not base.is_file():
-        raise AblationError(f"config file {base} does not exist: pass --config PATH to a training recipe")
+        raise InputError(f"config file {base} does not exist: pass --config PATH to a training recipe")
     out_dir = args.out or Path("runs") / f"ablate_{args.scale}"
     if out_dir.exists() and not out_dir.is_dir():
-        raise AblationError(f"--out {out_dir} is a file: give a folder for the runs and the report")
+        raise InputError(f"--out {out_dir} is a file: give a folder for the runs and the report")
     return AblationPlan(
         base=base,
         ablations=ablations,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit5.bench.timing import Samples, TimingConfig, device_sync, measure
+from vit5.model import unwrap
 
 MODES: tuple[str, ...] = ("forward", "train")
 
@@ -91,7 +92,7 @@ def random_batch(
 
 def trains(model: nn.Module) -> bool:
     """Whether a model has a training step (one fused for inference does not)."""
-    return not getattr(getattr(model, "_orig_mod", model), "fused_for_inference", False)
+    return not getattr(unwrap(model), "fused_for_inference", False)
 
 
 def measure_throughput(

@@ -9,19 +9,35 @@ Python control flow, and the traced module still checks its real inputs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 
-def grid_of(image_hw: tuple[int, int], patch_size: int) -> tuple[int, int]:
-    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
+def round_to_patch(hw: Sequence[float], patch_size: int) -> tuple[int, int]:
+    """Each side rounded to the nearest multiple of ``patch_size`` (at least one patch)."""
+    return tuple(max(patch_size, int(round(side / patch_size)) * patch_size) for side in hw)  # type: ignore[return-value]
+
+
+def grid_of(
+    image_hw: Sequence[int],
+    patch_size: int,
+    fix: str = "resize or crop the input to {h}x{w} (height x width)",
+    error: type[Exception] = ValueError,
+) -> tuple[int, int]:
+    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are positive patch multiples.
+
+    The one patch-multiple check of the toolkit: otherwise raises ``error`` naming the nearest valid
+    size through ``fix`` (a format string of ``h`` and ``w``, e.g. a command-line flag).
+    """
     h, w = image_hw
     p = patch_size
-    if h % p or w % p or h < p or w < p:
-        fix_h, fix_w = max(p, round(h / p) * p), max(p, round(w / p) * p)
-        raise ValueError(
-            f"image size {h}x{w} is not a positive multiple of the patch size {p}: resize or crop "
-            f"the input to {fix_h}x{fix_w} (height x width)"
+    if p < 1 or h % p or w % p or h < p or w < p:
+        fix_h, fix_w = round_to_patch((h, w), max(p, 1))
+        raise error(
+            f"image size {h}x{w} is not a positive multiple of the patch size {p}: "
+            + fix.format(h=fix_h, w=fix_w)
         )
     return h // p, w // p
 

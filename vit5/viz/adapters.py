@@ -19,153 +19,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
-from vit5.model import Recording, TokenLayout, ViT5, record, take_indices, unwrap_model
-from vit5.viz.errors import VizError
-from vit5.viz.images import check_size
-
-SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
-TEST_REGISTERS_ATTR = (
-    "_viz_test_registers"  # set on the model by vit5.viz.ttr while test-time registers are active
-)
+from vit5.errors import InputError
+from vit5.model import Recording, block_indices, describe, record, unwrap, unwrap_model
+from vit5.model.info import ModelInfo
 
 LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the visualisation tools need to know about a model, whatever its family."""
-
-    family: Literal["vit5", "timm"]
-    name: str
-    depth: int
-    num_heads: int
-    patch_size: int
-    img_size: tuple[int, int]  # the size the model was built for
-    dynamic_size: bool  # accepts any patch-multiple input size
-    num_registers: int
-    has_cls: bool
-    registers_first: bool
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    test_registers: int = 0  # untrained tokens appended at the end by vit5.viz.ttr (model without registers)
-
-    def layout(self, image_hw: tuple[int, int]) -> TokenLayout:
-        """The token layout inside the blocks; test-time registers sit after everything else, so a model
-        without trained registers reads ``[CLS | patches | test-time registers]`` in either family."""
-        check_input_size(self, image_hw)
-        grid = (image_hw[0] // self.patch_size, image_hw[1] // self.patch_size)
-        if self.test_registers:
-            return TokenLayout(grid, int(self.has_cls), self.test_registers, registers_first=False)
-        return TokenLayout(grid, int(self.has_cls), self.num_registers, self.registers_first)
-
-
-def _as_vit5(model: nn.Module) -> ViT5 | None:
-    try:
-        return unwrap_model(model)
-    except TypeError:
-        return None
-
-
-def _timm_model(model: nn.Module) -> nn.Module:
-    from timm.models.eva import Eva
-    from timm.models.vision_transformer import VisionTransformer
-
-    inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-    if inner is not None and not isinstance(model, (VisionTransformer, Eva)):
-        return _timm_model(inner)
-    if not isinstance(model, (VisionTransformer, Eva)):
-        raise VizError(f"cannot visualise a {type(model).__name__}: supported are {SUPPORTED}")
+def _explicit_attention_blocks(model: nn.Module) -> None:
+    """Refuse a timm model whose attention lacks timm's explicit softmax path (nothing to hook)."""
     for i, block in enumerate(model.blocks):
         attn = getattr(block, "attn", None)
         if not (hasattr(attn, "fused_attn") and isinstance(getattr(attn, "attn_drop", None), nn.Module)):
-            raise VizError(
+            raise InputError(
                 f"block {i} of this {type(model).__name__} has an attention module ({type(attn).__name__}) "
                 "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be "
                 "recorded"
             )
-    return model
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The vit5 or timm model inside a torch.compile / DDP / Accelerate wrapper."""
-    return _as_vit5(model) or _timm_model(model)
-
-
-def describe(model: nn.Module) -> ModelInfo:
-    """The :class:`ModelInfo` of a vit5 or timm model (raises :class:`VizError` for other models)."""
-    vit = _as_vit5(model)
-    if vit is not None:
-        cfg = vit.cfg
-        return ModelInfo(
-            "vit5",
-            type(vit).__name__,
-            cfg.depth,
-            cfg.num_heads,
-            cfg.patch_size,
-            tuple(cfg.img_size),
-            True,
-            cfg.num_registers,
-            cfg.class_token,
-            False,
-            tuple(vit.pretrained_cfg["mean"]),
-            tuple(vit.pretrained_cfg["std"]),
-            getattr(vit, TEST_REGISTERS_ATTR, 0),
-        )
-    tm = _timm_model(model)
-    patch = tuple(tm.patch_embed.patch_size)
-    if patch[0] != patch[1]:
-        raise VizError(f"non-square patches {patch} are not supported")
-    data_cfg = tm.pretrained_cfg or {}
-    img_size = tm.patch_embed.img_size or tuple(data_cfg.get("input_size", (3, 224, 224))[1:])
-    has_cls = tm.cls_token is not None
-    return ModelInfo(
-        "timm",
-        type(tm).__name__,
-        len(tm.blocks),
-        tm.blocks[0].attn.num_heads,
-        patch[0],
-        tuple(img_size),
-        bool(tm.dynamic_img_size),
-        tm.num_prefix_tokens - int(has_cls),
-        has_cls,
-        True,
-        tuple(data_cfg.get("mean", (0.485, 0.456, 0.406))),
-        tuple(data_cfg.get("std", (0.229, 0.224, 0.225))),
-        getattr(tm, TEST_REGISTERS_ATTR, 0),
-    )
-
-
-def check_input_size(info: ModelInfo, image_hw: tuple[int, int]) -> None:
-    """Raise a :class:`VizError` naming the fix when the model cannot take images of ``image_hw``."""
-    check_size(image_hw, info.patch_size)
-    if not info.dynamic_size and tuple(image_hw) != tuple(info.img_size):
-        raise VizError(
-            f"this {info.name} was built for {info.img_size[0]}x{info.img_size[1]} inputs only "
-            f"(dynamic_img_size=False): use --size {info.img_size[0]} {info.img_size[1]}, or build it with "
-            "dynamic_img_size=True (the viz command does this for timm: model specs)"
-        )
-
-
-def resolve_layers(depth: int, layers: int | Sequence[int] | None) -> list[int]:
-    """Sorted block indices, as :func:`vit5.record` and timm read them (``None`` all blocks, an int
-    ``n`` the last n, a list absolute or negative), with a message naming the valid range."""
-    for i in [] if layers is None or isinstance(layers, int) else layers:
-        if not -depth <= i < depth:
-            raise VizError(
-                f"layer {i} is out of range: this model has {depth} blocks, valid layers are "
-                f"0..{depth - 1} (or -{depth}..-1 counting from the end)"
-            )
-    try:
-        return sorted(set(take_indices(depth, layers)))
-    except ValueError as err:
-        raise VizError(str(err)) from None
 
 
 @contextmanager
@@ -185,11 +60,12 @@ def capture(
     mode timm's attention dropout would alter the recorded probabilities.
     """
     info = describe(model)
-    wanted = resolve_layers(info.depth, layers)
+    wanted = block_indices(info.depth, layers)
     if info.family == "vit5":
         context = _record_vit5(model, wanted, attention, tokens, on_layer)
     else:
-        context = _record_timm(_timm_model(model), info, wanted, attention, tokens, on_layer)
+        _explicit_attention_blocks(unwrap(model))
+        context = _record_timm(unwrap(model), info, wanted, attention, tokens, on_layer)
     with context as rec:
         yield rec
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5.errors import InputError
 from vit5.model import TokenLayout
-from vit5.viz.errors import VizError
 
 _ARRAYS = (
     "norms",
@@ -67,7 +67,7 @@ class TokenStats:
         if block < 0:
             block = self.layers[block] if -len(self.layers) <= block else block
         if block not in self.layers:
-            raise VizError(f"layer {block} was not recorded; recorded layers are {self.layers}")
+            raise InputError(f"layer {block} was not recorded; recorded layers are {self.layers}")
         return self.layers.index(block)
 
     def patch_values(self, values: np.ndarray) -> np.ndarray:
@@ -109,7 +109,7 @@ class TokenStats:
         elif path.suffix == ".npz":
             np.savez_compressed(path, vit5_viz=np.array(meta), **arrays)
         else:
-            raise VizError(f"raw token statistics are saved as .npz or .safetensors, not {path.suffix!r}")
+            raise InputError(f"raw token statistics are saved as .npz or .safetensors, not {path.suffix!r}")
         return path
 
     @classmethod

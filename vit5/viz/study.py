@@ -42,9 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5.errors import InputError
 from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.errors import VizError
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.stats import TokenStats
@@ -107,18 +107,18 @@ class StudyConfig:
             "accuracy_images",
         ):
             if getattr(self, name) < 1:
-                raise VizError(f"study {name} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"study {name} must be >= 1, got {getattr(self, name)}")
         if self.registers < 1:
-            raise VizError(f"the register twin needs at least one register, got registers={self.registers}")
+            raise InputError(f"the register twin needs at least one register, got registers={self.registers}")
         if not 0 < self.min_lr <= self.lr or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise VizError(
+            raise InputError(
                 f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
                 f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})"
             )
         reserved = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
         clash = reserved & {k for k, _ in self.model_args}
         if clash:
-            raise VizError(
+            raise InputError(
                 f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)"
             )
         for twin in TWINS:
@@ -127,7 +127,7 @@ class StudyConfig:
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
         if twin not in TWINS:
-            raise VizError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
+            raise InputError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
         try:
             return preset_config(
                 self.preset,
@@ -143,7 +143,7 @@ class StudyConfig:
                 num_registers=0 if twin == "no_registers" else self.registers,
             )
         except ConfigError as err:
-            raise VizError(f"study model: {err}") from None
+            raise InputError(f"study model: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -376,7 +376,7 @@ class Trainer:
             logits = self.model(normalise(batch.images, self.model))
             loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
             if not torch.isfinite(loss):
-                raise VizError(
+                raise InputError(
                     f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now "
                     f"{self.cfg.lr:g})"
                 )
@@ -518,7 +518,7 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
         old = json.loads(path.read_text())
         if old != doc:
             changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
-            raise VizError(
+            raise InputError(
                 f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
                 "use another --out, or delete it to start over"
             )
@@ -672,8 +672,7 @@ def analyse_twins(
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
     from vit5.viz.ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.figures import save_figure
-    from vit5.viz.load import load_model_spec
-    from vit5.viz.runner import RunConfig, run_ttr
+    from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
 
     folder = out / "analysis"
@@ -707,7 +706,7 @@ def analyse_twins(
     )
     try:
         found, before, after = run_ttr(loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10))
-    except VizError as err:  # no outliers in the twin without registers: nothing to move
+    except InputError as err:  # no outliers in the twin without registers: nothing to move
         summary["ttr"] = {"applicable": False, "reason": str(err)}
         log(f"test-time registers not applicable: {err}")
     else:
@@ -744,7 +743,7 @@ def load_twins(out: str | Path) -> dict[str, ViT5]:
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
     ``model.KEY`` (ViT5Config)."""
-    from vit5.viz.load import parse_overrides
+    from vit5.model.spec import parse_model_args as parse_overrides
 
     values = parse_overrides(items)
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
@@ -766,11 +765,11 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
                 if close
                 else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
             )
-            raise VizError(f"unknown study setting {key!r}: {hint}")
+            raise InputError(f"unknown study setting {key!r}: {hint}")
     try:
         return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
     except TypeError as err:
-        raise VizError(f"bad study setting: {err}") from None
+        raise InputError(f"bad study setting: {err}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -818,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
             analyse=not args.no_analysis,
             train=not args.analyse_only,
         )
-    except VizError as err:
+    except InputError as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {len(result.files)} files to {args.out}")
