@@ -156,7 +156,9 @@ def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_pat
     out = tmp_path / "out"
     assert not read_manifest(out)["complete"]
     done = sorted(out.rglob("*.safetensors"))
-    partial = out / "sub" / "b.png.safetensors.partial"  # what a kill in the middle of writing b.png leaves
+    partial = (
+        out / "sub" / ".b.png.safetensors.4242.partial"
+    )  # what a kill in the middle of writing b.png leaves
     partial.parent.mkdir(exist_ok=True)
     partial.write_bytes(done[0].read_bytes()[:100])
     assert not (out / "sub" / "b.png.safetensors").exists()

@@ -43,6 +43,7 @@ from vit5.bench.results import Section
 from vit5.bench.throughput import MODES, measure_throughput
 from vit5.bench.timing import TimingConfig
 from vit5.errors import InputError, Vit5Error, safe_console, user_message
+from vit5.files import atomic_write_text
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config_load import config_diff
@@ -305,7 +306,9 @@ def run_ablation(
         load_average_after=load_average(),
     )
     md_path, _ = write_report([section], plan.out_dir, env)
-    md_path.write_text(render_markdown([section], env, title=TITLE))  # write_report titles the benchmark
+    atomic_write_text(
+        md_path, render_markdown([section], env, title=TITLE)
+    )  # write_report titles the benchmark
     return AblationResult(records, section, md_path)
 
 

@@ -20,7 +20,6 @@ loader cores each needs.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ from torchvision import transforms as T
 
 import vit5
 from vit5.data import IMAGENET_MEAN, IMAGENET_STD, decode_image, eval_transform, three_augment
+from vit5.files import atomic_write_json
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(quick=args.quick)
     print(format_tables(result))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2))
+        atomic_write_json(args.out, result)
     return 0
 
 

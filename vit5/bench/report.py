@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vit5.bench.results import Section, Table, Target, format_value
+from vit5.files import atomic_write_text
 
 NOISE_NOTE = (
     "Times are wall-clock on the machine described above. On a shared or busy machine absolute "
@@ -86,7 +87,7 @@ def write_report(sections: Sequence[Section], out_dir: Path, env: dict[str, Any]
     """Write ``report.md`` and ``report.json`` under ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = out_dir / "report.md", out_dir / "report.json"
-    md_path.write_text(render_markdown(sections, env))
+    atomic_write_text(md_path, render_markdown(sections, env))
     checked = target_rows(sections)
     payload = {
         "environment": env,
@@ -94,7 +95,7 @@ def write_report(sections: Sequence[Section], out_dir: Path, env: dict[str, Any]
         "targets_total": len(checked),
         "sections": [s.to_dict() for s in sections],
     }
-    json_path.write_text(json.dumps(payload, indent=1, default=_jsonable))
+    atomic_write_text(json_path, json.dumps(payload, indent=1, default=_jsonable))
     return md_path, json_path
 
 

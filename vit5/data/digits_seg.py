@@ -30,6 +30,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from vit5.data.digits import load_digits_split
+from vit5.files import atomic_write_bytes, atomic_write_json
 
 SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
 IGNORE_INDEX = 255
@@ -177,9 +178,7 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
                 root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR)
             )
             _write_png(root / "annotations" / split / f"{i:05d}.png", sample.mask)
-    partial = info_path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(info, indent=2))
-    os.replace(partial, info_path)
+    atomic_write_json(info_path, info)
     return info
 
 
@@ -188,6 +187,4 @@ def _write_png(path: Path, array: np.ndarray) -> None:
     if not ok:
         raise RuntimeError(f"OpenCV failed to encode {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".png.partial")
-    partial.write_bytes(buffer.tobytes())
-    os.replace(partial, path)
+    atomic_write_bytes(path, buffer.tobytes(), durable=False)

@@ -5,9 +5,9 @@ Layout of ``out_dir``::
     manifest.json                       what was extracted, how, and from which images
     <relative image path>.safetensors   e.g. cats/01.jpg -> cats/01.jpg.safetensors
 
-Every file is written to ``<name>.partial`` and renamed, so a file that exists is complete; each
-file's header records the run identity (model fingerprint + settings) and the source file's size
-and modification time. A rerun therefore skips exactly the images whose file is complete, of the
+Every file is written atomically (:func:`vit5.files.atomic_write_bytes`), so a file that exists is
+complete; each file's header records the run identity (model fingerprint + settings) and the source
+file's size and modification time. A rerun therefore skips exactly the images whose file is complete, of the
 same run and of an unchanged source, recomputes the rest, and rebuilds the manifest (itself
 written atomically, also every ``manifest_every_s`` seconds) from the files. Features made with
 other settings or another model are refused rather than mixed (``overwrite=True`` replaces them).
@@ -39,7 +39,7 @@ from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extr
 from vit5.eval.images import list_images
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import read_json, to_jsonable, write_json
-from vit5.files import FolderLock, check_output_dir
+from vit5.files import FolderLock, atomic_write_bytes, check_output_dir
 from vit5.model import block_indices, describe
 
 FORMAT = "vit5-features/1"
@@ -140,7 +140,7 @@ def _export(
         "source_root": str(root.resolve()),
     }
     _check_same_run(out_dir, identity, run_id, overwrite)
-    for partial in out_dir.rglob(f"*{SUFFIX}{PARTIAL}") if out_dir.is_dir() else ():
+    for partial in out_dir.rglob(f"*{SUFFIX}*{PARTIAL}") if out_dir.is_dir() else ():  # left by a kill
         partial.unlink()
     entries: dict[str, dict[str, Any]] = {}
     todo = []
@@ -192,13 +192,11 @@ def _write_image(
     }
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + PARTIAL)
     meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
     payload = save(
         {k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)}
     )
-    partial.write_bytes(payload)  # plain write: permissions follow the umask
-    os.replace(partial, target)
+    atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
     return entry
 
 

@@ -27,7 +27,6 @@ the same).
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from vit5.errors import InputError
+from vit5.files import atomic_write_json
 from vit5.model import describe, unwrap
 from vit5.viz.images import LoadedImage, to_batch
 
@@ -310,7 +310,7 @@ class AblationReport:
             "notes": self.notes,
             "rows": self.records(),
         }
-        (out / "ablation.json").write_text(json.dumps(doc, indent=2))
+        atomic_write_json(out / "ablation.json", doc)
         with (out / "ablation.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))
             writer.writeheader()

@@ -32,7 +32,6 @@ RoPE only (``ape=False``) and APE only (``rope=False``), at the same input size.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from vit5.errors import InputError
+from vit5.files import atomic_write_json
 from vit5.model import block_indices, describe, unwrap
 from vit5.viz.adapters import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
@@ -233,5 +233,5 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
     path = Path(out) / "position_probe.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([p.summary() for p in probes], indent=2))
+    atomic_write_json(path, [p.summary() for p in probes])
     return path

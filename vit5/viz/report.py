@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vit5.errors import InputError
+from vit5.files import atomic_write_json
 from vit5.viz import metrics as M
 from vit5.viz.stats import TokenStats
 
@@ -141,7 +142,7 @@ class MetricReport:
             metrics=self.rows(),
             massive_activations=self.massive,
         )
-        path.write_text(json.dumps(doc, indent=2))
+        atomic_write_json(path, doc)
         return path
 
     def write_csv(self, path: str | Path) -> Path:

@@ -20,7 +20,6 @@ Output layout (``out/``)::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vit5.errors import InputError
+from vit5.files import atomic_write_json
 from vit5.model import ModelInfo, block_indices, describe
 from vit5.model.footprint import attention_bytes
 from vit5.model.spec import LoadedModel, load_spec
@@ -280,7 +280,7 @@ def run_ttr(
     notes = [*_notes(loaded, cfg), ttr_note]
     result = _write_comparison(before, after, images, cfg, notes, out)
     path = out / "register_neurons.json"
-    path.write_text(json.dumps(asdict(found), indent=2))
+    atomic_write_json(path, asdict(found))
     result[0].files.append(path)
     return found, *result
 

@@ -27,9 +27,9 @@ format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit5.errors import InputError
+from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.images import LoadedImage, to_batch
@@ -349,7 +350,7 @@ class Trainer:
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
+        state = io.BytesIO()
         torch.save(
             {
                 "model": self.model.state_dict(),
@@ -357,9 +358,9 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "step": self.step,
             },
-            tmp,
+            state,
         )
-        os.replace(tmp, self.state_path)
+        atomic_write_bytes(self.state_path, state.getvalue())
         save_pretrained(
             self.model,
             self.folder / "checkpoints" / f"step_{self.step:06d}",
@@ -399,9 +400,7 @@ def _read_trajectory(path: Path, upto: int | None = None) -> list[dict]:
 
 
 def _write_trajectory(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 @dataclass
@@ -524,7 +523,7 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
             )
         return
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
+    atomic_write_json(path, doc)
 
 
 # ---------------------------------------------------------------------------------------------- verdict
@@ -647,7 +646,7 @@ def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
         trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
     )
     path = result.out / "verdict.json"
-    path.write_text(json.dumps(result.verdict, indent=2))
+    atomic_write_json(path, result.verdict)
     return [*files, path]
 
 
@@ -730,7 +729,7 @@ def analyse_twins(
         }
         files += before.files + after.files
     path = folder / "analysis.json"
-    path.write_text(json.dumps(summary, indent=2))
+    atomic_write_json(path, summary)
     return [*files, path]
 
 
