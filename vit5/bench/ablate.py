@@ -44,6 +44,7 @@ from vit5.bench.throughput import MODES, measure_throughput
 from vit5.bench.timing import TimingConfig
 from vit5.errors import InputError, Vit5Error, safe_console, user_message
 from vit5.files import atomic_write_text
+from vit5.runtime import resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
 from vit5.train.config_load import config_diff
@@ -244,7 +245,7 @@ def measure_speed(
             finals.setdefault(r.ablation, Path(r.run_dir) / FINAL)
     models = {name: vit5.load_model(path) for name, path in finals.items()}
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
-    device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
+    device = resolve_device("cpu" if cfg.run.cpu else "auto").type
     dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
     result = SpeedResult(
         {name: count_parameters(m) for name, m in models.items()}, device=device, dtype=dtype

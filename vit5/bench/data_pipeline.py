@@ -38,6 +38,7 @@ from torchvision import transforms as T
 import vit5
 from vit5.data import IMAGENET_MEAN, IMAGENET_STD, decode_image, eval_transform, three_augment
 from vit5.files import atomic_write_json
+from vit5.runtime import resolve_device
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -175,7 +176,7 @@ def _per_core(fn: Callable[[], Any]) -> Any:
 # ---------------------------------------------------------------------------------- training
 def measure_training(quick: bool) -> dict[str, dict[str, Any]]:
     """Training images/s (forward + backward + AdamW step) at 224 px on the default device."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device("auto")
     batch = (64 if quick else 128) if device.type == "cuda" else (4 if quick else 16)
     steps = 3 if quick else 10
     return {name: _training_rate(name, device, batch, steps) for name in ("vit5_tiny", "vit5_small")}

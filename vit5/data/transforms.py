@@ -27,6 +27,7 @@ from albumentations.pytorch import ToTensorV2
 
 from vit5.data.randaug import TimmRandAugment
 
+# timm.data's IMAGENET_DEFAULT_MEAN/STD (vit5.model uses those): vit5.data imports no timm, to stay light
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -28,8 +29,7 @@ from vit5.layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resampl
 from vit5.model.config import ViT5Config
 from vit5.model.layout import TokenLayout
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # the normalisation of every preset
 _ROPE_CACHE_SIZE = 16
 
 # Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
