@@ -64,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         select_sections(only)
         profile = "smoke" if args.smoke else "quick" if args.quick else "full"
         out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
-    except (
-        Vit5Error,
-        OSError,
-        ValueError,
-    ) as error:  # ValueError: BenchConfig's and the section list's checks
+    except (Vit5Error, OSError) as error:
         print(f"error: {user_message(error) or error}", file=sys.stderr)
         return 2
     if profile == "full" and cfg.device == "cpu":

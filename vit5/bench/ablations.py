@@ -13,6 +13,8 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vit5.errors import InputError
+
 
 @dataclass(frozen=True)
 class Ablation:
@@ -82,5 +84,5 @@ def select_ablations(only: Sequence[str] | None = None) -> list[Ablation]:
         for name in unknown:
             close = difflib.get_close_matches(name, ABLATIONS, n=1)
             hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"unknown ablation {', '.join(hints)}: choose from {', '.join(ABLATIONS)}")
+        raise InputError(f"unknown ablation {', '.join(hints)}: choose from {', '.join(ABLATIONS)}")
     return [a for name, a in ABLATIONS.items() if name == REFERENCE or name in only]

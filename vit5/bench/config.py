@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from vit5.bench.timing import TimingConfig
+from vit5.errors import InputError
 
 Profile = Literal["smoke", "quick", "full"]
 
@@ -33,7 +34,7 @@ class DepthAblationConfig:
 
     def __post_init__(self) -> None:
         if self.depth < 2 or self.steps < 1 or not self.lrs or min(self.lrs) <= 0 or self.width % self.heads:
-            raise ValueError(f"invalid depth-ablation config {self}")
+            raise InputError(f"invalid depth-ablation config {self}")
 
 
 @dataclass(frozen=True)
@@ -81,21 +82,21 @@ class BenchConfig:
         except RuntimeError:
             device = None
         if device is None or device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
+            raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
         if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise InputError(
                 f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)"
             )
         if self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+            raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
-            raise ValueError("sizes must name at least one model size")
+            raise InputError("sizes must name at least one model size")
         if self.profile_calls < 1:
-            raise ValueError(f"profile_calls must be at least 1, got {self.profile_calls}")
+            raise InputError(f"profile_calls must be at least 1, got {self.profile_calls}")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {self.threads}")
+            raise InputError(f"threads must be at least 1, got {self.threads}")
         if self.layer_shape[2] % self.layer_heads:
-            raise ValueError(
+            raise InputError(
                 f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}"
             )
 
@@ -110,7 +111,7 @@ class BenchConfig:
     @classmethod
     def profile(cls, name: Profile, **changes: Any) -> BenchConfig:
         if name not in PROFILES:
-            raise ValueError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+            raise InputError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
         return cls(**PROFILES[name]).replace(**changes)
 
 

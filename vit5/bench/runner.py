@@ -27,6 +27,7 @@ from vit5.bench.environment import environment, load_average
 from vit5.bench.report import write_report
 from vit5.bench.results import Section
 from vit5.bench.timing import num_threads
+from vit5.errors import InputError
 
 # name -> section, in report order (the numbering)
 SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
@@ -49,7 +50,7 @@ def select_sections(only: Sequence[str] | None) -> list[str]:
         return list(SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}"
         )
     return [name for name in SECTIONS if name in only]

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vit5.errors import InputError
+
 
 def round_to_patch(hw: Sequence[float], patch_size: int) -> tuple[int, int]:
     """Each side rounded to the nearest multiple of ``patch_size`` (at least one patch)."""
@@ -24,7 +26,7 @@ def grid_of(
     image_hw: Sequence[int],
     patch_size: int,
     fix: str = "resize or crop the input to {h}x{w} (height x width)",
-    error: type[Exception] = ValueError,
+    error: type[Exception] = InputError,
 ) -> tuple[int, int]:
     """Token grid ``(H / p, W / p)`` of an image, after checking the sides are positive patch multiples.
 
@@ -45,12 +47,12 @@ def grid_of(
 def checked_images(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tensor:
     """``x`` itself, after checking it is a float ``[B, in_chans, H, W]`` batch of patch-multiple sides."""
     if x.ndim != 4 or x.shape[1] != in_chans:
-        raise ValueError(
+        raise InputError(
             f"expected images of shape [batch, {in_chans}, height, width], got {tuple(x.shape)}"
             + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
         )
     if not x.is_floating_point():
-        raise ValueError(
+        raise InputError(
             f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}"
         )
     grid_of((x.shape[-2], x.shape[-1]), patch_size)
