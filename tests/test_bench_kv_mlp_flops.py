@@ -6,10 +6,9 @@ import pytest
 import torch
 
 import vit5
+from vit5.bench.components import build_mlps, kv_head_counts, measure_bytes_per_token, weight_count
 from vit5.bench.config import BenchConfig
-from vit5.bench.flops import analytic_forward_flops, counted_forward_flops
-from vit5.bench.kv_cache import kv_head_counts, measure_bytes_per_token
-from vit5.bench.mlp import build_mlps, weight_count
+from vit5.bench.measure import analytic_forward_flops, counted_forward_flops
 
 
 @pytest.mark.parametrize("dtype,element", [("fp32", 4), ("bf16", 2)])

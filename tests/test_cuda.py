@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from test_layers_attention import reference_attention  # fp32 explicit softmax, K/V repeated for GQA
 
 import vit5
-from vit5.bench.memory import measure_memory
+from vit5.bench.measure import measure_memory
 from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, RopeTable, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

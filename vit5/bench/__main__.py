@@ -17,7 +17,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's star
 import torch  # noqa: E402
 
 from vit5.bench.config import BenchConfig  # noqa: E402
-from vit5.bench.results import format_value  # noqa: E402
+from vit5.bench.report import format_value  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
 from vit5.errors import Vit5Error, safe_console, user_message  # noqa: E402
 from vit5.files import check_output_dir  # noqa: E402

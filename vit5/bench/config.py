@@ -4,19 +4,25 @@
 - ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
   tokens; about 20 minutes on 2 idle CPU cores (inductor compilation included).
 - ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
+
+:class:`BenchContext` is what every benchmark section receives: the config, where to write figures,
+how to log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vit5.bench.timing import TimingConfig
+from vit5.bench.measure import TimingConfig
 from vit5.errors import InputError
 
+# ------------------------------------------------------------------------------------------ config
 Profile = Literal["smoke", "quick", "full"]
 
 
@@ -158,3 +164,20 @@ PROFILES: dict[str, dict[str, Any]] = {
         depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
     ),
 }
+
+
+# ----------------------------------------------------------------------------------------- context
+@dataclass
+class BenchContext:
+    cfg: BenchConfig
+    out_dir: Path
+    log: Callable[[str], None] = print
+
+    def figure(self, name: str) -> Path:
+        """Path for a figure file under ``<out>/figures``."""
+        path = self.out_dir / "figures" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.out_dir).as_posix()

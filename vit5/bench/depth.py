@@ -27,11 +27,9 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
-from vit5.bench.config import DepthAblationConfig
-from vit5.bench.context import BenchContext
-from vit5.bench.plots import line_chart
-from vit5.bench.results import Section, Table, Target
-from vit5.bench.timing import num_threads
+from vit5.bench.config import BenchContext, DepthAblationConfig
+from vit5.bench.measure import num_threads
+from vit5.bench.report import Section, Table, Target, line_chart
 
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
