@@ -6,7 +6,7 @@ seeds, and tabulate top-1 (raw and EMA, mean and spread over seeds), images/s an
     accelerate launch -m vit5.bench.ablate --scale imagenet data.root=/data/imagenet --epochs 100
 
 The set (:data:`vit5.bench.ablate.ABLATIONS`) is the full ViT-5, each component removed or
-swapped (paper Tab. 10) and the DeiT-III baseline. Every run is an ordinary training run
+swapped (ViT-5, arXiv 2602.08071, Tab. 10) and the DeiT-III baseline. Every run is an ordinary training run
 (:class:`vit5.train.Trainer`) under ``OUT/runs/<ablation>-seed<S>``; a rerun into the same ``OUT``
 reuses finished runs and resumes interrupted ones from their last checkpoint. Inference and
 training-step throughput are then measured side by side (:mod:`vit5.bench.measure`), so their

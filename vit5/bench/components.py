@@ -383,7 +383,8 @@ def run_norms(ctx: BenchContext) -> Section:
             Target(f"RMSNorm block at least as fast as LayerNorm block, {label}", ratio, 1.0)
         )
     section.notes.append(
-        "The targets restate the claim 'RMSNorm is cheaper' (modern-deltas); the issue sets no number. "
+        "The targets restate the claim 'RMSNorm is cheaper' (Zhang & Sennrich, arXiv 1910.07467) without a "
+        "number. "
         "The share tells how much any norm change can matter."
     )
     section.data = {

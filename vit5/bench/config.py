@@ -52,7 +52,7 @@ class BenchConfig:
     op_timing: TimingConfig = TimingConfig(warmup=2, rounds=9, min_sample_s=0.05)  # single layers and ops
     # throughput and the cost of the modern parts
     sizes: tuple[str, ...] = ("tiny", "small")
-    target_size: str = "small"  # the size the issue's targets are stated for
+    target_size: str = "small"  # the size the speed targets are stated for
     depth: int | None = None  # override every model's depth (smoke runs)
     img_size: int = 224
     batch: int = 8
@@ -108,7 +108,7 @@ class BenchConfig:
 
     @property
     def size_for_targets(self) -> str:
-        """The issue's targets are for ViT-S; smaller runs check them on their largest size."""
+        """The speed targets are for ViT-S; smaller runs check them on their largest size."""
         return self.target_size if self.target_size in self.sizes else self.sizes[-1]
 
     def replace(self, **changes: Any) -> BenchConfig:

@@ -194,8 +194,8 @@ def run(ctx: BenchContext) -> Section:
     ]
     section.notes.append(
         "Pre-norm gradients falling toward the output match NormFormer's measurement (Shleifer et al., "
-        "2021, Fig. 2). modern-deltas: 'if post-norm trains fine, the model is too shallow or the LR too "
-        "low to test the claim'; at this width the model may also be too narrow (Xiong et al. analyse "
+        "2021, Fig. 2). If post-norm trains fine here, the model is too shallow or the LR too low to test "
+        "the claim; at this width the model may also be too narrow (Xiong et al. analyse "
         "d = 512)."
     )
     path = ctx.figure("depth_grad_profile.png")

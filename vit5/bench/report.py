@@ -34,7 +34,7 @@ from vit5.runtime import format_bytes
 # ----------------------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Target:
-    """A claim from the issue, checked against a measured value."""
+    """A claim (a speed, memory or parity target), checked against a measured value."""
 
     name: str
     measured: float

@@ -216,7 +216,7 @@ def run_speed(ctx: BenchContext) -> Section:
         section.notes.append(
             f"Context ({mode}): timm's plain ViT over the reference path: "
             + ", ".join(f"{v:.2f}x at {k}" for k, v in ref.items())
-            + " (the issue quotes about 1.5x at 224 and 1.9x at 448, measured elsewhere)."
+            + " (about 1.5x at 224 and 1.9x at 448 were measured elsewhere, on other hardware)."
         )
     for key, r in runs.items():
         names = list(r.samples["forward"])

@@ -2,9 +2,11 @@
 
 Three recipes from the ViT-5 / DeiT-III training code, built on albumentations:
 
-* :func:`three_augment`  - pre-training "3-Augment" (DeiT-III ``augment.py``, reference §3.3);
+* :func:`three_augment`  - pre-training "3-Augment" (DeiT III, arXiv 2204.07118; official ViT-5
+  ``augment.py:90`` ``new_data_aug_generator`` at github.com/wangf3014/ViT-5 commit b7b0796);
 * :func:`randaug_transform` - fine-tuning RRC + flip + RandAugment ``rand-m9-mstd0.5-inc1``;
-* :func:`eval_transform` - resize by ``1 / crop_ratio`` then centre crop (reference §2.3);
+* :func:`eval_transform` - resize by ``1 / crop_ratio`` then centre crop (official ``datasets.py:101-105``
+  at b7b0796, ``--eval-crop-ratio 0.875``);
 
 plus :func:`resize_transform` (no augmentation) and the :func:`build_transform` factory.
 

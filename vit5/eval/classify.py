@@ -1,6 +1,7 @@
 """Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
 
-Preprocessing is the official ViT-5 eval recipe (reference §2.3) at any size and crop ratio:
+Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5
+at b7b0796) at any size and crop ratio:
 resize by ``1 / crop_ratio`` (bicubic, area when shrinking), centre crop, normalise with the
 model's mean/std. Under ``accelerate launch`` each process evaluates a shard;
 ``accelerator.gather_for_metrics`` collects every batch and drops the duplicates Accelerate pads

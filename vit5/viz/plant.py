@@ -1,9 +1,9 @@
 """Planted artifacts: a known, artificial high-norm token, to check the tools end to end.
 
-Registers.md section 5: a tiny model trained for minutes on a CPU is not expected to develop
-Darcet-style artifacts, so the honest demonstration that metrics and figures find them is to
-plant one. Inside :func:`plant_artifacts`, a forward hook multiplies the output of one block at
-chosen patch positions by ``scale`` (every later block sees the planted tokens). Figures and
+A tiny model trained for minutes on a CPU is not expected to develop the high-norm artifacts of
+Darcet et al. (arXiv 2309.16588, section 2), so the honest demonstration that metrics and figures
+find them is to plant one. Inside :func:`plant_artifacts`, a forward hook multiplies the output of
+one block at chosen patch positions by ``scale`` (every later block sees the planted tokens). Figures and
 reports made inside it must say "planted"; the runner does.
 """
 

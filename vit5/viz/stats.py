@@ -1,6 +1,6 @@
 """The arrays one model produces on one image set: the single source of every metric and figure.
 
-Registers.md section 6: keep raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
+It keeps raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
 pictures always come from the same data, and a later session can redraw figures without the
 model. Full ``N x N`` attention is never kept: it is reduced block by block while the model runs.
 

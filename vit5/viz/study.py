@@ -9,7 +9,8 @@ or a global store and must recruit patches, while the other has exactly that (Da
 arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins are recorded on
 held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
 with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
-:func:`verdict` checks the garbage-collector signature of the issue on the latest checkpoint, and
+:func:`verdict` checks the garbage-collector signature (Darcet et al., section 2) on the latest
+checkpoint, and
 :func:`~vit5.viz.figures.trajectory_figure` draws the trajectories of both twins.
 
 Resumable: each twin keeps its full training state (model, optimizer, scheduler, step) in
@@ -532,14 +533,15 @@ def _peak(row: dict, metric: str) -> float:
     return max(values) if values else float("nan")
 
 
-# success thresholds of the issue: outliers in >= half the images, >= 10x fewer with registers
+# success thresholds: outliers in >= half the images, >= 10x fewer with registers
 MIN_IMAGES_WITH_OUTLIERS = 0.5
 MIN_REDUCTION = 10.0
 ATTENTION_FACTOR = 2.0  # "drawing attention": at least twice the uniform share
 
 
 def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
-    """The garbage-collector signature of the issue at the latest checkpoint both twins reached.
+    """The garbage-collector signature (high-norm background tokens that draw attention, Darcet et al.,
+    arXiv 2309.16588 section 2) at the latest checkpoint both twins reached.
 
     The block read is the one where the most images of the twin without registers have an outlier
     on a background patch. Checks: (1) at least half the images have one; (2) outliers sit on

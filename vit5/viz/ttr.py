@@ -8,8 +8,9 @@ at commit 341e15e):
 :func:`find_register_neurons` (Algorithm 1): on a set of images, the outlier positions ``O`` are
 the patch tokens of the detection block's output whose L2 norm exceeds a threshold (here, by
 default, the toolkit's robust per-block threshold, log-norm median + k MAD, instead of an absolute
-norm such as the paper's 150 for DINOv2-L; images without outliers are skipped). For every MLP
-hidden unit ``n`` of every block ``l <= top_layer``, its score is the mean over images of
+norm such as the 150 of test-time registers, arXiv 2506.08010, for DINOv2-L; images without
+outliers are skipped). For every MLP hidden unit ``n`` of every block ``l <= top_layer``, its score
+is the mean over images of
 ``mean_{p in O} |a_{l,n}(p)|``, the hidden activation after the non-linearity (here: the input of
 ``mlp.fc2``, which is that activation in vit5's and timm's ``Mlp``, ``SwiGLU`` and ``GluMlp``).
 All (block, unit) pairs are ranked together and the ``top_k`` best are the register neurons.
@@ -19,8 +20,8 @@ after every other token (no position embedding, no RoPE rotation) before the fir
 dropped before the final norm, so the head and the output layout are unchanged. At each register
 neuron, the appended tokens take the neuron's maximum activation over all tokens of the image
 (times ``scale``, 1 by default) and the patch tokens are set to zero; CLS keeps its value, as in
-the official hook (the paper's Algorithm 2 zeros every token but the register). The official hook
-edits batch element 0 only; this one edits every image of the batch. Models with trained
+the official hook (arXiv 2506.08010, Algorithm 2, zeros every token but the register). The
+official hook edits batch element 0 only; this one edits every image of the batch. Models with trained
 registers are refused (the method is for models trained without them), and so are timm ``Eva``
 models (their RoPE tables have one row per patch and cannot take an extra token).
 

@@ -1,4 +1,4 @@
-"""Drawing conventions shared by every figure (registers.md section 4.2).
+"""Drawing conventions shared by every figure, so that maps of different models can be compared.
 
 - ``viridis`` by default; maps upsampled to pixels by repeating each patch value ``p x p``
   (nearest: the token grid and isolated outliers stay visible), bilinear optional;
