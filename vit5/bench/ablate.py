@@ -678,7 +678,7 @@ def measure_speed(
     return result
 
 
-def describe(plan: AblationPlan) -> str:
+def plan_summary(plan: AblationPlan) -> str:
     """One line for the report: model, resolution, data, epochs and seeds."""
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     data = "digits" if cfg.data.dataset == "digits" else str(cfg.data.root)
@@ -711,7 +711,7 @@ def run_ablation(
         return AblationResult(records)
     speed = measure_speed(plan, records, log=print if show_progress else lambda _: None)
     section = build_section(
-        plan.ablations, records, speed, describe(plan), plan.out_dir / "figures", plan.label
+        plan.ablations, records, speed, plan_summary(plan), plan.out_dir / "figures", plan.label
     )
     env = environment(BenchConfig(device=speed.device, dtype=speed.dtype))
     env.update(

@@ -31,7 +31,7 @@ from vit5.viz.ablation import (
     register_reference,
     run_ablation,
 )
-from vit5.viz.adapters import capture
+from vit5.viz.capture import capture
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import MapStyle, save_figure
 from vit5.viz.images import SKLEARN_SAMPLES, LoadedImage, load_images, to_batch
