@@ -181,3 +181,16 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
         describe(fixed).layout((32, 48))
     with pytest.raises(VizError, match="not a positive multiple of the patch size 8: use --size 32 48"):
         describe(tiny_vit5()).layout((30, 47))
+
+
+def test_a_timm_attention_without_the_explicit_softmax_path_is_refused_before_recording():
+    from vit5.viz.capture import recordable
+
+    model = tiny_timm()
+    assert recordable(model).family == "timm"
+    model.blocks[1].attn = torch.nn.Identity()
+    with pytest.raises(VizError, match="block 1 of this VisionTransformer has an attention module"):
+        recordable(model)
+    with pytest.raises(VizError, match="explicit softmax path"):
+        with capture(model):
+            pass

@@ -31,9 +31,13 @@ LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], No
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
 
 
-def _explicit_attention_blocks(model: nn.Module) -> None:
-    """Refuse a timm model whose attention lacks timm's explicit softmax path (nothing to hook)."""
-    for i, block in enumerate(model.blocks):
+def recordable(model: nn.Module) -> ModelInfo:
+    """The :class:`~vit5.model.ModelInfo` of a model whose attention can be recorded; an InputError
+    for other models and for timm blocks without timm's explicit softmax path (nothing to hook)."""
+    info = describe(model)
+    if info.family == "vit5":
+        return info
+    for i, block in enumerate(unwrap(model).blocks):
         attn = getattr(block, "attn", None)
         if not (hasattr(attn, "fused_attn") and isinstance(getattr(attn, "attn_drop", None), nn.Module)):
             raise InputError(
@@ -41,6 +45,7 @@ def _explicit_attention_blocks(model: nn.Module) -> None:
                 "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be "
                 "recorded"
             )
+    return info
 
 
 @contextmanager
@@ -59,12 +64,11 @@ def capture(
     stays at one block's attention whatever the depth. Call ``model.eval()`` first: in training
     mode timm's attention dropout would alter the recorded probabilities.
     """
-    info = describe(model)
+    info = recordable(model)
     wanted = block_indices(info.depth, layers)
     if info.family == "vit5":
         context = _record_vit5(model, wanted, attention, tokens, on_layer)
     else:
-        _explicit_attention_blocks(unwrap(model))
         context = _record_timm(unwrap(model), info, wanted, attention, tokens, on_layer)
     with context as rec:
         yield rec

@@ -32,6 +32,7 @@ from vit5.model import ModelInfo, block_indices, describe
 from vit5.model.footprint import attention_bytes
 from vit5.model.spec import LoadedModel, load_spec
 from vit5.runtime import check_fits
+from vit5.viz.capture import recordable
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import (
     MapStyle,
@@ -65,7 +66,7 @@ def load_model_spec(
     on an architecture viz cannot record. A name means its pretrained weights; ``random_init=True``
     an untrained model (labelled so)."""
     loaded = load_spec(spec, overrides, use_ema, random_init)
-    describe(loaded.model)
+    recordable(loaded.model)
     return loaded
 
 
