@@ -15,10 +15,17 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from vit5.bench.ablate import AblationError, AblationPlan, main, run_ablation
-from vit5.bench.ablation_report import Delta, Spread
-from vit5.bench.ablations import ABLATIONS, select_ablations
-from vit5.bench.timing import TimingConfig
+from vit5.bench.ablate import (
+    ABLATIONS,
+    AblationError,
+    AblationPlan,
+    Delta,
+    Spread,
+    main,
+    run_ablation,
+    select_ablations,
+)
+from vit5.bench.measure import TimingConfig
 from vit5.layers import Mlp, RMSNorm, SwiGLU
 from vit5.model.presets import preset_config
 from vit5.train.data import build_datasets

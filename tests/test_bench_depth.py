@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from vit5.bench.config import DepthAblationConfig
 from vit5.bench.depth import build_trunk, digits_tensors, largest_spike, layer_grad_norms, output_input_ratio
-from vit5.bench.timing import num_threads
+from vit5.bench.measure import num_threads
 
 
 @pytest.fixture(scope="module")

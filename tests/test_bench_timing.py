@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vit5.bench.timing import Quartiles, Samples, TimingConfig, measure, num_threads, paired_ratio, speedup
+from vit5.bench.measure import Quartiles, Samples, TimingConfig, measure, num_threads, paired_ratio, speedup
 
 
 def test_measure_interleaves_rounds_and_rotates_order():
@@ -56,7 +56,7 @@ def test_timing_config_validation():
 
 
 def test_op_breakdown_puts_matmuls_attention_and_the_optimizer_in_their_categories():
-    from vit5.bench.op_profile import CATEGORIES, op_breakdown
+    from vit5.bench.measure import CATEGORIES, op_breakdown
 
     linear, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
     optimizer = torch.optim.AdamW(linear.parameters(), foreach=True)

@@ -119,7 +119,7 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
 def test_a_refused_size_leaves_nothing_that_blocks_the_rerun(images, tmp_path, capsys):
     out = tmp_path / "f"
     assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "36"]) == 2
-    assert "not a multiple of the patch size 8" in one_error_line(capsys.readouterr().err, "error: ")
+    assert "not a positive multiple of the patch size 8" in one_error_line(capsys.readouterr().err, "error: ")
     assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "32"]) == 0
     assert "2 written" in capsys.readouterr().out
 

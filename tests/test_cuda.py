@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from test_layers_attention import reference_attention  # fp32 explicit softmax, K/V repeated for GQA
 
 import vit5
-from vit5.bench.memory import measure_memory
+from vit5.bench.measure import measure_memory
 from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, RopeTable, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -162,8 +162,7 @@ def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
     assert training_bytes(model.cfg, batch=16, ema=False) <= peak
 
 
-# ------------------------------------------------------------------ issue 14: fused QK-norm / RoPE,
-# folding, regional compile
+# ---------------------------------------------------- fused QK-norm / RoPE, folding, regional compile
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_one_pass_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
     from test_layers_attention import explicit_attention64

@@ -42,7 +42,7 @@ def listed(dataset: ImageFolderDataset) -> list[tuple[str, int]]:
 
 def test_a_link_loop_lists_each_image_once_with_its_own_label(data):
     clean = listed(ImageFolderDataset(data, "train"))
-    os.symlink("..", data / "train" / "0" / "loop")  # the loop: 60 images became 2460
+    os.symlink("..", data / "train" / "0" / "loop")  # a link loop once made 60 images 2460
     os.symlink(".", data / "train" / "1" / "self")
     with pytest.warns(BadImageWarning) as caught:
         looped = listed(ImageFolderDataset(data, "train"))

@@ -27,7 +27,7 @@ from vit5.eval import (
     sweep_plot,
     sweep_table,
 )
-from vit5.eval.images import round_to_patch
+from vit5.layers.patch_embed import round_to_patch
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = ClassifySettings(batch_size=16, num_workers=0)
@@ -186,7 +186,7 @@ def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     wrong = load_models("vit5_tiny", random_init=True, depth=1, num_classes=3)[0]
     with pytest.raises(EvalError, match="3 outputs but .* 10 classes"):
         evaluate(wrong, dataset, SETTINGS, progress=False)
-    with pytest.raises(EvalError, match="not a multiple of the patch size 8; use e.g. 32x40"):
+    with pytest.raises(EvalError, match="not a positive multiple of the patch size 8: use e.g. 32x40"):
         evaluate(models[0], dataset, ClassifySettings(size=(30, 41)), progress=False)
     with pytest.raises(EvalError, match="neither an existing checkpoint path nor a vit5 preset"):
         load_models("vit5_tinny")

@@ -156,7 +156,9 @@ def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_pat
     out = tmp_path / "out"
     assert not read_manifest(out)["complete"]
     done = sorted(out.rglob("*.safetensors"))
-    partial = out / "sub" / "b.png.safetensors.partial"  # what a kill in the middle of writing b.png leaves
+    partial = (
+        out / "sub" / ".b.png.safetensors.4242.partial"
+    )  # what a kill in the middle of writing b.png leaves
     partial.parent.mkdir(exist_ok=True)
     partial.write_bytes(done[0].read_bytes()[:100])
     assert not (out / "sub" / "b.png.safetensors").exists()
@@ -199,9 +201,9 @@ def test_other_settings_are_refused_unless_overwrite(images, tmp_path):
 
 def test_bad_settings_are_clear_errors(images):
     model = tiny_model().eval()
-    with pytest.raises(EvalError, match="not a multiple of the patch size 8"):
+    with pytest.raises(EvalError, match="not a positive multiple of the patch size 8"):
         list(iter_features(model, images, FeatureSettings(size=(30, 32))))
-    with pytest.raises(EvalError, match="out of range for a model with 2 blocks"):
+    with pytest.raises(EvalError, match="out of range: this model has 2 blocks"):
         list(iter_features(model, images, FeatureSettings(layers=(5,))))
     with pytest.raises(EvalError, match="either a fixed size or max_side"):
         FeatureSettings(size=(32, 32), max_side=64)

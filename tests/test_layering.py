@@ -106,3 +106,23 @@ def test_leaf_modules_import_only_each_other():
 def test_every_subpackage_is_covered():
     subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert subpackages == set(ALLOWED_INTERNAL), "add the new subpackage to ALLOWED_INTERNAL"
+
+
+def test_every_error_class_outside_train_is_a_user_error():
+    """A user-facing error prints as one ``error:`` line only if it is a Vit5Error (the command lines
+    catch that class): every ``class ...Error`` defined outside vit5/train must derive from it."""
+    import importlib
+
+    from vit5.errors import Vit5Error
+
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[1] in ("train", "reference") or parts[-1] == "__main__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                cls = getattr(importlib.import_module(".".join(parts).removesuffix(".__init__")), node.name)
+                if not issubclass(cls, Vit5Error):
+                    offenders.append(f"{path.relative_to(PACKAGE)}: {node.name}")
+    assert not offenders, "\n".join(offenders)

@@ -23,7 +23,7 @@ def test_recording_is_read_only_after_a_forward_and_in_range():
             rec.patch_norms(-1)
         model(torch.randn(1, 3, 32, 32))
     assert rec.patch_norms(-1).shape == (1, 4, 4)
-    with pytest.raises(ValueError, match="block index 5 is out of range for a model with 2 blocks"):
+    with pytest.raises(ValueError, match="layer 5 is out of range: this model has 2 blocks"):
         rec.attention(5)  # not silently block 1
 
 

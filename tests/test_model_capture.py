@@ -93,3 +93,16 @@ def test_recording_is_undone_on_exit_and_works_through_wrappers():
     with pytest.raises(TypeError, match="expected a vit5 ViT5 model"):
         with vit5.record(torch.nn.Linear(2, 2)):
             pass
+
+
+def test_unwrap_peels_nested_compile_and_ddp_wrappers_in_any_order():
+    from vit5.model import unwrap
+
+    model = vit5.create_model("vit5_tiny", depth=1, img_size=32)
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    torch.nn.Module.__init__(ddp)
+    ddp.module = torch.compile(model, backend="eager")  # DDP around a compiled model, compiled again
+    assert unwrap(torch.compile(ddp, backend="eager")) is model
+    assert unwrap(model) is model
+    linear = torch.nn.Linear(2, 2)
+    assert unwrap(linear) is linear

@@ -161,7 +161,7 @@ def test_memory_estimates_are_lower_bounds_of_measured_cpu_peaks(switches):
     import torch
     import torch.nn.functional as F
 
-    from vit5.bench.memory import measure_memory
+    from vit5.bench.measure import measure_memory
     from vit5.model.footprint import training_bytes
 
     model = vit5.create_model("vit5_tiny", depth=2, img_size=64, patch_size=8, num_classes=10, **switches)

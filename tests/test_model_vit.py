@@ -268,3 +268,18 @@ def test_rescaled_rope_keeps_its_training_grid_when_loaded_at_another_size(tmp_p
     x = torch.randn(1, 3, 64, 64)
     model.set_input_size(64)
     torch.testing.assert_close(moved(x), model(x))
+
+
+def test_ape_resampling_is_timms_with_antialiasing_only_when_shrinking():
+    """Ours equals timm's resample_abs_pos_embed without antialiasing when enlarging (the official
+    fine-tuning resize) and with it when shrinking; timm's default antialiases both ways."""
+    from timm.layers import resample_abs_pos_embed
+
+    from vit5.layers import resample_pos_embed
+
+    pe = torch.randn(1, 14 * 14, 32, generator=torch.Generator().manual_seed(0))
+    for new, antialias in (((20, 24), False), ((7, 9), True), ((10, 20), True)):
+        expected = resample_abs_pos_embed(pe, list(new), (14, 14), num_prefix_tokens=0, antialias=antialias)
+        torch.testing.assert_close(resample_pos_embed(pe, (14, 14), new), expected, rtol=0, atol=1e-6)
+    timm_default = resample_abs_pos_embed(pe, [20, 24], (14, 14), num_prefix_tokens=0)
+    assert (resample_pos_embed(pe, (14, 14), (20, 24)) - timm_default).abs().max() > 0.1

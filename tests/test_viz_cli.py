@@ -195,7 +195,7 @@ def test_register_maps_of_a_model_without_registers(tmp_path, folder, capsys):
     [
         ("vit5_tinyy", "nor a vit5 preset"),
         ("timm:no_such_vit", "timm has no model 'no_such_vit'"),
-        ("timm:resnet18", "cannot visualise a ResNet"),
+        ("timm:resnet18", "cannot use a ResNet: supported are vit5 models and timm"),
     ],
 )
 def test_bad_model_specs(tmp_path, folder, capsys, spec, message):

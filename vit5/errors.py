@@ -4,7 +4,7 @@ Every command line (``train.py``, ``python -m eval``, ``python -m viz``, ``pytho
 ``python -m vit5.bench.ablate``) catches :class:`Vit5Error` and :class:`OSError` once and prints
 one ``error: ...`` line (exit code 2) instead of a traceback; anything else is a bug and keeps its
 traceback. The specific classes (``ConfigError``, ``CheckpointError``, ``TrainConfigError``,
-``ResumeError``, ``EvalError``, ``VizError``, ...) subclass it and keep their historical bases
+``ResumeError``, ``InputError``, ...) subclass it and keep their historical bases
 (``ValueError``, ``RuntimeError``), so existing ``except ValueError`` code still catches them.
 
 A leaf module: it imports nothing from vit5, so every subpackage may use it.
@@ -26,6 +26,13 @@ class Vit5Error(Exception):
     The message names the problem and the fix; command lines print it as one ``error:`` line
     and exit with status 2.
     """
+
+
+class InputError(Vit5Error, ValueError):
+    """Input a tool cannot use (a model it does not support, a size, layer or option out of range, no
+    usable image, a model spec that names nothing); also a :class:`ValueError`. ``EvalError``,
+    ``VizError``, ``ImageError``, ``AblationError`` and ``ModelSpecError`` are this class under the names
+    their modules export."""
 
 
 class StorageError(Vit5Error, OSError):

@@ -6,10 +6,17 @@ measured, side by side in one process. Run ``python -m vit5.bench --help``.
 """
 
 from vit5.bench.config import BenchConfig, DepthAblationConfig
-from vit5.bench.memory import MemoryReading, measure_memory
-from vit5.bench.results import Section, Table, Target
+from vit5.bench.measure import (
+    MemoryReading,
+    Samples,
+    TimingConfig,
+    measure,
+    measure_memory,
+    paired_ratio,
+    speedup,
+)
+from vit5.bench.report import Section, Table, Target
 from vit5.bench.runner import SECTIONS, run_bench
-from vit5.bench.timing import Samples, TimingConfig, measure, paired_ratio, speedup
 
 __all__ = [
     "SECTIONS",

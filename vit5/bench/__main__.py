@@ -17,7 +17,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's star
 import torch  # noqa: E402
 
 from vit5.bench.config import BenchConfig  # noqa: E402
-from vit5.bench.results import format_value  # noqa: E402
+from vit5.bench.report import format_value  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
 from vit5.errors import Vit5Error, safe_console, user_message  # noqa: E402
 from vit5.files import check_output_dir  # noqa: E402
@@ -64,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         select_sections(only)
         profile = "smoke" if args.smoke else "quick" if args.quick else "full"
         out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
-    except (
-        Vit5Error,
-        OSError,
-        ValueError,
-    ) as error:  # ValueError: BenchConfig's and the section list's checks
+    except (Vit5Error, OSError) as error:
         print(f"error: {user_message(error) or error}", file=sys.stderr)
         return 2
     if profile == "full" and cfg.device == "cpu":

@@ -4,18 +4,25 @@
 - ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
   tokens; about 20 minutes on 2 idle CPU cores (inductor compilation included).
 - ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
+
+:class:`BenchContext` is what every benchmark section receives: the config, where to write figures,
+how to log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from vit5.bench.timing import TimingConfig
+from vit5.bench.measure import TimingConfig
+from vit5.errors import InputError
 
+# ------------------------------------------------------------------------------------------ config
 Profile = Literal["smoke", "quick", "full"]
 
 
@@ -33,7 +40,7 @@ class DepthAblationConfig:
 
     def __post_init__(self) -> None:
         if self.depth < 2 or self.steps < 1 or not self.lrs or min(self.lrs) <= 0 or self.width % self.heads:
-            raise ValueError(f"invalid depth-ablation config {self}")
+            raise InputError(f"invalid depth-ablation config {self}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class BenchConfig:
     op_timing: TimingConfig = TimingConfig(warmup=2, rounds=9, min_sample_s=0.05)  # single layers and ops
     # throughput and the cost of the modern parts
     sizes: tuple[str, ...] = ("tiny", "small")
-    target_size: str = "small"  # the size the issue's targets are stated for
+    target_size: str = "small"  # the size the speed targets are stated for
     depth: int | None = None  # override every model's depth (smoke runs)
     img_size: int = 224
     batch: int = 8
@@ -81,27 +88,27 @@ class BenchConfig:
         except RuntimeError:
             device = None
         if device is None or device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
+            raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
         if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise InputError(
                 f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)"
             )
         if self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+            raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
-            raise ValueError("sizes must name at least one model size")
+            raise InputError("sizes must name at least one model size")
         if self.profile_calls < 1:
-            raise ValueError(f"profile_calls must be at least 1, got {self.profile_calls}")
+            raise InputError(f"profile_calls must be at least 1, got {self.profile_calls}")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {self.threads}")
+            raise InputError(f"threads must be at least 1, got {self.threads}")
         if self.layer_shape[2] % self.layer_heads:
-            raise ValueError(
+            raise InputError(
                 f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}"
             )
 
     @property
     def size_for_targets(self) -> str:
-        """The issue's targets are for ViT-S; smaller runs check them on their largest size."""
+        """The speed targets are for ViT-S; smaller runs check them on their largest size."""
         return self.target_size if self.target_size in self.sizes else self.sizes[-1]
 
     def replace(self, **changes: Any) -> BenchConfig:
@@ -110,7 +117,7 @@ class BenchConfig:
     @classmethod
     def profile(cls, name: Profile, **changes: Any) -> BenchConfig:
         if name not in PROFILES:
-            raise ValueError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+            raise InputError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
         return cls(**PROFILES[name]).replace(**changes)
 
 
@@ -157,3 +164,20 @@ PROFILES: dict[str, dict[str, Any]] = {
         depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
     ),
 }
+
+
+# ----------------------------------------------------------------------------------------- context
+@dataclass
+class BenchContext:
+    cfg: BenchConfig
+    out_dir: Path
+    log: Callable[[str], None] = print
+
+    def figure(self, name: str) -> Path:
+        """Path for a figure file under ``<out>/figures``."""
+        path = self.out_dir / "figures" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.out_dir).as_posix()

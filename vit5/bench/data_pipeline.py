@@ -20,7 +20,6 @@ loader cores each needs.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -38,6 +37,8 @@ from torchvision import transforms as T
 
 import vit5
 from vit5.data import IMAGENET_MEAN, IMAGENET_STD, decode_image, eval_transform, three_augment
+from vit5.files import atomic_write_json
+from vit5.runtime import resolve_device
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -175,7 +176,7 @@ def _per_core(fn: Callable[[], Any]) -> Any:
 # ---------------------------------------------------------------------------------- training
 def measure_training(quick: bool) -> dict[str, dict[str, Any]]:
     """Training images/s (forward + backward + AdamW step) at 224 px on the default device."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device("auto")
     batch = (64 if quick else 128) if device.type == "cuda" else (4 if quick else 16)
     steps = 3 if quick else 10
     return {name: _training_rate(name, device, batch, steps) for name in ("vit5_tiny", "vit5_small")}
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(quick=args.quick)
     print(format_tables(result))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2))
+        atomic_write_json(args.out, result)
     return 0
 
 

@@ -27,11 +27,9 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
-from vit5.bench.config import DepthAblationConfig
-from vit5.bench.context import BenchContext
-from vit5.bench.plots import line_chart
-from vit5.bench.results import Section, Table, Target
-from vit5.bench.timing import num_threads
+from vit5.bench.config import BenchContext, DepthAblationConfig
+from vit5.bench.measure import num_threads
+from vit5.bench.report import Section, Table, Target, line_chart
 
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
@@ -196,8 +194,8 @@ def run(ctx: BenchContext) -> Section:
     ]
     section.notes.append(
         "Pre-norm gradients falling toward the output match NormFormer's measurement (Shleifer et al., "
-        "2021, Fig. 2). modern-deltas: 'if post-norm trains fine, the model is too shallow or the LR too "
-        "low to test the claim'; at this width the model may also be too narrow (Xiong et al. analyse "
+        "2021, Fig. 2). If post-norm trains fine here, the model is too shallow or the LR too low to test "
+        "the claim; at this width the model may also be too narrow (Xiong et al. analyse "
         "d = 512)."
     )
     path = ctx.figure("depth_grad_profile.png")

@@ -34,6 +34,7 @@ from timm.models.eva import Eva
 from torch import nn
 
 import vit5
+from vit5.errors import InputError
 from vit5.model.presets import SIZES
 from vit5.reference import OfficialViT5
 
@@ -67,9 +68,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
-            raise ValueError(f"unknown size {self.size!r}: use one of {', '.join(SIZES)}")
+            raise InputError(f"unknown size {self.size!r}: use one of {', '.join(SIZES)}")
         if self.img_size % 16 or self.img_size < 16:
-            raise ValueError(f"img_size must be a positive multiple of 16 (the patch), got {self.img_size}")
+            raise InputError(f"img_size must be a positive multiple of 16 (the patch), got {self.img_size}")
 
     @property
     def dims(self) -> dict[str, int]:
@@ -108,7 +109,7 @@ def build_timm_vit(spec: ModelSpec) -> nn.Module:
     """timm's plain ViT at the same size (``vit_small_patch16_224`` for small)."""
     name = f"vit_{spec.size}_patch16_224"
     if name not in timm.list_models(name):
-        raise ValueError(f"timm has no {name}: pick a size timm ships (tiny, small, base, large)")
+        raise InputError(f"timm has no {name}: pick a size timm ships (tiny, small, base, large)")
     return timm.create_model(name, img_size=spec.img_size, **({"depth": spec.depth} if spec.depth else {}))
 
 
@@ -142,7 +143,7 @@ BUILDERS: dict[str, Callable[[ModelSpec], nn.Module]] = {
 def build_contender(name: str, spec: ModelSpec) -> nn.Module:
     """One contender by name (see :data:`CONTENDERS`), in eval mode with a fixed seed."""
     if name not in BUILDERS:
-        raise ValueError(f"unknown contender {name!r}: use one of {', '.join(CONTENDERS)}")
+        raise InputError(f"unknown contender {name!r}: use one of {', '.join(CONTENDERS)}")
     torch.manual_seed(0)
     return BUILDERS[name](spec).eval()
 

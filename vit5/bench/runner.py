@@ -9,37 +9,26 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vit5.bench import (
-    attention_memory,
-    compile_speedup,
-    depth,
-    export,
-    kv_cache,
-    mfu,
-    mlp,
-    modern_cost,
-    norms,
-    speed,
-)
-from vit5.bench.config import BenchConfig
-from vit5.bench.context import BenchContext
-from vit5.bench.environment import environment, load_average
-from vit5.bench.report import write_report
-from vit5.bench.results import Section
-from vit5.bench.timing import num_threads
+from vit5.bench.components import run_attention_memory, run_kv_cache, run_mlp, run_norms
+from vit5.bench.config import BenchConfig, BenchContext
+from vit5.bench.depth import run as run_depth
+from vit5.bench.measure import num_threads
+from vit5.bench.report import Section, environment, load_average, write_report
+from vit5.bench.speed import run_compile, run_export, run_mfu, run_modern_cost, run_speed
+from vit5.errors import InputError
 
-# name -> section, in report order (the numbering)
+# name -> section, in report order
 SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
-    "speed": speed.run,
-    "modern_cost": modern_cost.run,
-    "mfu": mfu.run,
-    "attention_memory": attention_memory.run,
-    "compile": compile_speedup.run,
-    "kv_cache": kv_cache.run,
-    "norms": norms.run,
-    "mlp": mlp.run,
-    "depth": depth.run,
-    "export": export.run,
+    "speed": run_speed,
+    "modern_cost": run_modern_cost,
+    "mfu": run_mfu,
+    "attention_memory": run_attention_memory,
+    "compile": run_compile,
+    "kv_cache": run_kv_cache,
+    "norms": run_norms,
+    "mlp": run_mlp,
+    "depth": run_depth,
+    "export": run_export,
 }
 
 
@@ -49,7 +38,7 @@ def select_sections(only: Sequence[str] | None) -> list[str]:
         return list(SECTIONS)
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}"
         )
     return [name for name in SECTIONS if name in only]

@@ -30,6 +30,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from vit5.data.digits import load_digits_split
+from vit5.errors import InputError
+from vit5.files import atomic_write_bytes, atomic_write_json
 
 SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
 IGNORE_INDEX = 255
@@ -73,14 +75,14 @@ class SegSetConfig:
         object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
         lo, hi = self.digits_per_image
         if self.num_train < 1 or self.num_val < 1:
-            raise ValueError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
+            raise InputError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
         if self.size < 16:
-            raise ValueError(f"size must be >= 16 pixels, got {self.size}")
+            raise InputError(f"size must be >= 16 pixels, got {self.size}")
         if not 1 <= lo <= hi:
-            raise ValueError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
+            raise InputError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
         s_lo, s_hi = self.digit_scale
         if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
-            raise ValueError(
+            raise InputError(
                 "digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got "
                 f"{self.digit_scale} "
                 f"at size {self.size}"
@@ -139,7 +141,7 @@ def _overlap(top: int, left: int, side: int, p: Placement) -> int:
 def digit_seg_samples(split: str, cfg: SegSetConfig = SegSetConfig()) -> list[SegSample]:
     """The canvases of ``split`` ("train" or "val"), in memory."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InputError(f"split must be one of {SPLITS}, got {split!r}")
     data = load_digits_split(split, size=8, seed=cfg.seed)  # only for the split's source indices
     digits = load_digits().images[data.source_indices]  # exact 0..16 values
     rng = np.random.default_rng([cfg.seed, SPLITS.index(split)])
@@ -177,9 +179,7 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
                 root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR)
             )
             _write_png(root / "annotations" / split / f"{i:05d}.png", sample.mask)
-    partial = info_path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(info, indent=2))
-    os.replace(partial, info_path)
+    atomic_write_json(info_path, info)
     return info
 
 
@@ -188,6 +188,4 @@ def _write_png(path: Path, array: np.ndarray) -> None:
     if not ok:
         raise RuntimeError(f"OpenCV failed to encode {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".png.partial")
-    partial.write_bytes(buffer.tobytes())
-    os.replace(partial, path)
+    atomic_write_bytes(path, buffer.tobytes(), durable=False)

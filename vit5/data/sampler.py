@@ -1,6 +1,7 @@
 """Repeated-augmentation sampler (DeiT ``RASampler``), rank-explicit and resumable.
 
-ViT-5 pre-training uses ``--repeated-aug`` (reference §3.2): each epoch shuffles the indices with
+ViT-5 pre-training uses ``--repeated-aug`` (on by default in the official ``main.py:112-114`` at
+github.com/wangf3014/ViT-5 commit b7b0796): each epoch shuffles the indices with
 a generator seeded by the epoch, repeats every index ``num_repeats`` (3) times in a row, pads to a
 multiple of the world size, and gives rank ``r`` the positions ``r, r + W, r + 2W, ...``. Each rank
 then keeps only ``floor(N / 256) * 256 / W`` of them, so an epoch has as many steps as without

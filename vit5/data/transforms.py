@@ -2,9 +2,11 @@
 
 Three recipes from the ViT-5 / DeiT-III training code, built on albumentations:
 
-* :func:`three_augment`  - pre-training "3-Augment" (DeiT-III ``augment.py``, reference §3.3);
+* :func:`three_augment`  - pre-training "3-Augment" (DeiT III, arXiv 2204.07118; official ViT-5
+  ``augment.py:90`` ``new_data_aug_generator`` at github.com/wangf3014/ViT-5 commit b7b0796);
 * :func:`randaug_transform` - fine-tuning RRC + flip + RandAugment ``rand-m9-mstd0.5-inc1``;
-* :func:`eval_transform` - resize by ``1 / crop_ratio`` then centre crop (reference §2.3);
+* :func:`eval_transform` - resize by ``1 / crop_ratio`` then centre crop (official ``datasets.py:101-105``
+  at b7b0796, ``--eval-crop-ratio 0.875``);
 
 plus :func:`resize_transform` (no augmentation) and the :func:`build_transform` factory.
 
@@ -27,6 +29,7 @@ from albumentations.pytorch import ToTensorV2
 
 from vit5.data.randaug import TimmRandAugment
 
+# timm.data's IMAGENET_DEFAULT_MEAN/STD (vit5.model uses those): vit5.data imports no timm, to stay light
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"

@@ -12,7 +12,8 @@
 The command line is ``python -m eval {classify,sweep,features,probe,segprobe,make-seg}``.
 """
 
-from vit5.eval.backbone import BackboneInfo, dense_features, describe
+from vit5.errors import InputError as EvalError  # the name eval has always exported
+from vit5.eval.backbone import dense_features
 from vit5.eval.classify import (
     ClassifyResult,
     ClassifySettings,
@@ -21,7 +22,6 @@ from vit5.eval.classify import (
     per_class_table,
     summary_table,
 )
-from vit5.eval.errors import EvalError
 from vit5.eval.export import ExportSummary, export_features, read_features, read_manifest
 from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extract, iter_features
 from vit5.eval.load import LoadedModel, load_models
@@ -38,7 +38,6 @@ from vit5.eval.segmentation import SegProbeResult, SegProbeSettings, run_segment
 from vit5.eval.sweep import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
 
 __all__ = [
-    "BackboneInfo",
     "ClassificationMeter",
     "ClassificationScores",
     "ClassifyResult",
@@ -59,7 +58,6 @@ __all__ = [
     "dataset_info",
     "default_splits",
     "dense_features",
-    "describe",
     "evaluate",
     "export_features",
     "extract",

@@ -1,6 +1,7 @@
 """Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
 
-Preprocessing is the official ViT-5 eval recipe (reference §2.3) at any size and crop ratio:
+Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5
+at b7b0796) at any size and crop ratio:
 resize by ``1 / crop_ratio`` (bicubic, area when shrinking), centre crop, normalise with the
 model's mean/std. Under ``accelerate launch`` each process evaluates a shard;
 ``accelerator.gather_for_metrics`` collects every batch and drops the duplicates Accelerate pads
@@ -22,12 +23,14 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
-from vit5.eval.backbone import check_forward_memory, patch_size_of
-from vit5.eval.errors import EvalError
-from vit5.eval.images import LabelledImages, bad_file_reason, check_patch_multiple
+from vit5.errors import InputError
+from vit5.eval.backbone import EVAL_FIX, check_forward_memory
+from vit5.eval.images import LabelledImages, bad_file_reason
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import ClassificationMeter, ClassificationScores
 from vit5.eval.report import format_table
+from vit5.layers.patch_embed import grid_of
+from vit5.model import patch_size_of
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,13 @@ class ClassifySettings:
 
     def __post_init__(self) -> None:
         if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
-            raise EvalError(f"size must be a positive (height, width) pair, got {self.size}")
+            raise InputError(f"size must be a positive (height, width) pair, got {self.size}")
         if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
-            raise EvalError(
+            raise InputError(
                 f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}"
             )
         if self.batch_size < 1 or self.num_workers < 0:
-            raise EvalError(
+            raise InputError(
                 f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
             )
 
@@ -96,7 +99,7 @@ def open_split(root: str | os.PathLike[str], split: str | None) -> ImageFolderDa
     try:
         return ImageFolderDataset(root, split)
     except ImageFolderError as err:
-        raise EvalError(str(err)) from err
+        raise InputError(str(err)) from err
 
 
 def evaluate(
@@ -111,7 +114,7 @@ def evaluate(
     num_classes = len(dataset.class_names)
     outputs = getattr(loaded.model, "num_classes", None)
     if outputs != num_classes:
-        raise EvalError(
+        raise InputError(
             f"{loaded.label} has {outputs} outputs but {dataset.root} has {num_classes} classes; evaluate "
             "on the data "
             f"set it was trained for (class folders in the same sorted order)"
@@ -119,7 +122,7 @@ def evaluate(
     size = tuple(settings.size or loaded.input_size)
     patch = patch_size_of(loaded.model)
     if patch is not None:
-        check_patch_multiple(size, patch)
+        grid_of(size, patch, EVAL_FIX, InputError)
         width = getattr(loaded.model, "embed_dim", None) or getattr(loaded.model, "num_features", 0)
         check_forward_memory(patch, int(width), settings.batch_size, size, accelerator.device)
     crop = settings.crop_ratio or loaded.crop_pct

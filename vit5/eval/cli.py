@@ -43,12 +43,12 @@ from vit5.eval import (
     sweep_records,
     sweep_table,
 )
-from vit5.eval.backbone import patch_size_of
 from vit5.eval.figures import plot_confusion
 from vit5.eval.load import distinct_labels, parse_overrides
 from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
 from vit5.files import check_output_dir
+from vit5.model import patch_size_of
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
 from vit5.model.spec import ModelSpecError, random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device

@@ -5,9 +5,9 @@ Layout of ``out_dir``::
     manifest.json                       what was extracted, how, and from which images
     <relative image path>.safetensors   e.g. cats/01.jpg -> cats/01.jpg.safetensors
 
-Every file is written to ``<name>.partial`` and renamed, so a file that exists is complete; each
-file's header records the run identity (model fingerprint + settings) and the source file's size
-and modification time. A rerun therefore skips exactly the images whose file is complete, of the
+Every file is written atomically (:func:`vit5.files.atomic_write_bytes`), so a file that exists is
+complete; each file's header records the run identity (model fingerprint + settings) and the source
+file's size and modification time. A rerun therefore skips exactly the images whose file is complete, of the
 same run and of an unchanged source, recomputes the rest, and rebuilds the manifest (itself
 written atomically, also every ``manifest_every_s`` seconds) from the files. Features made with
 other settings or another model are refused rather than mixed (``overwrite=True`` replaces them).
@@ -33,13 +33,14 @@ from safetensors.torch import load_file, save
 from torch import nn
 from tqdm.auto import tqdm
 
-from vit5.eval.backbone import block_indices, check_input, describe, feature_names
-from vit5.eval.errors import EvalError, read_json
+from vit5.errors import InputError
+from vit5.eval.backbone import EVAL_FIX, feature_names
 from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
-from vit5.eval.images import check_patch_multiple, list_images
+from vit5.eval.images import list_images
 from vit5.eval.load import LoadedModel
-from vit5.eval.report import to_jsonable, write_json
-from vit5.files import FolderLock, check_output_dir
+from vit5.eval.report import read_json, to_jsonable, write_json
+from vit5.files import FolderLock, atomic_write_bytes, check_output_dir
+from vit5.model import block_indices, describe
 
 FORMAT = "vit5-features/1"
 MANIFEST = "manifest.json"
@@ -93,7 +94,7 @@ def export_features(
     """Extract features for every image under ``images`` (recursive) into ``out_dir``.
 
     Raises:
-        EvalError: bad settings, an unusable image source, or features of another run in ``out_dir``.
+        InputError: bad settings, an unusable image source, or features of another run in ``out_dir``.
         FolderLocked: another export is writing into ``out_dir``.
     """
     out_dir = check_output_dir(out_dir, "output folder")
@@ -116,10 +117,9 @@ def _export(
     root, paths = list_images(images)
     module, mean, std = resolve_model(model)
     info = describe(module)
-    blocks = block_indices(info, settings.layers)
+    blocks = block_indices(info.depth, settings.layers)
     if settings.size is not None:  # before anything is written: a bad size leaves no manifest behind
-        check_patch_multiple(settings.size, info.patch_size)
-        check_input(info, settings.size)
+        info.grid(settings.size, EVAL_FIX)
     chosen = {**settings.identity(), "layers": blocks}  # absolute: -1 and 11 are the same run
     identity = to_jsonable(
         {"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std}
@@ -140,7 +140,7 @@ def _export(
         "source_root": str(root.resolve()),
     }
     _check_same_run(out_dir, identity, run_id, overwrite)
-    for partial in out_dir.rglob(f"*{SUFFIX}{PARTIAL}") if out_dir.is_dir() else ():
+    for partial in out_dir.rglob(f"*{SUFFIX}*{PARTIAL}") if out_dir.is_dir() else ():  # left by a kill
         partial.unlink()
     entries: dict[str, dict[str, Any]] = {}
     todo = []
@@ -192,13 +192,11 @@ def _write_image(
     }
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + PARTIAL)
     meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
     payload = save(
         {k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)}
     )
-    partial.write_bytes(payload)  # plain write: permissions follow the umask
-    os.replace(partial, target)
+    atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
     return entry
 
 
@@ -226,7 +224,7 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
         old.get("run_id") != run_id and old.get("num_images", 1) > 0
     ):  # an export that wrote nothing blocks nothing
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
-        raise EvalError(
+        raise InputError(
             f"{out_dir} holds features from another model or other settings "
             f"({'; '.join(changed) or 'other format'}); "
             "use a new output folder, or overwrite to replace them"
@@ -256,10 +254,10 @@ def _write_manifest(
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
-        raise EvalError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
+        raise InputError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
     manifest = read_json(path)
     if manifest.get("format") != FORMAT:
-        raise EvalError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
+        raise InputError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
     return manifest
 
 

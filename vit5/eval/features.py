@@ -5,7 +5,7 @@ whole image) or at its own size rounded to the patch size (optionally shrunk fir
 longer side is at most ``max_side``). Images of equal input size are batched together: decoded
 images wait in per-size buckets that run when full (and all run when too many wait), so a
 folder of mixed sizes still batches wherever sizes repeat. The yield order is therefore not the
-listing order. Works for vit5 models and timm ViTs (see :mod:`vit5.eval.backbone`).
+listing order. Works for vit5 models and timm ViTs (see :mod:`vit5.model.info`).
 
     for path, feats in iter_features(model, "photos/", FeatureSettings(layers=(-1,), dtype="float16")):
         grid = feats["blocks.11.patches"]            # [C, H/p, W/p]
@@ -26,10 +26,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vit5.data import BadImageError, BadImageWarning, decode_image, resize_transform
-from vit5.eval.backbone import BackboneInfo, block_indices, check_input, dense_features, describe
-from vit5.eval.errors import EvalError
-from vit5.eval.images import Size, check_patch_multiple, list_images, own_size
+from vit5.errors import InputError
+from vit5.eval.backbone import EVAL_FIX, dense_features
+from vit5.eval.images import Size, list_images, own_size
 from vit5.eval.load import LoadedModel
+from vit5.model import ModelInfo, block_indices, describe
 
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {
@@ -65,15 +66,15 @@ class FeatureSettings:
         if self.size is not None:
             object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
         if self.dtype not in DTYPES:
-            raise EvalError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.size is not None and self.max_side is not None:
-            raise EvalError(
+            raise InputError(
                 "give either a fixed size or max_side (which limits each image's own size), not both"
             )
         if self.max_side is not None and self.max_side < 1:
-            raise EvalError(f"max_side must be >= 1, got {self.max_side}")
+            raise InputError(f"max_side must be >= 1, got {self.max_side}")
         if self.batch_size < 1 or self.num_workers < 0:
-            raise EvalError(
+            raise InputError(
                 f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
             )
 
@@ -157,10 +158,9 @@ def extract(
     """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed order."""
     module, mean, std = resolve_model(model, mean, std)
     info = describe(module)
-    blocks = block_indices(info, settings.layers)
+    blocks = block_indices(info.depth, settings.layers)
     if settings.size is not None:
-        check_patch_multiple(settings.size, info.patch_size)
-        check_input(info, settings.size)
+        info.grid(settings.size, EVAL_FIX)
     paths = [Path(p) for p in paths]
     data = _ResizedImages(paths, settings, info.patch_size, mean, std)
     loader = DataLoader(data, batch_size=None, num_workers=settings.num_workers, collate_fn=_as_is)
@@ -188,7 +188,7 @@ def _as_is(item: _Decoded) -> _Decoded:
 
 def _run(
     model: nn.Module,
-    info: BackboneInfo,
+    info: ModelInfo,
     blocks: list[int],
     settings: FeatureSettings,
     items: list[_Decoded],

@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import Dataset
 
 from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image, image_files
-from vit5.eval.errors import EvalError
+from vit5.errors import InputError
+from vit5.layers.patch_embed import round_to_patch
 
 Size = tuple[int, int]
 
@@ -30,10 +31,12 @@ def list_images(
     if source.is_file():
         return source.parent, [source]
     if not source.is_dir():
-        raise EvalError(f"image source {source} does not exist; pass an image file or a folder of images")
+        raise InputError(f"image source {source} does not exist; pass an image file or a folder of images")
     files = image_files(source, extensions)
     if not files:
-        raise EvalError(f"no images with extensions {sorted({e.lower() for e in extensions})} under {source}")
+        raise InputError(
+            f"no images with extensions {sorted({e.lower() for e in extensions})} under {source}"
+        )
     return source, files
 
 
@@ -45,13 +48,8 @@ def parse_size(text: str) -> Size:
     except ValueError:
         values = []
     if len(values) not in (1, 2) or min(values, default=0) <= 0:
-        raise EvalError(f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 224x320)")
+        raise InputError(f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 224x320)")
     return (values[0], values[-1])
-
-
-def round_to_patch(hw: Sequence[float], patch_size: int) -> Size:
-    """Each side rounded to the nearest multiple of ``patch_size`` (at least one patch)."""
-    return tuple(max(patch_size, int(round(side / patch_size)) * patch_size) for side in hw)  # type: ignore[return-value]
 
 
 def own_size(image_hw: Size, patch_size: int, max_side: int | None = None) -> Size:
@@ -59,16 +57,6 @@ def own_size(image_hw: Size, patch_size: int, max_side: int | None = None) -> Si
     at most ``max_side`` when given, then rounded to the patch size."""
     scale = 1.0 if max_side is None else min(1.0, max_side / max(image_hw))
     return round_to_patch((image_hw[0] * scale, image_hw[1] * scale), patch_size)
-
-
-def check_patch_multiple(size: Size, patch_size: int) -> Size:
-    if size[0] % patch_size or size[1] % patch_size or min(size) <= 0:
-        fix = round_to_patch(size, patch_size)
-        raise EvalError(
-            f"input size {size[0]}x{size[1]} is not a multiple of the patch size {patch_size}; use e.g. "
-            f"{fix[0]}x{fix[1]}"
-        )
-    return size
 
 
 class LabelledImages(Dataset):

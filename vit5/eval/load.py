@@ -8,26 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from vit5.eval.errors import EvalError
-from vit5.model.spec import (
-    LoadedModel,
-    ModelSpecError,
-    distinct_labels,
-    has_ema_weights,
-    load_spec,
-    parse_model_args,
-)
+from vit5.errors import InputError
+from vit5.model.spec import LoadedModel, distinct_labels, has_ema_weights, load_spec
+from vit5.model.spec import parse_model_args as parse_overrides
 
 __all__ = ["LoadedModel", "distinct_labels", "load_models", "parse_overrides"]
 
 WeightChoice = Literal["auto", "raw", "ema"]
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    try:
-        return parse_model_args(items)
-    except ModelSpecError as err:
-        raise EvalError(str(err)) from err
 
 
 def load_models(
@@ -38,9 +25,6 @@ def load_models(
     A name means its pretrained weights; ``random_init=True`` an untrained model (labelled so).
     ``overrides`` are ViT5Config fields for vit5 models, ``timm.create_model`` arguments for timm."""
     if weights not in ("auto", "raw", "ema"):
-        raise EvalError(f"weights must be 'auto', 'raw' or 'ema', got {weights!r}")
-    try:
-        kinds = [False, True] if weights == "auto" and has_ema_weights(spec) else [weights == "ema"]
-        return [load_spec(spec, overrides, use_ema=use_ema, random_init=random_init) for use_ema in kinds]
-    except ModelSpecError as err:
-        raise EvalError(str(err)) from err
+        raise InputError(f"weights must be 'auto', 'raw' or 'ema', got {weights!r}")
+    kinds = [False, True] if weights == "auto" and has_ema_weights(spec) else [weights == "ema"]
+    return [load_spec(spec, overrides, use_ema=use_ema, random_init=random_init) for use_ema in kinds]

@@ -24,11 +24,12 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset, build_loader, eval_transform
-from vit5.eval.backbone import block_indices, dense_features, describe
-from vit5.eval.errors import EvalError
+from vit5.errors import InputError
+from vit5.eval.backbone import dense_features
 from vit5.eval.images import LabelledImages
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import format_table
+from vit5.model import block_indices, describe
 
 POOLS = ("cls", "avg")
 
@@ -51,9 +52,9 @@ class ProbeSettings:
     def __post_init__(self) -> None:
         bad = [p for p in self.pools if p not in POOLS]
         if bad or not self.pools:
-            raise EvalError(f"pools must be chosen from {POOLS}, got {self.pools}")
+            raise InputError(f"pools must be chosen from {POOLS}, got {self.pools}")
         if any(k < 1 for k in self.knn_k) or self.knn_temperature <= 0 or self.logreg_c <= 0:
-            raise EvalError("knn_k must be >= 1, knn_temperature > 0 and logreg_c > 0")
+            raise InputError("knn_k must be >= 1, knn_temperature > 0 and logreg_c > 0")
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ def encode(
     """``({pool: [N, C] float32}, targets [N], skipped)`` for the readable images of ``dataset``."""
     info = describe(loaded.model)
     if "cls" in settings.pools and not info.num_cls:
-        raise EvalError(f"{loaded.label} has no CLS token; use pools=('avg',)")
-    (block,) = block_indices(info, [settings.layer])
+        raise InputError(f"{loaded.label} has no CLS token; use pools=('avg',)")
+    (block,) = block_indices(info.depth, [settings.layer])
     size = tuple(settings.size or loaded.input_size)
     transform = eval_transform(
         size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std
@@ -141,7 +142,7 @@ def run_probes(
     progress: bool = True,
 ) -> list[ProbeRow]:
     if list(train.class_names) != list(val.class_names):
-        raise EvalError(
+        raise InputError(
             f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}..."
         )
     train_x, train_y, _ = encode(loaded, train, settings, progress)

@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from vit5.errors import InputError
+from vit5.files import atomic_write_json
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
     """A fixed-width table; floats with 4 significant decimals, None/NaN as '-'."""
@@ -54,11 +57,13 @@ def to_jsonable(obj: Any) -> Any:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON, atomically (a crash never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(
-        f".{path.name}.{os.getpid()}.partial"
-    )  # plain open: permissions follow the umask
-    partial.write_text(json.dumps(to_jsonable(obj), indent=2))
-    os.replace(partial, path)
-    return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(path, to_jsonable(obj))
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file this package wrote or reads (manifest, dataset.json); a broken one is an InputError."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{path} is not readable JSON ({err}): fix or delete it") from err

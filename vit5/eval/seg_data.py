@@ -8,7 +8,7 @@ Layout::
 ``split`` is e.g. ``train``/``val`` or ADE20K's ``training``/``validation``. A ``root/dataset.json``
 (as written by ``make-seg``) may give ``num_classes``, ``class_names`` and ``ignore_index``.
 Every mask must exist, have one channel, the size of its image, and ids below ``num_classes``
-(or equal to ``ignore_index``); anything else is an :class:`EvalError` that names the file.
+(or equal to ``ignore_index``); anything else is an :class:`InputError` that names the file.
 With ``reduce_zero_label`` (ADE20K: 0 = "other") id 0 becomes ignored and the rest shift down by 1.
 """
 
@@ -22,7 +22,8 @@ import numpy as np
 from PIL import Image
 
 from vit5.data import image_files
-from vit5.eval.errors import EvalError, read_json
+from vit5.errors import InputError
+from vit5.eval.report import read_json
 
 SPLIT_PAIRS = (("train", "val"), ("training", "validation"))
 
@@ -41,7 +42,7 @@ def default_splits(root: str | os.PathLike[str]) -> tuple[str, str]:
         if all((Path(root) / "images" / s).is_dir() for s in pair):
             return pair
     found = sorted(p.name for p in (Path(root) / "images").glob("*") if p.is_dir())
-    raise EvalError(
+    raise InputError(
         f"{root}/images has no train/val (or training/validation) folders (found {found}); name the splits"
     )
 
@@ -57,11 +58,11 @@ def dataset_info(
     meta = read_json(meta_path) if meta_path.is_file() else {}
     num_classes = num_classes or meta.get("num_classes")
     if not num_classes or num_classes < 2:
-        raise EvalError(f"give the number of classes (>= 2); {meta_path} does not say it")
+        raise InputError(f"give the number of classes (>= 2); {meta_path} does not say it")
     names = meta.get("class_names") if meta.get("num_classes") == num_classes else None
     ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
     if 0 <= ignore_index < num_classes:
-        raise EvalError(
+        raise InputError(
             f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1"
         )
     return SegDatasetInfo(
@@ -77,17 +78,17 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
     image_dir, mask_dir = Path(root) / "images" / split, Path(root) / "annotations" / split
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():
-            raise EvalError(
+            raise InputError(
                 f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/"
             )
     images = image_files(image_dir)
     if not images:
-        raise EvalError(f"{image_dir} holds no images")
+        raise InputError(f"{image_dir} holds no images")
     pairs = []
     for image in images:
         mask = (mask_dir / image.relative_to(image_dir)).with_suffix(".png")
         if not mask.is_file():
-            raise EvalError(
+            raise InputError(
                 f"image {image} has no label mask {mask} (masks are PNG files with the image's relative path)"
             )
         pairs.append((image, mask))
@@ -104,14 +105,14 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
         with Image.open(path) as handle:
             mask = np.asarray(handle)
     except (OSError, ValueError) as err:
-        raise EvalError(f"label mask {path} cannot be read as an image ({err})") from err
+        raise InputError(f"label mask {path} cannot be read as an image ({err})") from err
     if mask.ndim != 2:
-        raise EvalError(
+        raise InputError(
             f"label mask {path} has {mask.shape[2]} channels; it must be a single-channel PNG of class ids "
             "(convert colour-coded masks to ids first)"
         )
     if tuple(mask.shape) != tuple(image_hw):
-        raise EvalError(
+        raise InputError(
             f"label mask {path} is {mask.shape[0]}x{mask.shape[1]} but its image is "
             f"{image_hw[0]}x{image_hw[1]}; "
             "masks must have the size of their image"
@@ -124,7 +125,7 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
     bad = np.unique(mask[~ignored & ((mask < 0) | (mask >= info.num_classes))])
     if bad.size:
         shown = (bad + 1 if info.reduce_zero_label else bad)[:10].tolist()
-        raise EvalError(
+        raise InputError(
             f"label mask {path} has class id(s) {shown} outside 0..{info.num_classes - 1} "
             f"(ignore index {info.ignore_index}); raise num_classes or fix the mask"
         )

@@ -22,13 +22,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vit5.data import BadImageError, decode_image, resize_transform
-from vit5.eval.backbone import block_indices, check_input, dense_features, describe
-from vit5.eval.errors import EvalError
-from vit5.eval.images import check_patch_multiple
+from vit5.errors import InputError
+from vit5.eval.backbone import EVAL_FIX, dense_features
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import SegmentationScores, confusion_matrix, segmentation_scores
 from vit5.eval.report import format_table
 from vit5.eval.seg_data import SegDatasetInfo, list_pairs, read_mask
+from vit5.model import block_indices, describe
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class SegProbeSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.weight_decay < 0:
-            raise EvalError("epochs and batch_size must be >= 1, lr > 0 and weight_decay >= 0")
+            raise InputError("epochs and batch_size must be >= 1, lr > 0 and weight_decay >= 0")
 
 
 @dataclass
@@ -124,7 +124,7 @@ def _encode(
     if batch:
         flush()
     if not masks:
-        raise EvalError(f"none of the {len(pairs)} images of this split can be read (e.g. {skipped[0]})")
+        raise InputError(f"none of the {len(pairs)} images of this split can be read (e.g. {skipped[0]})")
     return EncodedSplit(torch.cat(chunks), masks, skipped)
 
 
@@ -209,10 +209,9 @@ def run_segmentation_probe(
 ) -> SegProbeResult:
     """Train the dense linear probe on ``splits[0]`` and score it on ``splits[1]``."""
     backbone = describe(loaded.model)
-    blocks = block_indices(backbone, settings.layers)
+    blocks = block_indices(backbone.depth, settings.layers)
     size = tuple(settings.size or loaded.input_size)
-    check_patch_multiple(size, backbone.patch_size)
-    check_input(backbone, size)
+    backbone.grid(size, EVAL_FIX)
     start = time.perf_counter()
     train = _encode(
         loaded, list_pairs(root, splits[0]), info, size, blocks, settings, f"features {splits[0]}", progress

@@ -15,12 +15,13 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from vit5.data import ImageFolderDataset
+from vit5.errors import InputError
 from vit5.eval.classify import ClassifyResult, ClassifySettings, evaluate
-from vit5.eval.errors import EvalError
 from vit5.eval.figures import plot_sweep
-from vit5.eval.images import Size, round_to_patch
+from vit5.eval.images import Size
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import format_table
+from vit5.layers.patch_embed import round_to_patch
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
@@ -32,7 +33,7 @@ def parse_scale(text: str) -> tuple[float, float]:
     except ValueError:
         values = []
     if len(values) not in (1, 2) or min(values, default=0) <= 0:
-        raise EvalError(f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)")
+        raise InputError(f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)")
     return (values[0], values[-1])
 
 
@@ -52,7 +53,7 @@ def run_sweep(
 ) -> list[ClassifyResult]:
     """One :func:`~vit5.eval.classify.evaluate` per (model, size), same data and crop ratio."""
     if not sizes:
-        raise EvalError("the sweep needs at least one size")
+        raise InputError("the sweep needs at least one size")
     accelerator = accelerator or Accelerator()
     settings = settings or ClassifySettings()
     return [

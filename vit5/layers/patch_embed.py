@@ -9,19 +9,37 @@ Python control flow, and the traced module still checks its real inputs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
+from vit5.errors import InputError
 
-def grid_of(image_hw: tuple[int, int], patch_size: int) -> tuple[int, int]:
-    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
+
+def round_to_patch(hw: Sequence[float], patch_size: int) -> tuple[int, int]:
+    """Each side rounded to the nearest multiple of ``patch_size`` (at least one patch)."""
+    return tuple(max(patch_size, int(round(side / patch_size)) * patch_size) for side in hw)  # type: ignore[return-value]
+
+
+def grid_of(
+    image_hw: Sequence[int],
+    patch_size: int,
+    fix: str = "resize or crop the input to {h}x{w} (height x width)",
+    error: type[Exception] = InputError,
+) -> tuple[int, int]:
+    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are positive patch multiples.
+
+    The one patch-multiple check of the toolkit: otherwise raises ``error`` naming the nearest valid
+    size through ``fix`` (a format string of ``h`` and ``w``, e.g. a command-line flag).
+    """
     h, w = image_hw
     p = patch_size
-    if h % p or w % p or h < p or w < p:
-        fix_h, fix_w = max(p, round(h / p) * p), max(p, round(w / p) * p)
-        raise ValueError(
-            f"image size {h}x{w} is not a positive multiple of the patch size {p}: resize or crop "
-            f"the input to {fix_h}x{fix_w} (height x width)"
+    if p < 1 or h % p or w % p or h < p or w < p:
+        fix_h, fix_w = round_to_patch((h, w), max(p, 1))
+        raise error(
+            f"image size {h}x{w} is not a positive multiple of the patch size {p}: "
+            + fix.format(h=fix_h, w=fix_w)
         )
     return h // p, w // p
 
@@ -29,12 +47,12 @@ def grid_of(image_hw: tuple[int, int], patch_size: int) -> tuple[int, int]:
 def checked_images(x: torch.Tensor, in_chans: int, patch_size: int) -> torch.Tensor:
     """``x`` itself, after checking it is a float ``[B, in_chans, H, W]`` batch of patch-multiple sides."""
     if x.ndim != 4 or x.shape[1] != in_chans:
-        raise ValueError(
+        raise InputError(
             f"expected images of shape [batch, {in_chans}, height, width], got {tuple(x.shape)}"
             + (": add a batch dimension with x.unsqueeze(0)" if x.ndim == 3 else "")
         )
     if not x.is_floating_point():
-        raise ValueError(
+        raise InputError(
             f"expected float images (normalised, e.g. x.float() / 255 then mean/std), got {x.dtype}"
         )
     grid_of((x.shape[-2], x.shape[-1]), patch_size)

@@ -19,6 +19,9 @@ def resample_pos_embed(
     grid, so the plain interpolation is always taken: exact at the stored grid (bicubic weights at
     integer offsets are 0/1) and the same as above when enlarging; vit5's exporter limits dynamic
     sizes to that range.
+
+    Not timm's ``resample_abs_pos_embed``: its default antialiases when enlarging too (PIL's cubic
+    kernel), which departs from the official resize (a test pins both), and layers stay pure torch.
     """
     h, w = old_grid
     symbolic = torch.compiler.is_exporting() and any(isinstance(s, torch.SymInt) for s in new_grid)

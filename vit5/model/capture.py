@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vit5.model.info import unwrap_model
 from vit5.model.layout import TokenLayout
-from vit5.model.vit import ViT5, take_indices
+from vit5.model.vit import take_indices
 
 
 @dataclass
@@ -76,16 +77,6 @@ def _get(store: dict[int, torch.Tensor], layer: int, kind: str) -> torch.Tensor:
             f"no {kind} recorded for block {layer}: recorded {sorted(store)} (pass layers=... to record)"
         )
     return store[layer]
-
-
-def unwrap_model(model: nn.Module) -> ViT5:
-    """The ViT5 inside a torch.compile / DDP / Accelerate wrapper."""
-    while not isinstance(model, ViT5):
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None:
-            raise TypeError(f"expected a vit5 ViT5 model, got {type(model).__name__}")
-        model = inner
-    return model
 
 
 @contextmanager

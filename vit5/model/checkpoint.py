@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
 from vit5.errors import storage_error
-from vit5.files import atomic_write_bytes, atomic_write_json
+from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from vit5.layers import resample_pos_embed
 from vit5.model import hub
 from vit5.model.config import ConfigError, ViT5Config
@@ -666,5 +666,5 @@ def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -
     card = hub.model_card(
         repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters())
     )
-    (folder / "README.md").write_text(card)
+    atomic_write_text(folder / "README.md", card)
     return folder

@@ -4,7 +4,7 @@ Defaults are the official ViT-5 (arXiv 2602.08071) at ViT-S size: pre-norm RMSNo
 LayerScale 1e-4, QK-Norm, bias-free qkv, GELU MLP, learned APE on patches **and** axial 2D
 RoPE (theta 1e4, interleaved pairs, rows first, integer positions), 4 registers appended after
 the patches with their own 2x2 RoPE (theta 100), CLS-token pooling. Each component can be
-switched off or swapped, so the paper's ablations are config changes.
+switched off or swapped, so the ablations of the ViT-5 paper (arXiv 2602.08071) are config changes.
 """
 
 from __future__ import annotations

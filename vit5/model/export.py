@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vit5.errors import Vit5Error
 from vit5.layers.patch_embed import grid_of
-from vit5.model.config import ConfigError
-from vit5.model.convert import CheckpointError
-from vit5.model.spec import ModelSpecError, load_spec, parse_model_args, random_init_flags
+from vit5.model.spec import load_spec, parse_model_args, random_init_flags
 
 logger = logging.getLogger("vit5")
 
@@ -45,7 +44,7 @@ DEFAULT_ATOL = 1e-4
 SINGLE_FILE_MAX_BYTES = 3 * 2**29  # protobuf files stop at 2 GiB: larger models keep their weights beside
 
 
-class ExportError(ValueError):
+class ExportError(Vit5Error, ValueError):
     """A model cannot be exported as asked, or the export does not reproduce the model."""
 
 
@@ -185,10 +184,7 @@ def _example_and_shapes(
     in_chans = cfg.in_chans if cfg is not None else model.pretrained_cfg["input_size"][0]
     if len(size) != 2 or batch < 1:
         raise ExportError(f"size must be (height, width) and batch >= 1, got size {size}, batch {batch}")
-    try:
-        grid = grid_of(size, patch)
-    except ValueError as err:
-        raise ExportError(str(err)) from err
+    grid = grid_of(size, patch, error=ExportError)
     if dynamic_batch and batch < 2:
         batch = 2  # torch.export specialises a dimension of size 1: trace with 2 to keep the batch free
     dims: dict[int, object] = {}
@@ -320,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     **shapes,
                 )
             )
-    except (ExportError, ModelSpecError, ConfigError, CheckpointError) as err:
+    except Vit5Error as err:
         print(f"vit5 export: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -2,8 +2,9 @@
 
 ViT-5 orders tokens ``[CLS | patches | registers]``; timm and DINOv2 order them
 ``[CLS | registers | patches]``. The patch grid is ``(H / p, W / p)`` in row-major order, never
-``sqrt(N)``. Every consumer (pooling, intermediates, attention maps, norm maps, metrics) slices
-through a :class:`TokenLayout`, so non-square images and either order work everywhere.
+``sqrt(N)``. Intermediates, attention maps, norm maps and metrics slice through a
+:class:`TokenLayout`, so non-square images and either order work everywhere; only
+``ViT5.pool`` slices by token counts (CLS first, registers last), which needs no grid.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from vit5.layers import LayerScale, RMSNorm
-from vit5.model.capture import unwrap_model
+from vit5.model.info import unwrap_model
 from vit5.model.vit import ViT5
 
 

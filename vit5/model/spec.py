@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from vit5.errors import Vit5Error
+from vit5.errors import InputError
 from vit5.model import hub
 from vit5.model.checkpoint import EMA_WEIGHTS_NAME, WEIGHTS_NAME, create_model, load_model
 from vit5.model.config import ConfigError
@@ -50,8 +50,7 @@ RANDOM_LABEL = "-random-init"
 Weights = Literal["raw", "ema", "random"]
 
 
-class ModelSpecError(Vit5Error, ValueError):
-    """A model spec cannot be resolved; the message says what was expected."""
+ModelSpecError = InputError  # a model spec cannot be resolved; the message says what was expected
 
 
 @dataclass

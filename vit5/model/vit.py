@@ -20,15 +20,16 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vit5.errors import InputError
 from vit5.layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resample_pos_embed
 from vit5.model.config import ViT5Config
 from vit5.model.layout import TokenLayout
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # the normalisation of every preset
 _ROPE_CACHE_SIZE = 16
 
 # Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
@@ -75,12 +76,15 @@ def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[i
         return list(range(num_blocks))
     if isinstance(indices, int):
         if not 0 < indices <= num_blocks:
-            raise ValueError(f"asked for the last {indices} blocks of a model with {num_blocks}")
+            raise InputError(f"asked for the last {indices} blocks of a model with {num_blocks}")
         return list(range(num_blocks - indices, num_blocks))
     taken = []
     for i in indices:
         if not -num_blocks <= i < num_blocks:
-            raise ValueError(f"block index {i} is out of range for a model with {num_blocks} blocks")
+            raise InputError(
+                f"layer {i} is out of range: this model has {num_blocks} blocks, valid layers are "
+                f"0..{num_blocks - 1} (or -{num_blocks}..-1 counting from the end)"
+            )
         taken.append(i % num_blocks)
     return taken
 

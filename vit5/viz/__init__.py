@@ -17,6 +17,10 @@ probe (:mod:`~vit5.viz.position`) and the register study that grows artifacts
 Command line: ``python -m viz --help``.
 """
 
+from vit5.errors import InputError
+from vit5.model import ModelInfo, describe
+from vit5.model.spec import LoadedModel
+from vit5.model.spec import parse_model_args as parse_overrides
 from vit5.viz.ablation import METHODS as ABLATION_METHODS
 from vit5.viz.ablation import PLACES as ABLATION_PLACES
 from vit5.viz.ablation import (
@@ -27,12 +31,10 @@ from vit5.viz.ablation import (
     register_reference,
     run_ablation,
 )
-from vit5.viz.adapters import ModelInfo, capture, describe, resolve_layers
+from vit5.viz.capture import capture
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.errors import VizError
 from vit5.viz.figures import MapStyle, save_figure
-from vit5.viz.images import SKLEARN_SAMPLES, ImageError, LoadedImage, load_images, to_batch
-from vit5.viz.load import LoadedModel, load_model_spec, parse_overrides
+from vit5.viz.images import SKLEARN_SAMPLES, LoadedImage, load_images, to_batch
 from vit5.viz.plant import PlantSpec, plant_artifacts
 from vit5.viz.position import (
     PositionProbe,
@@ -43,7 +45,7 @@ from vit5.viz.position import (
 )
 from vit5.viz.report import MetricConfig, MetricReport, compute_metrics, load_thresholds
 from vit5.viz.rollout import attention_rollout
-from vit5.viz.runner import VIEWS, RunConfig, RunResult, run_compare, run_model, run_ttr
+from vit5.viz.runner import VIEWS, RunConfig, RunResult, load_model_spec, run_compare, run_model, run_ttr
 from vit5.viz.stats import TokenStats
 from vit5.viz.ttr import (
     NeuronSearch,
@@ -52,6 +54,8 @@ from vit5.viz.ttr import (
     find_register_neurons,
     use_test_time_registers,
 )
+
+VizError = ImageError = InputError  # the names viz has always exported: one class, bad input
 
 __all__ = [
     "ABLATION_METHODS",
@@ -93,7 +97,6 @@ __all__ = [
     "plant_artifacts",
     "position_figure",
     "register_reference",
-    "resolve_layers",
     "run_ablation",
     "run_compare",
     "run_model",

@@ -27,7 +27,6 @@ the same).
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -39,8 +38,9 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import nn
 
-from vit5.viz.adapters import describe, unwrap
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.files import atomic_write_json
+from vit5.model import describe, unwrap
 from vit5.viz.images import LoadedImage, to_batch
 
 METHODS = ("zeros", "mean", "shuffle", "noise")
@@ -67,7 +67,7 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
     registers."""
     info = describe(model)
     if info.num_registers == 0:
-        raise VizError(
+        raise InputError(
             f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
             "(vit5 presets have 4; timm *_reg4_* models)"
         )
@@ -119,7 +119,7 @@ def register_reference(
 ) -> RegisterReference:
     """Mean of the register tokens at every position over ``images``."""
     if not images:
-        raise VizError("the register reference set is empty")
+        raise InputError("the register reference set is empty")
     total: dict[int, torch.Tensor] = {}
 
     def accumulate(position: int, registers: torch.Tensor) -> None:
@@ -140,11 +140,11 @@ def ablate_registers(
     """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module
     docstring)."""
     if method not in METHODS:
-        raise VizError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
+        raise InputError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
     if place not in PLACES:
-        raise VizError(f"unknown ablation place {place!r}: choose from {', '.join(PLACES)}")
+        raise InputError(f"unknown ablation place {place!r}: choose from {', '.join(PLACES)}")
     if method == "mean" and reference is None:
-        raise VizError(f"the {method} ablation needs a reference set (register_reference(model, images))")
+        raise InputError(f"the {method} ablation needs a reference set (register_reference(model, images))")
     generator = torch.Generator().manual_seed(seed)
 
     def edit(position: int, registers: torch.Tensor) -> torch.Tensor | None:
@@ -154,7 +154,7 @@ def ablate_registers(
             return torch.zeros_like(registers)
         if method == "shuffle":
             if registers.shape[0] < 2:
-                raise VizError("shuffling registers across images needs at least two images per batch")
+                raise InputError("shuffling registers across images needs at least two images per batch")
             return registers.roll(1, dims=0)
         if method == "mean":
             return reference.mean[position].to(registers).expand_as(registers)
@@ -181,12 +181,12 @@ class AblationConfig:
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS] + [p for p in self.places if p not in PLACES]
         if bad or not self.methods or not self.places:
-            raise VizError(
+            raise InputError(
                 f"ablation methods come from {', '.join(METHODS)} and places from {', '.join(PLACES)}, "
                 f"got {list(self.methods)} / {list(self.places)}"
             )
         if self.knn_k < 1 or self.knn_temperature <= 0 or self.batch_size < 1:
-            raise VizError("need knn_k >= 1, knn_temperature > 0 and batch_size >= 1")
+            raise InputError("need knn_k >= 1, knn_temperature > 0 and batch_size >= 1")
 
 
 @dataclass
@@ -310,7 +310,7 @@ class AblationReport:
             "notes": self.notes,
             "rows": self.records(),
         }
-        (out / "ablation.json").write_text(json.dumps(doc, indent=2))
+        atomic_write_json(out / "ablation.json", doc)
         with (out / "ablation.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))
             writer.writeheader()
@@ -336,7 +336,7 @@ def run_ablation(
     from vit5.eval.probes import knn_accuracy
 
     if not images or not reference:
-        raise VizError("register ablation needs images to evaluate and a reference set")
+        raise InputError("register ablation needs images to evaluate and a reference set")
     net = unwrap(model).eval().to(cfg.device)
     ref_stats = register_reference(net, reference, cfg.batch_size, cfg.device)
     labels, ref_labels = _labels(images), _labels(reference)

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from vit5.model import TokenLayout
-from vit5.viz.adapters import capture, describe, unwrap
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.model import TokenLayout, describe, unwrap
+from vit5.viz.capture import capture
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.rollout import HeadFusion, rollout_source_row, rollout_step
 from vit5.viz.stats import TokenStats
@@ -33,7 +33,7 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise VizError(f"batch size must be at least 1, got {self.batch_size}")
+            raise InputError(f"batch size must be at least 1, got {self.batch_size}")
 
 
 def collect(
@@ -45,7 +45,7 @@ def collect(
     """
     sizes = {img.rgb.shape[:2] for img in images}
     if len(sizes) != 1:
-        raise VizError(
+        raise InputError(
             "all images of a run must share one size (metrics compare equal resolutions), got "
             f"{sorted(sizes)}"
         )

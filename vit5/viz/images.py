@@ -8,7 +8,7 @@ width) must be a multiple of the patch size; non-square sizes work. The figures 
 the pixels the model saw.
 
 Unreadable files and images smaller than one patch are skipped and reported (they cannot hold a
-single token); an input where nothing is left raises :class:`ImageError`.
+single token); an input where nothing is left raises :class:`InputError`.
 
 Labelled sources (for analyses that score a classifier, e.g. register ablation): ``digits-train``
 and ``digits-val`` (the built-in scikit-learn digits split of :func:`vit5.data.load_digits_split`,
@@ -28,14 +28,11 @@ import numpy as np
 import torch
 
 from vit5.data import IMAGE_EXTENSIONS, BadImageError, decode_image, eval_transform, image_files
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.layers.patch_embed import grid_of
 
 SKLEARN_SAMPLES = "sklearn-samples"
 DIGITS_SOURCES = ("digits-train", "digits-val")
-
-
-class ImageError(VizError):
-    """No usable image in the given sources, or a source that does not exist."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +76,12 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
         if path.is_dir():
             files = image_files(path)
             if not files:
-                raise ImageError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+                raise InputError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
             classes = sorted(
                 {p.relative_to(path).parts[0] for p in files if len(p.relative_to(path).parts) > 1}
             )
             if folder_labels and not classes:
-                raise ImageError(
+                raise InputError(
                     f"folder {path} has no class subfolders: labelled folders are ImageFolders "
                     "(<folder>/<class>/<image>)"
                 )
@@ -99,7 +96,7 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
         elif path.is_file():
             found.append(ImageSource(path.stem, path=str(path)))
         else:
-            raise ImageError(
+            raise InputError(
                 f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
                 f"or {' / '.join(DIGITS_SOURCES)}"
             )
@@ -130,7 +127,7 @@ def load_images(
 ) -> tuple[list[LoadedImage], list[str]]:
     """Load ``sources`` at ``size`` (height, width), at most ``max_images`` of them (in listing order);
     returns the images and one line per skipped file."""
-    check_size(size, patch_size)
+    grid_of(size, patch_size, "use --size {h} {w}", InputError)
     fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # resized pixels / 255
     images, skipped = [], []
     for src in list_sources(sources, folder_labels):
@@ -151,25 +148,12 @@ def load_images(
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
         images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
     if not images:
-        raise ImageError(
+        raise InputError(
             "no usable image in "
             + ", ".join(map(str, sources))
             + "".join(f"\n  skipped {s}" for s in skipped)
         )
     return images, skipped
-
-
-def check_size(size: tuple[int, int], patch_size: int) -> None:
-    h, w = size
-    if h < patch_size or w < patch_size or h % patch_size or w % patch_size:
-        fix = (
-            max(patch_size, round(h / patch_size) * patch_size),
-            max(patch_size, round(w / patch_size) * patch_size),
-        )
-        raise ImageError(
-            f"size {h}x{w} is not a positive multiple of the patch size {patch_size}: use --size {fix[0]} "
-            f"{fix[1]}"
-        )
 
 
 def to_batch(images: Sequence[LoadedImage], mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
 from vit5.viz.stats import TokenStats
 
 
@@ -16,7 +16,7 @@ def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = Fals
     """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over
     patches."""
     if stats.cls_attn is None:
-        raise VizError(
+        raise InputError(
             f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"
         )
     rows = stats.patch_values(stats.cls_attn[image, stats.layer_position(layer)])
@@ -34,7 +34,7 @@ def received_map(stats: TokenStats, image: int, layer: int) -> np.ndarray:
 def register_maps(stats: TokenStats, image: int, layer: int) -> np.ndarray:
     """Register-to-patch attention ``[R, h, w]`` (raw, head mean), one map per register."""
     if stats.reg_attn is None:
-        raise VizError(
+        raise InputError(
             f"{stats.model} has no register tokens (R=0), so there are no register attention maps: "
             "pick a model with registers (e.g. vit5_*, or a timm *_reg4_* model)"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.decomposition import PCA
 
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
 
 CLIP_PERCENTILES = (1.0, 99.0)
 
@@ -22,10 +22,10 @@ def pca_rgb(
     ratios ``[3]``."""
     b, p, c = features.shape
     if p != grid[0] * grid[1]:
-        raise VizError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
+        raise InputError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
     flat = features.reshape(b * p, c).astype(np.float64)
     if flat.shape[0] < 3 or c < 3:
-        raise VizError(
+        raise InputError(
             f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {flat.shape[0]} tokens of {c} "
             "channels"
         )

@@ -1,9 +1,9 @@
 """Planted artifacts: a known, artificial high-norm token, to check the tools end to end.
 
-Registers.md section 5: a tiny model trained for minutes on a CPU is not expected to develop
-Darcet-style artifacts, so the honest demonstration that metrics and figures find them is to
-plant one. Inside :func:`plant_artifacts`, a forward hook multiplies the output of one block at
-chosen patch positions by ``scale`` (every later block sees the planted tokens). Figures and
+A tiny model trained for minutes on a CPU is not expected to develop the high-norm artifacts of
+Darcet et al. (arXiv 2309.16588, section 2), so the honest demonstration that metrics and figures
+find them is to plant one. Inside :func:`plant_artifacts`, a forward hook multiplies the output of
+one block at chosen patch positions by ``scale`` (every later block sees the planted tokens). Figures and
 reports made inside it must say "planted"; the runner does.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vit5.viz.adapters import describe, resolve_layers, unwrap
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.model import block_indices, describe, unwrap
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[PlantSpec]:
     """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale``."""
     info = describe(model)
     net = unwrap(model)
-    layer = resolve_layers(info.depth, [spec.layer])[0]
+    layer = block_indices(info.depth, [spec.layer])[0]
     state: dict[str, tuple[int, int]] = {}
 
     def remember_size(module, args) -> None:
@@ -51,7 +51,7 @@ def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[PlantSpec]:
         index = []
         for r, c in spec.positions:
             if not (0 <= r < h and 0 <= c < w):
-                raise VizError(f"planted position ({r},{c}) is outside the {h}x{w} patch grid")
+                raise InputError(f"planted position ({r},{c}) is outside the {h}x{w} patch grid")
             index.append(layout.patch_slice.start + r * w + c)
         out = output.clone()
         out[:, index] = out[:, index] * spec.scale

@@ -32,7 +32,6 @@ RoPE only (``ape=False``) and APE only (``rope=False``), at the same input size.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +42,10 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from vit5.viz.adapters import capture, check_input_size, describe, resolve_layers, unwrap
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.files import atomic_write_json
+from vit5.model import block_indices, describe, unwrap
+from vit5.viz.capture import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage, to_batch
 
@@ -62,9 +63,9 @@ class PositionProbeConfig:
 
     def __post_init__(self) -> None:
         if not self.levels or any(not 0.0 <= v <= 1.0 for v in self.levels):
-            raise VizError(f"grey levels must be in [0, 1], got {list(self.levels)}")
+            raise InputError(f"grey levels must be in [0, 1], got {list(self.levels)}")
         if self.noise_images < 2:
-            raise VizError(
+            raise InputError(
                 f"the position share over noise images needs at least 2 images, got {self.noise_images}"
             )
 
@@ -161,8 +162,8 @@ def run_position_probe(
     """Probe one model (see the module docstring)."""
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
-    check_input_size(info, size)
-    layer = resolve_layers(info.depth, [cfg.layer])[0]
+    info.grid(size)
+    layer = block_indices(info.depth, [cfg.layer])[0]
     net = unwrap(model).eval().to(cfg.device)
     constant, noise = probe_images(size, cfg)
     f_const = _block_features(net, constant, layer, cfg.device)  # [levels, P, C]
@@ -232,5 +233,5 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
     path = Path(out) / "position_probe.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([p.summary() for p in probes], indent=2))
+    atomic_write_json(path, [p.summary() for p in probes])
     return path

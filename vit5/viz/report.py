@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5.errors import InputError
+from vit5.files import atomic_write_json
 from vit5.viz import metrics as M
-from vit5.viz.errors import VizError
 from vit5.viz.stats import TokenStats
 
 
@@ -36,13 +37,13 @@ class MetricConfig:
 
     def __post_init__(self) -> None:
         if self.k <= 0:
-            raise VizError(f"the MAD multiplier k must be positive, got {self.k}")
+            raise InputError(f"the MAD multiplier k must be positive, got {self.k}")
         if self.threshold is not None and self.threshold <= 0:
-            raise VizError(f"an explicit norm threshold must be positive, got {self.threshold}")
+            raise InputError(f"an explicit norm threshold must be positive, got {self.threshold}")
         if not 0 < self.eps < 1:
-            raise VizError(f"the sink epsilon is a share of attention in (0, 1), got {self.eps}")
+            raise InputError(f"the sink epsilon is a share of attention in (0, 1), got {self.eps}")
         if not 0 < self.ci < 1 or self.n_boot < 1:
-            raise VizError(
+            raise InputError(
                 f"bootstrap needs 0 < ci < 1 and n_boot >= 1, got ci={self.ci}, n_boot={self.n_boot}"
             )
 
@@ -141,7 +142,7 @@ class MetricReport:
             metrics=self.rows(),
             massive_activations=self.massive,
         )
-        path.write_text(json.dumps(doc, indent=2))
+        atomic_write_json(path, doc)
         return path
 
     def write_csv(self, path: str | Path) -> Path:
@@ -308,7 +309,7 @@ def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:
         doc = json.loads(path.read_text())
         thresholds = tuple(float(t) for t in doc["thresholds"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise VizError(
+        raise InputError(
             f"cannot read thresholds from {path}: expected a metrics.json written by `viz metrics` ({err})"
         ) from err
     return thresholds, f"reused from {doc.get('model', 'reference')} ({path})"

@@ -20,17 +20,20 @@ Output layout (``out/``)::
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from vit5.errors import InputError
+from vit5.files import atomic_write_json
+from vit5.model import ModelInfo, block_indices, describe
 from vit5.model.footprint import attention_bytes
+from vit5.model.spec import LoadedModel, load_spec
 from vit5.runtime import check_fits
-from vit5.viz.adapters import ModelInfo, check_input_size, describe, resolve_layers
+from vit5.viz.capture import recordable
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.errors import VizError
 from vit5.viz.figures import (
     MapStyle,
     cls_attention_figure,
@@ -49,12 +52,23 @@ from vit5.viz.figures import (
 )
 from vit5.viz.figures.pca import pca_note
 from vit5.viz.images import LoadedImage, load_images
-from vit5.viz.load import LoadedModel
 from vit5.viz.pca import pca_rgb
 from vit5.viz.plant import PlantSpec, plant_artifacts
 from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.stats import TokenStats
 from vit5.viz.ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
+
+
+def load_model_spec(
+    spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
+) -> LoadedModel:
+    """Build the model a spec names (:mod:`vit5.model.spec` lists the forms), in eval mode; fail now
+    on an architecture viz cannot record. A name means its pretrained weights; ``random_init=True``
+    an untrained model (labelled so)."""
+    loaded = load_spec(spec, overrides, use_ema, random_init)
+    recordable(loaded.model)
+    return loaded
+
 
 VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "massive", "pca", "metrics")
 RANDOM_INIT_NOTE = (
@@ -84,11 +98,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         unknown = set(self.views) - set(VIEWS)
         if unknown:
-            raise VizError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
+            raise InputError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
         if self.save_raw not in (None, "npz", "safetensors"):
-            raise VizError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
+            raise InputError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
         if self.max_figures < 0:
-            raise VizError(f"max_figures must be >= 0, got {self.max_figures}")
+            raise InputError(f"max_figures must be >= 0, got {self.max_figures}")
 
 
 @dataclass
@@ -104,11 +118,11 @@ def _prepare(
 ) -> tuple[ModelInfo, tuple[int, int], list[int]]:
     info = describe(loaded.model)
     size = tuple(size or cfg.size or info.img_size)
-    check_input_size(info, size)
+    info.grid(size)
     check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
-    layers = resolve_layers(info.depth, list(cfg.layers))
+    layers = block_indices(info.depth, list(cfg.layers))
     if cfg.require_registers and info.num_registers == 0:
-        raise VizError(
+        raise InputError(
             f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "
             "--registers, or pick a model with registers (vit5_* presets, timm *_reg4_* models)"
         )
@@ -267,7 +281,7 @@ def run_ttr(
     notes = [*_notes(loaded, cfg), ttr_note]
     result = _write_comparison(before, after, images, cfg, notes, out)
     path = out / "register_neurons.json"
-    path.write_text(json.dumps(asdict(found), indent=2))
+    atomic_write_json(path, asdict(found))
     result[0].files.append(path)
     return found, *result
 

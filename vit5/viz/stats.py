@@ -1,6 +1,6 @@
 """The arrays one model produces on one image set: the single source of every metric and figure.
 
-Registers.md section 6: keep raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
+It keeps raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
 pictures always come from the same data, and a later session can redraw figures without the
 model. Full ``N x N`` attention is never kept: it is reduced block by block while the model runs.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit5.errors import InputError
 from vit5.model import TokenLayout
-from vit5.viz.errors import VizError
 
 _ARRAYS = (
     "norms",
@@ -67,7 +67,7 @@ class TokenStats:
         if block < 0:
             block = self.layers[block] if -len(self.layers) <= block else block
         if block not in self.layers:
-            raise VizError(f"layer {block} was not recorded; recorded layers are {self.layers}")
+            raise InputError(f"layer {block} was not recorded; recorded layers are {self.layers}")
         return self.layers.index(block)
 
     def patch_values(self, values: np.ndarray) -> np.ndarray:
@@ -109,7 +109,7 @@ class TokenStats:
         elif path.suffix == ".npz":
             np.savez_compressed(path, vit5_viz=np.array(meta), **arrays)
         else:
-            raise VizError(f"raw token statistics are saved as .npz or .safetensors, not {path.suffix!r}")
+            raise InputError(f"raw token statistics are saved as .npz or .safetensors, not {path.suffix!r}")
         return path
 
     @classmethod

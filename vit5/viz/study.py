@@ -9,7 +9,8 @@ or a global store and must recruit patches, while the other has exactly that (Da
 arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins are recorded on
 held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
 with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
-:func:`verdict` checks the garbage-collector signature of the issue on the latest checkpoint, and
+:func:`verdict` checks the garbage-collector signature (Darcet et al., section 2) on the latest
+checkpoint, and
 :func:`~vit5.viz.figures.trajectory_figure` draws the trajectories of both twins.
 
 Resumable: each twin keeps its full training state (model, optimizer, scheduler, step) in
@@ -27,9 +28,9 @@ format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,9 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5.errors import InputError
+from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.errors import VizError
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.stats import TokenStats
@@ -107,18 +109,18 @@ class StudyConfig:
             "accuracy_images",
         ):
             if getattr(self, name) < 1:
-                raise VizError(f"study {name} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"study {name} must be >= 1, got {getattr(self, name)}")
         if self.registers < 1:
-            raise VizError(f"the register twin needs at least one register, got registers={self.registers}")
+            raise InputError(f"the register twin needs at least one register, got registers={self.registers}")
         if not 0 < self.min_lr <= self.lr or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise VizError(
+            raise InputError(
                 f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
                 f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})"
             )
         reserved = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
         clash = reserved & {k for k, _ in self.model_args}
         if clash:
-            raise VizError(
+            raise InputError(
                 f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)"
             )
         for twin in TWINS:
@@ -127,7 +129,7 @@ class StudyConfig:
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
         if twin not in TWINS:
-            raise VizError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
+            raise InputError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
         try:
             return preset_config(
                 self.preset,
@@ -143,7 +145,7 @@ class StudyConfig:
                 num_registers=0 if twin == "no_registers" else self.registers,
             )
         except ConfigError as err:
-            raise VizError(f"study model: {err}") from None
+            raise InputError(f"study model: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -349,7 +351,7 @@ class Trainer:
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
+        state = io.BytesIO()
         torch.save(
             {
                 "model": self.model.state_dict(),
@@ -357,9 +359,9 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "step": self.step,
             },
-            tmp,
+            state,
         )
-        os.replace(tmp, self.state_path)
+        atomic_write_bytes(self.state_path, state.getvalue())
         save_pretrained(
             self.model,
             self.folder / "checkpoints" / f"step_{self.step:06d}",
@@ -376,7 +378,7 @@ class Trainer:
             logits = self.model(normalise(batch.images, self.model))
             loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
             if not torch.isfinite(loss):
-                raise VizError(
+                raise InputError(
                     f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now "
                     f"{self.cfg.lr:g})"
                 )
@@ -399,9 +401,7 @@ def _read_trajectory(path: Path, upto: int | None = None) -> list[dict]:
 
 
 def _write_trajectory(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 @dataclass
@@ -518,13 +518,13 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
         old = json.loads(path.read_text())
         if old != doc:
             changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
-            raise VizError(
+            raise InputError(
                 f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
                 "use another --out, or delete it to start over"
             )
         return
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
+    atomic_write_json(path, doc)
 
 
 # ---------------------------------------------------------------------------------------------- verdict
@@ -533,14 +533,15 @@ def _peak(row: dict, metric: str) -> float:
     return max(values) if values else float("nan")
 
 
-# success thresholds of the issue: outliers in >= half the images, >= 10x fewer with registers
+# success thresholds: outliers in >= half the images, >= 10x fewer with registers
 MIN_IMAGES_WITH_OUTLIERS = 0.5
 MIN_REDUCTION = 10.0
 ATTENTION_FACTOR = 2.0  # "drawing attention": at least twice the uniform share
 
 
 def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
-    """The garbage-collector signature of the issue at the latest checkpoint both twins reached.
+    """The garbage-collector signature (high-norm background tokens that draw attention, Darcet et al.,
+    arXiv 2309.16588 section 2) at the latest checkpoint both twins reached.
 
     The block read is the one where the most images of the twin without registers have an outlier
     on a background patch. Checks: (1) at least half the images have one; (2) outliers sit on
@@ -647,7 +648,7 @@ def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
         trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
     )
     path = result.out / "verdict.json"
-    path.write_text(json.dumps(result.verdict, indent=2))
+    atomic_write_json(path, result.verdict)
     return [*files, path]
 
 
@@ -672,8 +673,7 @@ def analyse_twins(
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
     from vit5.viz.ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.figures import save_figure
-    from vit5.viz.load import load_model_spec
-    from vit5.viz.runner import RunConfig, run_ttr
+    from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
 
     folder = out / "analysis"
@@ -707,7 +707,7 @@ def analyse_twins(
     )
     try:
         found, before, after = run_ttr(loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10))
-    except VizError as err:  # no outliers in the twin without registers: nothing to move
+    except InputError as err:  # no outliers in the twin without registers: nothing to move
         summary["ttr"] = {"applicable": False, "reason": str(err)}
         log(f"test-time registers not applicable: {err}")
     else:
@@ -731,7 +731,7 @@ def analyse_twins(
         }
         files += before.files + after.files
     path = folder / "analysis.json"
-    path.write_text(json.dumps(summary, indent=2))
+    atomic_write_json(path, summary)
     return [*files, path]
 
 
@@ -744,7 +744,7 @@ def load_twins(out: str | Path) -> dict[str, ViT5]:
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
     ``model.KEY`` (ViT5Config)."""
-    from vit5.viz.load import parse_overrides
+    from vit5.model.spec import parse_model_args as parse_overrides
 
     values = parse_overrides(items)
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
@@ -766,11 +766,11 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
                 if close
                 else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
             )
-            raise VizError(f"unknown study setting {key!r}: {hint}")
+            raise InputError(f"unknown study setting {key!r}: {hint}")
     try:
         return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
     except TypeError as err:
-        raise VizError(f"bad study setting: {err}") from None
+        raise InputError(f"bad study setting: {err}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -818,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
             analyse=not args.no_analysis,
             train=not args.analyse_only,
         )
-    except VizError as err:
+    except InputError as err:
         print(f"study: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {len(result.files)} files to {args.out}")

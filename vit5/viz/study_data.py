@@ -33,7 +33,8 @@ from sklearn.datasets import load_digits
 
 from vit5.data import load_digits_split
 from vit5.data.digits_seg import digit_alpha
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
+from vit5.layers.patch_embed import grid_of
 
 Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
@@ -57,22 +58,21 @@ class CanvasConfig:
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         h, w = self.size
         p = self.patch_size
-        if p < 1 or h % p or w % p or h < p or w < p:
-            raise VizError(f"canvas size {h}x{w} must be a positive multiple of the patch size {p}")
+        grid_of(self.size, p, "use a canvas of {h}x{w}", InputError)
         lo, hi = self.digits
         if not 1 <= lo <= hi:
-            raise VizError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
+            raise InputError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
         s_lo, s_hi = self.digit_side
         if not 4 <= s_lo <= s_hi <= min(h, w):
-            raise VizError(
+            raise InputError(
                 f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}"
             )
         if self.background not in BACKGROUNDS:
-            raise VizError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
+            raise InputError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
         if self.task not in TASKS:
-            raise VizError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+            raise InputError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.noise_std < 0:
-            raise VizError(f"noise_std must be >= 0, got {self.noise_std}")
+            raise InputError(f"noise_std must be >= 0, got {self.noise_std}")
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -8,8 +8,9 @@ at commit 341e15e):
 :func:`find_register_neurons` (Algorithm 1): on a set of images, the outlier positions ``O`` are
 the patch tokens of the detection block's output whose L2 norm exceeds a threshold (here, by
 default, the toolkit's robust per-block threshold, log-norm median + k MAD, instead of an absolute
-norm such as the paper's 150 for DINOv2-L; images without outliers are skipped). For every MLP
-hidden unit ``n`` of every block ``l <= top_layer``, its score is the mean over images of
+norm such as the 150 of test-time registers, arXiv 2506.08010, for DINOv2-L; images without
+outliers are skipped). For every MLP hidden unit ``n`` of every block ``l <= top_layer``, its score
+is the mean over images of
 ``mean_{p in O} |a_{l,n}(p)|``, the hidden activation after the non-linearity (here: the input of
 ``mlp.fc2``, which is that activation in vit5's and timm's ``Mlp``, ``SwiGLU`` and ``GluMlp``).
 All (block, unit) pairs are ranked together and the ``top_k`` best are the register neurons.
@@ -19,8 +20,8 @@ after every other token (no position embedding, no RoPE rotation) before the fir
 dropped before the final norm, so the head and the output layout are unchanged. At each register
 neuron, the appended tokens take the neuron's maximum activation over all tokens of the image
 (times ``scale``, 1 by default) and the patch tokens are set to zero; CLS keeps its value, as in
-the official hook (the paper's Algorithm 2 zeros every token but the register). The official hook
-edits batch element 0 only; this one edits every image of the batch. Models with trained
+the official hook (arXiv 2506.08010, Algorithm 2, zeros every token but the register). The
+official hook edits batch element 0 only; this one edits every image of the batch. Models with trained
 registers are refused (the method is for models trained without them), and so are timm ``Eva``
 models (their RoPE tables have one row per patch and cannot take an extra token).
 
@@ -39,9 +40,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from vit5.errors import InputError
 from vit5.layers import RopeTable
-from vit5.viz.adapters import TEST_REGISTERS_ATTR, capture, describe, resolve_layers, unwrap
-from vit5.viz.errors import VizError
+from vit5.model import block_indices, describe, unwrap
+from vit5.model.info import TEST_REGISTERS_ATTR
+from vit5.viz.capture import capture
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.metrics import layer_thresholds, log_mad_threshold, outlier_ratio
 
@@ -72,7 +75,7 @@ class NeuronSearch:
             or self.batch_size < 1
             or (self.threshold is not None and self.threshold <= 0)
         ):
-            raise VizError(
+            raise InputError(
                 "register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold"
             )
 
@@ -106,7 +109,9 @@ def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], ho
     for layer in layers:
         fc2 = getattr(getattr(net.blocks[layer], "mlp", None), "fc2", None)
         if not isinstance(fc2, nn.Module):
-            raise VizError(f"block {layer} has no mlp.fc2 to read hidden activations from (unsupported MLP)")
+            raise InputError(
+                f"block {layer} has no mlp.fc2 to read hidden activations from (unsupported MLP)"
+            )
 
         def pre(module, args, layer=layer):
             new = hook(layer, args[0])
@@ -123,7 +128,7 @@ def find_register_neurons(
     the highest outlier ratio (own log-MAD threshold per block) is used; ``top_layer`` defaults to it."""
     info = describe(model)
     if info.test_registers:
-        raise VizError("find register neurons on the model itself, not inside use_test_time_registers()")
+        raise InputError("find register neurons on the model itself, not inside use_test_time_registers()")
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
     batches = [
@@ -144,9 +149,9 @@ def find_register_neurons(
     detect = (
         int(np.argmax(per_block))
         if search.detect_layer is None
-        else resolve_layers(info.depth, [search.detect_layer])[0]
+        else block_indices(info.depth, [search.detect_layer])[0]
     )
-    top = detect if search.top_layer is None else resolve_layers(info.depth, [search.top_layer])[0]
+    top = detect if search.top_layer is None else block_indices(info.depth, [search.top_layer])[0]
     tau = (
         search.threshold
         if search.threshold is not None
@@ -173,7 +178,7 @@ def find_register_neurons(
             scores = image_scores if scores is None else scores + image_scores
             used += 1
     if used == 0:
-        raise VizError(
+        raise InputError(
             f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
             "(lower --k or give --threshold)"
         )
@@ -195,22 +200,22 @@ def use_test_time_registers(
     info = describe(model)
     net = unwrap(model)
     if info.num_registers:
-        raise VizError(
+        raise InputError(
             f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
             "models trained without them"
         )
     if type(net).__name__ == "Eva":
-        raise VizError(
+        raise InputError(
             "timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
             "test-time registers support vit5 and timm VisionTransformer models"
         )
     if info.test_registers:
-        raise VizError("test-time registers are already active on this model")
+        raise InputError("test-time registers are already active on this model")
     if count < 1 or not neurons:
-        raise VizError("test-time registers need count >= 1 and at least one register neuron")
+        raise InputError("test-time registers need count >= 1 and at least one register neuron")
     by_layer: dict[int, list[int]] = {}
     for n in neurons:
-        by_layer.setdefault(resolve_layers(info.depth, [n.layer])[0], []).append(n.neuron)
+        by_layer.setdefault(block_indices(info.depth, [n.layer])[0], []).append(n.neuron)
     state: dict = {}
 
     def remember_size(module, args) -> None:

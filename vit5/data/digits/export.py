@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 
 from vit5.data.digits.split import DIGIT_CLASSES, load_digits_split
+from vit5.files import atomic_write_bytes
 
 SPLITS = ("train", "val")
 _EXPORTED_NAME = re.compile(r"^\d{4}\.png$")
@@ -69,9 +70,7 @@ def export_digits_imagefolder(
         if path.is_file() and path.read_bytes() == payload:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".png.partial")
-        partial.write_bytes(payload)
-        os.replace(partial, path)
+        atomic_write_bytes(path, payload, durable=False)
         written += 1
     return ExportReport(root=root, written=written, unchanged=len(plan) - written, counts=counts)
 

@@ -1,4 +1,4 @@
-"""Drawing conventions shared by every figure (registers.md section 4.2).
+"""Drawing conventions shared by every figure, so that maps of different models can be compared.
 
 - ``viridis`` by default; maps upsampled to pixels by repeating each patch value ``p x p``
   (nearest: the token grid and isolated outliers stay visible), bilinear optional;
@@ -26,7 +26,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from vit5.viz.errors import VizError
+from vit5.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,16 @@ class MapStyle:
 
     def __post_init__(self) -> None:
         if self.cmap not in matplotlib.colormaps:
-            raise VizError(f"unknown colormap {self.cmap!r}: try viridis, inferno, magma or jet")
+            raise InputError(f"unknown colormap {self.cmap!r}: try viridis, inferno, magma or jet")
         if not 0.0 <= self.alpha <= 1.0:
-            raise VizError(f"overlay alpha must be in [0, 1], got {self.alpha}")
+            raise InputError(f"overlay alpha must be in [0, 1], got {self.alpha}")
         if self.upsample not in ("nearest", "bilinear"):
-            raise VizError(f"upsampling is 'nearest' or 'bilinear', got {self.upsample!r}")
+            raise InputError(f"upsampling is 'nearest' or 'bilinear', got {self.upsample!r}")
         if self.clip_percentile is not None and not 50.0 < self.clip_percentile <= 100.0:
-            raise VizError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
+            raise InputError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
         unknown = set(self.formats) - {"png", "pdf", "svg"}
         if unknown or not self.formats:
-            raise VizError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
+            raise InputError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
 
 
 @dataclass

@@ -1,0 +1,154 @@
+"""What the tools need to know about a ViT, whatever its family: one description, one index rule, one unwrap.
+
+Supported are vit5 :class:`~vit5.ViT5` models (tokens ``[CLS | patches | registers]``) and timm
+``VisionTransformer`` (DeiT-III, DINOv2, ``vit_*_reg4_*``) and ``Eva`` (RoPE, EVA02) models (tokens
+``[CLS | registers | patches]``). :func:`describe` reads depth, width, heads, patch size, prefix tokens,
+input size and normalisation from either; :func:`block_indices` turns user layer choices into block
+indices; :func:`unwrap` peels torch.compile / DDP / Accelerate wrappers. eval, viz and bench use these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from accelerate.utils import extract_model_from_parallel
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch import nn
+
+from vit5.errors import InputError
+from vit5.layers.patch_embed import grid_of
+from vit5.model.layout import TokenLayout
+from vit5.model.vit import ViT5, take_indices
+
+SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
+TEST_REGISTERS_ATTR = "_viz_test_registers"  # set on a model by vit5.viz.ttr while test-time registers are on
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside torch.compile / DDP / Accelerate wrappers, nested in any order
+    (accelerate's ``extract_model_from_parallel`` peels one compile and the parallel wrappers under it)."""
+    while True:
+        inner = extract_model_from_parallel(model, keep_torch_compile=False)
+        if inner is model:
+            return model
+        model = inner
+
+
+def unwrap_model(model: nn.Module) -> ViT5:
+    """The :class:`~vit5.ViT5` inside the wrappers :func:`unwrap` peels (TypeError for another model)."""
+    vit = unwrap(model)
+    if not isinstance(vit, ViT5):
+        raise TypeError(f"expected a vit5 ViT5 model, got {type(vit).__name__}")
+    return vit
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A vit5 or timm ViT as the tools see it."""
+
+    family: Literal["vit5", "timm"]
+    name: str
+    depth: int
+    embed_dim: int
+    num_heads: int
+    patch_size: int
+    img_size: tuple[int, int]  # the size the model was built for
+    dynamic_size: bool  # accepts any patch-multiple input size
+    num_registers: int
+    has_cls: bool
+    registers_first: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    test_registers: int = 0  # untrained tokens appended at the end by vit5.viz.ttr (model without registers)
+
+    @property
+    def num_cls(self) -> int:
+        return int(self.has_cls)
+
+    def grid(self, image_hw: Sequence[int], fix: str = "use --size {h} {w}") -> tuple[int, int]:
+        """The patch grid of ``image_hw``; an :class:`InputError` naming the fix when the model cannot
+        take that size (not a patch multiple, or not its only size)."""
+        grid = grid_of(image_hw, self.patch_size, fix, InputError)
+        if not self.dynamic_size and tuple(image_hw) != tuple(self.img_size):
+            raise InputError(
+                f"this {self.name} was built for {self.img_size[0]}x{self.img_size[1]} inputs only "
+                f"(dynamic_img_size=False): use --size {self.img_size[0]} {self.img_size[1]}, or build it "
+                "with dynamic_img_size=True (the eval and viz commands do this for timm model specs)"
+            )
+        return grid
+
+    def layout(self, image_hw: Sequence[int]) -> TokenLayout:
+        """The token layout inside the blocks; test-time registers sit after everything else, so a model
+        without trained registers reads ``[CLS | patches | test-time registers]`` in either family."""
+        grid = self.grid(image_hw)
+        if self.test_registers:
+            return TokenLayout(grid, self.num_cls, self.test_registers, registers_first=False)
+        return TokenLayout(grid, self.num_cls, self.num_registers, self.registers_first)
+
+
+def describe(model: nn.Module) -> ModelInfo:
+    """The :class:`ModelInfo` of a (possibly wrapped) vit5 or timm ViT; an :class:`InputError` for others."""
+    from timm.models.eva import Eva
+    from timm.models.vision_transformer import VisionTransformer
+
+    net = unwrap(model)
+    if isinstance(net, ViT5):
+        cfg = net.cfg
+        return ModelInfo(
+            "vit5",
+            type(net).__name__,
+            cfg.depth,
+            cfg.embed_dim,
+            cfg.num_heads,
+            cfg.patch_size,
+            tuple(cfg.img_size),
+            True,
+            cfg.num_registers,
+            cfg.class_token,
+            False,
+            tuple(net.pretrained_cfg["mean"]),
+            tuple(net.pretrained_cfg["std"]),
+            getattr(net, TEST_REGISTERS_ATTR, 0),
+        )
+    if not isinstance(net, (VisionTransformer, Eva)):
+        raise InputError(f"cannot use a {type(net).__name__}: supported are {SUPPORTED}")
+    patch = tuple(net.patch_embed.patch_size)
+    if patch[0] != patch[1]:
+        raise InputError(f"non-square patches {patch} are not supported")
+    data_cfg = net.pretrained_cfg or {}
+    img_size = net.patch_embed.img_size or tuple(data_cfg.get("input_size", (3, 224, 224))[1:])
+    has_cls = net.cls_token is not None
+    return ModelInfo(
+        "timm",
+        type(net).__name__,
+        len(net.blocks),
+        net.embed_dim,
+        net.blocks[0].attn.num_heads,
+        patch[0],
+        tuple(img_size),
+        bool(net.dynamic_img_size),
+        net.num_prefix_tokens - int(has_cls),
+        has_cls,
+        True,
+        tuple(data_cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
+        tuple(data_cfg.get("std", IMAGENET_DEFAULT_STD)),
+        getattr(net, TEST_REGISTERS_ATTR, 0),
+    )
+
+
+def patch_size_of(model: nn.Module) -> int | None:
+    """The patch size of a vit5 or timm ViT; None for other models (e.g. a timm CNN)."""
+    try:
+        return describe(model).patch_size
+    except InputError:
+        return None
+
+
+def block_indices(depth: int, layers: int | Sequence[int] | None) -> list[int]:
+    """Sorted, unique block indices for ``layers`` as :func:`take_indices` reads them (``None`` all
+    blocks, an int ``n`` the last n, a list absolute or negative); an empty list is an error."""
+    if layers is not None and not isinstance(layers, int) and not list(layers):
+        raise InputError("choose at least one layer (e.g. -1 for the last block)")
+    return sorted(set(take_indices(depth, layers)))
