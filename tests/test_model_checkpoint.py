@@ -132,6 +132,20 @@ def test_our_format_round_trips_with_ema(tmp_path):
     torch.testing.assert_close(ema_model.cls_token, model.cls_token + 1)
 
 
+def test_a_training_run_directory_loads_its_final_checkpoint(tmp_path):
+    final = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4).eval()
+    best = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4).eval()
+    vit5.save_pretrained(best, tmp_path / "run" / "best")
+    vit5.save_pretrained(final, tmp_path / "run" / "final")
+    (tmp_path / "run" / "checkpoints").mkdir()  # a run's other folders are not checkpoint directories
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(vit5.load_model(tmp_path / "run")(x), final(x), rtol=0, atol=0)
+    (tmp_path / "run" / "final" / "config.json").rename(tmp_path / "run" / "final" / "config.old")
+    vit5.save_pretrained(final, tmp_path / "run" / "last")
+    with pytest.raises(CheckpointError, match="several checkpoint directories, pick one"):
+        vit5.load_model(tmp_path / "run")
+
+
 def test_new_head_for_fine_tuning_and_clear_head_mismatch(tmp_path):
     model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4)
     vit5.save_pretrained(model, tmp_path / "run")

@@ -170,13 +170,14 @@ def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
 def read_checkpoint(
     path: str | os.PathLike, use_ema: bool = False, source: Source | None = None
 ) -> Checkpoint:
-    """Read weights from our directory, a ``.safetensors`` file, or a ``.pth`` (official / timm)."""
+    """Read weights from our directory (or a training run's: its ``final/``), a ``.safetensors`` file, or a
+    ``.pth`` (official / timm)."""
     path = Path(path)
     if not path.exists():
         hint = f" (released weights: {', '.join(hub.RELEASES)})" if hub.is_weights_name(str(path)) else ""
         raise CheckpointError(f"checkpoint {path} does not exist{hint}")
     if path.is_dir():
-        return _read_directory(path, use_ema)
+        return _read_directory(checkpoint_dir(path), use_ema)
     if path.suffix == ".safetensors":
         try:
             sd = load_file(str(path))
@@ -185,6 +186,23 @@ def read_checkpoint(
         return Checkpoint(sd, source or detect_source(sd), path=str(path))
     sd = _unwrap(_torch_load(path), use_ema, path)
     return Checkpoint(sd, source or detect_source(sd), path=str(path))
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """``path`` itself, or the checkpoint directory of a run directory (``final/``, else its only one)."""
+    if not path.is_dir() or (path / "config.json").exists():
+        return path
+    found = sorted(
+        d for d in path.iterdir() if (d / "config.json").is_file() and (d / WEIGHTS_NAME).is_file()
+    )
+    names = [d.name for d in found]
+    if "final" in names:
+        return path / "final"
+    if len(found) > 1:
+        raise CheckpointError(
+            f"{path} holds several checkpoint directories, pick one: {', '.join(map(str, found))}"
+        )
+    return found[0] if found else path  # none: _read_directory explains what a checkpoint directory needs
 
 
 def _read_directory(path: Path, use_ema: bool) -> Checkpoint:

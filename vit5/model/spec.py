@@ -39,7 +39,7 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.model import hub
-from vit5.model.checkpoint import EMA_WEIGHTS_NAME, WEIGHTS_NAME, create_model, load_model
+from vit5.model.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir, create_model, load_model
 from vit5.model.config import ConfigError
 from vit5.model.convert import CheckpointError
 from vit5.model.presets import PRESETS
@@ -91,23 +91,6 @@ def has_ema_weights(spec: str) -> bool:
     if spec.startswith((TIMM_PREFIX, hub.HF_HUB_PREFIX)) or "@" in spec or not Path(spec).is_dir():
         return False
     return (checkpoint_dir(Path(spec)) / EMA_WEIGHTS_NAME).is_file()
-
-
-def checkpoint_dir(path: Path) -> Path:
-    """``path`` itself, or the checkpoint directory of a run directory (``final/``, else its only one)."""
-    if not path.is_dir() or (path / "config.json").exists():
-        return path
-    found = sorted(
-        d for d in path.iterdir() if (d / "config.json").is_file() and (d / WEIGHTS_NAME).is_file()
-    )
-    names = [d.name for d in found]
-    if "final" in names:
-        return path / "final"
-    if len(found) > 1:
-        raise ModelSpecError(
-            f"{path} holds several checkpoint directories, pick one: {', '.join(map(str, found))}"
-        )
-    return found[0] if found else path  # none: vit5.load_model explains what a checkpoint directory needs
 
 
 def load_spec(
