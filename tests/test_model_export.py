@@ -57,7 +57,7 @@ def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path
     vit5.save_pretrained(model, tmp_path / "run")
     out = tmp_path / "out" / "model.onnx"
     assert (
-        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32", "48", "--dynamic-size"])
+        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32x48", "--dynamic-size"])
         == 0
     )
     stdout = capsys.readouterr().out
@@ -84,16 +84,13 @@ def test_export_command_bad_input_is_one_error_line(tmp_path, capsys):
                 "--onnx",
                 str(tmp_path / "m.onnx"),
                 "--size",
-                "30",
-                "32",
+                "30x32",
             ]
         )
         == 2
     )
     err = capsys.readouterr().err
-    assert err.startswith(
-        "vit5 export: error: image size 30x32 is not a positive multiple of the patch size 16"
-    )
+    assert err.startswith("error: image size 30x32 is not a positive multiple of the patch size 16")
     assert main(["--model", "vit5_tiny", "--onnx", str(tmp_path / "m.onnx")]) == 2
     assert "vit5_tiny has no released weights" in capsys.readouterr().err
     with pytest.raises(SystemExit):

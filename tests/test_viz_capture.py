@@ -179,7 +179,7 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     )
     with pytest.raises(VizError, match="built for 32x32 inputs only"):
         describe(fixed).layout((32, 48))
-    with pytest.raises(VizError, match="not a positive multiple of the patch size 8: use --size 32 48"):
+    with pytest.raises(VizError, match="not a positive multiple of the patch size 8: use --size 32x48"):
         describe(tiny_vit5()).layout((30, 47))
 
 

@@ -138,7 +138,7 @@ def test_compare_reuses_the_first_models_thresholds(tmp_path, folder, capsys):
     "extra,message",
     [
         (["--layers", "7"], "layer 7 is out of range: this model has 2 blocks, valid layers are 0..1"),
-        (["--size", "30x48"], "not a positive multiple of the patch size 8: use --size 32 48"),
+        (["--size", "30x48"], "not a positive multiple of the patch size 8: use --size 32x48"),
         (["--threshold-from", "missing.json"], "cannot read thresholds from missing.json"),
         (["--plant-at", "1", "1"], "planting needs both --plant-layer and at least one --plant-at"),
     ],

@@ -99,7 +99,7 @@ def test_image_errors_name_the_problem(tmp_path):
     with pytest.raises(ImageError, match="no usable image") as err:
         load_images([str(tmp_path / "bad.jpg")], (32, 32), 8)
     assert "bad.jpg" in str(err.value)
-    with pytest.raises(ImageError, match="use --size 32 48"):
+    with pytest.raises(ImageError, match="use --size 32x48"):
         load_images(["sklearn-samples"], (30, 47), 8)
 
 

@@ -1,8 +1,8 @@
 """The base class of every error that is the user's to fix, and readable messages for OS errors.
 
-Every command line (``train.py``, ``python -m eval``, ``python -m viz``, ``python -m vit5.bench``,
-``python -m vit5.bench.ablate``) catches :class:`Vit5Error` and :class:`OSError` once and prints
-one ``error: ...`` line (exit code 2) instead of a traceback; anything else is a bug and keeps its
+Every command line (each ``vit5`` subcommand, through :func:`vit5.cli.run_command`) catches
+:class:`Vit5Error` and :class:`OSError` once and prints one ``error: ...`` line (exit code 2)
+instead of a traceback; anything else is a bug and keeps its
 traceback. The specific classes (``ConfigError``, ``CheckpointError``, ``TrainConfigError``,
 ``ResumeError``, ``InputError``, ...) subclass it and keep their historical bases
 (``ValueError``, ``RuntimeError``), so existing ``except ValueError`` code still catches them.

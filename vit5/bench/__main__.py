@@ -19,13 +19,14 @@ import torch  # noqa: E402
 from vit5.bench.config import BenchConfig  # noqa: E402
 from vit5.bench.report import format_value  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
-from vit5.errors import Vit5Error, safe_console, user_message  # noqa: E402
+from vit5.cli import run_command  # noqa: E402
+from vit5.errors import Vit5Error, safe_console  # noqa: E402
 from vit5.files import check_output_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m vit5.bench",
+        prog="vit5 bench",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -58,15 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 every section ran, 1 a section failed, 2 bad arguments or an unwritable --out."""
     safe_console()
     args = parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-        only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-        select_sections(only)
-        profile = "smoke" if args.smoke else "quick" if args.quick else "full"
-        out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
-    except (Vit5Error, OSError) as error:
-        print(f"error: {user_message(error) or error}", file=sys.stderr)
-        return 2
+    return run_command(lambda: _bench(args))
+
+
+def _bench(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    select_sections(only)
+    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
     if profile == "full" and cfg.device == "cpu":
         print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
     sections, md_path = run_bench(cfg, out, only)

@@ -1,8 +1,8 @@
-"""``python -m vit5.bench.ablate``: train the ViT-5 component ablations on the same data, budget and
-seeds, and tabulate top-1 (raw and EMA, mean and spread over seeds), images/s and parameters.
+"""``vit5 ablate`` (``python -m vit5.bench.ablate``): train the ViT-5 component ablations on the same
+data, budget and seeds, and tabulate top-1 (raw and EMA, mean and spread over seeds), images/s and parameters.
 
-    python -m vit5.bench.ablate                                  # digits, 9 configs x 6 seeds, CPU
-    python -m vit5.bench.ablate --only no_rope,swiglu --seeds 0 1 --epochs 4
+    vit5 ablate                                                  # digits, 9 configs x 6 seeds, CPU
+    vit5 ablate --only no_rope,swiglu --seeds 0 1 --epochs 4
     accelerate launch -m vit5.bench.ablate --scale imagenet data.root=/data/imagenet --epochs 100
 
 The set (:data:`vit5.bench.ablate.ABLATIONS`) is the full ViT-5, each component removed or
@@ -22,7 +22,6 @@ import difflib
 import gc
 import json
 import math
-import os
 import shutil
 import statistics
 import sys
@@ -50,7 +49,8 @@ from vit5.bench.report import (
     render_markdown,
     write_report,
 )
-from vit5.errors import InputError, Vit5Error, safe_console, user_message
+from vit5.cli import is_main_process, run_command
+from vit5.errors import InputError, safe_console
 from vit5.files import atomic_write_text
 from vit5.runtime import resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
@@ -609,11 +609,6 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def is_main_process() -> bool:
-    """Rank 0 of a launched job (read from the launcher, so it holds before Accelerate starts)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def train_all(
     plan: AblationPlan, datasets: tuple[Dataset, Dataset] | None = None, show_progress: bool = True
 ) -> list[RunRecord]:
@@ -731,7 +726,7 @@ def run_ablation(
 # --------------------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m vit5.bench.ablate",
+        prog="vit5 ablate",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -804,13 +799,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for a in ABLATIONS.values():
             print(f"{a.name:14s} {a.what}\n{'':14s} {' '.join(a.overrides) or '(the base config)'}")
         return 0
-    try:
-        plan = plan_from_args(args)
-        result = run_ablation(plan)
-    except (Vit5Error, OSError) as e:  # bad input, or a full / read-only disk: one line, no traceback
-        if is_main_process():
-            print(f"error: {user_message(e)}", file=sys.stderr)
-        return 2
+    return run_command(lambda: _ablate(args))
+
+
+def _ablate(args: argparse.Namespace) -> int:
+    result = run_ablation(plan_from_args(args))
     if result.section is not None:
         for table in result.section.tables:
             print("\n" + markdown_table(table))

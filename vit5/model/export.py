@@ -6,7 +6,7 @@
     report = vit5.export_onnx(model, "vit5_small.onnx", size=(224, 224))
     print(report)  # path, input shape, onnxruntime vs torch max |difference|
 
-    python -m vit5.model.export --model vit5_small --onnx vit5_small.onnx [--size H W]
+    vit5 export --model vit5_small --onnx vit5_small.onnx [--size N|HxW]
 
 Both trace the eager model with ``torch.export`` (ONNX through torch's dynamo exporter), so the
 graph is the model's own forward, not a re-implementation. Shapes: the batch dimension is
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vit5.cli import SIZE_HELP, parse_size, run_command
 from vit5.errors import Vit5Error
 from vit5.layers.patch_embed import grid_of
 from vit5.model.spec import load_spec, parse_model_args, random_init_flags
@@ -239,11 +240,10 @@ def _missing(module: str) -> bool:
 # ------------------------------------------------------------------------------------------ command line
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m vit5.model.export",
+        prog="vit5 export",
         description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a "
         "torch.export .pt2).",
-        epilog="Example: python -m vit5.model.export --model vit5_small --onnx vit5_small.onnx --size 224 "
-        "224",
+        epilog="Example: vit5 export --model vit5_small --onnx vit5_small.onnx --size 224",
     )
     p.add_argument(
         "--model",
@@ -258,9 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ema", action="store_true", help="the EMA weights of the checkpoint")
     p.add_argument("--onnx", type=Path, help="write the ONNX file here")
     p.add_argument("--program", type=Path, help="also write the torch.export program here (.pt2)")
-    p.add_argument(
-        "--size", nargs=2, type=int, metavar=("H", "W"), help="input size (default: the model's own)"
-    )
+    p.add_argument("--size", type=parse_size, help=f"input size, {SIZE_HELP} (default: the model's own)")
     p.add_argument("--batch", type=int, default=2, help="example batch to trace and check with (default 2)")
     p.add_argument("--static-batch", action="store_true", help="fix the batch dimension at --batch")
     p.add_argument(
@@ -285,41 +283,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.onnx is None and args.program is None:
         parser.error("nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2")
-    try:
-        (untrained,) = random_init_flags([args.model], args.random_init)
-        loaded = load_spec(args.model, parse_model_args(args.model_args), args.ema, untrained)
-        size = tuple(args.size) if args.size else None
-        shapes = {
-            "size": size,
-            "batch": args.batch,
-            "dynamic_batch": not args.static_batch,
-            "dynamic_size": args.dynamic_size,
-        }
-        print(f"model: {loaded.description}")
-        if args.program is not None:
-            program = export_program(loaded.model, **shapes)
-            args.program.parent.mkdir(parents=True, exist_ok=True)
-            torch.export.save(program, str(args.program))
-            print(f"wrote {args.program} (torch.export program)")
-        if args.onnx is not None:
-            print(
-                f"exporting to ONNX{'' if args.no_check else ' and checking with onnxruntime'} ...",
-                flush=True,
+    return run_command(lambda: _export_from_args(args))
+
+
+def _export_from_args(args: argparse.Namespace) -> None:
+    """Load the model the arguments name and write what they ask for (errors: :func:`run_command`)."""
+    (untrained,) = random_init_flags([args.model], args.random_init)
+    loaded = load_spec(args.model, parse_model_args(args.model_args), args.ema, untrained)
+    shapes = {
+        "size": args.size,
+        "batch": args.batch,
+        "dynamic_batch": not args.static_batch,
+        "dynamic_size": args.dynamic_size,
+    }
+    print(f"model: {loaded.description}")
+    if args.program is not None:
+        program = export_program(loaded.model, **shapes)
+        args.program.parent.mkdir(parents=True, exist_ok=True)
+        torch.export.save(program, str(args.program))
+        print(f"wrote {args.program} (torch.export program)")
+    if args.onnx is not None:
+        print(
+            f"exporting to ONNX{'' if args.no_check else ' and checking with onnxruntime'} ...",
+            flush=True,
+        )
+        print(
+            export_onnx(
+                loaded.model,
+                args.onnx,
+                opset=args.opset,
+                check=not args.no_check,
+                atol=args.atol,
+                **shapes,
             )
-            print(
-                export_onnx(
-                    loaded.model,
-                    args.onnx,
-                    opset=args.opset,
-                    check=not args.no_check,
-                    atol=args.atol,
-                    **shapes,
-                )
-            )
-    except Vit5Error as err:
-        print(f"vit5 export: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+        )
 
 
 if __name__ == "__main__":

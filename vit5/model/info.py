@@ -67,14 +67,14 @@ class ModelInfo:
     def num_cls(self) -> int:
         return int(self.has_cls)
 
-    def grid(self, image_hw: Sequence[int], fix: str = "use --size {h} {w}") -> tuple[int, int]:
+    def grid(self, image_hw: Sequence[int], fix: str = "use --size {h}x{w}") -> tuple[int, int]:
         """The patch grid of ``image_hw``; an :class:`InputError` naming the fix when the model cannot
         take that size (not a patch multiple, or not its only size)."""
         grid = grid_of(image_hw, self.patch_size, fix, InputError)
         if not self.dynamic_size and tuple(image_hw) != tuple(self.img_size):
             raise InputError(
                 f"this {self.name} was built for {self.img_size[0]}x{self.img_size[1]} inputs only "
-                f"(dynamic_img_size=False): use --size {self.img_size[0]} {self.img_size[1]}, or build it "
+                f"(dynamic_img_size=False): use --size {self.img_size[0]}x{self.img_size[1]}, or build it "
                 "with dynamic_img_size=True (the eval and viz commands do this for timm model specs)"
             )
         return grid

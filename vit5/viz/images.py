@@ -127,7 +127,7 @@ def load_images(
 ) -> tuple[list[LoadedImage], list[str]]:
     """Load ``sources`` at ``size`` (height, width), at most ``max_images`` of them (in listing order);
     returns the images and one line per skipped file."""
-    grid_of(size, patch_size, "use --size {h} {w}", InputError)
+    grid_of(size, patch_size, "use --size {h}x{w}", InputError)
     fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # resized pixels / 255
     images, skipped = [], []
     for src in list_sources(sources, folder_labels):

@@ -21,8 +21,8 @@ trajectories up to the same step. Weights of every checkpoint are kept as
 ``<out>/<twin>/checkpoints/step_NNNNNN`` and the last as ``<out>/<twin>/final`` (vit5 directory
 format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers/final``).
 
-    python -m vit5.viz.study --out runs/register_study            # the full study (see FULL)
-    python -m vit5.viz.study --out /tmp/s --preset smoke           # seconds
+    vit5 viz study --out runs/register_study            # the full study (see FULL)
+    vit5 viz study --out /tmp/s --preset smoke           # seconds
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5.cli import run_command
 from vit5.errors import InputError
 from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
@@ -775,7 +776,7 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m vit5.viz.study",
+        prog="vit5 viz study",
         description="Train twin models without and with registers on canvases that reward a storage token, "
         "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
     )
@@ -807,8 +808,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``vit5 viz study``: 0, or 2 after one ``error:`` line (:func:`vit5.cli.run_command`)."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def study() -> None:
         cfg = parse_settings(PRESETS[args.preset], args.settings)
         result = run_study(
             cfg,
@@ -818,11 +821,9 @@ def main(argv: list[str] | None = None) -> int:
             analyse=not args.no_analysis,
             train=not args.analyse_only,
         )
-    except InputError as err:
-        print(f"study: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(result.files)} files to {args.out}")
-    return 0
+        print(f"wrote {len(result.files)} files to {args.out}")
+
+    return run_command(study)
 
 
 if __name__ == "__main__":
