@@ -57,8 +57,7 @@ def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path
     vit5.save_pretrained(model, tmp_path / "run")
     out = tmp_path / "out" / "model.onnx"
     assert (
-        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32x48", "--dynamic-size"])
-        == 0
+        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32x48", "--dynamic-size"]) == 0
     )
     stdout = capsys.readouterr().out
     assert "input batchx3xheightxwidth" in stdout and "onnxruntime matches torch: max |difference|" in stdout
