@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
-from vit5.errors import storage_error
+from vit5.errors import InputError, storage_error
 from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
 from vit5.layers import resample_pos_embed
 from vit5.model import hub
@@ -199,7 +199,7 @@ def checkpoint_dir(path: Path) -> Path:
     if "final" in names:
         return path / "final"
     if len(found) > 1:
-        raise CheckpointError(
+        raise InputError(
             f"{path} holds several checkpoint directories, pick one: {', '.join(map(str, found))}"
         )
     return found[0] if found else path  # none: _read_directory explains what a checkpoint directory needs
