@@ -40,18 +40,6 @@ def list_images(
     return source, files
 
 
-def parse_size(text: str) -> Size:
-    """``"224"`` -> (224, 224); ``"224x320"`` -> (224, 320) (height x width)."""
-    parts = text.lower().split("x")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        values = []
-    if len(values) not in (1, 2) or min(values, default=0) <= 0:
-        raise InputError(f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 224x320)")
-    return (values[0], values[-1])
-
-
 def own_size(image_hw: Size, patch_size: int, max_side: int | None = None) -> Size:
     """The input size that keeps an image's own size: shrunk (aspect kept) so that its longer side is
     at most ``max_side`` when given, then rounded to the patch size."""
