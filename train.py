@@ -1,5 +1,5 @@
 """``python train.py [--config RECIPE] [--resume [DIR]] [key=value ...]``: the same as ``vit5 train``
-(:mod:`vit5.train.cli`); with no arguments it trains ``vit5_tiny`` on the built-in digits."""
+(:mod:`vit5.cli.train`); with no arguments it trains ``vit5_tiny`` on the built-in digits."""
 
 import os
 import sys

@@ -1,4 +1,4 @@
-"""``python -m eval COMMAND ...``: the same as ``vit5 eval`` (:mod:`vit5.eval.cli`)."""
+"""``python -m eval COMMAND ...``: the same as ``vit5 eval`` (:mod:`vit5.cli.eval`)."""
 
 import sys
 

@@ -17,15 +17,15 @@ from torch.utils.data import Subset
 
 from vit5.bench.ablate import (
     ABLATIONS,
-    AblationError,
     AblationPlan,
     Delta,
     Spread,
-    main,
     run_ablation,
     select_ablations,
 )
 from vit5.bench.measure import TimingConfig
+from vit5.cli.ablate import main
+from vit5.errors import InputError
 from vit5.layers import Mlp, RMSNorm, SwiGLU
 from vit5.model.presets import preset_config
 from vit5.train.data import build_datasets
@@ -132,7 +132,7 @@ def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, ca
     assert "did you mean 'swiglu'" in err and "Traceback" not in err
     assert main(["--out", str(tmp_path), "optim.lrr=1"]) == 2
     assert "Did you mean optim.lr?" in capsys.readouterr().err
-    with pytest.raises(AblationError, match="use --out DIR and --seeds"):
+    with pytest.raises(InputError, match="use --out DIR and --seeds"):
         AblationPlan(DEMO, tuple(select_ablations()), (0,), tmp_path, overrides=("run.seed=3",))
     assert not any(tmp_path.iterdir())  # nothing trained
 
@@ -201,5 +201,5 @@ def test_runner_end_to_end_writes_the_report_and_reuses_finished_runs(tmp_path):
     assert all(r.reused for r in again.records)
     assert [r.final_top1 for r in again.records] == [r.final_top1 for r in result.records]
     longer = dataclasses.replace(plan, overrides=(*TINY, "schedule.epochs=2"))
-    with pytest.raises(AblationError, match="schedule.epochs: 1 -> 2"):
+    with pytest.raises(InputError, match="schedule.epochs: 1 -> 2"):
         run_ablation(longer, datasets, show_progress=False)

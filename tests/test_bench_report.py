@@ -6,9 +6,9 @@ import re
 import pytest
 
 from vit5.bench import BenchConfig, Section, Table, Target, run_bench
-from vit5.bench.__main__ import main
 from vit5.bench.report import render_markdown, write_report
 from vit5.bench.runner import SECTIONS, select_sections
+from vit5.cli.bench import main
 
 
 def test_smoke_run_writes_a_complete_report(tmp_path):

@@ -18,10 +18,10 @@ from eval_helpers import random_rgb
 
 import vit5
 import vit5.runtime
-from vit5.bench.__main__ import main as bench_main
-from vit5.eval import cli as eval_cli
+from vit5.cli import eval as eval_cli
+from vit5.cli.bench import main as bench_main
+from vit5.cli.viz import main as viz_main
 from vit5.files import FolderLock
-from vit5.viz.cli import main as viz_main
 
 
 def eval_main(argv: list[str]) -> int:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import runpy
-import sys
-
 import cv2
 import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
 
+from vit5.cli import main as cli_main
 from vit5.data import (
     DIGIT_CLASSES,
     IMAGENET_MEAN,
@@ -24,12 +22,9 @@ from vit5.data import (
 )
 
 
-def run_cli(monkeypatch, *args: str) -> int:
-    """``python -m vit5.data.digits ARGS`` in this process."""
-    monkeypatch.setattr(sys, "argv", ["python -m vit5.data.digits", *args])
-    with pytest.raises(SystemExit) as info:
-        runpy.run_module("vit5.data.digits", run_name="__main__")
-    return info.value.code
+def run_cli(*args: str) -> int:
+    """``vit5 data ARGS`` in this process."""
+    return cli_main(["data", *args])
 
 
 SOURCE = load_digits()
@@ -115,7 +110,7 @@ def test_export_is_idempotent_and_refuses_a_different_split(tmp_path):
 
 
 def test_cli_export(tmp_path, monkeypatch, capsys):
-    assert run_cli(monkeypatch, "export", str(tmp_path), "--size", "16") == 0
+    assert run_cli("digits", str(tmp_path), "--size", "16") == 0
     assert "train 1438, val 359 images; 1797 written" in capsys.readouterr().out
-    assert run_cli(monkeypatch, "export", str(tmp_path), "--size", "16", "--val-fraction", "0.3") == 2
+    assert run_cli("digits", str(tmp_path), "--size", "16", "--val-fraction", "0.3") == 2
     assert "other arguments" in capsys.readouterr().err

@@ -16,9 +16,9 @@ from eval_helpers import digits_folder, random_rgb, single_thread, tiny_model, t
 from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, top_k_accuracy_score
 
 from vit5.data import decode_image, eval_transform
+from vit5.errors import InputError
 from vit5.eval import (
     ClassifySettings,
-    EvalError,
     evaluate,
     load_models,
     open_split,
@@ -177,18 +177,18 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
     (loaded,) = load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **kwargs)
     assert loaded.mean == (0.5, 0.5, 0.5) and loaded.crop_pct == 0.9  # the timm model's own preprocessing
     torch.testing.assert_close(loaded.model(x), reference(x))
-    with pytest.raises(EvalError, match="does not fit timm model"):
+    with pytest.raises(InputError, match="does not fit timm model"):
         load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **{**kwargs, "depth": 3})
 
 
 def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     dataset = open_split(digits_folder(), "val")
     wrong = load_models("vit5_tiny", random_init=True, depth=1, num_classes=3)[0]
-    with pytest.raises(EvalError, match="3 outputs but .* 10 classes"):
+    with pytest.raises(InputError, match="3 outputs but .* 10 classes"):
         evaluate(wrong, dataset, SETTINGS, progress=False)
-    with pytest.raises(EvalError, match="not a positive multiple of the patch size 8: use e.g. 32x40"):
+    with pytest.raises(InputError, match="not a positive multiple of the patch size 8: use e.g. 32x40"):
         evaluate(models[0], dataset, ClassifySettings(size=(30, 41)), progress=False)
-    with pytest.raises(EvalError, match="neither an existing checkpoint path nor a vit5 preset"):
+    with pytest.raises(InputError, match="neither an existing checkpoint path nor a vit5 preset"):
         load_models("vit5_tinny")
 
 

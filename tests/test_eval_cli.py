@@ -10,8 +10,8 @@ import pytest
 from eval_helpers import random_rgb
 
 import vit5
-from vit5.eval.cli import main
-from vit5.model.spec import parse_model_args
+from vit5.cli.eval import main
+from vit5.introspect.spec import parse_model_args
 
 TINY_ARGS = [
     "--model",

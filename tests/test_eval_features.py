@@ -14,7 +14,14 @@ from safetensors.torch import load_file
 
 import vit5.eval.export as export_module
 from vit5.data import decode_image, resize_transform
-from vit5.eval import EvalError, FeatureSettings, export_features, iter_features, read_features, read_manifest
+from vit5.errors import InputError
+from vit5.eval import (
+    FeatureSettings,
+    export_features,
+    iter_features,
+    read_features,
+    read_manifest,
+)
 from vit5.eval.images import own_size
 
 SIZES = {
@@ -188,10 +195,10 @@ def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_pat
 def test_other_settings_are_refused_unless_overwrite(images, tmp_path):
     model = tiny_model().eval()
     export_features(model, images, tmp_path, FeatureSettings(), progress=False)
-    with pytest.raises(EvalError, match="other settings.*dtype"):
+    with pytest.raises(InputError, match="other settings.*dtype"):
         export_features(model, images, tmp_path, FeatureSettings(dtype="float16"), progress=False)
     other = tiny_model().eval()  # new random weights
-    with pytest.raises(EvalError, match="model_fingerprint"):
+    with pytest.raises(InputError, match="model_fingerprint"):
         export_features(other, images, tmp_path, FeatureSettings(), progress=False)
     summary = export_features(
         other, images, tmp_path, FeatureSettings(dtype="float16"), overwrite=True, progress=False
@@ -201,9 +208,9 @@ def test_other_settings_are_refused_unless_overwrite(images, tmp_path):
 
 def test_bad_settings_are_clear_errors(images):
     model = tiny_model().eval()
-    with pytest.raises(EvalError, match="not a positive multiple of the patch size 8"):
+    with pytest.raises(InputError, match="not a positive multiple of the patch size 8"):
         list(iter_features(model, images, FeatureSettings(size=(30, 32))))
-    with pytest.raises(EvalError, match="out of range: this model has 2 blocks"):
+    with pytest.raises(InputError, match="out of range: this model has 2 blocks"):
         list(iter_features(model, images, FeatureSettings(layers=(5,))))
-    with pytest.raises(EvalError, match="either a fixed size or max_side"):
+    with pytest.raises(InputError, match="either a fixed size or max_side"):
         FeatureSettings(size=(32, 32), max_side=64)

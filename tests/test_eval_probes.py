@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from eval_helpers import TINY, digits_folder, single_thread, trained_checkpoint
 
+from vit5.errors import InputError
 from vit5.eval import (
-    EvalError,
     ProbeSettings,
     knn_accuracy,
     load_models,
@@ -66,5 +66,5 @@ def test_untrained_model_is_far_behind_the_trained_one_on_knn(splits, trained_ro
 
 
 def test_probe_settings_are_validated():
-    with pytest.raises(EvalError, match="pools must be chosen"):
+    with pytest.raises(InputError, match="pools must be chosen"):
         ProbeSettings(pools=("mean",))

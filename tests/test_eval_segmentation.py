@@ -12,9 +12,14 @@ import torch.nn.functional as F
 from eval_helpers import TINY, single_thread
 from sklearn.datasets import load_digits
 
-from vit5.data.digits_seg import SEG_CLASSES, SegSetConfig, digit_seg_samples, make_digit_segmentation
+from vit5.data.digits.segmentation import (
+    SEG_CLASSES,
+    SegSetConfig,
+    digit_seg_samples,
+    make_digit_segmentation,
+)
+from vit5.errors import InputError
 from vit5.eval import (
-    EvalError,
     SegDatasetInfo,
     SegProbeSettings,
     dataset_info,
@@ -80,7 +85,7 @@ def seg_root(tmp_path) -> Path:
 def test_mask_of_the_wrong_size_names_the_file(seg_root):
     bad = seg_root / "annotations" / "val" / "00001.png"
     cv2.imwrite(str(bad), np.zeros((40, 48), np.uint8))
-    with pytest.raises(EvalError, match=f"{bad}.* is 40x48 but its image is 48x48"):
+    with pytest.raises(InputError, match=f"{bad}.* is 40x48 but its image is 48x48"):
         _probe(seg_root)
 
 
@@ -89,7 +94,7 @@ def test_class_ids_beyond_num_classes_name_the_file(seg_root):
     mask = cv2.imread(str(bad), cv2.IMREAD_UNCHANGED)
     mask[0, :3] = 12
     cv2.imwrite(str(bad), mask)
-    with pytest.raises(EvalError, match=f"{bad} has class id\\(s\\) \\[12\\] outside 0..10"):
+    with pytest.raises(InputError, match=f"{bad} has class id\\(s\\) \\[12\\] outside 0..10"):
         _probe(seg_root)
     ignored = dataset_info(seg_root, ignore_index=12)  # the same value declared as ignore: accepted
     assert (read_mask(bad, (48, 48), ignored)[0, :3] == 12).all()
@@ -118,10 +123,10 @@ def test_palette_and_16_bit_masks_give_class_ids(tmp_path):
 def test_colour_and_missing_masks_name_the_file(seg_root):
     colour = seg_root / "annotations" / "val" / "00000.png"
     cv2.imwrite(str(colour), np.zeros((48, 48, 3), np.uint8))
-    with pytest.raises(EvalError, match=f"{colour} has 3 channels"):
+    with pytest.raises(InputError, match=f"{colour} has 3 channels"):
         read_mask(colour, (48, 48), dataset_info(seg_root))
     (seg_root / "annotations" / "val" / "00002.png").unlink()
-    with pytest.raises(EvalError, match="00002.png has no label mask"):
+    with pytest.raises(InputError, match="00002.png has no label mask"):
         list_pairs(seg_root, "val")
 
 

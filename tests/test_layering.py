@@ -1,5 +1,5 @@
-"""The package layering, read from the source: layers <- model <- train / eval / viz / bench (viz may use
-eval's probes); data alone.
+"""The package layering, read from the source: layers <- model <- weights <- introspect <- train / eval /
+viz / bench / study; data alone; the command line (vit5/cli) on top of everything.
 
 Arrows point to what a part may import. A new import that breaks the layering (viz reaching into
 train, layers importing timm, anything importing the top-level scripts) fails here with the file
@@ -19,20 +19,45 @@ import vit5
 PACKAGE = Path(vit5.__file__).parent
 
 # subpackage -> the vit5 subpackages it may import ("" is the vit5 package root)
+LIBRARY = {
+    "",
+    "layers",
+    "model",
+    "weights",
+    "introspect",
+    "reference",
+    "data",
+    "train",
+    "eval",
+    "viz",
+    "study",
+    "bench",
+}
 ALLOWED_INTERNAL = {
     "layers": set(),
     "reference": set(),
     "data": set(),
     "model": {"layers"},
-    "train": {"", "layers", "model", "data"},
-    "eval": {"", "layers", "model", "data"},
-    "viz": {"", "layers", "model", "data", "eval"},  # eval: the kNN probe of the register ablation
-    "bench": {"", "layers", "model", "reference", "data", "train"},
+    "weights": {"layers", "model"},
+    "introspect": {"layers", "model", "weights"},
+    "train": {"", "layers", "model", "weights", "data"},
+    "eval": {"", "layers", "model", "weights", "introspect", "data"},
+    "viz": {
+        "",
+        "layers",
+        "model",
+        "weights",
+        "introspect",
+        "data",
+        "eval",
+    },  # eval: the register ablation's kNN probe
+    "study": {"", "layers", "model", "weights", "introspect", "data", "train", "viz"},
+    "bench": {"", "layers", "model", "weights", "introspect", "reference", "data", "train"},
+    "cli": LIBRARY,  # on top: every command line, nothing imports it
 }
-# leaf modules every subpackage may import (they import nothing from vit5 themselves): the user-error
-# base class, crash-safe files and locks, device and memory checks, the command line's shared pieces
-# (vit5.cli imports its subcommands by name only)
-LEAF_MODULES = {"cli", "errors", "files", "runtime"}
+# leaf modules every subpackage may import (they import nothing from vit5 but each other): the user-error
+# base class, crash-safe files and locks, which process prints, device and memory checks
+LEAF_MODULES = {"errors", "files", "runtime"}
 # third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
 LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}
@@ -125,4 +150,20 @@ def test_every_error_class_outside_train_is_a_user_error():
                 cls = getattr(importlib.import_module(".".join(parts).removesuffix(".__init__")), node.name)
                 if not issubclass(cls, Vit5Error):
                     offenders.append(f"{path.relative_to(PACKAGE)}: {node.name}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_only_the_command_line_parses_arguments_and_nothing_imports_it():
+    """Every parser lives in vit5/cli (the official checkpoints' pickled ``argparse.Namespace`` is data
+    that the checkpoint reader allows, not a parser)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "cli" or rel == Path("__main__.py"):
+            continue
+        if "ArgumentParser" in path.read_text():
+            offenders.append(f"{rel} builds an argparse parser")
+        for module in imports_of(path):
+            if module == "vit5.cli" or module.startswith("vit5.cli."):
+                offenders.append(f"{rel} imports {module}")
     assert not offenders, "\n".join(offenders)

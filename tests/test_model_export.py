@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import vit5
-from vit5.model.export import ExportError, main
+from vit5.cli.export import main
+from vit5.weights.export import ExportError
 
 FAMILIES = ("vit5_tiny", "deit3_tiny")  # RoPE + registers + RMSNorm; APE-only LayerNorm
 

@@ -13,8 +13,8 @@ import pytest
 from test_train_support import single_thread  # noqa: F401 (autouse fixture: one torch thread)
 
 import vit5
-from vit5.model import checkpoint as checkpoint_module
 from vit5.model.footprint import activation_bytes, attention_bytes, check_size, num_tokens, parameter_count
+from vit5.weights import factory as factory_module
 
 SWITCHES = [
     {},
@@ -67,7 +67,7 @@ def no_model_built(monkeypatch):
     def refuse(cfg):
         raise AssertionError(f"a model was built for {cfg.depth=} {cfg.embed_dim=} before the size check")
 
-    monkeypatch.setattr(checkpoint_module, "ViT5", refuse)
+    monkeypatch.setattr(factory_module, "ViT5", refuse)
 
 
 def test_a_preset_beyond_the_limit_is_refused_with_the_estimate(no_model_built):

@@ -16,8 +16,8 @@ from hub_support import lay_out_download, lay_out_folder
 
 import vit5
 from vit5 import CheckpointError
-from vit5.model import hub
 from vit5.reference import OfficialViT5
+from vit5.weights import hub
 
 OFFICIAL = "FengWang3211/ViT-5"
 

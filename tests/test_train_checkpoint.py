@@ -84,7 +84,7 @@ def test_resume_restores_optimizer_and_ema(tmp_path):
 
 
 def test_resume_refuses_changes_the_checkpoint_depends_on(tmp_path):
-    from vit5.train.cli import parse_args, resolve
+    from vit5.cli.train import parse_args, resolve
 
     cfg = tiny_config(tmp_path, "schedule.epochs=1")
     Trainer(cfg).fit()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from vit5.cli.train import parse_args
 from vit5.train import TrainConfigError, config_to_yaml, load_config
-from vit5.train.cli import parse_args
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DIGITS = ["data.dataset=digits"]

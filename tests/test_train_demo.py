@@ -5,8 +5,8 @@ from pathlib import Path
 
 from test_train_support import REPO, single_thread  # noqa: F401 (autouse fixture)
 
+from vit5.cli.train import main, parse_args, resolve
 from vit5.train import Trainer, load_config
-from vit5.train.cli import main, parse_args, resolve
 
 DEMO = REPO / "configs" / "demo_digits.yaml"
 

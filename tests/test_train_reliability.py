@@ -20,9 +20,10 @@ from safetensors.torch import load_file
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
 import vit5.runtime
+from vit5.cli import train as cli
 from vit5.errors import StorageError, Vit5Error
 from vit5.files import LOCK_NAME
-from vit5.train import ResumeError, TrainConfigError, Trainer, cli
+from vit5.train import ResumeError, TrainConfigError, Trainer
 from vit5.train.checkpointing import list_checkpoints, save_model_dir
 
 RUN_ARGS = ("checkpoint.every_steps=10",)  # checkpoints at steps 10, 20, 30, 40 and 44 (the epoch end)

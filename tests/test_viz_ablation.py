@@ -6,9 +6,10 @@ import pytest
 import torch
 from viz_support import smooth_images, tiny_timm, tiny_vit5
 
+from vit5.errors import InputError
 from vit5.eval.probes import knn_accuracy
-from vit5.viz import LoadedImage, VizError, capture, describe, to_batch
-from vit5.viz.ablation import (
+from vit5.viz import LoadedImage, capture, describe, to_batch
+from vit5.viz.register_ablation import (
     AblationConfig,
     ablate_registers,
     ablation_figure,
@@ -135,15 +136,15 @@ def test_label_free_report_and_errors():
     assert all(r.top1 is None and r.knn is None for r in report.rows)
     assert "no labels" in report.notes[-1] and 0 <= report.rows[1].knn_overlap <= 1
     with (
-        pytest.raises(VizError, match="no register tokens"),
+        pytest.raises(InputError, match="no register tokens"),
         ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"),
     ):
         pass
-    with pytest.raises(VizError, match="needs a reference set"), ablate_registers(model, "mean", "blocks"):
+    with pytest.raises(InputError, match="needs a reference set"), ablate_registers(model, "mean", "blocks"):
         pass
     info = describe(model)
     with (
-        pytest.raises(VizError, match="at least two images"),
+        pytest.raises(InputError, match="at least two images"),
         torch.no_grad(),
         ablate_registers(model, "shuffle", "blocks"),
     ):

@@ -9,9 +9,11 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from viz_support import sharpen, tiny_timm, tiny_vit5
 
 import vit5
-from vit5.model import block_indices, take_indices
+from vit5.errors import InputError
+from vit5.introspect import block_indices
+from vit5.model import take_indices
 from vit5.reference import OfficialViT5
-from vit5.viz import VizError, capture, describe
+from vit5.viz import capture, describe
 
 
 def _not_uniform(attn: torch.Tensor) -> None:
@@ -155,18 +157,18 @@ def test_describe_both_families():
         8,
         2,
     )
-    with pytest.raises(VizError, match="cannot use a Linear: supported are vit5 models and timm"):
+    with pytest.raises(InputError, match="cannot use a Linear: supported are vit5 models and timm"):
         describe(torch.nn.Linear(2, 2))
 
 
 def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     with pytest.raises(
-        VizError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
+        InputError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
     ):
         block_indices(2, [7])
     assert block_indices(4, [-1, 0, -1]) == [0, 3]
     assert block_indices(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
-    with pytest.raises(VizError, match="last 5 blocks of a model with 4"):
+    with pytest.raises(InputError, match="last 5 blocks of a model with 4"):
         block_indices(4, 5)
     fixed = timm.create_model(
         "vit_small_patch16_224",
@@ -177,9 +179,9 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
         img_size=32,
         patch_size=8,
     )
-    with pytest.raises(VizError, match="built for 32x32 inputs only"):
+    with pytest.raises(InputError, match="built for 32x32 inputs only"):
         describe(fixed).layout((32, 48))
-    with pytest.raises(VizError, match="not a positive multiple of the patch size 8: use --size 32x48"):
+    with pytest.raises(InputError, match="not a positive multiple of the patch size 8: use --size 32x48"):
         describe(tiny_vit5()).layout((30, 47))
 
 
@@ -189,8 +191,8 @@ def test_a_timm_attention_without_the_explicit_softmax_path_is_refused_before_re
     model = tiny_timm()
     assert recordable(model).family == "timm"
     model.blocks[1].attn = torch.nn.Identity()
-    with pytest.raises(VizError, match="block 1 of this VisionTransformer has an attention module"):
+    with pytest.raises(InputError, match="block 1 of this VisionTransformer has an attention module"):
         recordable(model)
-    with pytest.raises(VizError, match="explicit softmax path"):
+    with pytest.raises(InputError, match="explicit softmax path"):
         with capture(model):
             pass

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from viz_support import smooth_rgb, write_png
 
-from vit5.viz.cli import build_parser, main
+from vit5.cli.viz import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 

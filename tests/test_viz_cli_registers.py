@@ -5,7 +5,7 @@ import json
 import pytest
 from viz_support import smooth_rgb, write_png
 
-from vit5.viz.cli import build_parser, main
+from vit5.cli.viz import build_parser, main
 
 TINY = ["--model", "vit5_tiny", "--model-args", "depth=1", "img_size=32", "patch_size=8"]
 FAST = ["--quiet", "--formats", "png", "--random-init"]

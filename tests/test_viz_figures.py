@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import vit5
-from vit5.viz import LoadedImage, MapStyle, TokenStats, VizError
+from vit5.errors import InputError
+from vit5.viz import LoadedImage, MapStyle, TokenStats
 from vit5.viz.figures import (
     cls_attention_figure,
     compare_figure,
@@ -103,7 +104,7 @@ def test_clipping_is_written_on_the_figure_and_only_when_asked():
 def test_register_panels_one_per_register_and_a_clear_error_without_registers():
     fig = register_attention_figure(synthetic_stats(registers=4), 0, GRAY, [0], MapStyle())
     assert [ax.get_title() for ax in fig.axes if ax.images] == [f"layer 0 register {r}" for r in range(4)]
-    with pytest.raises(VizError, match="no register tokens"):
+    with pytest.raises(InputError, match="no register tokens"):
         register_attention_figure(synthetic_stats(registers=0), 0, GRAY, [0], MapStyle())
 
 
@@ -115,7 +116,7 @@ def test_upsampling_nearest_repeats_each_patch_and_bilinear_keeps_the_size():
 
 
 def test_style_rejects_bad_options():
-    with pytest.raises(VizError, match="unknown colormap"):
+    with pytest.raises(InputError, match="unknown colormap"):
         MapStyle(cmap="nope")
-    with pytest.raises(VizError, match="alpha"):
+    with pytest.raises(InputError, match="alpha"):
         MapStyle(alpha=2)

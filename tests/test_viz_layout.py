@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from viz_support import multiply_tokens, smooth_images, smooth_rgb, tiny_timm, tiny_vit5, write_png
 
-from vit5.viz import CollectConfig, ImageError, TokenStats, VizError, collect, load_images, to_batch
+from vit5.errors import InputError
+from vit5.viz import CollectConfig, TokenStats, collect, load_images, to_batch
 from vit5.viz.images import list_sources
 from vit5.viz.maps import norm_map, register_maps, rollout_map
 
@@ -48,7 +49,7 @@ def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, regis
         assert stats.patch_to_reg.shape == (2, 2, stats.received.shape[2])
     else:
         assert stats.reg_attn is None and stats.patch_to_reg is None
-        with pytest.raises(VizError, match="no register tokens"):
+        with pytest.raises(InputError, match="no register tokens"):
             register_maps(stats, 0, 1)
 
 
@@ -65,7 +66,7 @@ def test_raw_arrays_round_trip(tmp_path, suffix):
     assert loaded.layout == stats.layout and loaded.names == stats.names and loaded.layers == stats.layers
     for name in ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg", "rollout", "features"):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(stats, name))
-    with pytest.raises(VizError, match=".npz or .safetensors"):
+    with pytest.raises(InputError, match=".npz or .safetensors"):
         stats.save(tmp_path / "raw.txt")
 
 
@@ -90,22 +91,22 @@ def test_images_from_folders_files_and_sklearn(tmp_path):
 
 
 def test_image_errors_name_the_problem(tmp_path):
-    with pytest.raises(ImageError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         list_sources([str(tmp_path / "nope")])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ImageError, match="holds no image files"):
+    with pytest.raises(InputError, match="holds no image files"):
         list_sources([str(tmp_path / "empty")])
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8garbage")
-    with pytest.raises(ImageError, match="no usable image") as err:
+    with pytest.raises(InputError, match="no usable image") as err:
         load_images([str(tmp_path / "bad.jpg")], (32, 32), 8)
     assert "bad.jpg" in str(err.value)
-    with pytest.raises(ImageError, match="use --size 32x48"):
+    with pytest.raises(InputError, match="use --size 32x48"):
         load_images(["sklearn-samples"], (30, 47), 8)
 
 
 def test_images_of_different_sizes_cannot_share_a_run():
     images = smooth_images(1) + smooth_images(1, 40, 48)
-    with pytest.raises(VizError, match="must share one size"):
+    with pytest.raises(InputError, match="must share one size"):
         collect(tiny_vit5(), images, "x", QUIET)
 
 

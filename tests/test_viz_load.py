@@ -8,8 +8,9 @@ from safetensors.torch import save_file
 from viz_support import tiny_timm
 
 import vit5
+from vit5.errors import InputError
 from vit5.reference import OfficialViT5
-from vit5.viz import VizError, load_model_spec, parse_overrides
+from vit5.viz import load_model_spec, parse_overrides
 
 TINY = dict(depth=1, img_size=32, patch_size=8)
 
@@ -26,14 +27,14 @@ def test_preset_with_overrides_is_random_and_labelled():
     assert loaded.random_init and "RANDOM INIT" in loaded.description and not loaded.model.training
     assert loaded.label == "vit5_tiny-random-init"  # every table and figure title shows it
     assert loaded.model.cfg.depth == 1 and loaded.model.cfg.norm == "layernorm"
-    with pytest.raises(VizError, match="not KEY=VALUE"):
+    with pytest.raises(InputError, match="not KEY=VALUE"):
         parse_overrides(["depth"])
-    with pytest.raises(VizError, match="no EMA weights"):
+    with pytest.raises(InputError, match="no EMA weights"):
         load_model_spec("vit5_tiny", TINY, use_ema=True, random_init=True)
-    with pytest.raises(VizError, match="vit5_tiny has no released weights .* --random-init"):
+    with pytest.raises(InputError, match="vit5_tiny has no released weights .* --random-init"):
         load_model_spec("vit5_tiny", TINY)  # a name means its pretrained weights, as in timm
     with pytest.raises(
-        VizError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"
+        InputError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"
     ):
         load_model_spec("vit5_tiny@w.pth", TINY, random_init=True)
 
@@ -49,7 +50,7 @@ def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):
     _same_output(direct.model, model)
     _same_output(run.model, model)
     vit5.save_pretrained(model, tmp_path / "run" / "other")
-    with pytest.raises(VizError, match="several checkpoint directories"):
+    with pytest.raises(InputError, match="several checkpoint directories"):
         load_model_spec(str(tmp_path / "run"))
     vit5.save_pretrained(model, tmp_path / "run" / "final")  # a training run: final/ is the one meant
     assert load_model_spec(str(tmp_path / "run")).label == "run-final"
@@ -81,9 +82,9 @@ def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
     loaded = load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", args)
     assert loaded.model.dynamic_img_size and not loaded.random_init  # any patch-multiple size works
     _same_output(loaded.model, source)
-    with pytest.raises(VizError, match="does not fit timm model"):
+    with pytest.raises(InputError, match="does not fit timm model"):
         load_model_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", {**args, "reg_tokens": 0})
-    with pytest.raises(VizError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         load_model_spec("timm:vit_small_patch16_224@missing.pth")
 
 

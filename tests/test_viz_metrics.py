@@ -9,19 +9,19 @@ import torch
 from viz_support import multiply_tokens, smooth_images, tiny_vit5
 
 import vit5
+from vit5.errors import InputError
 from vit5.viz import (
     CollectConfig,
     MetricConfig,
     TokenStats,
-    VizError,
     collect,
     compute_metrics,
     load_thresholds,
 )
 from vit5.viz import metrics as M
+from vit5.viz.artifacts import bootstrap_ci
 from vit5.viz.collect import layer_rows
 from vit5.viz.maps import norm_map, outlier_map
-from vit5.viz.report import bootstrap_ci
 from vit5.viz.rollout import attention_rollout
 
 PLANTED = [(1, 4), (3, 0)]  # (row, col) in the 4 x 6 grid of a 32 x 48 image with 8-pixel patches
@@ -75,7 +75,7 @@ def test_reference_thresholds_are_reused_for_the_twin(clean_and_planted, tmp_pat
     assert (
         explicit.per_image["outlier_ratio"].max() == 0 and explicit.threshold_source == "explicit norm 1e+09"
     )
-    with pytest.raises(VizError, match="cannot read thresholds"):
+    with pytest.raises(InputError, match="cannot read thresholds"):
         load_thresholds(tmp_path / "missing.json")
 
 

@@ -8,17 +8,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit5.viz import VizError
-from vit5.viz.study import (
+from vit5.cli.study import main, parse_settings
+from vit5.data.digits.canvases import CanvasConfig, CanvasSource, label_of
+from vit5.errors import InputError
+from vit5.study.run import (
     SMOKE,
     TWINS,
     build_twins,
-    main,
-    parse_settings,
     run_study,
     verdict,
 )
-from vit5.viz.study_data import CanvasConfig, CanvasSource, label_of
 
 
 def test_labels_by_hand():
@@ -75,7 +74,7 @@ def test_smoke_study_resumes_to_the_same_weights(tmp_path, capsys):
     assert (
         len(row["metrics"]["outlier_ratio"]) == SMOKE.depth and "reused" in row and row["num_registers"] == 1
     )
-    with pytest.raises(VizError, match="holds a study with other settings .changed: steps"):
+    with pytest.raises(InputError, match="holds a study with other settings .changed: steps"):
         run_study(replace(SMOKE, steps=9), tmp_path / "parts", progress=False, log=lambda s: None)
 
 
@@ -109,7 +108,7 @@ def test_settings_parse_into_the_right_sections():
     cfg = parse_settings(SMOKE, ["steps=12", "background=noise", "model.qk_norm=False", "size=(48, 64)"])
     assert cfg.steps == 12 and cfg.canvas.background == "noise" and cfg.canvas.size == (48, 64)
     assert dict(cfg.model_args) == {"qk_norm": False} and not cfg.model_config("registers").qk_norm
-    with pytest.raises(VizError, match="may not set"):
+    with pytest.raises(InputError, match="may not set"):
         parse_settings(SMOKE, ["model.num_registers=2"])
 
 
@@ -162,8 +161,8 @@ def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
 
 def test_background_sinks_by_hand():
     from vit5 import TokenLayout
+    from vit5.study.run import background_sinks
     from vit5.viz import TokenStats
-    from vit5.viz.study import background_sinks
 
     layout = TokenLayout((1, 3), num_cls=0, num_registers=1, registers_first=False)  # p, p, p, reg
     received = np.array(

@@ -12,7 +12,8 @@ import timm
 import torch
 from viz_support import bright_patch_images, plant_outlier_neuron, tiny_timm, tiny_vit5
 
-from vit5.viz import CollectConfig, MetricConfig, VizError, collect, compute_metrics, describe, to_batch
+from vit5.errors import InputError
+from vit5.viz import CollectConfig, MetricConfig, collect, compute_metrics, describe, to_batch
 from vit5.viz.ttr import NeuronSearch, RegisterNeuron, find_register_neurons, use_test_time_registers
 
 BRIGHT = [(1, 4), (3, 0), (0, 2)]  # (row, col) in the 4 x 6 grid of a 32 x 48 image
@@ -116,13 +117,13 @@ def test_test_time_register_equals_the_explicit_computation_and_removes_the_outl
 def test_no_outliers_is_a_clear_error():
     torch.manual_seed(0)
     model = tiny_vit5(depth=2, num_registers=0)
-    with pytest.raises(VizError, match="no image has a patch above norm"):
+    with pytest.raises(InputError, match="no image has a patch above norm"):
         find_register_neurons(model, bright_patch_images(2, BRIGHT), NeuronSearch(threshold=1e9))
 
 
 def test_refused_for_models_with_trained_registers_and_eva():
     with (
-        pytest.raises(VizError, match="already has 4 trained registers"),
+        pytest.raises(InputError, match="already has 4 trained registers"),
         use_test_time_registers(tiny_vit5(depth=2), [RegisterNeuron(0, 0, 1.0)]),
     ):
         pass
@@ -136,5 +137,5 @@ def test_refused_for_models_with_trained_registers_and_eva():
         patch_size=8,
         num_classes=0,
     )
-    with pytest.raises(VizError, match="Eva"), use_test_time_registers(eva, [RegisterNeuron(0, 0, 1.0)]):
+    with pytest.raises(InputError, match="Eva"), use_test_time_registers(eva, [RegisterNeuron(0, 0, 1.0)]):
         pass

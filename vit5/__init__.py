@@ -15,25 +15,27 @@ Importing the package registers every preset in timm (``timm.create_model("vit5_
 from vit5.errors import Vit5Error
 from vit5.model import (
     PRESETS,
-    CheckpointError,
     ConfigError,
-    LoadReport,
     Recording,
     TokenLayout,
     ViT5,
     ViT5Config,
     compile_blocks,
-    create_model,
     fuse_for_inference,
     list_presets,
-    load_model,
     preset_config,
+    record,
+)
+from vit5.weights import (
+    CheckpointError,
+    LoadReport,
+    create_model,
+    load_model,
     push_to_hub,
     read_checkpoint,
-    record,
     save_pretrained,
 )
-from vit5.model.registry import register_presets
+from vit5.weights.registry import register_presets
 
 __version__ = "0.1.0"
 
@@ -41,10 +43,9 @@ register_presets()
 
 
 def __getattr__(name: str):
-    """``vit5.export_onnx`` / ``vit5.export_program``, imported on first use (``python -m
-    vit5.model.export`` then runs a module not yet imported)."""
+    """``vit5.export_onnx`` / ``vit5.export_program``, imported on first use (onnx is an optional extra)."""
     if name in ("export_onnx", "export_program"):
-        from vit5.model import export
+        from vit5.weights import export
 
         return getattr(export, name)
     raise AttributeError(f"module 'vit5' has no attribute {name!r}")

@@ -30,9 +30,7 @@ class Vit5Error(Exception):
 
 class InputError(Vit5Error, ValueError):
     """Input a tool cannot use (a model it does not support, a size, layer or option out of range, no
-    usable image, a model spec that names nothing); also a :class:`ValueError`. ``EvalError``,
-    ``VizError``, ``ImageError``, ``AblationError`` and ``ModelSpecError`` are this class under the names
-    their modules export."""
+    usable image, a model spec that names nothing); also a :class:`ValueError`."""
 
 
 class StorageError(Vit5Error, OSError):

@@ -36,7 +36,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from vit5.errors import ESCAPE_UNDECODABLE, StorageError, Vit5Error, os_error_reason, storage_error
+from vit5.errors import (
+    ESCAPE_UNDECODABLE,
+    InputError,
+    StorageError,
+    Vit5Error,
+    os_error_reason,
+    storage_error,
+)
 
 LOCK_NAME = ".lock"
 _STAGING = ".tmp-"
@@ -278,3 +285,11 @@ def _read_holder(fd: int) -> dict[str, Any]:
         return json.loads(os.pread(fd, 4096, 0).decode("utf-8", errors="replace") or "{}")
     except (OSError, ValueError):
         return {}
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file this package wrote or reads (manifest, dataset.json); a broken one is an InputError."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{path} is not readable JSON ({err}): fix or delete it") from err

@@ -1,16 +1,21 @@
-"""Where the work runs: device names checked up front, and memory estimates checked against the
-memory that is there, before anything large is allocated.
+"""Where the work runs: which process prints (rank 0 of a launched job), device names checked up
+front, and memory estimates checked against the memory that is there, before anything large is
+allocated.
 
-A leaf module (torch only), used by every command line that takes ``--device`` or an input size.
+A leaf module; torch is imported by the functions that need it, so the command line's own code
+(``vit5 --help``, a usage error) runs without loading it.
 """
 
 from __future__ import annotations
 
 import os
-
-import torch
+import sys
+from typing import TYPE_CHECKING
 
 from vit5.errors import Vit5Error
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 
@@ -21,6 +26,8 @@ def resolve_device(name: str) -> torch.device:
     Raises:
         Vit5Error: an unknown device string, or a device this machine does not have.
     """
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -43,6 +50,8 @@ def resolve_device(name: str) -> torch.device:
 def available_memory(device: torch.device | str) -> int:
     """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM
     (``MemAvailable`` on Linux, else physical memory)."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -74,9 +83,22 @@ def check_fits(needed: int, device: torch.device | str, what: str, fix: str) -> 
     Raises:
         Vit5Error: ``"{what} needs about X, but DEVICE has Y available; {fix}"``.
     """
+    import torch
+
     have = available_memory(device)
     if needed > have:
         raise Vit5Error(
             f"{what} needs about {format_bytes(needed)} of memory, but {torch.device(device)} has "
             f"{format_bytes(have)} available; {fix}"
         )
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a launched job (torchrun / accelerate launch set RANK), or a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def print_main(message: str, err: bool = False) -> None:
+    """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
+    if is_main_process():
+        print(message, file=sys.stderr if err else sys.stdout, flush=True)

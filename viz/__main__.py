@@ -1,4 +1,4 @@
-"""``python -m viz COMMAND ...``: the same as ``vit5 viz`` (:mod:`vit5.viz.cli`)."""
+"""``python -m viz COMMAND ...``: the same as ``vit5 viz`` (:mod:`vit5.cli.viz`)."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """Benchmarks: speed and memory against timm and the official code, and each modern component
-measured, side by side in one process. Run ``python -m vit5.bench --help``.
+measured, side by side in one process. Run ``vit5 bench --help``.
 
     from vit5.bench import BenchConfig, run_bench
     sections, report = run_bench(BenchConfig.profile("quick"), Path("runs/bench_quick"))

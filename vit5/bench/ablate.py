@@ -1,4 +1,4 @@
-"""``vit5 ablate`` (``python -m vit5.bench.ablate``): train the ViT-5 component ablations on the same
+"""``vit5 ablate``: train the ViT-5 component ablations on the same
 data, budget and seeds, and tabulate top-1 (raw and EMA, mean and spread over seeds), images/s and parameters.
 
     vit5 ablate                                                  # digits, 9 configs x 6 seeds, CPU
@@ -16,7 +16,6 @@ plot of the top-1 deltas against the full model with error bars.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import difflib
 import gc
@@ -24,7 +23,6 @@ import json
 import math
 import shutil
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,17 +43,15 @@ from vit5.bench.report import (
     bar_chart,
     environment,
     load_average,
-    markdown_table,
     render_markdown,
     write_report,
 )
-from vit5.cli import is_main_process, run_command
-from vit5.errors import InputError, safe_console
+from vit5.errors import InputError
 from vit5.files import atomic_write_text
-from vit5.runtime import resolve_device
+from vit5.runtime import is_main_process, resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.config import config_diff, recipe_path
+from vit5.train.config import config_diff
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
 
 
@@ -504,9 +500,6 @@ SCALES: dict[str, Scale] = {
 }
 
 
-AblationError = InputError  # the ablation cannot run as asked; the message names the fix
-
-
 @dataclass(frozen=True)
 class AblationPlan:
     """What to train and where: ``overrides`` apply to every config, then each ablation's own."""
@@ -721,96 +714,3 @@ def run_ablation(
         md_path, render_markdown([section], env, title=TITLE)
     )  # write_report titles the benchmark
     return AblationResult(records, section, md_path)
-
-
-# --------------------------------------------------------------------------------------- CLI
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="vit5 ablate",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--scale",
-        choices=tuple(SCALES),
-        default="digits",
-        help="digits (default): the demo recipe at a reduced budget, for a CPU; imagenet: "
-        "configs/vit5_small_in1k.yaml, needs data.root=...",
-    )
-    parser.add_argument(
-        "--config", type=Path, default=None, help="base training recipe instead of the scale's"
-    )
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the scale's)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the scale's)")
-    parser.add_argument(
-        "--only", default=None, help=f"comma-separated ablations (full is always run): {','.join(ABLATIONS)}"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="output directory (default runs/ablate_<scale>)"
-    )
-    parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints/")
-    parser.add_argument(
-        "--list", action="store_true", help="print the ablations and their overrides, then exit"
-    )
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="training-config overrides for every run, e.g. data.batch_size=32",
-    )
-    return parser.parse_args(argv)
-
-
-def plan_from_args(args: argparse.Namespace) -> AblationPlan:
-    """The plan the command line asks for; a bad name or value raises InputError."""
-    scale = SCALES[args.scale]
-    if args.epochs is not None and args.epochs < 1:
-        raise InputError(f"--epochs must be at least 1, got {args.epochs}")
-    epochs = args.epochs if args.epochs is not None else scale.epochs
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    try:
-        ablations = tuple(select_ablations(only))
-    except ValueError as e:
-        raise AblationError(f"--only: {e}") from None
-    base = args.config if args.config is not None else recipe_path(scale.config)
-    if not base.is_file():
-        raise InputError(f"config file {base} does not exist: pass --config PATH to a training recipe")
-    out_dir = args.out or Path("runs") / f"ablate_{args.scale}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir} is a file: give a folder for the runs and the report")
-    return AblationPlan(
-        base=base,
-        ablations=ablations,
-        seeds=tuple(args.seeds) if args.seeds is not None else scale.seeds,
-        out_dir=out_dir,
-        overrides=(*scale.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *args.overrides),
-        timing_batch=scale.timing_batch,
-        timing=scale.timing,
-        keep_checkpoints=args.keep_checkpoints,
-        label=args.scale,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status: 0 every run completed, 1 some diverged, 2 bad arguments, config or data."""
-    safe_console()
-    args = parse_args(argv)
-    if args.list:
-        for a in ABLATIONS.values():
-            print(f"{a.name:14s} {a.what}\n{'':14s} {' '.join(a.overrides) or '(the base config)'}")
-        return 0
-    return run_command(lambda: _ablate(args))
-
-
-def _ablate(args: argparse.Namespace) -> int:
-    result = run_ablation(plan_from_args(args))
-    if result.section is not None:
-        for table in result.section.tables:
-            print("\n" + markdown_table(table))
-        print("\n" + "\n".join(f"- {note}" for note in result.section.notes))
-        print(f"\nreport: {result.report} (and report.json, figures/)")
-    return 0 if all(r.completed for r in result.records) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

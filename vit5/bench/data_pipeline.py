@@ -14,12 +14,11 @@ are compared to show they compute the same thing. Then it measures training thro
 backward, AdamW step; bf16 autocast on GPU) of ``vit5_tiny`` and ``vit5_small`` at 224 px and how many
 loader cores each needs.
 
-    python -m vit5.bench.data_pipeline [--quick] [--out results.json]
+    vit5 bench data-pipeline [--quick] [--out results.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
@@ -37,7 +36,6 @@ from torchvision import transforms as T
 
 import vit5
 from vit5.data import IMAGENET_MEAN, IMAGENET_STD, decode_image, eval_transform, three_augment
-from vit5.files import atomic_write_json
 from vit5.runtime import resolve_device
 
 SIZE = 224
@@ -249,23 +247,3 @@ def format_tables(result: Mapping[str, Any]) -> str:
         lines += [" | ".join(str(v) for v in row) for row in table["rows"]]
     lines += ["", *(f"note: {n}" for n in result["notes"]), f"({result['seconds']:.0f} s)"]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m vit5.bench.data_pipeline", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="fewer files, rounds and steps (about a minute on CPU)"
-    )
-    parser.add_argument("--out", type=Path, help="also write the results as JSON")
-    args = parser.parse_args(argv)
-    result = run(quick=args.quick)
-    print(format_tables(result))
-    if args.out is not None:
-        atomic_write_json(args.out, result)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from vit5 import ViT5Config
-from vit5.model import unwrap
+from vit5.model.vit import unwrap
 
 
 # ------------------------------------------------------------------------------------------ timing

@@ -12,7 +12,7 @@
 The command line is ``python -m eval {classify,sweep,features,probe,segprobe,make-seg}``.
 """
 
-from vit5.errors import InputError as EvalError  # the name eval has always exported
+from vit5.data.segmentation import SegDatasetInfo, dataset_info, default_splits, list_pairs, read_mask
 from vit5.eval.backbone import dense_features
 from vit5.eval.classify import (
     ClassifyResult,
@@ -33,7 +33,6 @@ from vit5.eval.metrics import (
     segmentation_scores,
 )
 from vit5.eval.probes import ProbeRow, ProbeSettings, knn_accuracy, logreg_accuracy, probe_table, run_probes
-from vit5.eval.seg_data import SegDatasetInfo, dataset_info, default_splits, list_pairs, read_mask
 from vit5.eval.segmentation import SegProbeResult, SegProbeSettings, run_segmentation_probe, seg_tables
 from vit5.eval.sweep import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
 
@@ -42,7 +41,6 @@ __all__ = [
     "ClassificationScores",
     "ClassifyResult",
     "ClassifySettings",
-    "EvalError",
     "ExportSummary",
     "FailedImage",
     "FeatureSettings",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vit5.model import ModelInfo
+from vit5.introspect import ModelInfo
 from vit5.model.footprint import BIG_TOKEN_COUNT, forward_bytes
 from vit5.runtime import check_fits
 

@@ -29,8 +29,8 @@ from vit5.eval.images import LabelledImages, bad_file_reason
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import ClassificationMeter, ClassificationScores
 from vit5.eval.report import format_table
+from vit5.introspect import patch_size_of
 from vit5.layers.patch_embed import grid_of
-from vit5.model import patch_size_of
 
 
 @dataclass(frozen=True)

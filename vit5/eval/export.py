@@ -38,9 +38,9 @@ from vit5.eval.backbone import EVAL_FIX, feature_names
 from vit5.eval.features import FailedImage, FeatureSettings, ImageFeatures, extract, resolve_model
 from vit5.eval.images import list_images
 from vit5.eval.load import LoadedModel
-from vit5.eval.report import read_json, to_jsonable, write_json
-from vit5.files import FolderLock, atomic_write_bytes, check_output_dir
-from vit5.model import block_indices, describe
+from vit5.eval.report import to_jsonable, write_json
+from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
+from vit5.introspect import block_indices, describe
 
 FORMAT = "vit5-features/1"
 MANIFEST = "manifest.json"

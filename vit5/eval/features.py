@@ -5,7 +5,7 @@ whole image) or at its own size rounded to the patch size (optionally shrunk fir
 longer side is at most ``max_side``). Images of equal input size are batched together: decoded
 images wait in per-size buckets that run when full (and all run when too many wait), so a
 folder of mixed sizes still batches wherever sizes repeat. The yield order is therefore not the
-listing order. Works for vit5 models and timm ViTs (see :mod:`vit5.model.info`).
+listing order. Works for vit5 models and timm ViTs (see :mod:`vit5.introspect.info`).
 
     for path, feats in iter_features(model, "photos/", FeatureSettings(layers=(-1,), dtype="float16")):
         grid = feats["blocks.11.patches"]            # [C, H/p, W/p]
@@ -30,7 +30,7 @@ from vit5.errors import InputError
 from vit5.eval.backbone import EVAL_FIX, dense_features
 from vit5.eval.images import Size, list_images, own_size
 from vit5.eval.load import LoadedModel
-from vit5.model import ModelInfo, block_indices, describe
+from vit5.introspect import ModelInfo, block_indices, describe
 
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {

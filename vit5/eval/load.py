@@ -1,6 +1,6 @@
-"""Model specs for evaluation: :mod:`vit5.model.spec`, expanded to raw and EMA weights.
+"""Model specs for evaluation: :mod:`vit5.introspect.spec`, expanded to raw and EMA weights.
 
-See :mod:`vit5.model.spec` for the spec forms (vit5 presets and released weights, checkpoint and
+See :mod:`vit5.introspect.spec` for the spec forms (vit5 presets and released weights, checkpoint and
 run directories, official ``.pth`` files, ``hf-hub:USER/REPO``, ``timm:NAME[.TAG][@CHECKPOINT]``).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from vit5.errors import InputError
-from vit5.model.spec import LoadedModel, distinct_labels, has_ema_weights, load_spec
-from vit5.model.spec import parse_model_args as parse_overrides
+from vit5.introspect.spec import LoadedModel, distinct_labels, has_ema_weights, load_spec
+from vit5.introspect.spec import parse_model_args as parse_overrides
 
 __all__ = ["LoadedModel", "distinct_labels", "load_models", "parse_overrides"]
 

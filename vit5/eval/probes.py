@@ -29,7 +29,7 @@ from vit5.eval.backbone import dense_features
 from vit5.eval.images import LabelledImages
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import format_table
-from vit5.model import block_indices, describe
+from vit5.introspect import block_indices, describe
 
 POOLS = ("cls", "avg")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -11,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from vit5.errors import InputError
 from vit5.files import atomic_write_json
 
 
@@ -59,11 +57,3 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON, atomically (a crash never leaves half a file)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path, to_jsonable(obj))
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file this package wrote or reads (manifest, dataset.json); a broken one is an InputError."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{path} is not readable JSON ({err}): fix or delete it") from err

@@ -22,13 +22,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vit5.data import BadImageError, decode_image, resize_transform
+from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
 from vit5.errors import InputError
 from vit5.eval.backbone import EVAL_FIX, dense_features
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import SegmentationScores, confusion_matrix, segmentation_scores
 from vit5.eval.report import format_table
-from vit5.eval.seg_data import SegDatasetInfo, list_pairs, read_mask
-from vit5.model import block_indices, describe
+from vit5.introspect import block_indices, describe
 
 
 @dataclass(frozen=True)

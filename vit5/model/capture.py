@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vit5.model.info import unwrap_model
 from vit5.model.layout import TokenLayout
-from vit5.model.vit import take_indices
+from vit5.model.vit import take_indices, unwrap_model
 
 
 @dataclass

@@ -19,7 +19,7 @@ there too). Block outputs, attention maps and logits are those of the unfused mo
 of ``norm1`` / ``norm2`` is not (it lacks the gain), so a hook on those modules sees other values.
 
 The fused model is for inference only: ``.train()`` raises, its parameters no longer require
-gradients, and :func:`~vit5.model.checkpoint.save_pretrained` refuses it (its tensors no longer
+gradients, and :func:`~vit5.weights.checkpoint.save_pretrained` refuses it (its tensors no longer
 follow the ViT-5 layout; save before fusing, or reload the checkpoint).
 
 :func:`compile_blocks` is regional compilation (PyTorch recipe "Reducing torch.compile cold start
@@ -37,8 +37,7 @@ import torch
 from torch import nn
 
 from vit5.layers import LayerScale, RMSNorm
-from vit5.model.info import unwrap_model
-from vit5.model.vit import ViT5
+from vit5.model.vit import ViT5, unwrap_model
 
 
 @torch.no_grad()

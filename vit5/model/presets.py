@@ -5,7 +5,7 @@
 registers or QK-Norm) and ``vanilla_vit_*`` the 2020 ViT (no LayerScale, linear drop path).
 ``vit5_tiny`` / ``deit3_tiny`` / ``vanilla_vit_tiny`` (dim 192, 3 heads) are for CPU work.
 ``vit5_{small,base,large}_patch16_{224,384}`` are the architectures of the official released weights
-under timm's naming (a size at the resolution it was trained for); see :mod:`vit5.model.hub`.
+under timm's naming (a size at the resolution it was trained for); see :mod:`vit5.weights.hub`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -401,3 +402,21 @@ class ViT5(nn.Module):
         self.cfg = new_cfg
         self._rope_cache.clear()
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside torch.compile / DDP / Accelerate wrappers, nested in any order
+    (accelerate's ``extract_model_from_parallel`` peels one compile and the parallel wrappers under it)."""
+    while True:
+        inner = extract_model_from_parallel(model, keep_torch_compile=False)
+        if inner is model:
+            return model
+        model = inner
+
+
+def unwrap_model(model: nn.Module) -> ViT5:
+    """The :class:`~vit5.ViT5` inside the wrappers :func:`unwrap` peels (TypeError for another model)."""
+    vit = unwrap(model)
+    if not isinstance(vit, ViT5):
+        raise TypeError(f"expected a vit5 ViT5 model, got {type(vit).__name__}")
+    return vit

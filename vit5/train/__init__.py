@@ -6,7 +6,7 @@ arXiv 2602.08071, and its official code github.com/wangf3014/ViT-5).
     summary = Trainer(cfg).fit()
 
 The command line is ``vit5 train [--config RECIPE] [--resume [DIR]] [key=value ...]``
-(:mod:`vit5.train.cli`). The modules: :mod:`~vit5.train.config` (the settings, loading and checks),
+(:mod:`vit5.cli.train`). The modules: :mod:`~vit5.train.config` (the settings, loading and checks),
 :mod:`~vit5.train.loop` and :mod:`~vit5.train.optim` (a training step: targets, loss, accumulation;
 optimizer, lr schedule, EMA), :mod:`~vit5.train.modeling` (fresh or pretrained model),
 :mod:`~vit5.train.data`, :mod:`~vit5.train.evaluate`, :mod:`~vit5.train.rundir` and

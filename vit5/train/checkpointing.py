@@ -76,8 +76,8 @@ import vit5
 from vit5 import ViT5
 from vit5.errors import StorageError, Vit5Error, storage_error, user_message
 from vit5.files import atomic_write_bytes, atomic_write_json, replace_dir, staging_dir
-from vit5.model.checkpoint import safe_torch_load, safetensors_bytes
 from vit5.train.errors import ResumeError
+from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
 FORMAT = "vit5-train-checkpoint/1"
 MANIFEST = "checkpoint.json"

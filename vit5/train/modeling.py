@@ -15,9 +15,9 @@ from pathlib import Path
 
 import vit5
 from vit5 import ViT5, create_model
-from vit5.model.convert import HeadMismatchError
 from vit5.train.config import ModelSection
 from vit5.train.errors import TrainConfigError
+from vit5.weights.convert import HeadMismatchError
 
 
 def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | None]:

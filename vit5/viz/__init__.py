@@ -5,9 +5,9 @@ two-model "garbage collector" comparison) and per-layer metrics with bootstrap i
 (outlier-token ratio, max/median norm, kurtosis, CLS entropy, CLS mass on outliers, register
 mass, sink rate, massive activations) for vit5 models and timm ViTs (``VisionTransformer``,
 ``Eva``), whatever their token order; register analyses: ablation at inference
-(:mod:`~vit5.viz.ablation`), test-time registers (:mod:`~vit5.viz.ttr`), the position-artifact
+(:mod:`~vit5.viz.register_ablation`), test-time registers (:mod:`~vit5.viz.ttr`), the position-artifact
 probe (:mod:`~vit5.viz.position`) and the register study that grows artifacts
-(:mod:`~vit5.viz.study`).
+(:mod:`~vit5.study.run`).
 
     from vit5.viz import capture, load_model_spec, run_model, RunConfig
     with capture(model, layers=[-1]) as rec:        # any supported model
@@ -17,20 +17,10 @@ probe (:mod:`~vit5.viz.position`) and the register study that grows artifacts
 Command line: ``python -m viz --help``.
 """
 
-from vit5.errors import InputError
-from vit5.model import ModelInfo, describe
-from vit5.model.spec import LoadedModel
-from vit5.model.spec import parse_model_args as parse_overrides
-from vit5.viz.ablation import METHODS as ABLATION_METHODS
-from vit5.viz.ablation import PLACES as ABLATION_PLACES
-from vit5.viz.ablation import (
-    AblationConfig,
-    AblationReport,
-    ablate_registers,
-    ablation_figure,
-    register_reference,
-    run_ablation,
-)
+from vit5.introspect import ModelInfo, describe
+from vit5.introspect.spec import LoadedModel
+from vit5.introspect.spec import parse_model_args as parse_overrides
+from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics, load_thresholds
 from vit5.viz.capture import capture
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import MapStyle, save_figure
@@ -43,7 +33,16 @@ from vit5.viz.position import (
     run_position_probe,
     write_probes,
 )
-from vit5.viz.report import MetricConfig, MetricReport, compute_metrics, load_thresholds
+from vit5.viz.register_ablation import METHODS as ABLATION_METHODS
+from vit5.viz.register_ablation import PLACES as ABLATION_PLACES
+from vit5.viz.register_ablation import (
+    AblationConfig,
+    AblationReport,
+    ablate_registers,
+    ablation_figure,
+    register_reference,
+    run_ablation,
+)
 from vit5.viz.rollout import attention_rollout
 from vit5.viz.runner import VIEWS, RunConfig, RunResult, load_model_spec, run_compare, run_model, run_ttr
 from vit5.viz.stats import TokenStats
@@ -55,8 +54,6 @@ from vit5.viz.ttr import (
     use_test_time_registers,
 )
 
-VizError = ImageError = InputError  # the names viz has always exported: one class, bad input
-
 __all__ = [
     "ABLATION_METHODS",
     "ABLATION_PLACES",
@@ -65,7 +62,6 @@ __all__ = [
     "AblationConfig",
     "AblationReport",
     "CollectConfig",
-    "ImageError",
     "LoadedImage",
     "LoadedModel",
     "MapStyle",
@@ -81,7 +77,6 @@ __all__ = [
     "RunConfig",
     "RunResult",
     "TokenStats",
-    "VizError",
     "ablate_registers",
     "ablation_figure",
     "attention_rollout",

@@ -24,8 +24,10 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.model import Recording, block_indices, describe, record, unwrap, unwrap_model
-from vit5.model.info import ModelInfo
+from vit5.introspect import block_indices, describe
+from vit5.introspect.info import ModelInfo
+from vit5.model import Recording, record
+from vit5.model.vit import unwrap, unwrap_model
 
 LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""

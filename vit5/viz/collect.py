@@ -16,7 +16,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vit5.errors import InputError
-from vit5.model import TokenLayout, describe, unwrap
+from vit5.introspect import describe
+from vit5.model import TokenLayout
+from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.rollout import HeadFusion, rollout_source_row, rollout_step

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.model import block_indices, describe, unwrap
+from vit5.introspect import block_indices, describe
+from vit5.model.vit import unwrap
 
 
 @dataclass(frozen=True)

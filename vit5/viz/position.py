@@ -44,7 +44,8 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.model import block_indices, describe, unwrap
+from vit5.introspect import block_indices, describe
+from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage, to_batch

@@ -28,10 +28,11 @@ from typing import Any
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.model import ModelInfo, block_indices, describe
+from vit5.introspect import ModelInfo, block_indices, describe
+from vit5.introspect.spec import LoadedModel, load_spec
 from vit5.model.footprint import attention_bytes
-from vit5.model.spec import LoadedModel, load_spec
 from vit5.runtime import check_fits
+from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.capture import recordable
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import (
@@ -54,7 +55,6 @@ from vit5.viz.figures.pca import pca_note
 from vit5.viz.images import LoadedImage, load_images
 from vit5.viz.pca import pca_rgb
 from vit5.viz.plant import PlantSpec, plant_artifacts
-from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.stats import TokenStats
 from vit5.viz.ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
 
@@ -62,7 +62,7 @@ from vit5.viz.ttr import NeuronSearch, NeuronSearchResult, find_register_neurons
 def load_model_spec(
     spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
 ) -> LoadedModel:
-    """Build the model a spec names (:mod:`vit5.model.spec` lists the forms), in eval mode; fail now
+    """Build the model a spec names (:mod:`vit5.introspect.spec` lists the forms), in eval mode; fail now
     on an architecture viz cannot record. A name means its pretrained weights; ``random_init=True``
     an untrained model (labelled so)."""
     loaded = load_spec(spec, overrides, use_ema, random_init)

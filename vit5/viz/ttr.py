@@ -41,9 +41,10 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
+from vit5.introspect import block_indices, describe
+from vit5.introspect.info import TEST_REGISTERS_ATTR
 from vit5.layers import RopeTable
-from vit5.model import block_indices, describe, unwrap
-from vit5.model.info import TEST_REGISTERS_ATTR
+from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.metrics import layer_thresholds, log_mad_threshold, outlier_ratio

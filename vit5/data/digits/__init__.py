@@ -1,6 +1,6 @@
 """Built-in handwritten digits data set (scikit-learn ``load_digits``): in memory or as files.
 
-Run ``python -m vit5.data.digits export ROOT`` to write an ImageFolder tree.
+Run ``vit5 data digits ROOT`` to write an ImageFolder tree.
 """
 
 from vit5.data.digits.dataset import DigitsDataset

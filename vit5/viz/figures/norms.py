@@ -9,10 +9,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
 
+from vit5.viz.artifacts import MetricReport
 from vit5.viz.figures.base import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage
 from vit5.viz.maps import norm_map, outlier_map
-from vit5.viz.report import MetricReport
 from vit5.viz.stats import TokenStats
 
 NORM_KIND = "L2 norm of block outputs before the final norm"

@@ -17,11 +17,10 @@ from pathlib import Path
 import torch
 
 from vit5.cli import SIZE_HELP, parse_size, run_command
-from vit5.data.digits_seg import SegSetConfig, make_digit_segmentation
-from vit5.errors import one_line_warnings, safe_console
+from vit5.data.digits.segmentation import SegSetConfig, make_digit_segmentation
+from vit5.errors import InputError, one_line_warnings, safe_console
 from vit5.eval import (
     ClassifySettings,
-    EvalError,
     FeatureSettings,
     ProbeSettings,
     SegProbeSettings,
@@ -48,9 +47,9 @@ from vit5.eval.load import distinct_labels, parse_overrides
 from vit5.eval.report import write_json
 from vit5.eval.sweep import DEFAULT_SCALES
 from vit5.files import check_output_dir
-from vit5.model import patch_size_of
+from vit5.introspect import patch_size_of
+from vit5.introspect.spec import random_init_flags
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
-from vit5.model.spec import ModelSpecError, random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device
 
 MODEL_HELP = (
@@ -74,14 +73,14 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
     if len(per_model) == 1:
         per_model = per_model * len(specs)
     if len(per_model) != len(specs):
-        raise EvalError(
+        raise InputError(
             f"{len(per_model)} --model-args for {len(specs)} --model: give one --model-args for all models, "
             "or one per --model in the same order (an empty --model-args for a model without overrides)"
         )
     try:
         random = random_init_flags(specs, args.random_init)
-    except ModelSpecError as err:
-        raise EvalError(str(err)) from err
+    except InputError as err:
+        raise InputError(str(err)) from err
     limit = {"max_params": args.max_params} if args.max_params is not None else {}
     loaded = [
         m
@@ -183,7 +182,7 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
         cfg = SegSetConfig(args.train, args.val, args.size, tuple(args.digits), tuple(args.scale), args.seed)
         info = make_digit_segmentation(args.root, cfg)
     except (ValueError, FileExistsError) as err:
-        raise EvalError(str(err)) from err
+        raise InputError(str(err)) from err
     print(
         f"digits-seg -> {args.root}: {info['splits']['train']} train / {info['splits']['val']} val canvases "
         "of "

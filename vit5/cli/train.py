@@ -21,8 +21,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import print_main, run_command
+from vit5.cli import run_command
 from vit5.errors import safe_console
+from vit5.runtime import print_main
 from vit5.train.checkpointing import checkpoint_config, resolve_resume
 from vit5.train.config import DEMO_RECIPE, TrainConfig, config_diff, config_from_dict, load_config, recipes
 from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged

@@ -10,13 +10,15 @@ Every download goes through ``huggingface_hub.hf_hub_download``, so the usual ru
 are cached under ``HF_HUB_CACHE`` (default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``) and
 fetched once; ``revision=`` (or ``repo@revision``) pins a branch, tag or commit; with
 ``HF_HUB_OFFLINE=1`` nothing goes over the network and only cached files load. Failures become
-one :class:`~vit5.model.convert.CheckpointError` that names the repo, the file and the way to
+one :class:`~vit5.weights.convert.CheckpointError` that names the repo, the file and the way to
 fetch it by hand. Uploads (:func:`vit5.push_to_hub`) go through ``HfApi.upload_folder``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,9 +34,10 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from vit5.model.convert import CheckpointError
-from vit5.model.presets import PRESETS
-from vit5.model.vit import default_pretrained_cfg
+from vit5.files import atomic_write_text
+from vit5.model.presets import PRESETS, closest_preset
+from vit5.model.vit import ViT5, default_pretrained_cfg
+from vit5.weights.convert import CheckpointError
 
 OFFICIAL_REPO = "FengWang3211/ViT-5"
 HF_HUB_PREFIX = "hf-hub:"
@@ -248,3 +251,73 @@ def model_card(repo_id: str, architecture: str, cfg: dict[str, Any], num_params:
         "",
     ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- upload
+def push_to_hub(
+    model: ViT5 | str | os.PathLike,
+    repo_id: str,
+    *,
+    commit_message: str = "Add vit5 model",
+    revision: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    create_pr: bool = False,
+) -> Any:
+    """Upload a model, or a checkpoint directory (raw and EMA weights), to the Hub repo ``repo_id``.
+
+    What is uploaded is what :func:`save_pretrained` writes, plus a model card when the repo has
+    none, so ``vit5.load_model("hf-hub:USER/REPO")`` and ``timm.create_model("hf-hub:USER/REPO",
+    pretrained=True)`` load it back. Returns huggingface_hub's ``CommitInfo``. Needs a token
+    (``hf auth login`` or ``token=``).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = stage_for_hub(model, Path(tmp), repo_id)
+        return upload_folder(
+            folder,
+            repo_id,
+            commit_message=commit_message,
+            revision=revision,
+            private=private,
+            token=token,
+            create_pr=create_pr,
+        )
+
+
+def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -> Path:
+    """Write into ``folder`` the files :func:`push_to_hub` uploads (hub-ready config, weights, card)."""
+    # the checkpoint reader and the factory download through this module: import them when uploading
+    from vit5.weights.checkpoint import (
+        CONFIG_NAME,
+        EMA_WEIGHTS_NAME,
+        HUB_CONFIG_KEYS,
+        read_checkpoint,
+        save_pretrained,
+    )
+    from vit5.weights.factory import load_model
+
+    if isinstance(model, ViT5):
+        save_pretrained(model, folder)
+    else:
+        directory = Path(model)
+        raw = read_checkpoint(directory)
+        if raw.config is None:
+            raise CheckpointError(
+                f"{directory} is not a vit5 checkpoint directory; to upload other weights, load them first "
+                "(model = vit5.load_model(path)) and push the model"
+            )
+        loaded = load_model(directory)
+        ema = (
+            read_checkpoint(directory, use_ema=True).state_dict
+            if (directory / EMA_WEIGHTS_NAME).is_file()
+            else None
+        )
+        data = json.loads((directory / CONFIG_NAME).read_text())
+        extra = {k: v for k, v in data.items() if k not in (*HUB_CONFIG_KEYS, "config")}
+        save_pretrained(loaded, folder, ema_state_dict=ema, extra=extra)
+        model = loaded
+    card = model_card(
+        repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters())
+    )
+    atomic_write_text(folder / "README.md", card)
+    return folder

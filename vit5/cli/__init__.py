@@ -1,34 +1,34 @@
-"""The ``vit5`` command: one installed entry point for every command line of the toolkit.
+"""The ``vit5`` command: every command line of the toolkit, in one package on top of the library.
 
-``vit5 train``, ``vit5 eval COMMAND``, ``vit5 viz COMMAND``, ``vit5 bench``, ``vit5 ablate`` and
-``vit5 export`` (``python -m vit5 ...`` is the same; ``vit5 COMMAND --help`` for the options). Also the
-pieces every command line shares: the input-size syntax (:func:`parse_size`) and the handling of a
-user error (:func:`run_command`: one ``error: ...`` line on stderr, exit status 2, no traceback).
-
-A leaf module: the subcommands are imported by name only when asked for, so ``vit5 --help`` is fast
-and the library's layering (tests/test_layering.py) sees no import of train/eval/viz from here.
+``vit5 train``, ``vit5 eval COMMAND``, ``vit5 viz COMMAND``, ``vit5 data COMMAND``, ``vit5 bench``,
+``vit5 ablate`` and ``vit5 export`` (``python -m vit5 ...`` is the same; ``vit5 COMMAND --help`` for the
+options), one module each in this package; no library module parses arguments. This module holds what
+they share: the input-size syntax (:func:`parse_size`) and the handling of a user error
+(:func:`run_command`: one ``error: ...`` line on stderr, exit status 2, no traceback). Subcommands are
+imported only when asked for, so ``vit5 --help`` does not load them.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 
 from vit5.errors import Vit5Error, user_message
+from vit5.runtime import print_main
 
 # name -> (module whose main(argv) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("vit5.train.cli", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
-    "eval": ("vit5.eval.cli", "classification metrics, resolution sweeps, dense features and probes"),
-    "viz": ("vit5.viz.cli", "attention maps, token norms, register metrics, ablations, the register study"),
-    "bench": ("vit5.bench.__main__", "speed, memory and FLOPs benchmarks with a report"),
-    "ablate": ("vit5.bench.ablate", "component ablation: train each variant, compare accuracy and speed"),
-    "export": ("vit5.model.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
+    "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
+    "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
+    "viz": ("vit5.cli.viz", "attention maps, token norms, register metrics, ablations, the register study"),
+    "data": ("vit5.cli.data", "data sets written as ImageFolder trees (the digits)"),
+    "bench": ("vit5.cli.bench", "speed, memory and FLOPs benchmarks with a report"),
+    "ablate": ("vit5.cli.ablate", "component ablation: train each variant, compare accuracy and speed"),
+    "export": ("vit5.cli.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
 }
-OWN_PROG = {"train", "eval", "viz"}  # subcommands whose main() takes the program name for usage lines
+OWN_PROG = {"train", "eval", "viz", "data"}  # subcommands whose main() takes the program name for usage lines
 SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 
 
@@ -47,17 +47,6 @@ def parse_size(text: str) -> tuple[int, int]:
             f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
         )
     return (values[0], values[-1])
-
-
-def is_main_process() -> bool:
-    """Rank 0 of a launched job (torchrun / accelerate launch set RANK), or a single process."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def print_main(message: str, err: bool = False) -> None:
-    """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
-    if is_main_process():
-        print(message, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def run_command(work: Callable[[], int | None]) -> int:

@@ -40,7 +40,8 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.model import describe, unwrap
+from vit5.introspect import describe
+from vit5.model.vit import unwrap
 from vit5.viz.images import LoadedImage, to_batch
 
 METHODS = ("zeros", "mean", "shuffle", "noise")

@@ -1,8 +1,9 @@
-"""``python -m vit5.bench``: speed, memory and the modern components, measured side by side.
+"""``vit5 bench``: speed, memory and the modern components, measured side by side.
 
-python -m vit5.bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
-python -m vit5.bench --device cuda --dtype bf16 --out runs/bench_gpu
-python -m vit5.bench --quick --only speed,modern_cost
+vit5 bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
+vit5 bench --device cuda --dtype bf16 --out runs/bench_gpu
+vit5 bench --quick --only speed,modern_cost
+vit5 bench data-pipeline [--quick]                  # OpenCV + albumentations against torchvision's PIL
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's star
 
 import torch  # noqa: E402
 
+from vit5.bench import data_pipeline  # noqa: E402
 from vit5.bench.config import BenchConfig  # noqa: E402
 from vit5.bench.report import format_value  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
 from vit5.cli import run_command  # noqa: E402
 from vit5.errors import Vit5Error, safe_console  # noqa: E402
-from vit5.files import check_output_dir  # noqa: E402
+from vit5.files import atomic_write_json, check_output_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,6 +60,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 every section ran, 1 a section failed, 2 bad arguments or an unwritable --out."""
     safe_console()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["data-pipeline"]:
+        return main_data_pipeline(argv[1:])
     args = parse_args(argv)
     return run_command(lambda: _bench(args))
 
@@ -83,5 +88,17 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main_data_pipeline(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vit5 bench data-pipeline", description=data_pipeline.__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer files, rounds and steps (about a minute on CPU)"
+    )
+    parser.add_argument("--out", type=Path, help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    result = data_pipeline.run(quick=args.quick)
+    print(data_pipeline.format_tables(result))
+    if args.out is not None:
+        atomic_write_json(args.out, result)
+    return 0

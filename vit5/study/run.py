@@ -1,7 +1,7 @@
 """The register study: grow artifacts in a model without registers, and watch its register twin stay clean.
 
 Two vit5 models that differ only in their register tokens (``registers`` = 0 or R; same init for
-every shared weight, same batches in the same order) are trained on :mod:`~vit5.viz.study_data`
+every shared weight, same batches in the same order) are trained on :mod:`~vit5.data.digits.canvases`
 canvases: a few digits on a large uninformative background, labelled by a function of all of them.
 Neither twin has a CLS token and both average-pool the patches (``class_token=False,
 global_pool="avg"``), so the twin without registers has no spare token to use as an attention sink
@@ -27,14 +27,12 @@ format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +41,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit5.cli import run_command
+from vit5.data.digits.canvases import CanvasBatch, CanvasConfig, CanvasSource
 from vit5.errors import InputError
 from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
-from vit5.model import ConfigError, ViT5, ViT5Config, load_model, preset_config, save_pretrained
+from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
+from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.images import LoadedImage, to_batch
-from vit5.viz.report import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.stats import TokenStats
-from vit5.viz.study_data import CanvasBatch, CanvasConfig, CanvasSource
+from vit5.weights import load_model, save_pretrained
 
 TWINS = ("no_registers", "registers")
 STATE_NAME = "state.pt"
 TRAJECTORY_NAME = "trajectory.jsonl"
-# metrics kept per layer in the trajectory (names of vit5.viz.report.METRICS, plus the study's own)
+# metrics kept per layer in the trajectory (names of vit5.viz.artifacts.METRICS, plus the study's own)
 TRACKED = (
     "outlier_ratio",
     "outlier_ratio_registers",
@@ -642,8 +640,8 @@ def _fmt(x: Any) -> str:
 
 
 def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
+    from vit5.study.figures import trajectory_figure
     from vit5.viz.figures import save_figure
-    from vit5.viz.figures.study import trajectory_figure
 
     files = save_figure(
         trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
@@ -672,8 +670,8 @@ def analyse_twins(
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from vit5.viz.ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.figures import save_figure
+    from vit5.viz.register_ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
 
@@ -739,92 +737,3 @@ def analyse_twins(
 def load_twins(out: str | Path) -> dict[str, ViT5]:
     """The final weights of both twins of a finished (or stopped) study."""
     return {name: load_model(Path(out) / name / "final").eval() for name in TWINS}
-
-
-# ---------------------------------------------------------------------------------------------- command line
-def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
-    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
-    ``model.KEY`` (ViT5Config)."""
-    from vit5.model.spec import parse_model_args as parse_overrides
-
-    values = parse_overrides(items)
-    study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
-    canvas_keys = {f.name for f in fields(CanvasConfig)}
-    study, canvas, model = {}, {}, dict(base.model_args)
-    for key, value in values.items():
-        if key.startswith("model."):
-            model[key[len("model.") :]] = value
-        elif key in study_keys:
-            study[key] = value
-        elif key in canvas_keys:
-            canvas[key] = value
-        else:
-            import difflib
-
-            close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
-            hint = (
-                f"did you mean {close[0]!r}?"
-                if close
-                else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
-            )
-            raise InputError(f"unknown study setting {key!r}: {hint}")
-    try:
-        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
-    except TypeError as err:
-        raise InputError(f"bad study setting: {err}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vit5 viz study",
-        description="Train twin models without and with registers on canvases that reward a storage token, "
-        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
-    )
-    p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
-    p.add_argument(
-        "--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds"
-    )
-    p.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        dest="settings",
-        help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False",
-    )
-    p.add_argument(
-        "--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)"
-    )
-    p.add_argument(
-        "--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses"
-    )
-    p.add_argument(
-        "--analyse-only",
-        action="store_true",
-        help="no training: write the figure, verdict and analyses of the twins as they are now",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``vit5 viz study``: 0, or 2 after one ``error:`` line (:func:`vit5.cli.run_command`)."""
-    args = build_parser().parse_args(argv)
-
-    def study() -> None:
-        cfg = parse_settings(PRESETS[args.preset], args.settings)
-        result = run_study(
-            cfg,
-            args.out,
-            args.max_minutes,
-            progress=not args.quiet,
-            analyse=not args.no_analysis,
-            train=not args.analyse_only,
-        )
-        print(f"wrote {len(result.files)} files to {args.out}")
-
-    return run_command(study)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

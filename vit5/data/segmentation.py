@@ -23,7 +23,7 @@ from PIL import Image
 
 from vit5.data import image_files
 from vit5.errors import InputError
-from vit5.eval.report import read_json
+from vit5.files import read_json
 
 SPLIT_PAIRS = (("train", "val"), ("training", "validation"))
 

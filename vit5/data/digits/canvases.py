@@ -3,7 +3,7 @@
 Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches that
 are redundant with their neighbours (uniform background) and holding global, not local,
 information. These canvases make most patches exactly that: ``count`` digits (real 8x8
-scikit-learn digits, upscaled bilinearly as alpha mattes by :func:`vit5.data.digits_seg.digit_alpha`)
+scikit-learn digits, upscaled bilinearly as alpha mattes by :func:`vit5.data.digits.segmentation.digit_alpha`)
 on a canvas whose background is one flat grey level per image (``flat``), independent per-pixel
 noise (``noise``) or both (``flat+noise``: a flat level plus weak noise). The label needs every
 digit of the image, so no single patch holds it:
@@ -32,9 +32,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from vit5.data import load_digits_split
-from vit5.data.digits_seg import digit_alpha
+from vit5.data.digits.segmentation import digit_alpha
 from vit5.errors import InputError
-from vit5.layers.patch_embed import grid_of
 
 Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
@@ -58,7 +57,8 @@ class CanvasConfig:
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         h, w = self.size
         p = self.patch_size
-        grid_of(self.size, p, "use a canvas of {h}x{w}", InputError)
+        if p < 1 or h % p or w % p:
+            raise InputError(f"canvas size {h}x{w} is not a multiple of patch_size {p}: use multiples of {p}")
         lo, hi = self.digits
         if not 1 <= lo <= hi:
             raise InputError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")

@@ -13,35 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from accelerate.utils import extract_model_from_parallel
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from vit5.errors import InputError
 from vit5.layers.patch_embed import grid_of
 from vit5.model.layout import TokenLayout
-from vit5.model.vit import ViT5, take_indices
+from vit5.model.vit import ViT5, take_indices, unwrap
 
 SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
 TEST_REGISTERS_ATTR = "_viz_test_registers"  # set on a model by vit5.viz.ttr while test-time registers are on
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside torch.compile / DDP / Accelerate wrappers, nested in any order
-    (accelerate's ``extract_model_from_parallel`` peels one compile and the parallel wrappers under it)."""
-    while True:
-        inner = extract_model_from_parallel(model, keep_torch_compile=False)
-        if inner is model:
-            return model
-        model = inner
-
-
-def unwrap_model(model: nn.Module) -> ViT5:
-    """The :class:`~vit5.ViT5` inside the wrappers :func:`unwrap` peels (TypeError for another model)."""
-    vit = unwrap(model)
-    if not isinstance(vit, ViT5):
-        raise TypeError(f"expected a vit5 ViT5 model, got {type(vit).__name__}")
-    return vit
 
 
 @dataclass(frozen=True)

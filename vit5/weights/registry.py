@@ -5,7 +5,7 @@ built by timm's own ``build_model_with_cfg``, so timm's keywords behave as for i
 
 - ``pretrained=True`` loads the released weights of the name (``vit5_small_patch16_224.in1k``;
   a bare size such as ``vit5_small`` means its 224 weights) from the Hugging Face Hub, through
-  timm's loader (``weights_only``) and :func:`~vit5.model.checkpoint.checkpoint_filter_fn`, the
+  timm's loader (``weights_only``) and :func:`~vit5.weights.checkpoint.checkpoint_filter_fn`, the
   strict official converter; ``num_classes`` / ``in_chans`` adapt the head / stem as timm does.
 - ``features_only=True`` wraps the model in timm's ``FeatureGetterNet`` over
   ``forward_intermediates`` (``out_indices`` default: the last 3 blocks); ``feature_cls``,
@@ -26,12 +26,12 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_arch_pretrained_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 
-from vit5.model import hub
-from vit5.model.checkpoint import checkpoint_filter_fn, read_checkpoint
 from vit5.model.config import ConfigError
-from vit5.model.convert import CheckpointError
 from vit5.model.presets import PRESETS, preset_config
 from vit5.model.vit import ViT5, default_pretrained_cfg
+from vit5.weights import hub
+from vit5.weights.checkpoint import checkpoint_filter_fn, read_checkpoint
+from vit5.weights.convert import CheckpointError
 
 _FEATURE_DEFAULTS = {
     "feature_cls": "getter",

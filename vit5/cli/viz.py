@@ -5,7 +5,7 @@ is the same).
 Thin: parses options into :class:`vit5.viz.RunConfig` (or the analysis' own config) and calls
 :func:`vit5.viz.run_model`, :func:`vit5.viz.run_compare`, :func:`vit5.viz.run_ttr`,
 :func:`vit5.viz.run_ablation` or :func:`vit5.viz.run_position_probe`; ``study`` is the register
-study's own command line (:mod:`vit5.viz.study`). Bad input ends with one ``error: ...`` line and exit
+study's own command line (:mod:`vit5.study.run`). Bad input ends with one ``error: ...`` line and exit
 code 2.
 """
 
@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 from vit5.cli import SIZE_HELP, parse_size, run_command
-from vit5.errors import one_line_warnings, safe_console
+from vit5.cli.study import main as study_main
+from vit5.errors import InputError, one_line_warnings, safe_console
 from vit5.files import check_output_dir
+from vit5.introspect.spec import random_init_flags
 from vit5.model.footprint import DEFAULT_MAX_PARAMS
-from vit5.model.spec import random_init_flags
 from vit5.runtime import DEVICE_HELP, resolve_device
 from vit5.viz import (
     ABLATION_METHODS,
@@ -32,7 +33,6 @@ from vit5.viz import (
     PlantSpec,
     PositionProbeConfig,
     RunConfig,
-    VizError,
     ablation_figure,
     describe,
     load_images,
@@ -49,7 +49,6 @@ from vit5.viz import (
     write_probes,
 )
 from vit5.viz.runner import RANDOM_INIT_NOTE
-from vit5.viz.study import main as study_main
 
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -302,7 +301,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     )
     p.add_argument("--noise-images", type=int, default=16)
     _run_args(p)
-    sub.add_parser("study", help=STUDY_HELP, add_help=False)  # parsed by vit5.viz.study
+    sub.add_parser("study", help=STUDY_HELP, add_help=False)  # parsed by vit5.study.run
     return parser
 
 
@@ -360,7 +359,7 @@ def _ablate(args: argparse.Namespace) -> None:
     else:
         images, _ = load_images(args.images, size, info.patch_size, args.folder_labels, limit and 2 * limit)
         if len(images) < 4:
-            raise VizError("give --reference images, or at least 4 --images to split in halves")
+            raise InputError("give --reference images, or at least 4 --images to split in halves")
         images, reference = images[len(images) // 2 :], images[: len(images) // 2]
     cfg = AblationConfig(
         tuple(args.methods),
@@ -391,7 +390,7 @@ def _position(args: argparse.Namespace) -> None:
     if len(overrides) == 1:
         overrides = overrides * len(args.model)
     if len(overrides) != len(args.model):
-        raise VizError(
+        raise InputError(
             f"give --model-args once (for every model) or once per --model: got {len(overrides)} for "
             f"{len(args.model)} models"
         )
@@ -425,7 +424,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
     plant = None
     if args.plant_layer is not None or args.plant_at:
         if args.plant_layer is None or not args.plant_at:
-            raise VizError("planting needs both --plant-layer and at least one --plant-at ROW COL")
+            raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
         plant = PlantSpec(args.plant_layer, tuple(tuple(rc) for rc in args.plant_at), args.plant_scale)
     device = str(resolve_device(args.device))
     return RunConfig(

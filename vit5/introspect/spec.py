@@ -16,7 +16,7 @@ Spec forms::
 A name means its pretrained weights, as in timm; an untrained model only when asked for
 (``random_init=True``, the commands' ``--random-init``), and then its label says ``random-init``
 so every table and figure shows it. Downloads go through huggingface_hub (its cache,
-``HF_HUB_OFFLINE``; see :mod:`vit5.model.hub`).
+``HF_HUB_OFFLINE``; see :mod:`vit5.weights.hub`).
 
 ``overrides`` are :class:`~vit5.ViT5Config` fields for vit5 models and ``timm.create_model``
 arguments for timm models. timm models are built with ``dynamic_img_size=True`` where they accept
@@ -38,19 +38,17 @@ from typing import Any, Literal
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.model import hub
-from vit5.model.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir, create_model, load_model
 from vit5.model.config import ConfigError
-from vit5.model.convert import CheckpointError
 from vit5.model.presets import PRESETS
+from vit5.weights import hub
+from vit5.weights.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir
+from vit5.weights.convert import CheckpointError
+from vit5.weights.factory import create_model, load_model
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
 RANDOM_LABEL = "-random-init"
 Weights = Literal["raw", "ema", "random"]
-
-
-ModelSpecError = InputError  # a model spec cannot be resolved; the message says what was expected
 
 
 @dataclass
@@ -78,7 +76,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ModelSpecError(f"model argument {item!r} is not KEY=VALUE (e.g. depth=2 or img_size=64)")
+            raise InputError(f"model argument {item!r} is not KEY=VALUE (e.g. depth=2 or img_size=64)")
         try:
             out[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -147,12 +145,12 @@ def load_spec(
             f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})",
         )
     except (CheckpointError, ConfigError) as err:
-        raise ModelSpecError(f"cannot load {spec}: {err}") from err
+        raise InputError(f"cannot load {spec}: {err}") from err
 
 
 def _unknown(spec: str) -> None:
     close = difflib.get_close_matches(spec.partition("@")[0], list(PRESETS), n=4, cutoff=0.5)
-    raise ModelSpecError(
+    raise InputError(
         f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
         f"({', '.join(close) or 'see vit5.list_presets()'}); timm models are written "
         f"{TIMM_PREFIX}NAME[@CHECKPOINT]"
@@ -184,7 +182,7 @@ def random_init_flags(specs: Sequence[str], random_init: bool) -> list[bool]:
     if random_init and all(
         names_weights(spec) for spec in specs
     ):  # (a misspelt name is reported when loaded)
-        raise ModelSpecError(
+        raise InputError(
             f"--random-init builds bare architecture names untrained (vit5_tiny, {TIMM_PREFIX}NAME), but "
             f"{', '.join(specs)} {'names' if len(specs) == 1 else 'name'} weights: drop --random-init"
         )
@@ -197,7 +195,7 @@ def _released(name: str) -> str:
         return name
     release = hub.default_release(name)
     if release is None:
-        raise ModelSpecError(
+        raise InputError(
             f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
             "your own weights, or ask for an untrained model with --random-init (random_init=True)"
         )
@@ -211,12 +209,12 @@ def _load_random(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedM
     if not names_weights(spec) and not is_bare_name(spec):
         _unknown(spec)
     if names_weights(spec):
-        raise ModelSpecError(
+        raise InputError(
             f"--random-init asks for an untrained model, but {spec} names weights: give a bare "
             f"architecture (a vit5 preset, or {TIMM_PREFIX}NAME), or drop --random-init"
         )
     if use_ema:
-        raise ModelSpecError(f"{spec} with --random-init has no EMA weights: drop the EMA option")
+        raise InputError(f"{spec} with --random-init has no EMA weights: drop the EMA option")
     if timm_model:
         model, kind = _create_timm(name, overrides, pretrained=False), "timm"
     else:
@@ -254,18 +252,16 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
 
     name, _, weights_path = spec[len(TIMM_PREFIX) :].partition("@")
     if weights_path and not Path(weights_path).is_file():
-        raise ModelSpecError(f"checkpoint {weights_path} does not exist")
+        raise InputError(f"checkpoint {weights_path} does not exist")
     if use_ema and not weights_path:
-        raise ModelSpecError(
-            f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option"
-        )
+        raise InputError(f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option")
     model = _create_timm(name, overrides, pretrained=not weights_path)
     if weights_path:
         filter_fn = getattr(importlib.import_module(type(model).__module__), "checkpoint_filter_fn", None)
         try:
             load_checkpoint(model, weights_path, use_ema=use_ema, strict=True, filter_fn=filter_fn)
         except (RuntimeError, KeyError) as err:
-            raise ModelSpecError(
+            raise InputError(
                 f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}"
             ) from err
         source = f"{_weights_word(use_ema)} {weights_path}"
@@ -289,11 +285,9 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
     }  # vit5's size limit; timm names its own
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-        raise ModelSpecError(
-            f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else "")
-        )
+        raise InputError(f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
     if pretrained and not timm.is_model_pretrained(name):
-        raise ModelSpecError(
+        raise InputError(
             f"timm has no pretrained weights for {name} (tagged ones: "
             f"{', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
             "add @CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
@@ -304,7 +298,7 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
         except TypeError:  # a family without dynamic sizes: build it as asked
             return timm.create_model(name, pretrained=pretrained, **overrides)
     except TypeError as err:
-        raise ModelSpecError(f"cannot build timm model {name} with {overrides}: {err}") from err
+        raise InputError(f"cannot build timm model {name} with {overrides}: {err}") from err
     except (EntryNotFoundError, HfHubHTTPError):
         cfg = timm.models.get_pretrained_cfg(name)
         repo, revision = hub.split_revision(cfg.hf_hub_id or "")

@@ -1,0 +1,94 @@
+"""``vit5 export``: a model as an ONNX file checked with onnxruntime, and/or a torch.export program."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from vit5.cli import SIZE_HELP, parse_size, run_command
+from vit5.introspect.spec import load_spec, parse_model_args, random_init_flags
+from vit5.weights.export import DEFAULT_ATOL, export_onnx, export_program
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vit5 export",
+        description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a "
+        "torch.export .pt2).",
+        epilog="Example: vit5 export --model vit5_small --onnx vit5_small.onnx --size 224",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="model spec: vit5_small (released weights), a released name, a checkpoint path or directory, "
+        "hf-hub:USER/REPO, or timm:NAME[@CHECKPOINT]",
+    )
+    p.add_argument(
+        "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides (e.g. depth=2)"
+    )
+    p.add_argument("--random-init", action="store_true", help="an untrained model of the named architecture")
+    p.add_argument("--ema", action="store_true", help="the EMA weights of the checkpoint")
+    p.add_argument("--onnx", type=Path, help="write the ONNX file here")
+    p.add_argument("--program", type=Path, help="also write the torch.export program here (.pt2)")
+    p.add_argument("--size", type=parse_size, help=f"input size, {SIZE_HELP} (default: the model's own)")
+    p.add_argument("--batch", type=int, default=2, help="example batch to trace and check with (default 2)")
+    p.add_argument("--static-batch", action="store_true", help="fix the batch dimension at --batch")
+    p.add_argument(
+        "--dynamic-size",
+        action="store_true",
+        help="free height and width (patch multiples, from the model's own size upward)",
+    )
+    p.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help=f"onnxruntime vs torch tolerance (default {DEFAULT_ATOL:g})",
+    )
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``vit5 export``: returns 0, or 2 after one ``error:`` line on bad input."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.onnx is None and args.program is None:
+        parser.error("nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2")
+    return run_command(lambda: _export_from_args(args))
+
+
+def _export_from_args(args: argparse.Namespace) -> None:
+    """Load the model the arguments name and write what they ask for (errors: :func:`run_command`)."""
+    (untrained,) = random_init_flags([args.model], args.random_init)
+    loaded = load_spec(args.model, parse_model_args(args.model_args), args.ema, untrained)
+    shapes = {
+        "size": args.size,
+        "batch": args.batch,
+        "dynamic_batch": not args.static_batch,
+        "dynamic_size": args.dynamic_size,
+    }
+    print(f"model: {loaded.description}")
+    if args.program is not None:
+        program = export_program(loaded.model, **shapes)
+        args.program.parent.mkdir(parents=True, exist_ok=True)
+        torch.export.save(program, str(args.program))
+        print(f"wrote {args.program} (torch.export program)")
+    if args.onnx is not None:
+        print(
+            f"exporting to ONNX{'' if args.no_check else ' and checking with onnxruntime'} ...",
+            flush=True,
+        )
+        print(
+            export_onnx(
+                loaded.model,
+                args.onnx,
+                opset=args.opset,
+                check=not args.no_check,
+                atol=args.atol,
+                **shapes,
+            )
+        )

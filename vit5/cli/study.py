@@ -1,0 +1,97 @@
+"""``vit5 viz study``: the register study's command line (vit5.study)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+
+from vit5.cli import run_command
+from vit5.data.digits.canvases import CanvasConfig
+from vit5.errors import InputError
+from vit5.study.run import PRESETS, StudyConfig, run_study
+
+
+def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
+    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
+    ``model.KEY`` (ViT5Config)."""
+    from vit5.introspect.spec import parse_model_args as parse_overrides
+
+    values = parse_overrides(items)
+    study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
+    canvas_keys = {f.name for f in fields(CanvasConfig)}
+    study, canvas, model = {}, {}, dict(base.model_args)
+    for key, value in values.items():
+        if key.startswith("model."):
+            model[key[len("model.") :]] = value
+        elif key in study_keys:
+            study[key] = value
+        elif key in canvas_keys:
+            canvas[key] = value
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            )
+            raise InputError(f"unknown study setting {key!r}: {hint}")
+    try:
+        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
+    except TypeError as err:
+        raise InputError(f"bad study setting: {err}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vit5 viz study",
+        description="Train twin models without and with registers on canvases that reward a storage token, "
+        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
+    )
+    p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds"
+    )
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="settings",
+        help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False",
+    )
+    p.add_argument(
+        "--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)"
+    )
+    p.add_argument(
+        "--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses"
+    )
+    p.add_argument(
+        "--analyse-only",
+        action="store_true",
+        help="no training: write the figure, verdict and analyses of the twins as they are now",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vit5 viz study``: 0, or 2 after one ``error:`` line (:func:`vit5.cli.run_command`)."""
+    args = build_parser().parse_args(argv)
+
+    def study() -> None:
+        cfg = parse_settings(PRESETS[args.preset], args.settings)
+        result = run_study(
+            cfg,
+            args.out,
+            args.max_minutes,
+            progress=not args.quiet,
+            analyse=not args.no_analysis,
+            train=not args.analyse_only,
+        )
+        print(f"wrote {len(result.files)} files to {args.out}")
+
+    return run_command(study)
