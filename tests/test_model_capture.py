@@ -96,7 +96,7 @@ def test_recording_is_undone_on_exit_and_works_through_wrappers():
 
 
 def test_unwrap_peels_nested_compile_and_ddp_wrappers_in_any_order():
-    from vit5.introspect import unwrap
+    from vit5.model import unwrap
 
     model = vit5.create_model("vit5_tiny", depth=1, img_size=32)
     ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
