@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from vit5.bench.config import DepthAblationConfig
-from vit5.bench.depth import build_trunk, digits_tensors, largest_spike, layer_grad_norms, output_input_ratio
+from vit5.bench.depth import (
+    build_trunk,
+    digits_tensors,
+    largest_spike,
+    layer_grad_norms,
+    output_input_ratio,
+    train_fixed_lr,
+)
 from vit5.bench.measure import num_threads
 
 
@@ -52,3 +59,24 @@ def test_profile_and_spike_helpers():
     assert output_input_ratio([4, 1, 1, 2], skip_first=0) == pytest.approx(0.5)
     assert largest_spike([2.3, 1.0, 1.5, 0.8, 2.0]) == pytest.approx(1.2)
     assert largest_spike([3, 2, 1]) == 0.0
+
+
+def test_fixed_lr_runs_are_plain_adamw_and_a_diverged_run_counts_as_inf(batch):
+    cfg = DepthAblationConfig(depth=2, width=32, heads=2)
+    images, labels = batch
+    losses = train_fixed_lr(build_trunk(cfg, pre_norm=True), images, labels, steps=4, lr=1e-3, batch=16)
+    model = build_trunk(cfg, pre_norm=True)  # the same seeded trunk, trained by hand
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(1)
+    for loss_seen in losses:
+        idx = torch.randint(0, len(images), (16,), generator=generator)
+        loss = F.cross_entropy(model(images[idx]), labels[idx])
+        assert loss_seen == pytest.approx(loss.item(), rel=1e-6)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    poisoned = images.clone()
+    poisoned[:] = math.nan
+    assert (
+        train_fixed_lr(build_trunk(cfg, True), poisoned, labels, steps=3, lr=1e-3, batch=16) == [math.inf] * 3
+    )

@@ -1,6 +1,9 @@
 """The register study at smoke size: canvases, twins, resumable training, trajectories and the verdict."""
 
+import hashlib
 import json
+import os
+import shlex
 from dataclasses import replace
 
 import numpy as np
@@ -179,3 +182,43 @@ def test_background_sinks_by_hand():
     background = np.array([[[False, True, True]]])
     assert background_sinks(stats, background) == [1.0, 0.0]  # patch 1 is background, patch 0 is not
     assert background_sinks(stats, background, eps=0.9) == [None, None]
+
+
+class _Payload:
+    """Unpickling this runs a shell command (what a crafted checkpoint can do to torch.load)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
+    from vit5.study.run import Twin
+    from vit5.train import ResumeError
+
+    marker = tmp_path / "payload_ran"
+    out = tmp_path / "study"
+    # an older vit5's pickled state.pt, as a folder someone hands over might hold it
+    (out / "no_registers").mkdir(parents=True)
+    torch.save({"model": _Payload(marker), "step": 3}, out / "no_registers" / "state.pt")
+    with pytest.raises(ResumeError, match=r"state\.pt is a pickle written by an older vit5"):
+        run_study(SMOKE, out, progress=False, log=lambda s: None, analyse=False)
+    assert not marker.exists()
+
+    # a checkpoint of the safe format whose optimizer.pt was swapped for the pickle (hash recomputed)
+    (out / "no_registers" / "state.pt").unlink()
+    twin = Twin("no_registers", build_twins(SMOKE)["no_registers"], SMOKE, out / "no_registers")
+    twin.save()
+    state = out / "no_registers" / "state"
+    torch.save({"state": _Payload(marker), "param_groups": []}, state / "optimizer.pt")
+    manifest = json.loads((state / "checkpoint.json").read_text())
+    data = (state / "optimizer.pt").read_bytes()
+    manifest["files"]["optimizer.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (state / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResumeError, match=r"optimizer\.pt contains pickled objects .*posix\.system"):
+        run_study(SMOKE, out, progress=False, log=lambda s: None, analyse=False)
+    assert not marker.exists()
+    torch.load(state / "optimizer.pt", weights_only=False)  # the payload is live: loading it unsafely runs it
+    assert marker.exists()

@@ -8,8 +8,9 @@ the effect of the norm's placement) on scikit-learn's 8x8 digits (patch 2: 16 to
    last quarter of blocks over the first quarter, leaving out block 0: in post-norm it is the only
    block that normalises the raw patch embedding, so its gradient reflects the input's scale, not
    depth (the full profile is in the figure and the JSON);
-2. short runs at fixed learning rates with no warmup (AdamW, no weight decay): the loss curve, its
-   largest rise above the best loss so far ("spike"), and the final loss.
+2. short runs at fixed learning rates with no warmup (AdamW, no weight decay, the training step of
+   :mod:`vit5.train.loop`): the loss curve, its largest rise above the best loss so far ("spike"),
+   and the final loss.
 
 Everything is seeded and runs on one CPU thread (the model is tiny), so the section is
 deterministic on a given machine.
@@ -30,6 +31,8 @@ import vit5
 from vit5.bench.config import BenchContext, DepthAblationConfig
 from vit5.bench.measure import num_threads
 from vit5.bench.report import Section, Table, Target, line_chart
+from vit5.train.checkpointing import TrainState
+from vit5.train.loop import NonFiniteLoss, StepParts, train_step
 
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
@@ -94,18 +97,20 @@ def largest_spike(losses: list[float]) -> float:
 def train_fixed_lr(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, lr: float, batch: int
 ) -> list[float]:
-    """``steps`` AdamW steps at a constant ``lr`` (no warmup) on seeded random batches."""
+    """``steps`` AdamW steps (the step of :mod:`vit5.train.loop`) at a constant ``lr`` (no warmup) on
+    seeded random batches. A run whose loss turns non-finite has diverged: its remaining steps count
+    as ``inf``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    parts, state = StepParts(model=model, optimizer=optimizer, criterion=F.cross_entropy), TrainState()
     generator = torch.Generator().manual_seed(1)
     losses = []
     model.train()
-    for _ in range(steps):
-        idx = torch.randint(0, len(images), (batch,), generator=generator)
-        loss = F.cross_entropy(model(images[idx]), labels[idx])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item() if torch.isfinite(loss) else float("inf"))
+    try:
+        for _ in range(steps):
+            idx = torch.randint(0, len(images), (batch,), generator=generator)
+            losses.append(train_step(parts, images[idx], labels[idx], state))
+    except NonFiniteLoss:
+        losses += [math.inf] * (steps - len(losses))
     return losses
 
 

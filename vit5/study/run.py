@@ -10,16 +10,18 @@ arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins
 held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
 with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
 :func:`verdict` checks the garbage-collector signature (Darcet et al., section 2) on the latest
-checkpoint, and
-:func:`~vit5.viz.figures.trajectory_figure` draws the trajectories of both twins.
+checkpoint, and :func:`~vit5.study.figures.trajectory_figure` draws the trajectories of both twins.
 
-Resumable: each twin keeps its full training state (model, optimizer, scheduler, step) in
-``<out>/<twin>/state.pt``, written atomically at every checkpoint; rerunning the same command
-continues where it stopped (``max_minutes`` ends a chunk cleanly at a checkpoint). The twins are
-trained in alternating chunks of ``checkpoint_every`` steps, so a stopped study has both
-trajectories up to the same step. Weights of every checkpoint are kept as
-``<out>/<twin>/checkpoints/step_NNNNNN`` and the last as ``<out>/<twin>/final`` (vit5 directory
-format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers/final``).
+Both twins train with the step of :mod:`vit5.train.loop` (AdamW and the cosine schedule of
+:mod:`vit5.train.optim`). Resumable: each twin keeps its training state (weights, optimizer, step) in
+``<out>/<twin>/state``, a training checkpoint of :mod:`vit5.train.checkpointing` (safetensors and
+weights-only tensors, every file checked against its SHA-256; nothing is unpickled), replaced in one
+step at every checkpoint; rerunning the same command continues where it stopped (``max_minutes``
+ends a chunk cleanly at a checkpoint). The twins are trained in alternating chunks of
+``checkpoint_every`` steps, so a stopped study has both trajectories up to the same step. Weights of
+every checkpoint are kept as ``<out>/<twin>/checkpoints/step_NNNNNN`` and the last as
+``<out>/<twin>/final`` (vit5 directory format: ``viz compare --model <out>/no_registers/final
+--model-b <out>/registers/final``).
 
     vit5 viz study --out runs/register_study            # the full study (see FULL)
     vit5 viz study --out /tmp/s --preset smoke           # seconds
@@ -27,32 +29,37 @@ format: ``viz compare --model <out>/no_registers/final --model-b <out>/registers
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vit5.data.digits.canvases import CanvasBatch, CanvasConfig, CanvasSource
 from vit5.errors import InputError
-from vit5.files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from vit5.files import atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
+from vit5.train.checkpointing import Resumable, TrainState, load_single, save_single
+from vit5.train.config import OptimSection, ScheduleSection
+from vit5.train.errors import ResumeError
+from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
+from vit5.train.optim import LRSchedule, build_optimizer
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.stats import TokenStats
-from vit5.weights import load_model, save_pretrained
+from vit5.weights import save_pretrained
 
 TWINS = ("no_registers", "registers")
-STATE_NAME = "state.pt"
+STATE_DIR = "state"
+LEGACY_STATE = "state.pt"  # an older vit5's pickle, refused
 TRAJECTORY_NAME = "trajectory.jsonl"
 # metrics kept per layer in the trajectory (names of vit5.viz.artifacts.METRICS, plus the study's own)
 TRACKED = (
@@ -312,95 +319,75 @@ def _num(x: float) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------- training
-class Trainer:
-    """One twin's optimizer, schedule, resumable state and step loop."""
+class Twin:
+    """One twin in training: AdamW with the cosine schedule of :mod:`vit5.train.optim`, the step of
+    :mod:`vit5.train.loop`, and its position (a :class:`TrainState`) checkpointed in the safe format of
+    :mod:`vit5.train.checkpointing` under ``<folder>/state``."""
 
     def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
-        from timm.optim import create_optimizer_v2
-        from timm.scheduler import CosineLRScheduler
-
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
-        self.optimizer = create_optimizer_v2(
-            model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, filter_bias_and_bn=True
+        optimizer = build_optimizer(
+            model, OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay), cfg.lr
         )
-        self.scheduler = CosineLRScheduler(
-            self.optimizer,
-            t_initial=cfg.steps,
-            lr_min=cfg.min_lr,
-            warmup_t=cfg.warmup_steps,
-            warmup_lr_init=cfg.min_lr,
-            t_in_epochs=False,
+        cosine = ScheduleSection(
+            epochs=cfg.steps,
+            warmup_epochs=cfg.warmup_steps,
+            warmup_lr=cfg.min_lr,
+            min_lr=cfg.min_lr,
+            interval="update",
         )
-        self.step = 0
-        self.losses: list[float] = []
+        self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
+        self.parts = StepParts(
+            model=model,
+            optimizer=optimizer,
+            criterion=partial(loss_fn, task=cfg.canvas.task),
+            schedule=self.schedule,
+            clip_grad=cfg.grad_clip or None,
+        )
+        self.state = TrainState()
 
     @property
-    def state_path(self) -> Path:
-        return self.folder / STATE_NAME
+    def step(self) -> int:
+        return self.state.num_updates
 
     def resume(self) -> bool:
-        if not self.state_path.is_file():
+        """Continue from the twin's last checkpoint, if it has one; nothing in the folder is unpickled.
+
+        Raises:
+            ResumeError: the checkpoint is damaged, refused, or the folder holds an older study's pickle.
+        """
+        if (self.folder / LEGACY_STATE).exists():
+            raise ResumeError(
+                f"{self.folder / LEGACY_STATE} is a pickle written by an older vit5, which vit5 no longer "
+                f"loads (unpickling can run code stored in it): delete {self.folder.parent} and start the "
+                "study again"
+            )
+        if not (self.folder / STATE_DIR).is_dir():
             return False
-        state = torch.load(self.state_path, map_location="cpu", weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
+        load_single(self.folder / STATE_DIR, self._resumable())
+        self.schedule.start(self.step, epoch=0)
         return True
 
     def save(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        state = io.BytesIO()
-        torch.save(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-            },
-            state,
-        )
-        atomic_write_bytes(self.state_path, state.getvalue())
+        save_single(self.folder / STATE_DIR, self._resumable(), self.cfg.to_dict())
         save_pretrained(
             self.model,
             self.folder / "checkpoints" / f"step_{self.step:06d}",
             extra={"study_step": self.step, "twin": self.name},
         )
 
+    def _resumable(self) -> Resumable:
+        return Resumable(self.model, self.parts.optimizer, None, self.state)
+
     def train(self, source: CanvasSource, until: int) -> float:
         """Steps up to ``until``; returns the mean training loss of these steps."""
-        self.model.train()
-        task = self.cfg.canvas.task
-        losses = []
-        while self.step < until:
-            batch = source.batch(self.step, self.cfg.batch_size)
-            logits = self.model(normalise(batch.images, self.model))
-            loss = loss_fn(logits, torch.from_numpy(batch.labels), task)
-            if not torch.isfinite(loss):
-                raise InputError(
-                    f"{self.name}: the loss is {loss.item()} at step {self.step}: lower lr (now "
-                    f"{self.cfg.lr:g})"
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.cfg.grad_clip:
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            self.optimizer.step()
-            self.step += 1
-            self.scheduler.step_update(self.step)
-            losses.append(loss.item())
-        return float(np.mean(losses)) if losses else float("nan")
-
-
-def _read_trajectory(path: Path, upto: int | None = None) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if upto is None or r["step"] <= upto]
-
-
-def _write_trajectory(path: Path, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        batches = (source.batch(step, self.cfg.batch_size) for step in range(self.step, until))
+        inputs = ((normalise(b.images, self.model), torch.from_numpy(b.labels)) for b in batches)
+        try:
+            losses = train_steps(self.parts, inputs, self.state)
+        except NonFiniteLoss as err:
+            raise InputError(f"{self.name}: {err}: lower lr (now {self.cfg.lr:g})") from None
+        return float(np.mean(losses)) if losses else math.nan
 
 
 @dataclass
@@ -436,77 +423,66 @@ def run_study(
         torch.set_num_threads(cfg.threads)
     held = HeldOut.build(cfg)
     source = CanvasSource(cfg.canvas, "train", cfg.seed)
-    twins = build_twins(cfg)
-    trainers = {name: Trainer(name, model, cfg, out / name) for name, model in twins.items()}
-    trajectories = {}
-    for name, trainer in trainers.items():
-        resumed = trainer.resume()
-        rows = _read_trajectory(trainer.folder / TRAJECTORY_NAME, trainer.step)
-        if not rows:  # the untrained twins are the first point of every trajectory
-            rows = [_checkpoint_row(trainer, held, cfg, 0, float("nan"), None)] if name == TWINS[0] else []
-        trajectories[name] = rows
-        if resumed:
-            log(f"{name}: resumed at step {trainer.step}")
-    if not trajectories["registers"]:
-        ref = trajectories["no_registers"][0]["thresholds"]
-        trajectories["registers"] = [_checkpoint_row(trainers["registers"], held, cfg, 0, float("nan"), ref)]
-    start = time.monotonic()
-    bar = tqdm(
-        total=cfg.steps,
-        initial=min(t.step for t in trainers.values()),
-        desc="register study",
-        unit="step",
-        disable=not progress,
-    )
-    stopped = not train and min(t.step for t in trainers.values()) < cfg.steps
-    until = min(t.step for t in trainers.values())
-    while train and min(t.step for t in trainers.values()) < cfg.steps:
-        until = min(
-            cfg.steps,
-            (min(t.step for t in trainers.values()) // cfg.checkpoint_every + 1) * cfg.checkpoint_every,
+    twins = {name: Twin(name, model, cfg, out / name) for name, model in build_twins(cfg).items()}
+    trajectories: dict[str, list[dict]] = {}
+
+    def record(twin: Twin, loss: float) -> None:
+        """Measure ``twin`` (the register twin also with its twin's thresholds at the same step)."""
+        first = trajectories[TWINS[0]] if twin.name != TWINS[0] else []
+        thresholds = next((r["thresholds"] for r in first if r["step"] == twin.step), None)
+        row = measure(twin.model, twin.name, held, cfg.canvas.task, thresholds)
+        trajectories[twin.name].append(
+            {"step": twin.step, "train_loss": _num(loss), "lr": twin.schedule.lr, **row}
         )
-        for name in TWINS:
-            trainer = trainers[name]
-            if trainer.step >= until:
-                continue
-            loss = trainer.train(source, until)
-            ref = trajectories["no_registers"][-1]["thresholds"] if name == "registers" else None
-            trajectories[name].append(_checkpoint_row(trainer, held, cfg, trainer.step, loss, ref))
-            trainer.save()
-            _write_trajectory(trainer.folder / TRAJECTORY_NAME, trajectories[name])
-        bar.update(until - bar.n)
-        a, b = trajectories["no_registers"][-1], trajectories["registers"][-1]
+
+    for name, twin in twins.items():  # the untrained twins are the first point of every trajectory
+        if twin.resume():
+            log(f"{name}: resumed at step {twin.step}")
+        trajectories[name] = _read_trajectory(twin.folder / TRAJECTORY_NAME, twin.step)
+        if not trajectories[name]:
+            record(twin, math.nan)
+    done = min(t.step for t in twins.values())
+    bar = tqdm(total=cfg.steps, initial=done, desc="register study", unit="step", disable=not progress)
+    start = time.monotonic()
+    while train and done < cfg.steps:
+        until = min(cfg.steps, (done // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+        for twin in twins.values():
+            if twin.step < until:
+                record(twin, twin.train(source, until))
+                _write_trajectory(twin.folder / TRAJECTORY_NAME, trajectories[twin.name])  # before the
+                twin.save()  # state: a kill in between re-trains and re-records this chunk
+        done = until
+        bar.update(done - bar.n)
+        a, b = (trajectories[t][-1] for t in TWINS)
         bar.set_postfix(
             acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}",
             otr=f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}",
         )
-        if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes and until < cfg.steps:
-            stopped = True
+        if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
             break
     bar.close()
-    for name, trainer in trainers.items():
-        save_pretrained(trainer.model, out / name / "final", extra={"study_step": trainer.step, "twin": name})
-    result = StudyResult(out, trajectories, verdict(trajectories), complete=not stopped)
+    for name, twin in twins.items():
+        save_pretrained(twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name})
+    result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
     result.files += write_outputs(result, cfg)
     result.files += write_heldout(held, out / "heldout")
     log(summary_text(result))
-    if stopped:
-        log(f"stopped at step {until} of {cfg.steps}: rerun the same command to continue")
+    if not result.complete:
+        log(f"stopped at step {done} of {cfg.steps}: rerun the same command to continue")
     if analyse:
-        result.files += analyse_twins(cfg, out, held, twins, log)
+        result.files += analyse_twins(cfg, out, held, {n: t.model for n, t in twins.items()}, log)
     return result
 
 
-def _checkpoint_row(
-    trainer: Trainer,
-    held: HeldOut,
-    cfg: StudyConfig,
-    step: int,
-    loss: float,
-    thresholds: Sequence[float] | None,
-) -> dict:
-    row = measure(trainer.model, trainer.name, held, cfg.canvas.task, thresholds)
-    return {"step": step, "train_loss": _num(loss), "lr": trainer.optimizer.param_groups[0]["lr"], **row}
+def _read_trajectory(path: Path, upto: int) -> list[dict]:
+    """The rows of ``trajectory.jsonl`` up to step ``upto`` (later ones belong to steps not saved)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [row for row in map(json.loads, filter(None, lines)) if row["step"] <= upto]
+
+
+def _write_trajectory(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _check_same_study(cfg: StudyConfig, out: Path) -> None:
@@ -549,93 +525,56 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     and some head has a patch as its sink; (4) the register twin's outlier ratio at that block is
     at least 10x lower, with its own thresholds and with the first twin's; (5) its patches give its
     registers at least twice their uniform share of attention and at least half the mass the
-    outliers drew in the first twin.
+    outliers drew in the first twin. ``values`` holds every number the checks read.
     """
-    step = max(
-        {r["step"] for r in trajectories["no_registers"]} & {r["step"] for r in trajectories["registers"]}
-    )
-    a, b = (next(r for r in trajectories[twin] if r["step"] == step) for twin in TWINS)
-    depth = len(a["images_with_outliers"])
-    best = max(
-        range(depth),
-        key=lambda i: (a["images_with_background_outliers"][i], a["metrics"]["outlier_ratio"][i] or 0),
-    )
-    nxt = min(best + 1, depth - 1)
-    otr_a = a["metrics"]["outlier_ratio"][best] or 0.0
-    otr_b_own = b["metrics"]["outlier_ratio"][best] or 0.0
-    otr_b_reused = (b.get("reused") or b)["metrics"]["outlier_ratio"][best] or 0.0
-    bg_share, bg_rate = a["outlier_background_share"][best], a["background_rate"][best]
-    received = a["metrics"]["received_outlier_mass"][nxt] or 0.0
-    reg_mass = (b["metrics"].get("patch_register_mass") or [None] * depth)[nxt] or 0.0
-    uniform_registers = b["num_registers"] / b["num_tokens"]
+    step = max(set.intersection(*({r["step"] for r in trajectories[t]} for t in TWINS)))
+    a, b = (next(r for r in trajectories[t] if r["step"] == step) for t in TWINS)
+    background = a["images_with_background_outliers"]
+    best = max(range(len(background)), key=lambda i: (background[i], a["metrics"]["outlier_ratio"][i] or 0))
+    nxt = min(best + 1, len(background) - 1)
+
+    def at(row: dict, metric: str, block: int) -> float:
+        return (row["metrics"].get(metric) or [None] * len(background))[block] or 0.0
+
+    v = {
+        "images_with_background_outliers": background[best],
+        "outlier_background_share": a["outlier_background_share"][best],
+        "background_rate": a["background_rate"][best],
+        "outlier_ratio": at(a, "outlier_ratio", best),
+        "received_outlier_mass": at(a, "received_outlier_mass", nxt),
+        "sink_rate_patch": at(a, "sink_rate_patch", nxt),
+        "registers_outlier_ratio": at(b, "outlier_ratio", best),
+        "registers_outlier_ratio_reused_thresholds": at(b.get("reused") or b, "outlier_ratio", best),
+        "patch_register_mass": at(b, "patch_register_mass", nxt),
+        "uniform_register_share": b["num_registers"] / b["num_tokens"],
+        "accuracy": a["accuracy"],
+        "registers_accuracy": b["accuracy"],
+    }
+    otr, share, received = v["outlier_ratio"], v["outlier_background_share"], v["received_outlier_mass"]
+    otr_registers = max(v["registers_outlier_ratio"], v["registers_outlier_ratio_reused_thresholds"])
+    uniform = v["uniform_register_share"]
     checks = {
-        "outliers_in_half_the_images": a["images_with_background_outliers"][best] >= MIN_IMAGES_WITH_OUTLIERS,
-        "outliers_on_background": bg_share is not None and bg_share > bg_rate,
-        "outliers_draw_attention": otr_a > 0
-        and received >= ATTENTION_FACTOR * otr_a
-        and (a["metrics"]["sink_rate_patch"][nxt] or 0) > 0,
-        "registers_10x_fewer_outliers": otr_a > 0 and max(otr_b_own, otr_b_reused) * MIN_REDUCTION <= otr_a,
-        "registers_hold_attention": reg_mass >= ATTENTION_FACTOR * uniform_registers
-        and reg_mass >= 0.5 * received,
+        "outliers_in_half_the_images": v["images_with_background_outliers"] >= MIN_IMAGES_WITH_OUTLIERS,
+        "outliers_on_background": share is not None and share > v["background_rate"],
+        "outliers_draw_attention": 0 < ATTENTION_FACTOR * otr <= received and v["sink_rate_patch"] > 0,
+        "registers_10x_fewer_outliers": otr > 0 and MIN_REDUCTION * otr_registers <= otr,
+        "registers_hold_attention": v["patch_register_mass"]
+        >= max(ATTENTION_FACTOR * uniform, 0.5 * received),
     }
-    return {
-        "step": a["step"],
-        "layer": best,
-        "next_layer": nxt,
-        "success": all(checks.values()),
-        "checks": checks,
-        "no_registers": {
-            "images_with_outliers": a["images_with_outliers"][best],
-            "images_with_background_outliers": a["images_with_background_outliers"][best],
-            "outlier_ratio": otr_a,
-            "max_median_ratio": a["metrics"]["max_median_ratio"][best],
-            "outlier_background_share": bg_share,
-            "background_rate": bg_rate,
-            "received_outlier_mass": received,
-            "sink_rate": a["metrics"]["sink_rate"][nxt],
-            "sink_rate_patch": a["metrics"]["sink_rate_patch"][nxt],
-            "accuracy": a["accuracy"],
-            "patch_sinks_on_background_per_block": a.get("patch_sinks_on_background"),
-            "sink_rate_patch_per_block": a["metrics"]["sink_rate_patch"],
-        },
-        "registers": {
-            "images_with_outliers": b["images_with_outliers"][best],
-            "outlier_ratio": otr_b_own,
-            "outlier_ratio_reused_thresholds": otr_b_reused,
-            "max_median_ratio": b["metrics"]["max_median_ratio"][best],
-            "patch_register_mass": reg_mass,
-            "uniform_register_share": uniform_registers,
-            "sink_rate": b["metrics"]["sink_rate"][nxt],
-            "sink_rate_register": b["metrics"]["sink_rate_register"][nxt],
-            "accuracy": b["accuracy"],
-        },
-    }
+    success = all(checks.values())
+    return {"step": step, "layer": best, "next_layer": nxt, "success": success, "checks": checks, "values": v}
 
 
 def summary_text(result: StudyResult) -> str:
     v = result.verdict
     outcome = "SUCCESS" if v["success"] else "no garbage-collector signature"
-    head = (
-        f"register study at step {v['step']}: {outcome} "
-        f"(outliers at block {v['layer']}, attention at {v['next_layer']})"
-    )
-    lines = [head]
-    for twin in TWINS:
-        lines.append(
-            f"  {twin}: "
-            + ", ".join(f"{k}={_fmt(x)}" for k, x in v[twin].items() if not k.endswith("per_block"))
-        )
-    lines.append("  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()))
-    return "\n".join(lines)
-
-
-def _fmt(x: Any) -> str:
-    return (
-        "n/a"
-        if x is None or (isinstance(x, float) and math.isnan(x))
-        else f"{x:.3g}"
-        if isinstance(x, float)
-        else str(x)
+    return "\n".join(
+        [
+            f"register study at step {v['step']}: {outcome} "
+            f"(outliers at block {v['layer']}, attention at {v['next_layer']})",
+            "  " + ", ".join(f"{k}={'n/a' if x is None else f'{x:.3g}'}" for k, x in v["values"].items()),
+            "  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()),
+        ]
     )
 
 
@@ -732,8 +671,3 @@ def analyse_twins(
     path = folder / "analysis.json"
     atomic_write_json(path, summary)
     return [*files, path]
-
-
-def load_twins(out: str | Path) -> dict[str, ViT5]:
-    """The final weights of both twins of a finished (or stopped) study."""
-    return {name: load_model(Path(out) / name / "final").eval() for name in TWINS}

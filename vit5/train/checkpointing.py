@@ -31,6 +31,9 @@ checkpoint of the run, before anything is restored. A missing or damaged random 
 too; ``checkpoint.allow_inexact_resume=true`` turns it into a loud warning, and the summary then
 records ``resume_exact: false``.
 
+**One process without Accelerate** (the register study): :func:`save_single` and :func:`load_single`
+write and verify the same files and manifest, without random states.
+
 **Retention** keeps the newest ``keep_last`` checkpoints, and only ever deletes checkpoints older
 than one the current session has written itself: resuming never deletes anything before the
 resumed run has saved a newer checkpoint of its own.
@@ -532,6 +535,60 @@ def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
         return read_manifest(checkpoint)["config"]
     except _Damaged as err:
         raise ResumeError(f"{err}. {last_good_hint(checkpoint)}") from err
+
+
+# ---------------------------------------------------------------------------------- without Accelerate
+def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> None:
+    """The checkpoint of a single-process run trained without Accelerate and without an EMA (the
+    register study): the files and manifest of :meth:`CheckpointManager.save` except the random
+    states (such a run draws its batches from its step count), built in a staging folder and
+    swapped into place in one step."""
+    if parts.ema is not None:
+        raise ValueError("save_single writes no EMA weights: use CheckpointManager")
+    state = parts.state
+    buffer = io.BytesIO()
+    torch.save(parts.optimizer.state_dict(), buffer)
+    files = {
+        MODEL_FILE: safetensors_bytes(parts.model.state_dict()),
+        OPTIMIZER_FILE: buffer.getvalue(),
+        STATE_FILE: _json_bytes(
+            {"train_state": state.state_dict(), "accelerator_step": 0, "grad_scaler": None}
+        ),
+    }
+    staged = staging_dir(directory)
+    for name, data in files.items():
+        atomic_write_bytes(staged / name, data)
+    manifest = {
+        "format": FORMAT,
+        "num_updates": state.num_updates,
+        "epoch": state.epoch,
+        "batch": state.batch,
+        "num_processes": 1,
+        "ema": False,
+        "config": config,
+        "files": {name: _digest(data) for name, data in files.items()},
+    }
+    atomic_write_json(staged / MANIFEST, manifest)
+    replace_dir(staged, directory)
+
+
+def load_single(directory: Path, parts: Resumable) -> None:
+    """Verify every file of a :func:`save_single` checkpoint, then restore weights, optimizer and
+    progress; nothing is unpickled.
+
+    Raises:
+        ResumeError: a file is missing, damaged or refused (a pickle with code in ``optimizer.pt``),
+            or it does not fit the model and optimizer of ``parts``.
+    """
+    manifest = read_manifest(directory)
+    _check_compatible(directory, manifest, 1, ema=False)
+    data = {name: _verified(directory, name, manifest) for name in _shared_files(manifest)}
+    _load_weights(directory, MODEL_FILE, data[MODEL_FILE], parts.model)
+    _load_optimizer(directory, data[OPTIMIZER_FILE], parts.optimizer)
+    try:
+        parts.state.load_state_dict(json.loads(data[STATE_FILE])["train_state"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise _Damaged(f"{directory / STATE_FILE} is damaged ({err})") from err
 
 
 # ---------------------------------------------------------------------------------- model directories

@@ -1,11 +1,16 @@
-"""One training epoch: targets, loss, mixed precision and gradient accumulation through Accelerate.
+"""The training step and loop, once for every trainer of the package: ``vit5 train``
+(:class:`~vit5.train.Trainer`, under Accelerate), the register study (:mod:`vit5.study`) and the
+benchmark's depth ablation.
 
-Each micro-batch: targets mixed (:class:`TargetMixer`), forward and loss (:func:`build_loss`) under
-``accelerator.autocast()`` (bf16 on GPU in the recipe; fp32 master weights), a finite-loss check
-*before* backward (a NaN never reaches the weights), ``accelerator.backward``. Inside
-``accelerator.accumulate`` the optimizer only steps when ``accelerator.sync_gradients`` is true;
-only then do the lr schedule, the EMA, the update counter and the ``on_update`` callback (mid-epoch
-checkpoints) advance.
+:func:`train_step` is one micro-batch: forward and loss (under ``accelerator.autocast()``: bf16 on GPU
+in the recipe; fp32 master weights), a finite-loss check *before* backward (a NaN never reaches the
+weights), backward, and, once the gradients are complete, gradient clipping, the optimizer step,
+the lr schedule and the EMA. Under Accelerate (``StepParts.accelerator``) gradients are accumulated
+inside ``accelerator.accumulate``: the optimizer only steps when ``accelerator.sync_gradients`` is
+true, and only then do the schedule, the EMA and the update counter advance. Without it (one
+process, the study and the benchmark) every micro-batch is an optimizer step. :func:`train_steps` is
+the loop over batches, with a progress bar; :func:`train_one_epoch` feeds it one epoch of the
+training loader.
 
 An epoch is truncated to a multiple of the accumulation steps, so every optimizer step sees the
 same number of micro-batches and epochs start on a step boundary (the loader is not prepared by
@@ -29,8 +34,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from accelerate import Accelerator
@@ -57,21 +64,88 @@ class NonFiniteLoss(ArithmeticError):
         )
 
 
-@dataclass
-class LoopParts:
-    """What an epoch needs; ``raw_model`` is the unwrapped module (EMA source), ``model`` the prepared one."""
+@dataclass(kw_only=True)
+class StepParts:
+    """What a training step touches. ``model`` is the module called (prepared by Accelerate, compiled);
+    ``raw_model`` the unwrapped one the EMA follows (default: ``model``); no ``accelerator``: one
+    process in plain PyTorch, every micro-batch an optimizer step."""
 
-    accelerator: Accelerator
     model: nn.Module
-    raw_model: nn.Module
     optimizer: torch.optim.Optimizer
-    schedule: LRSchedule
-    criterion: nn.Module
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    schedule: LRSchedule | None = None
+    clip_grad: float | None = None
+    ema: ModelEmaV3 | None = None
+    raw_model: nn.Module | None = None
+    accelerator: Accelerator | None = None
+
+
+def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
+    """Train on one micro-batch; advance ``state.batch`` and, after an optimizer step, ``state.num_updates``.
+
+    Returns:
+        the loss of the micro-batch.
+
+    Raises:
+        NonFiniteLoss: on every process, before backward, when the loss is NaN or infinite on any.
+    """
+    acc, model = parts.accelerator, parts.model
+    with acc.accumulate(model) if acc is not None else nullcontext():
+        with acc.autocast() if acc is not None else nullcontext():
+            loss = parts.criterion(model(inputs), targets)
+        value = _checked(acc, loss, state)
+        if acc is not None:
+            acc.backward(loss)
+        else:
+            loss.backward()
+        synced = acc is None or acc.sync_gradients
+        if synced and parts.clip_grad is not None:
+            clip = acc.clip_grad_norm_ if acc is not None else nn.utils.clip_grad_norm_
+            clip(model.parameters(), parts.clip_grad)
+        parts.optimizer.step()  # Accelerate's optimizer skips it until the gradients are complete
+        parts.optimizer.zero_grad(set_to_none=True)
+    state.batch += 1
+    if synced:
+        state.num_updates += 1
+        if parts.schedule is not None:
+            parts.schedule.after_update(state.num_updates)
+        if parts.ema is not None:
+            parts.ema.update(model if parts.raw_model is None else parts.raw_model, step=state.num_updates)
+    return value
+
+
+def train_steps(
+    parts: StepParts,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    state: TrainState,
+    bar: tqdm | None = None,
+    on_update: Callable[[], None] | None = None,
+) -> list[float]:
+    """:func:`train_step` on every ``(inputs, targets)`` of ``batches``; ``on_update`` after each
+    optimizer step, ``bar`` advanced with the smoothed loss and the lr. Returns the losses."""
+    parts.model.train()
+    losses: list[float] = []
+    smoothed = math.nan
+    for inputs, targets in batches:
+        updates = state.num_updates
+        losses.append(train_step(parts, inputs, targets, state))
+        if on_update is not None and state.num_updates > updates:
+            on_update()
+        if bar is not None:
+            smoothed = losses[-1] if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * losses[-1]
+            lr = max(g["lr"] for g in parts.optimizer.param_groups)
+            bar.set_postfix(loss=f"{smoothed:.4f}", lr=f"{lr:.2e}", refresh=False)
+            bar.update(1)
+    return losses
+
+
+@dataclass(kw_only=True)
+class LoopParts(StepParts):
+    """What an epoch of ``vit5 train`` needs: the step's parts and the training data."""
+
     mixer: TargetMixer
-    ema: ModelEmaV3 | None
     loader: DataLoader
     batches_per_epoch: int
-    clip_grad: float | None
     progress: bool
 
 
@@ -86,56 +160,35 @@ def train_one_epoch(
     parts: LoopParts, state: TrainState, epoch: int, num_epochs: int, on_update: Callable[[], None]
 ) -> EpochResult:
     """Train ``epoch`` from micro-batch ``state.batch``; advance ``state`` after every optimizer step."""
-    acc, model = parts.accelerator, parts.model
+    acc = parts.accelerator
+    assert acc is not None
     batch_size = parts.loader.batch_size or 1
     parts.loader.sampler.set_epoch(epoch, start_index=state.batch * batch_size)  # type: ignore[attr-defined]
-    model.train()
+    sizes: list[int] = []
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, labels in islice(parts.loader, parts.batches_per_epoch - state.batch):
+            sizes.append(labels.numel())
+            yield parts.mixer(
+                images.to(acc.device, non_blocking=True), labels.to(acc.device, non_blocking=True)
+            )
+
     bar = tqdm(
         total=parts.batches_per_epoch,
         initial=state.batch,
         desc=f"epoch {epoch + 1}/{num_epochs}",
         disable=not (parts.progress and acc.is_main_process),
+        unit="img",
+        unit_scale=batch_size * acc.num_processes,
         dynamic_ncols=True,
         leave=False,
     )
-    loss_sum, seen, smoothed = 0.0, 0, math.nan
     start = time.perf_counter()
-    for images, labels in parts.loader:
-        if state.batch >= parts.batches_per_epoch:
-            break
-        images = images.to(acc.device, non_blocking=True)
-        labels = labels.to(acc.device, non_blocking=True)
-        images, targets = parts.mixer(images, labels)
-        with acc.accumulate(model):
-            with acc.autocast():
-                loss = parts.criterion(model(images), targets)
-            value = _checked(acc, loss, epoch, state)
-            acc.backward(loss)
-            if acc.sync_gradients and parts.clip_grad is not None:
-                acc.clip_grad_norm_(model.parameters(), parts.clip_grad)
-            parts.optimizer.step()
-            parts.optimizer.zero_grad(set_to_none=True)
-        state.batch += 1
-        loss_sum += value * labels.numel()
-        seen += labels.numel()
-        if acc.sync_gradients:
-            state.num_updates += 1
-            parts.schedule.after_update(state.num_updates)
-            if parts.ema is not None:
-                parts.ema.update(parts.raw_model, step=state.num_updates)
-            on_update()
-        smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
-        elapsed = time.perf_counter() - start
-        bar.set_postfix(
-            loss=f"{smoothed:.4f}",
-            lr=f"{parts.schedule.lr:.2e}",
-            img_s=f"{seen * acc.num_processes / elapsed:.0f}",
-            refresh=False,
-        )
-        bar.update(1)
+    losses = train_steps(parts, batches(), state, bar, on_update)
     bar.close()
     seconds = time.perf_counter() - start
-    loss_total, images = reduce_sums(acc, [loss_sum, seen])
+    loss_sum = sum(loss * size for loss, size in zip(losses, sizes))
+    loss_total, images = reduce_sums(acc, [loss_sum, sum(sizes)])
     return EpochResult(loss=loss_total / max(images, 1), images=int(images), seconds=seconds)
 
 
@@ -145,16 +198,16 @@ def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float
     return accelerator.reduce(tensor, "sum").tolist()
 
 
-def _checked(acc: Accelerator, loss: torch.Tensor, epoch: int, state: TrainState) -> float:
+def _checked(acc: Accelerator | None, loss: torch.Tensor, state: TrainState) -> float:
     """The loss as a float, after checking that it is finite on every process (one host sync)."""
     loss = loss.detach().float()
     bad = (~torch.isfinite(loss)).float()
-    if acc.num_processes > 1:  # every rank must stop together
+    if acc is not None and acc.num_processes > 1:  # every rank must stop together
         bad = acc.reduce(bad, "sum")
     value, bad_ranks = torch.stack([loss, bad]).tolist()
     if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
-            value if not math.isfinite(value) else math.nan, epoch, state.batch, state.num_updates
+            value if not math.isfinite(value) else math.nan, state.epoch, state.batch, state.num_updates
         )
     return value
 
