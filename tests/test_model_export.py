@@ -96,3 +96,19 @@ def test_export_command_bad_input_is_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", "vit5_tiny", "--random-init"])
     assert "nothing to write" in capsys.readouterr().err
+
+
+def test_the_onnx_file_carries_the_preprocessing_and_the_class_names(tmp_path):
+    import json
+
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    model = tiny(num_classes=3)
+    model.pretrained_cfg["label_names"] = ["cat", "dog", "owl"]
+    vit5.export_onnx(model, tmp_path / "m.onnx", check=False)
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    meta = session.get_modelmeta().custom_metadata_map
+    assert json.loads(meta["label_names"]) == ["cat", "dog", "owl"]
+    assert json.loads(meta["mean"]) == pytest.approx(IMAGENET_DEFAULT_MEAN)
+    assert json.loads(meta["std"]) == pytest.approx(IMAGENET_DEFAULT_STD)
+    assert json.loads(meta["input_size"]) == [3, 32, 32] and float(meta["crop_pct"]) == 1.0

@@ -125,7 +125,7 @@ def test_report_numbers_equal_direct_computations():
         100 * (rows[("zeros", "blocks")].top1 - rows[("none", "-")].top1)
     )
     assert "ABLATED registers of tiny" in ablation_figure(report)._suptitle.get_text()
-    assert "d top-1 (pp)" in report.table()
+    assert "top-1 change (pp)" in report.table()
 
 
 def test_label_free_report_and_errors():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from vit5.cli import run_command
-from vit5.data.digits.export import export_digits_imagefolder
+from vit5.cli import Parser, run_command
 
 
 def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0].strip("`"))
+    parser = Parser(prog=prog, description=__doc__.split("\n")[0].strip("`"))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     digits = commands.add_parser(
         "digits", help="scikit-learn's digits as ROOT/{train,val}/<digit>/*.png (idempotent)"
@@ -27,6 +26,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
 
     def work() -> None:
         if args.command == "digits":
+            from vit5.data.digits.export import export_digits_imagefolder
+
             print(
                 export_digits_imagefolder(
                     args.root, size=args.size, val_fraction=args.val_fraction, seed=args.seed

@@ -13,45 +13,29 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from vit5.cli import SIZE_HELP, parse_size, run_command
-from vit5.data.digits.segmentation import SegSetConfig, make_digit_segmentation
+from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
 from vit5.errors import InputError, one_line_warnings, safe_console
-from vit5.eval import (
-    ClassifySettings,
-    FeatureSettings,
-    ProbeSettings,
-    SegProbeSettings,
-    dataset_info,
-    default_splits,
-    evaluate,
-    export_features,
-    load_models,
-    open_split,
-    per_class_table,
-    probe_table,
-    run_probes,
-    run_segmentation_probe,
-    run_sweep,
-    seg_tables,
-    sizes_from_scales,
-    summary_table,
-    sweep_plot,
-    sweep_records,
-    sweep_table,
-)
-from vit5.eval.figures import plot_confusion
-from vit5.eval.load import distinct_labels, parse_overrides
-from vit5.eval.report import write_json
-from vit5.eval.sweep import DEFAULT_SCALES
 from vit5.files import check_output_dir
-from vit5.introspect import patch_size_of
-from vit5.introspect.spec import random_init_flags
-from vit5.model.footprint import DEFAULT_MAX_PARAMS
 from vit5.runtime import DEVICE_HELP, resolve_device
 
+if TYPE_CHECKING:
+    import torch
+
+# the library's defaults (vit5.eval.sweep.DEFAULT_SCALES, vit5.model.footprint.DEFAULT_MAX_PARAMS),
+# named here so that --help loads no torch; tests/test_cli.py holds them equal
+DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
+DEFAULT_MAX_PARAMS = 2_000_000_000
+
+DESCRIPTION = """\
+Evaluate models: classification metrics, resolution sweeps, dense features and probes.
+
+Each command prints its tables and writes JSON (and figures) under --out. classify and sweep also
+run on several processes, reporting the numbers once:
+  GPUs: accelerate launch --multi_gpu --num_processes N -m vit5 eval classify ...
+  CPUs: torchrun --nproc_per_node N -m vit5 eval classify ...
+"""
 MODEL_HELP = (
     "model spec: a vit5 checkpoint directory (raw and EMA weights are both evaluated when present), an "
     "official ViT-5 .pth, a vit5 preset with its released weights (vit5_small) or a released name "
@@ -68,6 +52,10 @@ def _accelerator(args: argparse.Namespace):
 
 
 def _models(args: argparse.Namespace, device: torch.device | None = None) -> list:
+    from vit5.eval import load_models
+    from vit5.eval.load import distinct_labels, parse_overrides
+    from vit5.introspect.spec import random_init_flags
+
     specs = args.model if isinstance(args.model, list) else [args.model]
     per_model = args.model_args or [[]]
     if len(per_model) == 1:
@@ -94,6 +82,10 @@ def _models(args: argparse.Namespace, device: torch.device | None = None) -> lis
 
 # ------------------------------------------------------------------------------------------ commands
 def cmd_classify(args: argparse.Namespace) -> None:
+    from vit5.eval import ClassifySettings, evaluate, open_split, per_class_table, summary_table
+    from vit5.eval.figures import plot_confusion
+    from vit5.eval.report import write_json
+
     accelerator = _accelerator(args)
     dataset = open_split(args.data, args.split or None)
     settings = ClassifySettings(args.size, args.crop_ratio, args.batch_size, args.workers)
@@ -118,6 +110,18 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
+    from vit5.eval import (
+        ClassifySettings,
+        open_split,
+        run_sweep,
+        sizes_from_scales,
+        sweep_plot,
+        sweep_records,
+        sweep_table,
+    )
+    from vit5.eval.report import write_json
+    from vit5.introspect import patch_size_of
+
     accelerator = _accelerator(args)
     dataset = open_split(args.data, args.split or None)
     models = _models(args, accelerator.device)
@@ -133,6 +137,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_features(args: argparse.Namespace) -> None:
+    from vit5.eval import FeatureSettings, export_features
+
     (model,) = _models(args)
     settings = FeatureSettings(
         tuple(args.layers), args.size, args.max_side, args.norm, args.dtype, args.batch_size, args.workers
@@ -141,6 +147,9 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
+    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
+    from vit5.eval.report import write_json
+
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
     settings = ProbeSettings(
         tuple(args.pool),
@@ -160,6 +169,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
+    from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
+    from vit5.eval.report import write_json
+
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)
     settings = SegProbeSettings(
@@ -178,6 +190,8 @@ def cmd_segprobe(args: argparse.Namespace) -> None:
 
 
 def cmd_make_seg(args: argparse.Namespace) -> None:
+    from vit5.data.digits.segmentation import SegSetConfig, make_digit_segmentation
+
     try:
         cfg = SegSetConfig(args.train, args.val, args.size, tuple(args.digits), tuple(args.scale), args.seed)
         info = make_digit_segmentation(args.root, cfg)
@@ -206,17 +220,7 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
         help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 num_classes=10)"
         + ("; once for all models, or once per --model in order" if several else ""),
     )
-    if several:
-        p.add_argument(
-            "--weights",
-            choices=("auto", "raw", "ema"),
-            default="auto",
-            help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema",
-        )
-    else:
-        p.add_argument(
-            "--weights", choices=("raw", "ema"), default="raw", help="raw (default) or EMA weights"
-        )
+    add_weights_option(p, auto=several)
     p.add_argument(
         "--random-init",
         action="store_true",
@@ -255,9 +259,7 @@ def _classify_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
@@ -416,13 +418,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 eval") -> int:
     safe_console()
     one_line_warnings()
     args = build_parser(prog).parse_args(argv)
-    torch.manual_seed(getattr(args, "seed", 0))
 
     def work() -> None:
+        import torch
+
+        torch.manual_seed(getattr(args, "seed", 0))
         if getattr(args, "device", None) is not None:
             resolve_device(args.device)  # a bad --device fails before any work
         if getattr(args, "out", None) is not None:
             check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
         args.run(args)
 
-    return run_command(work)
+    return run_command(work, getattr(args, "out", None))

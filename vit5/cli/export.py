@@ -6,15 +6,13 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
 
-from vit5.cli import SIZE_HELP, parse_size, run_command
-from vit5.introspect.spec import load_spec, parse_model_args, random_init_flags
-from vit5.weights.export import DEFAULT_ATOL, export_onnx, export_program
+DEFAULT_ATOL = 1e-4  # vit5.weights.export.DEFAULT_ATOL, named here so --help loads no torch
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="vit5 export",
         description="Export a model as an ONNX file checked with onnxruntime (and, with --program, a "
         "torch.export .pt2).",
@@ -30,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides (e.g. depth=2)"
     )
     p.add_argument("--random-init", action="store_true", help="an untrained model of the named architecture")
-    p.add_argument("--ema", action="store_true", help="the EMA weights of the checkpoint")
+    add_weights_option(p)
     p.add_argument("--onnx", type=Path, help="write the ONNX file here")
     p.add_argument("--program", type=Path, help="also write the torch.export program here (.pt2)")
     p.add_argument("--size", type=parse_size, help=f"input size, {SIZE_HELP} (default: the model's own)")
@@ -63,8 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _export_from_args(args: argparse.Namespace) -> None:
     """Load the model the arguments name and write what they ask for (errors: :func:`run_command`)."""
+    import torch
+
+    from vit5.introspect.spec import load_spec, parse_model_args, random_init_flags
+    from vit5.weights.export import export_onnx, export_program
+
     (untrained,) = random_init_flags([args.model], args.random_init)
-    loaded = load_spec(args.model, parse_model_args(args.model_args), args.ema, untrained)
+    loaded = load_spec(args.model, parse_model_args(args.model_args), args.weights == "ema", untrained)
     shapes = {
         "size": args.size,
         "batch": args.batch,

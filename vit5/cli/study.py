@@ -6,17 +6,23 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit5.cli import run_command
-from vit5.data.digits.canvases import CanvasConfig
+from vit5.cli import Parser, run_command
 from vit5.errors import InputError
-from vit5.study.run import PRESETS, StudyConfig, run_study
+
+if TYPE_CHECKING:
+    from vit5.study.run import StudyConfig
+
+STUDY_PRESETS = ("full", "smoke")  # the keys of vit5.study.run.PRESETS, named here so --help loads no torch
 
 
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
     ``model.KEY`` (ViT5Config)."""
+    from vit5.data.digits.canvases import CanvasConfig
     from vit5.introspect.spec import parse_model_args as parse_overrides
+    from vit5.study.run import StudyConfig
 
     values = parse_overrides(items)
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
@@ -46,14 +52,14 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="vit5 viz study",
         description="Train twin models without and with registers on canvases that reward a storage token, "
         "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
     )
     p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
     p.add_argument(
-        "--preset", choices=sorted(PRESETS), default="full", help="full: the README study; smoke: seconds"
+        "--preset", choices=STUDY_PRESETS, default="full", help="full: the README study; smoke: seconds"
     )
     p.add_argument(
         "--set",
@@ -83,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def study() -> None:
+        from vit5.study.run import PRESETS, run_study
+
         cfg = parse_settings(PRESETS[args.preset], args.settings)
         result = run_study(
             cfg,

@@ -20,25 +20,27 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit5.cli import run_command
+from vit5.cli import Parser, run_command
 from vit5.errors import safe_console
 from vit5.runtime import print_main
-from vit5.train.checkpointing import checkpoint_config, resolve_resume
-from vit5.train.config import DEMO_RECIPE, TrainConfig, config_diff, config_from_dict, load_config, recipes
-from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
-from vit5.train.rundir import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from vit5.train.config import TrainConfig
+
+DEMO_RECIPE = "demo_digits"  # vit5.train.config.DEMO_RECIPE, named here so --help loads no torch
 
 
 def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Train or fine-tune a ViT-5 with Accelerate (no arguments: the built-in digits demo).",
         epilog="example: accelerate launch -m vit5 train --config vit5_small_in1k data.root=/data/imagenet",
     )
     parser.add_argument(
         "--config",
-        help=f"a packaged recipe ({', '.join(recipes())}) or a YAML file (default: {DEMO_RECIPE})",
+        help=f"a packaged recipe (`vit5 list recipes` names them) or a YAML file (default: {DEMO_RECIPE})",
     )
     parser.add_argument(
         "--resume",
@@ -82,6 +84,11 @@ def resolve(
     args: argparse.Namespace, default_config: str | Path = DEMO_RECIPE
 ) -> tuple[TrainConfig, Path | None, list[str]]:
     """The config to run, the checkpoint to resume from (or None) and notes to print."""
+    from vit5.train.checkpointing import checkpoint_config, resolve_resume
+    from vit5.train.config import config_diff, config_from_dict, load_config
+    from vit5.train.errors import ResumeError, TrainConfigError
+    from vit5.train.rundir import CONFIG_FILE
+
     if args.resume is None:
         return load_config(args.config or default_config, args.overrides), None, []
     if args.resume == "":
@@ -114,12 +121,13 @@ def resolve(
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
     """Entry point of ``vit5 train``; returns the process exit status (1: the run diverged, 2: a user
     error - bad input, a full or read-only disk - after one ``error:`` line)."""
-    from vit5.train.trainer import Trainer  # heavy imports after argument errors
-
     safe_console()
     args = parse_args(argv, prog)
 
     def work() -> int:
+        from vit5.train.errors import TrainingDiverged
+        from vit5.train.trainer import Trainer
+
         cfg, checkpoint, notes = resolve(args)
         for note in notes:
             print_main(note)

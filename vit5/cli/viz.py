@@ -14,41 +14,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit5.cli import SIZE_HELP, parse_size, run_command
-from vit5.cli.study import main as study_main
+from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
 from vit5.errors import InputError, one_line_warnings, safe_console
 from vit5.files import check_output_dir
-from vit5.introspect.spec import random_init_flags
-from vit5.model.footprint import DEFAULT_MAX_PARAMS
 from vit5.runtime import DEVICE_HELP, resolve_device
-from vit5.viz import (
-    ABLATION_METHODS,
-    ABLATION_PLACES,
-    VIEWS,
-    AblationConfig,
-    MapStyle,
-    MetricConfig,
-    NeuronSearch,
-    PlantSpec,
-    PositionProbeConfig,
-    RunConfig,
-    ablation_figure,
-    describe,
-    load_images,
-    load_model_spec,
-    load_thresholds,
-    parse_overrides,
-    position_figure,
-    run_ablation,
-    run_compare,
-    run_model,
-    run_position_probe,
-    run_ttr,
-    save_figure,
-    write_probes,
-)
-from vit5.viz.runner import RANDOM_INIT_NOTE
+
+if TYPE_CHECKING:
+    from vit5.viz import RunConfig
+
+# the library's names (vit5.viz.register_ablation.METHODS / PLACES, vit5.model.footprint.DEFAULT_MAX_PARAMS),
+# named here so that --help loads no torch; tests/test_cli.py holds them equal
+ABLATION_METHODS = ("zeros", "mean", "shuffle", "noise")
+ABLATION_PLACES = ("input", "blocks")
+DEFAULT_MAX_PARAMS = 2_000_000_000
 
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -67,7 +47,7 @@ SUBCOMMANDS = {
     ),
     "pca": ({"pca"}, "PCA of the patch features as RGB"),
     "metrics": ({"metrics"}, "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table"),
-    "all": (set(VIEWS), "every figure and the metrics table for one model"),
+    "all": (None, "every figure and the metrics table for one model"),  # None: every view
     "compare": (set(), "two models side by side with shared colour scales (the garbage-collector figure)"),
     "ttr": (
         set(),
@@ -96,7 +76,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         help="overrides for the model: vit5 config fields or timm.create_model kwargs (e.g. depth=2 "
         "img_size=64)",
     )
-    p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint(s)")
+    add_weights_option(p, subject="checkpoint(s)")
     p.add_argument(
         "--random-init",
         action="store_true",
@@ -219,7 +199,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
 
 
 def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Attention maps, token norms and the register 'garbage collector' effect, as figures "
         "and numbers.",
@@ -289,7 +269,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="overrides: given once, for every model; repeated, one per --model in order (e.g. ape=False)",
     )
-    p.add_argument("--ema", action="store_true")
+    add_weights_option(p, subject="checkpoints")
     _init_args(p)
     p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
     p.add_argument(
@@ -308,7 +288,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for the model")
-    p.add_argument("--ema", action="store_true", help="use the EMA weights of the checkpoint")
+    add_weights_option(p)
     _init_args(p)
 
 
@@ -345,9 +325,22 @@ def _limit(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _ablate(args: argparse.Namespace) -> None:
+    from vit5.introspect.spec import random_init_flags
+    from vit5.viz import (
+        AblationConfig,
+        ablation_figure,
+        describe,
+        load_images,
+        load_model_spec,
+        parse_overrides,
+        run_ablation,
+        save_figure,
+    )
+    from vit5.viz.runner import RANDOM_INIT_NOTE
+
     (random_init,) = random_init_flags([args.model], args.random_init)
     model = load_model_spec(
-        args.model, {**parse_overrides(args.model_args), **_limit(args)}, args.ema, random_init
+        args.model, {**parse_overrides(args.model_args), **_limit(args)}, args.weights == "ema", random_init
     )
     print(f"model: {model.description}")
     info = describe(model.model)
@@ -379,6 +372,18 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 def _position(args: argparse.Namespace) -> None:
+    from vit5.introspect.spec import random_init_flags
+    from vit5.viz import (
+        MapStyle,
+        PositionProbeConfig,
+        load_model_spec,
+        parse_overrides,
+        position_figure,
+        run_position_probe,
+        save_figure,
+        write_probes,
+    )
+
     cfg = PositionProbeConfig(
         tuple(args.size) if args.size else None,
         tuple(args.levels),
@@ -395,11 +400,13 @@ def _position(args: argparse.Namespace) -> None:
             f"{len(args.model)} models"
         )
     common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
+    flags = random_init_flags(args.model, args.random_init)
+    models = [  # every model loads before any is probed: a spec that cannot load fails at once
+        load_model_spec(spec, {**parse_overrides(items), **_limit(args)}, args.weights == "ema", untrained)
+        for spec, items, untrained in zip(args.model, overrides, flags)
+    ]
     probes = []
-    for spec, items, random_init in zip(
-        args.model, overrides, random_init_flags(args.model, args.random_init)
-    ):
-        model = load_model_spec(spec, {**parse_overrides(items), **_limit(args)}, args.ema, random_init)
+    for model, items in zip(models, overrides):
         print(f"model: {model.description}")
         kind = "RANDOM INIT" if model.random_init else "trained"
         label = " ".join([model.label, *(i for i in items if i not in common), f"({kind})"])
@@ -420,6 +427,8 @@ def _position(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
+    from vit5.viz import VIEWS, MapStyle, MetricConfig, PlantSpec, RunConfig, load_thresholds
+
     thresholds, source = load_thresholds(args.threshold_from) if args.threshold_from else (None, "")
     plant = None
     if args.plant_layer is not None or args.plant_at:
@@ -429,7 +438,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
     device = str(resolve_device(args.device))
     return RunConfig(
         out=args.out,
-        views=frozenset(SUBCOMMANDS[args.command][0]),
+        views=frozenset(SUBCOMMANDS[args.command][0] or VIEWS),
         size=tuple(args.size) if args.size else None,
         layers=tuple(args.layers),
         batch_size=args.batch_size,
@@ -462,12 +471,17 @@ def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
     one_line_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["study"]:
-        return run_command(lambda: study_main(argv[1:]))
+        from vit5.cli.study import main as study_main
+
+        return study_main(argv[1:])
     args = build_parser(prog).parse_args(argv)
-    return run_command(lambda: _run(args))
+    return run_command(lambda: _run(args), args.out)
 
 
 def _run(args: argparse.Namespace) -> None:
+    from vit5.introspect.spec import random_init_flags
+    from vit5.viz import NeuronSearch, load_model_spec, parse_overrides, run_compare, run_model, run_ttr
+
     limit = _limit(args)
     check_output_dir(args.out, "--out")
     if args.command in ANALYSES:
@@ -476,11 +490,13 @@ def _run(args: argparse.Namespace) -> None:
     cfg = _config(args)
     specs = [args.model] + ([args.model_b] if args.command == "compare" else [])
     random_a, *random_b = random_init_flags(specs, args.random_init)
-    model = load_model_spec(args.model, {**parse_overrides(args.model_args), **limit}, args.ema, random_a)
+    model = load_model_spec(
+        args.model, {**parse_overrides(args.model_args), **limit}, args.weights == "ema", random_a
+    )
     print(f"model: {model.description}")
     if args.command == "compare":
         overrides_b = {**parse_overrides(args.model_b_args), **limit}
-        model_b = load_model_spec(args.model_b, overrides_b, args.ema, random_b[0])
+        model_b = load_model_spec(args.model_b, overrides_b, args.weights == "ema", random_b[0])
         print(f"model B: {model_b.description}")
         run_compare(model, model_b, args.images, cfg)
     elif args.command == "ttr":

@@ -158,7 +158,7 @@ class ImageFolderDataset(Dataset):
             if not files:
                 raise ImageFolderError(
                     f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
-                    f"Add images, delete the folder, or pass `extensions=`."
+                    "Add images or delete the folder."
                 )
             samples.extend((path, self.class_to_idx[name]) for path in files)
         return samples

@@ -179,7 +179,7 @@ def summary_table(results: list[ClassifyResult]) -> str:
             100 * r.scores.top1,
             100 * r.scores.top5,
             r.scores.loss,
-            round(r.images_per_s, 1),
+            f"{r.images_per_s:.1f}",
             len(r.skipped),
         )
         for r in results

@@ -152,7 +152,7 @@ def _unknown(spec: str) -> None:
     close = difflib.get_close_matches(spec.partition("@")[0], list(PRESETS), n=4, cutoff=0.5)
     raise InputError(
         f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
-        f"({', '.join(close) or 'see vit5.list_presets()'}); timm models are written "
+        f"({', '.join(close) or '`vit5 list models` names them'}); timm models are written "
         f"{TIMM_PREFIX}NAME[@CHECKPOINT]"
     )
 
@@ -197,7 +197,7 @@ def _released(name: str) -> str:
     if release is None:
         raise InputError(
             f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
-            "your own weights, or ask for an untrained model with --random-init (random_init=True)"
+            "your own weights, or ask for an untrained model with --random-init"
         )
     return release.name
 

@@ -43,9 +43,11 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
         model.set_grad_checkpointing(True)
     params = sum(p.numel() for p in model.parameters())
     origin = "fine-tuned" if cfg.pretrained is not None else "from scratch"
-    description = (
-        f"{cfg.name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
-    )
+    changed = ", ".join(
+        f"{key}={value}" for key, value in cfg.overrides.items()
+    )  # what differs from the preset
+    name = f"{cfg.name} [{changed}]" if changed else cfg.name
+    description = f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
     return model, description, report
 
 

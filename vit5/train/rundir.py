@@ -199,6 +199,11 @@ def _best_matches(best: Path, checkpoint: Path) -> bool:
 _MAX_LISTED_BAD_FILES = 20
 
 
+def count(n: int, noun: str) -> str:
+    """``count(1, "epoch")`` -> ``"1 epoch"``, ``count(3, "epoch")`` -> ``"3 epochs"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def epoch_line(row: Mapping[str, Any], num_epochs: int) -> str:
     """``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) | lr 1.20e-03 | 1234 img/s | 12.3 s``."""
     parts = [f"epoch {row['epoch']}/{num_epochs}", f"loss {row['train_loss']:.4f}"]
@@ -226,7 +231,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
     lines = [
         f"run {summary['run_dir']} {summary['status']}: "
-        f"{summary['epochs']} epochs, {summary['updates']} optimizer steps",
+        f"{count(summary['epochs'], 'epoch')}, {count(summary['updates'], 'optimizer step')}",
         f"  model            {summary['model']}",
         f"  best top-1       {pct('best_top1')} (epoch {summary['best_epoch']}, raw weights; saved in best/)",
         f"  final top-1      {pct('final_top1')} (top-5 {pct('final_top5')})",

@@ -38,7 +38,7 @@ from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import LoopParts, NonFiniteLoss, TargetMixer, build_loss, train_one_epoch
 from vit5.train.modeling import build_model
 from vit5.train.optim import LRSchedule, build_ema, build_optimizer, peak_lr
-from vit5.train.rundir import epoch_line, format_summary, plot_curves, write_csv, write_summary
+from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
 
 
 class Trainer:
@@ -263,7 +263,8 @@ class Trainer:
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
             f"data           {cfg.data.dataset}: {len(data.train_set)} train / "  # type: ignore[arg-type]
             f"{len(data.val_set)} val images, "  # type: ignore[arg-type]
-            f"{len(data.class_names)} classes, {cfg.aug.train} augmentation",
+            f"{len(data.class_names)} classes, "
+            + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation"),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
@@ -271,7 +272,7 @@ class Trainer:
             f"x {cfg.optim.accum_steps} "
             f"accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer steps per epoch",
             f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
-            f"weight decay {cfg.optim.weight_decay}, {cfg.schedule.epochs} epochs",
+            f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
         if self.resumed_from is not None:
             lines.append(
@@ -284,7 +285,9 @@ class Trainer:
         if self.resume_warning:
             lines.append(self.resume_warning)
         if self.state.epoch >= cfg.schedule.epochs:
-            lines.append(f"nothing to train: all {cfg.schedule.epochs} epochs done (raise schedule.epochs)")
+            lines.append(
+                f"nothing to train: all {count(cfg.schedule.epochs, 'epoch')} done (raise schedule.epochs)"
+            )
         acc.print("\n".join(lines))
 
     def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:

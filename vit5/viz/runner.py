@@ -20,6 +20,7 @@ Output layout (``out/``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +31,7 @@ from vit5.errors import InputError
 from vit5.files import atomic_write_json
 from vit5.introspect import ModelInfo, block_indices, describe
 from vit5.introspect.spec import LoadedModel, load_spec
+from vit5.layers.patch_embed import grid_of
 from vit5.model.footprint import attention_bytes
 from vit5.runtime import check_fits
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
@@ -56,7 +58,13 @@ from vit5.viz.images import LoadedImage, load_images
 from vit5.viz.pca import pca_rgb
 from vit5.viz.plant import PlantSpec, plant_artifacts
 from vit5.viz.stats import TokenStats
-from vit5.viz.ttr import NeuronSearch, NeuronSearchResult, find_register_neurons, use_test_time_registers
+from vit5.viz.ttr import (
+    NeuronSearch,
+    NeuronSearchResult,
+    check_test_time_registers,
+    find_register_neurons,
+    use_test_time_registers,
+)
 
 
 def load_model_spec(
@@ -241,7 +249,14 @@ def run_compare(
 ) -> tuple[RunResult, RunResult]:
     """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for
     B (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
-    info_a, size, layers = _prepare(model_a, cfg)
+    patches = (describe(model_a.model).patch_size, describe(model_b.model).patch_size)
+    size = tuple(cfg.size or describe(model_a.model).img_size)
+    grid_of(  # one size for both: the hint is a multiple of both patch sizes
+        size,
+        math.lcm(*patches),
+        "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})",
+    )
+    info_a, size, layers = _prepare(model_a, cfg, size)
     info_b, _, _ = _prepare(model_b, cfg, size)
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
@@ -262,6 +277,7 @@ def run_ttr(
     """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
+    check_test_time_registers(loaded.model)  # before the neuron search, not after it
     info, size, _ = _prepare(loaded, cfg)
     images = _load(sources, size, info.patch_size, cfg)
     search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import block_indices, describe
+from vit5.introspect import ModelInfo, block_indices, describe
 from vit5.introspect.info import TEST_REGISTERS_ATTR
 from vit5.layers import RopeTable
 from vit5.model.vit import unwrap
@@ -193,23 +193,30 @@ def find_register_neurons(
 
 
 @contextmanager
-def use_test_time_registers(
-    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
-) -> Iterator[None]:
-    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons'
-    activations."""
+def check_test_time_registers(model: nn.Module) -> ModelInfo:
+    """``model``'s description if test-time registers can be appended to it; else an InputError
+    (a model with trained registers, a timm Eva), raised before any neuron search."""
     info = describe(model)
-    net = unwrap(model)
     if info.num_registers:
         raise InputError(
             f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
             "models trained without them"
         )
-    if type(net).__name__ == "Eva":
+    if type(unwrap(model)).__name__ == "Eva":
         raise InputError(
             "timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
             "test-time registers support vit5 and timm VisionTransformer models"
         )
+    return info
+
+
+def use_test_time_registers(
+    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
+) -> Iterator[None]:
+    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons'
+    activations."""
+    info = check_test_time_registers(model)
+    net = unwrap(model)
     if info.test_registers:
         raise InputError("test-time registers are already active on this model")
     if count < 1 or not neurons:

@@ -22,6 +22,7 @@ antialiasing). ONNX files are verified with onnxruntime on random images before 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -124,11 +125,9 @@ def export_onnx(
     start = time.perf_counter()
     with _eval_mode(model):
         try:
-            torch.onnx.export(
+            program = torch.onnx.export(
                 model,
                 (example,),
-                str(path),
-                external_data=external_data,
                 input_names=["images"],
                 output_names=["output"],
                 dynamic_shapes=dynamic_shapes,
@@ -140,6 +139,8 @@ def export_onnx(
             raise ExportError(
                 f"ONNX export failed for {type(model).__name__} at {_shape(example)}: {err}"
             ) from err
+        program.model.metadata_props.update(onnx_metadata(model))
+        program.save(str(path), external_data=external_data)
     seconds = time.perf_counter() - start
     names = (
         "batch" if dynamic_batch else example.shape[0],
@@ -155,6 +156,21 @@ def export_onnx(
         )
     logger.info(str(report))
     return report
+
+
+def onnx_metadata(model: nn.Module) -> dict[str, str]:
+    """What a runtime needs besides the graph, as ONNX ``metadata_props`` (strings; lists as JSON):
+    the preprocessing of timm's data config (``mean``, ``std``, ``input_size``, ``interpolation``,
+    ``crop_pct``) and, when the model records them, the class names (``label_names``)."""
+    from timm.data import resolve_model_data_config
+
+    data = resolve_model_data_config(model)
+    meta = {key: json.dumps(list(data[key])) for key in ("mean", "std", "input_size") if key in data}
+    meta.update({key: str(data[key]) for key in ("interpolation", "crop_pct") if key in data})
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if names:
+        meta["label_names"] = json.dumps([str(n) for n in names])
+    return meta
 
 
 def onnx_max_abs_diff(model: nn.Module, path: str | os.PathLike, images: torch.Tensor) -> float:

@@ -1,0 +1,85 @@
+"""``vit5 list [models|weights|recipes]``: what the other commands accept by name.
+
+* models: the presets (``--model vit5_tiny``, ``model.name=...``), their size and parameter count;
+* weights: the released checkpoints (``--model vit5_base_patch16_384.in1k``) with their reported top-1;
+* recipes: the packaged training recipes (``vit5 train --config vit5_small_in1k``) with their first
+  comment line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from vit5.cli import Parser, run_command
+
+SECTIONS = ("models", "weights", "recipes")
+
+
+def build_parser(prog: str = "vit5 list") -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=prog,
+        description="The model presets, the released weights and the packaged training recipes.",
+        epilog="example: vit5 list weights",
+    )
+    parser.add_argument(
+        "sections", nargs="*", metavar="SECTION", help=f"{', '.join(SECTIONS)} (default: all)"
+    )
+    return parser
+
+
+def models_table() -> str:
+    from vit5.model.footprint import parameter_count
+    from vit5.model.presets import PRESETS, preset_config
+
+    rows = [("preset", "dim", "depth", "heads", "img", "params")]
+    for name in sorted(PRESETS):
+        cfg = preset_config(name)
+        rows.append(
+            (
+                name,
+                str(cfg.embed_dim),
+                str(cfg.depth),
+                str(cfg.num_heads),
+                "x".join(map(str, cfg.img_size)),
+                f"{parameter_count(cfg) / 1e6:.1f}M",
+            )
+        )
+    return _table(rows)
+
+
+def weights_table() -> str:
+    from vit5.weights.hub import RELEASES
+
+    rows = [("released weights", "ImageNet-1k top-1", "Hub repository")]
+    rows += [(r.name, f"{r.top1:.1f}", r.repo) for r in RELEASES.values()]
+    return _table(rows)
+
+
+def recipes_table() -> str:
+    from vit5.train.config import DEMO_RECIPE, recipes
+
+    rows = [("recipe", "what")]
+    for name, path in recipes().items():
+        first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
+        rows.append((name + (" (default)" if name == DEMO_RECIPE else ""), first.lstrip("# ").strip()))
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.sections if name not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
+    tables = {"models": models_table, "weights": weights_table, "recipes": recipes_table}
+
+    def work() -> None:
+        print("\n\n".join(tables[name]() for name in args.sections or SECTIONS))
+
+    return run_command(work)
