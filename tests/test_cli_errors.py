@@ -17,6 +17,7 @@ import torch
 from eval_helpers import random_rgb
 
 import vit5
+import vit5.eval
 import vit5.runtime
 from vit5.cli import eval as eval_cli
 from vit5.cli.bench import main as bench_main
@@ -84,7 +85,7 @@ def test_an_out_that_is_a_file_fails_before_any_work(images, tmp_path, capsys, m
     def no_work(*args, **kwargs):
         raise AssertionError("the evaluation ran before --out was checked")
 
-    monkeypatch.setattr(eval_cli, "evaluate", no_work)
+    monkeypatch.setattr(vit5.eval, "evaluate", no_work)  # what `vit5 eval classify` calls
     afile = tmp_path / "afile"
     afile.write_text("")
     data = ["--data", str(images), "--split", ""]

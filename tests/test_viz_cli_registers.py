@@ -33,7 +33,7 @@ def test_ablate_on_labelled_digits(tmp_path, capsys):
     ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "RANDOM-INIT weights" in out and "d top-1 (pp)" in out
+    assert "RANDOM-INIT weights" in out and "top-1 change (pp)" in out
     doc = json.loads((tmp_path / "ablation.json").read_text())
     assert doc["num_images"] == 60 and doc["num_reference"] == 60
     assert [(r["method"], r["place"]) for r in doc["rows"]] == [

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 
 
 class Parser(argparse.ArgumentParser):
-    """An :class:`argparse.ArgumentParser` whose subcommands report their own mistakes.
+    """An :class:`argparse.ArgumentParser` whose subcommands report their own mistakes, in plain text.
 
     argparse leaves an unknown option of a subcommand to the top parser, which prints its own usage
     (``vit5 viz: error: unrecognized arguments``); here the subcommand that was given it says so,
@@ -72,6 +73,11 @@ class Parser(argparse.ArgumentParser):
 
         action.add_parser = add_subcommand
         return action
+
+    def format_help(self) -> str:
+        """The help as plain text: the reST markup of docstrings used as descriptions (``:mod:`x```,
+        double backticks) is dropped."""
+        return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help()).replace("``", "")
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)

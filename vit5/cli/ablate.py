@@ -8,13 +8,13 @@ from pathlib import Path
 
 from vit5.bench.ablate import ABLATIONS, SCALES, AblationPlan, run_ablation, select_ablations
 from vit5.bench.report import markdown_table
-from vit5.cli import run_command
+from vit5.cli import Parser, run_command
 from vit5.errors import InputError, safe_console
 from vit5.train.config import recipe_path
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vit5 ablate",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -21,13 +21,13 @@ from vit5.bench import data_pipeline  # noqa: E402
 from vit5.bench.config import BenchConfig  # noqa: E402
 from vit5.bench.report import format_value  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
-from vit5.cli import run_command  # noqa: E402
+from vit5.cli import Parser, run_command  # noqa: E402
 from vit5.errors import Vit5Error, safe_console  # noqa: E402
 from vit5.files import atomic_write_json, check_output_dir  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vit5 bench",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -89,9 +89,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main_data_pipeline(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vit5 bench data-pipeline", description=data_pipeline.__doc__.split("\n")[0]
-    )
+    parser = Parser(prog="vit5 bench data-pipeline", description=data_pipeline.__doc__.split("\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="fewer files, rounds and steps (about a minute on CPU)"
     )

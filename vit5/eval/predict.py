@@ -120,17 +120,18 @@ def predictions_table(predictions: list[Prediction], root: str | os.PathLike[str
 def write_csv(
     predictions: list[Prediction], path: str | os.PathLike[str], root: str | os.PathLike[str]
 ) -> Path:
-    """``image, top1_class, top1_index, top1_prob, ...`` per image (an empty row for a skipped file)."""
+    """``image, top1_class, top1_index, top1_prob, ..., error`` per image (``error``: why a file was
+    skipped, its other cells empty)."""
     base = Path(root) if Path(root).is_dir() else Path(root).parent
     k = max((len(p.top) for p in predictions), default=0)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(
-        ["image", *(f"top{r}_{col}" for r in range(1, k + 1) for col in ("class", "index", "prob"))]
-    )
+    columns = [f"top{r}_{col}" for r in range(1, k + 1) for col in ("class", "index", "prob")]
+    writer.writerow(["image", *columns, "error"])
     for pred in predictions:
         cells = [cell for index, label, p in pred.top for cell in (label, index, f"{p:.6f}")]
-        writer.writerow([_relative(pred.path, base), *cells])
+        cells += [""] * (len(columns) - len(cells))
+        writer.writerow([_relative(pred.path, base), *cells, pred.error])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, out.getvalue())
 

@@ -192,7 +192,6 @@ def find_register_neurons(
     )
 
 
-@contextmanager
 def check_test_time_registers(model: nn.Module) -> ModelInfo:
     """``model``'s description if test-time registers can be appended to it; else an InputError
     (a model with trained registers, a timm Eva), raised before any neuron search."""
@@ -210,6 +209,7 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
     return info
 
 
+@contextmanager
 def use_test_time_registers(
     model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
 ) -> Iterator[None]:
