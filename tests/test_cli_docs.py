@@ -75,16 +75,16 @@ def test_every_documented_command_parses(where, argv, monkeypatch, capsys):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     with pytest.raises((Parsed, SystemExit)) as outcome:
         main(argv)
-    if outcome.type is SystemExit:
+    if outcome.type is SystemExit and outcome.value.code != 0:  # 0: --help, --version
         pytest.fail(f"{where}: vit5 {shlex.join(argv)}\n{capsys.readouterr().err}")
 
 
 def test_the_fast_documented_commands_run_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    fast = [argv for _, argv in COMMANDS if argv[:2] in (["data", "digits"], ["ablate", "--list"])]
+    fast = {tuple(argv) for _, argv in COMMANDS if argv[:2] in (["data", "digits"], ["ablate", "--list"])}
     assert fast
     for argv in fast:
-        assert main(argv) == 0, f"vit5 {shlex.join(argv)}"
+        assert main(list(argv)) == 0, f"vit5 {shlex.join(argv)}"
     assert "no_rope" in capsys.readouterr().out
     assert len(list((tmp_path / "runs" / "digits" / "val").rglob("*.png"))) == 359  # the documented split
 
