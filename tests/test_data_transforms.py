@@ -252,3 +252,32 @@ def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
 def test_build_transform_validates(args, options, error, match):
     with pytest.raises(error, match=match):
         build_transform(*args, **options)
+
+
+@pytest.mark.parametrize("recipe", ["finetune_in1k", "vit5_small_in1k"])
+def test_shipped_recipe_augmentation_survives_thousands_of_images(recipe):
+    """The recipes' train transforms over 3000 random images: RandAugment's posterize at magnitude 10
+    keeps 0 bits, which Pillow >= 13 rejects (ValueError: bits must be between ... 1 and 8)."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    aug = OmegaConf.load(files("vit5") / "configs" / f"{recipe}.yaml").aug
+    options = {"hflip": aug.get("hflip", 0.5)}
+    if aug.train == "randaug":
+        options["policy"] = aug.randaug
+    else:
+        options["color_jitter"] = aug.color_jitter
+    transform = build_transform(aug.train, 16, **options)
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        assert transform(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).shape == (3, 16, 16)
+
+
+def test_posterize_to_zero_bits_clears_every_bit_on_any_pillow():
+    from vit5.data.randaug import posterize
+
+    image = Image.fromarray(random_rgb(8, 8))
+    assert not np.asarray(posterize(image, 0)).any()  # what Pillow < 13 returned for 0 bits
+    np.testing.assert_array_equal(np.asarray(posterize(image, 3)), np.asarray(image) & 0b11100000)

@@ -5,6 +5,12 @@ magnitude 9 with std 0.5, increasing-severity op set), and the fine-tune results
 timm's PIL implementation. So this step round-trips the (already OpenCV-decoded, RGB uint8) array
 through PIL and calls :func:`timm.data.rand_augment_transform` unchanged.
 
+Pillow compatibility: with ``mstd`` the magnitude is sampled, clipped to 0..10, and at 10 the
+increasing posterize asks to keep 0 bits. Pillow < 13 then clears every bit (a black image);
+Pillow 13 raises ``ValueError: bits must be between or equal to 1 and 8`` and would stop a training
+run. The posterize ops are therefore given :func:`posterize`, which keeps the old result for 0 bits
+on every Pillow the dependency range allows.
+
 Randomness: timm draws from Python's ``random`` and NumPy's global RNG, not from the albumentations
 generator. DataLoader workers seed both from the loader's generator; in the main process seed them
 yourself (``accelerate.utils.set_seed`` does).
@@ -17,7 +23,7 @@ from typing import Any
 import albumentations as A
 import numpy as np
 from PIL import Image
-from timm.data import rand_augment_transform
+from timm.data import auto_augment, rand_augment_transform
 
 
 class TimmRandAugment(A.ImageOnlyTransform):
@@ -44,9 +50,19 @@ class TimmRandAugment(A.ImageOnlyTransform):
             "interpolation": Image.BICUBIC,
         }
         self._randaugment = rand_augment_transform(policy, hparams)
+        for op in self._randaugment.ops:
+            if op.aug_fn is auto_augment.posterize:
+                op.aug_fn = posterize
 
     def apply(self, img: np.ndarray, **params: Any) -> np.ndarray:
         return np.asarray(self._randaugment(Image.fromarray(img)))
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         return ("policy", "size", "mean")
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize, where keeping 0 bits gives what Pillow < 13 gave: every bit cleared (black)."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
