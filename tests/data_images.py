@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import cv2
@@ -61,3 +63,21 @@ def write_bad_files(folder: Path) -> list[Path]:
     text = folder / "notes.jpg"
     text.write_text("this is not an image\n")
     return [empty, write_truncated_jpeg(folder / "truncated.jpg"), text]
+
+
+def write_png_bomb(path: Path, width: int, height: int) -> Path:
+    """A tiny PNG whose header declares ``width`` x ``height`` RGB pixels (its data stops after a few
+    rows): what a decompression bomb looks like before it is decoded."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    rows = zlib.compress(b"\0" * (3 * width + 1) * 4, 9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", rows)
+        + chunk(b"IEND", b"")
+    )
+    return path

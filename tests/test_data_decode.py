@@ -7,10 +7,19 @@ import pickle
 import cv2
 import numpy as np
 import pytest
-from data_images import random_rgb, smooth_rgb, write_bad_files, write_jpeg, write_png, write_rgba_png
+from data_images import (
+    random_rgb,
+    smooth_rgb,
+    write_bad_files,
+    write_jpeg,
+    write_png,
+    write_png_bomb,
+    write_rgba_png,
+)
 from PIL import Image, ImageOps
 
-from vit5.data import BadImageError, decode_image
+from vit5.data import MAX_PIXELS_ENV, BadImageError, decode_image, max_image_pixels
+from vit5.errors import InputError
 
 
 def test_rgb_png_round_trips_exactly(tmp_path):
@@ -120,3 +129,40 @@ def test_bad_image_error_survives_pickling():
     error = pickle.loads(pickle.dumps(BadImageError("/a/b.jpg", "empty file (0 bytes)")))
     assert (error.path, error.reason) == ("/a/b.jpg", "empty file (0 bytes)")
     assert str(error) == "/a/b.jpg: empty file (0 bytes)"
+
+
+def test_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A 32000x32000 PNG of a few KB would take 3 GB decoded: refused from its header alone."""
+    bomb = write_png_bomb(tmp_path / "bomb.png", 32000, 32000)
+    assert bomb.stat().st_size < 200_000
+    decoded = []
+    real = cv2.imdecode
+    monkeypatch.setattr(cv2, "imdecode", lambda *a: decoded.append(1) or real(*a))
+    refused = r"declares (32000x32000 = )?1,024,000,000 pixels .* over the limit"
+    with pytest.raises(BadImageError, match=refused) as err:
+        decode_image(bomb)
+    assert decoded == []  # nothing allocated for its pixels
+    assert f"{MAX_PIXELS_ENV}=1024000000" in err.value.reason  # the way to allow it
+    with pytest.raises(BadImageError, match="declares"):
+        decode_image(write_png_bomb(tmp_path / "over.png", 9500, 9500), alpha_background=(0, 0, 0))
+    assert decoded == []
+
+
+def test_pixel_limit_is_the_users_to_raise_or_lower(tmp_path, monkeypatch):
+    rgb = random_rgb(20, 30)
+    path = write_png(tmp_path / "x.png", rgb)
+    monkeypatch.setenv(MAX_PIXELS_ENV, "599")
+    assert max_image_pixels() == 599
+    with pytest.raises(BadImageError, match="declares 30x20 = 600 pixels .* over the limit of 599"):
+        decode_image(path)
+    with pytest.raises(BadImageError, match="declares 30x20"):  # JPEG headers too
+        decode_image(write_jpeg(tmp_path / "x.jpg", rgb))
+    monkeypatch.setenv(MAX_PIXELS_ENV, "600")
+    np.testing.assert_array_equal(decode_image(path), rgb)
+    bomb = write_png_bomb(tmp_path / "bomb.png", 12000, 12000)
+    monkeypatch.setenv(MAX_PIXELS_ENV, "200_000_000")  # allowed now: decoded, and its missing rows found
+    with pytest.raises(BadImageError, match="cannot decode"):
+        decode_image(bomb)
+    monkeypatch.setenv(MAX_PIXELS_ENV, "lots")
+    with pytest.raises(InputError, match=f"{MAX_PIXELS_ENV}='lots' is not a positive whole number"):
+        decode_image(path)

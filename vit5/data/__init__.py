@@ -4,7 +4,7 @@ Stands alone: depends on torch, numpy, OpenCV, albumentations, timm.data and sci
 other ``vit5`` subpackages.
 """
 
-from vit5.data.decode import BadImageError, decode_image
+from vit5.data.decode import MAX_PIXELS_ENV, BadImageError, decode_image, max_image_pixels
 from vit5.data.digits import (
     DIGIT_CLASSES,
     DigitsDataset,
@@ -40,6 +40,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
+    "MAX_PIXELS_ENV",
     "image_files",
     "BadImageError",
     "BadImageWarning",
@@ -55,6 +56,7 @@ __all__ = [
     "build_loader",
     "build_transform",
     "decode_image",
+    "max_image_pixels",
     "eval_transform",
     "export_digits_imagefolder",
     "load_digits_split",

@@ -12,17 +12,69 @@ Conversions, so every caller sees one layout:
 
 Files that cannot be turned into an image raise :class:`BadImageError`, which names the file and
 the reason, so a data set can skip and count them instead of crashing a long run.
+
+Decompression bombs: a 124 KB PNG may declare 32000x32000 pixels, 3 GB once decoded. Every image's
+pixel count is read from its header first, with PIL's lazy ``Image.open`` (it parses the header and
+decodes nothing; OpenCV has no header-only read, and its ``IMREAD_REDUCED_*`` modes still decode a
+PNG in full), and an image over :func:`max_image_pixels` is refused before any pixel is decoded.
+The limit defaults to PIL's own (``PIL.Image.MAX_IMAGE_PIXELS``, about 89 megapixels, a quarter of
+a GiB of RGB) and is raised with the environment variable ``VIT5_MAX_IMAGE_PIXELS`` (read at each
+decode, so DataLoader workers see it too); PIL's limit is raised with it, and so is OpenCV's
+``OPENCV_IO_MAX_IMAGE_PIXELS`` (default 2**30), which OpenCV reads once, when it is loaded, and
+which stays the backstop for the rare file PIL cannot parse.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import stat
+import warnings
 
-import cv2
 import numpy as np
+from PIL import Image
 
-from vit5.errors import Vit5Error
+from vit5.errors import InputError, Vit5Error
+
+MAX_PIXELS_ENV = "VIT5_MAX_IMAGE_PIXELS"
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's default MAX_IMAGE_PIXELS: 1 GiB / 4 bytes / 3
+
+
+def max_image_pixels() -> int:
+    """The most pixels an image may declare (``VIT5_MAX_IMAGE_PIXELS``, default PIL's 89,478,485).
+
+    Raises:
+        InputError: the variable is not a positive whole number.
+    """
+    raw = os.environ.get(MAX_PIXELS_ENV, "").strip().replace("_", "")
+    if not raw:
+        return DEFAULT_MAX_IMAGE_PIXELS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(
+            f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a positive whole number of pixels "
+            f"(e.g. {MAX_PIXELS_ENV}=400000000 for 20000x20000 images); unset it for the default "
+            f"{DEFAULT_MAX_IMAGE_PIXELS:,}"
+        )
+    return value
+
+
+def _opencv_limit() -> None:
+    """Make OpenCV's own limit at least ours; it takes effect only when this runs before cv2 loads."""
+    try:
+        limit = max_image_pixels()
+    except InputError:
+        return  # reported at the first decode
+    if limit > 2**30:
+        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(limit))
+
+
+_opencv_limit()
+import cv2  # noqa: E402 (after its limit is set)
 
 # OpenCV's thread pool is not fork-safe: a DataLoader worker forked while the pool's state is
 # locked hangs on its next OpenCV threading call (seen as a deadlocked test run). Data loading
@@ -70,6 +122,7 @@ def decode_image(
     ):
         raise ValueError(f"alpha_background must be an (R, G, B) triple in 0..255, got {alpha_background!r}")
     data = _read_bytes(path)
+    check_declared_size(data, path)
     if alpha_background is not None and not data.startswith(_JPEG_SOI):
         raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
         if raw.ndim == 3 and raw.shape[2] == 4:
@@ -101,6 +154,52 @@ def _read_bytes(path: str | os.PathLike[str]) -> bytes:
         # marker must follow the last scan.
         raise BadImageError(path, "truncated JPEG (no end-of-image marker after the last scan)")
     return data
+
+
+def check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:
+    """Refuse an image whose header declares more than :func:`max_image_pixels`, decoding nothing.
+
+    Data PIL cannot parse passes on to OpenCV, whose ``OPENCV_IO_MAX_IMAGE_PIXELS`` then applies.
+
+    Raises:
+        BadImageError: naming the declared size, the limit and how to raise it.
+    """
+    limit = max_image_pixels()
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
+        Image.MAX_IMAGE_PIXELS = limit  # a raised limit applies to PIL too (it refuses at twice this)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as header:
+                width, height = header.size
+    except Image.DecompressionBombError as err:  # PIL's own limit, twice its MAX_IMAGE_PIXELS
+        declared = re.search(r"\((\d+) pixels\)", str(err))
+        if declared is None:
+            raise BadImageError(path, f"{err} (not decoded; {MAX_PIXELS_ENV} raises the limit)") from err
+        raise _too_many(path, int(declared.group(1)), limit, "") from err
+    except Exception:  # not parsable by PIL: OpenCV decides, under its own limit
+        return
+    check_pixels(path, width, height, limit)
+
+
+def check_pixels(path: str | os.PathLike[str], width: int, height: int, limit: int | None = None) -> None:
+    """Refuse a ``width`` x ``height`` image over the pixel limit (:func:`max_image_pixels`).
+
+    Raises:
+        BadImageError: naming the size, the memory it would take and how to raise the limit.
+    """
+    limit = max_image_pixels() if limit is None else limit
+    if width * height > limit:
+        raise _too_many(path, width * height, limit, f"{width}x{height} = ")
+
+
+def _too_many(path: str | os.PathLike[str], pixels: int, limit: int, dims: str) -> BadImageError:
+    return BadImageError(
+        path,
+        f"declares {dims}{pixels:,} pixels ({3 * pixels / 2**30:.1f} GiB decoded), over the limit of "
+        f"{limit:,}: not decoded (a decompression bomb, or a genuinely huge image: to allow it, set the "
+        f"environment variable {MAX_PIXELS_ENV}={pixels})",
+    )
 
 
 def _imdecode(data: bytes, flags: int, path: str | os.PathLike[str]) -> np.ndarray:

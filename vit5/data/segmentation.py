@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from vit5.data import image_files
+from vit5.data.decode import BadImageError, check_pixels
 from vit5.errors import InputError
 from vit5.files import read_json
 
@@ -103,7 +104,10 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
     """
     try:
         with Image.open(path) as handle:
+            check_pixels(path, *handle.size)
             mask = np.asarray(handle)
+    except BadImageError as err:
+        raise InputError(f"label mask {path} {err.reason}") from err
     except (OSError, ValueError) as err:
         raise InputError(f"label mask {path} cannot be read as an image ({err})") from err
     if mask.ndim != 2:
