@@ -5,7 +5,12 @@ Our format is a directory with ``model.safetensors`` (optionally ``model_ema.saf
 (the closest preset), ``num_classes``, ``model_args`` (the full :class:`ViT5Config`) and
 ``pretrained_cfg`` (the data config). Directories written before that (``{"config": ...}``) still
 load. Pickled ``.pth`` files are read with ``torch.load(weights_only=True)``: no pickled code ever
-runs. Loading is always strict: keys or shapes that do not fit raise :class:`CheckpointError`
+runs. Sizes are checked before anything is allocated: a safetensors header (its 8-byte length and
+JSON) is read and every tensor's dtype, shape and offsets checked against the file and against the
+model its ``config.json`` describes (or the parameter limit) before safetensors maps the file; a
+``.pth`` zip directory is read first, and compressed entries (which ``torch.save`` never writes, and
+which DEFLATE lets expand a thousandfold) or storages beyond the file or the limit are refused.
+Loading is always strict: keys or shapes that do not fit raise :class:`CheckpointError`
 listing the missing, unexpected and mismatched keys. The only deliberate exceptions are reported
 in a :class:`LoadReport`: a head reset for a new number of classes, and a position embedding
 resampled to a new grid.
@@ -25,6 +30,8 @@ import math
 import os
 import pickle
 import re
+import struct
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +44,8 @@ from safetensors.torch import save as save_safetensors
 from vit5.errors import InputError, storage_error
 from vit5.files import atomic_write_bytes, atomic_write_json
 from vit5.layers import resample_pos_embed
-from vit5.model.config import ViT5Config
+from vit5.model.config import ConfigError, ViT5Config
+from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
 from vit5.model.presets import PRESETS, closest_preset, preset_config
 from vit5.model.vit import ViT5, default_pretrained_cfg
 from vit5.weights import hub
@@ -165,23 +173,38 @@ def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
 
 # ---------------------------------------------------------------------------------- read
 def read_checkpoint(
-    path: str | os.PathLike, use_ema: bool = False, source: Source | None = None
+    path: str | os.PathLike,
+    use_ema: bool = False,
+    source: Source | None = None,
+    max_params: float = DEFAULT_MAX_PARAMS,
 ) -> Checkpoint:
     """Read weights from our directory (or a training run's: its ``final/``), a ``.safetensors`` file, or a
-    ``.pth`` (official / timm)."""
+    ``.pth`` (official / timm).
+
+    Nothing is allocated for a file that declares more than it can hold: a directory's weights must
+    be the model its ``config.json`` describes (at most ``max_params`` parameters), a
+    ``.safetensors`` file at most ``max_params`` values, a ``.pth`` at most ``16 * max_params`` bytes
+    (weights, their EMA and AdamW's two moments in fp32).
+    """
     path = Path(path)
     if not path.exists():
         hint = f" (released weights: {', '.join(hub.RELEASES)})" if hub.is_weights_name(str(path)) else ""
         raise CheckpointError(f"checkpoint {path} does not exist{hint}")
     if path.is_dir():
-        return _read_directory(checkpoint_dir(path), use_ema)
+        return _read_directory(checkpoint_dir(path), use_ema, max_params)
     if path.suffix == ".safetensors":
+        values = sum(safetensors_header(path).values())
+        if values > max_params:
+            raise CheckpointError(
+                f"{path} declares {values:,} values, more than the limit of {max_params:,.0f} parameters: "
+                "not loaded (pass max_params= to allow a larger model)"
+            )
         try:
             sd = load_file(str(path))
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from err
         return Checkpoint(sd, source or detect_source(sd), path=str(path))
-    sd = _unwrap(_torch_load(path), use_ema, path)
+    sd = _unwrap(_torch_load(path, max_bytes=int(16 * max_params)), use_ema, path)
     return Checkpoint(sd, source or detect_source(sd), path=str(path))
 
 
@@ -202,7 +225,7 @@ def checkpoint_dir(path: Path) -> Path:
     return found[0] if found else path  # none: _read_directory explains what a checkpoint directory needs
 
 
-def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
+def _read_directory(path: Path, use_ema: bool, max_params: float = DEFAULT_MAX_PARAMS) -> Checkpoint:
     config_file, weights = path / CONFIG_NAME, path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME)
     if not config_file.exists() or not weights.exists():
         raise CheckpointError(
@@ -215,11 +238,130 @@ def _read_directory(path: Path, use_ema: bool) -> Checkpoint:
         raise CheckpointError(
             f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})"
         ) from err
+    _check_weights_fit_config(weights, config_file, config, max_params)
     try:
         sd = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} is corrupt or truncated ({err})") from err
     return Checkpoint(sd, "vit5", config=config, path=str(path))
+
+
+def _check_weights_fit_config(weights: Path, config_file: Path, config: Any, max_params: float) -> None:
+    """The model ``config_file`` describes is within ``max_params`` and is what the weights file's
+    header declares, before either is allocated: the weights were saved from this very config, so a
+    config edited (or mixed up) to describe another model, or a file claiming other tensors, is
+    refused here."""
+    try:
+        stored = ViT5Config.from_dict(config)
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from err
+    check_size(stored, max_params, source=str(config_file))
+    declared = safetensors_header(weights)
+    described = parameter_count(stored)
+    held = sum(n for k, n in declared.items() if not k.endswith(ROPE_BUFFERS))
+    if described != held:
+        raise ConfigError(
+            f"{config_file} describes a model of {described:,} parameters, but {weights.name} holds "
+            f"{held:,}: the config does not belong to these weights (edited, or copied from another run)"
+        )
+
+
+ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")  # stored, verified, rebuilt at run time: not parameters
+SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+_SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
+
+
+def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
+    """The number of values of each tensor of a safetensors file, read from its header alone.
+
+    The format (huggingface.co/docs/safetensors, "Format"): an 8-byte little-endian header length,
+    a JSON header mapping names to ``dtype``, ``shape`` and ``data_offsets`` (relative to the end of
+    the header), then the data. Every entry is checked against the file (a known dtype, a shape of
+    non-negative integers, offsets whose span is exactly shape x itemsize, inside the file, not
+    overlapping) before safetensors maps it: a file declaring more than it holds (a sparse file,
+    a crafted header) is refused without allocating anything.
+
+    Raises:
+        CheckpointError: naming the file and the first entry that does not fit.
+    """
+    path = Path(path)
+    unreadable = f"{path} is corrupt or truncated (not a readable safetensors file)"
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+            if not 0 < length <= min(SAFETENSORS_MAX_HEADER, size - 8):
+                raise CheckpointError(
+                    f"{unreadable}: it declares a header of {length:,} bytes in a file of {size:,}"
+                )
+            header = json.loads(f.read(length))
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from err
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{unreadable}: its header is not JSON ({err})") from err
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{unreadable}: its header is not a JSON object")
+    data_size = size - 8 - length
+    counts, spans = {}, []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(entry, data_size)
+        if problem:
+            raise CheckpointError(f"{path}: tensor {name!r} {problem}: corrupt or crafted file, not loaded")
+        counts[name] = math.prod(entry["shape"])
+        spans.append((*entry["data_offsets"], name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise CheckpointError(
+                f"{path}: tensors {first!r} and {second!r} overlap: corrupt or crafted file"
+            )
+    return counts
+
+
+def _entry_problem(entry: Any, data_size: int) -> str:
+    """What is wrong with one safetensors header entry, or ``""``."""
+    if not isinstance(entry, dict):
+        return "is not described by an object"
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _SAFETENSORS_ITEMSIZE:
+        return f"has an unsupported dtype {dtype!r}"
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        return f"has shape {shape!r}, not a list of non-negative integers"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        return f"has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end"
+    nbytes = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
+    if offsets[1] - offsets[0] != nbytes:
+        span = offsets[1] - offsets[0]
+        return f"of shape {shape} ({dtype}) needs {nbytes:,} bytes but its offsets span {span:,}"
+    if offsets[1] > data_size:
+        return f"ends at byte {offsets[1]:,} of the data, but the file holds {data_size:,}"
+    return ""
 
 
 def vit5_config(data: Any) -> Any:
@@ -258,9 +400,9 @@ def describe_config(data: Any) -> str:
     )
 
 
-def _torch_load(path: Path) -> Any:
+def _torch_load(path: Path, max_bytes: int | None = None) -> Any:
     # The official training script stores its argparse.Namespace; it is plain data, so allow it.
-    return safe_torch_load(path, allowed=(argparse.Namespace,), hint=_RESAVE_HINT)
+    return safe_torch_load(path, allowed=(argparse.Namespace,), hint=_RESAVE_HINT, max_bytes=max_bytes)
 
 
 _RESAVE_HINT = (
@@ -272,16 +414,24 @@ _BLOCKED_OTHER = re.compile(r"WeightsUnpickler error: \s*(.+?)\s*(?:\n|$)")
 
 
 def safe_torch_load(
-    source: str | os.PathLike | bytes, allowed: tuple[Any, ...] = (), hint: str = "", name: str = ""
+    source: str | os.PathLike | bytes,
+    allowed: tuple[Any, ...] = (),
+    hint: str = "",
+    name: str = "",
+    max_bytes: int | None = None,
 ) -> Any:
     """``torch.load(weights_only=True)`` of a file (or its bytes): tensors and plain containers only,
     plus the explicitly ``allowed`` globals. No pickled code ever runs.
 
+    Before ``torch.load`` allocates anything, the zip directory is read (:func:`check_torch_zip`):
+    compressed entries and storages beyond the file or ``max_bytes`` in all are refused.
+
     Raises:
         CheckpointError: naming the file and, for a refused pickle, what was blocked (e.g. the global
-            ``posix.system``), or why the file is unreadable.
+            ``posix.system``), or why the file is unreadable or too large.
     """
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
+    check_torch_zip(source, label, max_bytes)
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(
@@ -314,6 +464,45 @@ def safe_torch_load(
         raise CheckpointError(
             f"{label} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})"
         ) from err
+
+
+def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: int | None = None) -> None:
+    """Refuse a ``torch.save`` zip whose directory declares more than it can hold, reading only the
+    directory: a compressed entry (``torch.save`` stores every record uncompressed; DEFLATE lets a
+    973 KB file expand to a gigabyte), an entry that reaches beyond the file, or records of more
+    than ``max_bytes`` in all. Files that are not zips (torch's legacy format) are left to
+    ``torch.load``.
+
+    Raises:
+        CheckpointError: naming the file, the entry and the fix.
+    """
+    try:
+        size = len(source) if isinstance(source, bytes) else os.path.getsize(source)
+        with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a zip, or unreadable: torch.load says what it is
+    compressed = [info for info in entries if info.compress_type != zipfile.ZIP_STORED]
+    if compressed:
+        worst = max(compressed, key=lambda info: info.file_size)
+        raise CheckpointError(
+            f"{label}: {len(compressed)} of its entries are compressed (e.g. {worst.filename}: "
+            f"{worst.compress_size:,} bytes expanding to {worst.file_size:,}), which torch.save never "
+            "writes: not loaded (a decompression bomb, or a re-zipped file: re-save it with torch.save)"
+        )
+    total = 0
+    for info in entries:
+        if info.header_offset + info.file_size > size:
+            raise CheckpointError(
+                f"{label}: entry {info.filename} declares {info.file_size:,} bytes beyond the end of the "
+                f"file ({size:,} bytes): corrupt, truncated or crafted, not loaded"
+            )
+        total += info.file_size
+    if max_bytes is not None and total > max_bytes:
+        raise CheckpointError(
+            f"{label} holds {total:,} bytes of tensors, more than the limit of {max_bytes:,} (16 bytes per "
+            "parameter of max_params): not loaded (pass max_params= to allow a larger model)"
+        )
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:

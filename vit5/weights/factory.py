@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vit5.model.config import ConfigError, ViT5Config
-from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
+from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size
 from vit5.model.presets import PRESETS, preset_config
 from vit5.model.vit import ViT5
 from vit5.weights import hub
@@ -81,7 +81,7 @@ def create_model(
         release = hub.release(pretrained)  # checked before any download
         overrides.setdefault("img_size", release.img_size)
         _check_release_fits(release, name, overrides)
-    ckpt = _read_pretrained(pretrained, use_ema, source, **where)
+    ckpt = _read_pretrained(pretrained, use_ema, source, max_params, **where)
     if ckpt.config is not None:  # our directory format knows its own architecture
         cfg = _stored_config(ckpt, overrides)
         _check_named_preset(name, cfg, pretrained, overrides)
@@ -107,7 +107,7 @@ def load_model(
     ``cache_dir=`` are passed to the download.
     """
     where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
-    ckpt = _read_pretrained(path, use_ema, source, **where)
+    ckpt = _read_pretrained(path, use_ema, source, max_params, **where)
     if ckpt.config is not None:
         cfg = _stored_config(ckpt, overrides)
     else:
@@ -119,6 +119,7 @@ def _read_pretrained(
     pretrained: str | os.PathLike,
     use_ema: bool,
     source: Source | None,
+    max_params: float = DEFAULT_MAX_PARAMS,
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> Checkpoint:
@@ -129,18 +130,20 @@ def _read_pretrained(
         if revision is not None:
             repo = f"{hub.split_revision(repo)[0]}@{revision}"
         directory = hub.download_model_dir(repo, EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME, cache_dir)
-        return _read_cached(directory, use_ema, source, label=text)
+        return _read_cached(directory, use_ema, source, max_params, label=text)
     if not Path(text).exists() and hub.is_weights_name(text):
         release = hub.release(text)
         path = hub.download(release.repo, release.filename, revision, cache_dir)
-        return _read_cached(path, use_ema, source or "official", label=text)
-    return read_checkpoint(text, use_ema=use_ema, source=source)
+        return _read_cached(path, use_ema, source or "official", max_params, label=text)
+    return read_checkpoint(text, use_ema=use_ema, source=source, max_params=max_params)
 
 
-def _read_cached(path: Path, use_ema: bool, source: Source | None, label: str) -> Checkpoint:
+def _read_cached(
+    path: Path, use_ema: bool, source: Source | None, max_params: float, label: str
+) -> Checkpoint:
     """Read a downloaded checkpoint; a damaged cached copy says which files to delete."""
     try:
-        ckpt = read_checkpoint(path, use_ema=use_ema, source=source)
+        ckpt = read_checkpoint(path, use_ema=use_ema, source=source, max_params=max_params)
     except CheckpointError as err:
         unreadable = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
         advice = f"\n  {hub.cached_copy_advice(unreadable)}" if str(unreadable) in str(err) else ""
@@ -165,24 +168,14 @@ def _check_release_fits(release: hub.Release, name: str, overrides: dict[str, An
 
 def _stored_config(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViT5Config:
     """The architecture recorded in a directory's ``config.json``, with ``overrides``; any malformed
-    value (a list, a wrong type, NaN, a negative size) is a ConfigError naming the file."""
+    value (a list, a wrong type, NaN, a negative size) is a ConfigError naming the file. That it
+    describes these very weights was checked from the weights file's header, before reading them
+    (:func:`vit5.weights.checkpoint.read_checkpoint`)."""
     config_file = Path(ckpt.path) / CONFIG_NAME
     try:
         stored = ViT5Config.from_dict(ckpt.config)  # type: ignore[arg-type]
     except ConfigError as err:
         raise ConfigError(f"{config_file}: {err}") from err
-    # the weights were saved from this very config: a config.json edited (or mixed up) to describe
-    # another model is refused here, before a model of its size is allocated
-    described = parameter_count(stored)
-    held = sum(
-        t.numel() for k, t in ckpt.state_dict.items() if not k.endswith(("rope.freqs", "rope_reg.freqs"))
-    )
-    if described != held:
-        raise ConfigError(
-            f"{config_file} describes a model of {described:,} parameters, but its weights hold {held:,}: "
-            "the "
-            f"config does not belong to these weights (edited, or copied from another run)"
-        )
     try:
         return stored.replace(**overrides)
     except ConfigError as err:
