@@ -112,3 +112,67 @@ def test_the_onnx_file_carries_the_preprocessing_and_the_class_names(tmp_path):
     assert json.loads(meta["mean"]) == pytest.approx(IMAGENET_DEFAULT_MEAN)
     assert json.loads(meta["std"]) == pytest.approx(IMAGENET_DEFAULT_STD)
     assert json.loads(meta["input_size"]) == [3, 32, 32] and float(meta["crop_pct"]) == 1.0
+
+
+_OVERWRITE_UNDER_A_FILE_SIZE_LIMIT = r"""
+import resource, signal, sys
+from vit5.cli.export import main
+import vit5
+run, onnx_path, program_path = sys.argv[1:4]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
+try:
+    vit5.export_onnx(vit5.load_model(run), onnx_path, check=False)
+except Exception as err:
+    print("onnx:", type(err).__name__, str(err).splitlines()[0])
+print("program exit", main(["--model", run, "--program", program_path]))
+"""
+
+
+def test_a_failed_re_export_leaves_the_previous_files_whole(tmp_path):
+    """A file-size limit (or a full disk, or a kill) during a re-export keeps the good files in place."""
+    import subprocess
+    import sys
+
+    vit5.save_pretrained(tiny(), tmp_path / "run")
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["--model", str(tmp_path / "run"), "--onnx", str(out / "m.onnx"), "--program", str(out / "m.pt2")]
+        )
+        == 0
+    )
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["m.onnx", "m.pt2"] and min(map(len, before.values())) > 20_000
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _OVERWRITE_UNDER_A_FILE_SIZE_LIMIT,
+            str(tmp_path / "run"),
+            str(out / "m.onnx"),
+            str(out / "m.pt2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "onnx: StorageError cannot write" in result.stdout, result.stdout + result.stderr
+    assert "program exit 2" in result.stdout and "error: cannot write" in result.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no partial file, no leftover
+
+
+def test_external_weights_are_put_in_place_with_their_graph(tmp_path):
+    model = tiny()
+    path = tmp_path / "m.onnx"
+    report = vit5.export_onnx(model, path, external_data=True)
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"] and report.files[1].exists()
+    )
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            run_onnx(path, x), model(x), rtol=1e-4, atol=1e-4
+        )  # graph finds its weights
+    vit5.export_onnx(model, path, external_data=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # the old weights file went with it

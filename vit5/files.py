@@ -89,6 +89,15 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, durable: bool = Tr
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", durable)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a written file's content to disk (before renaming it into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def sync_dir(directory: str | os.PathLike[str]) -> None:
     """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def _export_from_args(args: argparse.Namespace) -> None:
     """Load the model the arguments name and write what they ask for (errors: :func:`run_command`)."""
     import torch
 
+    from vit5.files import atomic_write_bytes, check_output_dir
     from vit5.introspect.spec import load_spec, parse_model_args, random_init_flags
     from vit5.weights.export import export_onnx, export_program
 
@@ -77,8 +79,12 @@ def _export_from_args(args: argparse.Namespace) -> None:
     print(f"model: {loaded.description}")
     if args.program is not None:
         program = export_program(loaded.model, **shapes)
-        args.program.parent.mkdir(parents=True, exist_ok=True)
-        torch.export.save(program, str(args.program))
+        check_output_dir(args.program.parent, "the --program folder")
+        # in memory first: torch's zip writer aborts the process when a write fails (full disk); the
+        # atomic write then never replaces a good file by a partial one
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        atomic_write_bytes(args.program, buffer.getbuffer())
         print(f"wrote {args.program} (torch.export program)")
     if args.onnx is not None:
         print(

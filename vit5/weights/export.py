@@ -18,6 +18,12 @@ antialiasing, which one branch-free graph cannot do, so smaller sizes are outsid
 range (torch.export refuses them; an ONNX runtime does not check, and would resample without
 antialiasing). ONNX files are verified with onnxruntime on random images before returning; the
 ``export`` extra installs onnx, onnxruntime and onnxscript (``pip install 'vit5[export]'``).
+
+Files are written atomically: the ONNX file (and its ``.data`` weights, when external) is exported
+and checked in a hidden staging folder beside the target, then renamed into place, the graph last,
+so a kill, a full disk or a file-size limit leaves the previous export as it was (or, between the
+two renames, no graph at all: never an old graph over new weights). ``vit5 export --program``
+writes its program with :func:`vit5.files.atomic_write_bytes`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vit5.errors import Vit5Error
+from vit5.errors import Vit5Error, storage_error
+from vit5.files import fsync_file, staging_dir, sync_dir
 from vit5.layers.patch_embed import grid_of
 
 logger = logging.getLogger("vit5")
@@ -116,12 +124,52 @@ def export_onnx(
     """
     _require_onnx()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise storage_error(err, path.parent, "create") from err
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
     if external_data is None:
         external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
-    if not external_data:
-        path.with_name(path.name + ".data").unlink(missing_ok=True)  # a previous export's weights, now stale
+    staged = staging_dir(path)
+    try:
+        report = _export_staged(
+            model,
+            staged / path.name,
+            example,
+            dynamic_shapes,
+            external_data,
+            opset,
+            check,
+            atol,
+            dynamic_batch,
+            dynamic_size,
+        )
+        _put_in_place(staged / path.name, path)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    report = OnnxExport(path, report.input_shape, report.max_abs_diff, atol, report.seconds)
+    if report.max_abs_diff is not None and not report.max_abs_diff <= atol:
+        raise ExportError(
+            f"{report}: above the tolerance, so the export is not faithful (kept for inspection)"
+        )
+    logger.info(str(report))
+    return report
+
+
+def _export_staged(
+    model: nn.Module,
+    path: Path,
+    example: torch.Tensor,
+    dynamic_shapes: tuple[dict[int, object]],
+    external_data: bool,
+    opset: int | None,
+    check: bool,
+    atol: float,
+    dynamic_batch: bool,
+    dynamic_size: bool,
+) -> OnnxExport:
+    """Export into the staging folder and check it there."""
     start = time.perf_counter()
     with _eval_mode(model):
         try:
@@ -140,7 +188,14 @@ def export_onnx(
                 f"ONNX export failed for {type(model).__name__} at {_shape(example)}: {err}"
             ) from err
         program.model.metadata_props.update(onnx_metadata(model))
-        program.save(str(path), external_data=external_data)
+        try:
+            program.save(str(path), external_data=external_data)
+        except Exception as err:
+            disk = _os_error(err)
+            if disk is None:
+                raise
+            # a full disk or a file-size limit, named by the target (``path`` is its staged copy)
+            raise storage_error(disk, path.parent.parent / path.name) from err
     seconds = time.perf_counter() - start
     names = (
         "batch" if dynamic_batch else example.shape[0],
@@ -149,13 +204,37 @@ def export_onnx(
         "width" if dynamic_size else example.shape[3],
     )
     diff = onnx_max_abs_diff(model, path, example) if check else None
-    report = OnnxExport(path, names, diff, atol, seconds)
-    if diff is not None and not diff <= atol:
-        raise ExportError(
-            f"{report}: above the tolerance, so the export is not faithful (kept for inspection)"
-        )
-    logger.info(str(report))
-    return report
+    return OnnxExport(path, names, diff, atol, seconds)
+
+
+def _put_in_place(staged: Path, path: Path) -> None:
+    """Rename a complete staged export over ``path``: its weights file first, the graph last."""
+    data_name = path.name + ".data"
+    try:
+        for written in (staged, staged.parent / data_name):
+            if written.exists():
+                fsync_file(written)
+        if (staged.parent / data_name).exists():
+            path.unlink(missing_ok=True)  # the old graph must never meet the new weights
+            os.replace(staged.parent / data_name, path.with_name(data_name))
+            os.replace(staged, path)
+        else:
+            os.replace(staged, path)
+            path.with_name(data_name).unlink(missing_ok=True)  # a previous export's weights, now stale
+    except OSError as err:
+        raise storage_error(err, path) from err
+    sync_dir(path.parent)
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OS error (disk full, file too large, ...) behind an exporter's exception, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def onnx_metadata(model: nn.Module) -> dict[str, str]:
