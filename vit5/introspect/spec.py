@@ -44,6 +44,7 @@ from vit5.weights import hub
 from vit5.weights.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir
 from vit5.weights.convert import CheckpointError
 from vit5.weights.factory import create_model, load_model
+from vit5.weights.registry import pretrained_overlay
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
@@ -102,50 +103,62 @@ def load_spec(
     """
     overrides = dict(overrides or {})
     try:
-        if random_init:
-            return _load_random(spec, overrides, use_ema)
-        if spec.startswith(TIMM_PREFIX):
-            return _load_timm(spec, overrides, use_ema)
-        if spec.startswith(hub.HF_HUB_PREFIX):
-            model = load_model(spec, use_ema=use_ema, **overrides)
-            label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1] + (
-                "-ema" if use_ema else ""
-            )
-            return _finish(
-                model,
-                label,
-                spec,
-                "ema" if use_ema else "raw",
-                f"vit5 model {spec} ({_weights_word(use_ema)})",
-            )
-        name, _, weights_path = spec.partition("@")
-        if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
-            weights = weights_path or _released(name)
-            model = create_model(name, pretrained=weights, use_ema=use_ema, **overrides)
-            arch = name.partition(".")[0]
-            label = arch + ("-ema" if use_ema else "")
-            return _finish(
-                model,
-                label,
-                spec,
-                "ema" if use_ema else "raw",
-                f"vit5 {arch}, {_weights_word(use_ema)} {weights}",
-            )
-        path = Path(spec)
-        if not path.exists():
-            _unknown(spec)
-        resolved = checkpoint_dir(path)
-        model = load_model(resolved, use_ema=use_ema, **overrides)
-        label = _path_label(resolved) + ("-ema" if use_ema else "")
+        with hub.local_path_form(_local_form(spec)):
+            return _load_spec(spec, overrides, use_ema, random_init)
+    except (CheckpointError, ConfigError) as err:
+        raise InputError(f"cannot load {spec}: {err}") from err
+
+
+def _local_form(spec: str) -> str:
+    """How a spec names a local copy of the weights it would download (for the hub's advice)."""
+    if spec.startswith(hub.HF_HUB_PREFIX):
+        return "the model (the folder holding its config.json and weights)"
+    name = spec.partition("@")[0]
+    return f"{name.partition('.')[0] if not name.startswith(TIMM_PREFIX) else name}@PATH"
+
+
+def _load_spec(spec: str, overrides: dict[str, Any], use_ema: bool, random_init: bool) -> LoadedModel:
+    """:func:`load_spec` without its error wrapping."""
+    if random_init:
+        return _load_random(spec, overrides, use_ema)
+    if spec.startswith(TIMM_PREFIX):
+        return _load_timm(spec, overrides, use_ema)
+    if spec.startswith(hub.HF_HUB_PREFIX):
+        model = load_model(spec, use_ema=use_ema, **overrides)
+        label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1] + ("-ema" if use_ema else "")
         return _finish(
             model,
             label,
             spec,
             "ema" if use_ema else "raw",
-            f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})",
+            f"vit5 model {spec} ({_weights_word(use_ema)})",
         )
-    except (CheckpointError, ConfigError) as err:
-        raise InputError(f"cannot load {spec}: {err}") from err
+    name, _, weights_path = spec.partition("@")
+    if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
+        weights = weights_path or _released(name)
+        model = create_model(name, pretrained=weights, use_ema=use_ema, **overrides)
+        arch = name.partition(".")[0]
+        label = arch + ("-ema" if use_ema else "")
+        return _finish(
+            model,
+            label,
+            spec,
+            "ema" if use_ema else "raw",
+            f"vit5 {arch}, {_weights_word(use_ema)} {weights}",
+        )
+    path = Path(spec)
+    if not path.exists():
+        _unknown(spec)
+    resolved = checkpoint_dir(path)
+    model = load_model(resolved, use_ema=use_ema, **overrides)
+    label = _path_label(resolved) + ("-ema" if use_ema else "")
+    return _finish(
+        model,
+        label,
+        spec,
+        "ema" if use_ema else "raw",
+        f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})",
+    )
 
 
 def _unknown(spec: str) -> None:
@@ -292,6 +305,11 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
             f"{', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
             "add @CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
         )
+    if pretrained:  # the weights through vit5's download (cache first) and reader, not timm's
+        overlay = pretrained_overlay(
+            timm.models.get_pretrained_cfg(name), overrides.get("pretrained_cfg_overlay")
+        )
+        overrides = {**overrides, "pretrained_cfg_overlay": overlay} if overlay else overrides
     try:
         try:
             return timm.create_model(name, pretrained=pretrained, **{"dynamic_img_size": True, **overrides})

@@ -9,23 +9,43 @@ pretrained configs, so ``timm.create_model(name, pretrained=True)`` and
 Every download goes through ``huggingface_hub.hf_hub_download``, so the usual rules hold: files
 are cached under ``HF_HUB_CACHE`` (default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``) and
 fetched once; ``revision=`` (or ``repo@revision``) pins a branch, tag or commit; with
-``HF_HUB_OFFLINE=1`` nothing goes over the network and only cached files load. Failures become
-one :class:`~vit5.weights.convert.CheckpointError` that names the repo, the file and the way to
-fetch it by hand. Uploads (:func:`vit5.push_to_hub`) go through ``HfApi.upload_folder``.
+``HF_HUB_OFFLINE=1`` nothing goes over the network and only cached files load. Uploads
+(:func:`vit5.push_to_hub`) go through ``HfApi.upload_folder``.
+
+The cache is looked in first (:func:`download`): a cached file that cannot have changed (the
+released weights, a file at a commit) is used without asking the network at all. Otherwise the Hub
+is asked once, with ``HF_HUB_ETAG_TIMEOUT`` (default 10 s) and no retries, whether the file is
+there; a proxy refusal (HTTP 407), a missing network, a timeout or an HTTP 5xx then falls back to
+the cached copy when there is one (with a warning), and is otherwise one error within seconds,
+instead of huggingface_hub's retries with back-off (over half a minute per file). Every failure
+is one :class:`~vit5.weights.convert.CheckpointError` that names the repo, the file, why, and the
+way to fetch it by hand; the local-path form it advises is ``pretrained=PATH`` from Python and
+``MODEL@PATH`` from a model spec (the command lines, :func:`local_path_form`).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -44,6 +64,7 @@ HF_HUB_PREFIX = "hf-hub:"
 PAPER_ID = "arXiv:2602.08071"
 PAPER_NAME = "ViT-5: Vision Transformers for the Mid-2020s"
 ORIGIN_URL = "https://github.com/wangf3014/ViT-5"
+logger = logging.getLogger("vit5")
 
 
 @dataclass(frozen=True)
@@ -123,14 +144,156 @@ def split_revision(repo: str) -> tuple[str, str | None]:
 
 
 # ---------------------------------------------------------------------------------- download
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a proxy refusal, a missing network or a timeout, for the HTTP library this
+    huggingface_hub uses (httpx from 1.0, requests before)."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, names in (
+        ("httpx2", ("TransportError",)),
+        ("httpx", ("TransportError",)),
+        ("requests", ("ConnectionError", "Timeout")),
+    ):
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(library, name) for name in names if hasattr(library, name)]
+    return tuple(found)
+
+
+NETWORK_ERRORS = _network_errors()
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_LOCAL_FORM: ContextVar[str] = ContextVar("vit5_local_form", default="pretrained=PATH")
+
+
+@contextmanager
+def local_path_form(form: str) -> Iterator[None]:
+    """How the errors inside say to pass a downloaded file instead (``pretrained=PATH`` by default;
+    a model spec says ``vit5_small@PATH``)."""
+    token = _LOCAL_FORM.set(form)
+    try:
+        yield
+    finally:
+        _LOCAL_FORM.reset(token)
+
+
+class _Unreachable(Exception):
+    """The Hub could not be asked (proxy, network, timeout, 5xx) and nothing is cached."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def download(
     repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> Path:
-    """The local path of ``filename`` from ``repo_id`` (downloaded once, then from the cache)."""
-    with clear_hub_errors(repo_id, filename, revision):
-        return Path(
-            hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir, library_name="vit5")
+    """The local path of ``filename`` from ``repo_id``: from the cache when it is there, else
+    downloaded once (see the module docstring for when the network is asked and how it may fail)."""
+    return download_first(repo_id, (filename,), revision, cache_dir)
+
+
+def download_first(
+    repo_id: str,
+    filenames: Sequence[str],
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    pinned: bool = False,
+) -> Path:
+    """The local path of the first of ``filenames`` that ``repo_id`` has (timm looks for
+    ``model.safetensors``, then ``pytorch_model.bin``). ``pinned``: the files never change (also
+    true of the released weights and of a commit), so a cached copy is used without the network."""
+    label = " or ".join(filenames)
+    with clear_hub_errors(repo_id, label, revision):
+        cached = next(
+            (p for p in (_cached(repo_id, f, revision, cache_dir) for f in filenames) if p is not None), None
         )
+        pinned = (
+            pinned
+            or repo_id in {r.repo for r in RELEASES.values()}
+            or bool(_COMMIT.fullmatch(revision or ""))
+        )
+        if cached is not None and (pinned or constants.HF_HUB_OFFLINE):
+            return cached
+        for i, filename in enumerate(filenames):
+            if constants.HF_HUB_OFFLINE:
+                break  # hf_hub_download below says it is not cached
+            try:
+                get_hf_file_metadata(
+                    hf_hub_url(repo_id, filename, revision=revision), timeout=constants.HF_HUB_ETAG_TIMEOUT
+                )
+            except EntryNotFoundError:
+                if i + 1 < len(filenames):
+                    continue
+                raise
+            except (*NETWORK_ERRORS, HfHubHTTPError) as err:
+                if isinstance(err, HfHubHTTPError) and not _server_error(err):
+                    raise  # 401, 403, 404 of the repo: the Hub answered, clear_hub_errors says what
+                if cached is None:
+                    raise _Unreachable(err) from err
+                logger.warning(
+                    "the Hugging Face Hub could not be reached (%s): using the cached %s of %s",
+                    _why(err),
+                    cached.name,
+                    repo_id,
+                )
+                return cached
+            return Path(
+                hf_hub_download(
+                    repo_id,
+                    filename,
+                    revision=revision,
+                    cache_dir=cache_dir,
+                    library_name="vit5",
+                    etag_timeout=constants.HF_HUB_ETAG_TIMEOUT,
+                )
+            )
+        return Path(hf_hub_download(repo_id, filenames[0], revision=revision, cache_dir=cache_dir))
+
+
+def timm_weights_file(cfg: Any, cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local copy (cache first, :func:`download_first`) of the weights a timm pretrained config
+    names on the Hub, in timm's order of files; ``None`` when the config names none (a URL, a
+    file, or an ``hf-hub:`` model, which timm resolves itself)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda key: getattr(cfg, key, None)
+    hub_id = get("hf_hub_id")
+    if not hub_id or get("source") == "hf-hub" or get("file") or get("state_dict") is not None:
+        return None
+    repo, revision = split_revision(hub_id)
+    filename = get("hf_hub_filename")
+    names = (filename,) if filename else ("model.safetensors", "pytorch_model.bin")
+    return download_first(repo, names, revision, cache_dir)
+
+
+def _cached(
+    repo_id: str, filename: str, revision: str | None, cache_dir: str | os.PathLike | None
+) -> Path | None:
+    try:
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
+    except ValueError:  # a malformed repo id: the download says so
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _server_error(err: HfHubHTTPError) -> bool:
+    response = getattr(err, "response", None)
+    return getattr(response, "status_code", 0) >= 500 or getattr(response, "status_code", 0) == 407
+
+
+def _why(err: BaseException) -> str:
+    """A network failure in words, with what to check."""
+    name = type(err).__name__
+    text = str(err).strip().splitlines()[0] if str(err).strip() else name
+    if "Proxy" in name or "407" in text:
+        return f"the proxy refused the connection: {text}; check HTTPS_PROXY and its credentials"
+    if "Timeout" in name or isinstance(err, TimeoutError):
+        return (
+            f"no answer within {constants.HF_HUB_ETAG_TIMEOUT} s ({text}); a slow network may need a "
+            "larger HF_HUB_ETAG_TIMEOUT"
+        )
+    if isinstance(err, HfHubHTTPError):
+        return f"the Hub answered {text}"
+    return f"no network? {name}: {text}"
 
 
 @contextmanager
@@ -139,15 +302,21 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
     where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (
         f" (revision {revision})" if revision else ""
     )
-    url = f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{filename}"
+    first = filename.split(" or ")[0]
+    url = f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{first}"
     by_hand = (
-        f"fetch it by hand where there is network: `hf download {repo_id} {filename}"
+        f"fetch it by hand where there is network: `hf download {repo_id} {first}"
         + (f" --revision {revision}" if revision else "")
         + f"` (then copy the cache folder {cache_root()} here), or download {url} and pass its path as "
-        "pretrained=PATH"
+        + _LOCAL_FORM.get()
     )
     try:
         yield
+    except _Unreachable as err:
+        raise CheckpointError(
+            f"cannot load {where}: the Hub could not be reached ({_why(err.cause)}) and it is not in the "
+            f"cache {cache_root()}; {by_hand}"
+        ) from err.cause
     except LocalEntryNotFoundError as err:
         reason = (
             "HF_HUB_OFFLINE is set"
@@ -168,6 +337,8 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
         raise CheckpointError(f"cannot load {where}: the repo has no such file") from err
     except HfHubHTTPError as err:
         raise CheckpointError(f"cannot load {where}: the Hub answered {err}; {by_hand}") from err
+    except NETWORK_ERRORS as err:  # during the download itself
+        raise CheckpointError(f"cannot load {where}: {_why(err)}; {by_hand}") from err
 
 
 def cache_root() -> str:

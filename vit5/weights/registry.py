@@ -91,6 +91,10 @@ def _entrypoint(name: str) -> Callable[..., Any]:
             "pretrained_cfg": kwargs.get("pretrained_cfg"),
             "pretrained_cfg_overlay": kwargs.get("pretrained_cfg_overlay"),
         }
+        if pretrained:
+            kwargs["pretrained_cfg_overlay"] = pretrained_overlay(
+                resolve_pretrained_cfg(**cfg_source), kwargs.get("pretrained_cfg_overlay")
+            )
         try:
             model = build_model_with_cfg(
                 partial(_build, name),
@@ -117,6 +121,21 @@ def _entrypoint(name: str) -> Callable[..., Any]:
     build.__module__ = __name__
     build.__doc__ = f"vit5 preset {name!r}: {PRESETS[name]}"
     return build
+
+
+def pretrained_overlay(cfg: Any, overlay: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """timm's ``pretrained_cfg_overlay`` with the weights of ``cfg`` already read: downloaded by
+    :func:`vit5.weights.hub.timm_weights_file` (cache first, one short network attempt) and read by
+    :func:`read_checkpoint` (sizes checked before loading, no pickled code), so timm neither retries
+    the network nor unpickles the file itself. Unchanged when ``cfg`` names no Hub weights."""
+    path = hub.timm_weights_file(cfg)
+    if path is None:
+        return overlay
+    try:
+        state_dict = read_checkpoint(path).state_dict
+    except CheckpointError as bad:
+        raise CheckpointError(f"{bad}\n  {hub.cached_copy_advice(path)}") from bad
+    return {**(overlay or {}), "state_dict": state_dict}
 
 
 def _hub_source(
