@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -56,10 +57,15 @@ def dataset_info(
 ) -> SegDatasetInfo:
     """Class count and names from the arguments, else from ``root/dataset.json``."""
     meta_path = Path(root) / "dataset.json"
-    meta = read_json(meta_path) if meta_path.is_file() else {}
+    meta = _checked_meta(read_json(meta_path), meta_path) if meta_path.is_file() else {}
     num_classes = num_classes or meta.get("num_classes")
-    if not num_classes or num_classes < 2:
+    if not num_classes:
         raise InputError(f"give the number of classes (>= 2); {meta_path} does not say it")
+    if type(num_classes) is not int or not 2 <= num_classes <= MAX_CLASSES:
+        raise InputError(
+            f"{num_classes!r} classes: the number of classes must be a whole number from 2 to "
+            f"{MAX_CLASSES:,} (masks hold 8- or 16-bit class ids)"
+        )
     names = meta.get("class_names") if meta.get("num_classes") == num_classes else None
     ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
     if 0 <= ignore_index < num_classes:
@@ -72,6 +78,33 @@ def dataset_info(
         ignore_index=ignore_index,
         reduce_zero_label=reduce_zero_label,
     )
+
+
+MAX_CLASSES = 65_536  # class ids are the values of an 8- or 16-bit mask PNG
+
+
+def _checked_meta(meta: Any, path: Path) -> dict[str, Any]:
+    """The fields of a ``dataset.json``, each range-checked: one error naming the file and the field."""
+
+    def bad(field: str, value: Any, want: str) -> InputError:
+        return InputError(f"{path}: {field} is {value!r}, but must be {want}; fix or delete the file")
+
+    if not isinstance(meta, dict):
+        raise InputError(f"{path} holds a {type(meta).__name__}, not an object of dataset fields")
+    count = meta.get("num_classes")
+    if count is not None and (type(count) is not int or not 2 <= count <= MAX_CLASSES):
+        raise bad("num_classes", count, f"a whole number from 2 to {MAX_CLASSES:,}")
+    names = meta.get("class_names")
+    if names is not None and (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or (count is not None and len(names) != count)
+    ):
+        raise bad("class_names", names if len(str(names)) < 80 else "...", f"a list of {count or 'N'} names")
+    ignore = meta.get("ignore_index")
+    if ignore is not None and (type(ignore) is not int or not -1 <= ignore <= MAX_CLASSES):
+        raise bad("ignore_index", ignore, f"a whole number from -1 to {MAX_CLASSES:,}")
+    return meta
 
 
 def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Path]]:

@@ -210,6 +210,8 @@ def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict
             meta = json.loads((f.metadata() or {})[_META_KEY])
     except Exception:  # unreadable or foreign file: recompute it
         return None
+    if not isinstance(meta, dict) or _entry_problem(meta, out_dir):
+        return None  # a foreign or crafted file: recompute it
     if meta.get("run_id") != run_id or any(meta.get(k) != v for k, v in _source_stat(path).items()):
         return None
     return {k: meta[k] for k in ("path", "file", "image_size", "input_size", "grid")}
@@ -219,7 +221,7 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     manifest = out_dir / MANIFEST
     if overwrite or not manifest.is_file():
         return
-    old = read_json(manifest)
+    old = checked_manifest(read_json(manifest), manifest)
     if (
         old.get("run_id") != run_id and old.get("num_images", 1) > 0
     ):  # an export that wrote nothing blocks nothing
@@ -255,10 +257,50 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
         raise InputError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
-    manifest = read_json(path)
+    manifest = checked_manifest(read_json(path), path)
     if manifest.get("format") != FORMAT:
         raise InputError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
+    for key, want in (("source_root", str), ("images", list)):
+        if not isinstance(manifest.get(key), want):
+            raise InputError(
+                f"{path}: {key} is {manifest.get(key)!r}, not a {want.__name__}: fix or delete it"
+            )
     return manifest
+
+
+def checked_manifest(manifest: Any, path: Path) -> dict[str, Any]:
+    """A manifest's fields, range-checked (a crafted or damaged one is one error naming the field):
+    an object; ``num_images`` a count; every image entry with a relative ``path``, a ``file``
+    inside the export folder, and sizes of two positive integers; ``failed`` a list of entries."""
+    if not isinstance(manifest, dict):
+        raise InputError(f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it")
+    count = manifest.get("num_images", 0)
+    if type(count) is not int or count < 0:
+        raise InputError(f"{path}: num_images is {count!r}, not a count: fix or delete it")
+    images = manifest.get("images", [])
+    for i, entry in enumerate(images if isinstance(images, list) else ()):
+        problem = _entry_problem(entry, path.parent)
+        if problem:
+            raise InputError(f"{path}: images[{i}] {problem}: fix or delete it")
+    failed = manifest.get("failed", [])
+    if not isinstance(failed, list) or not all(isinstance(f, dict) for f in failed):
+        raise InputError(f"{path}: failed is not a list of entries: fix or delete it")
+    return manifest
+
+
+def _entry_problem(entry: Any, out_dir: Path) -> str:
+    """What is wrong with one image entry of a manifest (or a feature file's metadata), or ``""``."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an entry"
+    for key in ("path", "file"):
+        value = entry.get(key)
+        if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
+            return f"has {key} {value!r}, not a path inside the folder"
+    for key in ("image_size", "input_size", "grid"):
+        value = entry.get(key)
+        if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)):
+            return f"has {key} {value!r}, not two positive whole numbers"
+    return ""
 
 
 def read_features(out_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:

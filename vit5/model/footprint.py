@@ -121,7 +121,8 @@ class SizeEstimate:
     param_bytes: int  # float32 weights
 
     def describe(self) -> str:
-        return f"{self.params / 1e9:.3g}e9 parameters ({format_bytes(self.param_bytes)} in float32)"
+        count = f"{self.params / 1e9:.3g}e9" if self.params < 1e12 else f"{self.params:.3g}"  # not 8.8e+03e9
+        return f"{count} parameters ({format_bytes(self.param_bytes)} in float32)"
 
 
 def estimate(cfg: ViT5Config) -> SizeEstimate:

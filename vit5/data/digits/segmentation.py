@@ -31,7 +31,7 @@ from sklearn.datasets import load_digits
 
 from vit5.data.digits import load_digits_split
 from vit5.errors import InputError
-from vit5.files import atomic_write_bytes, atomic_write_json
+from vit5.files import atomic_write_bytes, atomic_write_json, read_json
 
 SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
 IGNORE_INDEX = 255
@@ -167,7 +167,8 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
         "splits": {"train": cfg.num_train, "val": cfg.num_val},
     }
     if info_path.is_file():
-        old = json.loads(info_path.read_text()).get("config")
+        stored = read_json(info_path)
+        old = stored.get("config") if isinstance(stored, dict) else stored
         if old != json.loads(json.dumps(asdict(cfg))):
             raise FileExistsError(
                 f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another "
