@@ -198,21 +198,16 @@ def download_first(
     filenames: Sequence[str],
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
-    pinned: bool = False,
 ) -> Path:
     """The local path of the first of ``filenames`` that ``repo_id`` has (timm looks for
-    ``model.safetensors``, then ``pytorch_model.bin``). ``pinned``: the files never change (also
-    true of the released weights and of a commit), so a cached copy is used without the network."""
+    ``model.safetensors``, then ``pytorch_model.bin``). Files that never change (the released
+    weights, a commit) are taken from the cache without asking the network."""
     label = " or ".join(filenames)
     with clear_hub_errors(repo_id, label, revision):
         cached = next(
             (p for p in (_cached(repo_id, f, revision, cache_dir) for f in filenames) if p is not None), None
         )
-        pinned = (
-            pinned
-            or repo_id in {r.repo for r in RELEASES.values()}
-            or bool(_COMMIT.fullmatch(revision or ""))
-        )
+        pinned = repo_id in {r.repo for r in RELEASES.values()} or bool(_COMMIT.fullmatch(revision or ""))
         if cached is not None and (pinned or constants.HF_HUB_OFFLINE):
             return cached
         for i, filename in enumerate(filenames):
