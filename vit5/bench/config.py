@@ -1,12 +1,11 @@
-"""``BenchConfig``: every size, count and switch of the benchmark, with three profiles.
+"""``BenchConfig``: every size, count and switch of ``vit5 bench``, with three profiles.
 
 - ``smoke``: tiny models (depth 2, 32 px), a couple of rounds; seconds. For tests and CI.
 - ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
-  tokens; about 20 minutes on 2 idle CPU cores (inductor compilation included).
+  tokens; minutes on 2 idle CPU cores (inductor compilation included).
 - ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
 
-:class:`BenchContext` is what every benchmark section receives: the config, where to write figures,
-how to log.
+:class:`BenchContext` is what every section receives: the config, where to write figures, how to log.
 """
 
 from __future__ import annotations
@@ -21,9 +20,6 @@ import torch
 
 from vit5.bench.measure import TimingConfig
 from vit5.errors import InputError
-
-# ------------------------------------------------------------------------------------------ config
-Profile = Literal["smoke", "quick", "full"]
 
 
 @dataclass(frozen=True)
@@ -48,38 +44,20 @@ class BenchConfig:
     device: str = "cpu"
     dtype: Literal["fp32", "bf16"] = "fp32"
     threads: int | None = None  # CPU intra-op threads; None: torch's default
-    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)  # whole models
-    op_timing: TimingConfig = TimingConfig(warmup=2, rounds=9, min_sample_s=0.05)  # single layers and ops
-    # throughput and the cost of the modern parts
-    sizes: tuple[str, ...] = ("tiny", "small")
-    target_size: str = "small"  # the size the speed targets are stated for
+    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
+    sizes: tuple[str, ...] = ("tiny", "small")  # speed: every size at img_size
+    target_size: str = "small"  # the size the speed targets are stated for (and measured at hires)
     depth: int | None = None  # override every model's depth (smoke runs)
     img_size: int = 224
     batch: int = 8
     hires_img_size: int = 448
     hires_batch: int = 2
-    profile_calls: int = 3  # torch.profiler operator breakdown: profiled runs per step (the median is kept)
-    # model FLOPs utilisation
-    matmul_size: int = 2048
-    # attention memory and time
     attn_seq_lens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
     attn_heads: int = 2
     attn_head_dim: int = 64
-    attn_batch: int = 1
     attn_eager_max_bytes: int = 4 * 2**30  # skip eager where its n x n tensors would exceed this
-    attn_timing: TimingConfig = TimingConfig(warmup=1, rounds=3)
-    # torch.compile
     compile_size: str = "tiny"
     compile_backend: str = "inductor"
-    # KV cache: the vit5_small trunk (12 layers, 6 heads of 64) decoding causally
-    kv_layers: int = 12
-    kv_heads: int = 6
-    kv_head_dim: int = 64
-    kv_tokens: int = 256
-    kv_batch: int = 1
-    # norms and MLPs: one ViT-S block's activations [batch, tokens, dim]
-    layer_shape: tuple[int, int, int] = (8, 197, 384)
-    layer_heads: int = 6
     depth_ablation: DepthAblationConfig = field(default_factory=DepthAblationConfig)
 
     def __post_init__(self) -> None:
@@ -89,7 +67,7 @@ class BenchConfig:
             device = None
         if device is None or device.type not in ("cpu", "cuda"):
             raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
-        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
             raise InputError(
                 f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)"
             )
@@ -97,14 +75,8 @@ class BenchConfig:
             raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
             raise InputError("sizes must name at least one model size")
-        if self.profile_calls < 1:
-            raise InputError(f"profile_calls must be at least 1, got {self.profile_calls}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads must be at least 1, got {self.threads}")
-        if self.layer_shape[2] % self.layer_heads:
-            raise InputError(
-                f"layer_shape dim {self.layer_shape[2]} is not divisible by layer_heads {self.layer_heads}"
-            )
 
     @property
     def size_for_targets(self) -> str:
@@ -115,7 +87,7 @@ class BenchConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def profile(cls, name: Profile, **changes: Any) -> BenchConfig:
+    def profile(cls, name: Literal["smoke", "quick", "full"], **changes: Any) -> BenchConfig:
         if name not in PROFILES:
             raise InputError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
         return cls(**PROFILES[name]).replace(**changes)
@@ -125,23 +97,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     "smoke": dict(
         threads=1,  # tiny ops: a second thread only adds synchronisation stalls on a busy machine
         timing=TimingConfig(warmup=1, rounds=2),
-        op_timing=TimingConfig(warmup=1, rounds=3, min_sample_s=0.0),
         sizes=("tiny",),
         depth=2,
         img_size=32,
         batch=2,
         hires_img_size=64,
         hires_batch=1,
-        profile_calls=1,
-        matmul_size=256,
         attn_seq_lens=(64, 256),
         attn_heads=1,
-        attn_timing=TimingConfig(warmup=1, rounds=2),
         compile_backend="eager",
-        kv_layers=2,
-        kv_tokens=16,
-        layer_shape=(2, 17, 64),
-        layer_heads=2,
         depth_ablation=DepthAblationConfig(
             depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32
         ),
@@ -149,24 +113,17 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": dict(),
     "full": dict(
         timing=TimingConfig(warmup=3, rounds=15),
-        op_timing=TimingConfig(warmup=5, rounds=15, min_sample_s=0.1),
         batch=64,
         hires_batch=16,
-        matmul_size=8192,
         attn_seq_lens=(256, 512, 1024, 2048, 4096, 8192, 16384),
         attn_heads=6,
         attn_eager_max_bytes=32 * 2**30,
-        attn_timing=TimingConfig(warmup=2, rounds=7),
         compile_size="small",
-        kv_tokens=4096,
-        kv_batch=8,
-        layer_shape=(64, 197, 384),
         depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
     ),
 }
 
 
-# ----------------------------------------------------------------------------------------- context
 @dataclass
 class BenchContext:
     cfg: BenchConfig

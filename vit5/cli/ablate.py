@@ -97,5 +97,5 @@ def _ablate(args: argparse.Namespace) -> int:
         for table in result.section.tables:
             print("\n" + markdown_table(table))
         print("\n" + "\n".join(f"- {note}" for note in result.section.notes))
-        print(f"\nreport: {result.report} (and report.json, figures/)")
+        print(f"\nreport: {result.report} (and report.json)")
     return 0 if all(r.completed for r in result.records) else 1

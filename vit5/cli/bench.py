@@ -2,13 +2,14 @@
 
 vit5 bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
 vit5 bench --device cuda --dtype bf16 --out runs/bench_gpu
-vit5 bench --quick --only speed,modern_cost
+vit5 bench --quick --only speed,compile
 vit5 bench data-pipeline [--quick]                  # OpenCV + albumentations against torchvision's PIL
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 
 from vit5.bench import data_pipeline  # noqa: E402
 from vit5.bench.config import BenchConfig  # noqa: E402
-from vit5.bench.report import format_value  # noqa: E402
+from vit5.bench.report import format_value, markdown_table  # noqa: E402
 from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
 from vit5.cli import Parser, run_command  # noqa: E402
 from vit5.errors import Vit5Error, safe_console  # noqa: E402
@@ -95,8 +96,8 @@ def main_data_pipeline(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
-    result = data_pipeline.run(quick=args.quick)
-    print(data_pipeline.format_tables(result))
+    section = data_pipeline.run(quick=args.quick)
+    print("\n\n".join([section.title, *map(markdown_table, section.tables), *section.notes]))
     if args.out is not None:
-        atomic_write_json(args.out, result)
+        atomic_write_json(args.out, dataclasses.asdict(section))
     return 0
