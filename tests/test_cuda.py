@@ -175,7 +175,7 @@ def test_one_pass_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(n
     x = torch.randn(2, 197, 256)
     cos, sin = rope_cos_sin(torch.cat([torch.zeros(1, 32), Rope2D(64).angles((14, 14))]), "interleaved")
     expected = explicit_attention64(attn, x, cos, sin).float()
-    table = RopeTable.from_cos_sin(cos.to(DEVICE), sin.to(DEVICE), "interleaved")
+    table = RopeTable(cos.to(DEVICE), sin.to(DEVICE), "interleaved")
     attn = attn.to(DEVICE)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         got = attn(x.to(DEVICE), table)

@@ -213,7 +213,7 @@ def test_fused_qk_norm_and_rope_equal_an_explicit_float64_computation(kv_heads, 
     x = torch.randn(2, 15, 64)
     cos, sin = rope_for()
     expected = explicit_attention64(attn, x, cos, sin)
-    for rope in ((cos, sin), RopeTable.from_cos_sin(cos, sin, "interleaved")):
+    for rope in ((cos, sin), RopeTable(cos, sin, "interleaved")):
         got = attn(x, rope).double()
         assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
     assert set(attn.state_dict()) >= {"q_norm.weight", "k_norm.weight"}  # checkpoints keep their keys
@@ -240,8 +240,8 @@ def test_one_rope_table_per_grid_shared_by_every_block(monkeypatch):
     seen, built = [], []
     for blk in model.blocks:
         blk.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
-    real = torch.complex
-    monkeypatch.setattr(torch, "complex", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = RopeTable.from_angles
+    monkeypatch.setattr(RopeTable, "from_angles", lambda *a: built.append(1) or real(*a))
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
         model(x)
@@ -254,7 +254,7 @@ def test_one_rope_table_per_grid_shared_by_every_block(monkeypatch):
 def test_attention_forward_makes_no_copies_of_q_k_v_or_its_output(qk_norm):
     """q, k, v stay views of the projection; nothing is made contiguous on the way in or out."""
     attn = make("sdpa", kv_heads=2, qk_norm=qk_norm)
-    table = RopeTable.from_cos_sin(*rope_for(), "interleaved")
+    table = RopeTable(*rope_for(), "interleaved")
     x = torch.randn(2, 15, 64)
     with torch.no_grad(), torch.profiler.profile() as prof:
         attn(x, table)
@@ -271,6 +271,5 @@ def test_rope_table_rotates_token_major_layouts_and_selects_rows():
     with pytest.raises(ValueError, match="cannot rotate a tensor of shape"):
         table.rotate(x)  # tokens are not on dim -2 here
     half = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "half")
-    assert half.rotation is None  # the complex form exists only for adjacent pairs
     with pytest.raises(ValueError, match="layout"):
         make(rope_layout="interleaved")(torch.randn(1, 15, 64), half)

@@ -132,8 +132,8 @@ def test_rescaled_positions_interpolate_onto_the_reference_grid():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_eager_complex_path_equals_the_real_formula_with_gradients(dtype):
-    """Eager mode rotates interleaved pairs by complex multiplication; it must equal x*cos + rot(x)*sin."""
+def test_rotation_of_a_strided_view_equals_the_explicit_formula_with_gradients(dtype):
+    """Interleaved pairs of a strided view of the qkv projection (as attention passes k), fp32 inside."""
     cos, sin = rope_cos_sin(Rope2D(32).angles((5, 6)), "interleaved")
     qkv = torch.randn(2, 30, 3 * 4 * 32).to(dtype).requires_grad_()
     q = qkv.unflatten(-1, (-1, 32)).transpose(1, 2)[:, 4:8]  # a strided view, as attention passes k

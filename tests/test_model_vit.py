@@ -228,7 +228,7 @@ def test_every_component_is_switchable():
         plain.rope is None
         and plain.reg_token is None
         and plain.pos_embed is None
-        and plain.rope_tables((2, 2)) is None
+        and plain.rope_table((2, 2)) is None
     )
     assert ViT5Config.from_dict(plain.cfg.to_dict()) == plain.cfg
     unknown = vit5.create_model
@@ -236,12 +236,12 @@ def test_every_component_is_switchable():
         unknown("vit5_smal")
 
 
-def test_rope_tables_are_fp32_and_exact_after_a_bf16_cast():
-    reference = vit5.create_model("vit5_tiny", depth=1).rope_tables((32, 32))
+def test_rope_table_is_fp32_and_exact_after_a_bf16_cast():
+    reference = vit5.create_model("vit5_tiny", depth=1).rope_table((32, 32))
     cast = vit5.create_model("vit5_tiny", depth=1).to(torch.bfloat16)
-    got = cast.rope_tables((32, 32))
-    for name in ("cos", "sin", "rotation"):
-        assert getattr(got, name).dtype == (torch.complex64 if name == "rotation" else torch.float32)
+    got = cast.rope_table((32, 32))
+    for name in ("cos", "sin"):
+        assert getattr(got, name).dtype == torch.float32
         torch.testing.assert_close(getattr(got, name), getattr(reference, name), rtol=0, atol=0)
 
 

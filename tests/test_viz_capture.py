@@ -10,7 +10,6 @@ from viz_support import sharpen, tiny_timm, tiny_vit5
 
 import vit5
 from vit5.errors import InputError
-from vit5.introspect import block_indices
 from vit5.model import take_indices
 from vit5.reference import OfficialViT5
 from vit5.viz import capture, describe
@@ -68,7 +67,7 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
     n = inputs["x"].shape[1]
     q, k, _ = (inputs["x"] @ blk.attn.qkv.weight.T).reshape(1, n, 3, h, d).permute(2, 0, 3, 1, 4)
     q, k = _rms(q, blk.attn.q_norm.weight, 1e-6), _rms(k, blk.attn.k_norm.weight, 1e-6)
-    table = model.rope_tables(grid)  # per-token angles; rotation of adjacent pairs written out here
+    table = model.rope_table(grid)  # per-token angles; rotation of adjacent pairs written out here
     cos, sin = table.cos, table.sin
     rot = lambda t: torch.stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)  # noqa: E731
     q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
@@ -77,7 +76,7 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
     torch.testing.assert_close(rec.attentions[1], expected, rtol=1e-4, atol=1e-5)
     # tokens are block outputs before the final norm
     torch.testing.assert_close(
-        rec.tokens[1], blk(rec.tokens[0], model.rope_tables(grid)), rtol=1e-5, atol=1e-5
+        rec.tokens[1], blk(rec.tokens[0], model.rope_table(grid)), rtol=1e-5, atol=1e-5
     )
 
 
@@ -165,11 +164,12 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     with pytest.raises(
         InputError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
     ):
-        block_indices(2, [7])
-    assert block_indices(4, [-1, 0, -1]) == [0, 3]
-    assert block_indices(4, 2) == take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
+        take_indices(2, [7])
+    assert take_indices(4, [-1, 0, -1], unique=True) == [0, 3]
+    assert take_indices(4, [-1, 0, -1]) == [3, 0, 3]  # forward_intermediates: in the order asked (timm)
+    assert take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
     with pytest.raises(InputError, match="last 5 blocks of a model with 4"):
-        block_indices(4, 5)
+        take_indices(4, 5)
     fixed = timm.create_model(
         "vit_small_patch16_224",
         pretrained=False,

@@ -62,7 +62,7 @@ def _explicit_block_output(model, images, layer: int, neuron: int) -> torch.Tens
     x = to_batch(images, info.mean, info.std)
     if info.family == "vit5":
         tokens, grid = model.prepare_tokens(x)
-        table = model.rope_tables(grid)
+        table = model.rope_table(grid)
         cos, sin = table.cos, table.sin
         extra = {
             "rope": (

@@ -40,7 +40,8 @@ from vit5.eval.images import list_images
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import to_jsonable, write_json
 from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
+from vit5.model import take_indices
 
 FORMAT = "vit5-features/1"
 MANIFEST = "manifest.json"
@@ -117,7 +118,7 @@ def _export(
     root, paths = list_images(images)
     module, mean, std = resolve_model(model)
     info = describe(module)
-    blocks = block_indices(info.depth, settings.layers)
+    blocks = take_indices(info.depth, settings.layers, unique=True)
     if settings.size is not None:  # before anything is written: a bad size leaves no manifest behind
         info.grid(settings.size, EVAL_FIX)
     chosen = {**settings.identity(), "layers": blocks}  # absolute: -1 and 11 are the same run

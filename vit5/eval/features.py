@@ -30,7 +30,8 @@ from vit5.errors import InputError
 from vit5.eval.backbone import EVAL_FIX, dense_features
 from vit5.eval.images import Size, list_images, own_size
 from vit5.eval.load import LoadedModel
-from vit5.introspect import ModelInfo, block_indices, describe
+from vit5.introspect import ModelInfo, describe
+from vit5.model import take_indices
 
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {
@@ -158,7 +159,7 @@ def extract(
     """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed order."""
     module, mean, std = resolve_model(model, mean, std)
     info = describe(module)
-    blocks = block_indices(info.depth, settings.layers)
+    blocks = take_indices(info.depth, settings.layers, unique=True)
     if settings.size is not None:
         info.grid(settings.size, EVAL_FIX)
     paths = [Path(p) for p in paths]

@@ -29,7 +29,8 @@ from vit5.eval.backbone import dense_features
 from vit5.eval.images import LabelledImages
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import format_table
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
+from vit5.model import take_indices
 
 POOLS = ("cls", "avg")
 
@@ -73,7 +74,7 @@ def encode(
     info = describe(loaded.model)
     if "cls" in settings.pools and not info.num_cls:
         raise InputError(f"{loaded.label} has no CLS token; use pools=('avg',)")
-    (block,) = block_indices(info.depth, [settings.layer])
+    (block,) = take_indices(info.depth, [settings.layer])
     size = tuple(settings.size or loaded.input_size)
     transform = eval_transform(
         size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std

@@ -28,7 +28,8 @@ from vit5.eval.backbone import EVAL_FIX, dense_features
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import SegmentationScores, confusion_matrix, segmentation_scores
 from vit5.eval.report import format_table
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
+from vit5.model import take_indices
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def run_segmentation_probe(
 ) -> SegProbeResult:
     """Train the dense linear probe on ``splits[0]`` and score it on ``splits[1]``."""
     backbone = describe(loaded.model)
-    blocks = block_indices(backbone.depth, settings.layers)
+    blocks = take_indices(backbone.depth, settings.layers, unique=True)
     size = tuple(settings.size or loaded.input_size)
     backbone.grid(size, EVAL_FIX)
     start = time.perf_counter()

@@ -1,10 +1,11 @@
-"""What the tools need to know about a ViT, whatever its family: one description, one index rule, one unwrap.
+"""What the tools need to know about a ViT, whatever its family: one description, one unwrap.
 
 Supported are vit5 :class:`~vit5.ViT5` models (tokens ``[CLS | patches | registers]``) and timm
 ``VisionTransformer`` (DeiT-III, DINOv2, ``vit_*_reg4_*``) and ``Eva`` (RoPE, EVA02) models (tokens
 ``[CLS | registers | patches]``). :func:`describe` reads depth, width, heads, patch size, prefix tokens,
-input size and normalisation from either; :func:`block_indices` turns user layer choices into block
-indices; :func:`unwrap` peels torch.compile / DDP / Accelerate wrappers. eval, viz and bench use these.
+input size and normalisation from either; :func:`~vit5.model.vit.unwrap` peels torch.compile / DDP /
+Accelerate wrappers. Layer choices become block indices by the one index rule,
+:func:`vit5.model.take_indices`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 from vit5.errors import InputError
 from vit5.layers.patch_embed import grid_of
 from vit5.model.layout import TokenLayout
-from vit5.model.vit import ViT5, take_indices, unwrap
+from vit5.model.vit import ViT5, unwrap
 
 SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
 TEST_REGISTERS_ATTR = "_viz_test_registers"  # set on a model by vit5.viz.ttr while test-time registers are on
@@ -125,11 +126,3 @@ def patch_size_of(model: nn.Module) -> int | None:
         return describe(model).patch_size
     except InputError:
         return None
-
-
-def block_indices(depth: int, layers: int | Sequence[int] | None) -> list[int]:
-    """Sorted, unique block indices for ``layers`` as :func:`take_indices` reads them (``None`` all
-    blocks, an int ``n`` the last n, a list absolute or negative); an empty list is an error."""
-    if layers is not None and not isinstance(layers, int) and not list(layers):
-        raise InputError("choose at least one layer (e.g. -1 for the last block)")
-    return sorted(set(take_indices(depth, layers)))

@@ -5,7 +5,7 @@ from vit5.layers.block import Block, BlockConfig, LayerScale
 from vit5.layers.drop import DropPath, drop_path, drop_path_rates
 from vit5.layers.kv_cache import KVCache, LayerKVCache
 from vit5.layers.mlp import Mlp, SwiGLU, swiglu_hidden_dim
-from vit5.layers.norm import RMSNorm, make_norm, norm_head_groups
+from vit5.layers.norm import RMSNorm, make_norm
 from vit5.layers.patch_embed import PatchEmbed
 from vit5.layers.pos_embed import resample_pos_embed
 from vit5.layers.rope import (
@@ -40,7 +40,6 @@ __all__ = [
     "drop_path_rates",
     "eager_attention",
     "make_norm",
-    "norm_head_groups",
     "resample_pos_embed",
     "rope_angles_2d",
     "rope_cos_sin",

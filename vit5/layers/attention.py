@@ -5,9 +5,8 @@
 - RoPE rotates q and k only; v is never rotated. The per-token :class:`~vit5.layers.rope.RopeTable`
   comes from the model (built once per grid, shared by every block); rows with angle 0 leave a
   token (CLS) unrotated.
-- One pass each: QK-norm normalises the q and k heads in one call (stacked gains, see
-  :func:`~vit5.layers.norm.norm_head_groups`) and RoPE rotates them together, on views of the
-  qkv projection; no ``.contiguous()`` copy on the way to the kernel or back.
+- q, k and v are views of the qkv projection: no ``.contiguous()`` copy on the way to the kernel
+  or back.
 - Grouped-query attention (Ainslie et al., 2023): ``num_kv_heads`` key/value heads shared by
   groups of query heads (MHA when equal to ``num_heads``, MQA at 1). Kernels use their own GQA
   support; K/V are never repeated in memory.
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit5.layers.kv_cache import LayerKVCache
-from vit5.layers.norm import NormKind, make_norm, norm_head_groups
+from vit5.layers.norm import NormKind, make_norm
 from vit5.layers.rope import RopeLayout, RopeTable
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
@@ -145,28 +144,24 @@ class Attention(nn.Module):
         """``x [B, N, C]``; ``rope`` = a :class:`RopeTable` of N tokens, per-token ``(cos, sin)
         [N, head_dim]``, or None.
 
-        q, k and v stay views of the projection's ``[B, N, heads, head_dim]`` layout: QK-norm and
-        RoPE each run once on the q and k heads together, SDPA reads the strided views, and its
-        output (token-major on PyTorch's CPU and CUDA kernels) becomes ``[B, N, C]`` without a copy.
+        q, k and v are views of the projection's ``[B, N, heads, head_dim]`` layout (QK-norm and RoPE
+        read them there); SDPA's output (token-major on PyTorch's CPU and CUDA kernels) becomes
+        ``[B, N, C]`` without a copy.
         """
         b, n, c = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
         qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim))  # [B, N, H + 2 H_kv, d]
-        qk, v = qkv.split((h + h_kv, h_kv), dim=2)
-        qk = norm_head_groups(qk, (self.q_norm, self.k_norm), (h, h_kv))
+        q, k, v = qkv.split((h, h_kv, h_kv), dim=2)
+        q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             if not isinstance(rope, RopeTable):
-                rope = RopeTable.from_cos_sin(*rope, self.rope_layout)
+                rope = RopeTable(*rope, self.rope_layout)
             elif rope.layout != self.rope_layout:
                 raise ValueError(
                     f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
                 )
-            qk = rope.rotate(qk, token_dim=-3)
-        q, k = qk.split(
-            (h, h_kv), dim=2
-        )  # unpacked directly: torch.fx cannot iterate a generator over a proxy
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, N, d] views
-        v = v.transpose(1, 2)
+            q, k = rope.rotate(q, token_dim=-3), rope.rotate(k, token_dim=-3)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, N, d]
         if kv_cache is not None:
             if not causal:
                 raise ValueError("a KV cache only makes sense for causal attention: pass causal=True")

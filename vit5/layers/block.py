@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vit5.layers.attention import Attention, AttentionConfig
-from vit5.layers.drop import DropPath, drop_path_keep
+from vit5.layers.drop import DropPath
 from vit5.layers.kv_cache import LayerKVCache
 from vit5.layers.mlp import Mlp, MlpKind, SwiGLU
 from vit5.layers.norm import NormKind, make_norm
@@ -74,31 +74,7 @@ class Block(nn.Module):
         kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
         if self.pre_norm:
-            x = add_branch(x, self.attn(self.norm1(x), rope, causal, kv_cache), self.ls1, self.drop_path1)
-            return add_branch(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
-        x = self.norm1(add_branch(x, self.attn(x, rope, causal, kv_cache), self.ls1, self.drop_path1))
-        return self.norm2(add_branch(x, self.mlp(x), self.ls2, self.drop_path2))
-
-
-def add_branch(x: torch.Tensor, y: torch.Tensor, ls: nn.Module, drop: nn.Module) -> torch.Tensor:
-    """``x + drop(ls(y))`` in one pass over the activations: ``addcmul(x, y, scale)``.
-
-    The LayerScale gain ``[C]`` and the drop-path keep mask ``[B, 1, 1]`` (rescaled by
-    ``1 / keep``) are first combined into one small scale, so the residual update reads ``x`` and
-    ``y`` once instead of running a multiply, a mask multiply, a division and an add over
-    ``[B, N, C]``. Modules other than :class:`LayerScale` / :class:`DropPath` / Identity are
-    called as they are.
-    """
-    if isinstance(ls, LayerScale):
-        scale = ls.gamma
-    elif isinstance(ls, nn.Identity):
-        scale = None
-    else:
-        y, scale = ls(y), None
-    if isinstance(drop, DropPath):
-        keep = drop_path_keep(y, drop.rate, drop.training)
-        if keep is not None:
-            scale = keep if scale is None else keep * scale
-    elif not isinstance(drop, nn.Identity):
-        y = drop(y)
-    return x + y if scale is None else torch.addcmul(x, y, scale)
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, causal, kv_cache)))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope, causal, kv_cache))))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

@@ -6,19 +6,12 @@ import torch
 from torch import nn
 
 
-def drop_path_keep(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor | None:
-    """The per-sample factor of stochastic depth, ``[B, 1, ...]``: 0 for a dropped sample,
-    ``1/(1-rate)`` for a kept one; None when nothing is dropped (``rate`` 0 or evaluation)."""
-    if rate == 0.0 or not training:
-        return None
-    keep = 1.0 - rate
-    return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep).div_(keep)
-
-
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     """Zero the whole branch for a random ``rate`` of the samples; rescale the rest by ``1/(1-rate)``."""
-    keep = drop_path_keep(x, rate, training)
-    return x if keep is None else x * keep
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    return x * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep).div_(keep)
 
 
 class DropPath(nn.Module):

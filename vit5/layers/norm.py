@@ -16,45 +16,6 @@ from torch import nn
 NormKind = Literal["rmsnorm", "layernorm"]
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2, -1) + eps)`` without a gain, in ``x``'s dtype (pass fp32 for fp32 statistics).
-
-    On CUDA and under ``torch.compile`` this is ``F.rms_norm`` (one fused kernel each way). On a
-    CPU, PyTorch's ``rms_norm`` is a composite of six ops that writes ``x^2`` out in full and whose
-    autograd backward takes about ten passes; :class:`_RMSNormalizeCPU` takes the sum of squares in
-    one reduction and has a three-pass backward (about 2x faster forward + backward per call,
-    equal to within float rounding).
-    """
-    if x.device.type == "cpu" and not torch.compiler.is_compiling():
-        return _RMSNormalizeCPU.apply(x, eps)
-    return F.rms_norm(x, (x.shape[-1],), None, eps)
-
-
-torch.fx.wrap("rms_normalize")  # torch.fx records one call (it branches on the device), the eager computation
-
-
-class _RMSNormalizeCPU(torch.autograd.Function):
-    """``y = x * r`` with ``r = (mean(x^2) + eps)^(-1/2)``; backward ``r * (g - y * mean(g * y))``.
-
-    The backward follows from ``dr/dx = -r^3 x / d``: ``dx = r g - r^3 x (g . x) / d`` and
-    ``r^3 x (g . x) = r y (g . y)``. Only ``y`` and ``r`` are kept for it.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-        r = torch.rsqrt(mean_square.add_(eps))
-        y = x * r
-        ctx.save_for_backward(y, r)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        y, r = ctx.saved_tensors
-        dot = torch.einsum("...d,...d->...", grad, y).unsqueeze(-1)
-        return torch.addcmul(grad, y, dot, value=-1.0 / y.shape[-1]).mul_(r), None
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, gain only (no bias).
 
@@ -71,51 +32,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = rms_normalize(x.float(), self.eps)
-        return (y if self.weight is None else y * self.weight.float()).to(x.dtype)
+        weight = None if self.weight is None else self.weight.float()
+        return F.rms_norm(x.float(), (self.dim,), weight, self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}" + ("" if self.weight is not None else ", affine=False")
-
-
-def norm_head_groups(x: torch.Tensor, norms: tuple[nn.Module, ...], sizes: tuple[int, ...]) -> torch.Tensor:
-    """Normalise ``x [..., heads, d]`` in one call, ``norms[i]`` on the next ``sizes[i]`` heads.
-
-    QK-norm applies one norm to the q heads and another to the k heads. Done separately, that is
-    two passes over strided slices of the qkv projection (and the strided input costs a copy in
-    PyTorch's CPU ``rms_norm`` with a weight); here the statistics are taken over ``d`` for all
-    heads at once (fp32) and the gains are stacked per head: one normalisation and one multiply
-    (LayerNorm: one fused ``addcmul`` with its stacked bias), output in the input dtype. Each
-    norm keeps its own parameter and state-dict key. Identity norms return ``x`` unchanged; other
-    modules (a swapped-in custom norm) run one by one.
-    """
-    kinds = {type(norm) for norm in norms}
-    if kinds == {nn.Identity}:
-        return x
-    d = x.shape[-1]
-    if kinds not in ({RMSNorm}, {nn.LayerNorm}) or len({(norm.eps, *_affine(norm)) for norm in norms}) > 1:
-        parts = x.split(sizes, dim=-2)
-        return torch.cat([norm(part) for norm, part in zip(norms, parts)], dim=-2)
-    first = norms[0]
-    xf = x.float()
-    if isinstance(first, RMSNorm):
-        y = rms_normalize(xf, first.eps)
-    else:
-        y = F.layer_norm(xf, (d,), None, None, first.eps)
-    has_weight, has_bias = _affine(first)
-    weight = torch.cat([n.weight.float().expand(k, d) for n, k in zip(norms, sizes)]) if has_weight else None
-    bias = torch.cat([n.bias.float().expand(k, d) for n, k in zip(norms, sizes)]) if has_bias else None
-    if weight is not None and bias is not None:
-        y = torch.addcmul(bias, y, weight)
-    elif weight is not None:
-        y = y * weight
-    elif bias is not None:
-        y = y + bias
-    return y.to(x.dtype)
-
-
-def _affine(norm: nn.Module) -> tuple[bool, bool]:
-    return getattr(norm, "weight", None) is not None, getattr(norm, "bias", None) is not None
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-6) -> nn.Module:

@@ -107,45 +107,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Ro
     A convenience for one-off calls: it builds a :class:`RopeTable` each time; a model builds
     the table once per forward and calls :meth:`RopeTable.rotate` in every block.
     """
-    return RopeTable.from_cos_sin(cos, sin, layout).rotate(x)
+    return RopeTable(cos, sin, layout).rotate(x)
 
 
 @dataclass(frozen=True)
 class RopeTable:
-    """The rotation of every token, built once per grid and shared by every block.
-
-    ``cos, sin [n, head_dim]`` (fp32, per channel, in ``layout``) serve the real formula
-    ``x * cos + rotate_pairs(x) * sin``. For the interleaved layout the same angles are also
-    held as unit complex numbers ``rotation [n, head_dim/2]``: in eager mode a pair
-    ``(a, b)`` is rotated by one complex multiplication ``(a + ib) * (cos + i sin)``, a single
-    pass instead of four (~5x faster on a CPU). Under ``torch.compile`` the real formula is
-    used, because inductor has no complex code generation and fuses the real one into a kernel.
-    """
+    """The rotation of every token, built once per grid and shared by every block: per-channel
+    ``cos, sin [n, head_dim]`` (fp32, in ``layout``) for ``x * cos + rotate_pairs(x) * sin``."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     layout: RopeLayout
-    rotation: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("interleaved", "half"):
+            raise ValueError(f"unknown RoPE layout {self.layout!r}: use 'interleaved' (official) or 'half'")
 
     @classmethod
     def from_angles(cls, pair_angles: torch.Tensor, layout: RopeLayout) -> RopeTable:
         """The table for per-pair angles ``[n, head_dim/2]`` (see :func:`rope_angles_2d`)."""
-        return cls.from_cos_sin(*rope_cos_sin(pair_angles, layout), layout)
-
-    @classmethod
-    def from_cos_sin(cls, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout) -> RopeTable:
-        """The table for per-channel ``cos, sin [n, head_dim]`` (as :func:`rope_cos_sin` makes them)."""
-        if layout not in ("interleaved", "half"):
-            raise ValueError(f"unknown RoPE layout {layout!r}: use 'interleaved' (official) or 'half'")
-        rotation = None
-        if layout == "interleaved" and not torch.compiler.is_compiling():
-            rotation = torch.complex(cos[..., ::2].float(), sin[..., ::2].float())
-        return cls(cos, sin, layout, rotation)
+        return cls(*rope_cos_sin(pair_angles, layout), layout)
 
     def rows(self, tokens: slice | torch.Tensor) -> RopeTable:
         """The table of some tokens only (e.g. the new ones of a decoding step)."""
-        rotation = self.rotation[tokens] if self.rotation is not None else None
-        return RopeTable(self.cos[tokens], self.sin[tokens], self.layout, rotation)
+        return RopeTable(self.cos[tokens], self.sin[tokens], self.layout)
 
     @property
     def num_tokens(self) -> int:
@@ -159,8 +144,6 @@ class RopeTable:
         """
         if token_dim >= 0:
             raise ValueError(f"token_dim must count from the end (a negative dim), got {token_dim}")
-        if self.rotation is not None and not torch.compiler.is_compiling():
-            return rotate_complex(x, self.rotation, token_dim)
         x = checked_rope_input(x, self.cos, token_dim)
         trailing = (1,) * (-token_dim - 2)  # the dims between tokens and channels (heads)
         cos = self.cos.reshape(self.cos.shape[0], *trailing, -1)
@@ -179,21 +162,9 @@ def checked_rope_input(x: torch.Tensor, table: torch.Tensor, token_dim: int) -> 
     return x
 
 
-def rotate_complex(x: torch.Tensor, rotation: torch.Tensor, token_dim: int) -> torch.Tensor:
-    """Rotate the interleaved pairs of ``x`` by unit complex numbers ``rotation [n, head_dim/2]``."""
-    x = checked_rope_input(x, rotation, token_dim)
-    rotation = rotation.reshape(rotation.shape[0], *(1,) * (-token_dim - 2), -1)
-    pairs = x.float().unflatten(-1, (-1, 2))
-    aligned = pairs.stride(-1) == 1 and not pairs.storage_offset() % 2
-    if not aligned or any(stride % 2 for stride in pairs.stride()[:-1]):
-        pairs = pairs.contiguous()  # view_as_complex needs adjacent, aligned (real, imag) pairs
-    return torch.view_as_real(torch.view_as_complex(pairs) * rotation).flatten(-2).to(x.dtype)
-
-
-# torch.fx records these as calls (their checks read strides and sizes a proxy does not have), so a
-# traced model runs exactly the eager computation and still checks its inputs.
+# torch.fx records this as a call (its check reads sizes a proxy does not have), so a traced model
+# runs exactly the eager computation and still checks its inputs.
 torch.fx.wrap("checked_rope_input")
-torch.fx.wrap("rotate_complex")
 
 
 class Rope2D(nn.Module):

@@ -26,7 +26,7 @@ follow the ViT-5 layout; save before fusing, or reload the checkpoint).
 compilation time with regional compilation"): each transformer block is compiled in place with
 ``torch.compile``; since every block runs the same code on the same shapes, the first block's
 compiled code is reused by the others (one compilation instead of one per block, and much less
-than compiling the whole model), while the embedding, RoPE tables and head stay eager.
+than compiling the whole model), while the embedding, the RoPE table and the head stay eager.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ViT-5 backbone ("ViT-5: Vision Transformers for the Mid-2020s", arXiv 2602.08071).
 
 Forward pass (official order): patch embed -> add the learned APE to the patches only ->
-``[CLS | patches | registers]`` -> ``depth`` blocks with per-token RoPE tables built once for the
+``[CLS | patches | registers]`` -> ``depth`` blocks with one per-token RoPE table built once for the
 actual grid -> final norm -> head on the CLS token (or the patch mean). Any resolution whose
 sides are patch multiples works at run time: the APE is resampled from its stored grid and RoPE
 is built for the real grid.
@@ -10,7 +10,7 @@ The class follows the timm model contract (``forward_features``, ``forward_head`
 ``forward_intermediates``, ``no_weight_decay``, ``group_matcher``, ...), so timm's optimizers,
 schedulers and feature wrappers work on it unchanged. It is traceable: ``torch.export`` and ONNX
 export (static sizes), and ``torch.fx`` symbolic tracing (torchvision's feature extractor): the
-input checks and the APE resampling are FX leaves, and the RoPE tables and the token layout are
+input checks and the APE resampling are FX leaves, and the RoPE table and the token layout are
 built from the traced grid (the table cache is skipped while tracing).
 """
 
@@ -71,14 +71,18 @@ def default_pretrained_cfg(
     }
 
 
-def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[int]:
-    """Block indices to return: ``None`` all, an int ``n`` the last n, a list absolute or negative."""
+def take_indices(num_blocks: int, indices: int | Sequence[int] | None, unique: bool = False) -> list[int]:
+    """The one index rule of every tool that picks blocks (``forward_intermediates``, ``vit5.record``,
+    eval, viz): ``None`` all blocks, an int ``n`` the last n, a sequence absolute or negative indices
+    in the order given (``unique``: sorted, each once). Out of range or empty is an InputError."""
     if indices is None:
         return list(range(num_blocks))
     if isinstance(indices, int):
         if not 0 < indices <= num_blocks:
             raise InputError(f"asked for the last {indices} blocks of a model with {num_blocks}")
         return list(range(num_blocks - indices, num_blocks))
+    if not list(indices):
+        raise InputError("choose at least one layer (e.g. -1 for the last block)")
     taken = []
     for i in indices:
         if not -num_blocks <= i < num_blocks:
@@ -87,7 +91,7 @@ def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> list[i
                 f"0..{num_blocks - 1} (or -{num_blocks}..-1 counting from the end)"
             )
         taken.append(i % num_blocks)
-    return taken
+    return sorted(set(taken)) if unique else taken
 
 
 class ViT5(nn.Module):
@@ -167,9 +171,9 @@ class ViT5(nn.Module):
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
         return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)  # an FX leaf (see above)
 
-    def rope_tables(self, grid: tuple[int, int]) -> RopeTable | None:
-        """The rotation of every token of the sequence (fp32 ``cos, sin [N, head_dim]``, and the
-        complex form for the interleaved layout), or None without RoPE.
+    def rope_table(self, grid: tuple[int, int]) -> RopeTable | None:
+        """The rotation of every token of the sequence (fp32 ``cos, sin [N, head_dim]``), or None
+        without RoPE.
 
         Built once per grid and device (cached) and shared by every block. CLS rows (and
         registers without their own RoPE) have angle 0, i.e. they are not rotated, so one table
@@ -177,18 +181,18 @@ class ViT5(nn.Module):
         """
         if self.rope is None and self.rope_reg is None:
             return None
-        if is_tracing():  # a compiled / exported / traced graph computes its own tables
-            return self._build_rope_tables(grid)
+        if is_tracing():  # a compiled / exported / traced graph computes its own table
+            return self._build_rope_table(grid)
         key = (tuple(grid), self.patch_embed.proj.weight.device)
-        tables = self._rope_cache.get(key)
-        if tables is None:
+        table = self._rope_cache.get(key)
+        if table is None:
             if len(self._rope_cache) >= _ROPE_CACHE_SIZE:
                 self._rope_cache.clear()
-            tables = self._rope_cache[key] = self._build_rope_tables(grid)
-        return tables
+            table = self._rope_cache[key] = self._build_rope_table(grid)
+        return table
 
-    @torch.inference_mode(False)  # cached tables must stay usable by a later training step
-    def _build_rope_tables(self, grid: tuple[int, int]) -> RopeTable:
+    @torch.inference_mode(False)  # a cached table must stay usable by a later training step
+    def _build_rope_table(self, grid: tuple[int, int]) -> RopeTable:
         device = self.patch_embed.proj.weight.device
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
@@ -224,7 +228,7 @@ class ViT5(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """All tokens after the final norm, ``[B, N, C]`` in ``[CLS | patches | registers]`` order."""
         x, grid = self.prepare_tokens(x)
-        rope = self.rope_tables(grid)
+        rope = self.rope_table(grid)
         for block in self.blocks:
             x = self._run_block(block, x, rope)
         return self.norm(x)
@@ -275,7 +279,7 @@ class ViT5(nn.Module):
         wanted = set(taken)
         x, grid = self.prepare_tokens(x)
         layout = self.token_layout(grid)
-        rope = self.rope_tables(grid)
+        rope = self.rope_table(grid)
         last = max(taken) if stop_early else len(self.blocks) - 1
         outputs: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.blocks[: last + 1]):

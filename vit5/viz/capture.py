@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
 from vit5.introspect.info import ModelInfo
-from vit5.model import Recording, record
+from vit5.model import Recording, record, take_indices
 from vit5.model.vit import unwrap, unwrap_model
 
 LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
@@ -67,7 +67,7 @@ def capture(
     mode timm's attention dropout would alter the recorded probabilities.
     """
     info = recordable(model)
-    wanted = block_indices(info.depth, layers)
+    wanted = take_indices(info.depth, layers, unique=True)
     if info.family == "vit5":
         context = _record_vit5(model, wanted, attention, tokens, on_layer)
     else:

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
+from vit5.model import take_indices
 from vit5.model.vit import unwrap
 
 
@@ -40,7 +41,7 @@ def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[PlantSpec]:
     """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale``."""
     info = describe(model)
     net = unwrap(model)
-    layer = block_indices(info.depth, [spec.layer])[0]
+    layer = take_indices(info.depth, [spec.layer])[0]
     state: dict[str, tuple[int, int]] = {}
 
     def remember_size(module, args) -> None:

@@ -44,7 +44,8 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.introspect import block_indices, describe
+from vit5.introspect import describe
+from vit5.model import take_indices
 from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
@@ -164,7 +165,7 @@ def run_position_probe(
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
     info.grid(size)
-    layer = block_indices(info.depth, [cfg.layer])[0]
+    layer = take_indices(info.depth, [cfg.layer])[0]
     net = unwrap(model).eval().to(cfg.device)
     constant, noise = probe_images(size, cfg)
     f_const = _block_features(net, constant, layer, cfg.device)  # [levels, P, C]

@@ -29,9 +29,10 @@ from typing import Any
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.introspect import ModelInfo, block_indices, describe
+from vit5.introspect import ModelInfo, describe
 from vit5.introspect.spec import LoadedModel, load_spec
 from vit5.layers.patch_embed import grid_of
+from vit5.model import take_indices
 from vit5.model.footprint import attention_bytes
 from vit5.runtime import check_fits
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
@@ -128,7 +129,7 @@ def _prepare(
     size = tuple(size or cfg.size or info.img_size)
     info.grid(size)
     check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
-    layers = block_indices(info.depth, list(cfg.layers))
+    layers = take_indices(info.depth, list(cfg.layers), unique=True)
     if cfg.require_registers and info.num_registers == 0:
         raise InputError(
             f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "

@@ -41,9 +41,10 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import ModelInfo, block_indices, describe
+from vit5.introspect import ModelInfo, describe
 from vit5.introspect.info import TEST_REGISTERS_ATTR
 from vit5.layers import RopeTable
+from vit5.model import take_indices
 from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.images import LoadedImage, to_batch
@@ -150,9 +151,9 @@ def find_register_neurons(
     detect = (
         int(np.argmax(per_block))
         if search.detect_layer is None
-        else block_indices(info.depth, [search.detect_layer])[0]
+        else take_indices(info.depth, [search.detect_layer])[0]
     )
-    top = detect if search.top_layer is None else block_indices(info.depth, [search.top_layer])[0]
+    top = detect if search.top_layer is None else take_indices(info.depth, [search.top_layer])[0]
     tau = (
         search.threshold
         if search.threshold is not None
@@ -223,7 +224,7 @@ def use_test_time_registers(
         raise InputError("test-time registers need count >= 1 and at least one register neuron")
     by_layer: dict[int, list[int]] = {}
     for n in neurons:
-        by_layer.setdefault(block_indices(info.depth, [n.layer])[0], []).append(n.neuron)
+        by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
     state: dict = {}
 
     def remember_size(module, args) -> None:
@@ -246,7 +247,7 @@ def use_test_time_registers(
                 cos, sin = rope.cos, rope.sin
                 state["rope_in"], state["rope_out"] = (
                     rope,
-                    RopeTable.from_cos_sin(
+                    RopeTable(
                         torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
                         torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
                         rope.layout,
