@@ -41,12 +41,12 @@ registers: setup
 		--images $(STUDY)/heldout --out $(STUDY)/viz --max-figures 8
 
 # On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
-# one-pass QK-norm + RoPE, fuse_for_inference, compile and regional compile, KV-cache allocation) and
+# QK-norm + RoPE, fuse_for_inference, compile and regional compile, KV-cache allocation) and
 # the GPU benchmark sections (eager, fused, regional-compiled vit5 vs timm and the reference), in one run.
 gpu-check: setup
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
 	$(PY) -m pytest -q tests/test_cuda.py
-	$(VIT5) bench --quick --device cuda --dtype bf16 --only speed,modern_cost,attention_memory,compile --out runs/bench_gpu
+	$(VIT5) bench --quick --device cuda --dtype bf16 --only speed,memory,compile --out runs/bench_gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -162,9 +162,9 @@ def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
     assert training_bytes(model.cfg, batch=16, ema=False) <= peak
 
 
-# ---------------------------------------------------- fused QK-norm / RoPE, folding, regional compile
+# ---------------------------------------------------------- QK-norm / RoPE, folding, regional compile
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
-def test_one_pass_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
+def test_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
     from test_layers_attention import explicit_attention64
 
     torch.manual_seed(0)
