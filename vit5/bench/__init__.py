@@ -1,6 +1,6 @@
-"""Benchmarks: speed against timm and the official code, attention memory, compilation, export
-(``vit5 bench``), the component ablations (``vit5 ablate``) and the data pipeline, every contender
-measured side by side in one process.
+"""Benchmarks, every contender measured side by side in one process: ``vit5 bench`` (speed against timm
+and the official code, attention memory, compilation, export, depth; sections in :data:`SECTIONS`),
+``vit5 ablate`` (:mod:`vit5.bench.ablate`) and ``vit5 bench data-pipeline`` (:mod:`vit5.bench.data_pipeline`).
 
     from vit5.bench import BenchConfig, run_bench
     sections, report = run_bench(BenchConfig.profile("quick"), Path("runs/bench_quick"))
@@ -20,7 +20,5 @@ __all__ = [
     "TimingConfig",
     "measure",
     "measure_memory",
-    "paired_ratio",
-    "run_bench",
-    "speedup",
 ]
+__all__ += ["paired_ratio", "run_bench", "speedup"]

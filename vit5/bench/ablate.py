@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
 from tqdm import tqdm
 
 import vit5
-from vit5.bench.measure import TimingConfig, measure_throughput, speedup
+from vit5.bench.measure import TimingConfig, measure_throughput, throughput_cells
 from vit5.bench.report import Section, Table, Target, environment, load_average, write_report
 from vit5.errors import InputError
 from vit5.runtime import is_main_process, resolve_device
@@ -178,20 +177,16 @@ def _record(ablation: str, seed: int, summary: dict[str, Any], reused: bool) -> 
     )
 
 
-def spreads(records: Sequence[RunRecord], key: str) -> dict[str, Spread]:
-    """Per ablation, ``key`` ("final_top1" or "ema_top1") over its completed seeds."""
+def top1(records: Sequence[RunRecord], key: str) -> tuple[dict[str, Spread], dict[str, Delta]]:
+    """Per ablation, ``key`` ("final_top1" or "ema_top1") over its completed seeds, and every config's
+    delta against the full model (none when the full model has no result)."""
     values: dict[str, list[float]] = {}
     for r in records:
         if r.completed and getattr(r, key) is not None:
             values.setdefault(r.ablation, []).append(float(getattr(r, key)))
-    return {name: Spread(tuple(v)) for name, v in values.items()}
-
-
-def deltas(by_name: dict[str, Spread]) -> dict[str, Delta]:
-    """Every config's delta against the full model (empty when the full model has no result)."""
-    if REFERENCE not in by_name:
-        return {}
-    return {n: Delta.between(s, by_name[REFERENCE]) for n, s in by_name.items() if n != REFERENCE}
+    spreads = {name: Spread(tuple(v)) for name, v in values.items()}
+    ref = spreads.get(REFERENCE)
+    return spreads, {n: Delta.between(s, ref) for n, s in spreads.items() if ref and n != REFERENCE}
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -203,28 +198,18 @@ class Scale:
     overrides: tuple[str, ...]
     seeds: tuple[int, ...]
     epochs: int | None  # None: the recipe's
-    timing_batch: int
-    timing: TimingConfig
+    timing_batch: int = 64  # the side-by-side timing of the trained models
+    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
 
 
 SCALES: dict[str, Scale] = {
     # The digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs, 6 seeds: 54 runs in about an
     # hour on 2 idle CPU cores; best/ is not kept (the ablation reads the last epoch).
     "digits": Scale(
-        "demo_digits.yaml",
-        ("checkpoint.save_best=false", "run.progress=false"),
-        tuple(range(6)),
-        6,
-        timing_batch=64,
-        timing=TimingConfig(warmup=1, rounds=5),
+        "demo_digits.yaml", ("checkpoint.save_best=false", "run.progress=false"), tuple(range(6)), 6
     ),
     "imagenet": Scale(
-        "vit5_small_in1k.yaml",
-        ("checkpoint.save_best=false",),
-        (0,),
-        None,
-        timing_batch=128,
-        timing=TimingConfig(warmup=3, rounds=10),
+        "vit5_small_in1k.yaml", ("checkpoint.save_best=false",), (0,), None, 128, TimingConfig(3, 10)
     ),
 }
 
@@ -269,19 +254,13 @@ class AblationPlan:
 
 
 # -------------------------------------------------------------------------------------- training
-def train_run(
-    cfg: TrainConfig,
-    ablation: str,
-    seed: int,
-    log: Path,
-    datasets: tuple[Dataset, Dataset] | None,
-    keep: bool,
-) -> RunRecord:
-    """Train one run to the end (its output to ``log``), reuse it when finished before, or resume it."""
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfig, datasets) -> RunRecord:
+    """Train one run to the end (its output to ``OUT/logs``), reuse it when finished before, or resume it."""
+    run_dir, name = Path(cfg.run.output_dir) / cfg.run.name, ablation.name
+    log = plan.out_dir / "logs" / f"{plan.run_name(ablation, seed)}.log"
     if (run_dir / SUMMARY_JSON).is_file():
         _check_same_config(run_dir, cfg)
-        return _record(ablation, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
+        return _record(name, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
     checkpoint = None
     if run_dir.is_dir():
         try:
@@ -296,14 +275,14 @@ def train_run(
         with open(log, "a", buffering=1) as out, contextlib.redirect_stdout(out):  # lines survive a kill
             summary = Trainer(cfg, resume=checkpoint, train_set=train_set, val_set=val_set).fit()
     except TrainingDiverged as e:
-        return RunRecord(ablation, seed, str(run_dir), "diverged", error=str(e))
+        return RunRecord(name, seed, str(run_dir), "diverged", error=str(e))
     finally:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    if not keep and is_main_process():  # fit() ends with every process done with them
+    if not plan.keep_checkpoints and is_main_process():  # fit() ends with every process done with them
         shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
-    return _record(ablation, seed, summary, False)
+    return _record(name, seed, summary, False)
 
 
 def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
@@ -323,23 +302,19 @@ def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> 
     show = show_progress and is_main_process()
     records = []
     for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
-        log = plan.out_dir / "logs" / f"{plan.run_name(ablation, seed)}.log"
-        r = train_run(cfg, ablation.name, seed, log, datasets, plan.keep_checkpoints)
+        r = train_run(plan, ablation, seed, cfg, datasets)
         records.append(r)
+        how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
+        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
         if show:
-            how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
-            result = (
-                f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
-            )
-            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {result} (log: {log})")
+            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
     return records
 
 
 # ---------------------------------------------------------------------------------------- report
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
-    raw, ema = spreads(records, "final_top1"), spreads(records, "ema_top1")
-    raw_d, ema_d = deltas(raw), deltas(ema)
+    (raw, raw_d), (ema, ema_d) = top1(records, "final_top1"), top1(records, "ema_top1")
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     data = "digits" if cfg.data.dataset == "digits" else str(cfg.data.root)
     setting = f"{cfg.model.name} @ {cfg.model.img_size}px on {data}, {cfg.schedule.epochs} epoch(s)"
@@ -385,10 +360,9 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
         else {}
     )
     rows = []
-    for name in models if REFERENCE in models else ():
+    for name in models:
         cells: list[Any] = [name, f"{params[name]:,}"]
-        for s in run.values():
-            cells += [f"{s[name].rate(plan.timing_batch).median:.0f}", speedup(s[name], s[REFERENCE]).text()]
+        cells += throughput_cells(run, name, REFERENCE, plan.timing_batch)
         rows.append(tuple(cells))
     columns = (
         "ablation",

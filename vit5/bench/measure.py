@@ -225,3 +225,18 @@ def measure_throughput(
         model.zero_grad(set_to_none=True)
         model.eval()
     return {"forward": forward, "train": train}
+
+
+def throughput_cells(
+    run: Mapping[str, Mapping[str, Samples]], name: str, reference: str, batch: int
+) -> list[str]:
+    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
+    cells = []
+    for s in run.values():
+        measured = name in s and reference in s
+        cells += (
+            [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
+            if measured
+            else ["-"] * 2
+        )
+    return cells

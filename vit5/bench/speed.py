@@ -41,6 +41,7 @@ from vit5.bench.measure import (
     measure_throughput,
     random_batch,
     speedup,
+    throughput_cells,
     train_step,
 )
 from vit5.bench.report import Section, Table, Target
@@ -127,13 +128,7 @@ def run_speed(ctx: BenchContext) -> Section:
         data[f"{size}@{img}"] = run
         for name, model in models.items():
             cells: list[object] = [name, f"{size}@{img}", f"{sum(p.numel() for p in model.parameters()):,}"]
-            for s in run.values():
-                trained = name in s
-                cells += (
-                    [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s["timm_vit"]).text()]
-                    if trained
-                    else ["-"] * 2
-                )
+            cells += throughput_cells(run, name, "timm_vit", batch)
             rows.append(tuple(cells))
         for res, mode, fast, slow, threshold in TARGETS:
             s = run[mode]
@@ -186,8 +181,7 @@ def run_compile(ctx: BenchContext) -> Section:
     rows = []
     for way, (fwd_s, train_s) in first.items():
         cells = [way, f"{fwd_s:.2f}", f"{train_s:.2f}"]
-        for s in run.values():
-            cells += [s[way].rate(cfg.batch).text("{:.1f}"), speedup(s[way], s["eager"]).text()]
+        cells += throughput_cells(run, way, "eager", cfg.batch)
         rows.append(tuple(cells))
     columns = ("way", "first forward s", "first train step s", "forward img/s (IQR)", "x eager")
     section = Section(
