@@ -1,6 +1,6 @@
-"""``vit5 bench``: speed, memory and the modern components, measured side by side.
+"""``vit5 bench``: speed, attention memory, compilation and export, measured side by side.
 
-vit5 bench --quick --out runs/bench_quick          # about 20 minutes on 2 idle CPU cores
+vit5 bench --quick --out runs/bench_quick          # minutes on 2 idle CPU cores
 vit5 bench --device cuda --dtype bf16 --out runs/bench_gpu
 vit5 bench --quick --only speed,compile
 vit5 bench data-pipeline [--quick]                  # OpenCV + albumentations against torchvision's PIL
