@@ -12,7 +12,10 @@ then every sample draws from its own seed, the same with any number of workers o
 
 Signals: ``worker_init_fn=ignore_stop_signals`` leaves SIGINT, SIGTERM and SIGUSR1 to the main
 process (a Ctrl-C or a scheduler's SIGTERM to the process group would otherwise kill the workers
-while the main process finishes its step and checkpoints); the main process still shuts them down.
+while the main process finishes its step and checkpoints). Such workers exit when the main process
+shuts them down (the end of the loader's iterator; for persistent workers, the owner's job, as
+:meth:`vit5.train.Trainer.close` does) or dies, but not on ``terminate()``: multiprocessing's
+exit-time clean-up would wait for persistent workers left running.
 
 The default (``sampler=None``) loader is single-process and may go through
 ``accelerator.prepare``; a loader built with a rank-aware sampler must not (see

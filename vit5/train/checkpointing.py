@@ -658,9 +658,9 @@ def _check_position(
             f"{state.batch * layout.batch_size * written_by}",
         )
     need(
-        state.num_updates >= state.epoch * 1 and state.images_seen >= 0,
+        state.num_updates >= state.epoch,
         "num_updates",
-        f"must be at least one update per finished epoch ({state.epoch})",
+        f"must be at least one per finished epoch ({state.epoch})",
     )
     need(
         len(state.history) == state.epoch, "history", f"must have one row per finished epoch ({state.epoch})"

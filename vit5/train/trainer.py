@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import signal
 import threading
@@ -36,10 +37,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object, set_seed
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from vit5 import compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
@@ -221,7 +223,12 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Release the run directory (done at the end of :meth:`fit`; call it for a Trainer never fitted)."""
+        """Stop the data workers and release the run directory (done at the end of :meth:`fit`; call it
+        for a Trainer never fitted). Persistent workers would otherwise outlive the run holding a copy
+        of the run's lock, and they ignore SIGTERM (:func:`vit5.data.ignore_stop_signals`)."""
+        if hasattr(self, "data"):
+            for loader in (self.data.train_loader, self.data.val_loader):
+                _stop_workers(loader)
         if self.lock is not None:
             self.lock.release()
 
@@ -293,14 +300,17 @@ class Trainer:
         return self._finish()
 
     def _evaluate_both(self) -> dict[str, Any]:
-        """Validate raw and EMA weights; a non-finite loss of either is a divergence."""
-        raw = evaluate(self.model, self.data.val_loader, self.accelerator)
-        out: dict[str, Any] = dict(
-            val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
-        )
-        if self.ema is not None:
-            ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
-            out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        """Validate raw and EMA weights; a non-finite loss of either is a divergence. The random
+        generators are left as they were (without loader workers the eval transforms would draw from
+        them), so training draws the same whether it validates or not, with or without workers."""
+        with _generators_kept():
+            raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+            out: dict[str, Any] = dict(
+                val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
+            )
+            if self.ema is not None:
+                ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+                out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
         if bad:
             where = f"after epoch {self.state.epoch + 1} (optimizer step {self.state.num_updates})"
@@ -490,6 +500,24 @@ class Trainer:
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
         )
+
+
+@contextmanager
+def _generators_kept() -> Iterator[None]:
+    """Restore torch's (CPU and CUDA), NumPy's and Python's global generators on exit."""
+    saved = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        yield
+    np.random.set_state(saved[0])
+    random.setstate(saved[1])
+
+
+def _stop_workers(loader: DataLoader) -> None:
+    """Shut down a DataLoader's (persistent) worker processes now; the next iteration starts new ones."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None  # type: ignore[attr-defined]
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
