@@ -240,14 +240,16 @@ class CheckpointManager:
         error = _attempt(
             lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()]
         )
-        if acc.is_main_process and error is None:
-            error = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
-            if error is None:
+        # every process's files are written before the main process lists them in the manifest
+        written = gather_object([error]) if acc.num_processes > 1 else [error]
+        first = next((e for e in written if e), None)
+        if acc.is_main_process:
+            if first is None:
+                first = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
+            if first is None:
                 self.newest_saved = num_updates
-        errors_seen = gather_object([error]) if acc.num_processes > 1 else [error]
-        if any(errors_seen) and acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
-        first = next((e for e in errors_seen if e), None)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
         _raise_agreed(
             acc,
             f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)"
