@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
 from vit5 import load_model
-from vit5.train import EXIT_DIVERGED, Trainer, TrainingDiverged, cli
+from vit5.cli import train as cli
+from vit5.train import EXIT_DIVERGED, Trainer, TrainingDiverged
 from vit5.train.checkpointing import is_verified, list_checkpoints
 from vit5.train.rundir import read_csv
 

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 from test_train_support import REPO, TINY, single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
-from vit5.train import Trainer, TrainingInterrupted, cli
+from vit5.cli import train as cli
+from vit5.train import Trainer, TrainingInterrupted
 from vit5.train.checkpointing import list_checkpoints
 from vit5.train.optim import LRSchedule
 from vit5.train.rundir import read_csv

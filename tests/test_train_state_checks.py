@@ -12,7 +12,8 @@ import torch
 from test_train_reliability import rewrite_manifest
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
-from vit5.train import Trainer, cli
+from vit5.cli import train as cli
+from vit5.train import Trainer
 
 
 @pytest.fixture(scope="module")
