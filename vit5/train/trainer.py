@@ -294,7 +294,8 @@ class Trainer:
                 state.epoch, state.batch, state.epoch_samples = epoch + 1, 0, 0
                 self.schedule.after_epoch(epoch)
                 self._after_epoch(row)
-                self._stop_if_requested()
+                if state.epoch < epochs:  # after the last epoch the run completes instead
+                    self._stop_if_requested()
         except NonFiniteLoss as e:
             raise self._diverged(str(e)) from e
         return self._finish()
