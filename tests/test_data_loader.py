@@ -123,3 +123,10 @@ def test_seeded_augmentations_do_not_depend_on_workers_or_a_mid_epoch_restart():
         assert len(other) == len(without) and all(
             torch.equal(a, b) for a, b in zip(other, without, strict=True)
         )
+
+
+def test_a_seeded_loader_over_a_subset_takes_its_keys_one_by_one():
+    """``Subset.__getitems__`` (batched fetching) must not see the ``(index, seed)`` keys."""
+    loader = build_loader(torch.utils.data.Subset(Indices(20), range(10, 20)), 4, train=True, seeded=True)
+    values = sum(flat(loader), [])
+    assert len(values) == 8 and set(values) <= set(range(10, 20)) and len(set(values)) == 8

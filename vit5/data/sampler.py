@@ -168,7 +168,8 @@ class SeededSamples(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name == "dataset":
+        # never the wrapped set's protocol methods (a Subset's __getitems__ would take the seeded keys)
+        if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
