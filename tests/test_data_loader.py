@@ -104,3 +104,29 @@ def test_rank_aware_ra_loaders_have_equal_length_and_split_the_repeats():
 def test_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build_loader(Indices(4), **{"batch_size": 2, "train": True, **kwargs})
+
+
+def test_seeded_augmentations_do_not_depend_on_workers_or_a_mid_epoch_restart():
+    """Per-sample seeds: the same augmentations with 0 or 2 workers, and after skipping 2 batches."""
+
+    def epoch(workers: int, skip: int = 0) -> list[torch.Tensor]:
+        loader = build_loader(SameImage(12), 2, train=True, num_workers=workers, seed=7, seeded=True)
+        loader.sampler.set_epoch(1, start_index=skip * 2)
+        return list(loader)
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    without = epoch(0)
+    assert torch.equal(torch.get_rng_state(), before)  # the main process's stream is left alone
+    assert len({tuple(t.flatten()[:50].tolist()) for b in without for t in b}) == 12  # all distinct
+    for other in (epoch(2), [*without[:2], *epoch(2, skip=2)], [*without[:2], *epoch(0, skip=2)]):
+        assert len(other) == len(without) and all(
+            torch.equal(a, b) for a, b in zip(other, without, strict=True)
+        )
+
+
+def test_a_seeded_loader_over_a_subset_takes_its_keys_one_by_one():
+    """``Subset.__getitems__`` (batched fetching) must not see the ``(index, seed)`` keys."""
+    loader = build_loader(torch.utils.data.Subset(Indices(20), range(10, 20)), 4, train=True, seeded=True)
+    values = sum(flat(loader), [])
+    assert len(values) == 8 and set(values) <= set(range(10, 20)) and len(set(values)) == 8

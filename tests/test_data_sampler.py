@@ -104,3 +104,60 @@ def test_start_index_resumes_mid_epoch():
 def test_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RepeatAugSampler(100, **kwargs)
+
+
+@pytest.mark.parametrize("num_repeats", [1, 3])
+def test_the_global_order_does_not_depend_on_the_world_size(num_repeats):
+    """Interleaving the ranks' shares gives one sequence for every world size; skipping a consumed
+    prefix and splitting the rest over another world size continues that sequence exactly."""
+
+    def global_order(world: int, consumed: int = 0) -> list[int]:
+        shares = []
+        for rank in range(world):
+            s = RepeatAugSampler(
+                101, num_replicas=world, rank=rank, num_repeats=num_repeats, seed=5, selected_round=0
+            )
+            s.set_epoch(2, consumed=consumed)
+            shares.append(list(s))
+        assert len({len(share) for share in shares}) == 1  # every rank as many (DDP needs it)
+        return [x for column in zip(*shares, strict=True) for x in column]
+
+    reference = torch.repeat_interleave(
+        torch.randperm(101, generator=torch.Generator().manual_seed(5 + 2)), num_repeats
+    ).tolist()
+    for world in (1, 2, 3, 4):
+        order = global_order(world)
+        assert order == (reference * 2)[: len(order)]  # DeiT's padding repeats the start
+        for consumed in (0, 12, 37):  # written by another world size; any prefix
+            rest = global_order(world, consumed)
+            assert rest == (reference * 2)[consumed : consumed + len(rest)]
+            assert (
+                len(rest)
+                == (
+                    RepeatAugSampler(
+                        101, num_replicas=world, num_repeats=num_repeats, selected_round=0
+                    ).epoch_size
+                    - consumed
+                )
+                // world
+                * world
+            )
+
+
+def test_start_index_is_consumed_samples_of_this_world():
+    a = RepeatAugSampler(100, num_replicas=2, rank=1, num_repeats=1, selected_round=0)
+    b = RepeatAugSampler(100, num_replicas=2, rank=1, num_repeats=1, selected_round=0)
+    a.set_epoch(1, start_index=8)
+    b.set_epoch(1, consumed=16)
+    assert list(a) == list(b) and len(a) == 50 - 8 and a.start_index == 8
+
+
+def test_seeded_samples_carry_a_seed_per_global_position():
+    s = RepeatAugSampler(10, num_replicas=1, num_repeats=1, selected_round=0, seeded=True, seed=3)
+    s.set_epoch(1)
+    pairs = list(s)
+    s.set_epoch(1, consumed=4)
+    assert list(s) == pairs[4:]
+    assert len({seed for _, seed in pairs}) == 10
+    s.set_epoch(2)
+    assert not {seed for _, seed in pairs} & {seed for _, seed in s}

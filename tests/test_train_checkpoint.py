@@ -25,7 +25,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, monk
         resolve_resume(trainer.run_dir)
     with torch.no_grad():
         trainer.raw_model.head.bias.add_(1.0)
-    trainer.state.num_updates, trainer.state.batch = 5, 5
+    trainer.state.num_updates, trainer.state.batch, trainer.state.epoch_samples = 5, 5, 5 * 32
     good = trainer.checkpoints.save(5)
     saved_bias = trainer.raw_model.head.bias.detach().clone()
 

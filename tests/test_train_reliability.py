@@ -225,11 +225,13 @@ def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_last_checkpoint(ru
     monkeypatch.setattr(os, "write", disk_full)
     with pytest.raises(StorageError, match=r"cannot write .*ckpt-000000099.*no space left on device"):
         trainer.checkpoints.save(99)
-    with pytest.raises(StorageError, match=r"no space left on device"):
-        save_model_dir(trainer.accelerator, trainer.model, trainer.ema, run / "final", {"epoch": 1})
+    for name in ("final", "best"):
+        with pytest.raises(StorageError, match=r"no space left on device"):
+            save_model_dir(trainer.accelerator, trainer.model, trainer.ema, run / name, {"epoch": 1})
     monkeypatch.undo()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # nothing partial left
     assert load_file(run / "final" / "model.safetensors")  # the old final/ is intact
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME]  # no .tmp-best
     trainer.close()
 
 

@@ -10,9 +10,11 @@
   ``run.output_dir/run.name`` of the config. An older checkpoint (newer ones exist) continues in
   a new run directory ``DIR-2``; nothing of ``DIR`` is changed.
 
-Launch on several GPUs / nodes with ``accelerate launch -m vit5 train ...``. User errors (config, data,
-a damaged checkpoint, a full or read-only disk, a run in use) exit with status 2 and one ``error:``
-line naming the fix; a diverged run exits with status 1.
+Launch on several GPUs / nodes with ``accelerate launch -m vit5 train ...``. Exit status: 0 completed;
+2 a user error (config, data, a damaged checkpoint, a full or read-only disk, a run in use) after one
+``error:`` line naming the fix; 3 the run diverged (``error:`` line naming the last good checkpoint);
+128 + the signal number (143 SIGTERM, 130 SIGINT, 138 SIGUSR1) when a stop signal ended the run
+after a checkpoint at the position reached (one ``stopped:`` line saying how to resume).
 """
 
 from __future__ import annotations
@@ -119,13 +121,12 @@ def resolve(
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
-    """Entry point of ``vit5 train``; returns the process exit status (1: the run diverged, 2: a user
-    error - bad input, a full or read-only disk - after one ``error:`` line)."""
+    """Entry point of ``vit5 train``; returns the process exit status (see the module docstring)."""
     safe_console()
     args = parse_args(argv, prog)
 
     def work() -> int:
-        from vit5.train.errors import TrainingDiverged
+        from vit5.train.errors import EXIT_DIVERGED, TrainingDiverged, TrainingInterrupted
         from vit5.train.trainer import Trainer
 
         cfg, checkpoint, notes = resolve(args)
@@ -135,7 +136,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
             Trainer(cfg, resume=checkpoint).fit()
         except TrainingDiverged as e:
             print_main(f"error: {e}", err=True)
-            return 1
+            return EXIT_DIVERGED
+        except TrainingInterrupted as e:
+            print_main(f"stopped: {e}", err=True)
+            return e.exit_code
         return 0
 
     return run_command(work)

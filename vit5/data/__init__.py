@@ -20,9 +20,9 @@ from vit5.data.folder import (
     ImageFolderError,
     image_files,
 )
-from vit5.data.loader import build_loader
+from vit5.data.loader import STOP_SIGNALS, build_loader, ignore_stop_signals
 from vit5.data.randaug import TimmRandAugment
-from vit5.data.sampler import RepeatAugSampler
+from vit5.data.sampler import RepeatAugSampler, SeededSamples, sample_seed
 from vit5.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -51,9 +51,13 @@ __all__ = [
     "ImageFolderError",
     "ImageTransform",
     "RepeatAugSampler",
+    "STOP_SIGNALS",
+    "SeededSamples",
     "TimmRandAugment",
     "TransformKind",
     "build_loader",
+    "ignore_stop_signals",
+    "sample_seed",
     "build_transform",
     "decode_image",
     "max_image_pixels",

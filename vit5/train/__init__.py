@@ -15,15 +15,25 @@ optimizer, lr schedule, EMA), :mod:`~vit5.train.modeling` (fresh or pretrained m
 """
 
 from vit5.train.config import TrainConfig, config_to_yaml, load_config, validate_config
-from vit5.train.errors import ResumeError, TrainConfigError, TrainingDiverged
+from vit5.train.errors import (
+    EXIT_DIVERGED,
+    EXIT_USER_ERROR,
+    ResumeError,
+    TrainConfigError,
+    TrainingDiverged,
+    TrainingInterrupted,
+)
 from vit5.train.trainer import Trainer
 
 __all__ = [
+    "EXIT_DIVERGED",
+    "EXIT_USER_ERROR",
     "ResumeError",
     "TrainConfig",
     "TrainConfigError",
     "Trainer",
     "TrainingDiverged",
+    "TrainingInterrupted",
     "config_to_yaml",
     "load_config",
     "validate_config",

@@ -8,8 +8,8 @@ and nothing that is unpickled: every file is safetensors, JSON, or read with
 ``model.safetensors``   the raw weights
 ``model_ema.safetensors`` the EMA weights (when the EMA is on)
 ``optimizer.pt``        ``optimizer.state_dict()`` (moments, step counts, param groups)
-``train_state.json``    :class:`TrainState` (epoch, batch, updates, history),
-                        Accelerate's step counter and the fp16 gradient scaler
+``train_state.json``    :class:`TrainState` (epoch, batch, samples of the epoch consumed, updates,
+                        history), Accelerate's step counter and the fp16 gradient scaler
 ``rng_state_<rank>.json`` every random generator of process ``rank`` (:func:`capture_rng`)
 ``checkpoint.json``     written last: the format, the config as run, the number of processes,
                         and the size and SHA-256 of every other file
@@ -34,9 +34,29 @@ records ``resume_exact: false``.
 **One process without Accelerate** (the register study): :func:`save_single` and :func:`load_single`
 write and verify the same files and manifest, without random states.
 
-**Retention** keeps the newest ``keep_last`` checkpoints, and only ever deletes checkpoints older
-than one the current session has written itself: resuming never deletes anything before the
-resumed run has saved a newer checkpoint of its own.
+**Checked at load**: every field of ``train_state.json`` is range-checked (types, non-negative,
+consistent with each other, with the manifest and with the config), so a crafted or hand-edited
+state is one error naming the field and the file, before any training.
+
+**Verified good**: a checkpoint is written only from finite weights, and counts as *good* once
+those weights have also given a finite loss: the validation loss at an epoch end, or, for a
+mid-epoch checkpoint (and any not yet validated), the training loss of the next optimizer step. A
+``verified.json`` (not part of the manifest) then records how. A checkpoint whose weights then
+diverge is moved aside to ``ckpt-N.diverged`` (kept for inspection, never resumed by
+``--resume RUN``).
+
+**Retention** keeps the newest ``keep_last`` checkpoints *and the newest good one* (so a checkpoint
+not yet verified never costs the last good one), and only ever deletes checkpoints older than one
+the current session has written itself: resuming never deletes anything before the resumed run has
+saved a newer checkpoint of its own.
+
+**Elastic**: a checkpoint written by ``N`` processes resumes on ``M``. Weights, optimizer, EMA,
+counters and the lr-schedule position are global and carry over exactly; the epoch position is
+kept in samples consumed by all processes together, and the sampler splits the remaining
+samples of the epoch over the new ranks (the epoch's global order depends on seed and epoch only);
+per-sample augmentations follow. The per-process random generators (drop path, Mixup / CutMix)
+cannot be mapped from ``N`` to ``M`` processes and are re-derived from (seed, epoch, update,
+rank); the resume summary lists what was exact and what was not.
 
 **Model directories** (``final/``, ``best/``): our safetensors format via :func:`vit5.save_pretrained`,
 raw and EMA weights, built in a staging folder and swapped into place in one step
@@ -57,6 +77,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import re
@@ -69,7 +90,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import DistributedType, gather_object, set_seed
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from timm.utils import ModelEmaV3
@@ -88,6 +109,8 @@ MODEL_FILE = "model.safetensors"
 EMA_FILE = "model_ema.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.json"
+VERIFIED_FILE = "verified.json"
+DIVERGED_SUFFIX = ".diverged"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _TMP_PREFIX = ".tmp-"
 _LEGACY_FILES = ("custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin")
@@ -142,11 +165,26 @@ class _Damaged(ResumeError):
 
 @dataclass(frozen=True)
 class Restored:
-    """How a load went: ``exact`` is False when random states were missing and allowed to be."""
+    """How a load went: ``exact`` is False when random states were missing and allowed to be, or
+    re-derived for another number of processes (``elastic``); ``warning`` says what was not exact."""
 
     path: Path
     exact: bool
     warning: str = ""
+    written_by: int = 1  # processes that wrote the checkpoint
+    elastic: bool = False
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """What the position in an epoch is checked against: the per-process micro-batch, the micro-batches
+    per optimizer step, this run's micro-batches per epoch and process, and the samples of an epoch
+    before per-world-size rounding (data set size x repeated augmentation)."""
+
+    batch_size: int
+    accum_steps: int
+    batches_per_epoch: int
+    epoch_samples: int
 
 
 class CheckpointManager:
@@ -165,12 +203,15 @@ class CheckpointManager:
         keep_last: int,
         parts: Resumable,
         config: dict[str, Any],
+        layout: EpochLayout,
     ) -> None:
         self.accelerator = accelerator
         self.directory = directory
         self.keep_last = keep_last
         self.parts = parts
         self.config = config
+        self.layout = layout
+        self.newest_saved = -1  # the update count of the newest checkpoint this session wrote
 
     # ---------------------------------------------------------------------------------- saving
     def save(self, num_updates: int) -> Path:
@@ -199,12 +240,16 @@ class CheckpointManager:
         error = _attempt(
             lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()]
         )
-        if acc.is_main_process and error is None:
-            error = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
-        errors_seen = gather_object([error]) if acc.num_processes > 1 else [error]
-        if any(errors_seen) and acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
-        first = next((e for e in errors_seen if e), None)
+        # every process's files are written before the main process lists them in the manifest
+        written = gather_object([error]) if acc.num_processes > 1 else [error]
+        first = next((e for e in written if e), None)
+        if acc.is_main_process:
+            if first is None:
+                first = _attempt(lambda: self._publish(tmp, final, num_updates, parts.state, files))
+            if first is None:
+                self.newest_saved = num_updates
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is never left behind
         _raise_agreed(
             acc,
             f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)"
@@ -224,6 +269,7 @@ class CheckpointManager:
             "num_updates": num_updates,
             "epoch": state.epoch,
             "batch": state.batch,
+            "epoch_samples": state.epoch_samples,
             "num_processes": self.accelerator.num_processes,
             "ema": EMA_FILE in files,
             "config": self.config,
@@ -242,13 +288,45 @@ class CheckpointManager:
         self._prune(num_updates)
 
     def _prune(self, newest: int) -> None:
-        """Keep ``keep_last`` checkpoints up to ``newest`` (just written by this session); never touch a
-        newer one (there is none in a run continued in place, and a fork starts a new directory)."""
+        """Keep ``keep_last`` checkpoints up to ``newest`` (written by this session) and the newest good
+        one; never touch a newer one (there is none in a run continued in place, and a fork starts a
+        new directory)."""
         for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         mine_or_older = [c for c in list_checkpoints(self.directory) if checkpoint_number(c) <= newest]
+        good = next((c for c in reversed(mine_or_older) if is_verified(c)), None)
         for old in mine_or_older[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != good:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def confirm(self, path: Path, how: str) -> None:
+        """Record that ``path``'s weights gave a finite loss (``how``), then prune what it makes redundant.
+        Collective; the main process writes."""
+        error = None
+        if self.accelerator.is_main_process:
+
+            def mark() -> None:
+                atomic_write_json(path / VERIFIED_FILE, {"verified_by": how}, durable=False)
+                if self.newest_saved >= 0:
+                    self._prune(self.newest_saved)
+
+            error = _attempt(mark)
+        _raise_agreed(self.accelerator, error)
+
+    def set_aside(self, path: Path) -> Path:
+        """Move a checkpoint whose weights diverged out of ``--resume``'s way (``ckpt-N.diverged``);
+        collective, the main process renames. Returns the new path."""
+        target = path.with_name(path.name + DIVERGED_SUFFIX)
+        error = None
+        if self.accelerator.is_main_process:
+
+            def move() -> None:
+                shutil.rmtree(target, ignore_errors=True)
+                path.rename(target)
+
+            error = _attempt(move)
+        _raise_agreed(self.accelerator, error)
+        return target
 
     # ---------------------------------------------------------------------------------- loading
     def load(self, path: Path, allow_inexact: bool = False) -> Restored:
@@ -273,13 +351,17 @@ class CheckpointManager:
     def _restore(self, path: Path, parts: Resumable, allow_inexact: bool) -> Restored:
         acc = self.accelerator
         manifest = read_manifest(path)
-        _check_compatible(path, manifest, acc.num_processes, parts.ema is not None)
+        _check_compatible(path, manifest, parts.ema is not None)
         data = {name: _verified(path, name, manifest) for name in _shared_files(manifest)}
+        # the state first: a crafted position is refused before anything is loaded
+        _load_train_state(path, data[STATE_FILE], parts.state, acc, manifest, self.layout)
         _load_weights(path, MODEL_FILE, data[MODEL_FILE], parts.model)
         if parts.ema is not None:
             _load_weights(path, EMA_FILE, data[EMA_FILE], parts.ema.module)
         _load_optimizer(path, data[OPTIMIZER_FILE], parts.optimizer)
-        _load_train_state(path, data[STATE_FILE], parts.state, acc)
+        written_by = manifest["num_processes"]
+        if written_by != acc.num_processes:
+            return self._elastic(path, written_by)
         name = rng_file(acc.process_index)
         try:
             restore_rng(json.loads(_verified(path, name, manifest)))
@@ -298,8 +380,29 @@ class CheckpointManager:
                 warning=f"WARNING: {reason}; continuing WITHOUT restoring the random generators "
                 "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and the summary "
                 "records resume_exact=false",
+                written_by=written_by,
             )
-        return Restored(path, exact=True)
+        return Restored(path, exact=True, written_by=written_by)
+
+    def _elastic(self, path: Path, written_by: int) -> Restored:
+        """Continue a checkpoint of ``written_by`` processes on this run's number: the position in
+        samples carries over, the per-process random generators are re-derived."""
+        acc, state, layout = self.accelerator, self.parts.state, self.layout
+        world = acc.num_processes
+        state.batch = state.epoch_samples // (layout.batch_size * world)
+        seed = int(self.config["run"]["seed"])
+        set_seed(derived_seed(seed, state.epoch, state.num_updates, acc.process_index))
+        old_batch, new_batch = (layout.batch_size * n * layout.accum_steps for n in (written_by, world))
+        warning = (
+            f"elastic resume: {path.name} was written by {written_by} process(es), this run has {world}. "
+            f"Exact: weights, optimizer, EMA, update count, lr-schedule position and, from sample "
+            f"{state.epoch_samples} of epoch {state.epoch + 1} on, the remaining samples of the epoch and "
+            f"their augmentations. Not exact: drop-path masks and Mixup/CutMix pairs (each process's random "
+            f"generators re-derived from seed, epoch, update and rank), and the global batch "
+            f"({old_batch} -> {new_batch}; {layout.batches_per_epoch // layout.accum_steps} optimizer steps "
+            f"per epoch from now on, the lr schedule continues from the same fraction of the run)"
+        )
+        return Restored(path, exact=False, warning=warning, written_by=written_by, elastic=True)
 
 
 def last_good_hint(damaged: Path) -> str:
@@ -328,6 +431,21 @@ def last_good_hint(damaged: Path) -> str:
         f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
         f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
     )
+
+
+def is_verified(path: Path) -> bool:
+    """Whether ``path``'s weights are known to give a finite loss (see the module docstring)."""
+    return (path / VERIFIED_FILE).is_file()
+
+
+def newest_good(directory: Path) -> Path | None:
+    """The newest checkpoint of ``directory`` verified good, or None."""
+    return next((c for c in reversed(list_checkpoints(directory)) if is_verified(c)), None)
+
+
+def derived_seed(seed: int, epoch: int, num_updates: int, rank: int) -> int:
+    """A 32-bit seed for process ``rank`` at a position of the run (elastic resume)."""
+    return int(np.random.SeedSequence([seed, epoch, num_updates, rank]).generate_state(1)[0])
 
 
 # ---------------------------------------------------------------------------------- reading checkpoints
@@ -361,6 +479,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
             for v in files.values()
         )
         or not isinstance(manifest.get("num_processes"), int)
+        or isinstance(manifest.get("num_processes"), bool)
+        or manifest["num_processes"] < 1
         or not isinstance(manifest.get("config"), dict)
     ):
         raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
@@ -406,15 +526,7 @@ def _shared_files(manifest: dict[str, Any]) -> list[str]:
     return [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] + ([EMA_FILE] if manifest.get("ema") else [])
 
 
-def _check_compatible(path: Path, manifest: dict[str, Any], num_processes: int, ema: bool) -> None:
-    if manifest["num_processes"] != num_processes:
-        raise ResumeError(
-            f"{path} was written by {manifest['num_processes']} process(es), this run has {num_processes}: "
-            "the "
-            f"position in the epoch and the random states are per process. Resume with "
-            f"{manifest['num_processes']} process(es), or start a new run from the weights "
-            f"(model.pretrained={path.parent.parent / 'final'})"
-        )
+def _check_compatible(path: Path, manifest: dict[str, Any], ema: bool) -> None:
     if bool(manifest.get("ema")) != ema:
         raise ResumeError(
             f"{path} was written with ema.enabled={bool(manifest.get('ema'))}; resume with the same setting"
@@ -456,21 +568,162 @@ def _train_state(acc: Accelerator, state: TrainState) -> dict[str, Any]:
     }
 
 
-def _load_train_state(path: Path, data: bytes, state: TrainState, acc: Accelerator) -> None:
+def _load_train_state(
+    path: Path,
+    data: bytes,
+    state: TrainState,
+    acc: Accelerator,
+    manifest: dict[str, Any],
+    layout: EpochLayout,
+) -> None:
     try:
         record = json.loads(data)
-        state.load_state_dict(record["train_state"])
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        loaded = TrainState()
+        loaded.load_state_dict(record["train_state"])
+        if "epoch_samples" not in record["train_state"]:  # written before the field existed
+            loaded.epoch_samples = loaded.batch * layout.batch_size * manifest["num_processes"]
+        _check_position(
+            loaded, path, manifest, layout, elastic=manifest["num_processes"] != acc.num_processes
+        )
         step = record["accelerator_step"]
-        if not isinstance(step, int) or step < 0:
-            raise ValueError(f"accelerator_step={step!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"accelerator_step={step!r} must be a non-negative integer")
         scaler_state, scaler = record["grad_scaler"], getattr(acc, "scaler", None)
         if (scaler_state is None) != (scaler is None):
             raise ValueError("the fp16 gradient scaler state does not match run.mixed_precision")
         if scaler is not None:
             scaler.load_state_dict(scaler_state)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+    except KeyError as err:
+        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 (no field {err})") from err
+    except (ValueError, TypeError, UnicodeDecodeError) as err:
         raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 ({err})") from err
+    for name in dataclasses.fields(state):
+        setattr(state, name.name, getattr(loaded, name.name))
     acc.step = step
+
+
+def _check_position(
+    state: TrainState, path: Path, manifest: dict[str, Any], layout: EpochLayout, elastic: bool
+) -> None:
+    """Every field of a loaded :class:`TrainState` in range and consistent (``ValueError`` naming it)."""
+
+    def need(ok: bool, field_name: str, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"train_state.{field_name}={getattr(state, field_name)!r}: {rule}")
+
+    for name in ("epoch", "batch", "num_updates", "images_seen", "epoch_samples"):
+        need(getattr(state, name) >= 0, name, "must be >= 0")
+    for name in ("train_seconds", "wall_seconds"):
+        value = getattr(state, name)
+        need(math.isfinite(value) and value >= 0, name, "must be a finite number >= 0")
+    need(
+        state.epoch == manifest.get("epoch"),
+        "epoch",
+        f"does not match {MANIFEST} (epoch {manifest.get('epoch')})",
+    )
+    need(
+        state.num_updates == manifest.get("num_updates")
+        and (checkpoint_number(path) in (-1, state.num_updates)),
+        "num_updates",
+        f"does not match {MANIFEST} ({manifest.get('num_updates')}) and the folder name {path.name}",
+    )
+    need(
+        state.batch == manifest.get("batch"),
+        "batch",
+        f"does not match {MANIFEST} (batch {manifest.get('batch')})",
+    )
+    need(
+        state.batch % layout.accum_steps == 0,
+        "batch",
+        f"must be a multiple of optim.accum_steps={layout.accum_steps} (checkpoints fall on optimizer steps)",
+    )
+    written_by = manifest["num_processes"]
+    step_samples = layout.batch_size * layout.accum_steps
+    need(
+        state.epoch_samples % step_samples == 0 and state.epoch_samples <= layout.epoch_samples + written_by,
+        "epoch_samples",
+        f"must be a multiple of data.batch_size x optim.accum_steps = {step_samples} and at most the "
+        f"{layout.epoch_samples} samples of an epoch",
+    )
+    if not elastic:
+        need(
+            state.batch <= layout.batches_per_epoch,
+            "batch",
+            f"must be at most the {layout.batches_per_epoch} micro-batches of an epoch of this run",
+        )
+        need(
+            state.epoch_samples == state.batch * layout.batch_size * written_by,
+            "epoch_samples",
+            f"must be batch x data.batch_size x {written_by} process(es) = "
+            f"{state.batch * layout.batch_size * written_by}",
+        )
+    need(
+        state.num_updates >= state.epoch,
+        "num_updates",
+        f"must be at least one per finished epoch ({state.epoch})",
+    )
+    need(
+        len(state.history) == state.epoch, "history", f"must have one row per finished epoch ({state.epoch})"
+    )
+    for i, row in enumerate(state.history):
+        _check_row(row, i)
+    if state.best_epoch == -1:
+        need(state.best_top1 == -1.0, "best_top1", "must be -1 while best_epoch is -1")
+    else:
+        need(1 <= state.best_epoch <= state.epoch, "best_epoch", f"must be -1 or in [1, {state.epoch}]")
+        row = state.history[state.best_epoch - 1]
+        need(
+            row.get("val_top1") == state.best_top1,
+            "best_top1",
+            f"must equal val_top1 of history row {state.best_epoch} ({row.get('val_top1')!r})",
+        )
+
+
+def _check_row(row: dict[str, Any], index: int) -> None:
+    where = f"train_state.history[{index}]"
+    missing = [k for k in _REQUIRED_ROW_FIELDS if k not in row]
+    if missing:
+        raise ValueError(f"{where} has no {missing[0]!r}")
+    unknown = [k for k in row if k not in HISTORY_FIELDS]
+    if unknown:
+        raise ValueError(f"{where} has an unknown field {unknown[0]!r}")
+    for key, value in row.items():
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok or (key in _REQUIRED_ROW_FIELDS and value is None):
+            raise ValueError(f"{where}.{key}={value!r} is not a number")
+    if row["epoch"] != index + 1:
+        raise ValueError(f"{where}.epoch={row['epoch']!r} must be {index + 1}")
+    if not isinstance(row["updates"], int) or row["updates"] < 0:
+        raise ValueError(f"{where}.updates={row['updates']!r} must be a non-negative integer")
+
+
+HISTORY_FIELDS = (
+    "epoch",
+    "updates",
+    "lr",
+    "train_loss",
+    "train_images_per_s",
+    "epoch_seconds",
+    "val_loss",
+    "val_top1",
+    "val_top5",
+    "val_images",
+    "ema_val_loss",
+    "ema_top1",
+    "ema_top5",
+    "bad_files",
+)
+_REQUIRED_ROW_FIELDS = (
+    "epoch",
+    "updates",
+    "lr",
+    "train_loss",
+    "train_images_per_s",
+    "epoch_seconds",
+    "bad_files",
+)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -581,7 +834,7 @@ def load_single(directory: Path, parts: Resumable) -> None:
             or it does not fit the model and optimizer of ``parts``.
     """
     manifest = read_manifest(directory)
-    _check_compatible(directory, manifest, 1, ema=False)
+    _check_compatible(directory, manifest, ema=False)
     data = {name: _verified(directory, name, manifest) for name in _shared_files(manifest)}
     _load_weights(directory, MODEL_FILE, data[MODEL_FILE], parts.model)
     _load_optimizer(directory, data[OPTIMIZER_FILE], parts.optimizer)
@@ -612,8 +865,11 @@ def save_model_dir(
 
         def write() -> None:
             staged = staging_dir(directory)
-            vit5.save_pretrained(unwrapped, staged, ema_state_dict=ema_state, extra=extra)
-            replace_dir(staged, directory)
+            try:
+                vit5.save_pretrained(unwrapped, staged, ema_state_dict=ema_state, extra=extra)
+                replace_dir(staged, directory)
+            finally:  # a failed write leaves no staging folder (replace_dir consumed it on success)
+                shutil.rmtree(staged, ignore_errors=True)
 
         error = _attempt(write)
     _raise_agreed(accelerator, error)
@@ -622,11 +878,14 @@ def save_model_dir(
 @dataclass
 class TrainState:
     """Where the run is: ``epoch`` (0-based, in progress), ``batch`` (micro-batches of it already
-    trained, always a multiple of the accumulation steps), ``num_updates`` (optimizer steps so far),
-    the best raw val top-1 and its epoch, time and images spent, and the per-epoch metric rows."""
+    trained by each process, always a multiple of the accumulation steps), ``epoch_samples`` (samples
+    of the epoch's global order already trained by all processes together: the position a data
+    source resumes from, :func:`vit5.train.data.start_epoch`), ``num_updates`` (optimizer steps so
+    far), the best raw val top-1 and its epoch, time and images spent, and the per-epoch metric rows."""
 
     epoch: int = 0
     batch: int = 0
+    epoch_samples: int = 0
     num_updates: int = 0
     best_top1: float = -1.0
     best_epoch: int = -1
@@ -645,7 +904,8 @@ class TrainState:
             ValueError: not a mapping of exactly these fields with values of their types.
         """
         fields = {f.name: f for f in dataclasses.fields(self)}
-        if not isinstance(state, dict) or set(state) != set(fields):
+        optional = {"epoch_samples"}  # absent from checkpoints written before it existed
+        if not isinstance(state, dict) or not set(fields) - optional <= set(state) <= set(fields):
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"expected the fields {sorted(fields)}, got {got}")
         for name, value in state.items():

@@ -6,6 +6,14 @@ Sharding across processes:
   is a plain distributed shuffle). All ranks share the seed, so they agree on the permutation
   and take disjoint strides of it; the loader is not passed to ``accelerator.prepare`` (which
   would shard it a second time).
+* resume: an epoch is a global sample sequence that depends on the seed and the epoch only; the
+  training state records how many of its samples all processes together have trained
+  (``TrainState.epoch_samples``), and :func:`start_epoch` hands ``(epoch, consumed)`` to the data
+  source, which skips that prefix and splits the rest over the current processes (exact for any
+  number of processes). Each sample's augmentation draws from its own seed
+  (:class:`~vit5.data.SeededSamples`), so workers and world size do not change it either. Another
+  data source (e.g. sharded streams) plugs in by implementing ``set_epoch(epoch, consumed=...)``
+  on the loader's sampler or data set.
 * val: ``accelerator.prepare`` shards it and pads the last batches;
   :func:`vit5.train.evaluate.evaluate` drops the padding with ``gather_for_metrics``, so the
   counts are exact (the distributed evaluation of :mod:`vit5.eval.classify`).
@@ -28,6 +36,7 @@ from vit5.data import (
     build_loader,
     build_transform,
     eval_transform,
+    ignore_stop_signals,
 )
 from vit5.train.config import TrainConfig
 from vit5.train.errors import TrainConfigError
@@ -83,6 +92,7 @@ def build_run_data(
             shuffle=True,
             seed=cfg.run.seed,
             selected_round=cfg.aug.ra_selected_round,
+            seeded=True,
         )
     except ValueError as e:
         raise TrainConfigError(f"{e} (config: aug.ra_selected_round=0)") from e
@@ -93,7 +103,14 @@ def build_run_data(
         persistent_workers=cfg.data.persistent_workers and workers > 0,
     )
     train_loader = build_loader(
-        train_set, cfg.data.batch_size, train=True, seed=cfg.run.seed + 1000 * rank, sampler=sampler, **common
+        train_set,
+        cfg.data.batch_size,
+        train=True,
+        seed=cfg.run.seed + 1000 * rank,
+        sampler=sampler,
+        seeded=True,
+        worker_init_fn=ignore_stop_signals,
+        **common,
     )
     if len(train_loader) < cfg.optim.accum_steps:
         raise TrainConfigError(
@@ -104,6 +121,16 @@ def build_run_data(
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
     val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
     return RunData(train_set, val_set, class_names, train_loader, val_loader)
+
+
+def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:
+    """Position the training data at epoch ``epoch`` after its first ``consumed`` samples (counted over
+    all processes): the resume hook of the data pipeline. The loader's sampler (or, for an iterable
+    data set without one, the data set) must implement ``set_epoch(epoch, consumed=...)``."""
+    source = loader.sampler if hasattr(loader.sampler, "set_epoch") else loader.dataset
+    if not hasattr(source, "set_epoch"):
+        raise TypeError(f"{type(source).__name__} has no set_epoch(epoch, consumed=...): it cannot resume")
+    source.set_epoch(epoch, consumed=consumed)
 
 
 def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:

@@ -10,7 +10,22 @@ class TrainConfigError(Vit5Error, ValueError):
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run stopped without saving the bad weights."""
+    """A training loss, a validation loss or a weight became NaN or infinite; the run stopped without
+    saving the bad weights (``vit5 train`` exits with :data:`EXIT_DIVERGED`)."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM, SIGINT or SIGUSR1 stopped the run after a checkpoint at the exact position reached;
+    ``vit5 train`` exits with ``exit_code`` = 128 + the signal number (143, 130, 138)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+EXIT_USER_ERROR = 2  # bad input, a damaged checkpoint, a full or read-only disk (one ``error:`` line)
+EXIT_DIVERGED = 3  # TrainingDiverged
 
 
 class ResumeError(Vit5Error, RuntimeError):

@@ -12,6 +12,13 @@ process, the study and the benchmark) every micro-batch is an optimizer step. :f
 the loop over batches, with a progress bar; :func:`train_one_epoch` feeds it one epoch of the
 training loader.
 
+An epoch of ``vit5 train`` starts where the training state says (:func:`vit5.train.data.start_epoch`
+with the samples of the epoch already consumed by all processes, ``TrainState.epoch_samples``) and
+runs the micro-batches the data source has left, truncated to whole optimizer steps. Its lr schedule's
+clock is the position in the run, ``epoch x updates_per_epoch + epoch_samples / global_batch``
+(:func:`schedule_clock`): the update count itself for a run that kept its number of processes, the
+same fraction of the run after an elastic resume that changed the global batch.
+
 An epoch is truncated to a multiple of the accumulation steps, so every optimizer step sees the
 same number of micro-batches and epochs start on a step boundary (the loader is not prepared by
 Accelerate, which would otherwise flush a partial accumulation at the end of the loader).
@@ -51,6 +58,7 @@ from tqdm.auto import tqdm
 
 from vit5.train.checkpointing import TrainState
 from vit5.train.config import AugSection, LossSection
+from vit5.train.data import start_epoch
 from vit5.train.optim import LRSchedule
 
 
@@ -68,7 +76,8 @@ class NonFiniteLoss(ArithmeticError):
 class StepParts:
     """What a training step touches. ``model`` is the module called (prepared by Accelerate, compiled);
     ``raw_model`` the unwrapped one the EMA follows (default: ``model``); no ``accelerator``: one
-    process in plain PyTorch, every micro-batch an optimizer step."""
+    process in plain PyTorch, every micro-batch an optimizer step. ``clock`` gives the lr schedule's
+    position after an update (default: the update count)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -78,10 +87,18 @@ class StepParts:
     ema: ModelEmaV3 | None = None
     raw_model: nn.Module | None = None
     accelerator: Accelerator | None = None
+    clock: Callable[[TrainState], float] | None = None
+
+
+def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int) -> float:
+    """The lr schedule's position in optimizer steps of the current size (see the module docstring)."""
+    done, left = divmod(state.epoch_samples, global_batch)
+    return state.epoch * updates_per_epoch + (done if left == 0 else state.epoch_samples / global_batch)
 
 
 def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
-    """Train on one micro-batch; advance ``state.batch`` and, after an optimizer step, ``state.num_updates``.
+    """Train on one micro-batch; advance ``state.batch``, ``state.epoch_samples`` (by the micro-batch of
+    all processes) and, after an optimizer step, ``state.num_updates``.
 
     Returns:
         the loss of the micro-batch.
@@ -105,10 +122,11 @@ def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, st
         parts.optimizer.step()  # Accelerate's optimizer skips it until the gradients are complete
         parts.optimizer.zero_grad(set_to_none=True)
     state.batch += 1
+    state.epoch_samples += inputs.shape[0] * (acc.num_processes if acc is not None else 1)
     if synced:
         state.num_updates += 1
         if parts.schedule is not None:
-            parts.schedule.after_update(state.num_updates)
+            parts.schedule.after_update(state.num_updates if parts.clock is None else parts.clock(state))
         if parts.ema is not None:
             parts.ema.update(model if parts.raw_model is None else parts.raw_model, step=state.num_updates)
     return value
@@ -146,6 +164,7 @@ class LoopParts(StepParts):
     mixer: TargetMixer
     loader: DataLoader
     batches_per_epoch: int
+    accum_steps: int
     progress: bool
 
 
@@ -157,24 +176,30 @@ class EpochResult:
 
 
 def train_one_epoch(
-    parts: LoopParts, state: TrainState, epoch: int, num_epochs: int, on_update: Callable[[], None]
+    parts: LoopParts,
+    state: TrainState,
+    epoch: int,
+    num_epochs: int,
+    on_update: Callable[[bool], None],
 ) -> EpochResult:
-    """Train ``epoch`` from micro-batch ``state.batch``; advance ``state`` after every optimizer step."""
+    """Train ``epoch`` from sample ``state.epoch_samples`` of it; advance ``state`` after every
+    optimizer step and call ``on_update(end_of_epoch)``."""
     acc = parts.accelerator
     assert acc is not None
     batch_size = parts.loader.batch_size or 1
-    parts.loader.sampler.set_epoch(epoch, start_index=state.batch * batch_size)  # type: ignore[attr-defined]
+    start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
+    end = state.batch + len(parts.loader) // parts.accum_steps * parts.accum_steps
     sizes: list[int] = []
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for images, labels in islice(parts.loader, parts.batches_per_epoch - state.batch):
+        for images, labels in islice(parts.loader, end - state.batch):
             sizes.append(labels.numel())
             yield parts.mixer(
                 images.to(acc.device, non_blocking=True), labels.to(acc.device, non_blocking=True)
             )
 
     bar = tqdm(
-        total=parts.batches_per_epoch,
+        total=end,
         initial=state.batch,
         desc=f"epoch {epoch + 1}/{num_epochs}",
         disable=not (parts.progress and acc.is_main_process),
@@ -184,7 +209,7 @@ def train_one_epoch(
         leave=False,
     )
     start = time.perf_counter()
-    losses = train_steps(parts, batches(), state, bar, on_update)
+    losses = train_steps(parts, batches(), state, bar, lambda: on_update(state.batch >= end))
     bar.close()
     seconds = time.perf_counter() - start
     loss_sum = sum(loss * size for loss, size in zip(losses, sizes))

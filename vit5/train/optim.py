@@ -94,14 +94,15 @@ class LRSchedule:
         self.optimizer = optimizer
         self.start(num_updates=0, epoch=0)
 
-    def start(self, num_updates: int, epoch: int) -> None:
-        """Set the lr for a run that has made ``num_updates`` updates and is at ``epoch``."""
+    def start(self, num_updates: float, epoch: int) -> None:
+        """Set the lr for a run that has made ``num_updates`` updates (the schedule clock of
+        :func:`vit5.train.loop.schedule_clock`) and is at ``epoch``."""
         if self.interval == "update":
             self.scheduler.step_update(num_updates)
         else:
             self.scheduler.step(max(epoch - 1, 0))
 
-    def after_update(self, num_updates: int) -> None:
+    def after_update(self, num_updates: float) -> None:
         """Call after each real optimizer step; ``num_updates`` counts the steps done so far."""
         if self.interval == "update":
             self.scheduler.step_update(num_updates)

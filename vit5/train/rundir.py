@@ -248,9 +248,16 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
         )
     if summary.get("resume_exact") is False:
-        lines.append(
-            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
-        )
+        written_by = summary.get("resumed_from_processes")
+        if written_by:
+            lines.append(
+                f"  resume_exact     false: elastic resume of a checkpoint of {written_by} process(es) "
+                "(random generators re-derived; see resume_note in summary.json)"
+            )
+        else:
+            lines.append(
+                "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
+            )
     return "\n".join(lines)
 
 

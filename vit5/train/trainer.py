@@ -6,36 +6,72 @@ Accelerate, runs the epochs, evaluates raw and EMA weights, and leaves the run d
 
 Only the main process prints and writes files; every collective (metric reductions, checkpoint
 barriers) runs on all processes.
+
+**Divergence**: a non-finite training loss (checked before backward), validation loss (raw or EMA)
+or weight (checked before every checkpoint, ``best/`` and ``final/``) raises
+:class:`~vit5.train.TrainingDiverged`: the run never ends "completed", and nothing is written from
+the diverged weights. A checkpoint is *good* once its weights gave a finite loss (the validation at
+an epoch end, otherwise the next optimizer step's training loss); the one not yet verified when the
+run diverges is set aside as ``ckpt-N.diverged``, and the message names the newest good one.
+
+**Stop signals**: SIGTERM, SIGINT and SIGUSR1 finish the current optimizer step (all processes
+agree on the step: the request is all-reduced after every step), write a checkpoint at that exact
+position (mid-epoch included) and raise :class:`~vit5.train.TrainingInterrupted`; a signal during
+an epoch's last step or its validation stops after the epoch-end checkpoint. A second signal exits
+at once (the default action of the signal).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import shutil
+import signal
+import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object, set_seed
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from vit5 import compile_blocks
-from vit5.data import BadImageWarning
+from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.errors import StorageError
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
 from vit5.runtime import check_fits
 from vit5.train import rundir
-from vit5.train.checkpointing import CheckpointManager, Resumable, TrainState, save_model_dir
+from vit5.train.checkpointing import (
+    CheckpointManager,
+    EpochLayout,
+    Resumable,
+    TrainState,
+    is_verified,
+    newest_good,
+    save_model_dir,
+)
 from vit5.train.config import TrainConfig
 from vit5.train.data import RunData, bad_files, build_run_data
-from vit5.train.errors import TrainConfigError, TrainingDiverged
+from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.evaluate import EvalResult, evaluate
-from vit5.train.loop import LoopParts, NonFiniteLoss, TargetMixer, build_loss, train_one_epoch
+from vit5.train.loop import (
+    LoopParts,
+    NonFiniteLoss,
+    TargetMixer,
+    build_loss,
+    reduce_sums,
+    schedule_clock,
+    train_one_epoch,
+)
 from vit5.train.modeling import build_model
 from vit5.train.optim import LRSchedule, build_ema, build_optimizer, peak_lr
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
@@ -97,8 +133,11 @@ class Trainer:
         self.resumed_from, self.forked_from = resume, None
         self.resume_exact: bool | None = None
         self.resume_warning = ""
+        self.resumed_elastic: int | None = None  # the process count that wrote an elastic resume's checkpoint
         self.lock: FolderLock | None = None
         self.last_checkpoint: Path | None = None  # the newest complete checkpoint of this run directory
+        self.pending: Path | None = None  # a checkpoint whose weights have not yet given a finite loss
+        self.stop_signal: int | None = None  # the first stop signal received (this process)
         if resume is None:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
@@ -109,6 +148,12 @@ class Trainer:
             cfg.checkpoint.keep_last,
             self.resumable,
             config=asdict(cfg),
+            layout=EpochLayout(
+                batch_size=cfg.data.batch_size,
+                accum_steps=cfg.optim.accum_steps,
+                batches_per_epoch=self.batches_per_epoch,
+                epoch_samples=len(self.data.train_set) * cfg.aug.repeated_aug,  # type: ignore[arg-type]
+            ),
         )
         try:
             if resume is not None:
@@ -133,6 +178,8 @@ class Trainer:
             ema=self.ema,
             loader=self.data.train_loader,
             batches_per_epoch=self.batches_per_epoch,
+            accum_steps=cfg.optim.accum_steps,
+            clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
         )
@@ -142,11 +189,17 @@ class Trainer:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact, self.resume_warning = restored.exact, restored.warning
+        self.resumed_elastic = restored.written_by if restored.elastic else None
         # load_state_dict restores the saved groups' settings too: the config as run wins
-        # (weight decay, betas, eps, layer-decay scales changed on resume), the moments are kept
+        # (weight decay, betas, eps, layer-decay scales changed on resume; the peak lr of this run's
+        # global batch), the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
-        self.schedule.start(self.state.num_updates, self.state.epoch)
+        self.schedule.start(
+            schedule_clock(self.state, self.updates_per_epoch, self.global_batch), self.state.epoch
+        )
+        if not is_verified(checkpoint):  # its weights are checked by the first step's loss
+            self.pending = self.last_checkpoint
 
     def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
         """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
@@ -170,7 +223,12 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Release the run directory (done at the end of :meth:`fit`; call it for a Trainer never fitted)."""
+        """Stop the data workers and release the run directory (done at the end of :meth:`fit`; call it
+        for a Trainer never fitted). Persistent workers would otherwise outlive the run holding a copy
+        of the run's lock, and they ignore SIGTERM (:func:`vit5.data.ignore_stop_signals`)."""
+        if hasattr(self, "data"):
+            for loader in (self.data.train_loader, self.data.val_loader):
+                _stop_workers(loader)
         if self.lock is not None:
             self.lock.release()
 
@@ -179,13 +237,38 @@ class Trainer:
         """Train to ``schedule.epochs``; return the summary (also written to the run directory).
 
         Raises:
-            TrainingDiverged: the loss became NaN / inf; the last good checkpoint is kept.
+            TrainingDiverged: a loss or a weight became NaN / inf; the newest good checkpoint is kept.
+            TrainingInterrupted: SIGTERM, SIGINT or SIGUSR1; a checkpoint at the position reached was
+                written.
         """
         self._print_header()
         try:
-            return self._train()
+            with self._stop_signals():
+                return self._train()
         finally:
             self.close()
+
+    @contextmanager
+    def _stop_signals(self) -> Iterator[None]:
+        """Turn the first stop signal into a request (acted on after the optimizer step); a second
+        one gets the signal's default action (the process ends at once)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be set from the main thread
+            return
+
+        def request(signum: int, frame: object) -> None:
+            if self.stop_signal is not None:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            self.stop_signal = signum
+
+        previous = {signum: signal.signal(signum, request) for signum in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
         cfg, acc, state = self.cfg, self.accelerator, self.state
@@ -193,9 +276,7 @@ class Trainer:
         try:
             while state.epoch < epochs:
                 epoch = state.epoch
-                result = train_one_epoch(
-                    self.parts, state, epoch, epochs, on_update=self._maybe_save_mid_epoch
-                )
+                result = train_one_epoch(self.parts, state, epoch, epochs, on_update=self._after_update)
                 state.train_seconds += result.seconds
                 state.images_seen += result.images
                 row: dict[str, Any] = dict(
@@ -210,21 +291,31 @@ class Trainer:
                     row.update(self._evaluate_both())
                 row["bad_files"] = len(bad_files(acc, self.data.train_set, self.data.val_set))
                 state.history.append(row)
-                state.epoch, state.batch = epoch + 1, 0
+                state.epoch, state.batch, state.epoch_samples = epoch + 1, 0, 0
                 self.schedule.after_epoch(epoch)
                 self._after_epoch(row)
+                if state.epoch < epochs:  # after the last epoch the run completes instead
+                    self._stop_if_requested()
         except NonFiniteLoss as e:
-            raise TrainingDiverged(self._diverged_message(e)) from e
+            raise self._diverged(str(e)) from e
         return self._finish()
 
     def _evaluate_both(self) -> dict[str, Any]:
-        raw = evaluate(self.model, self.data.val_loader, self.accelerator)
-        out: dict[str, Any] = dict(
-            val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
-        )
-        if self.ema is not None:
-            ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
-            out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        """Validate raw and EMA weights; a non-finite loss of either is a divergence. The random
+        generators are left as they were (without loader workers the eval transforms would draw from
+        them), so training draws the same whether it validates or not, with or without workers."""
+        with _generators_kept():
+            raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+            out: dict[str, Any] = dict(
+                val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
+            )
+            if self.ema is not None:
+                ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+                out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
+        if bad:
+            where = f"after epoch {self.state.epoch + 1} (optimizer step {self.state.num_updates})"
+            raise self._diverged(", ".join(f"{k} is {v}" for k, v in bad.items()) + f" {where}")
         return out
 
     def _after_epoch(self, row: dict[str, Any]) -> None:
@@ -233,6 +324,7 @@ class Trainer:
         if improved:
             state.best_top1, state.best_epoch = row["val_top1"], row["epoch"]
             if cfg.checkpoint.save_best:
+                self._check_weights()
                 save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.BEST, self._export_extra(row))
         if acc.is_main_process:
             write_csv(state.history, self.run_dir / rundir.METRICS_CSV)
@@ -243,16 +335,67 @@ class Trainer:
             )
             acc.print(epoch_line(row, cfg.schedule.epochs))
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
-            self._save_checkpoint()
+            validated = row.get("val_loss") is not None
+            self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
-    def _maybe_save_mid_epoch(self) -> None:
+    def _after_update(self, end_of_epoch: bool) -> None:
+        """After each optimizer step: the step's losses were finite, which vouches for the checkpoint
+        written just before it; then a mid-epoch checkpoint, and a requested stop."""
+        if self.pending is not None:
+            self.checkpoints.confirm(
+                self.pending, f"finite training loss at optimizer step {self.state.num_updates}"
+            )
+            self.pending = None
+        if end_of_epoch:
+            return  # the epoch end saves (and stops) after validation
         every = self.cfg.checkpoint.every_steps
-        if every and self.state.num_updates % every == 0 and self.state.batch < self.batches_per_epoch:
+        if every and self.state.num_updates % every == 0:
             self._save_checkpoint()
+        self._stop_if_requested()
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self, validated: str | None = None) -> None:
+        """A checkpoint of the current state, from finite weights; good at once when ``validated`` (how
+        its weights were checked), else pending until the next step's loss."""
+        self._check_weights()
         self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
         self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
+        if validated is not None:
+            self.checkpoints.confirm(self.last_checkpoint, validated)
+            self.pending = None
+        else:
+            self.pending = self.last_checkpoint
+
+    def _check_weights(self) -> None:
+        """Raise :class:`TrainingDiverged` when a raw or EMA weight is NaN / inf (one host sync)."""
+        modules = [self.raw_model] + ([self.ema.module] if self.ema is not None else [])
+        flags = [torch.isfinite(p).all() for m in modules for p in m.parameters()]
+        if flags and not bool(torch.stack(flags).all()):
+            raise self._diverged(
+                f"a weight is not finite after optimizer step {self.state.num_updates} "
+                f"(epoch {self.state.epoch + 1})"
+            )
+
+    def _stop_if_requested(self) -> None:
+        """Stop after this step when any process received a stop signal: checkpoint the exact position."""
+        flags = [float(self.stop_signal == signum) for signum in STOP_SIGNALS]
+        if self.accelerator.num_processes > 1:  # every process must stop at the same step
+            flags = reduce_sums(self.accelerator, flags)
+        received = [signum for signum, flag in zip(STOP_SIGNALS, flags, strict=True) if flag]
+        if not received:
+            return
+        state = self.state
+        at_checkpoint = self.last_checkpoint is not None and self.last_checkpoint.name.endswith(
+            f"-{state.num_updates:09d}"
+        )
+        if not at_checkpoint:
+            self._save_checkpoint()
+        name = signal.Signals(received[0]).name
+        raise TrainingInterrupted(
+            f"stopped by {name} at epoch {state.epoch + 1}, batch {state.batch} (optimizer step "
+            f"{state.num_updates}); saved {self.last_checkpoint}. Resume with "
+            f"`vit5 train --resume {self.run_dir}`",
+            received[0],
+        )
 
     # ------------------------------------------------------------------------------ reporting
     def _print_header(self) -> None:
@@ -303,6 +446,7 @@ class Trainer:
     def _finish(self) -> dict[str, Any]:
         acc, state = self.accelerator, self.state
         last = state.history[-1]
+        self._check_weights()
         save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.FINAL, self._export_extra(last))
         bad = bad_files(acc, self.data.train_set, self.data.val_set)
         ema_values = [r["ema_top1"] for r in state.history if r.get("ema_top1") is not None]
@@ -328,6 +472,8 @@ class Trainer:
             resumed_from=str(self.resumed_from) if self.resumed_from is not None else None,
             forked_from=str(self.forked_from[0]) if self.forked_from is not None else None,
             resume_exact=self.resume_exact,
+            resume_note=self.resume_warning or None,
+            resumed_from_processes=self.resumed_elastic,
             bad_files=len(bad),
             bad_file_paths=bad,
             config=asdict(self.cfg),
@@ -338,18 +484,41 @@ class Trainer:
         acc.wait_for_everyone()
         return summary
 
-    def _diverged_message(self, error: NonFiniteLoss) -> str:
-        if self.last_checkpoint is not None:
-            keep = (
-                f"The last good checkpoint is {self.last_checkpoint}; "
-                f"resume with `vit5 train --resume {self.run_dir}`"
-            )
+    def _diverged(self, what: str) -> TrainingDiverged:
+        """The error for a divergence; the checkpoint not yet verified (written from the weights that
+        diverged) is set aside first, so that `--resume RUN` finds the newest good one."""
+        moved = ""
+        if self.pending is not None:
+            aside = self.checkpoints.set_aside(self.pending)
+            moved = f" {self.pending.name} (written from these weights) was moved to {aside}."
+            self.pending = None
+        good = newest_good(self.run_dir / rundir.CHECKPOINTS)
+        if good is not None:
+            keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
         else:
-            keep = "No checkpoint was written yet, so nothing can be resumed"
-        return (
-            f"training stopped: {error}. Nothing was saved after it. {keep} after lowering optim.lr, setting "
-            f"optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
+            keep = "No checkpoint of this run is known good, so start it again"
+        return TrainingDiverged(
+            f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
+            f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
         )
+
+
+@contextmanager
+def _generators_kept() -> Iterator[None]:
+    """Restore torch's (CPU and CUDA), NumPy's and Python's global generators on exit."""
+    saved = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        yield
+    np.random.set_state(saved[0])
+    random.setstate(saved[1])
+
+
+def _stop_workers(loader: DataLoader) -> None:
+    """Shut down a DataLoader's (persistent) worker processes now; the next iteration starts new ones."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None  # type: ignore[attr-defined]
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
