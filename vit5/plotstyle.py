@@ -1,7 +1,7 @@
 """The one figure style of vit5: resolution, font sizes, colours, line styles and human labels.
 
 Every figure the toolkit writes (``vit5 viz``, the register study, ``curves.png`` of a training run,
-the ablation bars) takes its numbers from here, so that figures put side by side in a paper match:
+the register-ablation bars) takes its numbers from here, so that figures put side by side in a paper match:
 
 - ``DPI`` >= 150 and fonts of at least ``FONT_SMALL`` = 8 pt *at the figure's physical size*; figures
   are laid out in inches no wider than ``TEXT_WIDTH`` (a two-column page's text width), so the fonts
