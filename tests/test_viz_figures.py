@@ -82,7 +82,8 @@ def test_every_map_has_a_colorbar_and_heads_share_a_layer_scale():
     assert len({cb.get_ylim() for cb in colorbars}) == 1
     assert "raw" in fig._suptitle.get_text()
     renormalised = cls_attention_figure(synthetic_stats(heads=3), 0, GRAY, [0], MapStyle(), renormalise=True)
-    assert "renormalised over the patches" in renormalised._suptitle.get_text()
+    assert "renormalised" in renormalised._suptitle.get_text()
+    assert "renormalised over the patches" in " ".join(t.get_text() for t in renormalised.texts)  # the note
 
 
 def test_comparison_shares_one_scale_per_row_across_models():

@@ -144,7 +144,9 @@ def test_bootstrap_interval():
     values = np.random.default_rng(1).normal(5.0, 1.0, 200)
     stat, lo, hi = bootstrap_ci(values, "mean", n_boot=500)
     assert lo < stat < hi and stat == pytest.approx(values.mean()) and hi - lo < 0.5
-    assert bootstrap_ci(np.array([2.0, 2.0, np.nan]), "median") == (2.0, 2.0, 2.0)
+    assert bootstrap_ci(np.array([2.0] * 10 + [np.nan]), "median") == (2.0, 2.0, 2.0)
+    stat, lo, hi = bootstrap_ci(np.array([2.0, 2.0, np.nan]), "median")  # too few images for an interval
+    assert stat == 2.0 and math.isnan(lo) and math.isnan(hi)
     assert all(math.isnan(v) for v in bootstrap_ci(np.array([np.nan])))
 
 

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
 from vit5.errors import InputError, one_line_warnings, safe_console
 from vit5.files import check_output_dir
+from vit5.plotstyle import DPI
 from vit5.runtime import DEVICE_HELP, resolve_device
 
 if TYPE_CHECKING:
+    from vit5.introspect.spec import LoadedModel
     from vit5.viz import RunConfig
 
 # the library's names (vit5.viz.register_ablation.METHODS / PLACES, vit5.model.footprint.DEFAULT_MAX_PARAMS),
@@ -78,6 +81,11 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     )
     add_weights_option(p, subject="checkpoint(s)")
     p.add_argument(
+        "--label",
+        metavar="TEXT",
+        help="name of --model in titles, legends and tables (default: from its spec, e.g. demo-final)",
+    )
+    p.add_argument(
         "--random-init",
         action="store_true",
         help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
@@ -91,6 +99,11 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         )
         p.add_argument(
             "--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b"
+        )
+        p.add_argument(
+            "--label-b",
+            metavar="TEXT",
+            help="name of --model-b in titles, legends and tables (default: its spec)",
         )
         p.add_argument(
             "--own-thresholds",
@@ -117,8 +130,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         "--size",
         type=parse_size,
         metavar="N|HxW",
-        help=f"input size, {SIZE_HELP} (default: the model's own size); images are resized to cover it "
-        "and centre-cropped",
+        help=f"input size, {SIZE_HELP}; images are resized to cover it and centre-cropped. Default: the "
+        "images' aspect kept, short side = the model's (a patch multiple), long side = short x the images' "
+        "median aspect rounded to a patch multiple",
     )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -156,7 +170,12 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         help="clip colour scales at this percentile (stated on the figure; default: no clipping)",
     )
     g.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
-    g.add_argument("--dpi", type=int, default=100)
+    g.add_argument("--dpi", type=int, default=DPI, help=f"PNG resolution (default {DPI})")
+    g.add_argument(
+        "--title",
+        metavar="TEXT",
+        help="title of every figure instead of the generated one ('' for none, e.g. for a paper's caption)",
+    )
     m = p.add_argument_group("metrics")
     m.add_argument(
         "--k", type=float, default=5.0, help="outlier threshold: median + k * MAD of log-norms (default 5)"
@@ -316,7 +335,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
-    p.add_argument("--dpi", type=int, default=100)
+    p.add_argument("--dpi", type=int, default=DPI, help=f"PNG resolution (default {DPI})")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -449,7 +468,13 @@ def _config(args: argparse.Namespace) -> RunConfig:
         reuse_thresholds=not getattr(args, "own_thresholds", False),
         save_raw=args.save_raw,
         style=MapStyle(
-            args.cmap, args.alpha, args.upsample, args.clip, args.dpi, formats=tuple(args.formats)
+            args.cmap,
+            args.alpha,
+            args.upsample,
+            args.clip,
+            args.dpi,
+            formats=tuple(args.formats),
+            title=args.title,
         ),
         metrics=MetricConfig(
             k=args.k,
@@ -463,6 +488,14 @@ def _config(args: argparse.Namespace) -> RunConfig:
         plant=plant,
         progress=not args.quiet,
     )
+
+
+def _relabel(model: LoadedModel, label: str | None) -> LoadedModel:
+    if label is None:
+        return model
+    if not label.strip():
+        raise InputError("--label / --label-b must name the model: give a non-empty TEXT")
+    return replace(model, label=label)
 
 
 def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
@@ -493,10 +526,12 @@ def _run(args: argparse.Namespace) -> None:
     model = load_model_spec(
         args.model, {**parse_overrides(args.model_args), **limit}, args.weights == "ema", random_a
     )
+    model = _relabel(model, args.label)
     print(f"model: {model.description}")
     if args.command == "compare":
         overrides_b = {**parse_overrides(args.model_b_args), **limit}
         model_b = load_model_spec(args.model_b, overrides_b, args.weights == "ema", random_b[0])
+        model_b = _relabel(model_b, args.label_b)
         print(f"model B: {model_b.description}")
         run_compare(model, model_b, args.images, cfg)
     elif args.command == "ttr":

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from vit5 import plotstyle as S
+
 # (title, [(twin, metric, where, label)]): where = "metrics" (own thresholds), "reused" (the no-register
 # twin's)
 # or "background" (own thresholds, drawn dashed)
@@ -41,7 +43,7 @@ PANELS = (
         ),
     ),
     (
-        "sink rate: heads whose sink is a patch / a register (all blocks)",
+        "sink heads: patch / register (block mean)",
         (
             ("no_registers", "sink_rate_patch", "metrics", "no registers: patch sinks"),
             ("registers", "sink_rate_patch", "metrics", "registers: patch sinks"),
@@ -63,7 +65,7 @@ PANELS = (
         ),
     ),
 )
-COLOURS = {"no_registers": "tab:red", "registers": "tab:blue"}
+TWINS = ("no_registers", "registers")  # colour index of each twin (vit5.plotstyle: colour = model)
 MEAN_OVER_BLOCKS = {"sink_rate_patch", "sink_rate_register"}
 
 
@@ -80,42 +82,42 @@ def _value(row: dict, metric: str, where: str) -> float:
     return float(np.mean(values)) if metric in MEAN_OVER_BLOCKS else float(max(values))
 
 
-def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int = 100) -> Figure:
-    """One panel per quantity, x = training step, one line per twin (trained models, held-out canvases)."""
-    cols = 3
+def trajectory_figure(trajectories: Mapping[str, Sequence[dict]], cfg, dpi: int = S.DPI) -> Figure:
+    """One panel per quantity, x = training step; colour = twin, line style and marker = the quantity
+    (which metric, or which thresholds); trained models, held-out canvases."""
+    cols = 2
     rows = (len(PANELS) + cols - 1) // cols
-    fig = Figure(figsize=(4.2 * cols, 3.0 * rows + 0.9), dpi=dpi, layout="constrained")
+    fig = Figure(figsize=(S.TEXT_WIDTH, 2.3 * rows + 1.0), dpi=dpi, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (title, lines) in zip(axes.flat, PANELS):
+        kinds: list[tuple[str, str]] = []
         for twin, metric, where, label in lines:
+            kind = (metric, where)
+            if kind not in kinds:
+                kinds.append(kind)
             traj = trajectories.get(twin) or []
             steps = [r["step"] for r in traj]
             values = [_value(r, metric, where) for r in traj]
-            dashed = where in ("reused", "background") or (
-                metric == "sink_rate_patch" and twin == "registers"
-            )
-            style = "--" if dashed else "-"
-            ax.plot(steps, values, style, color=COLOURS[twin], marker="o", markersize=3, label=label)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("training step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+            ax.plot(steps, values, label=label, **S.line_kwargs(TWINS.index(twin), kinds.index(kind)))
+        S.style_axes(ax, title, "training step")
+        S.legend(ax)
     for ax in axes.flat[len(PANELS) :]:
         ax.set_axis_off()
     canvas = cfg.canvas
     reached = min((traj[-1]["step"] for traj in trajectories.values() if traj), default=0)
     progress = "" if reached >= cfg.steps else f"; STOPPED at step {reached} of {cfg.steps}"
     fig.suptitle(
-        f"Register study (TRAINED twins, measured on {cfg.eval_images} held-out canvases): width "
-        f"{cfg.embed_dim}, "
-        f"depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} canvases, task "
-        f"{canvas.task}, "
-        f"no CLS + average pooling, 0 vs {cfg.registers} registers{progress}",
-        fontsize=9,
+        f"Register study: TRAINED twins on {cfg.eval_images} held-out canvases{progress}",
+        fontsize=S.FONT_TITLE,
     )
-    fig.supxlabel(
-        "outlier threshold: log-norm median + 5 MAD per block (default); sink: one key receives > 0.3 of a "
-        "head's average attention",
-        fontsize=7,
+    S.finish(
+        fig,
+        [
+            f"width {cfg.embed_dim}, depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} "
+            f"{canvas.background} canvases, task {canvas.task}, no CLS + average pooling, "
+            f"0 vs {cfg.registers} registers",
+            "outlier threshold: log-norm median + 5 MAD per block; sink: one key receives > 0.3 of a head's "
+            "average attention",
+        ],
     )
     return fig

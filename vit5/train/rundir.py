@@ -36,6 +36,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from matplotlib.figure import Figure
 
+from vit5 import plotstyle as S
 from vit5.errors import Vit5Error, storage_error, user_message
 from vit5.files import (
     FolderLock,
@@ -276,8 +277,9 @@ _PANELS = (
 
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
-    """Three panels side by side; epochs on x (1-based); a missing value leaves a gap."""
-    fig = Figure(figsize=(13, 3.6), layout="constrained")  # no pyplot: no global backend, no GUI
+    """Three panels side by side; epochs on x (1-based); a missing value leaves a gap. Colours are
+    :data:`vit5.plotstyle.ROLE_COLOURS`: val and its EMA twin keep one colour each in every panel."""
+    fig = Figure(figsize=(S.TEXT_WIDTH, 2.6), dpi=S.DPI, layout="constrained")  # no pyplot: no global state
     axes = fig.subplots(1, 3)
     epochs = [int(r["epoch"]) for r in rows]
     for ax, (ylabel, series) in zip(axes, _PANELS, strict=True):
@@ -285,20 +287,19 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
             points = [(e, r[key]) for e, r in zip(epochs, rows, strict=True) if r.get(key) is not None]
             if points:
                 xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o", markersize=3, label=label)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+                role = label.split(" (")[0] if key != "lr" else "train"
+                ax.plot(xs, ys, marker="o", markersize=3, label=label, color=S.ROLE_COLOURS[role])
+        S.style_axes(ax, xlabel="epoch", ylabel=ylabel)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        S.legend(ax)
     axes[2].set_yscale("log")
     best = [r["val_top1"] for r in rows if r.get("val_top1") is not None]
     if best:
-        axes[1].set_title(f"best val top-1 {max(best):.2f}%", fontsize=9)
+        axes[1].set_title(f"best val top-1 {max(best):.2f}%", fontsize=S.FONT)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=S.FONT_TITLE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=S.DPI)
     return path
 
 

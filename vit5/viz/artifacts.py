@@ -20,7 +20,14 @@ import numpy as np
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
 from vit5.viz import metrics as M
+from vit5.viz.content import FLAT_PERCENTILE, REDUNDANT_COSINE, classify_outliers, outlier_artifact_share
 from vit5.viz.stats import TokenStats
+
+PLACEMENT_RULE = (
+    f"artifact-like = input patch in its image's flattest {FLAT_PERCENTILE:.0%} by pixel variance and "
+    f"mean cosine >= {REDUNDANT_COSINE:g} to its 4-neighbours (redundant, Darcet et al. 2023 sec. 2.1); "
+    "content-like = the rest"
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class MetricConfig:
                 f"bootstrap needs 0 < ci < 1 and n_boot >= 1, got ci={self.ci}, n_boot={self.n_boot}"
             )
 
+
+MIN_BOOTSTRAP_IMAGES = 10  # fewer images: no interval is printed (and the table says why)
 
 # name: (description, statistic over images)
 METRICS: dict[str, tuple[str, str]] = {
@@ -79,6 +88,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "massive_on_cls": ("M10 share of images whose largest |activation| is on the CLS token", "mean"),
     "massive_on_register": ("M10 share of images whose largest |activation| is on a register", "mean"),
     "massive_on_patch": ("M10 share of images whose largest |activation| is on a patch", "mean"),
+    "outlier_artifact_share": (
+        "share of an image's outlier patches that are artifact-like: flat input patches like their "
+        "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like",
+        "mean",
+    ),
 }
 TABLE_COLUMNS = {
     "outlier_ratio": "OTR",
@@ -107,6 +121,20 @@ class MetricReport:
     )  # name -> value / ci_low / ci_high [L]
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
+    placement: list[dict] | None = None  # per layer: outliers artifact-like / content-like (vit5.viz.content)
+
+    @property
+    def intervals(self) -> bool:
+        """Whether bootstrap intervals were computed (at least MIN_BOOTSTRAP_IMAGES images)."""
+        return self.num_images >= MIN_BOOTSTRAP_IMAGES
+
+    def interval_note(self) -> str:
+        if self.intervals:
+            return f"{int(self.config.ci * 100)}% bootstrap intervals over images"
+        return (
+            f"no intervals: {self.num_images} images, a bootstrap over images needs at least "
+            f"{MIN_BOOTSTRAP_IMAGES}"
+        )
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
@@ -141,6 +169,9 @@ class MetricReport:
             descriptions={name: METRICS[name][0] for name in self.summary},
             metrics=self.rows(),
             massive_activations=self.massive,
+            intervals=self.interval_note(),
+            outlier_placement=self.placement,
+            placement_rule=PLACEMENT_RULE,
         )
         atomic_write_json(path, doc)
         return path
@@ -155,33 +186,60 @@ class MetricReport:
         return path
 
     def table(self) -> str:
-        """Per-layer table of the main metrics: value +- half the bootstrap interval."""
+        """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
+        are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
         header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
+        if self.placement:
+            header.append("outliers art/cont")
         lines = [header]
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:
                 s = self.summary[n]
-                half = (s["ci_high"][i] - s["ci_low"][i]) / 2
-                cells.append("n/a" if math.isnan(s["value"][i]) else f"{s['value'][i]:.3g}±{half:.2g}")
+                value, half = s["value"][i], (s["ci_high"][i] - s["ci_low"][i]) / 2
+                if math.isnan(value):
+                    cells.append("n/a")
+                else:
+                    cells.append(f"{value:.3g}" + ("" if math.isnan(half) else f"±{half:.2g}"))
+            if self.placement:
+                p = self.placement[i]
+                cells.append(f"{p['artifact_like']}/{p['content_like']}" if p["outliers"] else "0")
             lines.append(cells)
         widths = [max(len(row[c]) for row in lines) for c in range(len(header))]
         text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
         sink_all = self.summary["sink_rate"]["value"][-1]
-        massive = ""
+        extra = ""
+        if self.placement:
+            extra += f"\noutliers art/cont: {PLACEMENT_RULE}"
         if self.massive:
-            where = ", ".join(
-                f"{m['layer']}: {m['token_type']} {m['token']} ch {m['channel']} ({m['share']:.0%})"
-                for m in self.massive
+            extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(
+                f"{first}{'' if first == last else f'-{last}'}: {where}"
+                for first, last, where in _runs([(m["layer"], massive_where(m)) for m in self.massive])
             )
-            massive = f"\nlargest activation (block: token, channel, share of images): {where}"
         return (
-            f"{self.model}: {self.num_images} images, {int(self.config.ci * 100)}% bootstrap intervals over "
-            "images "
+            f"{self.model}: {self.num_images} images, {self.interval_note()} "
             f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: "
-            f"{sink_all:.3g}{massive}"
+            f"{sink_all:.3g}{extra}"
         )
+
+
+def _runs(items: list[tuple[int, str]]) -> list[tuple[int, int, str]]:
+    """Consecutive blocks with the same text merged: ``[(0, 11, "patch 4 ch 145 (2/2 images)")]``."""
+    runs: list[tuple[int, int, str]] = []
+    for layer, text in items:
+        if runs and runs[-1][2] == text:
+            runs[-1] = (runs[-1][0], layer, text)
+        else:
+            runs.append((layer, layer, text))
+    return runs
+
+
+def massive_where(m: dict) -> str:
+    """``"patch 50 ch 119 (4/5 images)"``, or the tie when no (token, channel) is the unique mode."""
+    if m["tied_locations"] > 1:
+        return f"no single place ({m['tied_locations']} tied at {m['count']}/{m['n_images']} images)"
+    return f"{m['token_type']} {m['token']} ch {m['channel']} ({m['count']}/{m['n_images']} images)"
 
 
 def _num(x: float) -> float | None:
@@ -192,12 +250,15 @@ def bootstrap_ci(
     values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0
 ) -> tuple[float, float, float]:
     """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images.
-    NaN-aware."""
+    NaN-aware. Fewer than :data:`MIN_BOOTSTRAP_IMAGES` finite values give the statistic with a NaN
+    interval: resampling 2 or 5 images yields a few distinct means, not a 95 % interval."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     if values.size == 0:
         return float("nan"), float("nan"), float("nan")
     stat = np.mean if statistic == "mean" else np.median
+    if values.size < MIN_BOOTSTRAP_IMAGES:
+        return float(stat(values)), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     draws = stat(values[rng.integers(0, values.size, size=(n_boot, values.size))], axis=1)
     lo, hi = np.quantile(draws, [(1 - ci) / 2, (1 + ci) / 2])
@@ -236,6 +297,8 @@ def per_image_metrics(
         "share_max_median_over_3": (M.max_median_ratio(patch_norms) > 3).astype(np.float64),
         "norm_kurtosis": M.excess_kurtosis(patch_norms),
     }
+    if stats.content is not None:
+        values["outlier_artifact_share"] = outlier_artifact_share(outliers, stats.content)
     if layout.num_registers:
         values["outlier_ratio_registers"] = M.outlier_ratio(stats.register_values(stats.norms), thresholds)
     if stats.cls_attn is not None:
@@ -283,11 +346,22 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
     if stats.massive_token is not None:
         types = stats.layout.token_types()
         massive = [
-            {"layer": layer, "token": token, "token_type": types[token], "channel": channel, "share": share}
-            for layer, (token, channel, share) in zip(
+            {
+                "layer": layer,
+                "token": token,
+                "token_type": types[token],
+                "channel": channel,
+                "count": count,
+                "n_images": stats.num_images,
+                "share": count / stats.num_images,
+                "tied_locations": tied,
+            }
+            for layer, (token, channel, count, tied) in zip(
                 stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
             )
         ]
+    content = stats.content
+    placement = classify_outliers(outliers, content, list(stats.layers)) if content is not None else None
     return MetricReport(
         stats.model,
         stats.num_images,
@@ -299,6 +373,7 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
         summary,
         outliers,
         massive,
+        placement,
     )
 
 

@@ -20,6 +20,7 @@ from vit5.introspect import describe
 from vit5.model import TokenLayout
 from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
+from vit5.viz.content import patch_content
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.rollout import HeadFusion, rollout_source_row, rollout_step
 from vit5.viz.stats import TokenStats
@@ -67,7 +68,11 @@ def collect(
         kept = max(0, min(len(batch), cfg.keep_features - start))
         features = layout.patches(out[:kept]).float().cpu().numpy() if kept else None
         names = [img.name for img in batch]
-        parts.append(reducer.stats(label, list(range(info.depth)), names, info.patch_size, features))
+        part = reducer.stats(label, list(range(info.depth)), names, info.patch_size, features)
+        content = patch_content(np.stack([img.rgb for img in batch]), info.patch_size)
+        part.pixel_variance, part.variance_percentile = content.variance, content.variance_percentile
+        part.neighbour_cosine = content.neighbour_cosine
+        parts.append(part)
     return TokenStats.concat(parts)
 
 

@@ -7,6 +7,11 @@ model's own mean and std, so two models compared see the same pixels. The target
 width) must be a multiple of the patch size; non-square sizes work. The figures draw on exactly
 the pixels the model saw.
 
+Without an explicit size, :func:`default_size` keeps the images' aspect: the short side becomes the
+model's short side (rounded to a patch multiple) and the long side follows the median aspect of the
+images, rounded to a patch multiple, so 640x427 photos on a 224 px model are read at 224x336, not
+cropped to a 224x224 centre square.
+
 Unreadable files and images smaller than one patch are skipped and reported (they cannot hold a
 single token); an input where nothing is left raises :class:`InputError`.
 
@@ -116,6 +121,41 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
         unique.append(ImageSource(name, src.path, src.array, src.label))
     return unique
+
+
+def default_size(
+    sources: Sequence[str], model_size: tuple[int, int], patch: int, max_images: int | None = None
+) -> tuple[int, int]:
+    """(height, width) for ``sources``, keeping their median aspect (see the module docstring).
+
+    The short side is ``min(model_size)`` rounded to the nearest patch multiple (at least one patch);
+    the long side is the short side times the median long / short ratio of the images (their sizes are
+    read from the file headers, not decoded), rounded to the nearest patch multiple; the orientation
+    (landscape or portrait) is the majority's. Unreadable files are left to :func:`load_images`.
+    """
+    short = max(patch, round(min(model_size) / patch) * patch)
+    shapes = [s for s in (_shape(src) for src in list_sources(sources)[:max_images]) if s]
+    if not shapes:
+        return short, short
+    ratios = np.array([max(h, w) / min(h, w) for h, w in shapes])
+    long = max(short, round(short * float(np.median(ratios)) / patch) * patch)
+    portrait = sum(h > w for h, w in shapes) > len(shapes) / 2
+    return (long, short) if portrait else (short, long)
+
+
+def _shape(src: ImageSource) -> tuple[int, int] | None:
+    """(height, width) of a source as it will be decoded (EXIF orientation applied), or None."""
+    if src.array is not None:
+        return src.array.shape[:2]
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(src.path) as img:
+            width, height = img.size
+            rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientation: a quarter turn
+    except (OSError, UnidentifiedImageError, ValueError):
+        return None
+    return (width, height) if rotated else (height, width)
 
 
 def load_images(

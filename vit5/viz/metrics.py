@@ -156,11 +156,12 @@ def massive_ratio(top1: np.ndarray, median: np.ndarray) -> np.ndarray:
         return np.where(median > 0, top1 / median, np.nan)
 
 
-def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, int, float]]:
-    """Per layer, the (token, channel) most often holding the largest activation and the share of
-    images it does.
+def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Per layer, the (token, channel) most often holding the largest activation, how many images it
+    does, and how many (token, channel) pairs share that count (1: a unique mode).
 
-    ``token``, ``channel [B, L]`` (the top-1 of each image). Ties go to the lowest token, then channel.
+    ``token``, ``channel [B, L]`` (the top-1 of each image). Among tied pairs the lowest token, then
+    channel is returned, so callers must report the tie (a "mode" of 5 images that all differ is none).
     """
     found = []
     for layer in range(token.shape[1]):
@@ -168,5 +169,6 @@ def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, 
             np.stack([token[:, layer], channel[:, layer]], axis=1), axis=0, return_counts=True
         )
         best = int(np.argmax(counts))
-        found.append((int(pairs[best, 0]), int(pairs[best, 1]), float(counts[best] / token.shape[0])))
+        tied = int((counts == counts[best]).sum())
+        found.append((int(pairs[best, 0]), int(pairs[best, 1]), int(counts[best]), tied))
     return found

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import nn
 
+from vit5 import plotstyle as S
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
 from vit5.introspect import describe
@@ -387,20 +388,24 @@ def run_ablation(
     return AblationReport(label, len(images), len(reference), cfg, rows, [*notes, *extra])
 
 
-def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
-    """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap."""
+def ablation_figure(report: AblationReport, dpi: int = S.DPI, title: str | None = None) -> Figure:
+    """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap.
+
+    2 x 2 panels at the text width, one legend below them (never on a bar); each bar is labelled with its
+    value, so a zero bar shows as ``0`` on the zero line. ``title`` replaces the generated title."""
     panels = [
         ("change in top-1 (pp)", "top1"),
         ("change in kNN accuracy (pp)", "knn"),
         ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
         ("kNN overlap with unablated", "knn_overlap"),
     ]
-    fig = Figure(figsize=(13.0, 3.4), dpi=dpi, layout="constrained")
-    axes = fig.subplots(1, len(panels))
+    fig = Figure(figsize=(S.TEXT_WIDTH, 5.0), dpi=dpi, layout="constrained")
+    axes = fig.subplots(2, 2).flat
     places = list(report.config.places)
     methods = list(report.config.methods)
     width = 0.8 / len(methods)
-    for ax, (title, metric) in zip(axes, panels):
+    axes = list(axes)
+    for ax, (name, metric) in zip(axes, panels):
         for m, method in enumerate(methods):
             values = []
             for place in places:
@@ -408,7 +413,9 @@ def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
                 value = report.change(row, metric) if metric in ("top1", "knn") else getattr(row, metric)
                 value = 1.0 - value if metric == "patch_cosine" else value
                 values.append(np.nan if value is None else value)
-            ax.bar(np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width, values, width, label=method)
+            xs = np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width
+            bars = ax.bar(xs, values, width, label=method, color=S.model_colour(m))
+            ax.bar_label(bars, fmt="%.2g", fontsize=S.FONT_SMALL, padding=1)
         if all(getattr(r, metric) is None for r in report.rows):
             ax.text(0.5, 0.5, "needs labels", ha="center", va="center", transform=ax.transAxes)
         if metric == "patch_cosine":
@@ -419,13 +426,13 @@ def ablation_figure(report: AblationReport, dpi: int = 100) -> Figure:
         ax.set_xticks(
             range(len(places)), ["at the input" if p == "input" else "after every block" for p in places]
         )
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
-    fig.suptitle(
-        f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})",
-        fontsize=10,
+        S.style_axes(ax, name)
+        ax.margins(y=0.15)
+    default = (
+        f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})"
     )
-    if report.notes:
-        fig.supxlabel("\n".join(report.notes), fontsize=8)
+    heading = default if title is None else title
+    if heading:
+        fig.suptitle(heading, fontsize=S.FONT_TITLE)
+    S.finish(fig, report.notes, axes[:1], ncol=len(methods))
     return fig

@@ -55,7 +55,7 @@ from vit5.viz.figures import (
     summary_figure,
 )
 from vit5.viz.figures.pca import pca_note
-from vit5.viz.images import LoadedImage, load_images
+from vit5.viz.images import LoadedImage, default_size, load_images
 from vit5.viz.pca import pca_rgb
 from vit5.viz.plant import PlantSpec, plant_artifacts
 from vit5.viz.stats import TokenStats
@@ -89,7 +89,7 @@ RANDOM_INIT_NOTE = (
 class RunConfig:
     out: Path
     views: frozenset[str] = frozenset(VIEWS)
-    size: tuple[int, int] | None = None  # (height, width); default: the model's own input size
+    size: tuple[int, int] | None = None  # (height, width); default: the images' aspect (images.default_size)
     layers: tuple[int, ...] = (-1,)  # layers drawn in per-image figures (all layers are measured)
     batch_size: int = 8
     device: str = "cpu"
@@ -123,10 +123,14 @@ class RunResult:
 
 
 def _prepare(
-    loaded: LoadedModel, cfg: RunConfig, size: tuple[int, int] | None = None
+    loaded: LoadedModel,
+    cfg: RunConfig,
+    sources: Sequence[str],
+    size: tuple[int, int] | None = None,
+    patch: int | None = None,
 ) -> tuple[ModelInfo, tuple[int, int], list[int]]:
     info = describe(loaded.model)
-    size = tuple(size or cfg.size or info.img_size)
+    size = tuple(size or cfg.size or default_size(sources, info.img_size, patch or info.patch_size))
     info.grid(size)
     check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
     layers = take_indices(info.depth, list(cfg.layers), unique=True)
@@ -179,7 +183,7 @@ def _notes(loaded: LoadedModel, cfg: RunConfig) -> list[str]:
 
 def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> RunResult:
     """Record ``loaded`` on ``sources`` and write the views of ``cfg``; returns the arrays and metrics."""
-    info, size, layers = _prepare(loaded, cfg)
+    info, size, layers = _prepare(loaded, cfg, sources)
     images = _load(sources, size, info.patch_size, cfg)
     stats = _record(loaded, images, cfg, features=cfg.max_figures if "pca" in cfg.views else 0)
     report = compute_metrics(stats, cfg.metrics)
@@ -251,17 +255,18 @@ def run_compare(
     """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for
     B (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
     patches = (describe(model_a.model).patch_size, describe(model_b.model).patch_size)
-    size = tuple(cfg.size or describe(model_a.model).img_size)
+    patch = math.lcm(*patches)
+    size = tuple(cfg.size or default_size(sources, describe(model_a.model).img_size, patch))
     grid_of(  # one size for both: the hint is a multiple of both patch sizes
         size,
-        math.lcm(*patches),
+        patch,
         "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})",
     )
-    info_a, size, layers = _prepare(model_a, cfg, size)
-    info_b, _, _ = _prepare(model_b, cfg, size)
+    info_a, size, layers = _prepare(model_a, cfg, sources, size)
+    info_b, _, _ = _prepare(model_b, cfg, sources, size)
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
-    images = _load(sources, size, max(info_a.patch_size, info_b.patch_size), cfg)
+    images = _load(sources, size, patch, cfg)
     stats_a = _record(model_a, images, cfg, features=0)
     stats_b = _record(model_b, images, cfg, features=0)
     notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
@@ -279,7 +284,7 @@ def run_ttr(
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
     check_test_time_registers(loaded.model)  # before the neuron search, not after it
-    info, size, _ = _prepare(loaded, cfg)
+    info, size, _ = _prepare(loaded, cfg, sources)
     images = _load(sources, size, info.patch_size, cfg)
     search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
     found = find_register_neurons(loaded.model, images, search)

@@ -19,6 +19,7 @@ import numpy as np
 
 from vit5.errors import InputError
 from vit5.model import TokenLayout
+from vit5.viz.content import PatchContent
 
 _ARRAYS = (
     "norms",
@@ -32,6 +33,9 @@ _ARRAYS = (
     "massive_token",
     "massive_channel",
     "massive_median",
+    "pixel_variance",
+    "variance_percentile",
+    "neighbour_cosine",
 )
 
 
@@ -57,6 +61,10 @@ class TokenStats:
     massive_token: np.ndarray | None = None  # [B, L, 3] token position of each of them
     massive_channel: np.ndarray | None = None  # [B, L, 3] channel of each of them
     massive_median: np.ndarray | None = None  # [B, L] median |activation| of each block output
+    # the input patches' local information (vit5.viz.content.PatchContent), [B, P] each
+    pixel_variance: np.ndarray | None = None
+    variance_percentile: np.ndarray | None = None
+    neighbour_cosine: np.ndarray | None = None
 
     @property
     def num_images(self) -> int:
@@ -80,6 +88,13 @@ class TokenStats:
     def to_grid(self, patch_values: np.ndarray) -> np.ndarray:
         """``[..., P]`` to ``[..., h, w]`` (row-major)."""
         return patch_values.reshape(*patch_values.shape[:-1], *self.layout.grid)
+
+    @property
+    def content(self) -> PatchContent | None:
+        """The :class:`~vit5.viz.content.PatchContent` of the images, or None when not recorded."""
+        if self.pixel_variance is None:
+            return None
+        return PatchContent(self.pixel_variance, self.variance_percentile, self.neighbour_cosine)
 
     def save(self, path: str | Path) -> Path:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""

@@ -15,6 +15,11 @@ RAW = "raw: share of all tokens, so CLS and registers hold the rest"
 RENORMALISED = "renormalised over the patches"
 
 
+def _kind(renormalise: bool) -> tuple[str, str]:
+    """(short word for the title, the sentence for the note)."""
+    return ("renormalised", RENORMALISED) if renormalise else ("raw", RAW)
+
+
 def cls_attention_figure(
     stats: TokenStats,
     index: int,
@@ -39,8 +44,10 @@ def cls_attention_figure(
             )
         )
         rows.append(row)
-    kind = RENORMALISED if renormalise else RAW
-    return panel_grid(rows, style, f"{stats.model} | {image.name}: CLS-to-patch attention ({kind})", notes)
+    word, sentence = _kind(renormalise)
+    return panel_grid(
+        rows, style, f"{stats.model} | {image.name}: CLS-to-patch attention ({word})", [sentence, *notes]
+    )
 
 
 def register_attention_figure(
@@ -68,7 +75,7 @@ def register_attention_figure(
             ]
         )
     return panel_grid(
-        rows, style, f"{stats.model} | {image.name}: register-to-patch attention (head mean, {RAW})", notes
+        rows, style, f"{stats.model} | {image.name}: register-to-patch attention (head mean)", [RAW, *notes]
     )
 
 
@@ -82,8 +89,6 @@ def rollout_figure(
         Panel("on the image", values, image.rgb, group="rollout", patch=stats.patch_size),
         Panel("map", values, group="rollout", patch=stats.patch_size),
     ]
-    title = (
-        f"{stats.model} | {image.name}: attention rollout "
-        f"({source} row, head mean, 0.5 identity; Abnar & Zuidema 2020)"
-    )
-    return panel_grid([panels], style, title, notes)
+    title = f"{stats.model} | {image.name}: attention rollout"
+    how = f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
+    return panel_grid([panels], style, title, [how, *notes])

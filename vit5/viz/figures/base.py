@@ -7,7 +7,9 @@
   never mixes per-panel min-max scales;
 - clipping of a colour scale only on request, and then written on the figure;
 - figures are :class:`matplotlib.figure.Figure` objects rendered by Agg (PNG) and the PDF
-  backend, without pyplot, so importing this module changes no global matplotlib state.
+  backend, without pyplot, so importing this module changes no global matplotlib state;
+- resolution, fonts and the widest row come from :mod:`vit5.plotstyle` (the one figure style): a
+  row of panels is fitted to the text width of a page, so its 8-9 pt fonts are legible in print.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
+from vit5 import plotstyle as S
 from vit5.errors import InputError
 
 
@@ -35,9 +39,10 @@ class MapStyle:
     alpha: float = 0.5
     upsample: Literal["nearest", "bilinear"] = "nearest"
     clip_percentile: float | None = None  # clip each colour scale at this percentile of its values
-    dpi: int = 100
-    panel_inches: float = 2.4
+    dpi: int = S.DPI
+    panel_inches: float = 2.4  # the widest a map gets; rows of many panels shrink to the text width
     formats: tuple[str, ...] = ("png", "pdf")
+    title: str | None = None  # replaces every figure's title ("" for none: a paper sets its own caption)
 
     def __post_init__(self) -> None:
         if self.cmap not in matplotlib.colormaps:
@@ -48,9 +53,16 @@ class MapStyle:
             raise InputError(f"upsampling is 'nearest' or 'bilinear', got {self.upsample!r}")
         if self.clip_percentile is not None and not 50.0 < self.clip_percentile <= 100.0:
             raise InputError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
+        if self.dpi < 50:
+            raise InputError(f"a figure needs at least 50 dpi, got {self.dpi} (default {S.DPI})")
         unknown = set(self.formats) - {"png", "pdf", "svg"}
         if unknown or not self.formats:
             raise InputError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
+
+
+def figure_title(style: MapStyle, default: str) -> str:
+    """The title a figure gets: ``style.title`` when set (also ``""``), else its own."""
+    return default if style.title is None else style.title
 
 
 @dataclass
@@ -63,7 +75,8 @@ class Panel:
     rgb: np.ndarray | None = None  # [h, w, 3] in [0, 1], drawn instead of a scalar map (no colorbar)
     group: str = ""  # panels with the same group share one colour scale
     patch: int = 16  # pixels per map cell (the model's patch size)
-    marks: np.ndarray | None = None  # [h, w] bool: cells outlined in red (e.g. outlier tokens)
+    marks: np.ndarray | None = None  # [h, w] bool: cells outlined in red (e.g. artifact-like outliers)
+    second_marks: np.ndarray | None = None  # [h, w] bool: cells outlined dashed white (content-like ones)
 
 
 @dataclass(frozen=True)
@@ -102,27 +115,37 @@ def color_limits(arrays: Sequence[np.ndarray], clip_percentile: float | None, la
     return Limits(vmin, vmax, note)
 
 
-# Panel geometry in inches: a map, its colorbar to the right, its title above.
-_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _HEADER_H, _NOTE_LINE_H, _FONT, _TITLE_FONT = (
-    0.32,
-    0.12,
-    0.06,
-    0.12,
-    0.45,
-    0.17,
-    8,
-    10,
+# Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
+_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _CBAR_LABELS, _HEADER_H, _NOTE_LINE_H = (
+    0.3,
+    0.1,
+    0.05,
+    0.1,
+    0.42,
+    0.4,
+    0.15,
 )
+_CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
+_MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
 
 
 def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
     """Lines the wrapped ``texts`` take across ``width`` inches (an estimate from an average glyph width)."""
     per_line = max(20, int(width * 72 / (fontsize * 0.6)))
-    return sum(math.ceil(len(t) / per_line) for t in texts)
+    return sum(math.ceil(len(t) / per_line) for t in texts if t)
 
 
 def _header_height(title_lines: int) -> float:
-    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * _TITLE_FONT / _FONT
+    if title_lines == 0:
+        return _PAD
+    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * S.FONT_TITLE / S.FONT_SMALL
+
+
+def map_inches(cols: int, style: MapStyle) -> float:
+    """Width of one map in a row of ``cols`` panels: ``style.panel_inches``, or less so the row fits the
+    text width, but never under an inch."""
+    fit = S.TEXT_WIDTH / cols - _CELL_EXTRA
+    return max(_MIN_MAP, min(style.panel_inches, fit))
 
 
 def figure_size(
@@ -130,13 +153,14 @@ def figure_size(
 ) -> tuple[float, float]:
     """Inches of a grid of panels showing maps of width / height ``aspect`` (plus colorbars, titles, notes).
 
-    Snapped to whole pixels at ``style.dpi``: the PNG is ``round(inches * dpi)`` pixels.
+    At least :data:`vit5.plotstyle.MIN_WIDTH` wide; snapped to whole pixels at ``style.dpi``: the PNG
+    is ``round(inches * dpi)`` pixels.
     """
-    map_w = style.panel_inches
-    cell_w = map_w + _CBAR_GAP + _CBAR_W + 0.55 + _PAD  # 0.55: colorbar tick labels
+    map_w = map_inches(cols, style)
+    cell_w = map_w + _CELL_EXTRA
     cell_h = map_w / aspect + _TITLE_H + _PAD
     width, height = (
-        cols * cell_w,
+        max(cols * cell_w, S.MIN_WIDTH),
         rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD,
     )
     snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
@@ -165,20 +189,23 @@ def panel_grid(
     limits = _group_limits(panels, style)
     limits.update({group: Limits(*bounds) for group, bounds in (fixed_limits or {}).items()})
     all_notes = [n for n in notes if n] + sorted({lim.note for lim in limits.values() if lim.note})
+    title = figure_title(style, title)
     width, _ = figure_size(len(rows), cols, aspect, style)
-    title_lines = _text_lines([title], width, _TITLE_FONT)
+    title_lines = _text_lines([title], width, S.FONT_TITLE)
     width, height = figure_size(
-        len(rows), cols, aspect, style, _text_lines(all_notes, width, _FONT), title_lines
+        len(rows), cols, aspect, style, _text_lines(all_notes, width, S.FONT_SMALL), title_lines
     )
     header = _header_height(title_lines)
     fig = Figure(figsize=(width, height), dpi=style.dpi)
-    map_w, map_h = style.panel_inches, style.panel_inches / aspect
-    cell_w, cell_h = width / cols, map_h + _TITLE_H + _PAD
+    map_w = map_inches(cols, style)
+    map_h = map_w / aspect
+    cell_w, cell_h = map_w + _CELL_EXTRA, map_h + _TITLE_H + _PAD
+    margin = (width - cols * cell_w) / 2  # a one-panel figure is centred in its minimum width
     for i, row in enumerate(rows):
         for j, panel in enumerate(row):
             if panel is None:
                 continue
-            left = j * cell_w + _PAD
+            left = margin + j * cell_w + _PAD
             bottom = height - header - (i + 1) * cell_h + _PAD
             ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
             cax = None
@@ -186,10 +213,17 @@ def panel_grid(
                 cax_left = left + map_w + _CBAR_GAP
                 cax = fig.add_axes((cax_left / width, bottom / height, _CBAR_W / width, map_h / height))
             _draw(fig, ax, cax, panel, style, limits.get(panel.group))
-    fig.suptitle(title, fontsize=_TITLE_FONT, y=1 - 0.12 / height, va="top", wrap=True)
+    if title:
+        fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
     if all_notes:
         fig.text(
-            0.5, _PAD / 2 / height, "\n".join(all_notes), ha="center", va="bottom", fontsize=_FONT, wrap=True
+            0.5,
+            _PAD / 2 / height,
+            "\n".join(all_notes),
+            ha="center",
+            va="bottom",
+            fontsize=S.FONT_SMALL,
+            wrap=True,
         )
     return fig
 
@@ -235,17 +269,29 @@ def _draw(fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: Limits | 
             interpolation="nearest",
         )
         colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax)
-        colorbar.ax.tick_params(labelsize=7)
-    if panel.marks is not None:
-        for r, c in zip(*np.nonzero(panel.marks)):
+        colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
+        colorbar.locator = MaxNLocator(4)
+        colorbar.update_ticks()
+    for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
+        if marks is None:
+            continue
+        for r, c in zip(*np.nonzero(marks)):
             ax.add_patch(
-                Rectangle((c * patch, r * patch), patch, patch, fill=False, edgecolor="red", linewidth=1.0)
+                Rectangle(
+                    (c * patch, r * patch),
+                    patch,
+                    patch,
+                    fill=False,
+                    edgecolor=colour,
+                    linestyle=dash,
+                    linewidth=1.2,
+                )
             )
     ax.set_xlim(0, w)
     ax.set_ylim(h, 0)
     ax.set_aspect("auto")  # the axes box already has the map's aspect
     ax.set_axis_off()
-    ax.set_title(panel.title, fontsize=_FONT)
+    ax.set_title(panel.title, fontsize=S.FONT, pad=3)
 
 
 def save_figure(fig: Figure, base: str | Path, formats: Sequence[str]) -> list[Path]:

@@ -1,0 +1,185 @@
+"""The one figure style of vit5: resolution, font sizes, colours, line styles and human labels.
+
+Every figure the toolkit writes (``vit5 viz``, the register study, ``curves.png`` of a training run,
+the register-ablation bars) takes its numbers from here, so that figures put side by side in a paper match:
+
+- ``DPI`` >= 150 and fonts of at least ``FONT_SMALL`` = 8 pt *at the figure's physical size*; figures
+  are laid out in inches no wider than ``TEXT_WIDTH`` (a two-column page's text width), so the fonts
+  stay legible when the figure is printed at that width;
+- colour encodes the *model* (or the run), line style and marker the *metric*, where both vary
+  (Okabe and Ito's colour-blind-safe palette, https://jfly.uni-koeln.de/color/);
+- lines of later models are drawn thinner with open markers, so a line lying on another stays visible;
+- fixed roles keep one colour everywhere: the validation curve and its EMA twin (``ROLE_COLOURS``);
+- metric keys (``cls_register_mass``) are shown as words (``METRIC_LABELS``).
+
+A leaf module: it imports matplotlib only, so every part of vit5 may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+DPI = 200
+FONT_SMALL = 8  # ticks, legends, notes, colorbars: the floor
+FONT = 9  # axis labels, panel titles
+FONT_TITLE = 10  # figure titles
+TEXT_WIDTH = 7.0  # inches: the widest figure row
+MIN_WIDTH = 3.4  # inches: a one-panel figure is still one column wide (titles do not wrap into a tower)
+
+# Okabe & Ito: blue, vermillion, bluish green, reddish purple, orange, sky blue, yellow, black
+MODEL_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+METRIC_STYLES = (
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ((0, (5, 1, 1, 1)), "v"),
+    ((0, (1, 1)), "P"),
+    ((0, (3, 1, 1, 1, 1, 1)), "X"),
+)
+ROLE_COLOURS = {
+    "train": "#000000",
+    "val": MODEL_COLOURS[0],
+    "val, EMA": MODEL_COLOURS[1],
+    "raw": MODEL_COLOURS[0],
+    "EMA": MODEL_COLOURS[1],
+    "threshold": "#D55E00",
+    "patch": MODEL_COLOURS[0],
+    "register": MODEL_COLOURS[4],
+    "cls": MODEL_COLOURS[2],
+}
+
+METRIC_LABELS = {
+    "outlier_ratio": "outlier patches (share)",
+    "outlier_ratio_registers": "outlier registers (share)",
+    "max_median_ratio": "max / median patch norm",
+    "share_max_median_over_3": "images with max / median > 3",
+    "norm_kurtosis": "patch-norm kurtosis",
+    "cls_entropy": "CLS attention entropy",
+    "cls_effective_tokens": "CLS effective tokens",
+    "cls_outlier_mass": "CLS attention on outliers",
+    "cls_max_patch_attention": "max CLS-to-patch attention",
+    "received_outlier_mass": "attention received by outliers",
+    "cls_register_mass": "CLS → registers",
+    "patch_register_mass": "patches → registers",
+    "topk_sink_mass": "top-K sink mass",
+    "topk_register_share": "registers among top-K sinks",
+    "sink_rate": "heads with a sink (share)",
+    "sink_rate_cls": "heads sinking on CLS",
+    "sink_rate_register": "heads sinking on a register",
+    "sink_rate_patch": "heads sinking on a patch",
+    "massive_top1": "largest |activation|",
+    "massive_ratio": "largest / median |activation|",
+    "massive_on_cls": "largest activation on CLS",
+    "massive_on_register": "largest activation on a register",
+    "massive_on_patch": "largest activation on a patch",
+    "outlier_artifact_share": "outliers on low-information patches",
+    "images_with_outliers": "images with an outlier patch",
+    "images_with_background_outliers": "images with a background outlier",
+    "accuracy": "held-out accuracy",
+}
+
+
+def metric_label(key: str) -> str:
+    """Words for a metric key; an unknown key is shown with spaces (never silently as a raw key)."""
+    return METRIC_LABELS.get(key, key.replace("_", " "))
+
+
+def model_colour(index: int) -> str:
+    return MODEL_COLOURS[index % len(MODEL_COLOURS)]
+
+
+def line_kwargs(model: int, metric: int, colour: str | None = None) -> dict:
+    """``Axes.plot`` keywords: colour by model, line style and marker by metric; later models thinner
+    with open markers so coinciding lines stay visible."""
+    linestyle, marker = METRIC_STYLES[metric % len(METRIC_STYLES)]
+    colour = colour or model_colour(model)
+    return dict(
+        color=colour,
+        linestyle=linestyle,
+        marker=marker,
+        linewidth=max(0.8, 1.4 - 0.4 * model),
+        markersize=max(2.5, 3.5 - 0.5 * model),
+        markerfacecolor=colour if model == 0 else "white",
+        markeredgewidth=1.0,
+    )
+
+
+def style_axes(ax, title: str = "", xlabel: str = "", ylabel: str = "") -> None:
+    """Fonts of one axes: title and labels at ``FONT``, ticks at ``FONT_SMALL``; a light grid."""
+    if title:
+        ax.set_title(title, fontsize=FONT)
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=FONT)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.tick_params(labelsize=FONT_SMALL)
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() == "linear" and hasattr(axis.get_major_formatter(), "set_useOffset"):
+            axis.get_major_formatter().set_useOffset(False)  # "+1.43" above an axis reads as a value
+    ax.grid(alpha=0.25, linewidth=0.6)
+
+
+def legend(ax, **kwargs):
+    """A legend at ``FONT_SMALL`` (where it hides least, unless ``loc`` is given); None without lines."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    options = dict(fontsize=FONT_SMALL, framealpha=0.85, handlelength=2.4, loc="best")
+    return ax.legend(**{**options, **kwargs})
+
+
+def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int | None = None) -> None:
+    """Below the axes of a constrained-layout figure: one legend for the whole figure (the entries of
+    ``legend_axes``, each label once), then the notes (what the numbers are, RANDOM-INIT / PLANTED
+    warnings) at ``FONT_SMALL``. The layout is confined above the space both need, so neither ever
+    overlaps an axis, a label or the other."""
+    width, height = fig.get_size_inches()
+    notes = [n for n in notes if n]
+    per_line = max(20, int(width * 72 / (FONT_SMALL * 0.55)))
+    lines = sum(-(-len(n) // per_line) for n in notes)
+    line_h = FONT_SMALL * 1.35 / 72
+    notes_h = lines * line_h + 0.06 if notes else 0.0
+    seen: dict[str, object] = {}
+    for ax in legend_axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    legend_h = 0.0
+    if seen:
+        ncol = ncol or min(len(seen), 3)
+        legend_h = -(-len(seen) // ncol) * line_h * 1.15 + 0.1
+        fig.legend(
+            list(seen.values()),
+            list(seen),
+            loc="lower center",
+            bbox_to_anchor=(0.5, notes_h / height),
+            ncol=ncol,
+            fontsize=FONT_SMALL,
+            frameon=False,
+            handlelength=2.4,
+            borderaxespad=0.1,
+        )
+    if notes:
+        fig.text(
+            0.5, 0.03 / height, "\n".join(notes), ha="center", va="bottom", fontsize=FONT_SMALL, wrap=True
+        )
+    if notes_h or legend_h:
+        fig.get_layout_engine().set(
+            rect=(0, (notes_h + legend_h) / height, 1, 1 - (notes_h + legend_h) / height)
+        )
+
+
+def log_ticks(ax) -> None:
+    """Plain numbers (``0.5``, ``2``) on a log y axis, majors and minors at one font size; minor labels
+    only where the axis spans less than two decades (else they crowd)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    if low > 0 and high / low < 30:  # within about a decade: label 2 and 5 of each decade too
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(plain)
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="both", which="both", labelsize=FONT_SMALL)
