@@ -41,6 +41,19 @@ from vit5.train.errors import TrainConfigError
 
 
 @dataclass
+class LoraSection:
+    """LoRA adapters (arXiv 2106.09685) through the peft library; see :mod:`vit5.train.lora`."""
+
+    enabled: bool = False  # true: train only low-rank adapters on the blocks' linears, and the head
+    r: int = 8  # rank of each adapter
+    alpha: float = 16.0  # the update is scaled by alpha / r
+    dropout: float = 0.0  # dropout on an adapter's input
+    targets: list[str] = field(
+        default_factory=lambda: ["qkv", "proj", "fc1", "fc2"]
+    )  # linears of every block
+
+
+@dataclass
 class ModelSection:
     name: str = "vit5_small"  # a vit5 preset (vit5.list_presets())
     img_size: int = 224
@@ -57,6 +70,7 @@ class ModelSection:
         2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
     )
     compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
+    lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
 
 @dataclass
@@ -154,6 +168,13 @@ class RunSection:
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
+    # experiment trackers through Accelerate (vit5.train.tracking): tensorboard, wandb, mlflow, ...;
+    # several comma-separated (tensorboard,wandb); null: none
+    log_with: str | None = None
+    log_every_steps: int = 1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
+    tracker_project: str = (
+        "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard folder)
+    )
 
 
 @dataclass
@@ -233,6 +254,10 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, lambda v: v >= 1, ">= 1"),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last, lambda v: v >= 1, ">= 1"),
         ("run.eval_every_epochs", cfg.run.eval_every_epochs, lambda v: v >= 1, ">= 1"),
+        ("run.log_every_steps", cfg.run.log_every_steps, lambda v: v >= 1, ">= 1"),
+        ("model.lora.r", cfg.model.lora.r, lambda v: v >= 1, ">= 1"),
+        ("model.lora.alpha", cfg.model.lora.alpha, lambda v: v > 0, "> 0"),
+        ("model.lora.dropout", cfg.model.lora.dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
     ]
     return [f"{key}={value!r} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
 
@@ -348,7 +373,14 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (_ranges, _names, _combinations)
+def _extensions(cfg: TrainConfig) -> list[str]:
+    from vit5.train.lora import check_lora
+    from vit5.train.tracking import check_trackers
+
+    return check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
+
+
+_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (_ranges, _names, _combinations, _extensions)
 
 
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
@@ -448,6 +480,11 @@ def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
         for k in sorted(flat_new)
         if flat_old.get(k) != flat_new[k]
     ]
+
+
+def flatten_config(cfg: TrainConfig) -> dict[str, Any]:
+    """Every setting as ``{"section.key": value}`` (``model.overrides`` kept as one dict)."""
+    return _flatten(dataclasses.asdict(cfg))
 
 
 # ---------------------------------------------------------------------------------- reading

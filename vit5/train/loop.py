@@ -137,18 +137,24 @@ def train_steps(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     state: TrainState,
     bar: tqdm | None = None,
-    on_update: Callable[[], None] | None = None,
+    on_update: Callable[[float, float], None] | None = None,
 ) -> list[float]:
-    """:func:`train_step` on every ``(inputs, targets)`` of ``batches``; ``on_update`` after each
-    optimizer step, ``bar`` advanced with the smoothed loss and the lr. Returns the losses."""
+    """:func:`train_step` on every ``(inputs, targets)`` of ``batches``; ``on_update(loss, lr)`` after
+    each optimizer step, with the mean loss of its micro-batches and the lr it ran at (the largest
+    of the groups'); ``bar`` advanced with the smoothed loss and the lr. Returns the losses."""
     parts.model.train()
     losses: list[float] = []
     smoothed = math.nan
+    step_losses: list[float] = []  # the micro-batches of the optimizer step in progress
     for inputs, targets in batches:
         updates = state.num_updates
+        step_lr = max(g["lr"] for g in parts.optimizer.param_groups)  # before the step moves the schedule on
         losses.append(train_step(parts, inputs, targets, state))
-        if on_update is not None and state.num_updates > updates:
-            on_update()
+        step_losses.append(losses[-1])
+        if state.num_updates > updates:
+            if on_update is not None:
+                on_update(math.fsum(step_losses) / len(step_losses), step_lr)
+            step_losses.clear()
         if bar is not None:
             smoothed = losses[-1] if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * losses[-1]
             lr = max(g["lr"] for g in parts.optimizer.param_groups)
@@ -180,10 +186,11 @@ def train_one_epoch(
     state: TrainState,
     epoch: int,
     num_epochs: int,
-    on_update: Callable[[bool], None],
+    on_update: Callable[[bool, float, float], None],
 ) -> EpochResult:
     """Train ``epoch`` from sample ``state.epoch_samples`` of it; advance ``state`` after every
-    optimizer step and call ``on_update(end_of_epoch)``."""
+    optimizer step and call ``on_update(end_of_epoch, loss, lr)`` (the step's loss and lr, as
+    :func:`train_steps` gives them)."""
     acc = parts.accelerator
     assert acc is not None
     batch_size = parts.loader.batch_size or 1
@@ -209,7 +216,9 @@ def train_one_epoch(
         leave=False,
     )
     start = time.perf_counter()
-    losses = train_steps(parts, batches(), state, bar, lambda: on_update(state.batch >= end))
+    losses = train_steps(
+        parts, batches(), state, bar, lambda loss, lr: on_update(state.batch >= end, loss, lr)
+    )
     bar.close()
     seconds = time.perf_counter() - start
     loss_sum = sum(loss * size for loss, size in zip(losses, sizes))

@@ -2,7 +2,8 @@
 
 ``RUN = run.output_dir / run.name`` holds ``config.yaml`` (the full config as run),
 ``checkpoints/`` (resumable state, :mod:`vit5.train.checkpointing`), ``best/`` and ``final/``
-(model directories), ``metrics.csv``, ``curves.png`` and ``summary.{txt,json}``. A new run never
+(model directories), ``metrics.csv``, ``curves.png``, ``summary.{txt,json}`` and, with
+``run.log_with``, ``logs/`` (the experiment trackers', :mod:`vit5.train.tracking`). A new run never
 writes into an existing, non-empty directory: it takes the next free ``NAME-2``, ``NAME-3``, ...
 
 **One writer**: the main process holds ``RUN/.lock`` (:class:`vit5.files.FolderLock`) from the

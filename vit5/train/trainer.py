@@ -72,9 +72,11 @@ from vit5.train.loop import (
     schedule_clock,
     train_one_epoch,
 )
+from vit5.train.lora import add_lora, describe, merged_for_export
 from vit5.train.modeling import build_model
 from vit5.train.optim import LRSchedule, build_ema, build_optimizer, peak_lr
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
+from vit5.train.tracking import Tracking
 
 
 class Trainer:
@@ -102,7 +104,9 @@ class Trainer:
             gradient_accumulation_steps=cfg.optim.accum_steps,
             cpu=cfg.run.cpu
             or not torch.cuda.is_available(),  # Accelerate sets up multi-CPU (gloo) only with cpu=True
+            **Tracking.accelerator_kwargs(cfg.run),
         )
+        self.tracking = Tracking(acc, cfg.run)
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
@@ -113,6 +117,9 @@ class Trainer:
 
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         model, self.model_description, self.load_report = build_model(cfg.model, len(self.data.class_names))
+        if cfg.model.lora.enabled:
+            model = add_lora(model, cfg.model.lora)
+            self.model_description += f"; {describe(model, cfg.model.lora)}"
         _check_memory(acc, cfg, model)
         self.raw_model = model.to(acc.device)
         self.ema = build_ema(self.raw_model, cfg.ema)
@@ -243,9 +250,11 @@ class Trainer:
         """
         self._print_header()
         try:
+            self.tracking.start(self.run_dir, self.cfg)
             with self._stop_signals():
                 return self._train()
         finally:
+            self.tracking.finish()
             self.close()
 
     @contextmanager
@@ -325,7 +334,7 @@ class Trainer:
             state.best_top1, state.best_epoch = row["val_top1"], row["epoch"]
             if cfg.checkpoint.save_best:
                 self._check_weights()
-                save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.BEST, self._export_extra(row))
+                self._save_model_dir(self.run_dir / rundir.BEST, row)
         if acc.is_main_process:
             write_csv(state.history, self.run_dir / rundir.METRICS_CSV)
             plot_curves(
@@ -334,13 +343,16 @@ class Trainer:
                 title=f"{self.run_dir.name}: {self.model_description}",
             )
             acc.print(epoch_line(row, cfg.schedule.epochs))
+        self.tracking.epoch(row, state.num_updates)
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
-    def _after_update(self, end_of_epoch: bool) -> None:
-        """After each optimizer step: the step's losses were finite, which vouches for the checkpoint
-        written just before it; then a mid-epoch checkpoint, and a requested stop."""
+    def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
+        """After each optimizer step (its mean ``loss``, its ``lr``): to the trackers; the step's losses
+        were finite, which vouches for the checkpoint written just before it; then a mid-epoch
+        checkpoint, and a requested stop."""
+        self.tracking.step(self.state.num_updates, loss, lr)
         if self.pending is not None:
             self.checkpoints.confirm(
                 self.pending, f"finite training loss at optimizer step {self.state.num_updates}"
@@ -433,6 +445,12 @@ class Trainer:
             )
         acc.print("\n".join(lines))
 
+    def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
+        model, ema = self.model, self.ema
+        if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
+            model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
+        save_model_dir(self.accelerator, model, ema, directory, self._export_extra(row))
+
     def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
         return dict(
             run=self.run_dir.name,
@@ -447,7 +465,7 @@ class Trainer:
         acc, state = self.accelerator, self.state
         last = state.history[-1]
         self._check_weights()
-        save_model_dir(acc, self.model, self.ema, self.run_dir / rundir.FINAL, self._export_extra(last))
+        self._save_model_dir(self.run_dir / rundir.FINAL, last)
         bad = bad_files(acc, self.data.train_set, self.data.val_set)
         ema_values = [r["ema_top1"] for r in state.history if r.get("ema_top1") is not None]
         wall = self._wall_base + time.perf_counter() - self.session_start
