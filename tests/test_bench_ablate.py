@@ -148,7 +148,7 @@ def test_the_fashion_mnist_scale_scores_the_test_split_of_its_data_root(tmp_path
         parse_args(["--scale", "fashion_mnist", "--out", str(tmp_path), f"data.root={root}"])
     )
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
-    assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 1
+    assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 2
     assert cfg.data.root == str(root) and cfg.data.val_split == "test" and not cfg.checkpoint.save_best
     assert cfg.model.img_size == 28 and cfg.model.overrides["patch_size"] == 4 and cfg.aug.train == "pad_crop"
 
