@@ -55,6 +55,15 @@ EXPECTED_CHANGES = {
     "qkv_bias": {"qkv_bias": True},
     "swiglu": {"mlp": "swiglu"},
     "deit3": {"norm": "layernorm", "qkv_bias": True, "rope": False, "num_registers": 0, "qk_norm": False},
+    "vanilla": {
+        "norm": "layernorm",
+        "qkv_bias": True,
+        "rope": False,
+        "num_registers": 0,
+        "qk_norm": False,
+        "layer_scale": None,
+        "drop_path_schedule": "linear",
+    },
 }
 
 
@@ -120,6 +129,28 @@ def test_deit3_baseline_is_the_deit3_preset(tmp_path):
     block = deit3.blocks[0]
     assert isinstance(block.norm1, nn.LayerNorm) and block.attn.qkv.bias is not None
     assert deit3.num_reg_tokens == 0 and deit3.rope is None
+
+
+def test_vanilla_baseline_is_the_vanilla_vit_preset(tmp_path):
+    vanilla = _models(tmp_path)["vanilla"]
+    reference = preset_config("vanilla_vit_tiny", img_size=32, patch_size=8, depth=2, num_classes=10)
+    assert vanilla.cfg == reference
+    assert isinstance(vanilla.blocks[0].ls1, nn.Identity) and vanilla.rope is None
+
+
+def test_the_fashion_mnist_scale_scores_the_test_split_of_its_data_root(tmp_path):
+    from vit5.cli.ablate import parse_args, plan_from_args
+
+    root = tmp_path / "fm"
+    for split in ("train", "val", "test"):
+        (root / split).mkdir(parents=True)
+    plan = plan_from_args(
+        parse_args(["--scale", "fashion_mnist", "--out", str(tmp_path), f"data.root={root}"])
+    )
+    cfg = plan.config(plan.ablations[0], plan.seeds[0])
+    assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 2
+    assert cfg.data.root == str(root) and cfg.data.val_split == "test" and not cfg.checkpoint.save_best
+    assert cfg.model.img_size == 28 and cfg.model.overrides["patch_size"] == 4 and cfg.aug.train == "pad_crop"
 
 
 def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import vit5.data
 
-ALLOWED_THIRD_PARTY = {"torch", "numpy", "cv2", "albumentations", "sklearn", "PIL"}
+ALLOWED_THIRD_PARTY = {"torch", "torchvision", "numpy", "cv2", "albumentations", "sklearn", "PIL"}
 
 
 def imported_modules(path: Path) -> list[str]:

@@ -21,6 +21,7 @@ from vit5.data import (
     TimmRandAugment,
     build_transform,
     eval_transform,
+    pad_crop_transform,
     randaug_transform,
     three_augment,
 )
@@ -183,6 +184,35 @@ def test_simple_random_crop_is_a_window_of_the_reflect_padded_image():
     assert len(offsets) > 3
 
 
+def test_pad_crop_is_a_flipped_or_unflipped_window_of_the_reflect_padded_image():
+    gray = random_rgb(12, 12)[..., 0]
+    padded = cv2.copyMakeBorder(gray, 3, 3, 3, 3, cv2.BORDER_REFLECT_101).astype(int)
+    transform = pad_crop_transform(12, padding=3, erasing=0.0)
+    seen = set()
+    for _ in range(30):
+        out = denormalise(transform(np.stack([gray] * 3, axis=-1)))
+        assert (out == out[..., :1]).all()  # no colour op: grey stays grey
+        windows = [(dy, dx, padded[dy : dy + 12, dx : dx + 12]) for dy in range(7) for dx in range(7)]
+        matches = [(dy, dx, False) for dy, dx, w in windows if np.array_equal(out[..., 0], w)]
+        matches += [(dy, dx, True) for dy, dx, w in windows if np.array_equal(out[..., 0], w[:, ::-1])]
+        assert matches
+        seen.update(matches)
+    assert len({m[:2] for m in seen}) > 3 and {m[2] for m in seen} == {False, True}
+
+
+def test_pad_crop_erasing_replaces_one_rectangle_with_noise():
+    gray = np.full((20, 20), 100, np.uint8)
+    transform = pad_crop_transform(20, padding=0, hflip=0.0, erasing=1.0)
+    for _ in range(10):
+        changed = denormalise(transform(np.stack([gray] * 3, axis=-1)))[..., 0] != 100
+        rows, cols = np.flatnonzero(changed.any(1)), np.flatnonzero(changed.any(0))
+        area = (rows[-1] - rows[0] + 1) * (cols[-1] - cols[0] + 1)
+        assert 0.02 * 400 * 0.5 <= area <= 0.33 * 400  # one box of 2-33 % (noise may match 100 at its edge)
+        assert changed[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].mean() > 0.9
+    plain = pad_crop_transform(20, padding=0, hflip=0.0, erasing=0.0)
+    assert (denormalise(plain(np.stack([gray] * 3, axis=-1))) == 100).all()
+
+
 def test_augmentation_steps_do_not_move_in_lockstep():
     # albumentations 2.0 seeds every step with the same seed, so two p=0.5 flips would always agree.
     transform = ImageTransform([A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5)])
@@ -224,7 +254,7 @@ def test_randaug_pipeline_order_and_output():
     assert transform(random_rgb(50, 60)).shape == (3, 32, 48)
 
 
-@pytest.mark.parametrize("kind", ["three_augment", "randaug", "eval", "none"])
+@pytest.mark.parametrize("kind", ["three_augment", "randaug", "pad_crop", "eval", "none"])
 @pytest.mark.parametrize("size", [32, (32, 48)])
 def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
     out = build_transform(kind, size)(random_rgb(40, 70))
@@ -247,6 +277,8 @@ def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
         (("three_augment", 32), {"color_jitter": -1}, ValueError, "color_jitter"),
         (("three_augment", 32), {"hflip": 2}, ValueError, "hflip"),
         (("randaug", 32), {"policy": "m9"}, ValueError, "RandAugment string"),
+        (("pad_crop", 32), {"erasing": 1.5}, ValueError, "erasing"),
+        (("pad_crop", 32), {"padding": -1}, ValueError, "padding"),
     ],
 )
 def test_build_transform_validates(args, options, error, match):

@@ -1,11 +1,16 @@
-"""``vit5 data``: data sets written as ImageFolder trees (``vit5 data digits ROOT``)."""
+"""``vit5 data``: data sets written as ImageFolder trees (``vit5 data digits ROOT``,
+``vit5 data fashion-mnist OUT [--source DIR]``)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from vit5.cli import Parser, run_command
+
+FASHION_VAL_SIZE = 5000  # vit5.data.fashion_mnist.DEFAULT_VAL_SIZE, stated here so --help stays light
+FASHION_INSTALL = "apt-get install dataset-fashion-mnist"
 
 
 def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
@@ -18,6 +23,19 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
     digits.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
     digits.add_argument("--val-fraction", type=float, default=0.2, help="val share (default 0.2)")
     digits.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    fashion = commands.add_parser(
+        "fashion-mnist",
+        help="Fashion-MNIST as OUT/{train,val,test}/<class>/<index>.png (idempotent, resumable)",
+        description="Fashion-MNIST (arXiv 1708.07747) as OUT/{train,val,test}/<class>/<index>.png: val a "
+        "seeded, class-stratified hold-out of the 60,000 training images, test the 10,000 test images. "
+        f"Source: --source, else the Debian package (`{FASHION_INSTALL}`), else torchvision's download.",
+    )
+    fashion.add_argument("out", type=Path, help="output folder")
+    fashion.add_argument("--source", type=Path, default=None, help="folder holding the four IDX files")
+    fashion.add_argument(
+        "--val-size", type=int, default=FASHION_VAL_SIZE, help=f"val images (default {FASHION_VAL_SIZE})"
+    )
+    fashion.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
     return parser
 
 
@@ -33,5 +51,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
                     args.root, size=args.size, val_fraction=args.val_fraction, seed=args.seed
                 )
             )
+        else:
+            from vit5.data.fashion_mnist import export_fashion_mnist
+
+            print(export_fashion_mnist(args.out, args.source, val_size=args.val_size, seed=args.seed))
 
     return run_command(work)

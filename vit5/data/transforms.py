@@ -5,6 +5,8 @@ Three recipes from the ViT-5 / DeiT-III training code, built on albumentations:
 * :func:`three_augment`  - pre-training "3-Augment" (DeiT III, arXiv 2204.07118; official ViT-5
   ``augment.py:90`` ``new_data_aug_generator`` at github.com/wangf3014/ViT-5 commit b7b0796);
 * :func:`randaug_transform` - fine-tuning RRC + flip + RandAugment ``rand-m9-mstd0.5-inc1``;
+* :func:`pad_crop_transform` - the small-image recipe of the CIFAR / Fashion-MNIST literature: reflect-pad,
+  random crop, flip and random erasing (Zhong et al., arXiv 1708.04896), no colour changes;
 * :func:`eval_transform` - resize by ``1 / crop_ratio`` then centre crop (official ``datasets.py:101-105``
   at b7b0796, ``--eval-crop-ratio 0.875``);
 
@@ -34,7 +36,7 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 
-TransformKind = Literal["three_augment", "randaug", "eval", "none"]
+TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
 Size = int | tuple[int, int]
 
 
@@ -156,6 +158,36 @@ def randaug_transform(
     return ImageTransform(steps, mean, std)
 
 
+def pad_crop_transform(
+    size: Size,
+    *,
+    padding: int = 4,
+    hflip: float = 0.5,
+    erasing: float = 0.25,
+    antialias: bool = True,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> ImageTransform:
+    """Augmentation for small framed images (Fashion-MNIST, CIFAR): resize to ``size``, pad ``padding``
+    px (reflect), random crop back to ``size``, horizontal flip, then random erasing with probability
+    ``erasing`` (Zhong et al., arXiv 1708.04896: area 2-33 %, aspect 0.3-3.3, filled with random noise
+    as their RE-R; albumentations ``Erasing``). No colour changes: the images are grey and their
+    intensity carries the class (DeiT-III's ``--src`` crop, without 3-Augment's colour ops).
+    """
+    height, width = _size_hw(size)
+    _check_probability("hflip", hflip)
+    _check_probability("erasing", erasing)
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0 pixels, got {padding}")
+    steps: list[A.BasicTransform] = [A.Resize(height, width, **_interpolation(antialias))]
+    if padding:
+        steps += [A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101), A.RandomCrop(height, width)]
+    steps.append(A.HorizontalFlip(p=hflip))
+    if erasing > 0:
+        steps.append(A.Erasing(scale=(0.02, 0.33), ratio=(0.3, 3.3), fill="random", p=erasing))
+    return ImageTransform(steps, mean, std)
+
+
 def eval_transform(
     size: Size,
     *,
@@ -200,6 +232,7 @@ def resize_transform(
 _BUILDERS = {
     "three_augment": three_augment,
     "randaug": randaug_transform,
+    "pad_crop": pad_crop_transform,
     "eval": eval_transform,
     "none": resize_transform,
 }
@@ -209,7 +242,8 @@ def build_transform(kind: TransformKind, size: Size, **options: Any) -> ImageTra
     """Build a transform by name; ``options`` go to the matching builder.
 
     ``"three_augment"`` -> :func:`three_augment` (pre-training), ``"randaug"`` ->
-    :func:`randaug_transform` (fine-tuning), ``"eval"`` -> :func:`eval_transform`,
+    :func:`randaug_transform` (fine-tuning), ``"pad_crop"`` -> :func:`pad_crop_transform` (small
+    framed images), ``"eval"`` -> :func:`eval_transform`,
     ``"none"`` -> :func:`resize_transform`. An option the builder does not take is an error.
     """
     if kind not in _BUILDERS:

@@ -90,9 +90,11 @@ class DataSection:
 
 @dataclass
 class AugSection:
-    train: Literal["three_augment", "randaug", "none"] = "three_augment"
+    train: Literal["three_augment", "randaug", "pad_crop", "none"] = "three_augment"
     color_jitter: float = 0.3  # three_augment only
     randaug: str = "rand-m9-mstd0.5-inc1"  # randaug only
+    padding: int = 4  # pad_crop only: pixels of reflect padding before the random crop
+    erasing: float = 0.25  # pad_crop only: random-erasing probability (0 = off)
     scale: tuple[float, float] = (0.08, 1.0)  # random-resized-crop area range
     hflip: float = 0.5
     eval_crop_ratio: float = 1.0
@@ -214,6 +216,8 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         ("aug.color_jitter", cfg.aug.color_jitter, lambda v: v >= 0, ">= 0"),
         ("aug.scale", cfg.aug.scale, lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
         ("aug.hflip", cfg.aug.hflip, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.padding", cfg.aug.padding, lambda v: v >= 0, ">= 0 pixels"),
+        ("aug.erasing", cfg.aug.erasing, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
         ("aug.eval_crop_ratio", cfg.aug.eval_crop_ratio, lambda v: 0 < v <= 1, "in (0, 1]"),
         ("aug.repeated_aug", cfg.aug.repeated_aug, lambda v: v >= 1, ">= 1 (1 = off)"),
         ("aug.ra_selected_round", cfg.aug.ra_selected_round, lambda v: v >= 0, ">= 0"),

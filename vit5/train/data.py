@@ -151,4 +151,6 @@ def _train_options(cfg: TrainConfig) -> dict[str, Any]:
         return dict(color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip)
     if aug.train == "randaug":
         return dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip)
+    if aug.train == "pad_crop":
+        return dict(padding=aug.padding, hflip=aug.hflip, erasing=aug.erasing)
     return {}
