@@ -161,3 +161,14 @@ def test_seeded_samples_carry_a_seed_per_global_position():
     assert len({seed for _, seed in pairs}) == 10
     s.set_epoch(2)
     assert not {seed for _, seed in pairs} & {seed for _, seed in s}
+
+
+def test_without_repeats_the_deit_rounding_leaves_no_image_out():
+    # the fine-tune recipe: repeated_aug=1 with the pre-training default ra_selected_round=256
+    plain = RepeatAugSampler(1000, num_repeats=1, selected_round=256, seed=3)
+    assert len(plain) == 1000 and sorted(plain) == list(range(1000))  # not 768 of them
+    shards = [
+        RepeatAugSampler(1000, num_replicas=3, rank=r, num_repeats=1, selected_round=256) for r in range(3)
+    ]
+    assert set().union(*map(set, shards)) == set(range(1000))
+    assert len(RepeatAugSampler(1000, num_repeats=3, selected_round=256)) == 768  # DeiT's, with repeats

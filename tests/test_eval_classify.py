@@ -215,3 +215,54 @@ def test_sweep_matches_classify_at_each_size_and_plots(models, single_process, t
     table = sweep_table(results)
     assert "32x64" in table and "tiny-digits" in table
     assert sweep_plot(results, tmp_path / "sweep.png", train_size=(32, 32)).stat().st_size > 0
+
+
+# ------------------------------------------------------------------ class names of the model vs the folders
+def named_checkpoint(tmp_path: Path, order: list[int]) -> Path:
+    """The trained digits model with its outputs permuted to ``order`` and ``label_names`` saying so."""
+    import vit5
+
+    model = vit5.load_model(trained_checkpoint())
+    with torch.no_grad():
+        model.head.weight.copy_(model.head.weight[order])
+        model.head.bias.copy_(model.head.bias[order])
+    model.pretrained_cfg["label_names"] = [str(d) for d in order]
+    return vit5.save_pretrained(model, tmp_path / f"named-{''.join(map(str, order))}")
+
+
+def linked_split(tmp_path: Path, names: dict[str, str]) -> Path:
+    """A val split whose class folder ``new`` links to the digits' folder ``old``."""
+    split = tmp_path / f"linked-{len(list(tmp_path.iterdir()))}" / "val"
+    split.mkdir(parents=True)
+    for new, old in names.items():
+        (split / new).symlink_to(digits_folder() / "val" / old, target_is_directory=True)
+    return split.parent
+
+
+def test_folders_named_otherwise_than_the_model_classes_are_refused(tmp_path):
+    (loaded,) = load_models(str(named_checkpoint(tmp_path, list(range(10)))), weights="raw")
+    assert loaded.class_names == tuple("0123456789")
+    renamed = linked_split(tmp_path, {("zero" if d == "0" else d): d for d in "0123456789"})
+    with pytest.raises(
+        InputError, match=r"trained on 10 classes .* has 10 .*; gone: 0; new: zero\. Its outputs"
+    ):
+        evaluate(loaded, open_split(renamed, "val"), SETTINGS, progress=False)
+
+
+def test_the_model_classes_in_another_order_or_some_of_them_are_mapped_by_name(tmp_path, single_process):
+    order = [3, 1, 4, 0, 5, 9, 2, 6, 8, 7]
+    (loaded,) = load_models(str(named_checkpoint(tmp_path, order)), weights="raw")
+    with single_thread():
+        permuted = evaluate(loaded, open_split(digits_folder(), "val"), SETTINGS, progress=False)
+    assert "the model's classes in another order; labels mapped by class name" in permuted.note
+    assert permuted.scores.top1 == single_process.scores.top1  # the same predictions, renumbered
+    assert permuted.class_names == [str(d) for d in order]
+    np.testing.assert_array_equal(permuted.scores.confusion, single_process.scores.confusion[order][:, order])
+
+    subset = linked_split(tmp_path, {d: d for d in "01234"})
+    with single_thread():
+        part = evaluate(loaded, open_split(subset, "val"), SETTINGS, progress=False)
+    assert "5 of the model's 10 classes" in part.note
+    confusion = single_process.scores.confusion
+    assert part.scores.top1 == np.trace(confusion[:5, :5]) / confusion[:5].sum()
+    assert part.scores.num_images == confusion[:5].sum()

@@ -5,6 +5,7 @@ README training commands, main.py defaults at commit b7b0796)."""
 from pathlib import Path
 
 import pytest
+from test_train_support import TINY, single_thread  # noqa: F401 (autouse fixture)
 
 from vit5.cli.train import parse_args
 from vit5.train import TrainConfigError, config_to_yaml, load_config
@@ -181,3 +182,146 @@ def test_recipes_load_by_name_from_the_package_and_the_repository_folder_is_the_
         TrainConfigError, match=r"vit5_smal does not exist; packaged recipes .*vit5_small_in1k"
     ):
         load_config("vit5_smal")
+
+
+# ------------------------------------------------------------------ documented commands, short runs
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+
+
+def documented_train_commands() -> list[list[str]]:
+    """The ``vit5 train`` / ``-m vit5 train`` command lines of docs/training.md's bash blocks, as argv
+    after ``train`` (continuation lines joined, comments dropped)."""
+    import shlex
+
+    text = DOCS.read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash")[1:]]
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if "train" in words and words[: words.index("train")][-1:] == ["vit5"]:
+                commands.append(words[words.index("train") + 1 :])
+    return commands
+
+
+def test_every_documented_training_command_line_parses_and_validates():
+    from vit5.train.config import DEMO_RECIPE
+
+    commands = documented_train_commands()
+    assert len(commands) >= 12 and ["schedule.epochs=1"] in commands  # the CPU-process example
+    for argv in commands:
+        args = parse_args(argv)
+        if args.resume is not None or any(o.startswith("optim.lrr") for o in args.overrides):
+            continue  # resume needs a run; optim.lrr is the documented error
+        cfg = load_config(args.config or DEMO_RECIPE, args.overrides, check_paths=False)
+        assert 0 <= cfg.schedule.warmup_epochs < cfg.schedule.epochs, argv
+
+
+def test_a_recipe_warmup_longer_than_a_short_run_becomes_a_tenth_of_it_with_a_note():
+    from vit5.train.config import ConfigAdjusted
+
+    with pytest.warns(ConfigAdjusted, match=r"warmup_epochs=1 of the recipe does not fit schedule\.epochs=1"):
+        cfg = load_config("demo_digits", ["schedule.epochs=1"])
+    assert cfg.schedule.warmup_epochs == pytest.approx(0.1)
+    with pytest.warns(ConfigAdjusted, match=r"warming up for 0\.3 epochs"):
+        cfg = load_config("vit5_small_in1k", ["data.root=/x", "schedule.epochs=3"], check_paths=False)
+    assert cfg.schedule.warmup_epochs == pytest.approx(0.3)
+    with pytest.raises(TrainConfigError, match=r"warmup_epochs=1\.0 must be in \[0, schedule\.epochs\)"):
+        load_config("demo_digits", ["schedule.epochs=1", "schedule.warmup_epochs=1"])  # the user's own
+
+
+def test_vit5_ablate_with_one_epoch_builds_every_run_config(tmp_path):
+    from vit5.cli.ablate import parse_args as ablate_args
+    from vit5.cli.ablate import plan_from_args
+
+    plan = plan_from_args(ablate_args(["--epochs", "1", "--out", str(tmp_path)]))
+    for ablation in plan.ablations:
+        cfg = plan.config(ablation, plan.seeds[0])
+        assert cfg.schedule.epochs == 1 and cfg.schedule.warmup_epochs < 1
+
+
+# ------------------------------------------------------------------ values that used to crash or pass
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("run.seed=-1", r"run\.seed=-1 must be in \[0, 2\*\*31\)"),
+        ("optim.lr=1e39", r"optim\.lr=1e\+39 must be a finite number of at most 3\.4e38"),
+        ("optim.eps=inf", r"optim\.eps=inf must be a finite number"),
+        ("schedule.min_lr=inf", r"schedule\.min_lr=inf must be a finite number"),
+        ("optim.name=adam\x01w", r"holds the control character '\\x01' at position 15; retype it"),
+    ],
+)
+def test_values_that_crashed_or_trained_nothing_are_one_error(override, message):
+    with pytest.raises(TrainConfigError, match=message):
+        load_config(None, [*DIGITS, override])
+
+
+def test_the_command_line_reports_them_as_one_line(capsys):
+    from vit5.cli import train as cli
+
+    assert cli.main([*DIGITS, "run.seed=-1", "run.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "run.seed=-1 must be in [0, 2**31)" in err
+
+
+def test_a_huge_value_is_cut_in_the_message(tmp_path):
+    recipe = tmp_path / "big.yaml"
+    recipe.write_text(f"model:\n  name: {'x' * 300_000}\noptim:\n  lr: {'y' * 300_000}\n")
+    with pytest.raises(TrainConfigError) as info:
+        load_config(recipe, ["data.dataset=digits"])
+    assert len(str(info.value)) < 1000 and "characters" in str(info.value)
+    recipe.write_text(f"model:\n  name: {'x' * 300_000}\n")
+    with pytest.raises(TrainConfigError) as info:
+        load_config(recipe, ["data.dataset=digits"])
+    assert len(str(info.value)) < 2000 and "(300,002 characters)" in str(info.value)
+    with pytest.raises(TrainConfigError) as info:
+        load_config(None, [f"data.root=/{'z' * 300_000}"])
+    assert len(str(info.value)) < 1000
+
+
+# ------------------------------------------------------------------ pretrained weights by name
+def test_released_weights_by_name_pass_validation_and_bad_names_are_named():
+    cfg = load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_224.in1k"])
+    assert cfg.model.pretrained == "vit5_small_patch16_224.in1k"
+    assert load_config(None, [*DIGITS, "model.pretrained=true"]).model.pretrained == "True"
+    with pytest.raises(TrainConfigError, match=r"model\.pretrained=true: vit5_tiny has no released weights"):
+        load_config(None, [*DIGITS, "model.name=vit5_tiny", "model.pretrained=true"])
+    with pytest.raises(
+        TrainConfigError, match=r"neither a file nor released weights; did you mean vit5_small_patch16_224"
+    ):
+        load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_224.in21k"])
+    with pytest.raises(TrainConfigError, match=r"244\.in1k does not exist; check the path, or name released"):
+        load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_244.in1k"])
+
+
+# ------------------------------------------------------------------ environment values stay unresolved
+def test_environment_values_are_never_written_resolved(tmp_path, monkeypatch):
+    import json
+
+    from vit5.train import Trainer
+    from vit5.train.checkpointing import resolve_resume
+    from vit5.weights.hub import stage_for_hub
+
+    monkeypatch.setenv("VIT5_TEST_SECRET", "s3cr3t-token")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("run:\n  name: tiny-${oc.env:VIT5_TEST_SECRET}\n")
+    cfg = load_config(recipe, [*TINY[:-1], f"run.output_dir={tmp_path / 'runs'}"])
+    assert cfg.run.name == "tiny-s3cr3t-token"  # the run itself sees the value
+    trainer = Trainer(cfg)
+    trainer.fit()
+    run = trainer.run_dir
+    staged = stage_for_hub(run / "final", tmp_path / "hub", "user/repo")
+    written = {
+        "config.yaml": (run / "config.yaml").read_text(),
+        "checkpoint.json": (resolve_resume(run)[1] / "checkpoint.json").read_text(),
+        "final/config.json": (run / "final" / "config.json").read_text(),
+        "uploaded config.json": (staged / "config.json").read_text(),
+    }
+    for name, text in written.items():
+        assert "s3cr3t" not in text, name
+    assert "tiny-${oc.env:VIT5_TEST_SECRET}" in written["config.yaml"]
+    assert json.loads(written["uploaded config.json"])["run"] == "tiny-${oc.env:VIT5_TEST_SECRET}"
+    assert load_config(run / "config.yaml").run.name == "tiny-s3cr3t-token"  # --resume reads it again
+    monkeypatch.delenv("VIT5_TEST_SECRET")
+    with pytest.raises(TrainConfigError, match=r"cannot resolve run\.name: .*VIT5_TEST_SECRET"):
+        load_config(recipe, DIGITS)

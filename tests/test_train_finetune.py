@@ -1,6 +1,8 @@
 """Fine-tuning starts: official ViT-5 / timm deit3 / our runs; a new head and a new resolution are the only
 non-strict parts, reported; a head that does not fit says how to fix it."""
 
+import cv2
+import numpy as np
 import pytest
 import torch
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
@@ -117,3 +119,90 @@ def test_finetune_a_run_of_ours_on_three_classes_at_a_new_resolution(tmp_path, c
         summary["final_top1"] is not None and trainer.state.num_updates == 430 // 32
     )  # digits 0-2: 430 train images
     assert vit5.load_model(trainer.run_dir / "final").head.weight.shape == (3, 48)
+
+
+def test_released_weights_by_name_or_true_fine_tune_with_a_new_head(hf_cache, tmp_path):
+    from hub_support import lay_out_download
+
+    torch.manual_seed(0)
+    ref = OfficialViT5()  # the official ViT-5-S at 224 px, as released
+    torch.save({"model": ref.state_dict()}, tmp_path / "vit5_small_patch16_224.pth")
+    lay_out_download(
+        hf_cache,
+        "FengWang3211/ViT-5",
+        {"vit5_small_patch16_224.pth": tmp_path / "vit5_small_patch16_224.pth"},
+    )
+    for pretrained in ("vit5_small_patch16_224.in1k", "True"):  # True: `model.pretrained=true`
+        cfg = ModelSection(name="vit5_small", img_size=32, pretrained=pretrained)
+        model, description, report = build_model(cfg, num_classes=3)
+        torch.testing.assert_close(model.blocks[0].attn.qkv.weight, ref.blocks[0].attn.qkv.weight)
+        assert model.head.weight.shape == (3, 384) and "new 3-class head" in report
+        assert "vit5_small_patch16_224.in1k" in report and "architecture" not in report
+        assert description.startswith("vit5_small") and "fine-tuned" in description
+
+
+def test_a_run_of_ours_gives_its_own_architecture_whatever_model_name_says(tmp_path):
+    source = vit5.create_model("vit5_tiny", img_size=16, num_classes=10, **ARCH)
+    vit5.save_pretrained(source, tmp_path / "run" / "final")
+    # the fine-tune recipe names vit5_small; the run is a 2-block vit5_tiny of width 48
+    cfg = ModelSection(name="vit5_small", img_size=16, pretrained=str(tmp_path / "run"))
+    model, description, report = build_model(cfg, num_classes=10)
+    assert (model.cfg.embed_dim, model.cfg.depth) == (48, 2)
+    torch.testing.assert_close(model.head.weight, source.head.weight)
+    assert "not model.name=vit5_small" in report and description.startswith("vit5_tiny")
+
+
+def test_an_mlp_ratio_that_rounds_to_no_hidden_unit_is_refused_not_rebuilt_as_another_mlp(tmp_path):
+    import json
+
+    with pytest.raises(vit5.ConfigError, match=r"mlp_ratio 1e-09 gives an MLP hidden width of .* = 0"):
+        vit5.create_model("vit5_tiny", mlp_ratio=1e-9)
+    model = vit5.create_model("vit5_tiny", img_size=16, num_classes=3, **ARCH)
+    vit5.save_pretrained(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["model_args"]["mlp_ratio"] = 1e-9  # edited: the weights hold a 4x MLP
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(vit5.ConfigError, match=r"config\.json: mlp_ratio 1e-09 gives an MLP hidden width"):
+        vit5.load_model(tmp_path / "m")
+
+
+def test_one_class_is_refused_with_the_fix(tmp_path):
+    root = tmp_path / "one"
+    for split in ("train", "val"):
+        (root / split / "cat").mkdir(parents=True)
+        for i in range(4):
+            cv2.imwrite(str(root / split / "cat" / f"{i}.png"), np.full((16, 16, 3), 40 * i, np.uint8))
+    cfg = tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}")
+    with pytest.raises(TrainConfigError, match=r"has 1 class \(cat\): a classifier needs at least 2"):
+        Trainer(cfg)
+
+
+def test_an_ema_that_cannot_move_in_the_run_is_a_warning_in_the_header(tmp_path, capsys):
+    from vit5.train.config import EmaSection
+    from vit5.train.optim import ema_horizon_warning
+
+    assert ema_horizon_warning(EmaSection(decay=0.99996), 44).startswith(
+        "WARNING: ema.decay=0.99996 averages over ~25,000 updates"
+    )
+    assert ema_horizon_warning(EmaSection(decay=0.9), 44) == ""
+    assert ema_horizon_warning(EmaSection(decay=0.99996, enabled=False), 44) == ""
+    trainer = Trainer(tiny_config(tmp_path, "ema.decay=0.99996"))
+    try:
+        trainer._print_header()
+    finally:
+        trainer.close()
+    out = capsys.readouterr().out
+    assert "but this run makes 44 in all" in out and "ema.decay=0.7727" in out
+
+
+def test_loader_workers_are_clamped_to_the_cpus_before_torch_warns(tmp_path, capsys, recwarn):
+    from vit5.runtime import cpu_count
+
+    trainer = Trainer(tiny_config(tmp_path, "data.num_workers=64", "data.persistent_workers=false"))
+    try:
+        assert trainer.data.train_loader.num_workers == cpu_count() < 64
+        trainer._print_header()
+    finally:
+        trainer.close()
+    assert f"data.num_workers=64 but this process may use {cpu_count()} CPUs" in capsys.readouterr().out
+    assert not [w for w in recwarn if "worker processes in total" in str(w.message)]

@@ -67,3 +67,50 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2]
     for key in ("val_top1", "val_loss", "ema_top1", "updates", "lr"):
         assert [r[key] for r in rows] == [r[key] for r in reference_rows], key
+
+
+def test_class_names_are_recorded_and_renamed_folders_refuse_resume(tmp_path, capsys):
+    import json
+
+    import pytest
+    import timm
+    from test_train_support import tiny_config
+
+    import vit5
+    from vit5.cli import train as cli
+    from vit5.data import export_digits_imagefolder
+    from vit5.train import ResumeError, TrainConfigError, Trainer, load_config
+
+    root = tmp_path / "digits"
+    export_digits_imagefolder(root, size=16)
+    for split in ("train", "val"):
+        for digit in "3456789":
+            for f in (root / split / digit).iterdir():
+                f.unlink()
+            (root / split / digit).rmdir()
+    cfg = tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}")
+    trainer = Trainer(cfg)
+    trainer.fit()
+    run = trainer.run_dir
+    checkpoint = resolve_resume(run)[1]
+    assert json.loads((checkpoint / "checkpoint.json").read_text())["config"]["data"]["class_names"] == [
+        "0",
+        "1",
+        "2",
+    ]
+    assert "class_names:\n  - '0'\n  - '1'\n  - '2'" in (run / "config.yaml").read_text()
+    assert json.loads((run / "final" / "config.json").read_text())["label_names"] == ["0", "1", "2"]
+    loaded = timm.create_model(f"local-dir:{run / 'final'}", pretrained=True)  # timm sees them too
+    assert loaded.pretrained_cfg["label_names"] == ["0", "1", "2"]
+    assert vit5.load_model(run).pretrained_cfg["label_names"] == ["0", "1", "2"]
+
+    for split in ("train", "val"):
+        (root / split / "2").rename(root / split / "two")
+    assert cli.main(["--resume", str(run), "schedule.epochs=2"]) == 2
+    err = capsys.readouterr().err
+    assert "trained on 3 classes (0, 1, 2) but the data now has 3 (0, 1, two); gone: 2; new: two" in err
+    with pytest.raises(ResumeError, match=r"gone: 2; new: two"):  # from Python too
+        Trainer(tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}"), resume=checkpoint)
+    recorded = load_config(run / "config.yaml")  # a new run from a config that records its classes
+    with pytest.raises(TrainConfigError, match=r"data\.class_names lists 3 classes \(0, 1, 2\) but the data"):
+        Trainer(recorded)

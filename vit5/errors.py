@@ -75,6 +75,23 @@ def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, 
     )
 
 
+def shorten(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters with the full length said
+    (a 100 MB YAML value must not be echoed whole), and control characters escaped so the message
+    stays one line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}...{text[-8:]} ({len(text):,} characters)"
+
+
+def name_list(names: Any, limit: int = 6) -> str:
+    """``a, b, c, ... (+7 more)``: a list of names for a one-line message."""
+    names = [str(n) for n in names]
+    shown = ", ".join(n if len(n) <= 40 else f"{n[:37]}..." for n in names[:limit])
+    return shown + (f", ... (+{len(names) - limit} more)" if len(names) > limit else "") or "none"
+
+
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
     """A :class:`StorageError` for ``err`` naming ``path`` (raise it ``from err``)."""
     if isinstance(err, StorageError):

@@ -102,3 +102,43 @@ def print_main(message: str, err: bool = False) -> None:
     """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
     if is_main_process():
         print(message, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or ``taskset``'s share,
+    not the machine's ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def default_workers(most: int = 4) -> int:
+    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)`` (0 on one CPU). On a
+    2-core machine one worker and one torch thread evaluated fastest; 4 workers beside a 2-thread
+    pool were slower than either alone (``docs/evaluation.md``)."""
+    return max(0, min(most, cpu_count() - 1))
+
+
+def fit_workers(requested: int, setting: str = "num_workers") -> tuple[int, str]:
+    """``requested`` loader workers clamped to :func:`cpu_count` (more only queue for the same cores,
+    and torch warns about it), and a note naming ``setting`` when clamped (else ``""``)."""
+    cpus = cpu_count()
+    if requested <= cpus:
+        return requested, ""
+    return cpus, f"{setting}={requested} but this process may use {cpus} CPUs: {cpus} loader workers"
+
+
+def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
+    """Give torch's intra-op pool the CPUs the loader workers leave free (at least one), on a CPU
+    device. Only ever lowers the count, and an explicit ``OMP_NUM_THREADS`` wins.
+
+    Workers and a full-width OpenMP pool on the same cores make the pool's threads spin-wait on
+    each other (OpenMP's default wait policy), which on a 2-core machine cut evaluation to a
+    fraction of its one-thread speed. Returns the thread count in use."""
+    if torch.device(device).type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    threads = max(1, cpu_count() - workers)
+    if torch.get_num_threads() > threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

@@ -92,6 +92,9 @@ def cmd_classify(args: argparse.Namespace) -> None:
     results = [evaluate(m, dataset, settings, accelerator) for m in _models(args, accelerator.device)]
     if not accelerator.is_main_process:
         return
+    for r in results:
+        if r.note:
+            print(f"note: {r.note}")
     print(summary_table(results))
     for r in results:
         print("\n" + per_class_table(r))
@@ -238,9 +241,10 @@ def _model_options(p: argparse.ArgumentParser, several: bool) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds --random-init models and the probes")
 
 
-def _loader_options(p: argparse.ArgumentParser, batch_size: int, workers: int) -> None:
+def _loader_options(p: argparse.ArgumentParser, batch_size: int, workers: int | None) -> None:
     p.add_argument("--batch-size", type=int, default=batch_size, help=f"default {batch_size}")
-    p.add_argument("--workers", type=int, default=workers, help=f"data loader processes (default {workers})")
+    default = "min(4, CPUs - 1), and torch threads on the CPUs they leave" if workers is None else workers
+    p.add_argument("--workers", type=int, default=workers, help=f"data loader processes (default {default})")
 
 
 def _classify_options(p: argparse.ArgumentParser) -> None:
@@ -255,7 +259,7 @@ def _classify_options(p: argparse.ArgumentParser) -> None:
         type=float,
         help="resize to size/ratio, centre crop (default: the model's, 1.0 for ViT-5)",
     )
-    _loader_options(p, 64, 4)
+    _loader_options(p, 64, None)
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ after a checkpoint at the position reached (one ``stopped:`` line saying how to 
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,7 @@ FROZEN_ON_RESUME = (
     "ema.enabled",
     "aug.repeated_aug",
     "aug.ra_selected_round",
+    "data.class_names",
 )
 
 
@@ -126,10 +128,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
     args = parse_args(argv, prog)
 
     def work() -> int:
+        from vit5.train.config import ConfigAdjusted
         from vit5.train.errors import EXIT_DIVERGED, TrainingDiverged, TrainingInterrupted
         from vit5.train.trainer import Trainer
 
-        cfg, checkpoint, notes = resolve(args)
+        with warnings.catch_warnings(record=True) as adjusted:
+            warnings.simplefilter("always", ConfigAdjusted)
+            cfg, checkpoint, notes = resolve(args)
+        for w in adjusted:
+            if issubclass(w.category, ConfigAdjusted):
+                print_main(f"note: {w.message}")
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         for note in notes:
             print_main(note)
         try:

@@ -18,6 +18,7 @@ from vit5.data.folder import (
     BadImageWarning,
     ImageFolderDataset,
     ImageFolderError,
+    class_names_change,
     image_files,
 )
 from vit5.data.loader import STOP_SIGNALS, build_loader, ignore_stop_signals
@@ -59,6 +60,7 @@ __all__ = [
     "build_loader",
     "ignore_stop_signals",
     "sample_seed",
+    "class_names_change",
     "build_transform",
     "decode_image",
     "max_image_pixels",

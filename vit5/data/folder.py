@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vit5.data.decode import BadImageError, decode_image
-from vit5.errors import Vit5Error
+from vit5.errors import Vit5Error, name_list
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -247,6 +247,18 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
             f"Every split needs the same class folders (an empty class cannot be evaluated)."
         )
     return list(expected)
+
+
+def class_names_change(old: Sequence[str], new: Sequence[str]) -> str:
+    """How class list ``new`` differs from ``old``, for a message: the names gone and the names new
+    (a renamed folder is one of each), or the same names in another label order."""
+    gone = [n for n in old if n not in set(new)]
+    added = [n for n in new if n not in set(old)]
+    if not gone and not added:
+        return "the same names in another label order" if list(old) != list(new) else "no difference"
+    return "; ".join(
+        ([f"gone: {name_list(gone)}"] if gone else []) + ([f"new: {name_list(added)}"] if added else [])
+    )
 
 
 def image_files(

@@ -8,7 +8,10 @@ then keeps only ``floor(N / 256) * 256 / W`` of them, so an epoch has as many st
 repeats but sees about ``1 / num_repeats`` of the unique images, each under several augmentations.
 With ``seed=0`` the order is identical to DeiT's ``samplers.py``.
 
-With ``num_repeats=1, selected_round=0`` it is a plain epoch-seeded ``DistributedSampler``.
+With ``num_repeats=1`` it is a plain epoch-seeded ``DistributedSampler`` and ``selected_round`` is
+ignored: the rounding only compensates for the repeats (DeiT uses ``RASampler`` only with
+``--repeated-aug`` and a ``DistributedSampler`` otherwise), so without repeats every image is seen
+once per epoch instead of up to ``selected_round - 1`` of them being left out.
 
 **Accelerate.** The sampler already shards by ``rank``. Build the loader with
 ``num_replicas=accelerator.num_processes, rank=accelerator.process_index`` and do **not** pass
@@ -65,8 +68,9 @@ class RepeatAugSampler(Sampler[Any]):
         num_repeats: how often each index appears per epoch across all ranks (DeiT: 3).
         shuffle: shuffle with a ``torch.Generator`` seeded by ``seed + epoch``; all ranks agree.
         seed: base seed (DeiT uses 0).
-        selected_round: per-epoch sample count per rank is ``floor(N // selected_round *
-            selected_round / num_replicas)`` as in DeiT; 0 means ``ceil(N / num_replicas)``.
+        selected_round: with repeats, the per-epoch sample count per rank is ``floor(N //
+            selected_round * selected_round / num_replicas)`` as in DeiT; 0 (and ``num_repeats=1``)
+            means ``ceil(N / num_replicas)``.
         seeded: yield ``(index, sample_seed)`` pairs for :class:`SeededSamples` instead of indices.
     """
 
@@ -100,7 +104,7 @@ class RepeatAugSampler(Sampler[Any]):
         self.seeded = seeded
         self.num_samples = math.ceil(length * num_repeats / num_replicas)
         self.total_size = self.num_samples * num_replicas
-        if selected_round:
+        if selected_round and num_repeats > 1:
             self.num_selected = length // selected_round * selected_round // num_replicas
         else:
             self.num_selected = math.ceil(length / num_replicas)

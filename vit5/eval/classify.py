@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, eval_transform
-from vit5.errors import InputError
+from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, class_names_change, eval_transform
+from vit5.errors import InputError, name_list
 from vit5.eval.backbone import EVAL_FIX, check_forward_memory
 from vit5.eval.images import LabelledImages, bad_file_reason
 from vit5.eval.load import LoadedModel
@@ -31,6 +32,7 @@ from vit5.eval.metrics import ClassificationMeter, ClassificationScores
 from vit5.eval.report import format_table
 from vit5.introspect import patch_size_of
 from vit5.layers.patch_embed import grid_of
+from vit5.runtime import default_workers, fit_threads, fit_workers
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class ClassifySettings:
     size: tuple[int, int] | None = None
     crop_ratio: float | None = None
     batch_size: int = 64
-    num_workers: int = 4
+    num_workers: int | None = None  # None: vit5.runtime.default_workers() (min(4, CPUs - 1))
 
     def __post_init__(self) -> None:
         if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
@@ -49,7 +51,7 @@ class ClassifySettings:
             raise InputError(
                 f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}"
             )
-        if self.batch_size < 1 or self.num_workers < 0:
+        if self.batch_size < 1 or (self.num_workers is not None and self.num_workers < 0):
             raise InputError(
                 f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
             )
@@ -67,6 +69,7 @@ class ClassifyResult:
     seconds: float
     num_processes: int
     skipped: list[dict[str, str]] = field(default_factory=list)
+    note: str = ""  # how folder labels were matched to the model's outputs, when not one to one
 
     @property
     def images_per_s(self) -> float:
@@ -91,6 +94,7 @@ class ClassifyResult:
             "class_names": self.class_names,
             "confusion_matrix": s.confusion,
             "skipped": self.skipped,
+            "label_mapping": self.note,
         }
 
 
@@ -111,14 +115,8 @@ def evaluate(
 ) -> ClassifyResult:
     """Evaluate ``loaded`` on ``dataset`` (its files and class names; its own transform is unused)."""
     accelerator = accelerator or Accelerator()
-    num_classes = len(dataset.class_names)
-    outputs = getattr(loaded.model, "num_classes", None)
-    if outputs != num_classes:
-        raise InputError(
-            f"{loaded.label} has {outputs} outputs but {dataset.root} has {num_classes} classes; evaluate "
-            "on the data "
-            f"set it was trained for (class folders in the same sorted order)"
-        )
+    labels, class_names, note = label_map(loaded, dataset)
+    num_classes = len(class_names)
     size = tuple(settings.size or loaded.input_size)
     patch = patch_size_of(loaded.model)
     if patch is not None:
@@ -128,9 +126,12 @@ def evaluate(
     crop = settings.crop_ratio or loaded.crop_pct
     transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
     images = LabelledImages(dataset.samples, transform, size)
-    loader = accelerator.prepare(
-        build_loader(images, settings.batch_size, train=False, num_workers=settings.num_workers)
-    )
+    workers = default_workers() if settings.num_workers is None else settings.num_workers
+    workers, clamped = fit_workers(workers, "--workers")
+    if clamped:
+        warnings.warn(clamped, stacklevel=2)
+    fit_threads(workers, accelerator.device)  # the CPUs the workers leave free, on a CPU device
+    loader = accelerator.prepare(build_loader(images, settings.batch_size, train=False, num_workers=workers))
     model = loaded.model.to(accelerator.device).eval()
     meter, bad = ClassificationMeter(num_classes), []
     start = time.perf_counter()
@@ -146,7 +147,7 @@ def evaluate(
                 (logits, targets, indices, ok.to(torch.uint8))
             )
             ok = ok.bool()
-            meter.update(logits[ok], targets[ok])
+            meter.update(logits[ok], labels[targets[ok].cpu()])
             bad += indices[~ok].tolist()
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
@@ -160,12 +161,53 @@ def evaluate(
         data=str(Path(dataset.root)),
         size=size,
         crop_ratio=crop,
-        class_names=list(dataset.class_names),
+        class_names=class_names,
         scores=meter.compute(),
         seconds=seconds,
         num_processes=accelerator.num_processes,
         skipped=skipped,
+        note=note,
     )
+
+
+def label_map(loaded: LoadedModel, dataset: ImageFolderDataset) -> tuple[torch.Tensor, list[str], str]:
+    """Which model output each folder label is: ``(output index per folder label, the class names of
+    the outputs, a note)``.
+
+    A model that records its class names (``label_names`` in its ``config.json``) is matched by
+    name: folders that are the model's classes in another order, or some of them, are mapped by name
+    (and the note says so); any other folder names are refused, since scoring output ``i`` against
+    folder ``i`` would measure nothing. Without recorded names the folders must be as many as the
+    outputs, taken in sorted order.
+
+    Raises:
+        InputError: the folder's classes are not the model's, or not as many as its outputs.
+    """
+    folders = list(dataset.class_names)
+    outputs = getattr(loaded.model, "num_classes", None)
+    names = loaded.class_names
+    if names is None or list(names) == folders:
+        if outputs != len(folders):
+            raise InputError(
+                f"{loaded.label} has {outputs} outputs but {dataset.root} has {len(folders)} classes; "
+                "evaluate on the data set it was trained for (class folders in the same sorted order)"
+            )
+        return torch.arange(len(folders)), folders, ""
+    index = {name: i for i, name in enumerate(names)}
+    if not set(folders) <= set(index):
+        raise InputError(
+            f"{loaded.label} was trained on {len(names)} classes ({name_list(names)}) but {dataset.root} "
+            f"has {len(folders)} ({name_list(folders)}); {class_names_change(names, folders)}. Its outputs "
+            "would be scored against other classes: evaluate on class folders named as the model's "
+            "(label_names in its config.json)"
+        )
+    how = (
+        "the model's classes in another order"
+        if len(folders) == len(names)
+        else f"{len(folders)} of the model's {len(names)} classes"
+    )
+    note = f"{loaded.label}: the class folders of {dataset.root} are {how}; labels mapped by class name"
+    return torch.tensor([index[n] for n in folders]), list(names), note
 
 
 def summary_table(results: list[ClassifyResult]) -> str:

@@ -65,6 +65,7 @@ class LoadedModel:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     crop_pct: float
+    class_names: tuple[str, ...] | None = None  # what each output means, when the weights record it
 
     @property
     def random_init(self) -> bool:
@@ -338,4 +339,20 @@ def _finish(model: nn.Module, label: str, spec: str, kind: Weights, description:
         mean=tuple(data["mean"]),
         std=tuple(data["std"]),
         crop_pct=float(data.get("crop_pct", 1.0)),
+        class_names=_label_names(model),
     )
+
+
+def _label_names(model: nn.Module) -> tuple[str, ...] | None:
+    """timm's ``pretrained_cfg["label_names"]`` (vit5 checkpoints and hub models record them), when
+    it names every output; a list or an ``{index: name}`` mapping."""
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if isinstance(names, Mapping):
+        names = [names.get(i, names.get(str(i))) for i in range(len(names))]
+    if (
+        not names
+        or len(names) != getattr(model, "num_classes", None)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        return None
+    return tuple(names)

@@ -120,6 +120,12 @@ class ViT5Config:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 fail(f"{name} must be a positive finite number, got {value}")
+        if self.mlp_hidden_dim < 1:  # 0 would be read as "4 x embed_dim" by BlockConfig: another model
+            fail(
+                f"mlp_ratio {self.mlp_ratio} gives an MLP hidden width of int({self.embed_dim} x "
+                f"{self.mlp_ratio}) = 0 at embed_dim {self.embed_dim}: use mlp_ratio >= "
+                f"{1 / self.embed_dim:.3g}"
+            )
         if self.layer_scale is not None and not math.isfinite(self.layer_scale):
             fail(f"layer_scale must be finite or None (off), got {self.layer_scale}")
         if self.rope_ref_grid is not None and min(self.rope_ref_grid) < 1:

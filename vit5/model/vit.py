@@ -405,7 +405,10 @@ class ViT5(nn.Module):
             self.pos_embed = nn.Parameter(resampled)
         self.cfg = new_cfg
         self._rope_cache.clear()
+        names = self.pretrained_cfg.get("label_names")  # the outputs still mean the same classes
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
+        if names is not None:
+            self.pretrained_cfg["label_names"] = names
 
 
 def unwrap(model: nn.Module) -> nn.Module:

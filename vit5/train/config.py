@@ -25,8 +25,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.resources
+import math
 import os
 import typing
+import unicodedata
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import vit5
+from vit5.errors import shorten
 from vit5.model.footprint import check_size
 from vit5.train.errors import TrainConfigError
+from vit5.weights import hub
 
 
 @dataclass
@@ -60,9 +65,9 @@ class ModelSection:
     num_classes: int | None = None  # None: the number of classes in the data
     drop_path_rate: float = 0.0
     overrides: dict[str, Any] = field(default_factory=dict)  # any other ViT5Config field, e.g. {depth: 2}
-    pretrained: str | None = (
-        None  # fine-tune from our run/checkpoint dir, an official ViT-5 .pth or a timm deit3
-    )
+    # fine-tune from: true (the released weights of `name`), a released name (vit5_small_patch16_224.in1k),
+    # hf-hub:USER/REPO, one of our runs (its config.json gives the architecture), an official .pth, timm file
+    pretrained: str | None = None
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
@@ -86,6 +91,9 @@ class DataSection:
     persistent_workers: bool = True  # only with num_workers > 0
     verify: bool = False  # decode every file once before training (bad files found up front)
     digits_val_fraction: float = 0.2
+    # the training classes in label order; null: the train split's class folders, recorded here when a
+    # run starts (config.yaml, every checkpoint), so --resume on renamed folders is refused
+    class_names: list[str] | None = None
 
 
 @dataclass
@@ -99,7 +107,7 @@ class AugSection:
     hflip: float = 0.5
     eval_crop_ratio: float = 1.0
     repeated_aug: int = 3  # RASampler repeats per image and epoch; 1 = off
-    ra_selected_round: int = 256  # DeiT's per-epoch rounding; 0 for small data sets
+    ra_selected_round: int = 256  # DeiT's per-epoch rounding (repeated_aug > 1 only); 0 for small data sets
     mixup: float = 0.8  # alpha; 0 = off
     cutmix: float = 1.0  # alpha; 0 = off
     mixup_prob: float = 1.0
@@ -262,8 +270,29 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         ("model.lora.r", cfg.model.lora.r, lambda v: v >= 1, ">= 1"),
         ("model.lora.alpha", cfg.model.lora.alpha, lambda v: v > 0, "> 0"),
         ("model.lora.dropout", cfg.model.lora.dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
+        # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
+        ("run.seed", cfg.run.seed, lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     ]
-    return [f"{key}={value!r} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
+    problems = [f"{key}={shorten(value)} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
+    return _finite(dataclasses.asdict(cfg)) + problems
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
+
+
+def _finite(values: Mapping[str, Any]) -> list[str]:
+    """Every number setting is finite and fits float32: ``optim.eps=inf`` passed ``> 0`` and then
+    nothing trained, ``optim.lr=1e39`` failed inside the optimizer with a traceback."""
+    problems = []
+    for key, value in _flatten(values).items():
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for number in numbers:
+            if isinstance(number, float) and not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
+                problems.append(
+                    f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
+                )
+                break
+    return problems
 
 
 def _names(cfg: TrainConfig) -> list[str]:
@@ -274,23 +303,28 @@ def _names(cfg: TrainConfig) -> list[str]:
     if cfg.model.name not in presets:
         close = difflib.get_close_matches(cfg.model.name, presets, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        problems.append(f"model.name={cfg.model.name!r} is not a preset; {hint}presets: {', '.join(presets)}")
+        problems.append(
+            f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
+        )
     else:
         problems.extend(_model_overrides(cfg))
     optimizers = list_optimizers()
     if cfg.optim.name not in optimizers:
         close = difflib.get_close_matches(cfg.optim.name, optimizers, n=3)
         problems.append(
-            f"optim.name={cfg.optim.name!r} is not a timm optimizer (closest: {', '.join(close) or 'none'}); "
+            f"optim.name={shorten(cfg.optim.name)} is not a timm optimizer "
+            f"(closest: {', '.join(close) or 'none'}); "
             f"this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
         )
     if not cfg.aug.randaug.startswith("rand-"):
         problems.append(
-            f"aug.randaug={cfg.aug.randaug!r} must be a timm RandAugment string like 'rand-m9-mstd0.5-inc1'"
+            f"aug.randaug={shorten(cfg.aug.randaug)} must be a timm RandAugment string like "
+            "'rand-m9-mstd0.5-inc1'"
         )
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
         problems.append(
-            f"run.name={cfg.run.name!r} must be a plain folder name (the run goes to run.output_dir/run.name)"
+            f"run.name={shorten(cfg.run.name)} must be a plain folder name "
+            "(the run goes to run.output_dir/run.name)"
         )
     return problems
 
@@ -357,8 +391,10 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
     problems = []
     if cfg.data.dataset == "folder" and cfg.data.root is not None:
         root = Path(cfg.data.root).expanduser()
-        if not root.is_dir():
-            problems.append(f"data.root={cfg.data.root} does not exist or is not a folder; check the path")
+        if not _probe(root.is_dir):
+            problems.append(
+                f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
+            )
         else:
             for key, split in (
                 ("data.train_split", cfg.data.train_split),
@@ -369,12 +405,63 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
                         p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                     )
                     problems.append(
-                        f"{key}={split!r}: {root / split} does not exist (sub-folders of {root}: {found}); "
+                        f"{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
+                        f"(sub-folders of {root}: {found[:12]}); "
                         f"set {key} or fix data.root"
                     )
-    if cfg.model.pretrained is not None and not Path(cfg.model.pretrained).expanduser().exists():
-        problems.append(f"model.pretrained={cfg.model.pretrained} does not exist; check the path")
+    pretrained = cfg.model.pretrained
+    if (
+        pretrained is not None
+        and not _names_weights(pretrained)
+        and not _probe(Path(pretrained).expanduser().exists)
+    ):
+        problems.append(
+            f"model.pretrained={shorten(pretrained)[1:-1]} does not exist; check the path, or name released "
+            f"weights ({', '.join(hub.RELEASES)}; true: those of model.name) or hf-hub:USER/REPO"
+        )
     return problems
+
+
+def _probe(test: Callable[[], bool]) -> bool:
+    """``Path.exists`` / ``is_dir`` that answers False for a name the OS cannot even look up
+    (too long, a NUL byte) instead of raising."""
+    try:
+        return test()
+    except (OSError, ValueError):
+        return False
+
+
+def _names_weights(pretrained: str) -> bool:
+    """Whether ``model.pretrained`` names weights rather than a path: ``true``, a released name
+    (checked by :func:`_pretrained_name`), ``hf-hub:``."""
+    if pretrained in ("true", "True") or pretrained.startswith(hub.HF_HUB_PREFIX):
+        return True
+    path = Path(pretrained)
+    return hub.is_weights_name(pretrained) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists)
+
+
+_WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_patch16_224.pth is a path
+
+
+def _pretrained_name(cfg: TrainConfig) -> list[str]:
+    pretrained = cfg.model.pretrained
+    if pretrained is None or not _names_weights(pretrained) or pretrained.startswith(hub.HF_HUB_PREFIX):
+        return []
+    if pretrained in ("true", "True"):
+        if cfg.model.name in vit5.list_presets() and hub.default_release(cfg.model.name) is None:
+            return [
+                f"model.pretrained=true: {cfg.model.name} has no released weights (released: "
+                f"{', '.join(hub.RELEASES)}); name released weights or give a checkpoint path"
+            ]
+        return []
+    if pretrained not in hub.RELEASES:
+        close = difflib.get_close_matches(pretrained, list(hub.RELEASES), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return [
+            f"model.pretrained={pretrained} is neither a file nor released weights; {hint}"
+            f"released: {', '.join(hub.RELEASES)}"
+        ]
+    return []
 
 
 def _extensions(cfg: TrainConfig) -> list[str]:
@@ -384,7 +471,13 @@ def _extensions(cfg: TrainConfig) -> list[str]:
     return check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
 
 
-_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (_ranges, _names, _combinations, _extensions)
+_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (
+    _ranges,
+    _names,
+    _combinations,
+    _pretrained_name,
+    _extensions,
+)
 
 
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
@@ -451,9 +544,35 @@ def load_config(
         raise TrainConfigError(
             f"{path}: required setting(s) {', '.join(sorted(required))} not given; add {example}"
         )
-    cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    cfg = _to_config(merged, where=str(path) if path is not None else "the command line")
+    cfg = _fit_warmup(cfg, given={item.partition("=")[0].strip() for item in overrides})
     validate_config(cfg, check_paths=check_paths)
     return cfg
+
+
+class ConfigAdjusted(UserWarning):
+    """A recipe's setting was adapted to what was given on the command line (the message says how)."""
+
+
+SHORT_RUN_WARMUP = 0.1  # of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
+
+
+def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """A recipe's warmup that is as long as the run or longer (``schedule.epochs=1`` on a recipe
+    with 1 or 5 warmup epochs) becomes a tenth of the run, with a :class:`ConfigAdjusted` warning;
+    a warmup given on the command line is the user's and is checked, never changed."""
+    schedule = cfg.schedule
+    if "schedule.warmup_epochs" in given or not 0 < schedule.epochs <= schedule.warmup_epochs:
+        return cfg
+    warmup = SHORT_RUN_WARMUP * schedule.epochs
+    warnings.warn(
+        f"schedule.warmup_epochs={schedule.warmup_epochs:g} of the recipe does not fit schedule.epochs="
+        f"{schedule.epochs}: warming up for {warmup:g} epochs (a tenth of the run); set "
+        "schedule.warmup_epochs to choose",
+        ConfigAdjusted,
+        stacklevel=3,
+    )
+    return replace_sections(cfg, schedule=dataclasses.replace(schedule, warmup_epochs=warmup))
 
 
 def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
@@ -466,21 +585,69 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
     if not isinstance(values, Mapping):
         raise TrainConfigError(f"{where}: expected a mapping of sections")
     merged = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(dict(values)), where=where)
-    cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    cfg = _to_config(merged, where)
     validate_config(cfg, check_paths=False)
     return cfg
 
 
+# ---------------------------------------------------------------------------------- environment values
+_ENV = "${oc.env:"
+
+
+def _to_config(merged: DictConfig, where: str) -> TrainConfig:
+    """The typed config, resolving interpolations; the settings that read the environment
+    (``${oc.env:VAR}``) are remembered with their unresolved text (:func:`config_record`)."""
+    raw = _flatten(typing.cast(dict, OmegaConf.to_container(merged, resolve=False)))
+    try:
+        cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "a setting"
+        reason = shorten(str(getattr(e, "msg", None) or e).splitlines()[0], 300)[1:-1]
+        raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
+    from_env = {k: v for k, v in raw.items() if isinstance(v, str) and _ENV in v}
+    return _with_env(cfg, from_env)
+
+
+def _with_env(cfg: TrainConfig, from_env: Mapping[str, str]) -> TrainConfig:
+    cfg.__dict__["_from_env"] = dict(from_env)  # not a setting: asdict and OmegaConf never see it
+    return cfg
+
+
+def replace_sections(cfg: TrainConfig, **sections: Any) -> TrainConfig:
+    """``dataclasses.replace`` that keeps what :func:`config_record` needs to know."""
+    return _with_env(dataclasses.replace(cfg, **sections), cfg.__dict__.get("_from_env", {}))
+
+
+def config_record(cfg: TrainConfig) -> dict[str, Any]:
+    """``dataclasses.asdict(cfg)`` for files (config.yaml, checkpoints, summaries, saved models): a
+    setting read from the environment keeps its ``${oc.env:VAR}`` text, so a secret passed that
+    way is never written to disk or uploaded (``--resume`` resolves it again)."""
+    record = dataclasses.asdict(cfg)
+    for key, text in cfg.__dict__.get("_from_env", {}).items():
+        node = record
+        *sections, last = key.split(".")
+        for section in sections:
+            node = node[section]
+        node[last] = text
+    return record
+
+
+def is_from_env(cfg: TrainConfig, key: str) -> bool:
+    """Whether setting ``key`` (``"run.name"``) was read from the environment."""
+    return key in cfg.__dict__.get("_from_env", {})
+
+
 def config_to_yaml(cfg: TrainConfig) -> str:
-    """The full config (every setting, defaults included) as YAML, loadable by :func:`load_config`."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The full config (every setting, defaults included) as YAML, loadable by :func:`load_config`;
+    environment interpolations stay unresolved (:func:`config_record`)."""
+    return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
 
 
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
     """``"section.key: old -> new"`` for every setting that differs."""
     flat_old, flat_new = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
     return [
-        f"{k}: {flat_old.get(k)!r} -> {flat_new.get(k)!r}"
+        f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
         if flat_old.get(k) != flat_new[k]
     ]
@@ -506,15 +673,21 @@ def _parse_override(item: str) -> DictConfig:
     key, sep, _ = item.partition("=")
     if not sep or not key.strip():
         raise TrainConfigError(
-            f"command-line argument {item!r} is not a key=value override; write e.g. optim.lr=1e-3 "
+            f"command-line argument {shorten(item)} is not a key=value override; write e.g. optim.lr=1e-3 "
             f"or data.root=/path/to/imagenet"
         )
+    control = next((c for c in item if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise TrainConfigError(
+            f"command-line argument {shorten(item)} holds the control character {control!r} at position "
+            f"{item.index(control)}; retype it without (a setting is printable text)"
+        )
     if key.startswith("-"):
-        raise TrainConfigError(f"unknown option {key!r}; options are --config FILE and --resume [DIR]")
+        raise TrainConfigError(f"unknown option {shorten(key)}; options are --config FILE and --resume [DIR]")
     try:
         return OmegaConf.from_dotlist([item])
     except OmegaConfBaseException as e:
-        raise TrainConfigError(f"cannot parse override {item!r}: {e}") from e
+        raise TrainConfigError(f"cannot parse override {shorten(item)}: {shorten(str(e), 300)[1:-1]}") from e
 
 
 def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
@@ -523,7 +696,7 @@ def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        reason = str(getattr(e, "msg", None) or e).splitlines()[0]
+        reason = shorten(str(getattr(e, "msg", None) or e).splitlines()[0], 300)[1:-1]
         if not key:
             raise TrainConfigError(f"{where}: bad value: {reason}") from e
         raise TrainConfigError(
@@ -543,7 +716,9 @@ def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
     for key, value in node.items():
         full = f"{prefix}{key}"
         if key not in fields:
-            raise TrainConfigError(f"{where}: {full} is not a setting. {_suggest(str(key), fields, prefix)}")
+            raise TrainConfigError(
+                f"{where}: {shorten(full)[1:-1]} is not a setting. {_suggest(str(key), fields, prefix)}"
+            )
         if dataclasses.is_dataclass(hints[key]) and full not in _FREE_FORM:
             _check_keys(value, typing.cast(type, hints[key]), prefix=f"{full}.", where=where)
 

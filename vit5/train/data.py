@@ -21,6 +21,7 @@ Sharding across processes:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,15 @@ from vit5.data import (
     RepeatAugSampler,
     build_loader,
     build_transform,
+    class_names_change,
     eval_transform,
     ignore_stop_signals,
 )
-from vit5.train.config import TrainConfig
-from vit5.train.errors import TrainConfigError
+from vit5.errors import name_list
+from vit5.runtime import fit_workers
+from vit5.train.checkpointing import checkpoint_config
+from vit5.train.config import TrainConfig, replace_sections
+from vit5.train.errors import ResumeError, TrainConfigError
 
 
 @dataclass
@@ -49,6 +54,7 @@ class RunData:
     class_names: list[str]
     train_loader: DataLoader
     val_loader: DataLoader
+    notes: list[str] = dataclasses.field(default_factory=list)  # settings adapted to the machine
 
 
 def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
@@ -96,7 +102,7 @@ def build_run_data(
         )
     except ValueError as e:
         raise TrainConfigError(f"{e} (config: aug.ra_selected_round=0)") from e
-    workers = cfg.data.num_workers
+    workers, note = fit_workers(cfg.data.num_workers, "data.num_workers")
     common = dict(
         num_workers=workers,
         pin_memory=cfg.data.pin_memory,
@@ -120,7 +126,50 @@ def build_run_data(
         )
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
     val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
-    return RunData(train_set, val_set, class_names, train_loader, val_loader)
+    return RunData(train_set, val_set, class_names, train_loader, val_loader, [note] if note else [])
+
+
+def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | None) -> TrainConfig:
+    """``cfg`` with ``data.class_names`` set to the data's classes, checked against the ones recorded.
+
+    A run records its classes when it starts (config.yaml, every checkpoint, ``label_names`` of the
+    saved models); a different list later would silently permute or mislabel the outputs, so it is
+    refused naming both, as is a data set of one class (every prediction is right: 100% top-1 that
+    means nothing).
+
+    Raises:
+        ResumeError: resuming ``resume`` (a checkpoint) on data whose classes differ from its own.
+        TrainConfigError: ``data.class_names`` set and different from the data's, or one class.
+    """
+    if len(class_names) < 2:
+        where = f"data.root={cfg.data.root}" if cfg.data.dataset == "folder" else cfg.data.dataset
+        raise TrainConfigError(
+            f"{where} has {len(class_names)} class ({name_list(class_names)}): a classifier needs at least "
+            f"2 (one class gives 100% top-1 whatever it learns); add a folder per class under "
+            f"{cfg.data.train_split}/ and {cfg.data.val_split}/"
+        )
+    if resume is not None:  # what the checkpoint was trained on (older checkpoints record nothing)
+        trained_on = (checkpoint_config(resume).get("data") or {}).get("class_names")
+        if trained_on is not None and list(trained_on) != list(class_names):
+            raise ResumeError(
+                f"--resume: {resume} was trained on {len(trained_on)} classes ({name_list(trained_on)}) but "
+                f"the data now has {len(class_names)} ({name_list(class_names)}); "
+                f"{class_names_change(trained_on, class_names)}. Output i would be trained as another "
+                "class: restore the class folders as they were, or start a new run from the weights "
+                "(model.pretrained=RUN/final; a new head is trained for the new classes)"
+            )
+    recorded = cfg.data.class_names
+    if recorded is None:
+        return replace_sections(cfg, data=dataclasses.replace(cfg.data, class_names=list(class_names)))
+    if list(recorded) == list(class_names):
+        return cfg
+    change = class_names_change(recorded, class_names)
+    old = f"{len(recorded)} classes ({name_list(recorded)})"
+    new = f"{len(class_names)} ({name_list(class_names)})"
+    raise TrainConfigError(
+        f"data.class_names lists {old} but the data has {new}; {change}. Remove data.class_names "
+        "(null: the data's class folders) or fix the folders"
+    )
 
 
 def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:

@@ -1,7 +1,10 @@
 """The model of a run: a fresh preset, or pretrained weights, sized for the data.
 
-Pretrained weights: an official ViT-5 ``.pth``, a timm ``deit3_*`` / ``vit_*`` state dict, or one of
-our runs (a ``final/`` or ``best/`` directory). Loading goes through :func:`vit5.create_model` and is
+Pretrained weights (:func:`pretrained_source`): the released ones by name (``true`` for those of
+``model.name``, or ``vit5_small_patch16_224.in1k``), ``hf-hub:USER/REPO``, an official ViT-5
+``.pth``, a timm ``deit3_*`` / ``vit_*`` state dict, or one of our runs (a run directory, or its
+``final/`` or ``best/``), whose ``config.json`` gives the architecture. Loading goes through
+:func:`vit5.create_model` / :func:`vit5.load_model` and is
 strict except for the two deliberate, reported changes of the official fine-tune recipe (main.py's
 ``--finetune`` branch, github.com/wangf3014/ViT-5 at commit b7b0796): a **new head** when the
 checkpoint's head does not fit the data's number of classes (``model.new_head``), and the
@@ -11,13 +14,19 @@ checkpoint's head does not fit the data's number of classes (``model.new_head``)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import vit5
 from vit5 import ViT5, create_model
+from vit5.model.presets import closest_preset
 from vit5.train.config import ModelSection
 from vit5.train.errors import TrainConfigError
+from vit5.weights import hub
+from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
 from vit5.weights.convert import HeadMismatchError
+
+PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
 
 def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | None]:
@@ -27,9 +36,10 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
             f"model.num_classes={cfg.num_classes} but the data has {num_classes} classes; "
             f"remove model.num_classes (it defaults to the data's) or set it to {num_classes}"
         )
-    report = None
+    report, arch = None, cfg.name
     if cfg.pretrained is not None:
         model, report = load_pretrained(cfg, num_classes)
+        arch = closest_preset(model.cfg)
     else:
         model = create_model(
             cfg.name,
@@ -46,27 +56,64 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
     changed = ", ".join(
         f"{key}={value}" for key, value in cfg.overrides.items()
     )  # what differs from the preset
-    name = f"{cfg.name} [{changed}]" if changed else cfg.name
+    name = f"{arch} [{changed}]" if changed else arch
     description = f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
     return model, description, report
 
 
+def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
+    """What ``model.pretrained`` names: ``(preset to build, the weights for vit5.create_model, note)``.
+
+    ``true``: the released weights of ``model.name``; a released name
+    (``vit5_small_patch16_224.in1k``) or ``hf-hub:USER/REPO`` as everywhere else (the Hugging
+    Face cache, ``HF_HUB_OFFLINE``); otherwise a path. Released weights and our directories know
+    their architecture, so it is built from them (the note says when ``model.name`` differs);
+    only an official ``.pth`` or timm file is read as ``model.name``.
+
+    Raises:
+        TrainConfigError: ``true`` for a preset without released weights, or an unknown name.
+    """
+    text = str(cfg.pretrained)
+    if text in PRETRAINED_TRUE:
+        release = hub.default_release(cfg.name)
+        if release is None:
+            raise TrainConfigError(
+                f"model.pretrained=true: {cfg.name} has no released weights (released: "
+                f"{', '.join(hub.RELEASES)}); name one of them, or give a checkpoint path"
+            )
+        return cfg.name, release.name, ""
+    if text.startswith(hub.HF_HUB_PREFIX):
+        return cfg.name, text, ""
+    path = Path(text).expanduser()
+    if hub.is_weights_name(text) and not path.exists():
+        try:
+            release = hub.release(text)
+        except vit5.CheckpointError as e:
+            raise TrainConfigError(f"model.pretrained={text}: {e}") from e
+        same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
+        return release.arch, text, "" if same else f"{release.arch} (its weights), not model.name={cfg.name}"
+    return cfg.name, path, ""
+
+
 def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
-    """Build ``cfg.name`` from ``cfg.pretrained`` for ``num_classes``; return the model and a
-    report of what was loaded, reset and resampled."""
+    """Build the model ``cfg.pretrained`` holds for ``num_classes``; return it and a report of what
+    was loaded, reset and resampled."""
+    name, weights, note = pretrained_source(cfg)
     overrides = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
     if cfg.new_head:
         overrides["num_classes"] = num_classes
+    options = dict(use_ema=cfg.pretrained_ema, max_params=cfg.max_params, log_report=False)
+    directory = checkpoint_dir(weights) if isinstance(weights, Path) else None
     try:
-        model = vit5.create_model(
-            cfg.name,
-            pretrained=Path(str(cfg.pretrained)).expanduser(),
-            use_ema=cfg.pretrained_ema,
-            max_params=cfg.max_params,
-            log_report=False,  # the report is returned and printed once by the main process
-            **overrides,
-        )
-    except vit5.CheckpointError as e:
+        if directory is not None and (directory / CONFIG_NAME).is_file():
+            # our run or checkpoint directory: its config.json holds the architecture it was trained as
+            model = vit5.load_model(directory, **options, **overrides)
+            if not _same_architecture(model.cfg, cfg.name):
+                built = closest_preset(model.cfg)
+                note = f"{built} as in {directory / CONFIG_NAME}, not model.name={cfg.name}"
+        else:
+            model = vit5.create_model(name, pretrained=weights, **options, **overrides)
+    except (vit5.CheckpointError, vit5.ConfigError) as e:
         hint = (
             f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
             if isinstance(e, HeadMismatchError)
@@ -79,11 +126,22 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
             f"{num_classes} classes. Set model.new_head=true to fine-tune with a new {num_classes}-class "
             f"head, or train on data with {model.num_classes} classes."
         )
-    weights = "EMA weights" if cfg.pretrained_ema else "weights"
-    lines = [f"{weights}: {model.load_report}"]
+    weights_word = "EMA weights" if cfg.pretrained_ema else "weights"
+    lines = [f"{weights_word}: {model.load_report}"]
+    if note:
+        lines.append(f"  architecture: {note}")
     lines.append(
         f"  new {num_classes}-class head (the checkpoint's head has another size)"
         if model.load_report.reset
         else f"  head kept: it already has {num_classes} classes"
     )
     return model, "\n".join(lines)
+
+
+_SHAPE_FIELDS = ("embed_dim", "depth", "num_heads", "patch_size", "norm", "qkv_bias", "qk_norm", "rope")
+
+
+def _same_architecture(built: vit5.ViT5Config, name: str) -> bool:
+    """Whether ``built`` is the architecture of preset ``name`` (sizes and the ViT-5 switches)."""
+    named = vit5.preset_config(name)
+    return all(getattr(built, f) == getattr(named, f) for f in (*_SHAPE_FIELDS, "num_registers"))

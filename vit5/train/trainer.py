@@ -33,7 +33,6 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,8 @@ from vit5.train.checkpointing import (
     newest_good,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig
-from vit5.train.data import RunData, bad_files, build_run_data
+from vit5.train.config import TrainConfig, config_record, is_from_env
+from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
@@ -74,7 +73,7 @@ from vit5.train.loop import (
 )
 from vit5.train.lora import add_lora, describe, merged_for_export
 from vit5.train.modeling import build_model
-from vit5.train.optim import LRSchedule, build_ema, build_optimizer, peak_lr
+from vit5.train.optim import LRSchedule, build_ema, build_optimizer, ema_horizon_warning, peak_lr
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
 from vit5.train.tracking import Tracking
 
@@ -115,11 +114,17 @@ class Trainer:
         )
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
-        self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
-        model, self.model_description, self.load_report = build_model(cfg.model, len(self.data.class_names))
+        if train_set is None or val_set is None:
+            train_set, val_set, _ = build_datasets(cfg)
+        class_names = list(train_set.class_names)  # type: ignore[attr-defined]
+        cfg = self.cfg = record_class_names(cfg, class_names, resume)
+        # the model (and its checkpoint) is checked before any loader worker starts
+        model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+        model.pretrained_cfg["label_names"] = class_names  # saved in config.json (timm's key)
         if cfg.model.lora.enabled:
             model = add_lora(model, cfg.model.lora)
             self.model_description += f"; {describe(model, cfg.model.lora)}"
+        self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
         self.raw_model = model.to(acc.device)
         self.ema = build_ema(self.raw_model, cfg.ema)
@@ -154,7 +159,7 @@ class Trainer:
             self.run_dir / rundir.CHECKPOINTS,
             cfg.checkpoint.keep_last,
             self.resumable,
-            config=asdict(cfg),
+            config=config_record(cfg),
             layout=EpochLayout(
                 batch_size=cfg.data.batch_size,
                 accum_steps=cfg.optim.accum_steps,
@@ -437,8 +442,12 @@ class Trainer:
             )
         if self.forked_from is not None:
             lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
+        lines += [f"note           {note}" for note in data.notes]
         if self.resume_warning:
             lines.append(self.resume_warning)
+        ema_warning = ema_horizon_warning(cfg.ema, self.updates_per_epoch * cfg.schedule.epochs)
+        if ema_warning:
+            lines.append(ema_warning)
         if self.state.epoch >= cfg.schedule.epochs:
             lines.append(
                 f"nothing to train: all {count(cfg.schedule.epochs, 'epoch')} done (raise schedule.epochs)"
@@ -453,12 +462,13 @@ class Trainer:
 
     def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
         return dict(
-            run=self.run_dir.name,
+            run=config_record(self.cfg)["run"]["name"]
+            if is_from_env(self.cfg, "run.name")
+            else self.run_dir.name,
             epoch=row["epoch"],
             num_updates=self.state.num_updates,
             val_top1=row.get("val_top1"),
             ema_top1=row.get("ema_top1"),
-            class_names=self.data.class_names,
         )
 
     def _finish(self) -> dict[str, Any]:
@@ -494,7 +504,7 @@ class Trainer:
             resumed_from_processes=self.resumed_elastic,
             bad_files=len(bad),
             bad_file_paths=bad,
-            config=asdict(self.cfg),
+            config=config_record(self.cfg),
         )
         if acc.is_main_process:
             write_summary(self.run_dir, summary)

@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
-from vit5.errors import InputError, storage_error
+from vit5.errors import InputError, shorten, storage_error
 from vit5.files import atomic_write_bytes, atomic_write_json
 from vit5.layers import resample_pos_embed
 from vit5.model.config import ConfigError, ViT5Config
@@ -71,6 +71,8 @@ HUB_CONFIG_KEYS = (
     "global_pool",
     "model_args",
     "pretrained_cfg",
+    "label_names",
+    "class_names",
 )
 Pretrained = str | os.PathLike | bool | None
 
@@ -83,6 +85,7 @@ class Checkpoint:
     source: Source
     config: dict[str, Any] | None = None  # only our format stores the config
     path: str = ""
+    class_names: list[str] | None = None  # our format: config.json's label_names (what each output means)
 
 
 @dataclass
@@ -161,6 +164,9 @@ def hub_config(model: ViT5) -> dict[str, Any]:
         paper_ids=hub.PAPER_ID,
         paper_name=hub.PAPER_NAME,
     )
+    names = model.pretrained_cfg.get("label_names")
+    if names and len(names) == cfg.num_classes:  # top level, as timm's push_to_hf_hub writes it
+        config["label_names"] = list(names)
     return config
 
 
@@ -233,7 +239,8 @@ def _read_directory(path: Path, use_ema: bool, max_params: float = DEFAULT_MAX_P
             + (" (this run saved no EMA weights: drop use_ema)" if use_ema and config_file.exists() else "")
         )
     try:
-        config = vit5_config(json.loads(config_file.read_text()))
+        data = json.loads(config_file.read_text())
+        config = vit5_config(data)
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})"
@@ -243,7 +250,20 @@ def _read_directory(path: Path, use_ema: bool, max_params: float = DEFAULT_MAX_P
         sd = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} is corrupt or truncated ({err})") from err
-    return Checkpoint(sd, "vit5", config=config, path=str(path))
+    return Checkpoint(sd, "vit5", config=config, path=str(path), class_names=_label_names(data, config_file))
+
+
+def _label_names(data: dict[str, Any], config_file: Path) -> list[str] | None:
+    """The class names of a ``config.json``: timm's top-level ``label_names`` (older vit5 runs:
+    ``class_names``), or None when it records none."""
+    names = data.get("label_names", data.get("class_names"))
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(
+            f"{config_file}: label_names must be a list of class names, not {shorten(names)}"
+        )
+    return names
 
 
 def _check_weights_fit_config(weights: Path, config_file: Path, config: Any, max_params: float) -> None:

@@ -96,6 +96,7 @@ def load_model(
     use_ema: bool = False,
     *,
     max_params: float = DEFAULT_MAX_PARAMS,
+    log_report: bool = True,
     **overrides: Any,
 ) -> ViT5:
     """Load any supported checkpoint without naming a preset: the architecture comes from
@@ -112,7 +113,7 @@ def load_model(
         cfg = _stored_config(ckpt, overrides)
     else:
         cfg = config_from_checkpoint(ckpt.state_dict, ckpt.source, **overrides)
-    return _build_and_load(cfg, ckpt, ignore_head="num_classes" in overrides, max_params=max_params)
+    return _build_and_load(cfg, ckpt, "num_classes" in overrides, max_params, log_report)
 
 
 def _read_pretrained(
@@ -227,6 +228,13 @@ def _build_and_load(
     model = ViT5(cfg)
     report = load_weights(model, ckpt, ignore_head=ignore_head)
     model.load_report = report
+    if ckpt.class_names is not None and not report.reset:  # a new head has no names yet
+        if len(ckpt.class_names) != model.num_classes:
+            raise CheckpointError(
+                f"{ckpt.path}/{CONFIG_NAME} names {len(ckpt.class_names)} classes (label_names) but the "
+                f"model has {model.num_classes} outputs: the file was edited or belongs to another model"
+            )
+        model.pretrained_cfg["label_names"] = list(ckpt.class_names)
     if log_report:
         logger.log(logging.WARNING if report.reset or report.resampled else logging.INFO, str(report))
     return model
