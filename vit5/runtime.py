@@ -136,6 +136,8 @@ def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
     Workers and a full-width OpenMP pool on the same cores make the pool's threads spin-wait on
     each other (OpenMP's default wait policy), which on a 2-core machine cut evaluation to a
     fraction of its one-thread speed. Returns the thread count in use."""
+    import torch
+
     if torch.device(device).type != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return torch.get_num_threads()
     threads = max(1, cpu_count() - workers)
