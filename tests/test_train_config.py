@@ -325,3 +325,19 @@ def test_environment_values_are_never_written_resolved(tmp_path, monkeypatch):
     monkeypatch.delenv("VIT5_TEST_SECRET")
     with pytest.raises(TrainConfigError, match=r"cannot resolve run\.name: .*VIT5_TEST_SECRET"):
         load_config(recipe, DIGITS)
+
+
+def test_the_command_line_prints_the_warmup_note(monkeypatch, capsys):
+    import vit5.train.trainer
+    from vit5.cli import train as cli
+    from vit5.errors import Vit5Error
+
+    class Stop:  # stands in for the run: only what is printed before it matters
+        def __init__(self, cfg, resume=None):
+            raise Vit5Error(f"stopped with warmup {cfg.schedule.warmup_epochs:g}")
+
+    monkeypatch.setattr(vit5.train.trainer, "Trainer", Stop)
+    assert cli.main(["schedule.epochs=1"]) == 2  # docs/training.md's 2-process example, in one
+    captured = capsys.readouterr()
+    assert "note: schedule.warmup_epochs=1 of the recipe does not fit schedule.epochs=1" in captured.out
+    assert "error: stopped with warmup 0.1" in captured.err
