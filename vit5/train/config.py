@@ -644,12 +644,13 @@ def config_to_yaml(cfg: TrainConfig) -> str:
 
 
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
-    """``"section.key: old -> new"`` for every setting that differs."""
+    """``"section.key: old -> new"`` for every setting that differs. ``data.class_names=null`` in
+    ``new`` is no change: it means "the data's", which the run checks against the recorded ones."""
     flat_old, flat_new = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
     return [
         f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
-        if flat_old.get(k) != flat_new[k]
+        if flat_old.get(k) != flat_new[k] and not (k == "data.class_names" and flat_new[k] is None)
     ]
 
 
