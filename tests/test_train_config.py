@@ -213,7 +213,13 @@ def test_every_documented_training_command_line_parses_and_validates():
         args = parse_args(argv)
         if args.resume is not None or any(o.startswith("optim.lrr") for o in args.overrides):
             continue  # resume needs a run; optim.lrr is the documented error
-        cfg = load_config(args.config or DEMO_RECIPE, args.overrides, check_paths=False)
+        try:
+            cfg = load_config(args.config or DEMO_RECIPE, args.overrides, check_paths=False)
+        except TrainConfigError as e:  # an optional package (a tracker) this machine lacks is no bug
+            problems = str(e).splitlines()[1:]
+            if problems and all("which is not installed: pip install" in p for p in problems):
+                continue
+            raise
         assert 0 <= cfg.schedule.warmup_epochs < cfg.schedule.epochs, argv
 
 
