@@ -111,7 +111,11 @@ class ImageFolderDataset(Dataset):
     @property
     def bad_files(self) -> list[str]:
         """Paths of the files found unreadable so far."""
-        return [self.samples[i][0] for i in torch.nonzero(self._bad).flatten().tolist()]
+        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]
+
+    def sample_name(self, index: int) -> str:
+        """The file of sample ``index``."""
+        return self.samples[index][0]
 
     def verify(self, num_threads: int = 8) -> list[BadImageError]:
         """Decode every file once, up front; flag and return the failures (one summary warning).
