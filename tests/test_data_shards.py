@@ -3,6 +3,8 @@ bad samples, and the ImageFolder -> shards conversion (resumable, atomic, class 
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -238,3 +240,15 @@ def test_conversion_resumes_after_a_killed_shard_and_keeps_class_names(tmp_path)
 def _members(path: Path) -> list[tuple[str, bytes]]:
     with tarfile.open(path) as tar:
         return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+
+
+def test_the_command_line_converts_and_names_a_bad_source(tmp_path):
+    write_indexed_folder(tmp_path / "train", 9, classes=3)
+    command = [sys.executable, "-m", "vit5", "data", "shards", str(tmp_path / "train"), str(tmp_path / "out")]
+    done = subprocess.run([*command, "--shard-size", "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "train: 9 samples in 3 shards" in done.stdout and "3 written, 0 kept" in done.stdout
+    assert (tmp_path / "out" / "classes.txt").read_text() == "c0\nc1\nc2\n"
+    done = subprocess.run([*command, "--shard-size", "5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and "another plan" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -19,6 +19,8 @@ import warnings
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +167,7 @@ class ImageFolderDataset(Dataset):
                     f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
                     "Add images or delete the folder."
                 )
-            samples.extend((path, self.class_to_idx[name]) for path in files)
+            samples.extend(zip(files, repeat(self.class_to_idx[name])))
         return samples
 
     def _load(self, index: int) -> tuple[np.ndarray, int]:
@@ -221,13 +223,16 @@ def _split_dir(root: Path, split: str | None) -> Path:
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
     try:
-        found = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+        with os.scandir(split_dir) as listing:
+            folders = [e for e in listing if not e.name.startswith(".") and e.is_dir()]
     except OSError as err:
         raise ImageFolderError(
             f"cannot read folder {split_dir}: {(err.strerror or str(err)).lower()}; fix its permissions"
         ) from err
+    found = sorted(e.name for e in folders)
     split_real = os.path.realpath(split_dir)
-    for name in found:  # a class folder that links to the split (or above) would hold every class
+    for name in sorted(e.name for e in folders if e.is_symlink()):
+        # a class folder that links to the split (or above) would hold every class
         if _inside(split_real, os.path.realpath(split_dir / name)):
             raise ImageFolderError(
                 f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
@@ -293,7 +298,7 @@ def _image_paths(
     """
     suffixes = tuple({e.lower() for e in extensions})
     top = os.fspath(folder)
-    root = os.path.realpath(top)
+    root = ""  # the folder's real path, found when a link needs it
     visited: set[tuple[int, int]] = set()
     files: list[str] = []
     inodes = array("Q")  # of each file listed, in order: 8 bytes a file, no Python objects
@@ -305,7 +310,12 @@ def _image_paths(
         while i < len(entries):
             entry = entries[i]
             i += 1
-            if entry.is_symlink():
+            if entry.is_file(follow_symlinks=False):  # a regular file, not a link: the common case
+                if entry.name.lower().endswith(suffixes):
+                    files.append(entry.path)
+                    inodes.append(entry.inode())
+            elif entry.is_symlink():
+                root = root or os.path.realpath(top)
                 target = os.path.realpath(entry.path)
                 if not follow_outside and not _inside(target, root):
                     skipped.append(f"{entry.path} (a link to {target}, outside {folder})")
@@ -334,12 +344,8 @@ def _image_paths(
                     stack += [(entries, i), (listing, 0)]
                     break
             elif entry.name.lower().endswith(suffixes):
-                if entry.is_file(follow_symlinks=False):
-                    files.append(entry.path)
-                    inodes.append(entry.inode())
-                else:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(mode)})")
+                mode = entry.stat(follow_symlinks=False).st_mode
+                skipped.append(f"{entry.path} (not a regular file: {_file_kind(mode)})")
     files = _one_path_per_file(files, inodes)
     if skipped:
         warnings.warn(
@@ -386,7 +392,9 @@ def _listing(
             f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
             f"(e.g. chmod a+rx) or move it out of {top}"
         ) from err
-    entries.sort(key=_path_order)
+    entries.sort(key=attrgetter("name"))
+    if any(map(methodcaller("is_dir"), entries)):  # sub-folders: sort them as "name/"
+        entries.sort(key=_path_order)
     return entries
 
 
