@@ -46,7 +46,7 @@ def read_epoch(path, *, train, world, workers, batch=4, epoch=1, skip=0, buffer=
         dataset.set_epoch(epoch, skip)
         batches = [(x.tolist(), y.tolist()) for x, y in shard_loader(dataset, persistent_workers=False)]
         # the same on every rank: no process waits for another
-        assert len(batches) == len(dataset) - skip // (world * batch)
+        assert len(batches) == len(dataset) == dataset.batches - skip // (world * batch)
         assert all(len(x) == batch for x, _ in batches)
         out.append(batches)
     return out

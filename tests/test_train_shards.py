@@ -15,6 +15,7 @@ from test_train_support import TINY
 
 from vit5.data import write_shards
 from vit5.train import Trainer, load_config
+from vit5.train.errors import TrainConfigError
 
 WORKER = """
 import os, sys
@@ -23,6 +24,7 @@ import torch
 torch.set_num_threads(1)
 from shard_support import recording_shards
 from vit5.train import Trainer, load_config
+from vit5.train.errors import TrainConfigError
 
 out, shards, cfg = Path(sys.argv[1]), Path(sys.argv[2]), load_config(None, sys.argv[3:])
 common = dict(num_replicas=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"]),
@@ -108,3 +110,14 @@ def test_mid_epoch_resume_reads_exactly_what_was_left(tmp_path, shards):
 
 def _indices(record: Path) -> list[int]:
     return [int(line.split()[1]) for line in record.read_text().splitlines()]
+
+
+def test_the_config_asks_for_shards_and_refuses_repeated_augmentation():
+    with pytest.raises(TrainConfigError) as error:
+        load_config(None, ["data.dataset=wds", "aug.repeated_aug=3"], check_paths=False)
+    message = str(error.value)
+    assert "set aug.repeated_aug=1 with data.dataset=wds" in message
+    assert "data.train_shards=None: data.dataset=wds needs a brace pattern" in message
+    shards = ["data.train_shards=[a.tar,b.tar]", "data.val_shards=v"]
+    cfg = load_config(None, ["data.dataset=wds", "aug.repeated_aug=1", *shards], check_paths=False)
+    assert cfg.data.train_shards == ["a.tar", "b.tar"] and cfg.data.val_shards == "v"

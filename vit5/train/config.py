@@ -349,6 +349,11 @@ def _combinations(cfg: TrainConfig) -> list[str]:
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
         )
+    if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
+        problems.append(
+            f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
+            "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
+        )
     if cfg.data.dataset == "wds":
         for key, value in (
             ("data.train_shards", cfg.data.train_shards),

@@ -159,7 +159,7 @@ class Trainer:
                 batch_size=cfg.data.batch_size,
                 accum_steps=cfg.optim.accum_steps,
                 batches_per_epoch=self.batches_per_epoch,
-                epoch_samples=len(self.data.train_set) * cfg.aug.repeated_aug,  # type: ignore[arg-type]
+                epoch_samples=num_images(self.data.train_set) * cfg.aug.repeated_aug,
             ),
         )
         try:
