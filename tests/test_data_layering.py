@@ -8,7 +8,17 @@ from pathlib import Path
 
 import vit5.data
 
-ALLOWED_THIRD_PARTY = {"torch", "torchvision", "numpy", "cv2", "albumentations", "sklearn", "PIL"}
+# webdataset: the vit5[wds] extra (vit5.data.shards)
+ALLOWED_THIRD_PARTY = {
+    "torch",
+    "torchvision",
+    "numpy",
+    "cv2",
+    "albumentations",
+    "sklearn",
+    "PIL",
+    "webdataset",
+}
 
 
 def imported_modules(path: Path) -> list[str]:

@@ -141,3 +141,16 @@ def test_undecodable_file_names_are_listed_and_reported_safely(data, tmp_path):
     write_summary(tmp_path, summary)
     text = (tmp_path / "summary.txt").read_text(encoding="utf-8")  # valid UTF-8, the name escaped
     assert "caf\\xe9-\\xff.png" in text and text.startswith(format_summary(summary).splitlines()[0])
+
+
+def test_listing_order_hard_links_and_names_that_sort_around_folders(tmp_path):
+    # the walk lists without a stat per file: paths still come out sorted as strings (a folder sorts as
+    # "name/"), a hard link is a second path to a listed file, and a symlinked file sorts by its name
+    root = tmp_path / "c"
+    for name in ("a.png", "a/x.png", "a-b.png", "a0.png", "b/c/d.png"):
+        write_png(root / name, random_rgb(4, 4))
+    os.link(root / "a0.png", root / "hard.png")
+    os.symlink(root / "b" / "c" / "d.png", root / "0link.png")
+    names = [p.relative_to(root).as_posix() for p in image_files(root)]
+    assert names == ["0link.png", "a-b.png", "a.png", "a/x.png", "a0.png"]  # b/c/d.png is 0link.png
+    assert names == sorted(names)

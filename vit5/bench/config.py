@@ -59,6 +59,10 @@ class BenchConfig:
     compile_size: str = "tiny"
     compile_backend: str = "inductor"
     depth_ablation: DepthAblationConfig = field(default_factory=DepthAblationConfig)
+    # data_index: synthetic ImageFolder trees indexed, and photos decoded from a folder and from shards
+    index_sizes: tuple[int, ...] = (10_000, 100_000)
+    index_rounds: int = 3
+    decode_images: int = 64
 
     def __post_init__(self) -> None:
         try:
@@ -77,6 +81,13 @@ class BenchConfig:
             raise InputError("sizes must name at least one model size")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads must be at least 1, got {self.threads}")
+        if (
+            not self.index_sizes
+            or min(self.index_sizes) < 1
+            or self.index_rounds < 1
+            or self.decode_images < 8
+        ):
+            raise InputError("index_sizes must be positive, index_rounds >= 1 and decode_images >= 8")
 
     @property
     def size_for_targets(self) -> str:
@@ -109,6 +120,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         depth_ablation=DepthAblationConfig(
             depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32
         ),
+        index_sizes=(200,),
+        index_rounds=1,
+        decode_images=8,
     ),
     "quick": dict(),
     "full": dict(
@@ -120,6 +134,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         attn_eager_max_bytes=32 * 2**30,
         compile_size="small",
         depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
+        index_sizes=(10_000, 100_000, 1_000_000),
     ),
 }
 

@@ -10,9 +10,15 @@ outputs are compared to show they compute the same thing.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,20 @@ from PIL import Image, ImageFilter, ImageOps
 from sklearn.datasets import load_sample_images
 from torchvision import transforms as T
 
+from vit5.bench.config import BenchContext
 from vit5.bench.measure import TimingConfig, measure, num_threads, speedup
-from vit5.bench.report import Section, Table
-from vit5.data import IMAGENET_MEAN, IMAGENET_STD, decode_image, eval_transform, three_augment
+from vit5.bench.report import Section, Table, Target
+from vit5.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageFolderDataset,
+    ShardDataset,
+    decode_image,
+    eval_transform,
+    shard_loader,
+    three_augment,
+    write_shards,
+)
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -124,3 +141,173 @@ def run(quick: bool = False) -> Section:
         data={"pipelines": pipelines, "eval_mean_abs_diff": agreement},
         seconds=time.perf_counter() - start,
     )
+
+
+# ---------------------------------------------------------------------------------- index cost
+_INDEXERS = {  # how each contender lists a tree ROOT/<class>/<file>; run in a fresh process
+    "vit5": "from vit5.data import ImageFolderDataset as F; count = lambda root: len(F(root))",
+    "torchvision": "from torchvision.datasets import ImageFolder as F; count = lambda root: len(F(root))",
+    "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F; "
+    "count = lambda root: len(F(root))",
+}
+_INDEX_PROBE = """
+import json, sys, time
+{setup}
+def status(field):  # bytes, from /proc/self/status (Linux)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak (VmHWM) to the current size: imports do not count
+start = time.perf_counter()
+n = count(sys.argv[1])
+seconds = time.perf_counter() - start
+print(json.dumps(dict(files=n, seconds=seconds, peak_bytes=status("VmHWM") - before)))
+"""
+
+
+def index_cost(
+    sizes: Sequence[int], rounds: int = 3, folder: Path | None = None
+) -> dict[int, dict[str, Any]]:
+    """Seconds and peak memory (resident set above the process's after imports; Linux) to index a synthetic
+    ImageFolder of ``size`` empty ``.JPEG`` files (1000 classes, or fewer for small trees), for
+    vit5's walker (:func:`vit5.data.image_files`: links, FIFOs and loops checked), torchvision's
+    ``ImageFolder`` and timm's ``ReaderImageFolder``. Each measurement runs in a fresh process, in
+    rotating order, after one untimed walk warms the OS's directory cache; medians over ``rounds``.
+    The tree is deleted afterwards."""
+    results: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        with tempfile.TemporaryDirectory(dir=folder, prefix="vit5-index-") as tmp:
+            classes = max(1, min(1000, size // 100))
+            for c in range(classes):
+                (Path(tmp) / f"n{c:08d}").mkdir()
+            for i in range(size):
+                open(os.path.join(tmp, f"n{i % classes:08d}", f"img_{i:08d}.JPEG"), "wb").close()
+            sum(len(files) for _, _, files in os.walk(tmp))  # warm the directory cache
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _INDEXERS}
+            names = list(_INDEXERS)
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    runs[name].append(_probe(_INDEXERS[name], tmp))
+            results[size] = {
+                name: dict(
+                    files=found[0]["files"],
+                    seconds=statistics.median(m["seconds"] for m in found),
+                    peak_bytes=statistics.median(m["peak_bytes"] for m in found),
+                )
+                for name, found in runs.items()
+            }
+    return results
+
+
+def _probe(setup: str, root: str) -> dict[str, Any]:
+    code = _INDEX_PROBE.format(setup=setup)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, root], capture_output=True, text=True, env=env, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
+    """Images/s on one core decoding and 3-Augmenting ``count`` photos (:func:`make_jpegs`) from an
+    ImageFolder (:class:`~vit5.data.ImageFolderDataset`) and from WebDataset shards of the same files
+    (:class:`~vit5.data.ShardDataset`, main process, shuffle buffer 256); medians over rounds."""
+    transform = three_augment(SIZE, color_jitter=0.3)
+    with tempfile.TemporaryDirectory() as tmp:
+        split = Path(tmp) / "train"
+        for c in range(4):
+            (split / f"c{c}").mkdir(parents=True)
+            make_jpegs(split / f"c{c}", count // 4, seed=c)
+        write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
+        folder = ImageFolderDataset(split, transform=transform)
+        shards = ShardDataset(Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256)
+        contenders = {
+            "folder": lambda: [folder[i] for i in range(len(folder))],
+            "shards": lambda: list(shard_loader(shards, pin_memory=False)),
+        }
+        seconds = _rounds(contenders, rounds)
+    return {name: len(folder) / statistics.median(times) for name, times in seconds.items()}
+
+
+def _rounds(contenders: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each contender per round, on one core, in rotating order after a warm-up."""
+    names, seconds = list(contenders), {name: [] for name in contenders}
+    cv_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        with num_threads(1):
+            for name in names:
+                contenders[name]()
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    start = time.perf_counter()
+                    contenders[name]()
+                    seconds[name].append(time.perf_counter() - start)
+    finally:
+        cv2.setNumThreads(cv_threads)
+    return seconds
+
+
+def run_data_index(ctx: BenchContext) -> Section:
+    """The ``data_index`` section: :func:`index_cost` at ``cfg.index_sizes`` and :func:`folder_vs_shards`."""
+    cfg = ctx.cfg
+    ctx.log(f"data_index: indexing trees of {', '.join(f'{n:,}' for n in cfg.index_sizes)} files")
+    cost = index_cost(cfg.index_sizes, rounds=cfg.index_rounds)
+    rows = []
+    for size, found in cost.items():
+        base = found["torchvision"]
+        for name, m in found.items():
+            rows.append(
+                (
+                    f"{size:,}",
+                    name,
+                    m["files"],
+                    f"{m['seconds']:.3f}",
+                    f"{m['seconds'] / base['seconds']:.2f}x",
+                    f"{m['peak_bytes'] / 2**20:.1f}",
+                    f"{m['peak_bytes'] / max(base['peak_bytes'], 1):.2f}x",
+                )
+            )
+    ctx.log("data_index: decode + 3-Augment, folder against shards")
+    rates = folder_vs_shards(cfg.decode_images, rounds=cfg.index_rounds)
+    largest = cost[max(cost)]
+    section = Section(
+        "data_index",
+        "Data set indexing and reading: folders against torchvision, timm and shards",
+        "Seconds and peak memory to index a synthetic ImageFolder of empty .JPEG files (fresh process each, "
+        "warm directory cache, medians), and decode + 3-Augment images/s on one core from a folder and "
+        f"from WebDataset shards of the same {cfg.decode_images} JPEGs at ImageNet-like sizes.",
+        tables=[
+            Table(
+                "Indexing a tree",
+                ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision"),
+                tuple(rows),
+            ),
+            Table(
+                f"Decode + 3-Augment to {SIZE} px, images/s on one core",
+                ("source", "images/s"),
+                tuple((name, f"{rate:.1f}") for name, rate in rates.items()),
+            ),
+        ],
+        targets=[
+            Target(
+                f"vit5 index time at {max(cost):,} files vs torchvision",
+                largest["vit5"]["seconds"] / largest["torchvision"]["seconds"],
+                1.2,
+                higher_is_better=False,
+            ),
+            Target(
+                f"vit5 index peak memory at {max(cost):,} files vs torchvision",
+                largest["vit5"]["peak_bytes"] / max(largest["torchvision"]["peak_bytes"], 1),
+                1.2,
+                higher_is_better=False,
+            ),
+        ],
+        notes=[
+            "vit5 checks what the others do not: links leading outside the tree, link loops, FIFOs and "
+            "devices named like images, two paths to one file",
+        ],
+        data={"index": {str(k): v for k, v in cost.items()}, "decode_images_per_s": rates},
+    )
+    return section

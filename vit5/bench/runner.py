@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from vit5.bench import depth
 from vit5.bench.config import BenchConfig, BenchContext
+from vit5.bench.data_pipeline import run_data_index
 from vit5.bench.measure import num_threads
 from vit5.bench.memory import run_memory
 from vit5.bench.report import Section, environment, load_average, write_report
@@ -28,6 +29,7 @@ SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
     "compile": run_compile,
     "export": run_export,
     "depth": depth.run,
+    "data_index": run_data_index,
 }
 
 

@@ -32,7 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
     "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
     "viz": ("vit5.cli.viz", "attention maps, token norms, register metrics, ablations, the register study"),
-    "data": ("vit5.cli.data", "data sets written as ImageFolder trees (the digits, Fashion-MNIST)"),
+    "data": (
+        "vit5.cli.data",
+        "data sets as ImageFolder trees (the digits, Fashion-MNIST) or WebDataset shards",
+    ),
     "bench": ("vit5.cli.bench", "speed, memory and FLOPs benchmarks with a report"),
     "ablate": ("vit5.cli.ablate", "component ablation: train each variant, compare accuracy and speed"),
     "export": ("vit5.cli.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),

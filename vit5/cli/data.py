@@ -1,5 +1,6 @@
 """``vit5 data``: data sets written as ImageFolder trees (``vit5 data digits ROOT``,
-``vit5 data fashion-mnist OUT [--source DIR]``)."""
+``vit5 data fashion-mnist OUT [--source DIR]``) or as WebDataset shards (``vit5 data shards SRC OUT
+--shard-size N``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
         "--val-size", type=int, default=FASHION_VAL_SIZE, help=f"val images (default {FASHION_VAL_SIZE})"
     )
     fashion.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    shards = commands.add_parser(
+        "shards",
+        help="an ImageFolder split (SRC/<class>/<image>) as WebDataset shards OUT/<split>-NNNNNN.tar with "
+        "classes.txt and _info.json (resumable: rerun after a kill)",
+    )
+    shards.add_argument("src", help="the split folder holding one folder per class")
+    shards.add_argument("out", help="output folder (shards of several splits may share it)")
+    shards.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+    shards.add_argument("--split", default=None, help="split name and shard prefix (default: SRC's name)")
+    shards.add_argument("--seed", type=int, default=0, help="seed of the sample order (default 0)")
     return parser
 
 
@@ -43,7 +54,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
     args = build_parser(prog).parse_args(argv)
 
     def work() -> None:
-        if args.command == "digits":
+        if args.command == "shards":
+            from vit5.data.shard_writer import write_shards
+
+            print(write_shards(args.src, args.out, args.shard_size, split=args.split, seed=args.seed))
+        elif args.command == "digits":
             from vit5.data.digits.export import export_digits_imagefolder
 
             print(

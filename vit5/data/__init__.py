@@ -1,6 +1,8 @@
-"""Data pipeline for ViT-5: OpenCV decoding, ImageFolder, DeiT-III transforms, digits, RA sampler.
+"""Data pipeline for ViT-5: OpenCV decoding, ImageFolder, WebDataset shards, DeiT-III transforms,
+digits, RA sampler.
 
-Stands alone: depends on torch, numpy, OpenCV, albumentations, timm.data and scikit-learn, never on
+Stands alone: depends on torch, numpy, OpenCV, albumentations, timm.data, scikit-learn and
+(for shards, the optional extra ``vit5[wds]``) webdataset, never on
 other ``vit5`` subpackages.
 """
 
@@ -24,6 +26,8 @@ from vit5.data.folder import (
 from vit5.data.loader import STOP_SIGNALS, build_loader, ignore_stop_signals
 from vit5.data.randaug import TimmRandAugment
 from vit5.data.sampler import RepeatAugSampler, SeededSamples, sample_seed
+from vit5.data.shard_writer import ShardReport, write_shards
+from vit5.data.shards import ShardDataset, ShardError, expand_shards, shard_loader
 from vit5.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -55,6 +59,9 @@ __all__ = [
     "RepeatAugSampler",
     "STOP_SIGNALS",
     "SeededSamples",
+    "ShardDataset",
+    "ShardError",
+    "ShardReport",
     "TimmRandAugment",
     "TransformKind",
     "build_loader",
@@ -66,9 +73,12 @@ __all__ = [
     "max_image_pixels",
     "eval_transform",
     "pad_crop_transform",
+    "expand_shards",
     "export_digits_imagefolder",
     "load_digits_split",
     "randaug_transform",
     "resize_transform",
+    "shard_loader",
     "three_augment",
+    "write_shards",
 ]

@@ -117,12 +117,26 @@ def decode_image(
         BadImageError: unreadable, empty, truncated, non-image or unsupported-depth file.
         ValueError: ``alpha_background`` is not an RGB triple in 0..255.
     """
-    if alpha_background is not None and (
-        len(alpha_background) != 3 or not all(0 <= c <= 255 for c in alpha_background)
-    ):
-        raise ValueError(f"alpha_background must be an (R, G, B) triple in 0..255, got {alpha_background!r}")
-    data = _read_bytes(path)
-    check_declared_size(data, path)
+    _check_background(alpha_background)
+    return decode_bytes(_read_bytes(path), path, alpha_background)
+
+
+def decode_bytes(
+    data: bytes,
+    name: str | os.PathLike[str],
+    alpha_background: tuple[int, int, int] | None = None,
+) -> np.ndarray:
+    """:func:`decode_image` of a file's bytes already in memory (a WebDataset shard member);
+    ``name`` is what a :class:`BadImageError` names.
+
+    Raises:
+        BadImageError: empty, truncated, non-image or unsupported-depth data.
+        ValueError: ``alpha_background`` is not an RGB triple in 0..255.
+    """
+    _check_background(alpha_background)
+    _check_bytes(data, name)
+    check_declared_size(data, name)
+    path = name  # what the errors name
     if alpha_background is not None and not data.startswith(_JPEG_SOI):
         raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
         if raw.ndim == 3 and raw.shape[2] == 4:
@@ -136,6 +150,13 @@ def decode_image(
     raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
 
 
+def _check_background(alpha_background: tuple[int, int, int] | None) -> None:
+    if alpha_background is not None and (
+        len(alpha_background) != 3 or not all(0 <= c <= 255 for c in alpha_background)
+    ):
+        raise ValueError(f"alpha_background must be an (R, G, B) triple in 0..255, got {alpha_background!r}")
+
+
 def _read_bytes(path: str | os.PathLike[str]) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO named *.png must not wait forever for a writer; it is then
@@ -147,13 +168,16 @@ def _read_bytes(path: str | os.PathLike[str]) -> bytes:
             data = f.read()
     except OSError as e:
         raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e
+    return data
+
+
+def _check_bytes(data: bytes, path: str | os.PathLike[str]) -> None:
     if not data:
         raise BadImageError(path, "empty file (0 bytes)")
     if data.startswith(_JPEG_SOI) and data.rfind(_JPEG_EOI) < data.rfind(_JPEG_SOS):
         # OpenCV < 5 returns truncated JPEGs grey-filled instead of failing; the end-of-image
         # marker must follow the last scan.
         raise BadImageError(path, "truncated JPEG (no end-of-image marker after the last scan)")
-    return data
 
 
 def check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:

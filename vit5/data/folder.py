@@ -16,8 +16,11 @@ from __future__ import annotations
 import os
 import stat
 import warnings
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +114,11 @@ class ImageFolderDataset(Dataset):
     @property
     def bad_files(self) -> list[str]:
         """Paths of the files found unreadable so far."""
-        return [self.samples[i][0] for i in torch.nonzero(self._bad).flatten().tolist()]
+        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]
+
+    def sample_name(self, index: int) -> str:
+        """The file of sample ``index``."""
+        return self.samples[index][0]
 
     def verify(self, num_threads: int = 8) -> list[BadImageError]:
         """Decode every file once, up front; flag and return the failures (one summary warning).
@@ -154,13 +161,13 @@ class ImageFolderDataset(Dataset):
         samples: list[tuple[str, int]] = []
         for name in self.class_names:
             class_dir = self.root / name
-            files = [str(p) for p in image_files(class_dir, self.extensions)]
+            files = _image_paths(class_dir, self.extensions, follow_outside=False, stacklevel=4)
             if not files:
                 raise ImageFolderError(
                     f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
                     "Add images or delete the folder."
                 )
-            samples.extend((path, self.class_to_idx[name]) for path in files)
+            samples.extend(zip(files, repeat(self.class_to_idx[name])))
         return samples
 
     def _load(self, index: int) -> tuple[np.ndarray, int]:
@@ -216,13 +223,16 @@ def _split_dir(root: Path, split: str | None) -> Path:
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
     try:
-        found = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+        with os.scandir(split_dir) as listing:
+            folders = [e for e in listing if not e.name.startswith(".") and e.is_dir()]
     except OSError as err:
         raise ImageFolderError(
             f"cannot read folder {split_dir}: {(err.strerror or str(err)).lower()}; fix its permissions"
         ) from err
+    found = sorted(e.name for e in folders)
     split_real = os.path.realpath(split_dir)
-    for name in found:  # a class folder that links to the split (or above) would hold every class
+    for name in sorted(e.name for e in folders if e.is_symlink()):
+        # a class folder that links to the split (or above) would hold every class
         if _inside(split_real, os.path.realpath(split_dir / name)):
             raise ImageFolderError(
                 f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
@@ -283,60 +293,129 @@ def image_files(
     Raises:
         ImageFolderError: a folder under ``folder`` (or ``folder`` itself) cannot be listed.
     """
-    suffixes = {e.lower() for e in extensions}
-    root = os.path.realpath(folder)
+    return [Path(p) for p in _image_paths(folder, extensions, follow_outside, stacklevel=3)]
+
+
+def _image_paths(
+    folder: str | os.PathLike[str], extensions: Iterable[str], follow_outside: bool, stacklevel: int = 2
+) -> list[str]:
+    """:func:`image_files` as strings (a million ``Path`` objects cost memory and time).
+
+    One ``scandir`` per folder and no ``stat`` per file: the kind of an entry (folder, regular
+    file, link, FIFO) and its inode come from the directory listing (``DirEntry`` caches them), so
+    only links are followed with a ``stat``. Entries are visited in sorted order (a folder sorts as
+    ``name/``), which yields the paths sorted as strings without a final sort. Two paths to one
+    file share an inode number: only files whose inode number occurs twice are ``stat``-ed to
+    tell one file from two on different devices.
+    """
+    suffixes = tuple({e.lower() for e in extensions})
+    top = os.fspath(folder)
+    root = ""  # the folder's real path, found when a link needs it
     visited: set[tuple[int, int]] = set()
-    found: list[tuple[str, tuple[int, int]]] = []
+    files: list[str] = []
+    inodes = array("Q")  # of each file listed, in order: 8 bytes a file, no Python objects
     skipped: list[str] = []
-    pending = [os.fspath(folder)]
-    while pending:
-        directory = pending.pop()
-        try:
-            info = os.stat(directory)
-            if (info.st_dev, info.st_ino) in visited:
-                skipped.append(f"{directory} (a link back to a folder already listed)")
-                continue
-            visited.add((info.st_dev, info.st_ino))
-            with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
-        except OSError as err:
-            raise ImageFolderError(
-                f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
-                f"(e.g. chmod a+rx) or move it out of {folder}"
-            ) from err
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            if entry.is_symlink() and not follow_outside and not _inside(os.path.realpath(entry.path), root):
-                skipped.append(f"{entry.path} (a link to {os.path.realpath(entry.path)}, outside {folder})")
-                continue
-            try:
-                if entry.is_dir():
-                    pending.append(entry.path)
+    first = _listing(top, top, visited, skipped)
+    stack = [(first, 0)] if first else []
+    while stack:
+        entries, i = stack.pop()
+        while i < len(entries):
+            entry = entries[i]
+            i += 1
+            if entry.is_file(follow_symlinks=False):  # a regular file, not a link: the common case
+                if entry.name.lower().endswith(suffixes):
+                    files.append(entry.path)
+                    inodes.append(entry.inode())
+            elif entry.is_symlink():
+                root = root or os.path.realpath(top)
+                target = os.path.realpath(entry.path)
+                if not follow_outside and not _inside(target, root):
+                    skipped.append(f"{entry.path} (a link to {target}, outside {folder})")
                     continue
-                if os.path.splitext(entry.name)[1].lower() not in suffixes:
+                try:
+                    info = entry.stat()  # follows the link
+                except OSError:
+                    skipped.append(f"{entry.path} (a broken link)")
                     continue
-                info = entry.stat()
-            except OSError:
-                skipped.append(f"{entry.path} (a broken link)")
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
-                continue
-            found.append((entry.path, (info.st_dev, info.st_ino)))
-    files, seen = [], set()
-    for path, key in sorted(found):
-        if key not in seen:
-            seen.add(key)
-            files.append(Path(path))
+                if stat.S_ISDIR(info.st_mode):
+                    listing = _listing(entry.path, top, visited, skipped)
+                    if listing:
+                        stack += [(entries, i), (listing, 0)]
+                        break
+                    continue
+                if not entry.name.lower().endswith(suffixes):
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
+                    continue
+                files.append(entry.path)
+                inodes.append(info.st_ino)
+            elif entry.is_dir(follow_symlinks=False):
+                listing = _listing(entry.path, top, visited, skipped)
+                if listing:
+                    stack += [(entries, i), (listing, 0)]
+                    break
+            elif entry.name.lower().endswith(suffixes):
+                mode = entry.stat(follow_symlinks=False).st_mode
+                skipped.append(f"{entry.path} (not a regular file: {_file_kind(mode)})")
+    files = _one_path_per_file(files, inodes)
     if skipped:
         warnings.warn(
             f"skipped {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} under {folder}: {skipped[0]}"
             + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""),
             BadImageWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     return files
+
+
+def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
+    """``files`` without later paths to a file listed before (a link to it, a hard link)."""
+    numbers = np.frombuffer(inodes, dtype=np.uint64) if len(inodes) else np.zeros(0, np.uint64)
+    ordered = np.sort(numbers)
+    shared = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(shared):
+        return files
+    keep = np.ones(len(files), dtype=bool)
+    seen: set[tuple[int, int]] = set()
+    for index in np.flatnonzero(np.isin(numbers, shared)).tolist():
+        info = os.stat(files[index])
+        key = (info.st_dev, info.st_ino)
+        keep[index] = key not in seen
+        seen.add(key)
+    return [path for path, kept in zip(files, keep.tolist()) if kept]
+
+
+def _listing(
+    directory: str, top: str, visited: set[tuple[int, int]], skipped: list[str]
+) -> list[os.DirEntry[str]]:
+    """The non-hidden entries of ``directory`` in path order; empty for a folder already listed
+    (a link loop)."""
+    try:
+        info = os.stat(directory)
+        if (info.st_dev, info.st_ino) in visited:
+            skipped.append(f"{directory} (a link back to a folder already listed)")
+            return []
+        visited.add((info.st_dev, info.st_ino))
+        with os.scandir(directory) as listing:
+            entries = [e for e in listing if not e.name.startswith(".")]
+    except OSError as err:
+        raise ImageFolderError(
+            f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
+            f"(e.g. chmod a+rx) or move it out of {top}"
+        ) from err
+    entries.sort(key=attrgetter("name"))
+    if any(map(methodcaller("is_dir"), entries)):  # sub-folders: sort them as "name/"
+        entries.sort(key=_path_order)
+    return entries
+
+
+def _path_order(entry: os.DirEntry[str]) -> str:
+    """Sort key that puts a folder where its files sort as full paths (``a.png`` < ``a/x`` < ``a0``)."""
+    try:
+        return entry.name + "/" if entry.is_dir() else entry.name
+    except OSError:
+        return entry.name
 
 
 def _inside(path: str, root: str) -> bool:

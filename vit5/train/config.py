@@ -80,10 +80,14 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    dataset: Literal["folder", "digits"] = "folder"  # digits: the built-in scikit-learn set, no files
+    dataset: Literal["folder", "digits", "wds"] = "folder"  # digits: built-in; wds: WebDataset shards
     root: str | None = None  # folder: ROOT/<train_split>/<class>/*.jpg and ROOT/<val_split>/<class>/*.jpg
     train_split: str = "train"
     val_split: str = "val"
+    train_shards: Any = None  # wds: a brace pattern (/data/train-{000000..001023}.tar), a list or a folder
+    val_shards: Any = None  # wds: the same for validation
+    num_classes: int | None = None  # wds without a classes.txt beside the shards
+    shuffle_buffer: int = 1000  # wds: samples (undecoded) each loader worker mixes
     batch_size: int = 256  # per process, like the official --batch-size (per GPU)
     eval_batch_size: int | None = None  # None: 1.5 x batch_size, as the official code
     num_workers: int = 8
@@ -220,6 +224,8 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         ("data.batch_size", cfg.data.batch_size, lambda v: v >= 1, ">= 1"),
         ("data.eval_batch_size", cfg.data.eval_batch_size, lambda v: v is None or v >= 1, ">= 1 or null"),
         ("data.num_workers", cfg.data.num_workers, lambda v: v >= 0, ">= 0"),
+        ("data.num_classes", cfg.data.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.shuffle_buffer", cfg.data.shuffle_buffer, lambda v: v >= 0, ">= 0 (0 = off)"),
         ("data.digits_val_fraction", cfg.data.digits_val_fraction, lambda v: 0 < v < 1, "in (0, 1)"),
         ("aug.color_jitter", cfg.aug.color_jitter, lambda v: v >= 0, ">= 0"),
         ("aug.scale", cfg.aug.scale, lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
@@ -377,6 +383,21 @@ def _combinations(cfg: TrainConfig) -> list[str]:
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
         )
+    if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
+        problems.append(
+            f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
+            "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
+        )
+    if cfg.data.dataset == "wds":
+        for key, value in (
+            ("data.train_shards", cfg.data.train_shards),
+            ("data.val_shards", cfg.data.val_shards),
+        ):
+            if not value or not isinstance(value, (str, list)):
+                problems.append(
+                    f"{key}={value!r}: data.dataset=wds needs a brace pattern "
+                    "(/data/train-{000000..000127}.tar), a list of shards or a folder of *.tar"
+                )
     if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
         problems.append(
             f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "

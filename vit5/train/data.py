@@ -17,6 +17,12 @@ Sharding across processes:
 * val: ``accelerator.prepare`` shards it and pads the last batches;
   :func:`vit5.train.evaluate.evaluate` drops the padding with ``gather_for_metrics``, so the
   counts are exact (the distributed evaluation of :mod:`vit5.eval.classify`).
+* WebDataset shards (``data.dataset=wds``): each process's :class:`~vit5.data.ShardDataset`
+  splits the epoch's samples by process and loader worker itself (see :mod:`vit5.data.shards`);
+  neither loader is prepared; validation pads with label ``-1``, which ``evaluate`` leaves out.
+
+Where an epoch starts (:func:`start_epoch`): the epoch and the number of its samples that all
+processes together already consumed; the sampler or the shards skip those.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ from vit5.data import (
     DigitsDataset,
     ImageFolderDataset,
     RepeatAugSampler,
+    ShardDataset,
     build_loader,
     build_transform,
     class_names_change,
     eval_transform,
     ignore_stop_signals,
+    shard_loader,
 )
 from vit5.errors import name_list
 from vit5.runtime import fit_workers
@@ -84,6 +92,8 @@ def build_run_data(
 ) -> RunData:
     """Datasets (from the config unless given) and this process's loaders."""
     class_names: list[str]
+    if isinstance(train_set, ShardDataset) or (train_set is None and cfg.data.dataset == "wds"):
+        return _shard_run_data(cfg, accelerator, train_set, val_set)
     if train_set is None or val_set is None:
         train_set, val_set, class_names = build_datasets(cfg)
     else:
@@ -172,6 +182,76 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
     )
 
 
+def build_shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
+    """The train and val shard streams of this process (``data.dataset=wds``), with their transforms."""
+    size, data = cfg.model.img_size, cfg.data
+    common: dict[str, Any] = dict(
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+        num_workers=data.num_workers,
+        seed=cfg.run.seed,
+    )
+    train_set = ShardDataset(
+        data.train_shards,
+        build_transform(cfg.aug.train, size, **_train_options(cfg)),
+        batch_size=data.batch_size,
+        train=True,
+        shuffle_buffer=data.shuffle_buffer,
+        num_classes=data.num_classes,
+        **common,
+    )
+    val_set = ShardDataset(
+        data.val_shards,
+        eval_transform(size, crop_ratio=cfg.aug.eval_crop_ratio),
+        batch_size=data.eval_batch_size or max(1, int(1.5 * data.batch_size)),
+        train=False,
+        class_names=train_set.class_names,
+        **common,
+    )
+    return train_set, val_set
+
+
+def _shard_run_data(
+    cfg: TrainConfig, accelerator: Accelerator, train_set: Dataset | None, val_set: Dataset | None
+) -> RunData:
+    data = cfg.data
+    common: dict[str, Any] = dict(
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+        num_workers=data.num_workers,
+    )
+    if train_set is None or val_set is None:
+        train_set, val_set = build_shard_datasets(cfg, accelerator)
+    for dataset in (train_set, val_set):
+        if not isinstance(dataset, ShardDataset) or (
+            dataset.num_replicas,
+            dataset.rank,
+            dataset.num_workers,
+        ) != (common["num_replicas"], common["rank"], common["num_workers"]):
+            raise TrainConfigError(
+                "given shard data sets must both be ShardDatasets built for this process "
+                f"(num_replicas={common['num_replicas']}, rank={common['rank']}, "
+                f"num_workers=data.num_workers={common['num_workers']})"
+            )
+    if train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
+        raise TrainConfigError(
+            f"the given ShardDataset's batch_size differs from data.batch_size={data.batch_size}"
+        )
+    if len(train_set) < cfg.optim.accum_steps:  # type: ignore[arg-type]
+        raise TrainConfigError(
+            f"each process gets {len(train_set)} batches of data.batch_size={data.batch_size} per epoch, "  # type: ignore[arg-type]
+            f"fewer than optim.accum_steps={cfg.optim.accum_steps}; lower data.batch_size"
+        )
+    options = dict(pin_memory=data.pin_memory, persistent_workers=data.persistent_workers)
+    return RunData(
+        train_set,
+        val_set,
+        list(train_set.class_names),  # type: ignore[attr-defined]
+        shard_loader(train_set, **options),  # type: ignore[arg-type]
+        shard_loader(val_set, **options),  # type: ignore[arg-type]
+    )
+
+
 def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:
     """Position the training data at epoch ``epoch`` after its first ``consumed`` samples (counted over
     all processes): the resume hook of the data pipeline. The loader's sampler (or, for an iterable
@@ -182,6 +262,11 @@ def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:
     source.set_epoch(epoch, consumed=consumed)
 
 
+def num_images(dataset: Dataset) -> int:
+    """Samples in a data set (a shard data set's length counts batches)."""
+    return int(getattr(dataset, "num_samples", None) or len(dataset))  # type: ignore[arg-type]
+
+
 def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
     """Files found unreadable so far by any process (each file once). Collective: call on all ranks."""
     found: list[str] = []
@@ -190,7 +275,7 @@ def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
         if mask is None:
             continue
         union = accelerator.reduce(mask.to(accelerator.device, torch.int32), "sum") > 0
-        found.extend(dataset.samples[i][0] for i in torch.nonzero(union.cpu()).flatten().tolist())  # type: ignore[attr-defined]
+        found.extend(dataset.sample_name(i) for i in torch.nonzero(union.cpu()).flatten().tolist())  # type: ignore[attr-defined]
     return found
 
 

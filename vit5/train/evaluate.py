@@ -4,7 +4,8 @@ The same distributed evaluation as :func:`vit5.eval.classify.evaluate`: the load
 Accelerate-prepared (each process gets a shard; the last batches are padded with repeated samples
 so that every process runs as many batches), and ``accelerator.gather_for_metrics`` collects each
 batch's per-image results and drops the padding, so N processes give the numbers of one
-(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation).
+(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation). A shard loader
+(:mod:`vit5.data.shards`) pads its batches itself, with label ``-1``; those rows count for nothing.
 """
 
 from __future__ import annotations
@@ -40,13 +41,21 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
         with accelerator.autocast():
             logits = model(images)
         logits = logits.float()
+        valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
+        labels = labels.clamp(min=0)
         hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
         per_image = torch.stack(
-            [F.cross_entropy(logits, labels, reduction="none"), hits[:, 0].float(), hits.any(dim=1).float()],
+            [
+                F.cross_entropy(logits, labels, reduction="none"),
+                hits[:, 0].float(),
+                hits.any(dim=1).float(),
+                torch.ones_like(valid),
+            ],
             dim=1,
         )
+        per_image = per_image * valid[:, None]
         per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
-        sums += torch.cat([per_image.sum(dim=0), per_image.new_tensor([len(per_image)])]).double()
+        sums += per_image.sum(dim=0).double()
     model.train(was_training)
     loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:

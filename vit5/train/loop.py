@@ -169,6 +169,7 @@ class LoopParts(StepParts):
 
     mixer: TargetMixer
     loader: DataLoader
+    batch_size: int  # per process
     batches_per_epoch: int
     accum_steps: int
     progress: bool
@@ -193,7 +194,6 @@ def train_one_epoch(
     :func:`train_steps` gives them)."""
     acc = parts.accelerator
     assert acc is not None
-    batch_size = parts.loader.batch_size or 1
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
     end = state.batch + len(parts.loader) // parts.accum_steps * parts.accum_steps
     sizes: list[int] = []
@@ -211,7 +211,7 @@ def train_one_epoch(
         desc=f"epoch {epoch + 1}/{num_epochs}",
         disable=not (parts.progress and acc.is_main_process),
         unit="img",
-        unit_scale=batch_size * acc.num_processes,
+        unit_scale=parts.batch_size * acc.num_processes,
         dynamic_ncols=True,
         leave=False,
     )

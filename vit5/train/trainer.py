@@ -59,7 +59,15 @@ from vit5.train.checkpointing import (
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, is_from_env
-from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, record_class_names
+from vit5.train.data import (
+    RunData,
+    bad_files,
+    build_datasets,
+    build_run_data,
+    build_shard_datasets,
+    num_images,
+    record_class_names,
+)
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
@@ -114,7 +122,9 @@ class Trainer:
         )
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
-        if train_set is None or val_set is None:
+        if (train_set is None or val_set is None) and cfg.data.dataset == "wds":
+            train_set, val_set = build_shard_datasets(cfg, acc)
+        elif train_set is None or val_set is None:
             train_set, val_set, _ = build_datasets(cfg)
         class_names = list(train_set.class_names)  # type: ignore[attr-defined]
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
@@ -164,7 +174,7 @@ class Trainer:
                 batch_size=cfg.data.batch_size,
                 accum_steps=cfg.optim.accum_steps,
                 batches_per_epoch=self.batches_per_epoch,
-                epoch_samples=len(self.data.train_set) * cfg.aug.repeated_aug,  # type: ignore[arg-type]
+                epoch_samples=num_images(self.data.train_set) * cfg.aug.repeated_aug,
             ),
         )
         try:
@@ -189,6 +199,7 @@ class Trainer:
             mixer=TargetMixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
             ema=self.ema,
             loader=self.data.train_loader,
+            batch_size=cfg.data.batch_size,
             batches_per_epoch=self.batches_per_epoch,
             accum_steps=cfg.optim.accum_steps,
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
@@ -421,10 +432,11 @@ class Trainer:
             f"run directory  {self.run_dir}",
             f"model          {self.model_description}",
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
-            f"data           {cfg.data.dataset}: {len(data.train_set)} train / "  # type: ignore[arg-type]
-            f"{len(data.val_set)} val images, "  # type: ignore[arg-type]
+            f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
+            f"{num_images(data.val_set)} val images, "
             f"{len(data.class_names)} classes, "
-            + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation"),
+            + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
+            + _dropped_note(data.train_set, acc.num_processes * cfg.data.batch_size),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
@@ -547,6 +559,16 @@ def _stop_workers(loader: DataLoader) -> None:
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
     loader._iterator = None  # type: ignore[attr-defined]
+
+
+def _dropped_note(train_set: Dataset, global_batch: int) -> str:
+    dropped = getattr(train_set, "dropped", 0)
+    if not dropped:
+        return ""
+    return (
+        f"; each epoch trains on all but {dropped} samples (less than one batch of {global_batch} "
+        "over all processes), the last of that epoch's shard order"
+    )
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:

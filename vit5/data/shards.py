@@ -1,0 +1,491 @@
+"""WebDataset shards (tar files of samples) for training and validation, read exactly once per epoch.
+
+**Layout** (the one timm's shards use, https://github.com/webdataset/webdataset#the-webdataset-format):
+files sharing a key (``000123.jpg``, ``000123.cls``) form a sample; the image is stored under
+``jpg``/``jpeg``/``png``/``webp``, the label as an ASCII integer under ``cls`` (or ``json`` with a
+``label`` field). Beside the shards, ``classes.txt`` (one class name per line, in label order) names
+the classes, and timm's ``_info.json`` (``splits.<name>.filenames`` / ``shard_lengths``) gives
+each shard's sample count; without it the tar headers are counted once (no image is read).
+:func:`write_shards` (``vit5 data shards``) writes both.
+
+Tar members are read with the ``webdataset`` package (``tar_file_expander`` and ``group_by_keys``);
+images are decoded by :func:`vit5.data.decode.decode_bytes` (OpenCV) and transformed like folders.
+
+**Who reads what.** An epoch is one stream: the shards in an order drawn from ``seed + epoch``
+(training; sorted for validation), their samples concatenated. With ``P`` processes of ``W`` loader
+workers each:
+
+* training: the epoch has ``K = N // (P * B)`` batches of ``B`` per process. Process ``r`` takes
+  stream positions ``[r*K*B, (r+1)*K*B)``; its worker ``w`` takes a contiguous run of those
+  (the batches ``i`` with ``i % W == w``, in number), shuffles them through a sample buffer seeded
+  by ``(seed, epoch, r, w)`` and batches them. The DataLoader takes one batch per worker in turn,
+  so the order is fixed. Each sample is read by one worker only; a shard is split between two
+  workers where a range boundary falls inside it (so any number of shards works with any
+  ``P x W``). The last ``N - K*P*B`` positions of the epoch's stream (fewer than one global batch)
+  are read by no one that epoch; :attr:`ShardDataset.dropped` says how many.
+* validation: every sample once, no shuffle: the ``P*W`` workers take near-equal contiguous ranges;
+  batches are padded to ``B`` with label ``-1`` so every process runs as many batches of one size,
+  and :func:`vit5.train.evaluate.evaluate` counts only labels ``>= 0`` (exact counts over
+  ``gather_for_metrics``).
+
+**Resume.** ``set_epoch(epoch, consumed)`` skips the first ``consumed`` samples of the epoch that all
+processes consumed together (the trainer's ``batches_done * B * P``). With the same ``P`` and ``W``
+as before it is exact: every worker re-reads its consumed samples (bytes only, no decoding) through
+the same shuffle buffer, discards them, and the loader's turn order is rotated so that batch
+``k + 1`` comes next, as in the uninterrupted run (augmentation draws differ, as with folders).
+With another ``P`` (or ``W``) it is approximate: each process skips ``consumed // (P*B)`` of its own
+batches, so the epoch keeps its length but the samples of the interrupted epoch are not exactly
+those left over.
+
+**Bad samples** (an undecodable image, no image, no or an out-of-range label, a truncated shard):
+flagged in a shared-memory mask (by worker processes too), warned about once per process, never a
+crash. In training a bad sample's place is taken by the next good one of the same worker (so
+batches keep their size, like :class:`~vit5.data.folder.ImageFolderDataset`); in validation it is
+padding (not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tarfile
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+
+from vit5.data.decode import BadImageError, decode_bytes
+from vit5.data.folder import BadImageWarning
+from vit5.errors import InputError
+
+SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+CLASSES_FILE = "classes.txt"
+INFO_FILE = "_info.json"
+PAD_LABEL = -1  # validation padding: not counted
+_META = re.compile(r"__[^/]*__($|/)")  # what webdataset's tar_file_iterator skips
+
+
+class ShardError(InputError):
+    """The shards cannot form a data set (the message names the fix)."""
+
+
+def _webdataset() -> Any:
+    try:
+        import webdataset
+    except ImportError as err:  # an optional extra
+        raise ShardError("data.dataset=wds needs the webdataset package: pip install 'vit5[wds]'") from err
+    return webdataset
+
+
+def expand_shards(spec: str | os.PathLike[str] | Sequence[str]) -> list[str]:
+    """The shard files of ``spec``: a brace pattern (``/data/train-{000000..001023}.tar``), a
+    directory (its ``*.tar``, sorted), or a list of either. Every file must exist.
+
+    Raises:
+        ShardError: no shard, or a listed shard does not exist.
+    """
+    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    shards: list[str] = []
+    for item in items:
+        text = os.path.expanduser(os.fspath(item))
+        if os.path.isdir(text):
+            shards.extend(sorted(str(p) for p in Path(text).glob("*.tar")))
+        else:
+            shards.extend(_webdataset().shardlists.expand_urls(text))
+    if not shards:
+        raise ShardError(f"no shards in {spec!r}: give a brace pattern, a list or a directory holding *.tar")
+    missing = [s for s in shards if not os.path.isfile(s)]
+    if missing:
+        raise ShardError(
+            f"{len(missing)} of {len(shards)} shards do not exist, e.g. {missing[0]}; check data.*_shards"
+        )
+    return shards
+
+
+def count_samples(path: str) -> int:
+    """Samples in one shard, counted from the tar headers as webdataset groups them (consecutive
+    members sharing a key; metadata and non-regular members skipped). No member is read."""
+    key_of = _webdataset().tariterators.base_plus_ext
+    count, last = 0, None
+    try:
+        tar = tarfile.open(path, "r:")
+    except (tarfile.TarError, OSError) as err:
+        raise ShardError(f"{path} is not a readable tar file ({err}); re-create the shard") from err
+    with tar:
+        try:
+            for info in tar:
+                if not info.isreg() or _META.match(info.name) or info.name.startswith("__"):
+                    continue
+                key, _ = key_of(info.name)
+                if key is not None and key != last:
+                    count, last = count + 1, key
+        except (tarfile.TarError, OSError) as err:  # truncated: what it has is read, the rest is lost
+            warnings.warn(f"{path} is damaged after {count} samples ({err})", BadImageWarning, stacklevel=2)
+    return count
+
+
+def shard_lengths(shards: Sequence[str]) -> list[int]:
+    """Samples per shard: from an ``_info.json`` beside the shards (timm's format) where it lists
+    them, else counted with :func:`count_samples`."""
+    known: dict[str, int] = {}
+    for folder in sorted({os.path.dirname(s) for s in shards}):
+        info_path = os.path.join(folder, INFO_FILE)
+        if not os.path.isfile(info_path):
+            continue
+        try:
+            splits = json.loads(Path(info_path).read_text()).get("splits", {})
+            for split in splits.values():
+                for name, length in zip(split["filenames"], split["shard_lengths"]):
+                    known[os.path.join(folder, os.path.basename(name))] = int(length)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ShardError(f"{info_path} is not a valid shard index ({err}); delete it to count") from err
+    return [known[s] if s in known else count_samples(s) for s in shards]
+
+
+def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str]:
+    """Class names from ``classes.txt`` beside the first shard, else ``"0" .. str(num_classes - 1)``.
+
+    Raises:
+        ShardError: neither a classes file nor ``num_classes``, or they disagree.
+    """
+    path = os.path.join(os.path.dirname(shards[0]), CLASSES_FILE)
+    if os.path.isfile(path):
+        names = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+        if num_classes is not None and num_classes != len(names):
+            raise ShardError(
+                f"data.num_classes={num_classes} but {path} names {len(names)} classes; drop one of the two"
+            )
+        return names
+    if num_classes is None:
+        raise ShardError(
+            f"no {CLASSES_FILE} beside {shards[0]}: set data.num_classes (labels are 0 .. num_classes - 1)"
+        )
+    return [str(i) for i in range(num_classes)]
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """Boundaries ``b[0]=0 .. b[parts]=total`` of ``parts`` contiguous runs differing by at most one."""
+    return [total * i // parts for i in range(parts + 1)]
+
+
+class ShardDataset(IterableDataset):
+    """Batches of ``(images, labels)`` for one process, read from WebDataset shards.
+
+    Args:
+        shards: see :func:`expand_shards`.
+        transform: maps the decoded RGB uint8 (H, W, 3) array to a tensor (:mod:`vit5.data.transforms`).
+        batch_size: samples per batch (per process).
+        train: training order and length (shuffled, ``N // (P*B)`` full batches per process), or
+            validation (every sample once, padded batches, label ``-1`` for padding).
+        num_replicas, rank: processes sharing the data (``accelerator.num_processes / process_index``).
+        num_workers: the DataLoader workers that will read it (:func:`shard_loader` uses it).
+        seed: shard order (``seed + epoch``) and shuffle-buffer seed; all processes must agree.
+        shuffle_buffer: samples (undecoded bytes) each worker mixes; 0 or 1 keeps the stream order.
+        class_names, num_classes: see :func:`read_class_names` (``class_names`` wins).
+        alpha_background: see :func:`~vit5.data.decode.decode_image`.
+    """
+
+    def __init__(
+        self,
+        shards: str | os.PathLike[str] | Sequence[str],
+        transform: Callable[[np.ndarray], torch.Tensor],
+        *,
+        batch_size: int,
+        train: bool,
+        num_replicas: int = 1,
+        rank: int = 0,
+        num_workers: int = 0,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        class_names: Sequence[str] | None = None,
+        num_classes: int | None = None,
+        alpha_background: tuple[int, int, int] | None = None,
+    ) -> None:
+        if batch_size < 1 or num_workers < 0 or shuffle_buffer < 0:
+            raise ValueError(f"need batch_size >= 1, num_workers >= 0, shuffle_buffer >= 0: {batch_size=}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need 0 <= rank < num_replicas; got {num_replicas=} {rank=}")
+        self.shards = expand_shards(shards)
+        self.lengths = shard_lengths(self.shards)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.num_samples = int(self.offsets[-1])
+        self.class_names = (
+            list(class_names) if class_names is not None else read_class_names(self.shards, num_classes)
+        )
+        self.transform, self.alpha_background = transform, alpha_background
+        self.batch_size, self.train = batch_size, train
+        self.num_replicas, self.rank, self.num_workers = num_replicas, rank, num_workers
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        slots = num_replicas * max(num_workers, 1)
+        if train:
+            self.batches = self.num_samples // (num_replicas * batch_size)
+            if self.batches == 0:
+                raise ShardError(
+                    f"{self.num_samples} training samples cannot fill one batch of {batch_size} on each of "
+                    f"{num_replicas} process(es); lower data.batch_size"
+                )
+            self.dropped = self.num_samples - self.batches * num_replicas * batch_size
+        else:
+            if self.num_samples == 0:
+                raise ShardError(f"the validation shards {self.shards[0]} ... hold no samples")
+            per_slot = math.ceil(math.ceil(self.num_samples / slots) / batch_size)
+            self.batches = per_slot * max(num_workers, 1)
+            self.dropped = 0
+        self._bad = torch.zeros(self.num_samples, dtype=torch.bool).share_memory_()
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
+
+    # ------------------------------------------------------------------ interface
+    def __len__(self) -> int:
+        """Batches this process still yields in the epoch (the same on every process)."""
+        if not self.train:
+            return self.batches
+        return self.batches - int(self._position[1]) // (self.num_replicas * self.batch_size)
+
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """Read ``epoch`` next, skipping its first ``consumed`` samples (trained by all processes
+        together); workers, persistent ones too, see it through shared memory."""
+        total = self.batches * self.num_replicas * self.batch_size
+        if not 0 <= consumed <= total:
+            raise ValueError(f"consumed must be in [0, {total}], got {consumed}")
+        self._position[0], self._position[1] = epoch, consumed
+
+    @property
+    def bad_mask(self) -> torch.Tensor:
+        """Copy of the per-sample "unreadable" flags (sample ``offsets[shard] + index``)."""
+        return self._bad.clone()
+
+    @property
+    def num_bad(self) -> int:
+        return int(self._bad.sum())
+
+    @property
+    def bad_files(self) -> list[str]:
+        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]
+
+    def sample_name(self, index: int) -> str:
+        """``shard.tar#i``: the ``i``-th sample of a shard."""
+        shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return f"{self.shards[shard]}#{index - int(self.offsets[shard])}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(shards={len(self.shards)}, samples={self.num_samples}, "
+            f"classes={len(self.class_names)}, train={self.train}, bad={self.num_bad})"
+        )
+
+    # ------------------------------------------------------------------ reading
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = get_worker_info()
+        workers, loader_worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if workers != max(self.num_workers, 1):
+            raise RuntimeError(
+                f"built for {self.num_workers} workers but read by {workers}: use shard_loader(dataset)"
+            )
+        epoch, skip = (int(v) for v in self._position.tolist())
+        if self.train:
+            yield from self._train_batches(epoch, skip, workers, loader_worker)
+        else:
+            yield from self._val_batches(workers, loader_worker)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.train:
+            return np.arange(len(self.shards))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+
+    def _train_batches(
+        self, epoch: int, skip: int, workers: int, loader_worker: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        done = skip // (self.num_replicas * self.batch_size)  # batches this process already took
+        worker = (loader_worker + done) % workers  # rotated: the loader's next turn is batch done + 1
+        counts = [len(range(w, self.batches, workers)) for w in range(workers)]
+        taken = len(range(worker, done, workers))
+        first = self.rank * self.batches + sum(counts[:worker])  # in batches of the epoch's stream
+        start, stop = first * self.batch_size, (first + counts[worker]) * self.batch_size
+        order = self._order(epoch)
+        stream = self._shuffled(self._read(order, start, stop), (self.seed, epoch, self.rank, worker))
+        for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
+            next(stream)
+        batch: list[tuple[torch.Tensor, int]] = []
+        for sample in self._good(stream):
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield _collate(batch)
+                batch = []
+
+    def _val_batches(self, workers: int, loader_worker: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        bounds = split_evenly(self.num_samples, self.num_replicas * workers)
+        slot = self.rank * workers + loader_worker
+        start, stop = bounds[slot], bounds[slot + 1]
+        order = self._order(0)
+        wanted = self.batches // workers * self.batch_size
+        batch: list[tuple[torch.Tensor, int]] = []
+        pad: torch.Tensor | None = None
+        sent = 0
+        for index, raw in self._read(order, start, stop):
+            decoded = self._decode(index, raw)
+            if decoded is None:  # not counted: replaced by padding at the end
+                continue
+            pad = decoded[0]
+            batch.append(decoded)
+            if len(batch) == self.batch_size:
+                yield _collate(batch)
+                sent, batch = sent + len(batch), []
+        if pad is None:  # an empty (or all-bad) range: pad with any readable sample
+            pad = self._any_image(order)
+        while sent < wanted:
+            batch.extend((pad, PAD_LABEL) for _ in range(self.batch_size - len(batch)))
+            yield _collate(batch)
+            sent, batch = sent + len(batch), []
+
+    def _any_image(self, order: np.ndarray) -> torch.Tensor:
+        for index, raw in self._read(order, 0, self.num_samples):
+            decoded = self._decode(index, raw)
+            if decoded is not None:
+                return decoded[0]
+        raise ShardError(f"none of the {self.num_samples} samples in {self.shards[0]} ... can be decoded")
+
+    def _read(self, order: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        """``(sample id, raw sample or None if unreadable)`` for stream positions ``[start, stop)``."""
+        position = 0
+        for shard in order.tolist():
+            length = self.lengths[shard]
+            lo, hi = max(start - position, 0), min(stop - position, length)
+            position += length
+            if lo < hi:
+                yield from self._read_shard(shard, lo, hi)
+            if position >= stop:
+                return
+
+    def _read_shard(self, shard: int, lo: int, hi: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        wds = _webdataset()
+        url = self.shards[shard]
+        base = int(self.offsets[shard])
+        index = 0
+        errors: list[BaseException] = []
+
+        def stop(err: BaseException) -> bool:  # end the shard at a damaged member, keep what came before
+            errors.append(err)
+            return False
+
+        try:
+            with open(url, "rb") as stream:
+                members = wds.tariterators.tar_file_expander([dict(url=url, stream=stream)], handler=stop)
+                for sample in wds.tariterators.group_by_keys(members, handler=stop):
+                    if index >= lo:
+                        yield base + index, sample
+                    index += 1
+                    if index >= hi:
+                        return
+        except OSError as err:
+            errors.append(err)
+        if errors:  # a truncated or corrupt tar: the rest of the shard is unreadable
+            err = errors[0]
+            reason = (
+                f"shard unreadable from sample {index} on ({type(err).__name__}: {str(err).split(' @ ')[0]})"
+            )
+        else:
+            reason = f"the shard ended after {index} samples, its index says {self.lengths[shard]}"
+        self._warn(f"{url}: {reason}")
+        for i in range(max(index, lo), hi):
+            self._bad[base + i] = True
+            yield base + i, None
+
+    def _shuffled(self, stream: Iterator[Any], key: tuple[int, ...]) -> Iterator[Any]:
+        size = self.shuffle_buffer
+        if size <= 1:
+            yield from stream
+            return
+        rng = np.random.default_rng(list(key))
+        buffer: list[Any] = []
+        for item in stream:
+            if len(buffer) < size:
+                buffer.append(item)
+                continue
+            j = int(rng.integers(size))
+            yield buffer[j]
+            buffer[j] = item
+        for j in rng.permutation(len(buffer)).tolist():
+            yield buffer[j]
+
+    def _good(
+        self, stream: Iterator[tuple[int, dict[str, Any] | None]]
+    ) -> Iterator[tuple[torch.Tensor, int]]:
+        """Decoded samples, one per stream position: a bad one is replaced by the next good one
+        (the previous good one at the end)."""
+        owed, last = 0, None
+        for index, raw in stream:
+            decoded = self._decode(index, raw)
+            if decoded is None:
+                owed += 1
+                continue
+            for _ in range(owed + 1):
+                yield decoded
+            owed, last = 0, decoded
+        if owed and last is None:
+            raise ShardError(
+                f"none of this worker's {owed} samples of {self.shards[0]} ... decode; check the shards"
+            )
+        for _ in range(owed):
+            yield last  # type: ignore[misc]
+
+    def _decode(self, index: int, raw: dict[str, Any] | None) -> tuple[torch.Tensor, int] | None:
+        if raw is None or self._bad[index]:
+            return None
+        name = f"{self.sample_name(index)} (key {raw.get('__key__')})"
+        try:
+            label = self._label(raw, name)
+            image_key = next((k for k in SHARD_IMAGE_KEYS if k in raw), None)
+            if image_key is None:
+                raise BadImageError(name, f"no image under {'/'.join(SHARD_IMAGE_KEYS)} (has {_keys(raw)})")
+            image = decode_bytes(raw[image_key], name, self.alpha_background)
+        except BadImageError as err:
+            self._bad[index] = True
+            self._warn(f"skipping unreadable sample {err}")
+            return None
+        return self.transform(image), label
+
+    def _label(self, raw: dict[str, Any], name: str) -> int:
+        try:
+            if "cls" in raw:
+                label = int(raw["cls"].decode("ascii").strip())
+            elif "json" in raw:
+                label = int(json.loads(raw["json"])["label"])
+            else:
+                raise BadImageError(name, f"no label (no cls, no json with label; has {_keys(raw)})")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise BadImageError(name, f"unreadable label ({err})") from err
+        if not 0 <= label < len(self.class_names):
+            raise BadImageError(name, f"label {label} outside 0 .. {len(self.class_names) - 1}")
+        return label
+
+    def _warn(self, message: str) -> None:
+        warnings.warn(message, BadImageWarning, stacklevel=3)
+
+
+def _keys(raw: dict[str, Any]) -> str:
+    return ", ".join(k for k in raw if not k.startswith("__")) or "nothing"
+
+
+def _collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = default_collate(samples)
+    return images, labels
+
+
+def shard_loader(
+    dataset: ShardDataset, *, pin_memory: bool | None = None, persistent_workers: bool | None = None
+) -> DataLoader:
+    """The DataLoader for ``dataset``: its own workers, batches made by the dataset (``batch_size=None``)."""
+    workers = dataset.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        persistent_workers=workers > 0 if persistent_workers is None else persistent_workers and workers > 0,
+    )
