@@ -157,6 +157,7 @@ def test_compare_suggests_a_size_both_patch_sizes_divide(tmp_path, capsys):
     b = ["depth=1", "embed_dim=32", "num_heads=2", "img_size=36", "patch_size=12"]
     argv = ["viz", "compare", "--model", "vit5_tiny", "--model-args", *a, "--model-b", "vit5_tiny"]
     argv += ["--model-b-args", *b, "--random-init", "--images", "sklearn-samples", "--out", str(tmp_path)]
+    argv += ["--size", "32x32"]  # a multiple of the first patch size only (the default fits both)
     code, _, err = run(argv, capsys)
     h, w = map(int, re.search(r"use --size (\d+)x(\d+)", err).groups())
     assert code == 2 and h % 16 == w % 16 == h % 12 == w % 12 == 0, err

@@ -100,13 +100,13 @@ def edit_config(directory, **changes):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"depth": 100_000}, r"parameters, but model\.safetensors holds"),
-        ({"depth": 10**9}, r"parameters, but model\.safetensors holds"),
-        ({"embed_dim": 10**6}, r"parameters, but model\.safetensors holds"),
-        ({"img_size": 10**6}, r"parameters, but model\.safetensors holds"),
-        ({"num_registers": 10**8}, r"parameters, but model\.safetensors holds"),
-        ({"num_classes": 10**10}, r"parameters, but model\.safetensors holds"),
-        ({"mlp_ratio": 1e7}, r"parameters, but model\.safetensors holds"),
+        ({"depth": 100_000}, "parameters .*more than the limit of"),
+        ({"depth": 10**9}, "parameters .*more than the limit of"),
+        ({"embed_dim": 10**6}, "parameters .*more than the limit of"),
+        ({"img_size": 10**6}, "parameters .*more than the limit of"),
+        ({"num_registers": 10**8}, "parameters .*more than the limit of"),
+        ({"num_classes": 10**10}, "parameters .*more than the limit of"),
+        ({"mlp_ratio": 1e7}, "parameters .*more than the limit of"),
         ({"whole": [1, 2]}, "must be a mapping of field names to values, not list"),
         ({"depth": "12"}, r"depth = '12' has the wrong type: expected int"),
         ({"mlp_ratio": math.nan}, "mlp_ratio must be a positive finite number, got nan"),
@@ -130,7 +130,7 @@ def test_every_malformed_config_json_is_a_config_error_naming_the_file(
 
 
 def test_the_config_json_must_describe_its_own_weights(model_dir):
-    edit_config(model_dir, depth=100_000)
+    edit_config(model_dir, depth=3)  # within the size limit, but not the model these weights are
     stored = json.loads((model_dir / "config.json").read_text())["model_args"]
     described = parameter_count(vit5.ViT5Config.from_dict(stored))  # the formula, no model built
     held = sum(

@@ -560,6 +560,8 @@ def load_config(
     for item in overrides:
         merged = _merge(merged, _parse_override(item), where=f"command line '{item}'")
         required.discard(item.partition("=")[0].strip())
+    if merged.data.dataset == "wds":
+        required.discard("data.root")  # shards are named by data.train_shards / data.val_shards
     if required:
         example = " ".join(f"{k}=..." for k in sorted(required))
         raise TrainConfigError(

@@ -275,6 +275,7 @@ def _check_weights_fit_config(weights: Path, config_file: Path, config: Any, max
         stored = ViT5Config.from_dict(config)
     except ConfigError as err:
         raise ConfigError(f"{config_file}: {err}") from err
+    check_size(stored, max_params, source=str(config_file))
     declared = safetensors_header(weights)
     described = parameter_count(stored)
     held = sum(n for k, n in declared.items() if not k.endswith(ROPE_BUFFERS))
@@ -283,7 +284,6 @@ def _check_weights_fit_config(weights: Path, config_file: Path, config: Any, max
             f"{config_file} describes a model of {described:,} parameters, but {weights.name} holds "
             f"{held:,}: the config does not belong to these weights (edited, or copied from another run)"
         )
-    check_size(stored, max_params, source=str(config_file))
 
 
 ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")  # stored, verified, rebuilt at run time: not parameters
