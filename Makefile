@@ -46,9 +46,9 @@ fashion: setup
 		&& command -v apt-get >/dev/null; then apt-get install -y dataset-fashion-mnist || true; fi
 	$(VIT5) data fashion-mnist $(FASHION_DATA)
 	if [ -d $(FASHION_RUN)/checkpoints ] && [ ! -f $(FASHION_RUN)/summary.json ]; then \
-		OMP_WAIT_POLICY=PASSIVE $(VIT5) train --config $(FASHION_RECIPE) data.root=$(FASHION_DATA) --resume; \
+		$(VIT5) train --config $(FASHION_RECIPE) data.root=$(FASHION_DATA) --resume; \
 	elif [ ! -f $(FASHION_RUN)/summary.json ]; then \
-		OMP_WAIT_POLICY=PASSIVE $(VIT5) train --config $(FASHION_RECIPE) data.root=$(FASHION_DATA); fi
+		$(VIT5) train --config $(FASHION_RECIPE) data.root=$(FASHION_DATA); fi
 	$(VIT5) eval classify --model $(FASHION_RUN)/final --weights $$($(FASHION_PICK)) --data $(FASHION_DATA) \
 		--split test --workers 1 --out $(FASHION_RUN)/test
 	$(VIT5) viz all --model $(FASHION_RUN)/final $$([ "$$($(FASHION_PICK))" = ema ] && echo --ema) \
