@@ -1,13 +1,7 @@
 """The base class of every error that is the user's to fix, and readable messages for OS errors.
 
-Every command line (each ``vit5`` subcommand, through :func:`vit5.cli.run_command`) catches
-:class:`Vit5Error` and :class:`OSError` once and prints one ``error: ...`` line (exit code 2)
-instead of a traceback; anything else is a bug and keeps its
-traceback. The specific classes (``ConfigError``, ``CheckpointError``, ``TrainConfigError``,
-``ResumeError``, ``InputError``, ...) subclass it and keep their historical bases
-(``ValueError``, ``RuntimeError``), so existing ``except ValueError`` code still catches them.
-
-A leaf module: it imports nothing from vit5, so every subpackage may use it.
+Command lines catch :class:`Vit5Error` and :class:`OSError` once and print one ``error:`` line (exit 2);
+anything else is a bug and keeps its traceback. A leaf module: it imports nothing from vit5.
 """
 
 from __future__ import annotations
@@ -21,23 +15,15 @@ from typing import Any
 
 
 class Vit5Error(Exception):
-    """A user error: bad input, a missing or damaged file, a folder that cannot be written.
-
-    The message names the problem and the fix; command lines print it as one ``error:`` line
-    and exit with status 2.
-    """
+    """A user error (bad input, a missing or damaged file); the message names the problem and the fix."""
 
 
 class InputError(Vit5Error, ValueError):
-    """Input a tool cannot use (a model it does not support, a size, layer or option out of range, no
-    usable image, a model spec that names nothing); also a :class:`ValueError`."""
+    """Input a tool cannot use (an unsupported model, a size, layer or option out of range, no image)."""
 
 
 class StorageError(Vit5Error, OSError):
-    """A file or folder cannot be read or written (disk full, read-only, permission, not a folder).
-
-    Also an :class:`OSError`, so code that catches OS errors keeps working.
-    """
+    """A file or folder cannot be read or written (disk full, read-only, permission, not a folder)."""
 
 
 _FIXES = {
@@ -61,24 +47,14 @@ def os_error_reason(err: OSError) -> str:
 
 
 def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, doing: str = "write") -> str:
-    """One line for an OS error: what could not be done to which path, why, and the fix.
-
-    ``describe_os_error(OSError(28, "No space left on device"), "runs/x/final", "write")`` ->
-    ``"cannot write runs/x/final: no space left on device; free space there or choose another folder"``.
-    """
+    """``"cannot write runs/x/final: no space left on device; free space there or ..."``."""
     where = path if path is not None else (err.filename if err.filename is not None else "")
     where = os.fsdecode(where) if isinstance(where, bytes) else str(where)
-    return (
-        f"cannot {doing} {where}: {os_error_reason(err)}"
-        if where
-        else f"cannot {doing}: {os_error_reason(err)}"
-    )
+    return f"cannot {doing}{' ' + where if where else ''}: {os_error_reason(err)}"
 
 
 def shorten(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` for a message, cut to about ``limit`` characters with the full length said
-    (a 100 MB YAML value must not be echoed whole), and control characters escaped so the message
-    stays one line."""
+    """``repr(value)`` cut to about ``limit`` characters with the full length said (one line)."""
     text = repr(value)
     if len(text) <= limit:
         return text
@@ -94,14 +70,11 @@ def name_list(names: Any, limit: int = 6) -> str:
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
     """A :class:`StorageError` for ``err`` naming ``path`` (raise it ``from err``)."""
-    if isinstance(err, StorageError):
-        return err
-    return StorageError(describe_os_error(err, path, doing))
+    return err if isinstance(err, StorageError) else StorageError(describe_os_error(err, path, doing))
 
 
 def user_message(err: BaseException) -> str | None:
-    """The one-line message for a user error (a :class:`Vit5Error` or an :class:`OSError`), or
-    None for anything else (a bug, whose traceback must stay visible)."""
+    """The one-line message of a user error (:class:`Vit5Error`, :class:`OSError`), else None (a bug)."""
     if isinstance(err, Vit5Error):
         return str(err)
     if isinstance(err, OSError):
@@ -110,9 +83,7 @@ def user_message(err: BaseException) -> str | None:
 
 
 def _escape_undecodable(err: UnicodeError) -> tuple[str, int]:
-    """A file name byte that is not valid in the file system's encoding (kept by Python as a
-    surrogate, U+DC80..U+DCFF) becomes ``\\xNN``, the byte itself; other characters the target
-    encoding lacks become backslash escapes."""
+    """A surrogate-escaped file name byte (U+DC80..U+DCFF) becomes ``\\xNN``; others backslash escapes."""
     if not isinstance(err, UnicodeEncodeError):
         raise err
     out = []
@@ -131,9 +102,7 @@ codecs.register_error(ESCAPE_UNDECODABLE, _escape_undecodable)
 
 
 def safe_console() -> None:
-    """Let stdout and stderr print any file name: bytes of another encoding (kept by Python as
-    surrogates) are printed as ``\\xNN`` escapes instead of raising ``UnicodeEncodeError`` after
-    the work is done (a strict UTF-8 locale)."""
+    """Let stdout and stderr print any file name (undecodable bytes as ``\\xNN``), even in a strict locale."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
@@ -141,10 +110,4 @@ def safe_console() -> None:
 
 def one_line_warnings() -> None:
     """Print warnings as ``warning: MESSAGE`` (one line, no source line), as command lines should."""
-
-    def format_warning(
-        message: Any, category: Any, filename: str, lineno: int, line: str | None = None
-    ) -> str:
-        return f"warning: {message}\n"
-
-    warnings.formatwarning = format_warning
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"

@@ -1,24 +1,6 @@
-"""Files that a kill, a crash or a full disk cannot leave half-written, and one writer per folder.
-
-* :func:`atomic_write_bytes` / :func:`atomic_write_text`: written to a hidden temporary file in the
-  same folder, flushed to disk, then renamed over the target (``rename`` is atomic on POSIX), so
-  the target is always either the old or the new complete file. Text is UTF-8; characters it
-  cannot encode (file names of another encoding, kept by Python as surrogates) are written as
-  backslash escapes instead of failing after the work is done.
-* :func:`replace_dir`: a directory staged completely elsewhere is swapped into place in one step
-  (``renameat2(RENAME_EXCHANGE)`` on Linux), so readers see the old or the new directory, never a
-  mix of the two; where the exchange is not available the old directory is moved aside first and
-  :func:`recover_dir` puts the complete one back after a crash between the two renames.
-* :class:`FolderLock`: an exclusive ``flock`` on ``FOLDER/.lock``. The kernel releases it when the
-  holder exits, however it exits, so a lock left by a killed process is simply taken over; a live
-  holder is named (pid, host, command, start time) in the error.
-* :func:`check_output_dir`: an output folder is created and proven writable before any work.
-
-Every OS error is re-raised as a :class:`~vit5.errors.StorageError` naming the path and the fix
-("no space left on device", "read-only file system", "is a file, not a folder").
-
-A leaf module (standard library only).
-"""
+"""Files that a kill, a crash or a full disk cannot leave half-written, and one writer per folder: files are
+renamed into place, directories swapped in with ``renameat2(RENAME_EXCHANGE)`` (else moved aside and
+recovered), and a ``flock`` the kernel drops when its holder exits. OS errors become StorageErrors."""
 
 from __future__ import annotations
 
@@ -27,13 +9,13 @@ import ctypes
 import ctypes.util
 import datetime
 import errno
+import functools
 import json
 import os
 import shutil
 import socket
 import sys
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from vit5.errors import (
@@ -50,13 +32,8 @@ _STAGING = ".tmp-"
 _ASIDE = ".old-"
 
 
-# ------------------------------------------------------------------------------------------ files
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> Path:
-    """Write ``data`` to ``path`` atomically (permissions follow the umask, like a plain ``open``).
-
-    Raises:
-        StorageError: the folder cannot be written (disk full, read-only, permission, not a folder).
-    """
+    """Write ``data`` to ``path`` atomically (permissions follow the umask); StorageError on failure."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
@@ -79,13 +56,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, durable: bool = True) -> Path:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8; file name bytes of another encoding become
-    ``\\xNN``."""
+    """UTF-8 :func:`atomic_write_bytes`; file name bytes of another encoding become ``\\xNN``."""
     return atomic_write_bytes(path, text.encode("utf-8", errors=ESCAPE_UNDECODABLE), durable)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> Path:
-    """``obj`` as indented JSON (ASCII, so any file name survives), written atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", durable)
 
 
@@ -100,19 +75,10 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 
 def sync_dir(directory: str | os.PathLike[str]) -> None:
     """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError):
+        fsync_file(directory)
 
 
-# ------------------------------------------------------------------------------------ directories
 def staging_dir(final: str | os.PathLike[str]) -> Path:
     """A fresh, empty sibling of ``final`` to build its new content in (``.tmp-NAME``)."""
     final = Path(final)
@@ -126,11 +92,7 @@ def staging_dir(final: str | os.PathLike[str]) -> Path:
 
 
 def replace_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
-    """Put the complete directory ``staged`` in place of ``final`` in one step; the old one is removed.
-
-    Raises:
-        StorageError: the rename failed (``final`` is left as it was).
-    """
+    """Put the complete directory ``staged`` in place of ``final`` in one step; the old one is removed."""
     staged, final = Path(staged), Path(final)
     sync_dir(staged)
     try:
@@ -151,8 +113,7 @@ def replace_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -
 
 
 def recover_dir(final: str | os.PathLike[str]) -> None:
-    """Finish what a crash inside :func:`replace_dir` or a staging step left: restore a directory
-    moved aside when its replacement never arrived, and remove staging leftovers."""
+    """After a crash inside :func:`replace_dir`: restore a directory moved aside, remove staging leftovers."""
     final = Path(final)
     aside, staged = final.with_name(f"{_ASIDE}{final.name}"), final.with_name(f"{_STAGING}{final.name}")
     if aside.is_dir() and not final.exists():
@@ -161,23 +122,13 @@ def recover_dir(final: str | os.PathLike[str]) -> None:
     shutil.rmtree(staged, ignore_errors=True)
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-_libc: Any = None
-
-
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically with Linux ``renameat2(RENAME_EXCHANGE)``; False where unsupported."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return False
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    renameat2 = getattr(_libc, "renameat2", None)
+    renameat2 = getattr(_libc(), "renameat2", None) if sys.platform.startswith("linux") else None
     if renameat2 is None:
         return False
-    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if result == 0:
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
@@ -185,14 +136,13 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), os.fspath(b))
 
 
-# ------------------------------------------------------------------------------------ output folders
-def check_output_dir(path: str | os.PathLike[str], option: str = "the output folder") -> Path:
-    """Create ``path`` if needed and prove it writable, before any work is done.
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
-    Raises:
-        StorageError: ``path`` is a file, or cannot be created or written (read-only, permission,
-            disk full); the message names ``option`` (e.g. ``--out``) and the path.
-    """
+
+def check_output_dir(path: str | os.PathLike[str], option: str = "the output folder") -> Path:
+    """Create ``path`` if needed and prove it writable before any work (StorageError naming ``option``)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise StorageError(f"{option} {path} is a file, not a folder: give a folder path")
@@ -206,21 +156,14 @@ def check_output_dir(path: str | os.PathLike[str], option: str = "the output fol
     return path
 
 
-# ------------------------------------------------------------------------------------------ locks
 class FolderLocked(Vit5Error):
     """Another live process is writing into the same folder."""
 
 
 class FolderLock:
-    """An exclusive lock on ``folder`` for one writer (``with FolderLock(run_dir, "training"):``).
-
-    ``flock`` on ``folder/.lock``, which also records who holds it. The kernel drops the lock when
-    the holding process exits, whatever the cause, so a lock left behind by a killed run is taken
-    over by the next one; there is no stale lock to delete by hand.
-
-    Raises (on :meth:`acquire`):
-        FolderLocked: held by a live process; the message names it and what to do.
-    """
+    """An exclusive ``flock`` on ``folder/.lock`` for one writer, recording who holds it. The kernel drops
+    it when the holder exits, however it exits, so there is never a stale lock to delete by hand.
+    :meth:`acquire` raises :class:`FolderLocked` naming a live holder."""
 
     def __init__(self, folder: str | os.PathLike[str], purpose: str) -> None:
         self.folder = Path(folder)
@@ -238,7 +181,10 @@ class FolderLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            holder = _read_holder(fd)
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8", errors="replace") or "{}")
+            except (OSError, ValueError):
+                holder = {}
             os.close(fd)
             if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise FolderLocked(self._held_message(holder)) from None
@@ -267,33 +213,21 @@ class FolderLock:
     def __enter__(self) -> FolderLock:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self.acquire()
 
-    def __exit__(
-        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def _held_message(self, holder: dict[str, Any]) -> str:
         who = f"pid {holder.get('pid', '?')}"
         if holder.get("host") and holder.get("host") != socket.gethostname():
             who += f" on host {holder['host']}"
-        what = (
-            f" ({holder.get('purpose', 'writing')}, `{holder.get('command', '?')}`,"
-            f" since {holder.get('since', '?')})"
-        )
+        what = f"{holder.get('purpose', 'writing')}, `{holder.get('command', '?')}`"
         return (
-            f"{self.folder} is in use by {who}{what}: only one process may write there at a time. Wait for "
-            "it "
-            f"to finish or stop it (kill {holder.get('pid', 'PID')}). The lock ({self.path}) is released the "
-            f"moment that process exits, so a lock left by a killed run never needs clearing; if it still "
-            f"shows, a process it started holds it (`fuser {self.path}` names it)"
+            f"{self.folder} is in use by {who} ({what}, since {holder.get('since', '?')}): only one process "
+            f"may write there at a time. Wait for it to finish or stop it (kill {holder.get('pid', 'PID')}). "
+            f"The lock ({self.path}) is released the moment that process exits, so a lock left by a killed "
+            f"run never needs clearing; if it still shows, a process it started holds it "
+            f"(`fuser {self.path}` names it)"
         )
-
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    try:
-        return json.loads(os.pread(fd, 4096, 0).decode("utf-8", errors="replace") or "{}")
-    except (OSError, ValueError):
-        return {}
 
 
 def read_json(path: Path) -> Any:

@@ -1,19 +1,6 @@
-"""The one figure style of vit5: resolution, font sizes, colours, line styles and human labels.
-
-Every figure the toolkit writes (``vit5 viz``, the register study, ``curves.png`` of a training run,
-the register-ablation bars) takes its numbers from here, so that figures put side by side in a paper match:
-
-- ``DPI`` >= 150 and fonts of at least ``FONT_SMALL`` = 8 pt *at the figure's physical size*; figures
-  are laid out in inches no wider than ``TEXT_WIDTH`` (a two-column page's text width), so the fonts
-  stay legible when the figure is printed at that width;
-- colour encodes the *model* (or the run), line style and marker the *metric*, where both vary
-  (Okabe and Ito's colour-blind-safe palette, https://jfly.uni-koeln.de/color/);
-- lines of later models are drawn thinner with open markers, so a line lying on another stays visible;
-- fixed roles keep one colour everywhere: the validation curve and its EMA twin (``ROLE_COLOURS``);
-- metric keys (``cls_register_mass``) are shown as words (``METRIC_LABELS``).
-
-A leaf module: it imports matplotlib only, so every part of vit5 may use it.
-"""
+"""The one figure style of vit5, so that figures put side by side match: DPI >= 150, fonts >= 8 pt at a
+two-column page's text width, colour by model and line style by metric (Okabe and Ito's colour-blind-safe
+palette, https://jfly.uni-koeln.de/color/). Imports matplotlib only, inside the functions that need it."""
 
 from __future__ import annotations
 
@@ -41,9 +28,6 @@ ROLE_COLOURS = {
     "train": "#000000",
     "val": MODEL_COLOURS[0],
     "val, EMA": MODEL_COLOURS[1],
-    "raw": MODEL_COLOURS[0],
-    "EMA": MODEL_COLOURS[1],
-    "threshold": "#D55E00",
     "patch": MODEL_COLOURS[0],
     "register": MODEL_COLOURS[4],
     "cls": MODEL_COLOURS[2],
@@ -51,32 +35,11 @@ ROLE_COLOURS = {
 
 METRIC_LABELS = {
     "outlier_ratio": "outlier patches (share)",
-    "outlier_ratio_registers": "outlier registers (share)",
     "max_median_ratio": "max / median patch norm",
-    "share_max_median_over_3": "images with max / median > 3",
-    "norm_kurtosis": "patch-norm kurtosis",
-    "cls_entropy": "CLS attention entropy",
-    "cls_effective_tokens": "CLS effective tokens",
-    "cls_outlier_mass": "CLS attention on outliers",
-    "cls_max_patch_attention": "max CLS-to-patch attention",
-    "received_outlier_mass": "attention received by outliers",
     "cls_register_mass": "CLS → registers",
     "patch_register_mass": "patches → registers",
-    "topk_sink_mass": "top-K sink mass",
-    "topk_register_share": "registers among top-K sinks",
     "sink_rate": "heads with a sink (share)",
-    "sink_rate_cls": "heads sinking on CLS",
-    "sink_rate_register": "heads sinking on a register",
-    "sink_rate_patch": "heads sinking on a patch",
-    "massive_top1": "largest |activation|",
-    "massive_ratio": "largest / median |activation|",
-    "massive_on_cls": "largest activation on CLS",
-    "massive_on_register": "largest activation on a register",
-    "massive_on_patch": "largest activation on a patch",
     "outlier_artifact_share": "outliers on low-information patches",
-    "images_with_outliers": "images with an outlier patch",
-    "images_with_background_outliers": "images with a background outlier",
-    "accuracy": "held-out accuracy",
 }
 
 
@@ -90,8 +53,8 @@ def model_colour(index: int) -> str:
 
 
 def line_kwargs(model: int, metric: int, colour: str | None = None) -> dict:
-    """``Axes.plot`` keywords: colour by model, line style and marker by metric; later models thinner
-    with open markers so coinciding lines stay visible."""
+    """``Axes.plot`` keywords: colour by model, style and marker by metric; later models thinner with open
+    markers so coinciding lines stay visible."""
     linestyle, marker = METRIC_STYLES[metric % len(METRIC_STYLES)]
     colour = colour or model_colour(model)
     return dict(
@@ -121,7 +84,7 @@ def style_axes(ax, title: str = "", xlabel: str = "", ylabel: str = "") -> None:
 
 
 def legend(ax, **kwargs):
-    """A legend at ``FONT_SMALL`` (where it hides least, unless ``loc`` is given); None without lines."""
+    """A legend at ``FONT_SMALL`` (``loc="best"`` unless given); None without lines."""
     handles, labels = ax.get_legend_handles_labels()
     if not handles:
         return None
@@ -130,10 +93,8 @@ def legend(ax, **kwargs):
 
 
 def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int | None = None) -> None:
-    """Below the axes of a constrained-layout figure: one legend for the whole figure (the entries of
-    ``legend_axes``, each label once), then the notes (what the numbers are, RANDOM-INIT / PLANTED
-    warnings) at ``FONT_SMALL``. The layout is confined above the space both need, so neither ever
-    overlaps an axis, a label or the other."""
+    """Below the axes of a constrained-layout figure: one legend of ``legend_axes`` (each label once), then
+    the ``notes``; the layout is confined above both, so neither overlaps an axis or the other."""
     width, height = fig.get_size_inches()
     notes = [n for n in notes if n]
     per_line = max(20, int(width * 72 / (FONT_SMALL * 0.55)))
@@ -170,14 +131,13 @@ def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int
 
 
 def log_ticks(ax) -> None:
-    """Plain numbers (``0.5``, ``2``) on a log y axis, majors and minors at one font size; minor labels
-    only where the axis spans less than two decades (else they crowd)."""
+    """Plain numbers (``0.5``, ``2``) on a log y axis; minor labels only within about a decade."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
     low, high = ax.get_ylim()
-    if low > 0 and high / low < 30:  # within about a decade: label 2 and 5 of each decade too
+    if low > 0 and high / low < 30:
         ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
         ax.yaxis.set_minor_formatter(plain)
     else:

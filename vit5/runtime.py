@@ -1,10 +1,5 @@
-"""Where the work runs: which process prints (rank 0 of a launched job), device names checked up
-front, and memory estimates checked against the memory that is there, before anything large is
-allocated.
-
-A leaf module; torch is imported by the functions that need it, so the command line's own code
-(``vit5 --help``, a usage error) runs without loading it.
-"""
+"""Where the work runs: the printing process (rank 0), device names checked up front, and memory
+estimates checked against the memory there. torch is imported by the functions that need it."""
 
 from __future__ import annotations
 
@@ -21,11 +16,7 @@ DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else is checked to exist.
-
-    Raises:
-        Vit5Error: an unknown device string, or a device this machine does not have.
-    """
+    """``"auto"`` -> cuda when available, else cpu; any other name is checked to exist (Vit5Error)."""
     import torch
 
     if name == "auto":
@@ -48,25 +39,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def available_memory(device: torch.device | str) -> int:
-    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM
-    (``MemAvailable`` on Linux, else physical memory)."""
+    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM."""
+    import psutil  # a dependency of accelerate
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: do not refuse
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
 
 
 def format_bytes(n: float) -> str:
@@ -78,11 +58,7 @@ def format_bytes(n: float) -> str:
 
 
 def check_fits(needed: int, device: torch.device | str, what: str, fix: str) -> None:
-    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available.
-
-    Raises:
-        Vit5Error: ``"{what} needs about X, but DEVICE has Y available; {fix}"``.
-    """
+    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available (Vit5Error)."""
     import torch
 
     have = available_memory(device)
@@ -105,8 +81,7 @@ def print_main(message: str, err: bool = False) -> None:
 
 
 def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity mask: a container's or ``taskset``'s share,
-    not the machine's ``os.cpu_count()``)."""
+    """The CPUs this process may run on (its affinity mask, e.g. a container's share)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity masks (macOS, Windows)
@@ -114,15 +89,12 @@ def cpu_count() -> int:
 
 
 def default_workers(most: int = 4) -> int:
-    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)`` (0 on one CPU). On a
-    2-core machine one worker and one torch thread evaluated fastest; 4 workers beside a 2-thread
-    pool were slower than either alone (``docs/evaluation.md``)."""
+    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)`` (``docs/evaluation.md``)."""
     return max(0, min(most, cpu_count() - 1))
 
 
 def fit_workers(requested: int, setting: str = "num_workers") -> tuple[int, str]:
-    """``requested`` loader workers clamped to :func:`cpu_count` (more only queue for the same cores,
-    and torch warns about it), and a note naming ``setting`` when clamped (else ``""``)."""
+    """``requested`` loader workers clamped to :func:`cpu_count`, and a note naming ``setting`` if clamped."""
     cpus = cpu_count()
     if requested <= cpus:
         return requested, ""
@@ -130,12 +102,8 @@ def fit_workers(requested: int, setting: str = "num_workers") -> tuple[int, str]
 
 
 def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
-    """Give torch's intra-op pool the CPUs the loader workers leave free (at least one), on a CPU
-    device. Only ever lowers the count, and an explicit ``OMP_NUM_THREADS`` wins.
-
-    Workers and a full-width OpenMP pool on the same cores make the pool's threads spin-wait on
-    each other (OpenMP's default wait policy), which on a 2-core machine cut evaluation to a
-    fraction of its one-thread speed. Returns the thread count in use."""
+    """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an explicit
+    ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other. Returns it."""
     import torch
 
     if torch.device(device).type != "cpu" or "OMP_NUM_THREADS" in os.environ:

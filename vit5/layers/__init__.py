@@ -1,4 +1,5 @@
 """Building blocks of a modern ViT, pure torch: one concept per module."""
+# ruff: noqa: F401 (the re-exports are the public names)
 
 from vit5.layers.attention import ATTENTION_BACKENDS, Attention, AttentionConfig, causal_mask, eager_attention
 from vit5.layers.block import Block, BlockConfig, LayerScale
@@ -17,33 +18,3 @@ from vit5.layers.rope import (
     rope_frequencies,
     rotate_pairs,
 )
-
-__all__ = [
-    "ATTENTION_BACKENDS",
-    "Attention",
-    "AttentionConfig",
-    "Block",
-    "BlockConfig",
-    "DropPath",
-    "KVCache",
-    "LayerKVCache",
-    "LayerScale",
-    "Mlp",
-    "PatchEmbed",
-    "RMSNorm",
-    "Rope2D",
-    "RopeTable",
-    "SwiGLU",
-    "apply_rope",
-    "causal_mask",
-    "drop_path",
-    "drop_path_rates",
-    "eager_attention",
-    "make_norm",
-    "resample_pos_embed",
-    "rope_angles_2d",
-    "rope_cos_sin",
-    "rope_frequencies",
-    "rotate_pairs",
-    "swiglu_hidden_dim",
-]

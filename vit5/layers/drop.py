@@ -27,8 +27,7 @@ class DropPath(nn.Module):
 
 
 def drop_path_rates(rate: float, depth: int, schedule: str = "uniform") -> list[float]:
-    """Per-block rates: ``"uniform"`` (ViT-5, DeiT-III: the same in every block) or ``"linear"`` (0 to
-    rate)."""
+    """Per-block rates: ``"uniform"`` (ViT-5, DeiT-III) or ``"linear"`` (0 to ``rate``)."""
     if schedule == "uniform":
         return [rate] * depth
     if schedule == "linear":

@@ -1,11 +1,6 @@
-"""Key/value cache for causal decoding, as in the modern decoder block.
-
-In causal decoding each new token attends to all earlier ones. Keeping the (already rotated)
-keys and values of past tokens makes a step O(n) instead of O(n^2). The cache holds only the
-``num_kv_heads`` key/value heads, so grouped-query attention shrinks it by exactly
-``num_heads / num_kv_heads`` (Ainslie et al., 2023). It is preallocated, so its size is exactly
-``2 * layers * num_kv_heads * head_dim * max_tokens * batch * bytes_per_element``.
-"""
+"""Key/value cache for causal decoding: the rotated keys and values of past tokens make a step O(n). It is
+preallocated and holds only the ``num_kv_heads`` heads, so it is exactly
+``2 * layers * num_kv_heads * head_dim * max_tokens * batch * bytes_per_element`` (GQA shrinks it)."""
 
 from __future__ import annotations
 
@@ -40,10 +35,7 @@ class LayerKVCache:
 
 
 class KVCache:
-    """Preallocated keys and values for ``num_layers`` attention layers.
-
-    Pass ``cache.layers[i]`` to block ``i``. ``nbytes`` is the exact memory held.
-    """
+    """Preallocated keys and values of ``num_layers`` layers; pass ``cache.layers[i]`` to block ``i``."""
 
     def __init__(
         self,

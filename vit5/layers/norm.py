@@ -1,9 +1,5 @@
-"""Normalisation layers: RMSNorm (ViT-5) and LayerNorm (DeiT-III baseline / ablation).
-
-RMSNorm (Zhang and Sennrich, 2019) keeps LayerNorm's rescale and drops its recentring and
-bias: ``y = g * x / sqrt(mean(x^2) + eps)``. ViT-5 uses it for every norm, including QK-Norm,
-with eps 1e-6 and the statistics in fp32 (bf16 mean-of-squares loses precision and NaNs).
-"""
+"""Normalisation layers: RMSNorm (Zhang and Sennrich, 2019; ViT-5, QK-Norm included, statistics in fp32)
+and LayerNorm (the DeiT-III baseline): ``y = g * x / sqrt(mean(x^2) + eps)``."""
 
 from __future__ import annotations
 
@@ -17,13 +13,8 @@ NormKind = Literal["rmsnorm", "layernorm"]
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dimension, gain only (no bias).
-
-    The mean of squares is taken in fp32 with ``eps`` inside the square root; the result is
-    returned in the input dtype, as in the official ViT-5 code. ``affine=False`` drops the gain
-    (``weight`` is None), as ``nn.LayerNorm(elementwise_affine=False)``: what is left of a norm
-    whose gain was folded into the next layer (:func:`vit5.fuse_for_inference`).
-    """
+    """RMS norm over the last dimension in fp32, returned in the input dtype (as the official code);
+    ``affine=False`` (no gain) is what :func:`vit5.fuse_for_inference` leaves of a folded norm."""
 
     def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
         super().__init__()
@@ -40,7 +31,7 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-6) -> nn.Module:
-    """Build the norm named by ``kind`` ("rmsnorm" or "layernorm", both with a learned gain)."""
+    """The norm named by ``kind`` ("rmsnorm" or "layernorm"), with a learned gain."""
     if kind == "rmsnorm":
         return RMSNorm(dim, eps=eps)
     if kind == "layernorm":

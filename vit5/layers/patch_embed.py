@@ -1,11 +1,5 @@
-"""Patch embedding: a ``p x p`` stride-``p`` convolution, flattened row-major (as timm's PatchEmbed).
-
-Unlike timm's strict default, any image whose sides are multiples of the patch size is accepted;
-the token grid is ``(H / p, W / p)``. Wrong inputs fail with a message that names the fix. The
-checks live in :func:`checked_images`, a leaf for ``torch.fx`` (``torch.fx.wrap``), so symbolic
-tracing (torchvision's ``create_feature_extractor``) records one call instead of failing on
-Python control flow, and the traced module still checks its real inputs.
-"""
+"""Patch embedding: a ``p x p`` stride-``p`` convolution (as timm's PatchEmbed) that accepts any image whose
+sides are patch multiples. The input checks are a ``torch.fx`` leaf, so traced models still check inputs."""
 
 from __future__ import annotations
 
@@ -28,11 +22,8 @@ def grid_of(
     fix: str = "resize or crop the input to {h}x{w} (height x width)",
     error: type[Exception] = InputError,
 ) -> tuple[int, int]:
-    """Token grid ``(H / p, W / p)`` of an image, after checking the sides are positive patch multiples.
-
-    The one patch-multiple check of the toolkit: otherwise raises ``error`` naming the nearest valid
-    size through ``fix`` (a format string of ``h`` and ``w``, e.g. a command-line flag).
-    """
+    """Token grid ``(H / p, W / p)`` of an image: the toolkit's one patch-multiple check, else ``error``
+    naming the nearest valid size through ``fix`` (a format string of ``h`` and ``w``)."""
     h, w = image_hw
     p = patch_size
     if p < 1 or h % p or w % p or h < p or w < p:
@@ -71,10 +62,5 @@ class PatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
-    def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
-        """Token grid ``(H / p, W / p)`` of an image, after checking the sides are patch multiples."""
-        return grid_of(image_hw, self.patch_size)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W]`` image to ``[B, C_embed, H/p, W/p]`` patch features."""
         return self.proj(checked_images(x, self.in_chans, self.patch_size))

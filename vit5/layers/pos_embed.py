@@ -9,19 +9,11 @@ import torch.nn.functional as F
 def resample_pos_embed(
     pos_embed: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], mode: str = "bicubic"
 ) -> torch.Tensor:
-    """Resample a patch-only APE ``[1, h*w, C]`` from ``old_grid`` to ``new_grid`` (row-major).
+    """Resample a patch-only APE ``[1, h*w, C]`` to ``new_grid`` in fp32 (bicubic, as the official code).
 
-    Interpolated in fp32 (bicubic by default, as the official fine-tuning code) and cast back.
-    Antialiasing is used only when shrinking, where unantialiased resizing aliases (the stripe
-    artifacts of Darcet et al. 2023, App. A); enlarging matches the official resampling exactly.
-
-    Under ``torch.export`` with a symbolic grid (dynamic height / width) nothing may branch on the
-    grid, so the plain interpolation is always taken: exact at the stored grid (bicubic weights at
-    integer offsets are 0/1) and the same as above when enlarging; vit5's exporter limits dynamic
-    sizes to that range.
-
-    Not timm's ``resample_abs_pos_embed``: its default antialiases when enlarging too (PIL's cubic
-    kernel), which departs from the official resize (a test pins both), and layers stay pure torch.
+    Antialiased only when shrinking (else the stripes of Darcet et al. 2023, App. A); timm's
+    ``resample_abs_pos_embed`` antialiases when enlarging too, unlike the official resize. Under
+    ``torch.export`` with a symbolic grid the plain interpolation is taken (exact at the stored grid).
     """
     h, w = old_grid
     symbolic = torch.compiler.is_exporting() and any(isinstance(s, torch.SymInt) for s in new_grid)

@@ -1,22 +1,14 @@
-"""Axial 2D rotary position embedding (RoPE) with explicit conventions.
-
-A token at grid position (row y, column x) rotates each channel pair of q and k by an angle
-``position * frequency``. Half of the pairs use the row, half the column (axial 2D RoPE, as in
-EVA-02 and ViT-5), so ``q_m . k_n`` depends on positions only through ``m - n``.
+"""Axial 2D rotary position embedding (RoPE) with explicit conventions (EVA-02, ViT-5): half the channel
+pairs of q and k rotate by the row position, half by the column, ``angle = position * frequency``.
 
 Four conventions must match a checkpoint exactly:
 
-- ``layout``: which channels form a pair. ``"interleaved"`` pairs ``(2i, 2i+1)`` (official ViT-5,
-  EVA-02, timm default); ``"half"`` pairs ``(i, i + head_dim/2)`` (GPT-NeoX, DINOv3).
-- ``axis_order``: ``"yx"`` gives the first ``head_dim/4`` pairs the row angle and the rest the
-  column angle (official ViT-5: the first half of each head rotates by row); ``"xy"`` swaps them.
+- ``layout``: ``"interleaved"`` pairs ``(2i, 2i+1)`` (official ViT-5, EVA-02, timm); ``"half"`` pairs
+  ``(i, i + head_dim/2)`` (GPT-NeoX, DINOv3).
+- ``axis_order``: ``"yx"`` gives the first ``head_dim/4`` pairs the row angle (official); ``"xy"`` swaps.
 - ``theta``: the frequency base; bands are ``theta ** (-4i / head_dim)`` for ``i < head_dim/4``.
-- ``positions``: ``"integer"`` uses 0..n-1 on each axis (official use: new resolutions
-  extrapolate); ``"rescaled"`` maps the grid onto a reference grid, ``t = i * ref / n``
-  (EVA-02-style interpolation).
-
-The tricky maths is in pure functions; :class:`Rope2D` only holds a convention and its bands.
-Tables (:class:`RopeTable`) are built once per grid by the model and shared by every block.
+- ``positions``: ``"integer"`` 0..n-1 per axis (official: new resolutions extrapolate); ``"rescaled"``
+  maps the grid onto a reference grid, ``t = i * ref / n`` (EVA-02-style interpolation).
 """
 
 from __future__ import annotations
@@ -25,7 +17,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
 
 RopeLayout = Literal["interleaved", "half"]
 RopeAxisOrder = Literal["yx", "xy"]
@@ -59,11 +50,7 @@ def rope_angles_2d(
     positions: RopePositions = "integer",
     ref_grid: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Rotation angle of every channel pair for every token of a row-major ``grid`` (h, w).
-
-    Returns ``[h * w, 2 * len(freqs)]``: for ``axis_order="yx"`` the first ``len(freqs)`` pairs
-    rotate by the row position, the rest by the column position.
-    """
+    """Angles ``[h * w, 2 * len(freqs)]`` of every channel pair of every token of a row-major ``grid``."""
     h, w = grid
     ref_h, ref_w = ref_grid if ref_grid is not None else (None, None)
     ty = axis_positions(h, positions, ref_h).to(freqs)
@@ -100,20 +87,15 @@ def rotate_pairs(x: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
-    """Rotate ``x [..., n, head_dim]`` by per-token tables ``[n, head_dim]``; computed in fp32.
-
-    ``x * cos + rotate_pairs(x) * sin``. Rows with angle 0 (``cos=1, sin=0``) are returned
-    unchanged, which is how tokens without a position (CLS) share one table with rotated tokens.
-    A convenience for one-off calls: it builds a :class:`RopeTable` each time; a model builds
-    the table once per forward and calls :meth:`RopeTable.rotate` in every block.
-    """
+    """Rotate ``x [..., n, head_dim]`` by per-token tables ``[n, head_dim]`` in fp32 (a one-off
+    :class:`RopeTable`); rows with angle 0 leave their token (CLS) unchanged."""
     return RopeTable(cos, sin, layout).rotate(x)
 
 
 @dataclass(frozen=True)
 class RopeTable:
-    """The rotation of every token, built once per grid and shared by every block: per-channel
-    ``cos, sin [n, head_dim]`` (fp32, in ``layout``) for ``x * cos + rotate_pairs(x) * sin``."""
+    """The rotation of every token, built once per grid and shared by every block: per-channel fp32
+    ``cos, sin [n, head_dim]`` in ``layout``, for ``x * cos + rotate_pairs(x) * sin``."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -137,11 +119,8 @@ class RopeTable:
         return self.cos.shape[0]
 
     def rotate(self, x: torch.Tensor, token_dim: int = -2) -> torch.Tensor:
-        """Rotate ``x [..., n, ..., head_dim]`` whose tokens are on ``token_dim``; fp32 inside.
-
-        ``token_dim=-2`` for ``[B, heads, n, d]``; ``-3`` for the ``[B, n, heads, d]`` layout of
-        the qkv projection, which attention rotates in place of making q and k contiguous.
-        """
+        """Rotate ``x`` whose tokens are on ``token_dim`` in fp32: ``-2`` for ``[B, heads, n, d]``, ``-3``
+        for the ``[B, n, heads, d]`` qkv projection (rotated there so q and k need no contiguous copy)."""
         if token_dim >= 0:
             raise ValueError(f"token_dim must count from the end (a negative dim), got {token_dim}")
         x = checked_rope_input(x, self.cos, token_dim)
@@ -162,50 +141,26 @@ def checked_rope_input(x: torch.Tensor, table: torch.Tensor, token_dim: int) -> 
     return x
 
 
-# torch.fx records this as a call (its check reads sizes a proxy does not have), so a traced model
-# runs exactly the eager computation and still checks its inputs.
-torch.fx.wrap("checked_rope_input")
+torch.fx.wrap("checked_rope_input")  # a call under torch.fx (a proxy has no sizes): traced models check too
 
 
-class Rope2D(nn.Module):
-    """One axial 2D RoPE convention: bands plus the rules that turn a grid into angles.
+@dataclass(frozen=True)
+class Rope2D:
+    """One axial 2D RoPE convention (see the module docstring): theta is 1e4 for ViT-5 patches, 100 for its
+    registers; ``ref_grid`` is the reference grid of ``positions="rescaled"`` (the training grid)."""
 
-    Args:
-        head_dim: per-head channels; must be divisible by 4.
-        theta: frequency base (10000 for ViT-5 patches, 100 for its registers).
-        layout, axis_order, positions: see the module docstring.
-        ref_grid: the reference grid for ``positions="rescaled"`` (usually the training grid).
-    """
+    head_dim: int
+    theta: float = 10000.0
+    layout: RopeLayout = "interleaved"
+    axis_order: RopeAxisOrder = "yx"
+    positions: RopePositions = "integer"
+    ref_grid: tuple[int, int] | None = None
 
-    def __init__(
-        self,
-        head_dim: int,
-        theta: float = 10000.0,
-        layout: RopeLayout = "interleaved",
-        axis_order: RopeAxisOrder = "yx",
-        positions: RopePositions = "integer",
-        ref_grid: tuple[int, int] | None = None,
-    ) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
-        self.layout = layout
-        self.axis_order = axis_order
-        self.positions = positions
-        self.ref_grid = tuple(ref_grid) if ref_grid is not None else None
-        rope_frequencies(head_dim, theta)  # validates head_dim now, not at the first forward
+    def __post_init__(self) -> None:
+        rope_frequencies(self.head_dim, self.theta)  # validates head_dim now, not at the first forward
 
     def angles(self, grid: tuple[int, int], device: torch.device | str | None = None) -> torch.Tensor:
-        """Pair angles ``[h * w, head_dim/2]`` in fp32 for a row-major grid.
-
-        The frequencies are computed here, not kept in a buffer, so ``model.to(torch.bfloat16)``
-        cannot round them (bf16 angles are off by 0.01-0.07 rad at 14x14-32x32 grids).
-        """
+        """Pair angles ``[h * w, head_dim/2]`` in fp32; the bands are not a buffer, so ``model.to(bfloat16)``
+        cannot round them (bf16 angles are off by up to 0.07 rad)."""
         freqs = rope_frequencies(self.head_dim, self.theta).to(device=device, dtype=torch.float32)
         return rope_angles_2d(grid, freqs, self.axis_order, self.positions, self.ref_grid)
-
-    def extra_repr(self) -> str:
-        return (
-            f"head_dim={self.head_dim}, theta={self.theta}, layout={self.layout}, "
-            f"axis_order={self.axis_order}, positions={self.positions}, ref_grid={self.ref_grid}"
-        )

@@ -1,5 +1,6 @@
-"""The ViT-5 network and what it is made of: config, presets, token layout, the backbone, capture,
-size estimates and inference-time optimisation. Weights I/O lives in :mod:`vit5.weights`."""
+"""The ViT-5 network: config, presets, token layout, the backbone, capture, size estimates and
+inference-time optimisation. Weights I/O lives in :mod:`vit5.weights`."""
+# ruff: noqa: F401 (the re-exports are the public names)
 
 from vit5.model.capture import Recording, record
 from vit5.model.config import ConfigError, ViT5Config
@@ -7,22 +8,3 @@ from vit5.model.layout import TokenLayout
 from vit5.model.optimize import compile_blocks, fuse_for_inference
 from vit5.model.presets import PRESETS, list_presets, preset_config
 from vit5.model.vit import IMAGENET_MEAN, IMAGENET_STD, ViT5, take_indices, unwrap, unwrap_model
-
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "PRESETS",
-    "ConfigError",
-    "Recording",
-    "TokenLayout",
-    "ViT5",
-    "ViT5Config",
-    "compile_blocks",
-    "fuse_for_inference",
-    "list_presets",
-    "preset_config",
-    "record",
-    "take_indices",
-    "unwrap",
-    "unwrap_model",
-]

@@ -1,26 +1,10 @@
-"""Record attention probabilities and block outputs of a ViT5 forward pass.
-
-Fused kernels never return attention weights. Inside ``record(...)`` the chosen blocks run the
-explicit path in fp32 (after QK-Norm and RoPE, exactly what the kernel computes) and hand over
-``softmax(q k^T / sqrt(d))`` as ``[B, heads, N, N]``; other blocks keep their fast kernel, and
-everything is restored on exit. Every block's output tokens (the residual stream *before* the
-final norm, where high-norm artifacts are measured) are recorded too, together with the
-:class:`TokenLayout` of the input, so callers slice CLS / patches / registers correctly.
-
-Example::
-
-    with vit5.record(model, layers=[-1]) as rec:
-        logits = model(images)
-    cls_maps = rec.cls_attention(-1)         # [B, heads, h, w] raw CLS-to-patch attention
-    norms = rec.patch_norms(-1)              # [B, h, w] patch-token L2 norms before the final norm
-    probs = rec.attention(-1)                # [B, heads, N, N]; slice with rec.layout
-
-The recording keeps the most recent forward pass.
-"""
+"""Record attention probabilities and block outputs of a ViT5 forward pass (the most recent one). The chosen
+blocks run the explicit fp32 path (after QK-Norm and RoPE), as fused kernels return no weights; block outputs
+are the residual stream before the final norm, where high-norm artifacts are measured."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -78,6 +62,13 @@ def _get(store: dict[int, torch.Tensor], layer: int, kind: str) -> torch.Tensor:
     return store[layer]
 
 
+def _keeper(store: dict[int, torch.Tensor], i: int) -> Callable[..., None]:
+    def keep(*args: torch.Tensor) -> None:  # the probabilities, or a forward hook's (module, inputs, output)
+        store[i] = args[-1].detach()
+
+    return keep
+
+
 @contextmanager
 def record(
     model: nn.Module,
@@ -86,10 +77,7 @@ def record(
     tokens: bool = True,
     token_layers: int | Sequence[int] | None = None,
 ) -> Iterator[Recording]:
-    """Record attention of ``layers`` (default: all blocks) and outputs of ``token_layers`` (default: all).
-
-    ``layers``/``token_layers`` take block indices (negative allowed) or an int ``n`` (the last n).
-    """
+    """Record attention of ``layers`` and outputs of ``token_layers`` (:func:`take_indices`; default all)."""
     vit = unwrap_model(model)
     depth = len(vit.blocks)
     rec = Recording(
@@ -101,23 +89,10 @@ def record(
     def on_patches(module, inputs, output) -> None:
         rec.layout = vit.token_layout((output.shape[-2], output.shape[-1]))
 
-    def attention_recorder(i: int):
-        def store(probs: torch.Tensor) -> None:
-            rec.attentions[i] = probs.detach()
-
-        return store
-
-    def token_recorder(i: int):
-        def store(module, inputs, output) -> None:
-            rec.tokens[i] = output.detach()
-
-        return store
-
     handles = [vit.patch_embed.register_forward_hook(on_patches)]
-    for i in rec.token_layers:
-        handles.append(vit.blocks[i].register_forward_hook(token_recorder(i)))
+    handles += [vit.blocks[i].register_forward_hook(_keeper(rec.tokens, i)) for i in rec.token_layers]
     for i in rec.attention_layers:
-        vit.blocks[i].attn.recorder = attention_recorder(i)
+        vit.blocks[i].attn.recorder = _keeper(rec.attentions, i)
     try:
         yield rec
     finally:

@@ -1,10 +1,6 @@
 """``ViT5Config``: every architectural switch of the backbone, typed and validated at construction.
 
-Defaults are the official ViT-5 (arXiv 2602.08071) at ViT-S size: pre-norm RMSNorm blocks,
-LayerScale 1e-4, QK-Norm, bias-free qkv, GELU MLP, learned APE on patches **and** axial 2D
-RoPE (theta 1e4, interleaved pairs, rows first, integer positions), 4 registers appended after
-the patches with their own 2x2 RoPE (theta 100), CLS-token pooling. Each component can be
-switched off or swapped, so the ablations of the ViT-5 paper (arXiv 2602.08071) are config changes.
+Defaults are the official ViT-5 (arXiv 2602.08071) at ViT-S size, so the paper's ablations are config changes.
 """
 
 from __future__ import annotations
@@ -102,11 +98,7 @@ class ViT5Config:
                 f"2D RoPE needs head_dim divisible by 4, but embed_dim {self.embed_dim} / num_heads "
                 f"{self.num_heads} = {self.head_dim}: change the sizes or set rope=False, register_rope=False"
             )
-        if (
-            self.num_registers
-            and self.register_rope
-            and math.isqrt(self.num_registers) ** 2 != self.num_registers
-        ):
+        if self.register_rope and math.isqrt(self.num_registers) ** 2 != self.num_registers:
             fail(
                 f"register RoPE places registers on a sqrt(R) x sqrt(R) grid, so num_registers must be a "
                 f"perfect square, got {self.num_registers}: use 1, 4, 9, ... or register_rope=False"
@@ -126,14 +118,10 @@ class ViT5Config:
                 f"{self.mlp_ratio}) = 0 at embed_dim {self.embed_dim}: use mlp_ratio >= "
                 f"{1 / self.embed_dim:.3g}"
             )
-        if self.layer_scale is not None and not math.isfinite(self.layer_scale):
-            fail(f"layer_scale must be finite or None (off), got {self.layer_scale}")
-        if self.rope_ref_grid is not None and min(self.rope_ref_grid) < 1:
+        if self.layer_scale is not None and not (math.isfinite(self.layer_scale) and self.layer_scale > 0):
+            fail(f"layer_scale must be a positive finite number or None (off), got {self.layer_scale}")
+        if self.rope_ref_grid is not None and min(self.rope_ref_grid) < 1:  # (rows, cols): checked by type
             fail(f"rope_ref_grid sides must be positive, got {self.rope_ref_grid}")
-        if self.layer_scale is not None and self.layer_scale <= 0:
-            fail(f"layer_scale must be positive or None (off), got {self.layer_scale}")
-        if self.rope_ref_grid is not None and len(self.rope_ref_grid) != 2:
-            fail(f"rope_ref_grid must be (rows, cols), got {self.rope_ref_grid}")
 
     # derived quantities
     @property
@@ -154,8 +142,8 @@ class ViT5Config:
             return swiglu_hidden_dim(self.embed_dim, self.mlp_ratio, self.swiglu_multiple_of)
         return int(self.embed_dim * self.mlp_ratio)
 
-    def attention_config(self) -> AttentionConfig:
-        return AttentionConfig(
+    def block_configs(self) -> list[BlockConfig]:
+        attn = AttentionConfig(
             dim=self.embed_dim,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -166,16 +154,12 @@ class ViT5Config:
             backend=self.attn_backend,
             rope_layout=self.rope_layout,
         )
-
-    def block_configs(self) -> list[BlockConfig]:
-        attn = self.attention_config()
-        mlp_bias = self.mlp == "gelu" if self.mlp_bias is None else self.mlp_bias
         return [
             BlockConfig(
                 attn=attn,
                 mlp=self.mlp,
                 mlp_hidden_dim=self.mlp_hidden_dim,
-                mlp_bias=mlp_bias,
+                mlp_bias=self.mlp == "gelu" if self.mlp_bias is None else self.mlp_bias,
                 norm=self.norm,
                 norm_eps=self.norm_eps,
                 layer_scale=self.layer_scale,
@@ -191,8 +175,7 @@ class ViT5Config:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViT5Config:
-        """A config from :meth:`to_dict` output (e.g. read from a ``config.json``); anything else,
-        a list, a wrong type, NaN, a negative size, is a :class:`ConfigError`."""
+        """A config from :meth:`to_dict` output (a ``config.json``); anything else is a ConfigError."""
         if not isinstance(values, dict):
             raise ConfigError(
                 f"a {cls.__name__} must be a mapping of field names to values, not {type(values).__name__}"
@@ -235,16 +218,10 @@ def _matches(value: Any, hint: Any) -> bool:
     if origin is tuple:
         args = typing.get_args(hint)
         return (
-            isinstance(value, (tuple, list))
-            and len(value) == len(args)
-            and all(_matches(v, a) for v, a in zip(value, args))
+            isinstance(value, (tuple, list)) and len(value) == len(args) and all(map(_matches, value, args))
         )
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (int, float):  # an int is a float, a bool is neither
+        return isinstance(value, (int, hint)) and not isinstance(value, bool)
     return isinstance(value, hint)
 
 

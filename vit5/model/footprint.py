@@ -1,17 +1,6 @@
-"""How big a :class:`ViT5Config` is, computed from the config alone, before anything is allocated.
-
-* :func:`parameter_count`: the exact number of parameters :class:`~vit5.ViT5` will have (the
-  formula mirrors the modules; a test checks it against built models of every switch).
-* :func:`activation_bytes`: an estimate of the activation memory of one forward (inference) or
-  of what one training step keeps for the backward pass. It counts only the tensors that must
-  exist (token activations per block, the ``[B, heads, N, N]`` scores and probabilities when they
-  are materialised), so it is a lower bound of the real peak, used to refuse work that cannot fit,
-  not to predict memory.
-* :func:`check_size`: refuses a config whose parameter count exceeds ``max_params`` (default
-  :data:`DEFAULT_MAX_PARAMS`), naming the estimate and how to raise the limit. Loading a model
-  from a file (``config.json`` of a checkpoint directory) goes through it, so a crafted config
-  with a depth of 1e9 fails at once instead of allocating until the machine runs out of memory.
-"""
+"""How big a :class:`ViT5Config` is, from the config alone, before anything is allocated: the exact
+parameter count, lower bounds of activation memory (to refuse work that cannot fit, not to predict it),
+and :func:`check_size`, which stops a crafted ``config.json`` (depth 1e9) before it allocates."""
 
 from __future__ import annotations
 
@@ -21,8 +10,7 @@ from dataclasses import dataclass
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.runtime import format_bytes
 
-# 2e9 parameters (7.5 GiB in float32), over four times the largest preset (vit5_xlarge, 0.45e9); raise
-# it for a larger model with max_params= (Python), --max-params (eval, viz) or model.max_params (training)
+# 4x the largest preset; raised by max_params=, --max-params or model.max_params
 DEFAULT_MAX_PARAMS = 2_000_000_000
 BIG_TOKEN_COUNT = 16_384  # tokens per image beyond which a forward takes long (attention is quadratic)
 
@@ -36,13 +24,13 @@ def _linear_params(fan_in: int, fan_out: int, bias: bool) -> int:
 
 
 def parameter_count(cfg: ViT5Config) -> int:
-    """The exact number of parameters of ``ViT5(cfg)`` (Python integers: no overflow, whatever the size)."""
+    """The exact number of parameters of ``ViT5(cfg)`` (Python integers: no overflow)."""
     d, p = cfg.embed_dim, cfg.patch_size
     kv = cfg.num_kv_heads if cfg.num_kv_heads is not None else cfg.num_heads
     rows, cols = cfg.grid_size
     total = _linear_params(cfg.in_chans * p * p, d, bias=True)  # patch embedding
     total += d * int(cfg.class_token) + cfg.num_registers * d + (rows * cols * d if cfg.ape else 0)
-    hidden = cfg.mlp_hidden_dim or 4 * d
+    hidden = cfg.mlp_hidden_dim
     mlp_bias = cfg.mlp == "gelu" if cfg.mlp_bias is None else cfg.mlp_bias
     fc1_out = 2 * hidden if cfg.mlp == "swiglu" else hidden
     block = 2 * _norm_params(cfg, d)
@@ -70,18 +58,12 @@ def activation_bytes(
     bytes_per_value: int = 4,
     materialised_attention: bool = False,
 ) -> int:
-    """A lower bound of the activation memory of a forward (or, ``training``, what a step keeps).
-
-    Inference holds one block's tensors at a time: the residual stream, the normed input, q/k/v,
-    the attention output and the MLP hidden layer, ``[B, N, ...]`` each. Training keeps the same
-    tensors of every block for the backward pass (of none but the block inputs with gradient
-    checkpointing, which is not assumed). ``materialised_attention`` adds the ``[B, heads, N, N]``
-    scores and fp32 probabilities of one block (eager attention, or attention being recorded);
-    fused kernels (SDPA, flash-attn) never hold them.
-    """
+    """A lower bound of a forward's activations: one block's residual, normed input, q/k/v, attention
+    output and MLP hidden layer; ``training`` keeps those of every block; ``materialised_attention`` adds
+    one block's ``[B, heads, N, N]`` scores and probabilities (eager or recorded attention)."""
     n = num_tokens(cfg, input_hw)
     kv = cfg.num_kv_heads if cfg.num_kv_heads is not None else cfg.num_heads
-    hidden = cfg.mlp_hidden_dim or 4 * cfg.embed_dim
+    hidden = cfg.mlp_hidden_dim
     fc1_out = 2 * hidden if cfg.mlp == "swiglu" else hidden
     per_token = 3 * cfg.embed_dim + (cfg.num_heads + 2 * kv) * cfg.head_dim + fc1_out
     per_block = batch * n * per_token * bytes_per_value
@@ -92,24 +74,20 @@ def activation_bytes(
 
 
 def forward_bytes(batch: int, tokens: int, width: int, bytes_per_value: int = 4) -> int:
-    """A lower bound of one block's activations for any ViT of ``width`` (MLP ratio 4): the residual
-    stream, its normed copy, q, k, v, the attention output and the MLP hidden layer, ``[B, N, .]``
-    each. For models without a :class:`ViT5Config` (timm) and for the memory check of a forward."""
+    """A lower bound of one block's activations for any ViT of ``width`` (MLP ratio 4), e.g. a timm one."""
     return batch * tokens * 10 * width * bytes_per_value
 
 
 def attention_bytes(batch: int, heads: int, tokens: int, bytes_per_value: int = 4) -> int:
-    """The ``[B, heads, N, N]`` scores plus their fp32 probabilities of one block, as the explicit
-    (eager) path and attention recording hold them; fused kernels never do."""
+    """One block's ``[B, heads, N, N]`` scores plus fp32 probabilities (eager path, recording)."""
     return batch * heads * tokens * tokens * (bytes_per_value + 4)
 
 
 def training_bytes(
     cfg: ViT5Config, batch: int, bytes_per_value: int = 4, grad_checkpointing: bool = False, ema: bool = True
 ) -> int:
-    """A lower bound of the memory of a training step after the first: at the end of the forward the
-    float32 weights, the two optimizer moments (AdamW, LAMB) and the EMA copy are alive next to the
-    activations kept for the backward pass (gradients are not allocated yet)."""
+    """A lower bound of a training step after the first: fp32 weights, two optimizer moments and the EMA
+    copy next to the activations kept for the backward pass."""
     copies = 3 + int(ema)
     acts = activation_bytes(cfg, batch, training=not grad_checkpointing, bytes_per_value=bytes_per_value)
     return copies * 4 * parameter_count(cfg) + acts
@@ -125,20 +103,12 @@ class SizeEstimate:
         return f"{count} parameters ({format_bytes(self.param_bytes)} in float32)"
 
 
-def estimate(cfg: ViT5Config) -> SizeEstimate:
-    params = parameter_count(cfg)
-    return SizeEstimate(params, 4 * params)
-
-
 def check_size(cfg: ViT5Config, max_params: float = DEFAULT_MAX_PARAMS, source: str = "") -> SizeEstimate:
-    """Refuse a config larger than ``max_params`` parameters before anything is allocated.
-
-    Raises:
-        ConfigError: naming the size (depth, width, image size, ...), the estimate and the fix.
-    """
+    """Refuse a config larger than ``max_params`` parameters (ConfigError naming the size and the fix)."""
     if not (isinstance(max_params, (int, float)) and max_params > 0 and not math.isnan(max_params)):
         raise ConfigError(f"max_params must be a positive number, got {max_params!r}")
-    size = estimate(cfg)
+    params = parameter_count(cfg)
+    size = SizeEstimate(params, 4 * params)
     if size.params > max_params:
         where = f"{source} describes" if source else "this config describes"
         raise ConfigError(

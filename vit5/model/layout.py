@@ -1,11 +1,6 @@
-"""Where each kind of token sits in the sequence: the one source of truth for slicing.
-
-ViT-5 orders tokens ``[CLS | patches | registers]``; timm and DINOv2 order them
-``[CLS | registers | patches]``. The patch grid is ``(H / p, W / p)`` in row-major order, never
-``sqrt(N)``. Intermediates, attention maps, norm maps and metrics slice through a
-:class:`TokenLayout`, so non-square images and either order work everywhere; only
-``ViT5.pool`` slices by token counts (CLS first, registers last), which needs no grid.
-"""
+"""Where each kind of token sits in the sequence: the one source of truth for slicing. ViT-5 orders tokens
+``[CLS | patches | registers]``, timm and DINOv2 ``[CLS | registers | patches]``; the patch grid is
+``(H / p, W / p)`` row-major, never ``sqrt(N)``."""
 
 from __future__ import annotations
 

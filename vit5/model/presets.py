@@ -1,12 +1,6 @@
-"""Model presets as data: a family of switches times a table of sizes.
-
-``vit5_*`` are the official ViT-5 models (sizes and parameter counts as the official code),
-``deit3_*`` the DeiT-III baselines of the same file (LayerNorm, qkv bias, LayerScale, APE; no RoPE,
-registers or QK-Norm) and ``vanilla_vit_*`` the 2020 ViT (no LayerScale, linear drop path).
-``vit5_tiny`` / ``deit3_tiny`` / ``vanilla_vit_tiny`` (dim 192, 3 heads) are for CPU work.
-``vit5_{small,base,large}_patch16_{224,384}`` are the architectures of the official released weights
-under timm's naming (a size at the resolution it was trained for); see :mod:`vit5.weights.hub`.
-"""
+"""Model presets as data, a family of switches times a table of sizes: ``vit5_*`` (official ViT-5),
+``deit3_*`` (the DeiT-III baselines of the same code) and ``vanilla_vit_*`` (the 2020 ViT); ``*_tiny`` are for
+CPU work and ``vit5_{size}_patch16_{res}`` are the released weights' architectures under timm's naming."""
 
 from __future__ import annotations
 
@@ -23,21 +17,12 @@ SIZES: dict[str, dict[str, int]] = {
     "xlarge": dict(embed_dim=1152, depth=28, num_heads=16),
 }
 
-_NO_MODERN_POSITIONS = dict(rope=False, num_registers=0, qk_norm=False)
+_DEIT3 = dict(norm="layernorm", qkv_bias=True, rope=False, num_registers=0, qk_norm=False)
 FAMILIES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "vit5": ({}, ("tiny", "small", "base", "large", "xlarge")),
-    "deit3": (
-        dict(norm="layernorm", qkv_bias=True, **_NO_MODERN_POSITIONS),
-        ("tiny", "small", "base", "large"),
-    ),
+    "deit3": (_DEIT3, ("tiny", "small", "base", "large")),
     "vanilla_vit": (
-        dict(
-            norm="layernorm",
-            qkv_bias=True,
-            layer_scale=None,
-            drop_path_schedule="linear",
-            **_NO_MODERN_POSITIONS,
-        ),
+        {**_DEIT3, "layer_scale": None, "drop_path_schedule": "linear"},
         ("tiny", "small", "base"),
     ),
 }
@@ -48,13 +33,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     for size in sizes
 }
 # (size, resolution) of the official ViT-5 weights (github.com/wangf3014/ViT-5 README, commit b7b0796)
-RELEASED: tuple[tuple[str, int], ...] = (
-    ("small", 224),
-    ("base", 224),
-    ("base", 384),
-    ("large", 224),
-    ("large", 384),
-)
+RELEASED = (("small", 224), ("base", 224), ("base", 384), ("large", 224), ("large", 384))
 PRESETS.update(
     {f"vit5_{size}_patch16_{res}": {**PRESETS[f"vit5_{size}"], "img_size": res} for size, res in RELEASED}
 )
@@ -65,11 +44,8 @@ def list_presets() -> list[str]:
 
 
 def closest_preset(cfg: ViT5Config) -> str:
-    """The preset whose config differs from ``cfg`` in the fewest fields (the first on ties).
-
-    Names a saved model for timm (``config.json`` ``architecture``); the full config travels
-    alongside, so the choice affects readability only, never the model that is rebuilt.
-    """
+    """The preset whose config differs from ``cfg`` in the fewest fields (the first on ties): a readable
+    ``architecture`` name for timm; the full config travels alongside."""
     values = cfg.to_dict()
 
     def distance(name: str) -> int:

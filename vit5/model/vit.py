@@ -1,21 +1,10 @@
-"""The ViT-5 backbone ("ViT-5: Vision Transformers for the Mid-2020s", arXiv 2602.08071).
-
-Forward pass (official order): patch embed -> add the learned APE to the patches only ->
-``[CLS | patches | registers]`` -> ``depth`` blocks with one per-token RoPE table built once for the
-actual grid -> final norm -> head on the CLS token (or the patch mean). Any resolution whose
-sides are patch multiples works at run time: the APE is resampled from its stored grid and RoPE
-is built for the real grid.
-
-The class follows the timm model contract (``forward_features``, ``forward_head``,
-``forward_intermediates``, ``no_weight_decay``, ``group_matcher``, ...), so timm's optimizers,
-schedulers and feature wrappers work on it unchanged. It is traceable: ``torch.export`` and ONNX
-export (static sizes), and ``torch.fx`` symbolic tracing (torchvision's feature extractor): the
-input checks and the APE resampling are FX leaves, and the RoPE table and the token layout are
-built from the traced grid (the table cache is skipped while tracing).
-"""
+"""The ViT-5 backbone (arXiv 2602.08071): patch embed, APE on the patches only, ``[CLS | patches |
+registers]``, blocks sharing one RoPE table per grid, final norm, head on CLS (or the patch mean). It follows
+timm's model contract and is traceable (``torch.export``, ONNX, ``torch.fx``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -32,30 +21,14 @@ from vit5.model.layout import TokenLayout
 
 IMAGENET_MEAN, IMAGENET_STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # the normalisation of every preset
 _ROPE_CACHE_SIZE = 16
-
-# Under torch.fx the grid is symbolic: resampling (which branches on it) is recorded as one call.
-torch.fx.wrap("resample_pos_embed")
-
-
-def is_tracing() -> bool:
-    """Whether the forward is being compiled or exported (dynamo), traced by ``torch.fx`` or ``torch.jit``."""
-    return (
-        torch.compiler.is_compiling()
-        or torch.jit.is_tracing()
-        or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-    )
+torch.fx.wrap("resample_pos_embed")  # under torch.fx the grid is symbolic: resampling is recorded as one call
 
 
 def default_pretrained_cfg(
     img_size: int | tuple[int, int], in_chans: int = 3, num_classes: int = 1000
 ) -> dict[str, Any]:
-    """timm's data config for a ViT-5 model: the official evaluation recipe.
-
-    Resize the shorter side to the input size, bicubic, centre crop at ratio 1.0, ImageNet
-    mean/std: ``--eval-crop-ratio 1.0`` in every command of the official README and
-    ``datasets.py:99-108`` (``Resize(int(size / crop_ratio), interpolation=3)``, ``CenterCrop``)
-    of github.com/wangf3014/ViT-5 at commit b7b0796.
-    """
+    """timm's data config: the official evaluation recipe (bicubic resize, centre crop ratio 1.0, ImageNet
+    mean/std; ``--eval-crop-ratio 1.0`` and ``datasets.py:99-108`` of github.com/wangf3014/ViT-5)."""
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     return {
         "input_size": (in_chans, h, w),
@@ -72,9 +45,8 @@ def default_pretrained_cfg(
 
 
 def take_indices(num_blocks: int, indices: int | Sequence[int] | None, unique: bool = False) -> list[int]:
-    """The one index rule of every tool that picks blocks (``forward_intermediates``, ``vit5.record``,
-    eval, viz): ``None`` all blocks, an int ``n`` the last n, a sequence absolute or negative indices
-    in the order given (``unique``: sorted, each once). Out of range or empty is an InputError."""
+    """The one block index rule of every tool: ``None`` all blocks, an int ``n`` the last n, a sequence
+    absolute or negative indices in the order given (``unique``: sorted, each once); else InputError."""
     if indices is None:
         return list(range(num_blocks))
     if isinstance(indices, int):
@@ -109,28 +81,16 @@ class ViT5(nn.Module):
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
-        grid = cfg.grid_size
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
-        self.reg_token = (
-            nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.embed_dim)) if cfg.num_registers else None
-        )
-        self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], cfg.embed_dim)) if cfg.ape else None
+        d = cfg.embed_dim
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, d)) if cfg.num_registers else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, math.prod(cfg.grid_size), d)) if cfg.ape else None
         self.rope = self.rope_reg = None
+        convention = (cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions, cfg.rope_ref_grid)
         if cfg.rope:
-            self.rope = Rope2D(
-                cfg.head_dim,
-                cfg.rope_theta,
-                cfg.rope_layout,
-                cfg.rope_axis_order,
-                cfg.rope_positions,
-                cfg.rope_ref_grid,
-            )
-        if cfg.num_registers and cfg.register_rope:
-            side = int(cfg.num_registers**0.5)
-            self.rope_reg = Rope2D(
-                cfg.head_dim, cfg.register_rope_theta, cfg.rope_layout, cfg.rope_axis_order
-            )
-            self._register_grid = (side, side)
+            self.rope = Rope2D(cfg.head_dim, cfg.rope_theta, *convention)
+        if cfg.num_registers and cfg.register_rope:  # registers on their own sqrt(R) x sqrt(R) grid
+            self.rope_reg = Rope2D(cfg.head_dim, cfg.register_rope_theta, *convention[:2])
         self._rope_cache: dict[tuple, RopeTable] = {}
 
         self.blocks = nn.ModuleList([Block(block_cfg) for block_cfg in cfg.block_configs()])
@@ -145,7 +105,6 @@ class ViT5(nn.Module):
         self.fused_for_inference = False  # set by vit5.fuse_for_inference: eval only from then on
         self.init_weights()
 
-    # ------------------------------------------------------------------ init and metadata
     def init_weights(self) -> None:
         """Official ViT-5 init: trunc-normal(0.02) linears and tokens, zero biases, default conv."""
         for param in (self.cls_token, self.reg_token, self.pos_embed):
@@ -160,28 +119,16 @@ class ViT5(nn.Module):
     def _pretrained_cfg(self) -> dict[str, Any]:
         return default_pretrained_cfg(self.cfg.img_size, self.cfg.in_chans, self.cfg.num_classes)
 
-    # ------------------------------------------------------------------ token layout and positions
-    def grid_size(self, image_hw: tuple[int, int]) -> tuple[int, int]:
-        """Token grid for an input image of ``image_hw`` (checks the sides are patch multiples)."""
-        return self.patch_embed.grid_size(image_hw)
-
     def token_layout(self, grid: tuple[int, int]) -> TokenLayout:
         return TokenLayout(tuple(grid), self.num_prefix_tokens, self.num_reg_tokens, registers_first=False)
 
-    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
-        return resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)  # an FX leaf (see above)
-
     def rope_table(self, grid: tuple[int, int]) -> RopeTable | None:
-        """The rotation of every token of the sequence (fp32 ``cos, sin [N, head_dim]``), or None
-        without RoPE.
-
-        Built once per grid and device (cached) and shared by every block. CLS rows (and
-        registers without their own RoPE) have angle 0, i.e. they are not rotated, so one table
-        serves the whole sequence and the blocks never slice q or k.
-        """
+        """The rotation of every token (None without RoPE), cached per grid and device and shared by every
+        block. CLS rows (and registers without their own RoPE) have angle 0, so blocks never slice q or k."""
         if self.rope is None and self.rope_reg is None:
             return None
-        if is_tracing():  # a compiled / exported / traced graph computes its own table
+        tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        if tracing or torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # the graph computes its own table
             return self._build_rope_table(grid)
         key = (tuple(grid), self.patch_embed.proj.weight.device)
         table = self._rope_cache.get(key)
@@ -197,11 +144,8 @@ class ViT5(nn.Module):
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
         patches = self.rope.angles(grid, device) if self.rope is not None else zeros(grid[0] * grid[1])
-        registers = (
-            self.rope_reg.angles(self._register_grid, device)
-            if self.rope_reg is not None
-            else zeros(self.num_reg_tokens)
-        )
+        side = math.isqrt(self.num_reg_tokens)
+        registers = self.rope_reg.angles((side, side), device) if self.rope_reg else zeros(side**2)
         angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
         return RopeTable.from_angles(angles, self.cfg.rope_layout)
 
@@ -211,7 +155,7 @@ class ViT5(nn.Module):
         grid = (x.shape[-2], x.shape[-1])
         x = x.flatten(2).transpose(1, 2)
         if self.pos_embed is not None:
-            x = x + self._pos_embed_for(grid)
+            x = x + resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
         parts = [x]
         if self.cls_token is not None:
             parts.insert(0, self.cls_token.expand(x.shape[0], -1, -1))
@@ -219,7 +163,6 @@ class ViT5(nn.Module):
             parts.append(self.reg_token.expand(x.shape[0], -1, -1))
         return torch.cat(parts, dim=1), grid
 
-    # ------------------------------------------------------------------ forward
     def _run_block(self, block: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
             return checkpoint(block, x, rope, use_reentrant=False)
@@ -233,17 +176,13 @@ class ViT5(nn.Module):
             x = self._run_block(block, x, rope)
         return self.norm(x)
 
-    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
-        """``"token"``: the CLS token; ``"avg"``: the mean of the patch tokens (no CLS, no registers)."""
-        pool_type = self.global_pool if pool_type is None else pool_type
-        if pool_type == "token":
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """``"token"``: the CLS token; ``"avg"``: the mean of the patch tokens; ``""``: all tokens."""
+        if self.global_pool == "token":
             return x[:, 0]
-        if pool_type == "avg":
-            n_patches = x.shape[1] - self.num_prefix_tokens - self.num_reg_tokens
-            return x[:, self.num_prefix_tokens : self.num_prefix_tokens + n_patches].mean(dim=1)
-        if pool_type == "":
-            return x
-        raise ValueError(f"unknown global_pool {pool_type!r}: use 'token' or 'avg'")
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens : x.shape[1] - self.num_reg_tokens].mean(dim=1)
+        return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.head_drop(self.pool(x))
@@ -252,7 +191,6 @@ class ViT5(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    # ------------------------------------------------------------------ dense features
     def forward_intermediates(
         self,
         x: torch.Tensor,
@@ -263,16 +201,8 @@ class ViT5(nn.Module):
         output_fmt: Literal["NCHW", "NLC"] = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Block outputs of the chosen blocks (timm contract).
-
-        Args:
-            indices: ``None`` all blocks, an int ``n`` the last n, or a list (negative allowed).
-            return_prefix_tokens: also return ``[B, 1 + R, C]`` (CLS then registers) per block.
-            norm: apply the final norm to each intermediate (default: raw block outputs).
-            stop_early: do not run the blocks after the last one requested.
-            output_fmt: ``"NCHW"`` patch maps ``[B, C, H/p, W/p]`` or ``"NLC"`` ``[B, H/p*W/p, C]``.
-            intermediates_only: return only the list (no final features).
-        """
+        """Outputs of the chosen blocks (timm contract): patch maps (``"NCHW"``) or tokens (``"NLC"``), with
+        ``return_prefix_tokens`` also ``[B, 1 + R, C]`` (CLS then registers); raw unless ``norm``."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         taken = take_indices(len(self.blocks), indices)
@@ -305,25 +235,15 @@ class ViT5(nn.Module):
         return_extra_tokens: bool = False,
         norm: bool = True,
     ) -> tuple:
-        """DINOv2/v3-style: per block, patch tokens (``[B, h*w, C]``, or ``[B, C, h, w]`` with
-        ``reshape``) optionally with the CLS token ``[B, C]`` and the registers ``[B, R, C]``.
-
-        Note the DINO default ``norm=True`` (after the final norm), unlike ``forward_intermediates``.
-        """
-        grid = self.grid_size((x.shape[-2], x.shape[-1]))
-        layout = self.token_layout(grid)
+        """DINOv2/v3-style: per block, patch tokens (``[B, C, h, w]`` with ``reshape``), optionally with the
+        CLS token and the registers ``[B, R, C]``; the DINO default ``norm=True``, unlike timm's."""
+        fmt = "NCHW" if reshape else "NLC"
         outs = self.forward_intermediates(
-            x,
-            n,
-            return_prefix_tokens=True,
-            norm=norm,
-            stop_early=True,
-            output_fmt="NLC",
-            intermediates_only=True,
+            x, n, True, norm, stop_early=True, output_fmt=fmt, intermediates_only=True
         )
         results = []
         for patches, prefix in outs:
-            item = [layout.to_nchw(patches) if reshape else patches]
+            item = [patches]
             if return_class_token:
                 item.append(prefix[:, 0])
             if return_extra_tokens:
@@ -354,7 +274,6 @@ class ViT5(nn.Module):
             )
         return super().train(mode)
 
-    # ------------------------------------------------------------------ timm contract helpers
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "reg_token"}

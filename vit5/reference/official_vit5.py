@@ -1,15 +1,7 @@
-"""The official ViT-5 model computed the official way, in plain torch: an independent reference.
-
-A re-statement of ``models_vit5.py`` / ``rope.py`` from ``wangf3014/ViT-5`` (Apache-2.0) with the
-same parameter names, the same per-block RoPE modules (persistent ``freqs`` buffers whose tables
-are rebuilt in every block on every call, from ``sqrt(N)``), the same explicit softmax attention
-and the same RMSNorm. Two changes only: positions are made on the input's device (the original
-calls ``.cuda()``) and the timm / einops helpers are written out.
-
-It is used (1) by the tests, as the source implementation that official checkpoints must
-reproduce logit for logit, and (2) by the benchmark, as "the official code's way" to compare
-speed against. It is not part of the vit5 model and shares no code with it.
-"""
+"""The official ViT-5 computed the official way, in plain torch: ``models_vit5.py`` / ``rope.py`` of
+``wangf3014/ViT-5`` (Apache-2.0) restated with the same parameter names, per-block RoPE from ``sqrt(N)`` and
+explicit softmax; positions are made on the input's device (not ``.cuda()``). The tests' and benchmarks'
+independent reference: it shares no code with the vit5 model."""
 
 from __future__ import annotations
 
