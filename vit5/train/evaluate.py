@@ -1,11 +1,7 @@
-"""Top-1 / top-5 accuracy and cross-entropy of the validation set, over every process.
-
-The same distributed evaluation as :func:`vit5.eval.classify.evaluate`: the loader is
-Accelerate-prepared (each process gets a shard; the last batches are padded with repeated samples
-so that every process runs as many batches), and ``accelerator.gather_for_metrics`` collects each
-batch's per-image results and drops the padding, so N processes give the numbers of one
-(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation). A shard loader
-(:mod:`vit5.data.shards`) pads its batches itself, with label ``-1``; those rows count for nothing.
+"""Top-1 / top-5 accuracy and cross-entropy of the validation set over every process: the loader is
+Accelerate-prepared and ``gather_for_metrics`` drops its padding
+(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation); shard loaders pad with
+label ``-1``, which counts for nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
-    """Evaluate ``model`` (raw or EMA) on ``loader`` (prepared by ``accelerator``; a plain loader
-    is evaluated whole on each process). Collective: call on every process."""
+    """Evaluate ``model`` on ``loader`` (prepared; a plain one is evaluated whole on each process)."""
     was_training = model.training
     model.eval()
     # running sums stay on the device: one host sync for the whole pass, not three per batch

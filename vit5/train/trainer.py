@@ -1,24 +1,8 @@
-"""The training run: wires config, data, model, optimizer, schedule, EMA and checkpoints under
-Accelerate, runs the epochs, evaluates raw and EMA weights, and leaves the run directory.
-
-    from vit5.train import Trainer, load_config
-    summary = Trainer(load_config("demo_digits")).fit()
-
-Only the main process prints and writes files; every collective (metric reductions, checkpoint
-barriers) runs on all processes.
-
-**Divergence**: a non-finite training loss (checked before backward), validation loss (raw or EMA)
-or weight (checked before every checkpoint, ``best/`` and ``final/``) raises
-:class:`~vit5.train.TrainingDiverged`: the run never ends "completed", and nothing is written from
-the diverged weights. A checkpoint is *good* once its weights gave a finite loss (the validation at
-an epoch end, otherwise the next optimizer step's training loss); the one not yet verified when the
-run diverges is set aside as ``ckpt-N.diverged``, and the message names the newest good one.
-
-**Stop signals**: SIGTERM, SIGINT and SIGUSR1 finish the current optimizer step (all processes
-agree on the step: the request is all-reduced after every step), write a checkpoint at that exact
-position (mid-epoch included) and raise :class:`~vit5.train.TrainingInterrupted`; a signal during
-an epoch's last step or its validation stops after the epoch-end checkpoint. A second signal exits
-at once (the default action of the signal).
+"""The training run: config, data, model, optimizer, schedule, EMA and checkpoints wired under
+Accelerate; only the main process prints and writes, every collective runs on all processes. A
+non-finite loss or weight raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those
+weights); SIGTERM / SIGINT / SIGUSR1 checkpoint the exact position and raise
+:class:`~vit5.train.TrainingInterrupted` (a second signal exits at once). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -39,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 from vit5 import compile_blocks
@@ -54,8 +38,10 @@ from vit5.train.checkpointing import (
     EpochLayout,
     Resumable,
     TrainState,
+    checkpoint_number,
     is_verified,
     newest_good,
+    raise_agreed,
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, is_from_env
@@ -73,10 +59,10 @@ from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
     LoopParts,
     NonFiniteLoss,
-    TargetMixer,
     build_loss,
     reduce_sums,
     schedule_clock,
+    target_mixer,
     train_one_epoch,
 )
 from vit5.train.lora import add_lora, describe, merged_for_export
@@ -87,15 +73,9 @@ from vit5.train.tracking import Tracking
 
 
 class Trainer:
-    """One training run.
-
-    Args:
-        cfg: a validated config (:func:`vit5.train.load_config`).
-        resume: a checkpoint directory (``RUN/checkpoints/ckpt-*``) to continue from; the run
-            directory is its grand-parent. None starts a new run directory.
-        train_set, val_set: use these data sets instead of the ones the config describes (they
-            need ``class_names``; transforms are theirs).
-    """
+    """One training run of a validated ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/
+    ckpt-*``) or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the
+    config's data."""
 
     def __init__(
         self,
@@ -109,8 +89,8 @@ class Trainer:
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
-            cpu=cfg.run.cpu
-            or not torch.cuda.is_available(),  # Accelerate sets up multi-CPU (gloo) only with cpu=True
+            # Accelerate sets up multi-CPU (gloo) only with cpu=True
+            cpu=cfg.run.cpu or not torch.cuda.is_available(),
             **Tracking.accelerator_kwargs(cfg.run),
         )
         self.tracking = Tracking(acc, cfg.run)
@@ -151,7 +131,6 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumable = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
         self.resumed_from, self.forked_from = resume, None
         self.resume_exact: bool | None = None
         self.resume_warning = ""
@@ -164,18 +143,14 @@ class Trainer:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
+        epoch_samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
+        layout = EpochLayout(
+            cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, epoch_samples
+        )
+        parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
+        directory = self.run_dir / rundir.CHECKPOINTS
         self.checkpoints = CheckpointManager(
-            acc,
-            self.run_dir / rundir.CHECKPOINTS,
-            cfg.checkpoint.keep_last,
-            self.resumable,
-            config=config_record(cfg),
-            layout=EpochLayout(
-                batch_size=cfg.data.batch_size,
-                accum_steps=cfg.optim.accum_steps,
-                batches_per_epoch=self.batches_per_epoch,
-                epoch_samples=num_images(self.data.train_set) * cfg.aug.repeated_aug,
-            ),
+            acc, directory, cfg.checkpoint.keep_last, parts, config_record(cfg), layout
         )
         try:
             if resume is not None:
@@ -184,9 +159,7 @@ class Trainer:
                 rundir.write_config(self.run_dir, cfg, note=self._fork_note())
         except BaseException:
             self.close()
-            if (
-                self.forked_from is not None and acc.is_main_process
-            ):  # a fork that never started: nothing to keep
+            if self.forked_from is not None and acc.is_main_process:  # a fork that never started
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.parts = LoopParts(
@@ -196,11 +169,10 @@ class Trainer:
             optimizer=self.optimizer,
             schedule=self.schedule,
             criterion=build_loss(cfg.loss),
-            mixer=TargetMixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
+            mixer=target_mixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
             ema=self.ema,
             loader=self.data.train_loader,
             batch_size=cfg.data.batch_size,
-            batches_per_epoch=self.batches_per_epoch,
             accum_steps=cfg.optim.accum_steps,
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
@@ -213,9 +185,8 @@ class Trainer:
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact, self.resume_warning = restored.exact, restored.warning
         self.resumed_elastic = restored.written_by if restored.elastic else None
-        # load_state_dict restores the saved groups' settings too: the config as run wins
-        # (weight decay, betas, eps, layer-decay scales changed on resume; the peak lr of this run's
-        # global batch), the moments are kept
+        # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
+        # this run's peak lr); the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
         self.schedule.start(
@@ -246,9 +217,8 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Stop the data workers and release the run directory (done at the end of :meth:`fit`; call it
-        for a Trainer never fitted). Persistent workers would otherwise outlive the run holding a copy
-        of the run's lock, and they ignore SIGTERM (:func:`vit5.data.ignore_stop_signals`)."""
+        """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
+        the run directory; :meth:`fit` ends with it, call it for a Trainer never fitted."""
         if hasattr(self, "data"):
             for loader in (self.data.train_loader, self.data.val_loader):
                 _stop_workers(loader)
@@ -257,13 +227,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ running
     def fit(self) -> dict[str, Any]:
-        """Train to ``schedule.epochs``; return the summary (also written to the run directory).
-
-        Raises:
-            TrainingDiverged: a loss or a weight became NaN / inf; the newest good checkpoint is kept.
-            TrainingInterrupted: SIGTERM, SIGINT or SIGUSR1; a checkpoint at the position reached was
-                written.
-        """
+        """Train to ``schedule.epochs``; return the summary (also written to the run directory). Raises
+        ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached)."""
         self._print_header()
         try:
             self.tracking.start(self.run_dir, self.cfg)
@@ -275,8 +240,8 @@ class Trainer:
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
-        """Turn the first stop signal into a request (acted on after the optimizer step); a second
-        one gets the signal's default action (the process ends at once)."""
+        """The first stop signal is a request acted on after the optimizer step; a second one ends the
+        process at once."""
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be set from the main thread
             return
@@ -326,9 +291,8 @@ class Trainer:
         return self._finish()
 
     def _evaluate_both(self) -> dict[str, Any]:
-        """Validate raw and EMA weights; a non-finite loss of either is a divergence. The random
-        generators are left as they were (without loader workers the eval transforms would draw from
-        them), so training draws the same whether it validates or not, with or without workers."""
+        """Validate raw and EMA weights (a non-finite loss is a divergence), leaving the random generators
+        as they were, so training draws the same whether it validates or not."""
         with _generators_kept():
             raw = evaluate(self.model, self.data.val_loader, self.accelerator)
             out: dict[str, Any] = dict(
@@ -365,9 +329,8 @@ class Trainer:
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each optimizer step (its mean ``loss``, its ``lr``): to the trackers; the step's losses
-        were finite, which vouches for the checkpoint written just before it; then a mid-epoch
-        checkpoint, and a requested stop."""
+        """After each optimizer step: the trackers; the finite losses vouch for the pending checkpoint;
+        then a mid-epoch checkpoint and a requested stop."""
         self.tracking.step(self.state.num_updates, loss, lr)
         if self.pending is not None:
             self.checkpoints.confirm(
@@ -382,8 +345,8 @@ class Trainer:
         self._stop_if_requested()
 
     def _save_checkpoint(self, validated: str | None = None) -> None:
-        """A checkpoint of the current state, from finite weights; good at once when ``validated`` (how
-        its weights were checked), else pending until the next step's loss."""
+        """A checkpoint from finite weights: good at once when ``validated`` (how), else pending until the
+        next step's loss."""
         self._check_weights()
         self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
         self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
@@ -412,10 +375,7 @@ class Trainer:
         if not received:
             return
         state = self.state
-        at_checkpoint = self.last_checkpoint is not None and self.last_checkpoint.name.endswith(
-            f"-{state.num_updates:09d}"
-        )
-        if not at_checkpoint:
+        if self.last_checkpoint is None or checkpoint_number(self.last_checkpoint) != state.num_updates:
             self._save_checkpoint()
         name = signal.Signals(received[0]).name
         raise TrainingInterrupted(
@@ -470,18 +430,12 @@ class Trainer:
         model, ema = self.model, self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        save_model_dir(self.accelerator, model, ema, directory, self._export_extra(row))
-
-    def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=config_record(self.cfg)["run"]["name"]
-            if is_from_env(self.cfg, "run.name")
-            else self.run_dir.name,
-            epoch=row["epoch"],
-            num_updates=self.state.num_updates,
-            val_top1=row.get("val_top1"),
-            ema_top1=row.get("ema_top1"),
+        run = (
+            config_record(self.cfg)["run"]["name"] if is_from_env(self.cfg, "run.name") else self.run_dir.name
         )
+        extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
+        extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
+        save_model_dir(self.accelerator, model, ema, directory, extra)
 
     def _finish(self) -> dict[str, Any]:
         acc, state = self.accelerator, self.state
@@ -525,8 +479,8 @@ class Trainer:
         return summary
 
     def _diverged(self, what: str) -> TrainingDiverged:
-        """The error for a divergence; the checkpoint not yet verified (written from the weights that
-        diverged) is set aside first, so that `--resume RUN` finds the newest good one."""
+        """The error for a divergence, after setting aside the checkpoint not yet verified (written from the
+        weights that diverged), so that `--resume RUN` finds the newest good one."""
         moved = ""
         if self.pending is not None:
             aside = self.checkpoints.set_aside(self.pending)
@@ -554,7 +508,7 @@ def _generators_kept() -> Iterator[None]:
 
 
 def _stop_workers(loader: DataLoader) -> None:
-    """Shut down a DataLoader's (persistent) worker processes now; the next iteration starts new ones."""
+    """Shut down a DataLoader's (persistent) workers now; the next iteration starts new ones."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
@@ -572,8 +526,7 @@ def _dropped_note(train_set: Dataset, global_batch: int) -> str:
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
-    """Refuse a run whose weights, optimizer states and kept activations cannot fit on the device
-    (a lower bound: a run refused here could never have trained)."""
+    """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
     bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
     need = training_bytes(
         model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
@@ -599,9 +552,7 @@ def _check_writable(acc: Accelerator, folder: Path) -> None:
             )
         except StorageError as err:
             message = str(err)
-    messages = gather_object([message]) if acc.num_processes > 1 else [message]
-    if messages[0] is not None:
-        raise StorageError(messages[0])
+    raise_agreed(acc, message)
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
