@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from timm.utils import ModelEmaV3
@@ -169,22 +169,18 @@ class EpochLayout:
     epoch_samples: int
 
 
+@dataclass
 class CheckpointManager:
     """Saves, prunes, verifies and loads the training checkpoints of one run; every method is collective.
     ``config`` (the config as run) is recorded in every checkpoint for ``--resume`` to compare."""
 
-    def __init__(
-        self,
-        accelerator: Accelerator,
-        directory: Path,
-        keep_last: int,
-        parts: Resumable,
-        config: dict[str, Any],
-        layout: EpochLayout,
-    ) -> None:
-        self.accelerator, self.directory, self.keep_last = accelerator, directory, keep_last
-        self.parts, self.config, self.layout = parts, config, layout
-        self.newest_saved = -1  # the update count of the newest checkpoint this session wrote
+    accelerator: Accelerator
+    directory: Path
+    keep_last: int
+    parts: Resumable
+    config: dict[str, Any]
+    layout: EpochLayout
+    newest_saved: int = -1  # the update count of the newest checkpoint this session wrote
 
     def save(self, num_updates: int) -> Path:
         """Write the full training state atomically and prune old ones; ``StorageError`` on every process
@@ -387,20 +383,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(manifest_path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _Damaged(f"{manifest_path} is damaged (not readable JSON: {err})") from err
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    processes = manifest.get("num_processes") if isinstance(manifest, dict) else None
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("format") != FORMAT
-        or not isinstance(files, dict)
-        or not all(
-            isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("bytes"), int)
-            for v in files.values()
-        )
-        or not _is_count(processes)
-        or processes < 1
-        or not isinstance(manifest.get("config"), dict)
-    ):
+    get = manifest.get if isinstance(manifest, dict) else lambda key: None
+    files, processes = get("files"), get("num_processes")
+    ok = (
+        get("format") == FORMAT
+        and isinstance(get("config"), dict)
+        and _is_count(processes)
+        and processes >= 1
+    )
+    if not ok or not isinstance(files, dict) or not all(_is_digest(v) for v in files.values()):
         raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
     unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
     if unsafe:
@@ -471,9 +462,13 @@ def save_model_dir(
 ) -> None:
     """Export raw (and EMA) weights as our safetensors directory, swapped into place in one step;
     collective, the main process writes."""
-    error = None  # DDP only (the Trainer refuses FSDP / DeepSpeed): the main process has every weight
+    state = accelerator.get_state_dict(model)  # gathers sharded (FSDP / ZeRO-3) weights on the main process
+    error = None
     if accelerator.is_main_process:
         unwrapped: ViT5 = accelerator.unwrap_model(model, keep_torch_compile=False)
+        if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            unwrapped = ViT5(unwrapped.cfg)
+            unwrapped.load_state_dict({k: v.float().cpu() for k, v in state.items()})
         ema_state = ema.module.state_dict() if ema is not None else None
 
         def write() -> None:
@@ -499,6 +494,14 @@ def _digest(data: bytes) -> dict[str, Any]:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_digest(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("sha256"), str)
+        and isinstance(value.get("bytes"), int)
+    )
 
 
 def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> dict[str, bytes]:

@@ -14,7 +14,7 @@ import os
 import typing
 import unicodedata
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -197,76 +197,66 @@ def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
 
 
 def _ranges(cfg: TrainConfig) -> list[str]:
-    prob, aug, schedule = "a probability in [0, 1]", cfg.aug, cfg.schedule
-    rules: list[tuple[str, Any, Callable[[Any], bool], str]] = [
-        ("model.img_size", cfg.model.img_size, lambda v: v > 0, "> 0"),
-        ("model.num_classes", cfg.model.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("model.drop_path_rate", cfg.model.drop_path_rate, lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("model.max_params", cfg.model.max_params, lambda v: v > 0, "> 0"),
-        ("data.batch_size", cfg.data.batch_size, lambda v: v >= 1, ">= 1"),
-        ("data.eval_batch_size", cfg.data.eval_batch_size, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.num_workers", cfg.data.num_workers, lambda v: v >= 0, ">= 0"),
-        ("data.num_classes", cfg.data.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.shuffle_buffer", cfg.data.shuffle_buffer, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("data.digits_val_fraction", cfg.data.digits_val_fraction, lambda v: 0 < v < 1, "in (0, 1)"),
-        ("aug.color_jitter", cfg.aug.color_jitter, lambda v: v >= 0, ">= 0"),
-        ("aug.scale", cfg.aug.scale, lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
-        ("aug.hflip", cfg.aug.hflip, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.padding", cfg.aug.padding, lambda v: v >= 0, ">= 0 pixels"),
-        ("aug.erasing", cfg.aug.erasing, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.eval_crop_ratio", cfg.aug.eval_crop_ratio, lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("aug.repeated_aug", cfg.aug.repeated_aug, lambda v: v >= 1, ">= 1 (1 = off)"),
-        ("aug.ra_selected_round", cfg.aug.ra_selected_round, lambda v: v >= 0, ">= 0"),
-        ("aug.mixup", cfg.aug.mixup, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.cutmix", cfg.aug.cutmix, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.mixup_prob", cfg.aug.mixup_prob, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.mixup_switch_prob", aug.mixup_switch_prob, lambda v: 0 <= v <= 1, prob),
-        ("loss.smoothing", cfg.loss.smoothing, lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("optim.lr", cfg.optim.lr, lambda v: v > 0, "> 0"),
-        ("optim.lr_base_batch", cfg.optim.lr_base_batch, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("optim.weight_decay", cfg.optim.weight_decay, lambda v: v >= 0, ">= 0"),
-        ("optim.eps", cfg.optim.eps, lambda v: v > 0, "> 0"),
-        ("optim.betas", cfg.optim.betas, lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
-        ("optim.layer_decay", cfg.optim.layer_decay, lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
-        ("optim.clip_grad", cfg.optim.clip_grad, lambda v: v is None or v > 0, "> 0 or null"),
-        ("optim.accum_steps", cfg.optim.accum_steps, lambda v: v >= 1, ">= 1"),
-        ("schedule.epochs", cfg.schedule.epochs, lambda v: v >= 1, ">= 1"),
-        (
-            "schedule.warmup_epochs",
-            schedule.warmup_epochs,
-            lambda v: 0 <= v < schedule.epochs,
-            "in [0, schedule.epochs)",
-        ),
-        ("schedule.warmup_lr", cfg.schedule.warmup_lr, lambda v: v >= 0, ">= 0"),
-        ("schedule.min_lr", cfg.schedule.min_lr, lambda v: v >= 0, ">= 0"),
-        ("ema.decay", cfg.ema.decay, lambda v: 0 < v < 1, "in (0, 1)"),
-        (
-            "checkpoint.every_steps",
-            cfg.checkpoint.every_steps,
-            lambda v: v >= 0,
-            ">= 0 (0 = epoch ends only)",
-        ),
-        ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, lambda v: v >= 1, ">= 1"),
-        ("checkpoint.keep_last", cfg.checkpoint.keep_last, lambda v: v >= 1, ">= 1"),
-        ("run.eval_every_epochs", cfg.run.eval_every_epochs, lambda v: v >= 1, ">= 1"),
-        ("run.log_every_steps", cfg.run.log_every_steps, lambda v: v >= 1, ">= 1"),
-        ("model.lora.r", cfg.model.lora.r, lambda v: v >= 1, ">= 1"),
-        ("model.lora.alpha", cfg.model.lora.alpha, lambda v: v > 0, "> 0"),
-        ("model.lora.dropout", cfg.model.lora.dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
+    flat, epochs = flatten_config(cfg), cfg.schedule.epochs
+    rules: list[tuple[str, Callable[[Any], bool], str]] = [
+        ("model.img_size", lambda v: v > 0, "> 0"),
+        ("model.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("model.drop_path_rate", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("model.max_params", lambda v: v > 0, "> 0"),
+        ("data.batch_size", lambda v: v >= 1, ">= 1"),
+        ("data.eval_batch_size", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.num_workers", lambda v: v >= 0, ">= 0"),
+        ("data.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.shuffle_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("data.digits_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+        ("aug.color_jitter", lambda v: v >= 0, ">= 0"),
+        ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+        ("aug.hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
+        ("aug.erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
+        ("aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
+        ("aug.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("loss.smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("optim.lr", lambda v: v > 0, "> 0"),
+        ("optim.lr_base_batch", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
+        ("optim.eps", lambda v: v > 0, "> 0"),
+        ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+        ("optim.layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
+        ("optim.clip_grad", lambda v: v is None or v > 0, "> 0 or null"),
+        ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
+        ("schedule.epochs", lambda v: v >= 1, ">= 1"),
+        ("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)"),
+        ("schedule.warmup_lr", lambda v: v >= 0, ">= 0"),
+        ("schedule.min_lr", lambda v: v >= 0, ">= 0"),
+        ("ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
+        ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
+        ("checkpoint.every_epochs", lambda v: v >= 1, ">= 1"),
+        ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
+        ("run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+        ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+        ("model.lora.r", lambda v: v >= 1, ">= 1"),
+        ("model.lora.alpha", lambda v: v > 0, "> 0"),
+        ("model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
         # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
-        ("run.seed", cfg.run.seed, lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+        ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     ]
-    problems = [f"{key}={shorten(value)} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
-    return _finite(dataclasses.asdict(cfg)) + problems
+    problems = [f"{key}={shorten(flat[key])} must be {rule}" for key, ok, rule in rules if not ok(flat[key])]
+    return _finite(flat) + problems
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
 
 
-def _finite(values: Mapping[str, Any]) -> list[str]:
+def _finite(flat: Mapping[str, Any]) -> list[str]:
     """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
     problems = []
-    for key, value in _flatten(values).items():
+    for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX) for n in numbers):
             problems.append(
@@ -472,10 +462,7 @@ def recipe_path(recipe: str | os.PathLike[str]) -> Path:
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None,
-    overrides: Sequence[str] = (),
-    *,
-    check_paths: bool = True,
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = (), *, check_paths: bool = True
 ) -> TrainConfig:
     """Defaults <- YAML file or packaged recipe ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then
     validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
@@ -589,7 +576,7 @@ def config_to_yaml(cfg: TrainConfig) -> str:
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
     """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in ``new``
     means "the data's": no change)."""
-    flat_old, flat_new = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    flat_old, flat_new = flatten_config(old), flatten_config(new)
     return [
         f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
@@ -658,24 +645,19 @@ def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
                 f"{where}: {prefix.rstrip('.')} is a section; give it keys, e.g. {prefix}KEY=VALUE"
             )
         raise TrainConfigError(f"{where}: expected a mapping of sections")
-    fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     for key, value in node.items():
         full = f"{prefix}{key}"
-        if key not in fields:
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), sorted(hints), n=1, cutoff=0.5)
+            hint = f"Did you mean {prefix}{close[0]}? " if close else ""
+            section = prefix.rstrip(".") or "the top level"
             raise TrainConfigError(
-                f"{where}: {shorten(full)[1:-1]} is not a setting. {_suggest(str(key), fields, prefix)}"
+                f"{where}: {shorten(full)[1:-1]} is not a setting. {hint}Valid keys in {section}: "
+                f"{', '.join(sorted(hints))}."
             )
         if dataclasses.is_dataclass(hints[key]) and full not in _FREE_FORM:
             _check_keys(value, typing.cast(type, hints[key]), prefix=f"{full}.", where=where)
-
-
-def _suggest(key: str, choices: Iterable[str], prefix: str) -> str:
-    choices = sorted(choices)
-    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
-    hint = f"Did you mean {prefix}{close[0]}? " if close else ""
-    section = prefix.rstrip(".") or "the top level"
-    return f"{hint}Valid keys in {section}: {', '.join(choices)}."
 
 
 def _expected_type(full_key: str) -> str:

@@ -45,9 +45,15 @@ class RunData:
     notes: list[str] = dataclasses.field(default_factory=list)  # settings adapted to the machine
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
-    """Train and val sets with their transforms, and the class names (train's order)."""
+def build_datasets(
+    cfg: TrainConfig, accelerator: Accelerator | None = None
+) -> tuple[Dataset, Dataset, list[str]]:
+    """Train and val sets with their transforms, and the class names (train's order); shard streams
+    (``data.dataset=wds``) are this ``accelerator`` process's."""
     size = cfg.model.img_size
+    if cfg.data.dataset == "wds":
+        train_set, val_set = _shard_datasets(cfg, accelerator or Accelerator())
+        return train_set, val_set, list(train_set.class_names)
     train_tf = build_transform(cfg.aug.train, size, **_train_options(cfg))
     val_tf = eval_transform(size, crop_ratio=cfg.aug.eval_crop_ratio)
     if cfg.data.dataset == "digits":
@@ -147,8 +153,7 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
     )
 
 
-def build_shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
-    """The train and val shard streams of this process (``data.dataset=wds``), with their transforms."""
+def _shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
     size, data = cfg.model.img_size, cfg.data
     common: dict[str, Any] = dict(
         num_replicas=accelerator.num_processes,

@@ -34,27 +34,18 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
         images = images.to(accelerator.device, non_blocking=True)
         labels = labels.to(accelerator.device, non_blocking=True)
         with accelerator.autocast():
-            logits = model(images)
-        logits = logits.float()
+            logits = model(images).float()
         valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
         labels = labels.clamp(min=0)
-        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
-        per_image = torch.stack(
-            [
-                F.cross_entropy(logits, labels, reduction="none"),
-                hits[:, 0].float(),
-                hits.any(dim=1).float(),
-                torch.ones_like(valid),
-            ],
-            dim=1,
+        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None]).float()
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        per_image = (
+            torch.stack([loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)], 1) * valid[:, None]
         )
-        per_image = per_image * valid[:, None]
         per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
         sums += per_image.sum(dim=0).double()
     model.train(was_training)
     loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:
         raise RuntimeError("the validation set is empty on every process")
-    return EvalResult(
-        loss=loss_sum / count, top1=100 * correct1 / count, top5=100 * correct5 / count, count=int(count)
-    )
+    return EvalResult(loss_sum / count, 100 * correct1 / count, 100 * correct5 / count, int(count))

@@ -35,12 +35,6 @@ Mixer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
 class NonFiniteLoss(ArithmeticError):
     """The loss of a micro-batch is NaN or infinite (on any process)."""
 
-    def __init__(self, value: float, epoch: int, batch: int, num_updates: int) -> None:
-        self.value, self.epoch, self.batch, self.num_updates = value, epoch, batch, num_updates
-        super().__init__(
-            f"loss is {value} at epoch {epoch + 1}, batch {batch + 1} (optimizer step {num_updates + 1})"
-        )
-
 
 @dataclass(kw_only=True)
 class StepParts:
@@ -136,22 +130,16 @@ class LoopParts(StepParts):
     progress: bool
 
 
-@dataclass(frozen=True)
-class EpochResult:
-    loss: float  # mean training loss over all processes' micro-batches of this session
-    images: int  # images trained on, all processes
-    seconds: float
-
-
 def train_one_epoch(
     parts: LoopParts,
     state: TrainState,
     epoch: int,
     num_epochs: int,
     on_update: Callable[[bool, float, float], None],
-) -> EpochResult:
+) -> tuple[float, int, float]:
     """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps (the loader is not
-    prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step."""
+    prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step. Returns the mean loss
+    and the images over all processes, and the seconds taken."""
     acc = parts.accelerator
     assert acc is not None
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
@@ -183,7 +171,7 @@ def train_one_epoch(
     seconds = time.perf_counter() - start
     loss_sum = sum(loss * size for loss, size in zip(losses, sizes))
     loss_total, images = reduce_sums(acc, [loss_sum, sum(sizes)])
-    return EpochResult(loss=loss_total / max(images, 1), images=int(images), seconds=seconds)
+    return loss_total / max(images, 1), int(images), seconds
 
 
 def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float]:
@@ -201,7 +189,8 @@ def _checked(acc: Accelerator | None, loss: torch.Tensor, state: TrainState) -> 
     value, bad_ranks = torch.stack([loss, bad]).tolist()
     if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
-            value if not math.isfinite(value) else math.nan, state.epoch, state.batch, state.num_updates
+            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, batch "
+            f"{state.batch + 1} (optimizer step {state.num_updates + 1})"
         )
     return value
 

@@ -33,14 +33,8 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
         model, report = load_pretrained(cfg, num_classes)
         arch = closest_preset(model.cfg)
     else:
-        model = create_model(
-            cfg.name,
-            img_size=cfg.img_size,
-            num_classes=num_classes,
-            drop_path_rate=cfg.drop_path_rate,
-            max_params=cfg.max_params,
-            **cfg.overrides,
-        )
+        sizes = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
+        model = create_model(cfg.name, num_classes=num_classes, max_params=cfg.max_params, **sizes)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     params = sum(p.numel() for p in model.parameters())
@@ -95,11 +89,8 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
         else:
             model = vit5.create_model(name, pretrained=weights, **options, **overrides)
     except (vit5.CheckpointError, vit5.ConfigError) as e:
-        hint = (
-            f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
-            if isinstance(e, HeadMismatchError)
-            else ""
-        )
+        hint = f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
+        hint = hint if isinstance(e, HeadMismatchError) else ""
         raise TrainConfigError(f"model.pretrained={cfg.pretrained}: {e}{hint}") from e
     if model.num_classes != num_classes:
         raise TrainConfigError(

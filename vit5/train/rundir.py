@@ -57,7 +57,7 @@ def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
         lock = FolderLock(run_dir, "training").acquire()
         for name in (BEST, FINAL):
             recover_dir(run_dir / name)
-        for stale in (run_dir / CHECKPOINTS).glob(".tmp-*") if (run_dir / CHECKPOINTS).is_dir() else ():
+        for stale in (run_dir / CHECKPOINTS).glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         return run_dir, lock
 
@@ -69,22 +69,17 @@ def fork_run_dir(
 ) -> tuple[Path, Path, FolderLock | None]:
     """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``; ``best/``
     is copied when it is the best model as of the checkpoint."""
-    copied: list[Path] = []
 
     def fork() -> tuple[Path, FolderLock]:
         new_dir, lock = _new_locked_dir(run_dir.parent, run_dir.name)
         target = new_dir / CHECKPOINTS / checkpoint.name
         _link_tree(checkpoint, target)
-        copied.append(target)
         if _best_matches(run_dir / BEST, target):
             _link_tree(run_dir / BEST, new_dir / BEST)
         return new_dir, lock
 
     new_dir, lock = _on_main(accelerator, fork)
-    target = [str(copied[0]) if copied else ""]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(target, from_process=0)
-    return new_dir, Path(target[0]), lock
+    return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
 
 
 def newer_checkpoints(checkpoint: Path) -> list[Path]:
@@ -212,17 +207,16 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(
             f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
         )
-    if summary.get("resume_exact") is False:
-        written_by = summary.get("resumed_from_processes")
-        if written_by:
-            lines.append(
-                f"  resume_exact     false: elastic resume of a checkpoint of {written_by} process(es) "
-                "(random generators re-derived; see resume_note in summary.json)"
-            )
-        else:
-            lines.append(
-                "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
-            )
+    written_by = summary.get("resumed_from_processes")
+    if summary.get("resume_exact") is False and written_by:
+        lines.append(
+            f"  resume_exact     false: elastic resume of a checkpoint of {written_by} process(es) "
+            "(random generators re-derived; see resume_note in summary.json)"
+        )
+    elif summary.get("resume_exact") is False:
+        lines.append(
+            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
+        )
     return "\n".join(lines)
 
 
@@ -273,8 +267,7 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) for k in CSV_COLUMNS})
+    writer.writerows({k: _fmt(row.get(k)) for k in CSV_COLUMNS} for row in rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, buffer.getvalue(), durable=False)
 
@@ -286,8 +279,4 @@ def read_csv(path: Path) -> list[dict[str, float | None]]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)

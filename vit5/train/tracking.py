@@ -17,18 +17,7 @@ if TYPE_CHECKING:
     from vit5.train.config import RunSection, TrainConfig
 
 LOGS = "logs"
-# Accelerate's tracker name -> the package to install
-PACKAGES = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "mlflow": "mlflow",
-    "comet_ml": "comet-ml",
-    "aim": "aim",
-    "clearml": "clearml",
-    "dvclive": "dvclive",
-    "swanlab": "swanlab",
-    "trackio": "trackio",
-}
+PACKAGES = {"comet_ml": "comet-ml"}  # a tracker whose package is not named like it
 
 
 def tracker_names(log_with: str | None) -> list[str]:

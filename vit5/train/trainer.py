@@ -45,15 +45,7 @@ from vit5.train.checkpointing import (
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, is_from_env
-from vit5.train.data import (
-    RunData,
-    bad_files,
-    build_datasets,
-    build_run_data,
-    build_shard_datasets,
-    num_images,
-    record_class_names,
-)
+from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
@@ -102,10 +94,8 @@ class Trainer:
         )
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
-        if (train_set is None or val_set is None) and cfg.data.dataset == "wds":
-            train_set, val_set = build_shard_datasets(cfg, acc)
-        elif train_set is None or val_set is None:
-            train_set, val_set, _ = build_datasets(cfg)
+        if train_set is None or val_set is None:
+            train_set, val_set, _ = build_datasets(cfg, acc)
         class_names = list(train_set.class_names)  # type: ignore[attr-defined]
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
         # the model (and its checkpoint) is checked before any loader worker starts
@@ -266,16 +256,12 @@ class Trainer:
         try:
             while state.epoch < epochs:
                 epoch = state.epoch
-                result = train_one_epoch(self.parts, state, epoch, epochs, on_update=self._after_update)
-                state.train_seconds += result.seconds
-                state.images_seen += result.images
-                row: dict[str, Any] = dict(
-                    epoch=epoch + 1,
-                    updates=state.num_updates,
-                    lr=self.schedule.lr,
-                    train_loss=result.loss,
-                    train_images_per_s=result.images / max(result.seconds, 1e-9),
-                    epoch_seconds=result.seconds,
+                loss, images, seconds = train_one_epoch(self.parts, state, epoch, epochs, self._after_update)
+                state.train_seconds += seconds
+                state.images_seen += images
+                row: dict[str, Any] = dict(epoch=epoch + 1, updates=state.num_updates, lr=self.schedule.lr)
+                row |= dict(
+                    train_loss=loss, train_images_per_s=images / max(seconds, 1e-9), epoch_seconds=seconds
                 )
                 if (epoch + 1) % cfg.run.eval_every_epochs == 0 or epoch + 1 == epochs:
                     row.update(self._evaluate_both())
@@ -393,38 +379,29 @@ class Trainer:
             f"model          {self.model_description}",
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
             f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
-            f"{num_images(data.val_set)} val images, "
-            f"{len(data.class_names)} classes, "
+            f"{num_images(data.val_set)} val images, {len(data.class_names)} classes, "
             + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
             + _dropped_note(data.train_set, acc.num_processes * cfg.data.batch_size),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
-            f"batch          {cfg.data.batch_size} per process x {acc.num_processes} "
-            f"x {cfg.optim.accum_steps} "
-            f"accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer steps per epoch",
+            f"batch          {cfg.data.batch_size} per process x {acc.num_processes} x "
+            f"{cfg.optim.accum_steps} accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer "
+            "steps per epoch",
             f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
             f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
+        state, epochs = self.state, cfg.schedule.epochs
         if self.resumed_from is not None:
-            lines.append(
-                f"resumed        from {self.resumed_from} "
-                f"(epoch {self.state.epoch + 1}, batch {self.state.batch}, "
-                f"step {self.state.num_updates})"
-            )
+            where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
+            lines.append(f"resumed        from {self.resumed_from} ({where})")
         if self.forked_from is not None:
             lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
         lines += [f"note           {note}" for note in data.notes]
-        if self.resume_warning:
-            lines.append(self.resume_warning)
-        ema_warning = ema_horizon_warning(cfg.ema, self.updates_per_epoch * cfg.schedule.epochs)
-        if ema_warning:
-            lines.append(ema_warning)
-        if self.state.epoch >= cfg.schedule.epochs:
-            lines.append(
-                f"nothing to train: all {count(cfg.schedule.epochs, 'epoch')} done (raise schedule.epochs)"
-            )
-        acc.print("\n".join(lines))
+        lines += [self.resume_warning, ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs)]
+        if state.epoch >= epochs:
+            lines.append(f"nothing to train: all {count(epochs, 'epoch')} done (raise schedule.epochs)")
+        acc.print("\n".join(line for line in lines if line))
 
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
         model, ema = self.model, self.ema
@@ -487,10 +464,8 @@ class Trainer:
             moved = f" {self.pending.name} (written from these weights) was moved to {aside}."
             self.pending = None
         good = newest_good(self.run_dir / rundir.CHECKPOINTS)
-        if good is not None:
-            keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
-        else:
-            keep = "No checkpoint of this run is known good, so start it again"
+        keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
+        keep = keep if good is not None else "No checkpoint of this run is known good, so start it again"
         return TrainingDiverged(
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
@@ -516,8 +491,7 @@ def _stop_workers(loader: DataLoader) -> None:
 
 
 def _dropped_note(train_set: Dataset, global_batch: int) -> str:
-    dropped = getattr(train_set, "dropped", 0)
-    if not dropped:
+    if not (dropped := getattr(train_set, "dropped", 0)):
         return ""
     return (
         f"; each epoch trains on all but {dropped} samples (less than one batch of {global_batch} "
@@ -527,17 +501,13 @@ def _dropped_note(train_set: Dataset, global_batch: int) -> str:
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
-    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
-    need = training_bytes(
-        model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
-    )
-    tokens = num_tokens(model.cfg)
+    bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
+    need = training_bytes(model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
     check_fits(
         need,
         acc.device,
-        f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with "
-        "data.batch_size="
-        f"{cfg.data.batch_size}",
+        f"training {cfg.model.name} at {cfg.model.img_size}px ({num_tokens(model.cfg):,} tokens per image) "
+        f"with data.batch_size={batch}",
         "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
     )
 
@@ -566,9 +536,7 @@ def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainConfigError(
             f"{acc.distributed_type.value} is not supported: vit5 writes training checkpoints in its own "
-            "format "
-            f"(safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), which "
-            "holds full, unsharded model and optimizer states. Train with DDP (accelerate launch "
-            "--multi_gpu "
-            f"or torchrun), which fits every ViT-5 preset on current GPUs"
+            "format (safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), "
+            "which holds full, unsharded model and optimizer states. Train with DDP (accelerate launch "
+            "--multi_gpu or torchrun), which fits every ViT-5 preset on current GPUs"
         )
