@@ -755,6 +755,8 @@ def restore_rng(state: Any) -> None:
             raise ValueError(f"not a {RNG_FORMAT} record")
         py, npy = state["python"], state["numpy"]
         py_state = (py["version"], tuple(py["state"]), py["gauss_next"])
+        if not isinstance(py["gauss_next"], (float, type(None))):  # random.setstate takes any object
+            raise ValueError("the python generator's gauss_next is not a number")
         keys = np.asarray(npy["keys"], dtype=np.int64)
         if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 2**32 or not 0 <= npy["pos"] <= 624:
             raise ValueError("the numpy generator state is not 624 32-bit integers and a position")

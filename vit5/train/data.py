@@ -74,7 +74,7 @@ def build_run_data(
     cfg: TrainConfig, accelerator: Accelerator, train_set: Dataset, val_set: Dataset
 ) -> RunData:
     """This process's loaders of the run's data sets."""
-    if isinstance(train_set, ShardDataset) or cfg.data.dataset == "wds":
+    if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
     class_names = list(train_set.class_names)  # type: ignore[attr-defined]
     world, rank = accelerator.num_processes, accelerator.process_index
