@@ -94,7 +94,7 @@ def test_resume_never_runs_code_from_the_checkpoint_folder(run, tmp_path, capsys
     assert "optimizer.pt" in err and "posix.system" in err and "refuses to execute" in err
 
 
-def test_an_older_pickle_based_checkpoint_is_refused_not_loaded(run, tmp_path, capsys):
+def test_a_pickle_based_checkpoint_is_refused_not_loaded(run, tmp_path, capsys):
     marker = tmp_path / "pwned"
     legacy = ckpt(run, 44)
     for path in legacy.iterdir():
@@ -102,7 +102,7 @@ def test_an_older_pickle_based_checkpoint_is_refused_not_loaded(run, tmp_path, c
     torch.save({"epoch": Payload(marker)}, legacy / "custom_checkpoint_0.pkl")
     status, err = resume(run, capsys=capsys)
     assert status == 2 and not marker.exists()
-    assert "pickle-based format" in err and "model.pretrained=" in err
+    assert "not a complete training checkpoint" in err and "checkpoint.json" in err
 
 
 def test_resuming_an_older_checkpoint_forks_and_deletes_nothing(run):

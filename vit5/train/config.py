@@ -1,23 +1,7 @@
-"""The training configuration: one typed dataclass per section, read from YAML plus dotted
-``key=value`` overrides by OmegaConf, then checked before any work starts.
-
-Defaults are the ViT-5-Small ImageNet pre-training recipe (DeiT-III style; the official README's
-``main.py`` command and its defaults, github.com/wangf3014/ViT-5 at commit b7b0796): LAMB lr 4e-3
-(absolute, ``--unscale-lr``), weight decay 0.05, 800 epochs with 5 warmup epochs from 1e-6, cosine
-to 1e-5 stepped per epoch, 3-Augment, Mixup 0.8 / CutMix 1.0 with binarised BCE, repeated
-augmentation x3, EMA 0.99996, bf16. The ImageNet recipes (``vit5/configs/*.yaml``, :func:`recipes`)
-restate every setting of their official command, defaults included, so each reads as that command;
-the digits demo states its own small setup.
-
-* Loading (:func:`load_config`): defaults <- a YAML recipe (a file, or a packaged recipe by name)
-  <- overrides. A key that is not a setting is named with the closest valid key and the file or
-  argument it came from; a value of the wrong type names the expected type; ``???`` in a recipe
-  marks a setting the user must give.
-* Checks (:func:`validate_config`): every problem is collected and reported at once, each with its
-  fix: a value out of range, a model preset or timm optimizer that does not exist, model overrides
-  that do not form a valid ``ViT5Config``, combinations that cannot work (an odd batch under Mixup,
-  smoothed BCE targets that a threshold turns into all ones) and data / checkpoint paths that do
-  not exist.
+"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet
+recipe of github.com/wangf3014/ViT-5 main.py), read from a YAML recipe plus dotted ``key=value``
+overrides by OmegaConf (:func:`load_config`), then checked at once with a fix for every problem
+(:func:`validate_config`).
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import os
 import typing
 import unicodedata
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,9 +37,7 @@ class LoraSection:
     r: int = 8  # rank of each adapter
     alpha: float = 16.0  # the update is scaled by alpha / r
     dropout: float = 0.0  # dropout on an adapter's input
-    targets: list[str] = field(
-        default_factory=lambda: ["qkv", "proj", "fc1", "fc2"]
-    )  # linears of every block
+    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])  # in every block
 
 
 @dataclass
@@ -71,9 +53,8 @@ class ModelSection:
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
-    max_params: float = (
-        2e9  # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
-    )
+    # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
+    max_params: float = 2e9
     compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
     lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
@@ -150,9 +131,8 @@ class ScheduleSection:
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    interval: Literal["update", "epoch"] = (
-        "epoch"  # epoch: official per-epoch stepping (one-epoch lag); update: per step
-    )
+    # epoch: official per-epoch stepping (one-epoch lag); update: per step
+    interval: Literal["update", "epoch"] = "epoch"
 
 
 @dataclass
@@ -206,98 +186,82 @@ class TrainConfig:
 
 def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
     """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    problems: list[str] = []
-    for check in _CHECKS:
-        problems.extend(check(cfg))
-    if check_paths:
-        problems.extend(_check_paths(cfg))
+    from vit5.train.lora import check_lora
+    from vit5.train.tracking import check_trackers
+
+    problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained_name(cfg)
+    problems += check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
+    problems += _check_paths(cfg) if check_paths else []
     if problems:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
 def _ranges(cfg: TrainConfig) -> list[str]:
-    rules: list[tuple[str, Any, Callable[[Any], bool], str]] = [
-        ("model.img_size", cfg.model.img_size, lambda v: v > 0, "> 0"),
-        ("model.num_classes", cfg.model.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("model.drop_path_rate", cfg.model.drop_path_rate, lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("model.max_params", cfg.model.max_params, lambda v: v > 0, "> 0"),
-        ("data.batch_size", cfg.data.batch_size, lambda v: v >= 1, ">= 1"),
-        ("data.eval_batch_size", cfg.data.eval_batch_size, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.num_workers", cfg.data.num_workers, lambda v: v >= 0, ">= 0"),
-        ("data.num_classes", cfg.data.num_classes, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.shuffle_buffer", cfg.data.shuffle_buffer, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("data.digits_val_fraction", cfg.data.digits_val_fraction, lambda v: 0 < v < 1, "in (0, 1)"),
-        ("aug.color_jitter", cfg.aug.color_jitter, lambda v: v >= 0, ">= 0"),
-        ("aug.scale", cfg.aug.scale, lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
-        ("aug.hflip", cfg.aug.hflip, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.padding", cfg.aug.padding, lambda v: v >= 0, ">= 0 pixels"),
-        ("aug.erasing", cfg.aug.erasing, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.eval_crop_ratio", cfg.aug.eval_crop_ratio, lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("aug.repeated_aug", cfg.aug.repeated_aug, lambda v: v >= 1, ">= 1 (1 = off)"),
-        ("aug.ra_selected_round", cfg.aug.ra_selected_round, lambda v: v >= 0, ">= 0"),
-        ("aug.mixup", cfg.aug.mixup, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.cutmix", cfg.aug.cutmix, lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.mixup_prob", cfg.aug.mixup_prob, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        (
-            "aug.mixup_switch_prob",
-            cfg.aug.mixup_switch_prob,
-            lambda v: 0 <= v <= 1,
-            "a probability in [0, 1]",
-        ),
-        ("loss.smoothing", cfg.loss.smoothing, lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("optim.lr", cfg.optim.lr, lambda v: v > 0, "> 0"),
-        ("optim.lr_base_batch", cfg.optim.lr_base_batch, lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("optim.weight_decay", cfg.optim.weight_decay, lambda v: v >= 0, ">= 0"),
-        ("optim.eps", cfg.optim.eps, lambda v: v > 0, "> 0"),
-        ("optim.betas", cfg.optim.betas, lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
-        ("optim.layer_decay", cfg.optim.layer_decay, lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
-        ("optim.clip_grad", cfg.optim.clip_grad, lambda v: v is None or v > 0, "> 0 or null"),
-        ("optim.accum_steps", cfg.optim.accum_steps, lambda v: v >= 1, ">= 1"),
-        ("schedule.epochs", cfg.schedule.epochs, lambda v: v >= 1, ">= 1"),
-        (
-            "schedule.warmup_epochs",
-            cfg.schedule.warmup_epochs,
-            lambda v: 0 <= v < cfg.schedule.epochs,
-            "in [0, schedule.epochs)",
-        ),
-        ("schedule.warmup_lr", cfg.schedule.warmup_lr, lambda v: v >= 0, ">= 0"),
-        ("schedule.min_lr", cfg.schedule.min_lr, lambda v: v >= 0, ">= 0"),
-        ("ema.decay", cfg.ema.decay, lambda v: 0 < v < 1, "in (0, 1)"),
-        (
-            "checkpoint.every_steps",
-            cfg.checkpoint.every_steps,
-            lambda v: v >= 0,
-            ">= 0 (0 = epoch ends only)",
-        ),
-        ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, lambda v: v >= 1, ">= 1"),
-        ("checkpoint.keep_last", cfg.checkpoint.keep_last, lambda v: v >= 1, ">= 1"),
-        ("run.eval_every_epochs", cfg.run.eval_every_epochs, lambda v: v >= 1, ">= 1"),
-        ("run.log_every_steps", cfg.run.log_every_steps, lambda v: v >= 1, ">= 1"),
-        ("model.lora.r", cfg.model.lora.r, lambda v: v >= 1, ">= 1"),
-        ("model.lora.alpha", cfg.model.lora.alpha, lambda v: v > 0, "> 0"),
-        ("model.lora.dropout", cfg.model.lora.dropout, lambda v: 0 <= v < 1, "in [0, 1)"),
+    flat, epochs = flatten_config(cfg), cfg.schedule.epochs
+    rules: list[tuple[str, Callable[[Any], bool], str]] = [
+        ("model.img_size", lambda v: v > 0, "> 0"),
+        ("model.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("model.drop_path_rate", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("model.max_params", lambda v: v > 0, "> 0"),
+        ("data.batch_size", lambda v: v >= 1, ">= 1"),
+        ("data.eval_batch_size", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.num_workers", lambda v: v >= 0, ">= 0"),
+        ("data.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("data.shuffle_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("data.digits_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+        ("aug.color_jitter", lambda v: v >= 0, ">= 0"),
+        ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+        ("aug.hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
+        ("aug.erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
+        ("aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
+        ("aug.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+        ("aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("loss.smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("optim.lr", lambda v: v > 0, "> 0"),
+        ("optim.lr_base_batch", lambda v: v is None or v >= 1, ">= 1 or null"),
+        ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
+        ("optim.eps", lambda v: v > 0, "> 0"),
+        ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+        ("optim.layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
+        ("optim.clip_grad", lambda v: v is None or v > 0, "> 0 or null"),
+        ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
+        ("schedule.epochs", lambda v: v >= 1, ">= 1"),
+        ("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)"),
+        ("schedule.warmup_lr", lambda v: v >= 0, ">= 0"),
+        ("schedule.min_lr", lambda v: v >= 0, ">= 0"),
+        ("ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
+        ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
+        ("checkpoint.every_epochs", lambda v: v >= 1, ">= 1"),
+        ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
+        ("run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+        ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+        ("model.lora.r", lambda v: v >= 1, ">= 1"),
+        ("model.lora.alpha", lambda v: v > 0, "> 0"),
+        ("model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
         # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
-        ("run.seed", cfg.run.seed, lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+        ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     ]
-    problems = [f"{key}={shorten(value)} must be {rule}" for key, value, ok, rule in rules if not ok(value)]
-    return _finite(dataclasses.asdict(cfg)) + problems
+    problems = [f"{key}={shorten(flat[key])} must be {rule}" for key, ok, rule in rules if not ok(flat[key])]
+    return _finite(flat) + problems
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
 
 
-def _finite(values: Mapping[str, Any]) -> list[str]:
-    """Every number setting is finite and fits float32: ``optim.eps=inf`` passed ``> 0`` and then
-    nothing trained, ``optim.lr=1e39`` failed inside the optimizer with a traceback."""
+def _finite(flat: Mapping[str, Any]) -> list[str]:
+    """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
     problems = []
-    for key, value in _flatten(values).items():
+    for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, float) and not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
-                problems.append(
-                    f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
-                )
-                break
+        if any(isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX) for n in numbers):
+            problems.append(
+                f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
+            )
     return problems
 
 
@@ -365,13 +329,8 @@ def _combinations(cfg: TrainConfig) -> list[str]:
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
-    threshold = cfg.loss.bce_target_threshold
-    if (
-        cfg.loss.name == "bce"
-        and cfg.loss.smoothing > 0
-        and threshold is not None
-        and threshold < cfg.loss.smoothing
-    ):
+    threshold, smoothing = cfg.loss.bce_target_threshold, cfg.loss.smoothing
+    if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
         problems.append(
             f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
             f"loss.bce_target_threshold={threshold}, so binarising makes all targets 1; "
@@ -388,16 +347,13 @@ def _combinations(cfg: TrainConfig) -> list[str]:
             f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
             "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
         )
-    if cfg.data.dataset == "wds":
-        for key, value in (
-            ("data.train_shards", cfg.data.train_shards),
-            ("data.val_shards", cfg.data.val_shards),
-        ):
-            if not value or not isinstance(value, (str, list)):
-                problems.append(
-                    f"{key}={value!r}: data.dataset=wds needs a brace pattern "
-                    "(/data/train-{000000..000127}.tar), a list of shards or a folder of *.tar"
-                )
+    for key in ("train_shards", "val_shards") if cfg.data.dataset == "wds" else ():
+        value = getattr(cfg.data, key)
+        if not value or not isinstance(value, (str, list)):
+            problems.append(
+                f"data.{key}={value!r}: data.dataset=wds needs a brace pattern "
+                "(/data/train-{000000..000127}.tar), a list of shards or a folder of *.tar"
+            )
     if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
         problems.append(
             f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
@@ -417,18 +373,14 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
                 f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
             )
         else:
-            for key, split in (
-                ("data.train_split", cfg.data.train_split),
-                ("data.val_split", cfg.data.val_split),
-            ):
+            for key, split in (("train_split", cfg.data.train_split), ("val_split", cfg.data.val_split)):
                 if not (root / split).is_dir():
                     found = sorted(
                         p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                     )
                     problems.append(
-                        f"{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
-                        f"(sub-folders of {root}: {found[:12]}); "
-                        f"set {key} or fix data.root"
+                        f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
+                        f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
                     )
     pretrained = cfg.model.pretrained
     if (
@@ -444,8 +396,7 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
 
 
 def _probe(test: Callable[[], bool]) -> bool:
-    """``Path.exists`` / ``is_dir`` that answers False for a name the OS cannot even look up
-    (too long, a NUL byte) instead of raising."""
+    """``Path.exists`` / ``is_dir``, False for a name the OS cannot look up (too long, a NUL byte)."""
     try:
         return test()
     except (OSError, ValueError):
@@ -453,8 +404,7 @@ def _probe(test: Callable[[], bool]) -> bool:
 
 
 def _names_weights(pretrained: str) -> bool:
-    """Whether ``model.pretrained`` names weights rather than a path: ``true``, a released name
-    (checked by :func:`_pretrained_name`), ``hf-hub:``."""
+    """Whether ``model.pretrained`` names weights (``true``, a release, ``hf-hub:``), not a path."""
     if pretrained in ("true", "True") or pretrained.startswith(hub.HF_HUB_PREFIX):
         return True
     path = Path(pretrained)
@@ -485,41 +435,18 @@ def _pretrained_name(cfg: TrainConfig) -> list[str]:
     return []
 
 
-def _extensions(cfg: TrainConfig) -> list[str]:
-    from vit5.train.lora import check_lora
-    from vit5.train.tracking import check_trackers
-
-    return check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
-
-
-_CHECKS: tuple[Callable[[TrainConfig], list[str]], ...] = (
-    _ranges,
-    _names,
-    _combinations,
-    _pretrained_name,
-    _extensions,
-)
-
-
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
 DEMO_RECIPE = "demo_digits"  # what `vit5 train` runs with no --config
 
 
 def recipes() -> dict[str, Path]:
-    """The recipes that ship inside the package (``vit5/configs/*.yaml``, also ``configs/`` in the
-    repository), by name: ``{"vit5_small_in1k": Path(...), ...}``."""
+    """The packaged recipes (``vit5/configs/*.yaml``) by name."""
     folder = Path(str(importlib.resources.files("vit5").joinpath("configs")))
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
 def recipe_path(recipe: str | os.PathLike[str]) -> Path:
-    """A recipe by name (``vit5_small_in1k``, with or without ``.yaml``) or by path.
-
-    An existing file wins; otherwise a bare name is looked up among the packaged :func:`recipes`.
-
-    Raises:
-        TrainConfigError: neither a file nor a packaged recipe, naming the packaged ones.
-    """
+    """A recipe by path (an existing file wins) or by packaged name (``vit5_small_in1k[.yaml]``)."""
     path = Path(recipe).expanduser()
     if path.is_file():
         return path
@@ -535,21 +462,10 @@ def recipe_path(recipe: str | os.PathLike[str]) -> Path:
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None,
-    overrides: Sequence[str] = (),
-    *,
-    check_paths: bool = True,
+    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = (), *, check_paths: bool = True
 ) -> TrainConfig:
-    """Defaults <- YAML file ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then validate.
-
-    Args:
-        path: a YAML file, or the name of a packaged recipe (:func:`recipe_path`).
-        check_paths: also check that ``data.root`` / ``model.pretrained`` exist (off to inspect
-            a recipe on a machine without the data).
-
-    Raises:
-        TrainConfigError: listing every problem found.
-    """
+    """Defaults <- YAML file or packaged recipe ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then
+    validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
     merged = OmegaConf.structured(TrainConfig)
     required: set[str] = set()  # `???` in the file: the user must give these on the command line
     if path is not None:
@@ -581,9 +497,8 @@ SHORT_RUN_WARMUP = 0.1  # of the run: a recipe's warmup that does not fit a shor
 
 
 def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """A recipe's warmup that is as long as the run or longer (``schedule.epochs=1`` on a recipe
-    with 1 or 5 warmup epochs) becomes a tenth of the run, with a :class:`ConfigAdjusted` warning;
-    a warmup given on the command line is the user's and is checked, never changed."""
+    """A recipe's warmup as long as the run or longer becomes a tenth of the run (a
+    :class:`ConfigAdjusted` warning); a warmup given on the command line is checked, never changed."""
     schedule = cfg.schedule
     if "schedule.warmup_epochs" in given or not 0 < schedule.epochs <= schedule.warmup_epochs:
         return cfg
@@ -599,12 +514,8 @@ def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 
 def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
-    """A config from its ``dataclasses.asdict`` form (as recorded in a checkpoint), validated
-    without checking paths.
-
-    Raises:
-        TrainConfigError: naming ``where`` the values came from.
-    """
+    """A config from its ``dataclasses.asdict`` form (as in a checkpoint), validated without paths;
+    errors name ``where`` the values came from."""
     if not isinstance(values, Mapping):
         raise TrainConfigError(f"{where}: expected a mapping of sections")
     merged = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(dict(values)), where=where)
@@ -618,14 +529,12 @@ _ENV = "${oc.env:"
 
 
 def _to_config(merged: DictConfig, where: str) -> TrainConfig:
-    """The typed config, resolving interpolations; the settings that read the environment
-    (``${oc.env:VAR}``) are remembered with their unresolved text (:func:`config_record`)."""
+    """The typed config; settings read from ``${oc.env:VAR}`` keep their text (:func:`config_record`)."""
     raw = _flatten(typing.cast(dict, OmegaConf.to_container(merged, resolve=False)))
     try:
         cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "a setting"
-        reason = shorten(str(getattr(e, "msg", None) or e).splitlines()[0], 300)[1:-1]
+        key, reason = getattr(e, "full_key", None) or "a setting", _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
     from_env = {k: v for k, v in raw.items() if isinstance(v, str) and _ENV in v}
     return _with_env(cfg, from_env)
@@ -642,9 +551,8 @@ def replace_sections(cfg: TrainConfig, **sections: Any) -> TrainConfig:
 
 
 def config_record(cfg: TrainConfig) -> dict[str, Any]:
-    """``dataclasses.asdict(cfg)`` for files (config.yaml, checkpoints, summaries, saved models): a
-    setting read from the environment keeps its ``${oc.env:VAR}`` text, so a secret passed that
-    way is never written to disk or uploaded (``--resume`` resolves it again)."""
+    """``dataclasses.asdict(cfg)`` for files, a setting read from the environment as its
+    ``${oc.env:VAR}`` text (a secret passed that way is never written; ``--resume`` resolves it again)."""
     record = dataclasses.asdict(cfg)
     for key, text in cfg.__dict__.get("_from_env", {}).items():
         node = record
@@ -661,15 +569,14 @@ def is_from_env(cfg: TrainConfig, key: str) -> bool:
 
 
 def config_to_yaml(cfg: TrainConfig) -> str:
-    """The full config (every setting, defaults included) as YAML, loadable by :func:`load_config`;
-    environment interpolations stay unresolved (:func:`config_record`)."""
+    """Every setting as YAML, loadable by :func:`load_config` (as :func:`config_record`)."""
     return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
 
 
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
-    """``"section.key: old -> new"`` for every setting that differs. ``data.class_names=null`` in
-    ``new`` is no change: it means "the data's", which the run checks against the recorded ones."""
-    flat_old, flat_new = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in ``new``
+    means "the data's": no change)."""
+    flat_old, flat_new = flatten_config(old), flatten_config(new)
     return [
         f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
@@ -719,13 +626,16 @@ def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
     try:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        reason = shorten(str(getattr(e, "msg", None) or e).splitlines()[0], 300)[1:-1]
+        key, reason = getattr(e, "full_key", None), _reason(e)
         if not key:
             raise TrainConfigError(f"{where}: bad value: {reason}") from e
         raise TrainConfigError(
             f"{where}: bad value for {key}: {reason} (expected {_expected_type(key)})"
         ) from e
+
+
+def _reason(e: OmegaConfBaseException) -> str:
+    return shorten(str(getattr(e, "msg", None) or e).splitlines()[0], 300)[1:-1]
 
 
 def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
@@ -735,24 +645,19 @@ def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
                 f"{where}: {prefix.rstrip('.')} is a section; give it keys, e.g. {prefix}KEY=VALUE"
             )
         raise TrainConfigError(f"{where}: expected a mapping of sections")
-    fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     for key, value in node.items():
         full = f"{prefix}{key}"
-        if key not in fields:
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), sorted(hints), n=1, cutoff=0.5)
+            hint = f"Did you mean {prefix}{close[0]}? " if close else ""
+            section = prefix.rstrip(".") or "the top level"
             raise TrainConfigError(
-                f"{where}: {shorten(full)[1:-1]} is not a setting. {_suggest(str(key), fields, prefix)}"
+                f"{where}: {shorten(full)[1:-1]} is not a setting. {hint}Valid keys in {section}: "
+                f"{', '.join(sorted(hints))}."
             )
         if dataclasses.is_dataclass(hints[key]) and full not in _FREE_FORM:
             _check_keys(value, typing.cast(type, hints[key]), prefix=f"{full}.", where=where)
-
-
-def _suggest(key: str, choices: Iterable[str], prefix: str) -> str:
-    choices = sorted(choices)
-    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
-    hint = f"Did you mean {prefix}{close[0]}? " if close else ""
-    section = prefix.rstrip(".") or "the top level"
-    return f"{hint}Valid keys in {section}: {', '.join(choices)}."
 
 
 def _expected_type(full_key: str) -> str:

@@ -1,28 +1,8 @@
-"""Data sets and loaders for a run, built from the config on top of :mod:`vit5.data`.
-
-Sharding across processes:
-
-* train: a rank-aware :class:`~vit5.data.RepeatAugSampler` (DeiT's RASampler; ``repeated_aug=1``
-  is a plain distributed shuffle). All ranks share the seed, so they agree on the permutation
-  and take disjoint strides of it; the loader is not passed to ``accelerator.prepare`` (which
-  would shard it a second time).
-* resume: an epoch is a global sample sequence that depends on the seed and the epoch only; the
-  training state records how many of its samples all processes together have trained
-  (``TrainState.epoch_samples``), and :func:`start_epoch` hands ``(epoch, consumed)`` to the data
-  source, which skips that prefix and splits the rest over the current processes (exact for any
-  number of processes). Each sample's augmentation draws from its own seed
-  (:class:`~vit5.data.SeededSamples`), so workers and world size do not change it either. Another
-  data source (e.g. sharded streams) plugs in by implementing ``set_epoch(epoch, consumed=...)``
-  on the loader's sampler or data set.
-* val: ``accelerator.prepare`` shards it and pads the last batches;
-  :func:`vit5.train.evaluate.evaluate` drops the padding with ``gather_for_metrics``, so the
-  counts are exact (the distributed evaluation of :mod:`vit5.eval.classify`).
-* WebDataset shards (``data.dataset=wds``): each process's :class:`~vit5.data.ShardDataset`
-  splits the epoch's samples by process and loader worker itself (see :mod:`vit5.data.shards`);
-  neither loader is prepared; validation pads with label ``-1``, which ``evaluate`` leaves out.
-
-Where an epoch starts (:func:`start_epoch`): the epoch and the number of its samples that all
-processes together already consumed; the sampler or the shards skip those.
+"""Data sets and loaders of a run on top of :mod:`vit5.data`. Train: a rank-aware, seeded
+:class:`~vit5.data.RepeatAugSampler` (not prepared by Accelerate), whose epoch order depends on seed
+and epoch only, so :func:`start_epoch` resumes after the samples all processes consumed, on any number
+of processes. Val: prepared by Accelerate (padding dropped by ``gather_for_metrics``). WebDataset shards
+(``data.dataset=wds``) split by process and worker themselves and pad validation with label ``-1``.
 """
 
 from __future__ import annotations
@@ -65,9 +45,15 @@ class RunData:
     notes: list[str] = dataclasses.field(default_factory=list)  # settings adapted to the machine
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
-    """Train and val sets with their transforms, and the class names (train's order)."""
+def build_datasets(
+    cfg: TrainConfig, accelerator: Accelerator | None = None
+) -> tuple[Dataset, Dataset, list[str]]:
+    """Train and val sets with their transforms, and the class names (train's order); shard streams
+    (``data.dataset=wds``) are this ``accelerator`` process's."""
     size = cfg.model.img_size
+    if cfg.data.dataset == "wds":
+        train_set, val_set = _shard_datasets(cfg, accelerator or Accelerator())
+        return train_set, val_set, list(train_set.class_names)
     train_tf = build_transform(cfg.aug.train, size, **_train_options(cfg))
     val_tf = eval_transform(size, crop_ratio=cfg.aug.eval_crop_ratio)
     if cfg.data.dataset == "digits":
@@ -85,19 +71,12 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, list[str]]:
 
 
 def build_run_data(
-    cfg: TrainConfig,
-    accelerator: Accelerator,
-    train_set: Dataset | None = None,
-    val_set: Dataset | None = None,
+    cfg: TrainConfig, accelerator: Accelerator, train_set: Dataset, val_set: Dataset
 ) -> RunData:
-    """Datasets (from the config unless given) and this process's loaders."""
-    class_names: list[str]
-    if isinstance(train_set, ShardDataset) or (train_set is None and cfg.data.dataset == "wds"):
+    """This process's loaders of the run's data sets."""
+    if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
-    if train_set is None or val_set is None:
-        train_set, val_set, class_names = build_datasets(cfg)
-    else:
-        class_names = list(train_set.class_names)  # type: ignore[attr-defined]
+    class_names = list(train_set.class_names)  # type: ignore[attr-defined]
     world, rank = accelerator.num_processes, accelerator.process_index
     try:
         sampler = RepeatAugSampler(
@@ -140,17 +119,9 @@ def build_run_data(
 
 
 def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | None) -> TrainConfig:
-    """``cfg`` with ``data.class_names`` set to the data's classes, checked against the ones recorded.
-
-    A run records its classes when it starts (config.yaml, every checkpoint, ``label_names`` of the
-    saved models); a different list later would silently permute or mislabel the outputs, so it is
-    refused naming both, as is a data set of one class (every prediction is right: 100% top-1 that
-    means nothing).
-
-    Raises:
-        ResumeError: resuming ``resume`` (a checkpoint) on data whose classes differ from its own.
-        TrainConfigError: ``data.class_names`` set and different from the data's, or one class.
-    """
+    """``cfg`` with ``data.class_names`` set to the data's classes; another list than the one recorded
+    (``data.class_names``, or the checkpoint's: ResumeError) would mislabel the outputs, and one class
+    gives a meaningless 100% top-1: both refused."""
     if len(class_names) < 2:
         where = f"data.root={cfg.data.root}" if cfg.data.dataset == "folder" else cfg.data.dataset
         raise TrainConfigError(
@@ -158,7 +129,7 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
             f"2 (one class gives 100% top-1 whatever it learns); add a folder per class under "
             f"{cfg.data.train_split}/ and {cfg.data.val_split}/"
         )
-    if resume is not None:  # what the checkpoint was trained on (older checkpoints record nothing)
+    if resume is not None:  # what the checkpoint was trained on
         trained_on = (checkpoint_config(resume).get("data") or {}).get("class_names")
         if trained_on is not None and list(trained_on) != list(class_names):
             raise ResumeError(
@@ -182,8 +153,7 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
     )
 
 
-def build_shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
-    """The train and val shard streams of this process (``data.dataset=wds``), with their transforms."""
+def _shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
     size, data = cfg.model.img_size, cfg.data
     common: dict[str, Any] = dict(
         num_replicas=accelerator.num_processes,
@@ -212,26 +182,18 @@ def build_shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Sh
 
 
 def _shard_run_data(
-    cfg: TrainConfig, accelerator: Accelerator, train_set: Dataset | None, val_set: Dataset | None
+    cfg: TrainConfig, accelerator: Accelerator, train_set: Dataset, val_set: Dataset
 ) -> RunData:
     data = cfg.data
-    common: dict[str, Any] = dict(
-        num_replicas=accelerator.num_processes,
-        rank=accelerator.process_index,
-        num_workers=data.num_workers,
-    )
-    if train_set is None or val_set is None:
-        train_set, val_set = build_shard_datasets(cfg, accelerator)
+    mine = (accelerator.num_processes, accelerator.process_index, data.num_workers)
     for dataset in (train_set, val_set):
-        if not isinstance(dataset, ShardDataset) or (
-            dataset.num_replicas,
-            dataset.rank,
-            dataset.num_workers,
-        ) != (common["num_replicas"], common["rank"], common["num_workers"]):
+        if (
+            not isinstance(dataset, ShardDataset)
+            or (dataset.num_replicas, dataset.rank, dataset.num_workers) != mine
+        ):
             raise TrainConfigError(
                 "given shard data sets must both be ShardDatasets built for this process "
-                f"(num_replicas={common['num_replicas']}, rank={common['rank']}, "
-                f"num_workers=data.num_workers={common['num_workers']})"
+                f"(num_replicas={mine[0]}, rank={mine[1]}, num_workers=data.num_workers={mine[2]})"
             )
     if train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
         raise TrainConfigError(
@@ -253,9 +215,8 @@ def _shard_run_data(
 
 
 def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:
-    """Position the training data at epoch ``epoch`` after its first ``consumed`` samples (counted over
-    all processes): the resume hook of the data pipeline. The loader's sampler (or, for an iterable
-    data set without one, the data set) must implement ``set_epoch(epoch, consumed=...)``."""
+    """Position the training data at ``epoch`` after its first ``consumed`` samples (all processes):
+    through ``set_epoch(epoch, consumed=...)`` of the loader's sampler, or of its iterable data set."""
     source = loader.sampler if hasattr(loader.sampler, "set_epoch") else loader.dataset
     if not hasattr(source, "set_epoch"):
         raise TypeError(f"{type(source).__name__} has no set_epoch(epoch, consumed=...): it cannot resume")

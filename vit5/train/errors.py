@@ -10,13 +10,11 @@ class TrainConfigError(Vit5Error, ValueError):
 
 
 class TrainingDiverged(RuntimeError):
-    """A training loss, a validation loss or a weight became NaN or infinite; the run stopped without
-    saving the bad weights (``vit5 train`` exits with :data:`EXIT_DIVERGED`)."""
+    """A loss or a weight became NaN or infinite; nothing was saved from it (exit :data:`EXIT_DIVERGED`)."""
 
 
 class TrainingInterrupted(Exception):
-    """SIGTERM, SIGINT or SIGUSR1 stopped the run after a checkpoint at the exact position reached;
-    ``vit5 train`` exits with ``exit_code`` = 128 + the signal number (143, 130, 138)."""
+    """A stop signal ended the run after a checkpoint; ``vit5 train`` exits with 128 + the signal number."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)

@@ -1,11 +1,7 @@
-"""Top-1 / top-5 accuracy and cross-entropy of the validation set, over every process.
-
-The same distributed evaluation as :func:`vit5.eval.classify.evaluate`: the loader is
-Accelerate-prepared (each process gets a shard; the last batches are padded with repeated samples
-so that every process runs as many batches), and ``accelerator.gather_for_metrics`` collects each
-batch's per-image results and drops the padding, so N processes give the numbers of one
-(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation). A shard loader
-(:mod:`vit5.data.shards`) pads its batches itself, with label ``-1``; those rows count for nothing.
+"""Top-1 / top-5 accuracy and cross-entropy of the validation set over every process: the loader is
+Accelerate-prepared and ``gather_for_metrics`` drops its padding
+(https://huggingface.co/docs/accelerate/quicktour#distributed-evaluation); shard loaders pad with
+label ``-1``, which counts for nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
-    """Evaluate ``model`` (raw or EMA) on ``loader`` (prepared by ``accelerator``; a plain loader
-    is evaluated whole on each process). Collective: call on every process."""
+    """Evaluate ``model`` on ``loader`` (prepared; a plain one is evaluated whole on each process)."""
     was_training = model.training
     model.eval()
     # running sums stay on the device: one host sync for the whole pass, not three per batch
@@ -39,27 +34,18 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> 
         images = images.to(accelerator.device, non_blocking=True)
         labels = labels.to(accelerator.device, non_blocking=True)
         with accelerator.autocast():
-            logits = model(images)
-        logits = logits.float()
+            logits = model(images).float()
         valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
         labels = labels.clamp(min=0)
-        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None])
-        per_image = torch.stack(
-            [
-                F.cross_entropy(logits, labels, reduction="none"),
-                hits[:, 0].float(),
-                hits.any(dim=1).float(),
-                torch.ones_like(valid),
-            ],
-            dim=1,
+        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None]).float()
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        per_image = (
+            torch.stack([loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)], 1) * valid[:, None]
         )
-        per_image = per_image * valid[:, None]
         per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
         sums += per_image.sum(dim=0).double()
     model.train(was_training)
     loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:
         raise RuntimeError("the validation set is empty on every process")
-    return EvalResult(
-        loss=loss_sum / count, top1=100 * correct1 / count, top5=100 * correct5 / count, count=int(count)
-    )
+    return EvalResult(loss_sum / count, 100 * correct1 / count, 100 * correct5 / count, int(count))

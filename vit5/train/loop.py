@@ -1,40 +1,8 @@
-"""The training step and loop, once for every trainer of the package: ``vit5 train``
-(:class:`~vit5.train.Trainer`, under Accelerate), the register study (:mod:`vit5.study`) and the
-benchmark's depth ablation.
-
-:func:`train_step` is one micro-batch: forward and loss (under ``accelerator.autocast()``: bf16 on GPU
-in the recipe; fp32 master weights), a finite-loss check *before* backward (a NaN never reaches the
-weights), backward, and, once the gradients are complete, gradient clipping, the optimizer step,
-the lr schedule and the EMA. Under Accelerate (``StepParts.accelerator``) gradients are accumulated
-inside ``accelerator.accumulate``: the optimizer only steps when ``accelerator.sync_gradients`` is
-true, and only then do the schedule, the EMA and the update counter advance. Without it (one
-process, the study and the benchmark) every micro-batch is an optimizer step. :func:`train_steps` is
-the loop over batches, with a progress bar; :func:`train_one_epoch` feeds it one epoch of the
-training loader.
-
-An epoch of ``vit5 train`` starts where the training state says (:func:`vit5.train.data.start_epoch`
-with the samples of the epoch already consumed by all processes, ``TrainState.epoch_samples``) and
-runs the micro-batches the data source has left, truncated to whole optimizer steps. Its lr schedule's
-clock is the position in the run, ``epoch x updates_per_epoch + epoch_samples / global_batch``
-(:func:`schedule_clock`): the update count itself for a run that kept its number of processes, the
-same fraction of the run after an elastic resume that changed the global batch.
-
-An epoch is truncated to a multiple of the accumulation steps, so every optimizer step sees the
-same number of micro-batches and epochs start on a step boundary (the loader is not prepared by
-Accelerate, which would otherwise flush a partial accumulation at the end of the loader).
-
-Targets are always soft ``[B, classes]``: Mixup / CutMix (timm ``Mixup``; the official recipe mixes
-every batch: Mixup alpha 0.8, CutMix alpha 1.0, switch 0.5, mode ``batch``) or, with mixing off,
-(smoothed) one-hot rows, so one loss code path serves both. timm ``Mixup`` draws from NumPy's global
-RNG (checkpointed with the run) and asserts an even batch per process (validated in the config).
-The losses:
-
-* ``bce`` (pre-training, ``--bce-loss``): ``BCEWithLogits`` with targets binarised like the
-  official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5 at commit b7b0796):
-  every class present in the mix is a positive. timm ``BinaryCrossEntropy(smoothing=0,
-  target_threshold=0)`` does exactly this.
-* ``soft_ce`` (fine-tuning): timm ``SoftTargetCrossEntropy``; label smoothing is already folded
-  into the targets; on smoothed one-hot rows it equals cross-entropy with label smoothing.
+"""The training step and loop shared by ``vit5 train`` (under Accelerate), the register study and the
+benchmark's depth ablation. A micro-batch's loss is checked finite before backward; under Accelerate
+the optimizer, lr schedule, EMA and update count only advance when ``accelerator.sync_gradients``.
+Targets are always soft ``[B, classes]`` (timm Mixup / CutMix, or smoothed one-hot rows); the ``bce``
+loss binarises them like the official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5).
 """
 
 from __future__ import annotations
@@ -61,23 +29,18 @@ from vit5.train.config import AugSection, LossSection
 from vit5.train.data import start_epoch
 from vit5.train.optim import LRSchedule
 
+Mixer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
 
 class NonFiniteLoss(ArithmeticError):
     """The loss of a micro-batch is NaN or infinite (on any process)."""
 
-    def __init__(self, value: float, epoch: int, batch: int, num_updates: int) -> None:
-        self.value, self.epoch, self.batch, self.num_updates = value, epoch, batch, num_updates
-        super().__init__(
-            f"loss is {value} at epoch {epoch + 1}, batch {batch + 1} (optimizer step {num_updates + 1})"
-        )
-
 
 @dataclass(kw_only=True)
 class StepParts:
-    """What a training step touches. ``model`` is the module called (prepared by Accelerate, compiled);
-    ``raw_model`` the unwrapped one the EMA follows (default: ``model``); no ``accelerator``: one
-    process in plain PyTorch, every micro-batch an optimizer step. ``clock`` gives the lr schedule's
-    position after an update (default: the update count)."""
+    """What a training step touches: ``model`` is the module called, ``raw_model`` the unwrapped one the
+    EMA follows (default: ``model``); no ``accelerator``: plain PyTorch, every micro-batch a step;
+    ``clock``: the lr schedule's position after an update (default: the update count)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -91,21 +54,15 @@ class StepParts:
 
 
 def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int) -> float:
-    """The lr schedule's position in optimizer steps of the current size (see the module docstring)."""
+    """The lr schedule's position in optimizer steps of the current global batch (the same fraction of
+    the run after an elastic resume)."""
     done, left = divmod(state.epoch_samples, global_batch)
     return state.epoch * updates_per_epoch + (done if left == 0 else state.epoch_samples / global_batch)
 
 
 def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
-    """Train on one micro-batch; advance ``state.batch``, ``state.epoch_samples`` (by the micro-batch of
-    all processes) and, after an optimizer step, ``state.num_updates``.
-
-    Returns:
-        the loss of the micro-batch.
-
-    Raises:
-        NonFiniteLoss: on every process, before backward, when the loss is NaN or infinite on any.
-    """
+    """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
+    before backward, when the loss is NaN or infinite on any."""
     acc, model = parts.accelerator, parts.model
     with acc.accumulate(model) if acc is not None else nullcontext():
         with acc.autocast() if acc is not None else nullcontext():
@@ -139,9 +96,8 @@ def train_steps(
     bar: tqdm | None = None,
     on_update: Callable[[float, float], None] | None = None,
 ) -> list[float]:
-    """:func:`train_step` on every ``(inputs, targets)`` of ``batches``; ``on_update(loss, lr)`` after
-    each optimizer step, with the mean loss of its micro-batches and the lr it ran at (the largest
-    of the groups'); ``bar`` advanced with the smoothed loss and the lr. Returns the losses."""
+    """:func:`train_step` on every batch; ``on_update(mean loss, lr)`` after each optimizer step (the lr
+    it ran at, the largest of the groups'); returns the losses."""
     parts.model.train()
     losses: list[float] = []
     smoothed = math.nan
@@ -167,19 +123,11 @@ def train_steps(
 class LoopParts(StepParts):
     """What an epoch of ``vit5 train`` needs: the step's parts and the training data."""
 
-    mixer: TargetMixer
+    mixer: Mixer
     loader: DataLoader
     batch_size: int  # per process
-    batches_per_epoch: int
     accum_steps: int
     progress: bool
-
-
-@dataclass(frozen=True)
-class EpochResult:
-    loss: float  # mean training loss over all processes' micro-batches of this session
-    images: int  # images trained on, all processes
-    seconds: float
 
 
 def train_one_epoch(
@@ -188,10 +136,10 @@ def train_one_epoch(
     epoch: int,
     num_epochs: int,
     on_update: Callable[[bool, float, float], None],
-) -> EpochResult:
-    """Train ``epoch`` from sample ``state.epoch_samples`` of it; advance ``state`` after every
-    optimizer step and call ``on_update(end_of_epoch, loss, lr)`` (the step's loss and lr, as
-    :func:`train_steps` gives them)."""
+) -> tuple[float, int, float]:
+    """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps (the loader is not
+    prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step. Returns the mean loss
+    and the images over all processes, and the seconds taken."""
     acc = parts.accelerator
     assert acc is not None
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
@@ -223,7 +171,7 @@ def train_one_epoch(
     seconds = time.perf_counter() - start
     loss_sum = sum(loss * size for loss, size in zip(losses, sizes))
     loss_total, images = reduce_sums(acc, [loss_sum, sum(sizes)])
-    return EpochResult(loss=loss_total / max(images, 1), images=int(images), seconds=seconds)
+    return loss_total / max(images, 1), int(images), seconds
 
 
 def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float]:
@@ -241,33 +189,25 @@ def _checked(acc: Accelerator | None, loss: torch.Tensor, state: TrainState) -> 
     value, bad_ranks = torch.stack([loss, bad]).tolist()
     if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
-            value if not math.isfinite(value) else math.nan, state.epoch, state.batch, state.num_updates
+            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, batch "
+            f"{state.batch + 1} (optimizer step {state.num_updates + 1})"
         )
     return value
 
 
-class TargetMixer:
+def target_mixer(cfg: AugSection, num_classes: int, smoothing: float) -> Mixer:
     """``(images, labels) -> (images, soft targets)`` for a training batch."""
-
-    def __init__(self, cfg: AugSection, num_classes: int, smoothing: float) -> None:
-        self.num_classes = num_classes
-        self.smoothing = smoothing
-        self.mixup: Mixup | None = None
-        if cfg.mixing:
-            self.mixup = Mixup(
-                mixup_alpha=cfg.mixup,
-                cutmix_alpha=cfg.cutmix,
-                prob=cfg.mixup_prob,
-                switch_prob=cfg.mixup_switch_prob,
-                mode=cfg.mixup_mode,
-                label_smoothing=smoothing,
-                num_classes=num_classes,
-            )
-
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.mixup is not None:
-            return self.mixup(images, labels)
-        return images, mixup_target(labels, self.num_classes, lam=1.0, smoothing=self.smoothing)
+    if cfg.mixing:
+        return Mixup(
+            mixup_alpha=cfg.mixup,
+            cutmix_alpha=cfg.cutmix,
+            prob=cfg.mixup_prob,
+            switch_prob=cfg.mixup_switch_prob,
+            mode=cfg.mixup_mode,
+            label_smoothing=smoothing,
+            num_classes=num_classes,
+        )
+    return lambda images, labels: (images, mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing))
 
 
 def build_loss(cfg: LossSection) -> nn.Module:

@@ -1,15 +1,7 @@
-"""The model of a run: a fresh preset, or pretrained weights, sized for the data.
-
-Pretrained weights (:func:`pretrained_source`): the released ones by name (``true`` for those of
-``model.name``, or ``vit5_small_patch16_224.in1k``), ``hf-hub:USER/REPO``, an official ViT-5
-``.pth``, a timm ``deit3_*`` / ``vit_*`` state dict, or one of our runs (a run directory, or its
-``final/`` or ``best/``), whose ``config.json`` gives the architecture. Loading goes through
-:func:`vit5.create_model` / :func:`vit5.load_model` and is
-strict except for the two deliberate, reported changes of the official fine-tune recipe (main.py's
-``--finetune`` branch, github.com/wangf3014/ViT-5 at commit b7b0796): a **new head** when the
-checkpoint's head does not fit the data's number of classes (``model.new_head``), and the
-**position embedding resampled** (bicubic) when ``model.img_size`` differs. With
-``model.new_head=false`` a head of the wrong size is an error that says how to fix it.
+"""The model of a run: a fresh preset, or pretrained weights (released, ``hf-hub:``, an official
+``.pth``, a timm file, one of our runs) loaded strictly except for the official fine-tune recipe's two
+reported changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head when the classes
+differ (``model.new_head``) and the position embedding resampled for another ``model.img_size``.
 """
 
 from __future__ import annotations
@@ -41,38 +33,22 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
         model, report = load_pretrained(cfg, num_classes)
         arch = closest_preset(model.cfg)
     else:
-        model = create_model(
-            cfg.name,
-            img_size=cfg.img_size,
-            num_classes=num_classes,
-            drop_path_rate=cfg.drop_path_rate,
-            max_params=cfg.max_params,
-            **cfg.overrides,
-        )
+        sizes = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
+        model = create_model(cfg.name, num_classes=num_classes, max_params=cfg.max_params, **sizes)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     params = sum(p.numel() for p in model.parameters())
     origin = "fine-tuned" if cfg.pretrained is not None else "from scratch"
-    changed = ", ".join(
-        f"{key}={value}" for key, value in cfg.overrides.items()
-    )  # what differs from the preset
+    changed = ", ".join(f"{key}={value}" for key, value in cfg.overrides.items())  # differs from the preset
     name = f"{arch} [{changed}]" if changed else arch
     description = f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
     return model, description, report
 
 
 def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
-    """What ``model.pretrained`` names: ``(preset to build, the weights for vit5.create_model, note)``.
-
-    ``true``: the released weights of ``model.name``; a released name
-    (``vit5_small_patch16_224.in1k``) or ``hf-hub:USER/REPO`` as everywhere else (the Hugging
-    Face cache, ``HF_HUB_OFFLINE``); otherwise a path. Released weights and our directories know
-    their architecture, so it is built from them (the note says when ``model.name`` differs);
-    only an official ``.pth`` or timm file is read as ``model.name``.
-
-    Raises:
-        TrainConfigError: ``true`` for a preset without released weights, or an unknown name.
-    """
+    """``(preset to build, weights for vit5.create_model, note)`` of ``model.pretrained``: released
+    weights build their own architecture (the note says when it is not ``model.name``); a path is
+    read as ``model.name``."""
     text = str(cfg.pretrained)
     if text in PRETRAINED_TRUE:
         release = hub.default_release(cfg.name)
@@ -96,8 +72,7 @@ def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | 
 
 
 def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
-    """Build the model ``cfg.pretrained`` holds for ``num_classes``; return it and a report of what
-    was loaded, reset and resampled."""
+    """The model ``cfg.pretrained`` holds for ``num_classes``, and a report of what was loaded and reset."""
     name, weights, note = pretrained_source(cfg)
     overrides = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
     if cfg.new_head:
@@ -114,11 +89,8 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
         else:
             model = vit5.create_model(name, pretrained=weights, **options, **overrides)
     except (vit5.CheckpointError, vit5.ConfigError) as e:
-        hint = (
-            f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
-            if isinstance(e, HeadMismatchError)
-            else ""
-        )
+        hint = f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
+        hint = hint if isinstance(e, HeadMismatchError) else ""
         raise TrainConfigError(f"model.pretrained={cfg.pretrained}: {e}{hint}") from e
     if model.num_classes != num_classes:
         raise TrainConfigError(

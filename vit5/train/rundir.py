@@ -1,25 +1,7 @@
-"""The run directory: where it goes, who may write it, and the files every run leaves.
-
-``RUN = run.output_dir / run.name`` holds ``config.yaml`` (the full config as run),
-``checkpoints/`` (resumable state, :mod:`vit5.train.checkpointing`), ``best/`` and ``final/``
-(model directories), ``metrics.csv``, ``curves.png``, ``summary.{txt,json}`` and, with
-``run.log_with``, ``logs/`` (the experiment trackers', :mod:`vit5.train.tracking`). A new run never
-writes into an existing, non-empty directory: it takes the next free ``NAME-2``, ``NAME-3``, ...
-
-**One writer**: the main process holds ``RUN/.lock`` (:class:`vit5.files.FolderLock`) from the
-start of the run to its end, so a second ``vit5 train`` (a second ``--resume`` of the same run)
-stops with an error naming the holder instead of interleaving checkpoints.
-
-**Resume never rewrites history**: resuming from the run's latest checkpoint continues in the
-same directory; resuming from an older one (newer checkpoints exist) *forks*: a new run directory
-``NAME-K`` gets a copy of that checkpoint (hard links where possible) and, when it is the best
-model of that point, of ``best/``. The original run is only read, never changed.
-
-**Metrics**: every number in ``metrics.csv`` covers the whole data set and all processes: sums
-(loss x count, correct predictions, counts, images) are reduced with
-``accelerator.reduce(..., "sum")`` before any division, so shards of unequal size are weighted
-correctly. One line per epoch is printed, the final summary is written as text and JSON, and the
-curves (loss, accuracy and learning rate against epochs) as ``curves.png``.
+"""The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/, metrics.csv,
+curves.png, summary.{txt,json} and logs/. A new run never writes into a non-empty directory (it takes
+``NAME-2``, ...); the main process holds ``RUN/.lock`` for the whole run; resuming from an older
+checkpoint forks a new directory and never changes the original. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -48,7 +30,7 @@ from vit5.files import (
     replace_dir,
     staging_dir,
 )
-from vit5.train.checkpointing import STATE_FILE, checkpoint_number, list_checkpoints
+from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE, checkpoint_number, list_checkpoints
 from vit5.train.config import TrainConfig, config_to_yaml
 
 CONFIG_FILE = "config.yaml"
@@ -61,33 +43,22 @@ SUMMARY_TXT = "summary.txt"
 SUMMARY_JSON = "summary.json"
 
 
-def free_run_dir(output_dir: Path, name: str) -> Path:
-    """``output_dir/name``, or the first ``name-K`` (K = 2, 3, ...) that is absent or empty."""
-    candidate, k = output_dir / name, 2
-    while candidate.exists() and any(candidate.iterdir()):
-        candidate, k = output_dir / f"{name}-{k}", k + 1
-    return candidate
-
-
 def create_run_dir(accelerator: Accelerator, cfg: TrainConfig) -> tuple[Path, FolderLock | None]:
-    """Choose, create and lock a fresh run directory on the main process; every process gets its path.
-
-    Raises:
-        StorageError: ``run.output_dir`` cannot be created or written (on every process).
-    """
+    """Choose, create and lock a fresh run directory on the main process; every process gets its path
+    (``StorageError`` on every process when ``run.output_dir`` cannot be written)."""
     return _on_main(accelerator, lambda: _new_locked_dir(Path(cfg.run.output_dir).expanduser(), cfg.run.name))
 
 
 def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
-    """Take the run's lock (main process) to continue it in place; finish what a crash left half-done.
-
-    Raises:
-        FolderLocked: another live process is writing the run (on every process).
-    """
+    """Take the run's lock (main process) to continue it in place (``FolderLocked`` on every process
+    when another live process writes it); complete or remove what a killed run left half-done."""
 
     def take() -> tuple[Path, FolderLock]:
         lock = FolderLock(run_dir, "training").acquire()
-        recover_leftovers(run_dir)
+        for name in (BEST, FINAL):
+            recover_dir(run_dir / name)
+        for stale in (run_dir / CHECKPOINTS).glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         return run_dir, lock
 
     return _on_main(accelerator, take)[1]
@@ -96,27 +67,19 @@ def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
 def fork_run_dir(
     accelerator: Accelerator, run_dir: Path, checkpoint: Path
 ) -> tuple[Path, Path, FolderLock | None]:
-    """Continue from ``checkpoint`` (not the latest of ``run_dir``) in a new run directory.
-
-    Returns ``(new_run_dir, its copy of the checkpoint, lock)``. ``best/`` is copied when it is the
-    best model as of the checkpoint (its epoch is the checkpoint's best epoch).
-    """
-    copied: list[Path] = []
+    """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``; ``best/``
+    is copied when it is the best model as of the checkpoint."""
 
     def fork() -> tuple[Path, FolderLock]:
         new_dir, lock = _new_locked_dir(run_dir.parent, run_dir.name)
         target = new_dir / CHECKPOINTS / checkpoint.name
         _link_tree(checkpoint, target)
-        copied.append(target)
         if _best_matches(run_dir / BEST, target):
             _link_tree(run_dir / BEST, new_dir / BEST)
         return new_dir, lock
 
     new_dir, lock = _on_main(accelerator, fork)
-    target = [str(copied[0]) if copied else ""]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(target, from_process=0)
-    return new_dir, Path(target[0]), lock
+    return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
 
 
 def newer_checkpoints(checkpoint: Path) -> list[Path]:
@@ -124,14 +87,6 @@ def newer_checkpoints(checkpoint: Path) -> list[Path]:
     return [
         c for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > checkpoint_number(checkpoint)
     ]
-
-
-def recover_leftovers(run_dir: Path) -> None:
-    """Complete or remove what a killed run left: a ``best/`` / ``final/`` swap cut short, staging folders."""
-    for name in (BEST, FINAL):
-        recover_dir(run_dir / name)
-    for stale in (run_dir / CHECKPOINTS).glob(".tmp-*") if (run_dir / CHECKPOINTS).is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
@@ -142,8 +97,11 @@ def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
 
 # ------------------------------------------------------------------------------------------ helpers
 def _new_locked_dir(output_dir: Path, name: str) -> tuple[Path, FolderLock]:
+    """Lock ``output_dir/name``, or the first ``name-K`` (K = 2, 3, ...) that is absent or empty."""
     while True:
-        path = free_run_dir(output_dir, name)
+        path, k = output_dir / name, 2
+        while path.exists() and any(path.iterdir()):
+            path, k = output_dir / f"{name}-{k}", k + 1
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -173,8 +131,8 @@ def _on_main(accelerator: Accelerator, action: Any) -> tuple[Path, FolderLock | 
 
 
 def _link_tree(source: Path, target: Path) -> None:
-    """Copy the folder ``source`` to ``target`` (hard links where the file system allows: files are
-    never modified in place, only replaced), through a staging folder."""
+    """Copy the folder ``source`` to ``target`` through a staging folder, with hard links where possible
+    (files are never modified in place)."""
     staged = staging_dir(target)
     try:
         for item in source.iterdir():
@@ -249,23 +207,21 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(
             f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
         )
-    if summary.get("resume_exact") is False:
-        written_by = summary.get("resumed_from_processes")
-        if written_by:
-            lines.append(
-                f"  resume_exact     false: elastic resume of a checkpoint of {written_by} process(es) "
-                "(random generators re-derived; see resume_note in summary.json)"
-            )
-        else:
-            lines.append(
-                "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
-            )
+    written_by = summary.get("resumed_from_processes")
+    if summary.get("resume_exact") is False and written_by:
+        lines.append(
+            f"  resume_exact     false: elastic resume of a checkpoint of {written_by} process(es) "
+            "(random generators re-derived; see resume_note in summary.json)"
+        )
+    elif summary.get("resume_exact") is False:
+        lines.append(
+            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
+        )
     return "\n".join(lines)
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
-    """``summary.json`` and ``summary.txt``, each written atomically; file names of any encoding
-    survive (escaped in JSON, backslash-escaped in the text)."""
+    """``summary.json`` and ``summary.txt``, each written atomically."""
     atomic_write_json(run_dir / SUMMARY_JSON, summary)
     atomic_write_text(run_dir / SUMMARY_TXT, format_summary(summary) + "\n")
 
@@ -278,8 +234,7 @@ _PANELS = (
 
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
-    """Three panels side by side; epochs on x (1-based); a missing value leaves a gap. Colours are
-    :data:`vit5.plotstyle.ROLE_COLOURS`: val and its EMA twin keep one colour each in every panel."""
+    """Loss, top-1 and lr against epochs (a missing value leaves a gap), in the role colours."""
     fig = Figure(figsize=(S.TEXT_WIDTH, 2.6), dpi=S.DPI, layout="constrained")  # no pyplot: no global state
     axes = fig.subplots(1, 3)
     epochs = [int(r["epoch"]) for r in rows]
@@ -304,21 +259,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     return path
 
 
-CSV_COLUMNS = (
-    "epoch",
-    "updates",
-    "lr",
-    "train_loss",
-    "train_images_per_s",
-    "epoch_seconds",
-    "val_loss",
-    "val_top1",
-    "val_top5",
-    "ema_val_loss",
-    "ema_top1",
-    "ema_top5",
-    "bad_files",
-)
+CSV_COLUMNS = tuple(k for k in HISTORY_FIELDS if k != "val_images")  # val_images: in summary.json
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -326,8 +267,7 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) for k in CSV_COLUMNS})
+    writer.writerows({k: _fmt(row.get(k)) for k in CSV_COLUMNS} for row in rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, buffer.getvalue(), durable=False)
 
@@ -339,8 +279,4 @@ def read_csv(path: Path) -> list[dict[str, float | None]]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)

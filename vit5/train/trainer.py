@@ -1,24 +1,8 @@
-"""The training run: wires config, data, model, optimizer, schedule, EMA and checkpoints under
-Accelerate, runs the epochs, evaluates raw and EMA weights, and leaves the run directory.
-
-    from vit5.train import Trainer, load_config
-    summary = Trainer(load_config("demo_digits")).fit()
-
-Only the main process prints and writes files; every collective (metric reductions, checkpoint
-barriers) runs on all processes.
-
-**Divergence**: a non-finite training loss (checked before backward), validation loss (raw or EMA)
-or weight (checked before every checkpoint, ``best/`` and ``final/``) raises
-:class:`~vit5.train.TrainingDiverged`: the run never ends "completed", and nothing is written from
-the diverged weights. A checkpoint is *good* once its weights gave a finite loss (the validation at
-an epoch end, otherwise the next optimizer step's training loss); the one not yet verified when the
-run diverges is set aside as ``ckpt-N.diverged``, and the message names the newest good one.
-
-**Stop signals**: SIGTERM, SIGINT and SIGUSR1 finish the current optimizer step (all processes
-agree on the step: the request is all-reduced after every step), write a checkpoint at that exact
-position (mid-epoch included) and raise :class:`~vit5.train.TrainingInterrupted`; a signal during
-an epoch's last step or its validation stops after the epoch-end checkpoint. A second signal exits
-at once (the default action of the signal).
+"""The training run: config, data, model, optimizer, schedule, EMA and checkpoints wired under
+Accelerate; only the main process prints and writes, every collective runs on all processes. A
+non-finite loss or weight raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those
+weights); SIGTERM / SIGINT / SIGUSR1 checkpoint the exact position and raise
+:class:`~vit5.train.TrainingInterrupted` (a second signal exits at once). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -39,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 from vit5 import compile_blocks
@@ -54,29 +38,23 @@ from vit5.train.checkpointing import (
     EpochLayout,
     Resumable,
     TrainState,
+    checkpoint_number,
     is_verified,
     newest_good,
+    raise_agreed,
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, is_from_env
-from vit5.train.data import (
-    RunData,
-    bad_files,
-    build_datasets,
-    build_run_data,
-    build_shard_datasets,
-    num_images,
-    record_class_names,
-)
+from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
     LoopParts,
     NonFiniteLoss,
-    TargetMixer,
     build_loss,
     reduce_sums,
     schedule_clock,
+    target_mixer,
     train_one_epoch,
 )
 from vit5.train.lora import add_lora, describe, merged_for_export
@@ -87,15 +65,9 @@ from vit5.train.tracking import Tracking
 
 
 class Trainer:
-    """One training run.
-
-    Args:
-        cfg: a validated config (:func:`vit5.train.load_config`).
-        resume: a checkpoint directory (``RUN/checkpoints/ckpt-*``) to continue from; the run
-            directory is its grand-parent. None starts a new run directory.
-        train_set, val_set: use these data sets instead of the ones the config describes (they
-            need ``class_names``; transforms are theirs).
-    """
+    """One training run of a validated ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/
+    ckpt-*``) or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the
+    config's data."""
 
     def __init__(
         self,
@@ -109,8 +81,8 @@ class Trainer:
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
-            cpu=cfg.run.cpu
-            or not torch.cuda.is_available(),  # Accelerate sets up multi-CPU (gloo) only with cpu=True
+            # Accelerate sets up multi-CPU (gloo) only with cpu=True
+            cpu=cfg.run.cpu or not torch.cuda.is_available(),
             **Tracking.accelerator_kwargs(cfg.run),
         )
         self.tracking = Tracking(acc, cfg.run)
@@ -122,10 +94,8 @@ class Trainer:
         )
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
-        if (train_set is None or val_set is None) and cfg.data.dataset == "wds":
-            train_set, val_set = build_shard_datasets(cfg, acc)
-        elif train_set is None or val_set is None:
-            train_set, val_set, _ = build_datasets(cfg)
+        if train_set is None or val_set is None:
+            train_set, val_set, _ = build_datasets(cfg, acc)
         class_names = list(train_set.class_names)  # type: ignore[attr-defined]
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
         # the model (and its checkpoint) is checked before any loader worker starts
@@ -151,7 +121,6 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumable = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
         self.resumed_from, self.forked_from = resume, None
         self.resume_exact: bool | None = None
         self.resume_warning = ""
@@ -164,18 +133,14 @@ class Trainer:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
+        epoch_samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
+        layout = EpochLayout(
+            cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, epoch_samples
+        )
+        parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
+        directory = self.run_dir / rundir.CHECKPOINTS
         self.checkpoints = CheckpointManager(
-            acc,
-            self.run_dir / rundir.CHECKPOINTS,
-            cfg.checkpoint.keep_last,
-            self.resumable,
-            config=config_record(cfg),
-            layout=EpochLayout(
-                batch_size=cfg.data.batch_size,
-                accum_steps=cfg.optim.accum_steps,
-                batches_per_epoch=self.batches_per_epoch,
-                epoch_samples=num_images(self.data.train_set) * cfg.aug.repeated_aug,
-            ),
+            acc, directory, cfg.checkpoint.keep_last, parts, config_record(cfg), layout
         )
         try:
             if resume is not None:
@@ -184,9 +149,7 @@ class Trainer:
                 rundir.write_config(self.run_dir, cfg, note=self._fork_note())
         except BaseException:
             self.close()
-            if (
-                self.forked_from is not None and acc.is_main_process
-            ):  # a fork that never started: nothing to keep
+            if self.forked_from is not None and acc.is_main_process:  # a fork that never started
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.parts = LoopParts(
@@ -196,11 +159,10 @@ class Trainer:
             optimizer=self.optimizer,
             schedule=self.schedule,
             criterion=build_loss(cfg.loss),
-            mixer=TargetMixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
+            mixer=target_mixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
             ema=self.ema,
             loader=self.data.train_loader,
             batch_size=cfg.data.batch_size,
-            batches_per_epoch=self.batches_per_epoch,
             accum_steps=cfg.optim.accum_steps,
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
@@ -213,9 +175,8 @@ class Trainer:
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact, self.resume_warning = restored.exact, restored.warning
         self.resumed_elastic = restored.written_by if restored.elastic else None
-        # load_state_dict restores the saved groups' settings too: the config as run wins
-        # (weight decay, betas, eps, layer-decay scales changed on resume; the peak lr of this run's
-        # global batch), the moments are kept
+        # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
+        # this run's peak lr); the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
         self.schedule.start(
@@ -246,9 +207,8 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Stop the data workers and release the run directory (done at the end of :meth:`fit`; call it
-        for a Trainer never fitted). Persistent workers would otherwise outlive the run holding a copy
-        of the run's lock, and they ignore SIGTERM (:func:`vit5.data.ignore_stop_signals`)."""
+        """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
+        the run directory; :meth:`fit` ends with it, call it for a Trainer never fitted."""
         if hasattr(self, "data"):
             for loader in (self.data.train_loader, self.data.val_loader):
                 _stop_workers(loader)
@@ -257,13 +217,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ running
     def fit(self) -> dict[str, Any]:
-        """Train to ``schedule.epochs``; return the summary (also written to the run directory).
-
-        Raises:
-            TrainingDiverged: a loss or a weight became NaN / inf; the newest good checkpoint is kept.
-            TrainingInterrupted: SIGTERM, SIGINT or SIGUSR1; a checkpoint at the position reached was
-                written.
-        """
+        """Train to ``schedule.epochs``; return the summary (also written to the run directory). Raises
+        ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached)."""
         self._print_header()
         try:
             self.tracking.start(self.run_dir, self.cfg)
@@ -275,8 +230,8 @@ class Trainer:
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
-        """Turn the first stop signal into a request (acted on after the optimizer step); a second
-        one gets the signal's default action (the process ends at once)."""
+        """The first stop signal is a request acted on after the optimizer step; a second one ends the
+        process at once."""
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be set from the main thread
             return
@@ -301,16 +256,12 @@ class Trainer:
         try:
             while state.epoch < epochs:
                 epoch = state.epoch
-                result = train_one_epoch(self.parts, state, epoch, epochs, on_update=self._after_update)
-                state.train_seconds += result.seconds
-                state.images_seen += result.images
-                row: dict[str, Any] = dict(
-                    epoch=epoch + 1,
-                    updates=state.num_updates,
-                    lr=self.schedule.lr,
-                    train_loss=result.loss,
-                    train_images_per_s=result.images / max(result.seconds, 1e-9),
-                    epoch_seconds=result.seconds,
+                loss, images, seconds = train_one_epoch(self.parts, state, epoch, epochs, self._after_update)
+                state.train_seconds += seconds
+                state.images_seen += images
+                row: dict[str, Any] = dict(epoch=epoch + 1, updates=state.num_updates, lr=self.schedule.lr)
+                row |= dict(
+                    train_loss=loss, train_images_per_s=images / max(seconds, 1e-9), epoch_seconds=seconds
                 )
                 if (epoch + 1) % cfg.run.eval_every_epochs == 0 or epoch + 1 == epochs:
                     row.update(self._evaluate_both())
@@ -326,9 +277,8 @@ class Trainer:
         return self._finish()
 
     def _evaluate_both(self) -> dict[str, Any]:
-        """Validate raw and EMA weights; a non-finite loss of either is a divergence. The random
-        generators are left as they were (without loader workers the eval transforms would draw from
-        them), so training draws the same whether it validates or not, with or without workers."""
+        """Validate raw and EMA weights (a non-finite loss is a divergence), leaving the random generators
+        as they were, so training draws the same whether it validates or not."""
         with _generators_kept():
             raw = evaluate(self.model, self.data.val_loader, self.accelerator)
             out: dict[str, Any] = dict(
@@ -365,9 +315,8 @@ class Trainer:
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each optimizer step (its mean ``loss``, its ``lr``): to the trackers; the step's losses
-        were finite, which vouches for the checkpoint written just before it; then a mid-epoch
-        checkpoint, and a requested stop."""
+        """After each optimizer step: the trackers; the finite losses vouch for the pending checkpoint;
+        then a mid-epoch checkpoint and a requested stop."""
         self.tracking.step(self.state.num_updates, loss, lr)
         if self.pending is not None:
             self.checkpoints.confirm(
@@ -382,8 +331,8 @@ class Trainer:
         self._stop_if_requested()
 
     def _save_checkpoint(self, validated: str | None = None) -> None:
-        """A checkpoint of the current state, from finite weights; good at once when ``validated`` (how
-        its weights were checked), else pending until the next step's loss."""
+        """A checkpoint from finite weights: good at once when ``validated`` (how), else pending until the
+        next step's loss."""
         self._check_weights()
         self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
         self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
@@ -412,10 +361,7 @@ class Trainer:
         if not received:
             return
         state = self.state
-        at_checkpoint = self.last_checkpoint is not None and self.last_checkpoint.name.endswith(
-            f"-{state.num_updates:09d}"
-        )
-        if not at_checkpoint:
+        if self.last_checkpoint is None or checkpoint_number(self.last_checkpoint) != state.num_updates:
             self._save_checkpoint()
         name = signal.Signals(received[0]).name
         raise TrainingInterrupted(
@@ -433,55 +379,40 @@ class Trainer:
             f"model          {self.model_description}",
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
             f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
-            f"{num_images(data.val_set)} val images, "
-            f"{len(data.class_names)} classes, "
+            f"{num_images(data.val_set)} val images, {len(data.class_names)} classes, "
             + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
             + _dropped_note(data.train_set, acc.num_processes * cfg.data.batch_size),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
-            f"batch          {cfg.data.batch_size} per process x {acc.num_processes} "
-            f"x {cfg.optim.accum_steps} "
-            f"accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer steps per epoch",
+            f"batch          {cfg.data.batch_size} per process x {acc.num_processes} x "
+            f"{cfg.optim.accum_steps} accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer "
+            "steps per epoch",
             f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
             f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
+        state, epochs = self.state, cfg.schedule.epochs
         if self.resumed_from is not None:
-            lines.append(
-                f"resumed        from {self.resumed_from} "
-                f"(epoch {self.state.epoch + 1}, batch {self.state.batch}, "
-                f"step {self.state.num_updates})"
-            )
+            where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
+            lines.append(f"resumed        from {self.resumed_from} ({where})")
         if self.forked_from is not None:
             lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
         lines += [f"note           {note}" for note in data.notes]
-        if self.resume_warning:
-            lines.append(self.resume_warning)
-        ema_warning = ema_horizon_warning(cfg.ema, self.updates_per_epoch * cfg.schedule.epochs)
-        if ema_warning:
-            lines.append(ema_warning)
-        if self.state.epoch >= cfg.schedule.epochs:
-            lines.append(
-                f"nothing to train: all {count(cfg.schedule.epochs, 'epoch')} done (raise schedule.epochs)"
-            )
-        acc.print("\n".join(lines))
+        lines += [self.resume_warning, ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs)]
+        if state.epoch >= epochs:
+            lines.append(f"nothing to train: all {count(epochs, 'epoch')} done (raise schedule.epochs)")
+        acc.print("\n".join(line for line in lines if line))
 
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
         model, ema = self.model, self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        save_model_dir(self.accelerator, model, ema, directory, self._export_extra(row))
-
-    def _export_extra(self, row: dict[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=config_record(self.cfg)["run"]["name"]
-            if is_from_env(self.cfg, "run.name")
-            else self.run_dir.name,
-            epoch=row["epoch"],
-            num_updates=self.state.num_updates,
-            val_top1=row.get("val_top1"),
-            ema_top1=row.get("ema_top1"),
+        run = (
+            config_record(self.cfg)["run"]["name"] if is_from_env(self.cfg, "run.name") else self.run_dir.name
         )
+        extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
+        extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
+        save_model_dir(self.accelerator, model, ema, directory, extra)
 
     def _finish(self) -> dict[str, Any]:
         acc, state = self.accelerator, self.state
@@ -525,18 +456,16 @@ class Trainer:
         return summary
 
     def _diverged(self, what: str) -> TrainingDiverged:
-        """The error for a divergence; the checkpoint not yet verified (written from the weights that
-        diverged) is set aside first, so that `--resume RUN` finds the newest good one."""
+        """The error for a divergence, after setting aside the checkpoint not yet verified (written from the
+        weights that diverged), so that `--resume RUN` finds the newest good one."""
         moved = ""
         if self.pending is not None:
             aside = self.checkpoints.set_aside(self.pending)
             moved = f" {self.pending.name} (written from these weights) was moved to {aside}."
             self.pending = None
         good = newest_good(self.run_dir / rundir.CHECKPOINTS)
-        if good is not None:
-            keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
-        else:
-            keep = "No checkpoint of this run is known good, so start it again"
+        keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
+        keep = keep if good is not None else "No checkpoint of this run is known good, so start it again"
         return TrainingDiverged(
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
@@ -554,7 +483,7 @@ def _generators_kept() -> Iterator[None]:
 
 
 def _stop_workers(loader: DataLoader) -> None:
-    """Shut down a DataLoader's (persistent) worker processes now; the next iteration starts new ones."""
+    """Shut down a DataLoader's (persistent) workers now; the next iteration starts new ones."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
@@ -562,8 +491,7 @@ def _stop_workers(loader: DataLoader) -> None:
 
 
 def _dropped_note(train_set: Dataset, global_batch: int) -> str:
-    dropped = getattr(train_set, "dropped", 0)
-    if not dropped:
+    if not (dropped := getattr(train_set, "dropped", 0)):
         return ""
     return (
         f"; each epoch trains on all but {dropped} samples (less than one batch of {global_batch} "
@@ -572,19 +500,14 @@ def _dropped_note(train_set: Dataset, global_batch: int) -> str:
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
-    """Refuse a run whose weights, optimizer states and kept activations cannot fit on the device
-    (a lower bound: a run refused here could never have trained)."""
-    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
-    need = training_bytes(
-        model.cfg, cfg.data.batch_size, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
-    )
-    tokens = num_tokens(model.cfg)
+    """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
+    bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
+    need = training_bytes(model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
     check_fits(
         need,
         acc.device,
-        f"training {cfg.model.name} at {cfg.model.img_size}px ({tokens:,} tokens per image) with "
-        "data.batch_size="
-        f"{cfg.data.batch_size}",
+        f"training {cfg.model.name} at {cfg.model.img_size}px ({num_tokens(model.cfg):,} tokens per image) "
+        f"with data.batch_size={batch}",
         "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
     )
 
@@ -599,9 +522,7 @@ def _check_writable(acc: Accelerator, folder: Path) -> None:
             )
         except StorageError as err:
             message = str(err)
-    messages = gather_object([message]) if acc.num_processes > 1 else [message]
-    if messages[0] is not None:
-        raise StorageError(messages[0])
+    raise_agreed(acc, message)
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
@@ -615,9 +536,7 @@ def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainConfigError(
             f"{acc.distributed_type.value} is not supported: vit5 writes training checkpoints in its own "
-            "format "
-            f"(safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), which "
-            "holds full, unsharded model and optimizer states. Train with DDP (accelerate launch "
-            "--multi_gpu "
-            f"or torchrun), which fits every ViT-5 preset on current GPUs"
+            "format (safetensors, JSON and weights-only tensors, so that --resume never runs pickled code), "
+            "which holds full, unsharded model and optimizer states. Train with DDP (accelerate launch "
+            "--multi_gpu or torchrun), which fits every ViT-5 preset on current GPUs"
         )
