@@ -1,9 +1,6 @@
-"""Where does a ViT put its attention and its high-norm tokens, and do registers clean that up?
-
-Figures and per-layer artifact metrics with bootstrap intervals for vit5 models and timm ViTs
-(``VisionTransformer``, ``Eva``), whatever their token order, and the register analyses: ablation at
-inference, test-time registers and the position-artifact probe. Command line: ``vit5 viz --help``.
-"""
+"""Where does a ViT put its attention and its high-norm tokens, and do registers clean that up? Figures
+and per-layer artifact metrics for vit5 and timm ViTs (``VisionTransformer``, ``Eva``) and the register
+analyses (ablation, test-time registers, position probe). Command line: ``vit5 viz --help``."""
 
 from vit5.introspect import describe
 from vit5.introspect.spec import parse_model_args as parse_overrides

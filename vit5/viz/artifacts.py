@@ -156,8 +156,6 @@ class MetricReport:
         ]
 
     def write_json(self, path: str | Path) -> Path:
-        cfg = asdict(self.config)
-        cfg["thresholds"] = list(cfg["thresholds"]) if cfg["thresholds"] is not None else None
         doc = dict(
             model=self.model,
             num_images=self.num_images,
@@ -165,7 +163,7 @@ class MetricReport:
             thresholds=[_num(t) for t in self.thresholds],
             threshold_source=self.threshold_source,
             confidence=self.config.ci,
-            config=cfg,
+            config=asdict(self.config),
             descriptions={name: METRICS[name] for name in self.summary},
             metrics=self.rows(),
             massive_activations=self.massive,

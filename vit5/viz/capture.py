@@ -1,10 +1,6 @@
-"""One capture for every supported model: attention, block outputs and the token layout.
-
-vit5 models are recorded by :func:`vit5.record` (order ``[CLS | patches | registers]``); timm
-``VisionTransformer`` / ``Eva`` (``[CLS | registers | patches]``) run timm's explicit attention path
-(``attn.fused_attn = False``, restored on exit) with ``attn.attn_drop``'s output, the post-softmax
-probabilities, hooked. Block outputs are the residual stream before the final norm (Darcet et al. 2023).
-"""
+"""One capture for vit5 (:func:`vit5.record`) and timm ``VisionTransformer`` / ``Eva`` models: timm blocks run
+their explicit attention path (``fused_attn = False``, restored on exit) and ``attn.attn_drop``'s output, the
+softmax probabilities, is hooked. Block outputs are taken before the final norm (Darcet et al. 2023)."""
 
 from __future__ import annotations
 

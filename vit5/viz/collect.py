@@ -1,9 +1,6 @@
-"""Run a model over images in batches and reduce what it records into :class:`TokenStats`.
-
-Each block's ``[B, heads, N, N]`` attention is reduced the moment the block has run (CLS and register
-rows, attention received per key, patch-to-register mass, one rollout step), so memory holds one block's
-attention at a time, whatever the depth.
-"""
+"""Run a model over images in batches and reduce what it records into :class:`TokenStats`: each block's
+``[B, heads, N, N]`` attention is reduced as soon as the block has run, so memory holds one block's
+attention at a time, whatever the depth."""
 
 from __future__ import annotations
 

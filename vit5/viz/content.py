@@ -1,10 +1,7 @@
-"""Where high-norm outliers sit relative to the image's content: artifact-like or content-like.
-
-Darcet et al. (arXiv 2309.16588, section 2.1, Fig. 5) find true artifacts on patches *redundant with their
-neighbours* (flat background). So an outlier is **artifact-like** when its input patch is flat (pixel
-variance percentile among its image's patches <= ``FLAT_PERCENTILE``) and redundant (mean cosine of its
-centred pixels to its 4-neighbours' >= ``REDUNDANT_COSINE``), **content-like** otherwise.
-"""
+"""Where high-norm outliers sit relative to the image's content. Darcet et al. (arXiv 2309.16588, sec. 2.1,
+Fig. 5) find true artifacts on patches redundant with their neighbours, so an outlier is *artifact-like*
+when its input patch is flat (pixel-variance percentile <= ``FLAT_PERCENTILE``) and like its 4-neighbours
+(mean cosine of centred pixels >= ``REDUNDANT_COSINE``), *content-like* otherwise."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`save_figure` writes the files.
-
-Maps of different models stay comparable: ``viridis`` by default, each patch value repeated ``p x p``
-(nearest: the token grid and isolated outliers stay visible), overlays at alpha 0.5 on the pixels the
+"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`save_figure` writes the files. Maps
+stay comparable: patch values repeated ``p x p`` (the token grid stays visible), overlays on the pixels the
 model saw, a colorbar on every scalar map, one colour scale per *group* of panels, clipping only on request
-and then written on the figure; sizes and fonts from :mod:`vit5.plotstyle`.
-"""
+and then written on the figure; sizes and fonts from :mod:`vit5.plotstyle`."""
 
 from __future__ import annotations
 

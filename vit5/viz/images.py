@@ -1,12 +1,7 @@
-"""Images for the visualisation tools: files, folders, scikit-learn's two sample photos or digits.
-
-Each image is decoded with OpenCV (:func:`vit5.data.decode_image`), resized to cover the target size
-(height, width; a patch multiple) and centre-cropped (:func:`vit5.data.eval_transform`), and kept as
-``uint8`` RGB: :func:`to_batch` normalises it with each model's own mean and std, so models compared see
-the same pixels and figures draw exactly those. Unreadable files and images smaller than one patch are
-skipped and reported. Labelled sources: ``digits-train`` / ``digits-val``
-(:func:`vit5.data.load_digits_split`) and, with ``folder_labels``, ImageFolder folders.
-"""
+"""Images for the tools: files, folders, ``sklearn-samples``, ``digits-train`` / ``digits-val`` (labelled),
+ImageFolders with ``folder_labels``. Decoded by :func:`vit5.data.decode_image`, resized to cover the size and
+centre-cropped (:func:`vit5.data.eval_transform`), kept as ``uint8`` RGB so that models compared see, and
+figures draw, the same pixels; unreadable or sub-patch images are skipped and reported."""
 
 from __future__ import annotations
 

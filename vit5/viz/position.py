@@ -1,16 +1,7 @@
-"""Position-artifact probe: what do position embeddings alone leave in the patch features?
-
-Yang et al., "Denoising Vision Transformers" (arXiv 2401.02957, Fig. 3): a ViT fed an image without content
-still produces the spatial artifact pattern of its feature maps. This probe feeds constant images (any
-difference between patch features is caused by position alone) and uniform-noise images, and reports the
-block output's norm and PCA maps (one PCA per map, on an absolute scale: grey is the mean feature, full
-colour a deviation of ``COLOUR_SPAN`` of the mean feature norm, so near-identical patches stay grey) and:
-
-- ``constant_spatial_share``: ``mean_p ||f_p - mean_p f||^2 / mean_p ||f_p||^2`` on a constant image
-  (0: every patch identical; averaged over the grey levels);
-- ``noise_position_share``: over M noise images, the one-way random-effects intraclass correlation with
-  the patch position as the class (0: position explains nothing beyond chance, 1: only position matters).
-"""
+"""Position-artifact probe (Yang et al., "Denoising Vision Transformers", arXiv 2401.02957, Fig. 3): block
+outputs for constant images (any difference between patches is position alone) and uniform noise, as norm
+and PCA maps (grey = the mean feature, full colour a deviation of ``COLOUR_SPAN`` of its norm) and two
+numbers, :func:`constant_spatial_share` and :func:`position_share`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Register ablation at inference: how much does a model depend on what its registers hold?
-
-Parodi et al. (arXiv 2604.14433, Fig. 1 and their replacement controls) replace the register hidden states
-after every block: zeroing costs DINOv2-reg / DINOv3 up to ~37 points, in-distribution replacements ~1.
-Here, for any vit5 or timm model with registers, the registers become ``zeros``, their ``mean`` over a
-reference set, those of another image of the batch (``shuffle``: image ``b`` gets ``b - 1``'s), or
-``noise`` (a random direction with the norm of the token it replaces), at the ``input`` (learned
-constants: ``mean`` and ``shuffle`` change nothing there) or after every block (``blocks``). Reported:
-top-1 of the model's head, kNN accuracy of the pooled features (:func:`vit5.eval.knn_accuracy`), the
-mean cosine of each final patch feature to the unablated one and the label-free kNN overlap.
-"""
+"""Register ablation at inference (Parodi et al., arXiv 2604.14433, Fig. 1 and their replacement controls):
+registers become ``zeros``, their reference-set ``mean``, another image's (``shuffle``: image ``b`` gets
+``b - 1``'s) or norm-matched ``noise``, at the ``input`` or after every block (``blocks``); reported: top-1,
+kNN accuracy, patch-feature cosine to the unablated model and the label-free kNN overlap."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Run the visualisation tools over images and write figures, metrics and raw arrays.
-
-:func:`run_model` records one model and writes the views of its :class:`RunConfig`; :func:`run_compare`
-does so for two models on the same pixels (shared colour scales, the first model's outlier thresholds for
-the second) and :func:`run_ttr` for a model without and with test-time registers. Output (``out/``)::
-
-    images/<image>/{cls_attention,register_attention,rollout,norm_map,pca}.{png,pdf}
-    summary_grid.*, norm_histograms.*, outlier_frequency.*, layer_profile.*, massive_activations.*,
-    metrics.json, metrics.csv, token_stats.npz
-    compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/massive_activations.*,
-    compare/metrics_<model>.*
-    ttr/ (as compare/, the model without and with test-time registers), ttr/register_neurons.json
-"""
+"""Run the tools over images and write figures, metrics and raw arrays under ``out/``: ``images/<image>/*``,
+``summary_grid``, ``norm_histograms``, ``outlier_frequency``, ``layer_profile``, ``massive_activations``,
+``metrics.json`` / ``.csv``, ``token_stats.npz``; two models side by side under ``compare/``, a model
+without and with test-time registers under ``ttr/`` (plus ``register_neurons.json``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The arrays one model produces on one image set, the single source of every metric and figure, and the
-per-image maps ``[..., h, w]`` the figures draw from them.
-
-Shapes: B images, L recorded blocks, H heads, N tokens, R registers, P = h * w patches. Token positions
-follow ``layout`` (vit5 ``[CLS | patches | registers]``, timm ``[CLS | registers | patches]``).
-"""
+"""The arrays one model produces on one image set (B images, L blocks, H heads, N tokens, R registers,
+P = h * w patches; token order from ``layout``), the single source of every metric and figure, and the
+per-image maps ``[..., h, w]`` the figures draw from them."""
 
 from __future__ import annotations
 

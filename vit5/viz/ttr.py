@@ -1,13 +1,7 @@
-"""Test-time registers: find the MLP "register neurons" that write high-norm outliers, and move them out.
-
-Jiang et al., "Vision Transformers Don't Need Trained Registers" (arXiv 2506.08010), Algorithms 1 and 2, and
-their code (nickjiang2378/test-time-registers, ``shared/algorithms.py::find_register_neurons``,
-``shared/hook_fn.py::activate_on_registers``). Differences: the outliers are read with the toolkit's robust
-per-block threshold (log-norm median + k MAD) instead of an absolute norm, the hidden activation is the input
-of ``mlp.fc2`` (vit5's and timm's ``Mlp``, ``SwiGLU``, ``GluMlp``), and every image of a batch is edited (the
-official hook edits element 0). While test-time registers are on, :func:`~vit5.viz.describe` reports them as
-registers at the end of the sequence, so collection, metrics and figures treat them as registers.
-"""
+"""Test-time registers (Jiang et al., arXiv 2506.08010, Algorithms 1 and 2; official code
+nickjiang2378/test-time-registers ``shared/algorithms.py``, ``shared/hook_fn.py``): find the MLP neurons
+that write high-norm outliers and move their activation into an appended token. While active, ``describe``
+reports the tokens as registers at the end, so collection, metrics and figures treat them as registers."""
 
 from __future__ import annotations
 
@@ -97,10 +91,11 @@ def find_register_neurons(
     model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()
 ) -> NeuronSearchResult:
     """Algorithm 1 of Jiang et al.: the outliers ``O`` are the patch tokens of block ``detect_layer``'s output
-    above the threshold (images without any are skipped); each MLP hidden unit of blocks <= ``top_layer``
-    scores its mean over images of ``mean_{p in O} |a(p)|``, and the ``top_k`` best over all blocks are the
-    register neurons. Without ``detect_layer`` the block with the highest outlier ratio (own log-MAD
-    threshold per block) is used; ``top_layer`` defaults to it."""
+    above the threshold (log-norm median + k MAD, not an absolute norm; images without any are skipped); each
+    MLP hidden unit (``mlp.fc2``'s input) of blocks <= ``top_layer`` scores its mean over images of
+    ``mean_{p in O} |a(p)|``, and the ``top_k`` best over all blocks are the register neurons. Without
+    ``detect_layer`` the block with the highest outlier ratio (own log-MAD threshold per block) is used;
+    ``top_layer`` defaults to it."""
     info = describe(model)
     if info.test_registers:
         raise InputError("find register neurons on the model itself, not inside use_test_time_registers()")
@@ -187,7 +182,7 @@ def use_test_time_registers(
     """Algorithm 2 of Jiang et al.: ``count`` zero tokens are appended after every other token (no position
     embedding, no RoPE rotation) before the first block and dropped before the final norm; at each register
     neuron they take the neuron's maximum over all tokens (times ``scale``) and the patch tokens are zeroed
-    (CLS keeps its value, as in the official hook)."""
+    (CLS keeps its value, as in the official hook, which edits image 0 only; this edits every image)."""
     info = check_test_time_registers(model)
     net = unwrap(model)
     if info.test_registers:
