@@ -168,7 +168,7 @@ def test_received_map_is_the_mean_attention_each_patch_receives():
     from viz_support import smooth_images, tiny_vit5
 
     from vit5.viz import CollectConfig, capture, collect, describe, to_batch
-    from vit5.viz.maps import received_map
+    from vit5.viz.stats import received_map
 
     model = tiny_vit5(class_token=False, global_pool="avg", num_registers=1)
     images = smooth_images(2)

@@ -8,7 +8,7 @@ from viz_support import multiply_tokens, smooth_images, smooth_rgb, tiny_timm, t
 from vit5.errors import InputError
 from vit5.viz import CollectConfig, TokenStats, collect, load_images, to_batch
 from vit5.viz.images import list_sources
-from vit5.viz.maps import norm_map, register_maps, rollout_map
+from vit5.viz.stats import norm_map, register_maps, rollout_map
 
 QUIET = CollectConfig(batch_size=2, progress=False)
 MODELS = {

@@ -29,7 +29,7 @@ from vit5.viz.figures import (
     save_figure,
 )
 from vit5.viz.images import default_size
-from vit5.viz.plant import PlantSpec, plant_artifacts
+from vit5.viz.runner import PlantSpec, plant_artifacts
 
 QUIET = CollectConfig(batch_size=4, progress=False)
 FLAT_AT, BUSY_AT = ((1, 0), (2, 1)), ((1, 4), (2, 5))  # (row, col) in the 4 x 6 grid of a 32 x 48 image

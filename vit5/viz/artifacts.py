@@ -1,10 +1,7 @@
-"""Metrics of one model on one image set: per layer, with bootstrap intervals over images.
-
-:func:`compute_metrics` turns :class:`TokenStats` into a :class:`MetricReport` (JSON, CSV and a
-printed table). Intervals resample images, not tokens (tokens of one image are not independent).
-The outlier threshold is, in order of precedence: explicit per-layer values from a reference
-model (``thresholds``, e.g. the no-register twin, read back with :func:`load_thresholds`), one
-explicit norm value (``threshold``), or the log-norm median + k * MAD of this model.
+"""Metrics of one model on one image set: per layer, with bootstrap intervals over images (not tokens: the
+tokens of one image are not independent). The outlier threshold is, by precedence: per-layer values of a
+reference model (``thresholds``, read with :func:`load_thresholds`), one norm (``threshold``), or this
+model's log-norm median + k * MAD.
 """
 
 from __future__ import annotations
@@ -56,42 +53,36 @@ class MetricConfig:
 
 
 MIN_BOOTSTRAP_IMAGES = 10  # fewer images: no interval is printed (and the table says why)
-
-# name: (description, statistic over images)
-METRICS: dict[str, tuple[str, str]] = {
-    "outlier_ratio": ("M1 share of patch tokens whose norm exceeds the layer threshold", "mean"),
-    "outlier_ratio_registers": ("M1 share of register tokens above the same threshold", "mean"),
-    "max_median_ratio": ("M2 max / median patch norm (median over images)", "median"),
-    "share_max_median_over_3": ("M2 share of images whose max / median patch norm exceeds 3", "mean"),
-    "norm_kurtosis": ("M3 excess kurtosis of the patch norms of an image", "mean"),
-    "cls_entropy": (
-        "M5 entropy of CLS attention renormalised over patches / log(#patches), head mean",
-        "mean",
-    ),
-    "cls_effective_tokens": ("M5 exp(entropy) of the renormalised CLS attention, head mean", "mean"),
-    "cls_outlier_mass": ("M6 raw CLS attention on the previous block's outlier patches, head mean", "mean"),
-    "cls_max_patch_attention": ("M6 max over heads and patches of CLS-to-patch attention", "mean"),
+MEDIAN_OVER_IMAGES = {"max_median_ratio"}  # the statistic over images; every other metric takes the mean
+METRICS: dict[str, str] = {
+    "outlier_ratio": "M1 share of patch tokens whose norm exceeds the layer threshold",
+    "outlier_ratio_registers": "M1 share of register tokens above the same threshold",
+    "max_median_ratio": "M2 max / median patch norm (median over images)",
+    "share_max_median_over_3": "M2 share of images whose max / median patch norm exceeds 3",
+    "norm_kurtosis": "M3 excess kurtosis of the patch norms of an image",
+    "cls_entropy": "M5 entropy of CLS attention renormalised over patches / log(#patches), head mean",
+    "cls_effective_tokens": "M5 exp(entropy) of the renormalised CLS attention, head mean",
+    "cls_outlier_mass": "M6 raw CLS attention on the previous block's outlier patches, head mean",
+    "cls_max_patch_attention": "M6 max over heads and patches of CLS-to-patch attention",
     "received_outlier_mass": (
-        "M6 attention the previous block's outlier patches receive, mean over all queries, head mean",
-        "mean",
+        "M6 attention the previous block's outlier patches receive, mean over all queries, head mean"
     ),
-    "cls_register_mass": ("M7 CLS attention mass on all registers, head mean", "mean"),
-    "patch_register_mass": ("M7 patch-to-register attention mass, mean over patch queries and heads", "mean"),
-    "topk_sink_mass": ("M7 received attention of the top-K keys other than CLS, head mean", "mean"),
-    "topk_register_share": ("M7 share of those top-K keys that are registers", "mean"),
-    "sink_rate": ("M8 share of heads where one key receives more than eps of the average attention", "mean"),
-    "sink_rate_cls": ("M8 share of heads whose sink is the CLS token", "mean"),
-    "sink_rate_register": ("M8 share of heads whose sink is a register", "mean"),
-    "sink_rate_patch": ("M8 share of heads whose sink is a patch", "mean"),
-    "massive_top1": ("M10 largest |activation| of the block output over tokens and channels", "mean"),
-    "massive_ratio": ("M10 largest |activation| / median |activation| of the block output", "mean"),
-    "massive_on_cls": ("M10 share of images whose largest |activation| is on the CLS token", "mean"),
-    "massive_on_register": ("M10 share of images whose largest |activation| is on a register", "mean"),
-    "massive_on_patch": ("M10 share of images whose largest |activation| is on a patch", "mean"),
+    "cls_register_mass": "M7 CLS attention mass on all registers, head mean",
+    "patch_register_mass": "M7 patch-to-register attention mass, mean over patch queries and heads",
+    "topk_sink_mass": "M7 received attention of the top-K keys other than CLS, head mean",
+    "topk_register_share": "M7 share of those top-K keys that are registers",
+    "sink_rate": "M8 share of heads where one key receives more than eps of the average attention",
+    "sink_rate_cls": "M8 share of heads whose sink is the CLS token",
+    "sink_rate_register": "M8 share of heads whose sink is a register",
+    "sink_rate_patch": "M8 share of heads whose sink is a patch",
+    "massive_top1": "M10 largest |activation| of the block output over tokens and channels",
+    "massive_ratio": "M10 largest |activation| / median |activation| of the block output",
+    "massive_on_cls": "M10 share of images whose largest |activation| is on the CLS token",
+    "massive_on_register": "M10 share of images whose largest |activation| is on a register",
+    "massive_on_patch": "M10 share of images whose largest |activation| is on a patch",
     "outlier_artifact_share": (
         "share of an image's outlier patches that are artifact-like: flat input patches like their "
-        "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like",
-        "mean",
+        "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like"
     ),
 }
 TABLE_COLUMNS = {
@@ -107,6 +98,20 @@ TABLE_COLUMNS = {
 }
 
 
+def aligned(lines: list[list[str]]) -> str:
+    """Rows of cells as right-aligned columns."""
+    widths = [max(len(row[c]) for row in lines) for c in range(len(lines[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
+
+
+def write_rows_csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 @dataclass
 class MetricReport:
     model: str
@@ -118,7 +123,7 @@ class MetricReport:
     per_image: dict[str, np.ndarray]  # name -> [B, L]
     summary: dict[str, dict[str, np.ndarray]] = field(
         default_factory=dict
-    )  # name -> value / ci_low / ci_high [L]
+    )  # name -> value/ci_low/ci_high [L]
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
     placement: list[dict] | None = None  # per layer: outliers artifact-like / content-like (vit5.viz.content)
@@ -138,26 +143,19 @@ class MetricReport:
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
-        rows = []
-        for name, values in self.summary.items():
-            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
-                rows.append(
-                    dict(
-                        metric=name,
-                        layer=layer,
-                        value=_num(values["value"][i]),
-                        ci_low=_num(values["ci_low"][i]),
-                        ci_high=_num(values["ci_high"][i]),
-                        statistic=METRICS[name][1],
-                        n_images=self.num_images,
-                    )
-                )
-        return rows
+        return [
+            dict(
+                metric=name,
+                layer=layer,
+                **{key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")},
+                statistic="median" if name in MEDIAN_OVER_IMAGES else "mean",
+                n_images=self.num_images,
+            )
+            for name, values in self.summary.items()
+            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers)
+        ]
 
     def write_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        cfg = asdict(self.config)
-        cfg["thresholds"] = list(cfg["thresholds"]) if cfg["thresholds"] is not None else None
         doc = dict(
             model=self.model,
             num_images=self.num_images,
@@ -165,34 +163,27 @@ class MetricReport:
             thresholds=[_num(t) for t in self.thresholds],
             threshold_source=self.threshold_source,
             confidence=self.config.ci,
-            config=cfg,
-            descriptions={name: METRICS[name][0] for name in self.summary},
+            config=asdict(self.config),
+            descriptions={name: METRICS[name] for name in self.summary},
             metrics=self.rows(),
             massive_activations=self.massive,
             intervals=self.interval_note(),
             outlier_placement=self.placement,
             placement_rule=PLACEMENT_RULE,
         )
-        atomic_write_json(path, doc)
-        return path
+        return atomic_write_json(Path(path), doc)
 
     def write_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        rows = self.rows()
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        return path
+        return write_rows_csv(Path(path), self.rows())
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
         are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
-        header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
-        if self.placement:
-            header.append("outliers art/cont")
-        lines = [header]
+        lines = [
+            ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
+            + ["outliers art/cont"] * bool(self.placement)
+        ]
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:
@@ -206,33 +197,22 @@ class MetricReport:
                 p = self.placement[i]
                 cells.append(f"{p['artifact_like']}/{p['content_like']}" if p["outliers"] else "0")
             lines.append(cells)
-        widths = [max(len(row[c]) for row in lines) for c in range(len(header))]
-        text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
-        sink_all = self.summary["sink_rate"]["value"][-1]
-        extra = ""
-        if self.placement:
-            extra += f"\noutliers art/cont: {PLACEMENT_RULE}"
+        extra = f"\noutliers art/cont: {PLACEMENT_RULE}" if self.placement else ""
         if self.massive:
+            runs: list[list] = []  # consecutive blocks with the same place merged: [first, last, text]
+            for m in self.massive:
+                if runs and runs[-1][2] == massive_where(m):
+                    runs[-1][1] = m["layer"]
+                else:
+                    runs.append([m["layer"], m["layer"], massive_where(m)])
             extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(
-                f"{first}{'' if first == last else f'-{last}'}: {where}"
-                for first, last, where in _runs([(m["layer"], massive_where(m)) for m in self.massive])
+                f"{first}{'' if first == last else f'-{last}'}: {where}" for first, last, where in runs
             )
         return (
             f"{self.model}: {self.num_images} images, {self.interval_note()} "
-            f"(threshold: {self.threshold_source})\n{text}\nsink rate over all layer-heads: "
-            f"{sink_all:.3g}{extra}"
+            f"(threshold: {self.threshold_source})\n{aligned(lines)}\nsink rate over all layer-heads: "
+            f"{self.summary['sink_rate']['value'][-1]:.3g}{extra}"
         )
-
-
-def _runs(items: list[tuple[int, str]]) -> list[tuple[int, int, str]]:
-    """Consecutive blocks with the same text merged: ``[(0, 11, "patch 4 ch 145 (2/2 images)")]``."""
-    runs: list[tuple[int, int, str]] = []
-    for layer, text in items:
-        if runs and runs[-1][2] == text:
-            runs[-1] = (runs[-1][0], layer, text)
-        else:
-            runs.append((layer, layer, text))
-    return runs
 
 
 def massive_where(m: dict) -> str:
@@ -272,16 +252,15 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
         ref = np.asarray(cfg.thresholds, dtype=np.float64)
         if ref.size == num_layers:
             return ref, cfg.threshold_source or "reused from a reference model"
-        # a reference of another depth: the threshold of the same relative depth
-        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)
-        return ref[
-            at
-        ], f"{cfg.threshold_source or 'reference model'} ({ref.size} layers, mapped by relative depth)"
+        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(
+            int
+        )  # another depth: same relative depth
+        source = cfg.threshold_source or "reference model"
+        return ref[at], f"{source} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
         return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
-    return M.layer_thresholds(
-        stats.patch_values(stats.norms), cfg.k
-    ), f"log-norm median + {cfg.k:g} MAD of this model"
+    thresholds = M.layer_thresholds(stats.patch_values(stats.norms), cfg.k)
+    return thresholds, f"log-norm median + {cfg.k:g} MAD of this model"
 
 
 def per_image_metrics(
@@ -290,7 +269,7 @@ def per_image_metrics(
     """All metric values ``name -> [B, L]`` and the outlier-patch mask ``[B, L, P]``."""
     layout = stats.layout
     patch_norms = stats.patch_values(stats.norms)
-    outliers = M.outlier_mask(patch_norms, thresholds)
+    outliers = patch_norms > np.asarray(thresholds)[None, :, None]
     values = {
         "outlier_ratio": outliers.mean(axis=-1),
         "max_median_ratio": M.max_median_ratio(patch_norms),
@@ -306,9 +285,9 @@ def per_image_metrics(
         values["cls_entropy"] = M.cls_entropy(cls_patches)
         values["cls_effective_tokens"] = M.cls_effective_tokens(cls_patches)
         values["cls_outlier_mass"] = M.outlier_attention_mass(cls_patches, outliers)
-        values["cls_max_patch_attention"] = M.max_patch_attention(cls_patches)
+        values["cls_max_patch_attention"] = cls_patches.max(axis=(-2, -1))
         if layout.num_registers:
-            values["cls_register_mass"] = M.register_mass(stats.register_values(stats.cls_attn))
+            values["cls_register_mass"] = stats.register_values(stats.cls_attn).sum(axis=-1).mean(axis=-1)
     values["received_outlier_mass"] = M.outlier_attention_mass(stats.patch_values(stats.received), outliers)
     if stats.patch_to_reg is not None:
         values["patch_register_mass"] = stats.patch_to_reg.mean(axis=-1)
@@ -318,7 +297,7 @@ def per_image_metrics(
     values["topk_sink_mass"], top_keys = M.topk_received(stats.received, keys, min(top_k, len(keys)))
     if layout.num_registers:
         values["topk_register_share"] = (np.asarray(types)[top_keys] == "register").mean(axis=(-2, -1))
-    values["sink_rate"] = M.sink_rate(stats.received, cfg.eps)
+    values["sink_rate"] = M.sink_heads(stats.received, cfg.eps).mean(axis=-1)
     for kind, rate in M.sink_rate_by_type(stats.received, types, cfg.eps).items():
         values[f"sink_rate_{kind}"] = rate
     if stats.massive_top is not None:
@@ -335,30 +314,26 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
     values, outliers = per_image_metrics(stats, thresholds, cfg)
     summary = {}
     for name, per_image in values.items():
-        columns = list(per_image.T)
-        if name == "sink_rate":
-            columns.append(per_image.mean(axis=1))  # share of all layer-heads
-        rows = [bootstrap_ci(col, METRICS[name][1], cfg.n_boot, cfg.ci, cfg.seed) for col in columns]
-        summary[name] = {
-            key: np.array([r[j] for r in rows]) for j, key in enumerate(("value", "ci_low", "ci_high"))
-        }
+        columns = list(per_image.T) + ([per_image.mean(axis=1)] if name == "sink_rate" else [])  # all heads
+        statistic = "median" if name in MEDIAN_OVER_IMAGES else "mean"
+        rows = np.array([bootstrap_ci(col, statistic, cfg.n_boot, cfg.ci, cfg.seed) for col in columns])
+        summary[name] = dict(zip(("value", "ci_low", "ci_high"), rows.T))
     massive = None
     if stats.massive_token is not None:
         types = stats.layout.token_types()
+        places = M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
         massive = [
-            {
-                "layer": layer,
-                "token": token,
-                "token_type": types[token],
-                "channel": channel,
-                "count": count,
-                "n_images": stats.num_images,
-                "share": count / stats.num_images,
-                "tied_locations": tied,
-            }
-            for layer, (token, channel, count, tied) in zip(
-                stats.layers, M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
+            dict(
+                layer=layer,
+                token=token,
+                token_type=types[token],
+                channel=channel,
+                count=count,
+                n_images=stats.num_images,
+                share=count / stats.num_images,
+                tied_locations=tied,
             )
+            for layer, (token, channel, count, tied) in zip(stats.layers, places)
         ]
     content = stats.content
     placement = classify_outliers(outliers, content, list(stats.layers)) if content is not None else None

@@ -1,14 +1,12 @@
-"""Run a model over images in batches and reduce what it records into :class:`TokenStats`.
-
-Every block is recorded. Each block's ``[B, heads, N, N]`` attention is reduced the moment the
-block has run (CLS and register rows, attention received per key, patch-to-register mass, one
-rollout step), so memory holds one block's attention at a time, whatever the depth.
-"""
+"""Run a model over images in batches and reduce what it records into :class:`TokenStats`: each block's
+``[B, heads, N, N]`` attention is reduced as soon as the block has run, so memory holds one block's
+attention at a time, whatever the depth."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,8 +20,10 @@ from vit5.model.vit import unwrap
 from vit5.viz.capture import capture
 from vit5.viz.content import patch_content
 from vit5.viz.images import LoadedImage, to_batch
-from vit5.viz.rollout import HeadFusion, rollout_source_row, rollout_step
 from vit5.viz.stats import TokenStats
+
+HeadFusion = Literal["mean", "max", "min"]
+HEAD_FUSIONS = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
 
 
 @dataclass(frozen=True)
@@ -57,22 +57,45 @@ def collect(
     net = unwrap(model).eval().to(cfg.device)
     parts = []
     starts = range(0, len(images), cfg.batch_size)
+    rows: dict[str, list[torch.Tensor]] = {}  # of the current batch, block by block
+    rollout = None
+
+    def reduce(block: int, attention: torch.Tensor, tokens: torch.Tensor) -> None:
+        nonlocal rollout
+        for key, value in layer_rows(attention, tokens, layout).items():
+            rows.setdefault(key, []).append(value)
+        rollout = rollout_step(rollout, attention, cfg.head_fusion)
+
     for start in tqdm(starts, desc=f"recording {label}", unit="batch", disable=not cfg.progress):
         batch = images[start : start + cfg.batch_size]
-        reducer = _BatchReducer(layout, cfg.head_fusion)
+        rows.clear()
+        rollout = None
         x = to_batch(batch, info.mean, info.std).to(cfg.device)
-        with torch.no_grad(), capture(net, on_layer=reducer) as rec:
+        with torch.no_grad(), capture(net, on_layer=reduce) as rec:
             out = net.forward_features(x)
         if rec.layout != layout:
             raise RuntimeError(f"recorded layout {rec.layout} differs from the expected {layout}")
         kept = max(0, min(len(batch), cfg.keep_features - start))
-        features = layout.patches(out[:kept]).float().cpu().numpy() if kept else None
-        names = [img.name for img in batch]
-        part = reducer.stats(label, list(range(info.depth)), names, info.patch_size, features)
+        if layout.cls_index is not None:  # the rollout row of CLS, or the mean of the patch rows
+            rollout = rollout[:, layout.cls_index]
+        else:
+            rollout = layout.patches(rollout, dim=1).mean(dim=1)
         content = patch_content(np.stack([img.rgb for img in batch]), info.patch_size)
-        part.pixel_variance, part.variance_percentile = content.variance, content.variance_percentile
-        part.neighbour_cosine = content.neighbour_cosine
-        parts.append(part)
+        parts.append(
+            TokenStats(
+                label,
+                layout,
+                list(range(info.depth)),
+                [img.name for img in batch],
+                info.patch_size,
+                rollout=rollout.cpu().numpy(),
+                features=layout.patches(out[:kept]).float().cpu().numpy() if kept else None,
+                pixel_variance=content.variance,
+                variance_percentile=content.variance_percentile,
+                neighbour_cosine=content.neighbour_cosine,
+                **{k: torch.stack(v, dim=1).cpu().numpy() for k, v in rows.items()},
+            )
+        )
     return TokenStats.concat(parts)
 
 
@@ -98,28 +121,11 @@ def layer_rows(attention: torch.Tensor, tokens: torch.Tensor, layout: TokenLayou
     return rows
 
 
-MASSIVE_TOP = 3
-ROW_KEYS = (
-    "norms",
-    "received",
-    "cls_attn",
-    "reg_attn",
-    "patch_to_reg",
-    "massive_top",
-    "massive_token",
-    "massive_channel",
-    "massive_median",
-)
-
-
-def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[str, torch.Tensor]:
+def massive_activations(tokens: torch.Tensor, top: int = 3) -> dict[str, torch.Tensor]:
     """Massive activations of one block output ``[B, N, C]`` (Sun et al., arXiv 2402.17762, section 2, and
-    their ViT code, locuslab/massive-activations ``main_vit.py``: the top magnitudes of the hidden state
-    against its median magnitude).
-
-    ``massive_top [B, top]`` the largest ``|x|`` over all tokens and channels, ``massive_token`` /
-    ``massive_channel [B, top]`` where they sit, and ``massive_median [B]`` the median ``|x|``
-    (the mean of the two middle values for an even count, as numpy's median).
+    their ViT code, locuslab/massive-activations ``main_vit.py``): ``massive_top [B, top]`` the largest
+    ``|x|`` over all tokens and channels, ``massive_token`` / ``massive_channel`` where they sit, and
+    ``massive_median [B]`` the median ``|x|`` (the mean of the two middle values, as numpy's median).
     """
     magnitude = tokens.detach().float().abs().flatten(1)  # [B, N * C], token-major
     largest = magnitude.topk(min(top, magnitude.shape[1]), dim=1)
@@ -135,25 +141,26 @@ def massive_activations(tokens: torch.Tensor, top: int = MASSIVE_TOP) -> dict[st
     }
 
 
-class _BatchReducer:
-    """``on_layer`` callback: keeps :func:`layer_rows` of every block of one batch, in block order."""
+def rollout_step(
+    acc: torch.Tensor | None, attention: torch.Tensor, head_fusion: HeadFusion = "mean", residual: float = 0.5
+) -> torch.Tensor:
+    """One layer of attention rollout (Abnar and Zuidema, ACL 2020): ``[B, heads, N, N]`` fused over heads,
+    mixed with the identity for the residual path, renormalised per row and multiplied onto ``acc``
+    ``[B, N, N]`` (None at the start). Registers are ordinary columns, sliced off by the layout."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
+    fused = HEAD_FUSIONS[head_fusion](attention.float(), dim=1)
+    eye = torch.eye(fused.shape[-1], device=fused.device, dtype=fused.dtype)
+    mixed = residual * eye + (1.0 - residual) * fused
+    mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+    return mixed if acc is None else mixed @ acc
 
-    def __init__(self, layout: TokenLayout, head_fusion: HeadFusion) -> None:
-        self.layout = layout
-        self.head_fusion = head_fusion
-        self.rows: dict[str, list[torch.Tensor]] = {k: [] for k in ROW_KEYS}
-        self.rollout: torch.Tensor | None = None
 
-    def __call__(self, block: int, attention: torch.Tensor | None, tokens: torch.Tensor | None) -> None:
-        for key, value in layer_rows(attention, tokens, self.layout).items():
-            self.rows[key].append(value)
-        self.rollout = rollout_step(self.rollout, attention, self.head_fusion)
-
-    def stats(
-        self, label: str, layers: list[int], names: list[str], patch: int, features: np.ndarray | None
-    ) -> TokenStats:
-        arrays = {k: torch.stack(v, dim=1).cpu().numpy() if v else None for k, v in self.rows.items()}
-        rollout = rollout_source_row(self.rollout, self.layout).cpu().numpy()
-        return TokenStats(
-            label, self.layout, layers, names, patch, rollout=rollout, features=features, **arrays
-        )
+def attention_rollout(
+    attentions: Sequence[torch.Tensor], head_fusion: HeadFusion = "mean", residual: float = 0.5
+) -> torch.Tensor:
+    """Rollout ``[B, N, N]`` of the per-layer attentions given from the first block to the last."""
+    acc = None
+    for attention in attentions:
+        acc = rollout_step(acc, attention, head_fusion, residual)
+    return acc

@@ -1,22 +1,7 @@
-"""Where high-norm outliers sit relative to the image's content: artifact-like or content-like.
-
-A norm threshold alone can measure the image instead of the model: on a near-constant background,
-a few bright or textured foreground patches get high norms from the input itself. Darcet et al.
-(arXiv 2309.16588, section 2.1, Fig. 5) characterise true artifacts by where they sit: on patches
-that are *redundant with their neighbours* (background, high cosine similarity of the input patch
-embeddings to their 4 neighbours), which carry little local information. So each outlier is scored
-by its input patch:
-
-- ``pixel variance percentile``: rank of the patch's pixel variance (over its pixels and RGB
-  channels) among the patches of its image, in [0, 1] (0 = the flattest patch);
-- ``neighbour cosine``: mean cosine similarity of the patch's pixels to those of its 4-neighbours
-  (fewer at the border), both centred on the image's mean colour, so two flat patches of the same
-  colour score 1 and a bright patch on a dark background scores below 0;
-
-and classified **artifact-like** when it is both flat (variance percentile <= ``FLAT_PERCENTILE``)
-and redundant (neighbour cosine >= ``REDUNDANT_COSINE``), **content-like** otherwise. The shares
-go into the metrics (``outlier_artifact_share``) and beside every outlier figure.
-"""
+"""Where high-norm outliers sit relative to the image's content. Darcet et al. (arXiv 2309.16588, sec. 2.1,
+Fig. 5) find true artifacts on patches redundant with their neighbours, so an outlier is *artifact-like*
+when its input patch is flat (pixel-variance percentile <= ``FLAT_PERCENTILE``) and like its 4-neighbours
+(mean cosine of centred pixels >= ``REDUNDANT_COSINE``), *content-like* otherwise."""
 
 from __future__ import annotations
 
@@ -121,14 +106,3 @@ def classify_outliers(outliers: np.ndarray, content: PatchContent, layers: list[
             )
         )
     return found
-
-
-def describe_layer(entry: dict) -> str:
-    """``"3 of 4 outliers artifact-like (flat, like their neighbours), 1 content-like"``."""
-    n = entry["outliers"]
-    if not n:
-        return "no outliers"
-    return (
-        f"{entry['artifact_like']} of {n} outliers artifact-like (flat, like their neighbours), "
-        f"{entry['content_like']} content-like"
-    )

@@ -1,26 +1,7 @@
-"""Images for the visualisation tools: files, folders, scikit-learn's two sample photos or digits.
-
-Each image is decoded with OpenCV (:func:`vit5.data.decode_image`), resized keeping its aspect
-ratio to cover the target size and centre-cropped to it (:func:`vit5.data.eval_transform`,
-bicubic, area when shrinking) and kept as ``uint8`` RGB; :func:`to_batch` normalises it with each
-model's own mean and std, so two models compared see the same pixels. The target size (height,
-width) must be a multiple of the patch size; non-square sizes work. The figures draw on exactly
-the pixels the model saw.
-
-Without an explicit size, :func:`default_size` keeps the images' aspect: the short side becomes the
-model's short side (rounded to a patch multiple) and the long side follows the median aspect of the
-images, rounded to a patch multiple, so 640x427 photos on a 224 px model are read at 224x336, not
-cropped to a 224x224 centre square.
-
-Unreadable files and images smaller than one patch are skipped and reported (they cannot hold a
-single token); an input where nothing is left raises :class:`InputError`.
-
-Labelled sources (for analyses that score a classifier, e.g. register ablation): ``digits-train``
-and ``digits-val`` (the built-in scikit-learn digits split of :func:`vit5.data.load_digits_split`,
-labels 0-9), and folders in ImageFolder layout when ``folder_labels`` is set (the label is the
-index of the image's first-level subfolder among the sorted subfolder names, as
-:class:`vit5.data.ImageFolderDataset` numbers classes).
-"""
+"""Images for the tools: files, folders, ``sklearn-samples``, ``digits-train`` / ``digits-val`` (labelled),
+ImageFolders with ``folder_labels``. Decoded by :func:`vit5.data.decode_image`, resized to cover the size and
+centre-cropped (:func:`vit5.data.eval_transform`), kept as ``uint8`` RGB so that models compared see, and
+figures draw, the same pixels; unreadable or sub-patch images are skipped and reported."""
 
 from __future__ import annotations
 
@@ -94,7 +75,9 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 ImageSource(
                     str(p.relative_to(path).with_suffix("")),
                     path=str(p),
-                    label=_folder_label(p.relative_to(path), classes) if folder_labels else None,
+                    label=classes.index(p.relative_to(path).parts[0])
+                    if folder_labels and len(p.relative_to(path).parts) > 1
+                    else None,
                 )
                 for p in files
             ]
@@ -106,10 +89,6 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 f"or {' / '.join(DIGITS_SOURCES)}"
             )
     return _unique_names(found)
-
-
-def _folder_label(relative: Path, classes: list[str]) -> int | None:
-    return classes.index(relative.parts[0]) if len(relative.parts) > 1 else None
 
 
 def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
@@ -126,13 +105,10 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
 def default_size(
     sources: Sequence[str], model_size: tuple[int, int], patch: int, max_images: int | None = None
 ) -> tuple[int, int]:
-    """(height, width) for ``sources``, keeping their median aspect (see the module docstring).
-
-    The short side is ``min(model_size)`` rounded to the nearest patch multiple (at least one patch);
-    the long side is the short side times the median long / short ratio of the images (their sizes are
-    read from the file headers, not decoded), rounded to the nearest patch multiple; the orientation
-    (landscape or portrait) is the majority's. Unreadable files are left to :func:`load_images`.
-    """
+    """(height, width) keeping the images' aspect, so 640x427 photos on a 224 px model are read at 224x336:
+    the short side is ``min(model_size)`` rounded to a patch multiple, the long side the short side times
+    the images' median long / short ratio (sizes read from the file headers) rounded to a patch multiple,
+    in the majority's orientation. Unreadable files are left to :func:`load_images`."""
     short = max(patch, round(min(model_size) / patch) * patch)
     shapes = [s for s in (_shape(src) for src in list_sources(sources)[:max_images]) if s]
     if not shapes:

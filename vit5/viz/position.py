@@ -1,34 +1,7 @@
-"""Position-artifact probe: what do position embeddings alone leave in the patch features?
-
-Yang et al., "Denoising Vision Transformers" (arXiv 2401.02957, Fig. 3) show that a
-ViT fed an image without content (a zero tensor) still produces the spatial artifact pattern of
-its real feature maps, and trace it to the position embeddings. This probe feeds
-
-- constant images (one grey level per image, every pixel equal): any difference between patch
-  features is then caused by position alone (APE, RoPE, and the prefix tokens' position-dependent
-  attention);
-- independent uniform-noise images: content differs at every patch, so the share of feature
-  variance that the patch position explains (an ANOVA R^2 over images) measures how much position
-  dominates content;
-
-and reports, per model, the norm maps and PCA-to-RGB maps of the block output (before the final
-norm; one PCA per map, its first three components as RGB on an absolute scale: grey is the mean
-feature, full colour a deviation of ``COLOUR_SPAN`` = 10 % of the mean feature norm, so a model
-whose patches barely differ stays grey instead of showing amplified rounding noise), plus two
-numbers:
-
-- ``constant_spatial_share``: ``mean_p ||f_p - mean_p f||^2 / mean_p ||f_p||^2`` for a constant
-  image (0: every patch identical; averaged over the grey levels);
-- ``noise_position_share``: over M noise images, the share of feature variance due to the patch
-  position, as the one-way random-effects intraclass correlation: with position means ``mu_p``,
-  ``s2_within = sum_{m,p} ||f_mp - mu_p||^2 / (P (M - 1))`` and
-  ``s2_position = mean_p ||mu_p - mu||^2 - s2_within / M`` (the sampling noise of ``mu_p`` removed),
-  ``share = s2_position / (s2_position + s2_within)`` clipped to [0, 1] (0: position explains nothing
-  beyond chance, 1: features depend on position only).
-
-Compare models that differ only in their position encoding, e.g. ViT-5's learned APE + RoPE,
-RoPE only (``ape=False``) and APE only (``rope=False``), at the same input size.
-"""
+"""Position-artifact probe (Yang et al., "Denoising Vision Transformers", arXiv 2401.02957, Fig. 3): block
+outputs for constant images (any difference between patches is position alone) and uniform noise, as norm
+and PCA maps (grey = the mean feature, full colour a deviation of ``COLOUR_SPAN`` of its norm) and two
+numbers, :func:`constant_spatial_share` and :func:`position_share`."""
 
 from __future__ import annotations
 
@@ -112,7 +85,9 @@ def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
 
 
 def position_share(features: np.ndarray) -> float:
-    """``[M, P, C]`` -> intraclass correlation of the features with the patch position as the class."""
+    """``[M, P, C]`` -> ``s2_position / (s2_position + s2_within)``, with position means ``mu_p``,
+    ``s2_within = sum ||f_mp - mu_p||^2 / (P (M - 1))`` and ``s2_position = mean_p ||mu_p - mu||^2 -
+    s2_within / M`` (the sampling noise of ``mu_p`` removed), clipped to [0, 1]."""
     f = features.astype(np.float64)
     m, p = f.shape[:2]
     means = f.mean(axis=0)  # [P, C]
@@ -190,33 +165,20 @@ def run_position_probe(
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
     """Rows: models; columns: norm and PCA maps of a constant image, and the mean norm map of the noise
-    images.
-
-    Each norm column shares one colour scale across models; PCA maps are per model (one PCA each). The
-    noise images' mean maps still hold their content's average (few images), so no PCA is drawn of
-    them: the position share says how much of their variance is due to position."""
+    images (no PCA of those: few images still hold their content's average). Each norm column shares one
+    colour scale across models."""
     rows = []
     for p in probes:
         i = int(np.argmin(np.abs(np.asarray(p.levels) - level)))
+        constant, patch = f"constant {p.levels[i]:g}", p.patch_size
+        name = f"{textwrap.fill(p.model, 42)}\n{constant}: norms"
+        pca = f"{constant}: PCA (share {p.constant_spatial_share:.2f})"
+        noise = f"noise: mean norms (position share {p.noise_position_share:.2f})"
         rows.append(
             [
-                Panel(
-                    f"{textwrap.fill(p.model, 42)}\nconstant {p.levels[i]:g}: norms",
-                    p.constant_norms[i],
-                    group="constant norms",
-                    patch=p.patch_size,
-                ),
-                Panel(
-                    f"constant {p.levels[i]:g}: PCA (share {p.constant_spatial_share:.2f})",
-                    rgb=p.constant_pca[i],
-                    patch=p.patch_size,
-                ),
-                Panel(
-                    f"noise: mean norms (position share {p.noise_position_share:.2f})",
-                    p.noise_norms,
-                    group="noise norms",
-                    patch=p.patch_size,
-                ),
+                Panel(name, p.constant_norms[i], group="constant norms", patch=patch),
+                Panel(pca, rgb=p.constant_pca[i], patch=patch),
+                Panel(noise, p.noise_norms, group="noise norms", patch=patch),
             ]
         )
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
@@ -224,8 +186,7 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
     notes.append(
         "constant share: patch-feature energy varying with position on a constant image; noise share: "
         "feature variance over noise images due to position (intraclass correlation); PCA: one per map, "
-        "grey = "
-        f"the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
+        f"grey = the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
     )
     return panel_grid(
         rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes
@@ -233,7 +194,5 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
 
 
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
-    path = Path(out) / "position_probe.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, [p.summary() for p in probes])
-    return path
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return atomic_write_json(Path(out) / "position_probe.json", [p.summary() for p in probes])

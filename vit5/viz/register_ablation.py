@@ -1,34 +1,12 @@
-"""Register ablation at inference: how much does a model depend on what its registers hold?
-
-Parodi et al. (arXiv 2604.14433, Fig. 1 and their replacement controls) replace the register hidden
-states after every block and compare zeroing with three in-distribution replacements; zeroing
-costs DINOv2-reg / DINOv3 up to ~37 points while the replacements stay within ~1 point, i.e.
-zeroing overstates how much the model needs the exact register content. Here, for any vit5 or
-timm model with registers (either token order, through :class:`~vit5.TokenLayout`):
-
-- ``zeros``: the register tokens become zero vectors;
-- ``mean``: their mean over a reference image set, per position and register;
-- ``shuffle``: the registers of another image of the batch (a derangement: image ``b`` gets image
-  ``b - 1``'s, cyclically; needs at least two images per batch);
-- ``noise``: a random direction (isotropic Gaussian) with the L2 norm of the token it replaces
-  (norm-matched noise; Parodi et al. match the mean and variance instead, which at the input,
-  where the registers are the same learned constants for every image, would return the mean);
-
-either at the ``input`` (the register tokens entering the first block; they are learned
-constants, so ``mean`` and ``shuffle`` leave them unchanged there and must report no change) or
-after every block (``blocks``, Parodi et al.'s protocol). Reported per method and place: top-1 of
-the model's own head (labelled images and a head needed), weighted cosine kNN accuracy of the
-pooled features (:func:`vit5.eval.knn_accuracy`, reference images as the bank; labels needed), the
-mean cosine similarity of each final patch feature to the unablated one, and the label-free kNN
-overlap (share of each image's k nearest reference images, by pooled-feature cosine, that stay
-the same).
-"""
+"""Register ablation at inference (Parodi et al., arXiv 2604.14433, Fig. 1 and their replacement controls):
+registers become ``zeros``, their reference-set ``mean``, another image's (``shuffle``: image ``b`` gets
+``b - 1``'s) or norm-matched ``noise``, at the ``input`` or after every block (``blocks``); reported: top-1,
+kNN accuracy, patch-feature cosine to the unablated model and the label-free kNN overlap."""
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,6 +21,7 @@ from vit5.errors import InputError
 from vit5.files import atomic_write_json
 from vit5.introspect import describe
 from vit5.model.vit import unwrap
+from vit5.viz.artifacts import aligned, write_rows_csv
 from vit5.viz.images import LoadedImage, to_batch
 
 METHODS = ("zeros", "mean", "shuffle", "noise")
@@ -66,11 +45,6 @@ class RegisterReference:
     output."""
 
     mean: torch.Tensor  # [depth + 1, R, C]
-    num_images: int
-
-
-def _blocks(model: nn.Module) -> nn.ModuleList:
-    return unwrap(model).blocks
 
 
 @contextmanager
@@ -104,18 +78,12 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
     def on_output(position: int):
         return lambda module, args, output: replace(output, position)
 
-    blocks = _blocks(net)
-    handles = [
-        net.patch_embed.register_forward_pre_hook(remember_size),
-        blocks[0].register_forward_pre_hook(on_input, prepend=True),
-    ]
-    # prepended: every other hook (e.g. a recording entered earlier) sees the replaced registers
-    handles += [block.register_forward_hook(on_output(d + 1), prepend=True) for d, block in enumerate(blocks)]
-    try:
+    with ExitStack() as stack:
+        stack.callback(net.patch_embed.register_forward_pre_hook(remember_size).remove)
+        stack.callback(net.blocks[0].register_forward_pre_hook(on_input, prepend=True).remove)
+        for d, block in enumerate(net.blocks):  # prepended: every other hook sees the replaced registers
+            stack.callback(block.register_forward_hook(on_output(d + 1), prepend=True).remove)
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _batches(
@@ -142,8 +110,7 @@ def register_reference(
     with _register_hooks(net, accumulate):
         for x in _batches(images, net, batch_size, device):
             net.forward_features(x)
-    n = len(images)
-    return RegisterReference(torch.stack([total[p] / n for p in sorted(total)]).float().cpu(), n)
+    return RegisterReference(torch.stack([total[p] / len(images) for p in sorted(total)]).float().cpu())
 
 
 @contextmanager
@@ -180,7 +147,6 @@ def ablate_registers(
         yield
 
 
-# ---------------------------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
 class AblationConfig:
     methods: tuple[str, ...] = METHODS
@@ -206,17 +172,13 @@ class AblationConfig:
 class Outputs:
     patches: torch.Tensor  # [M, P, C] final patch features
     pooled: torch.Tensor  # [M, C] the head's input (pre-logits)
-    logits: torch.Tensor | None  # [M, classes]
+    logits: torch.Tensor | None  # [M, classes], None without a head
 
 
 @torch.no_grad()
-def model_outputs(
-    model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu"
-) -> Outputs:
-    """Final patch features, pooled features and logits (None without a head) of ``images``."""
+def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int, device: str) -> Outputs:
     net = unwrap(model).eval().to(device)
-    info = describe(net)
-    layout = info.layout(images[0].rgb.shape[:2])
+    layout = describe(net).layout(images[0].rgb.shape[:2])
     patches, pooled, logits = [], [], []
     has_head = getattr(net, "num_classes", 0) > 0
     for x in _batches(images, net, batch_size, device):
@@ -228,11 +190,6 @@ def model_outputs(
     return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
 
 
-def patch_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean over images and patches of the cosine similarity of corresponding patch features ``[M, P, C]``."""
-    return float(F.cosine_similarity(a.double(), b.double(), dim=-1).mean())
-
-
 def knn_overlap(
     base_query: torch.Tensor, base_bank: torch.Tensor, query: torch.Tensor, bank: torch.Tensor, k: int
 ) -> float:
@@ -240,12 +197,10 @@ def knn_overlap(
     k = min(k, bank.shape[0])
 
     def neighbours(q: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        sim = F.normalize(q.double(), dim=-1) @ F.normalize(b.double(), dim=-1).T
-        return sim.topk(k, dim=-1).indices
+        return (F.normalize(q.double(), dim=-1) @ F.normalize(b.double(), dim=-1).T).topk(k, dim=-1).indices
 
     before, after = neighbours(base_query, base_bank), neighbours(query, bank)
-    kept = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(before, after)]
-    return float(np.mean(kept))
+    return float(np.mean([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(before, after)]))
 
 
 @dataclass
@@ -267,13 +222,9 @@ class AblationReport:
     rows: list[AblationRow]
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def baseline(self) -> AblationRow:
-        return self.rows[0]
-
     def change(self, row: AblationRow, metric: str) -> float | None:
-        """Accuracy change in percentage points against the unablated model."""
-        value, base = getattr(row, metric), getattr(self.baseline, metric)
+        """Accuracy change in percentage points against the unablated model (the first row)."""
+        value, base = getattr(row, metric), getattr(self.rows[0], metric)
         return None if value is None or base is None else 100.0 * (value - base)
 
     def records(self) -> list[dict]:
@@ -283,52 +234,45 @@ class AblationReport:
         ]
 
     def table(self) -> str:
-        head = list(TABLE_HEADER)
-        lines = [head]
-        for r in self.rows:
+        def pct(v: float | None) -> str:
+            return "n/a" if v is None else f"{100 * v:.1f}"
 
-            def pct(v: float | None) -> str:
-                return "n/a" if v is None else f"{100 * v:.1f}"
+        def pp(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:+.1f}"
 
-            def pp(v: float | None) -> str:
-                return "n/a" if v is None else f"{v:+.1f}"
-
-            lines.append(
-                [
-                    r.method,
-                    r.place,
-                    pct(r.top1),
-                    pp(self.change(r, "top1")),
-                    pct(r.knn),
-                    pp(self.change(r, "knn")),
-                    f"{1.0 - r.patch_cosine:.2g}",
-                    f"{r.knn_overlap:.3f}",
-                ]
-            )
-        widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
-        text = "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
+        lines = [list(TABLE_HEADER)] + [
+            [
+                r.method,
+                r.place,
+                pct(r.top1),
+                pp(self.change(r, "top1")),
+                pct(r.knn),
+                pp(self.change(r, "knn")),
+                f"{1.0 - r.patch_cosine:.2g}",
+                f"{r.knn_overlap:.3f}",
+            ]
+            for r in self.rows
+        ]
         return (
             f"register ablation of {self.model}: {self.num_images} images, reference set "
-            f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{text}"
+            f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{aligned(lines)}"
         )
 
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "model": self.model,
-            "num_images": self.num_images,
-            "num_reference": self.num_reference,
-            "config": asdict(self.config),
-            "notes": self.notes,
-            "rows": self.records(),
-        }
-        atomic_write_json(out / "ablation.json", doc)
-        with (out / "ablation.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(self.records()[0]))
-            writer.writeheader()
-            writer.writerows(self.records())
-        return [out / "ablation.json", out / "ablation.csv"]
+        doc = dict(
+            model=self.model,
+            num_images=self.num_images,
+            num_reference=self.num_reference,
+            config=asdict(self.config),
+            notes=self.notes,
+            rows=self.records(),
+        )
+        return [
+            atomic_write_json(out / "ablation.json", doc),
+            write_rows_csv(out / "ablation.csv", self.records()),
+        ]
 
 
 def _labels(images: Sequence[LoadedImage]) -> np.ndarray | None:
@@ -364,14 +308,9 @@ def run_ablation(
             knn = knn_accuracy(
                 out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature
             )
-        return AblationRow(
-            method,
-            place,
-            top1,
-            knn,
-            patch_cosine(base.patches, out.patches),
-            knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k),
-        )
+        cosine = float(F.cosine_similarity(base.patches.double(), out.patches.double(), dim=-1).mean())
+        overlap = knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k)
+        return AblationRow(method, place, top1, knn, cosine, overlap)
 
     rows = [row("none", "-", base, base_ref)]
     for place in cfg.places:
@@ -380,36 +319,32 @@ def run_ablation(
                 ablated = model_outputs(net, images, cfg.batch_size, cfg.device)
                 ablated_ref = model_outputs(net, reference, cfg.batch_size, cfg.device)
             rows.append(row(method, place, ablated, ablated_ref))
-    extra = (
-        []
-        if labels is not None
-        else ["no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
-    )
-    return AblationReport(label, len(images), len(reference), cfg, rows, [*notes, *extra])
+    if labels is None:
+        notes = [*notes, "no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
+    return AblationReport(label, len(images), len(reference), cfg, rows, list(notes))
 
 
-def ablation_figure(report: AblationReport, dpi: int = S.DPI, title: str | None = None) -> Figure:
-    """Bars per method, grouped by place: change in top-1 and kNN accuracy, patch cosine, kNN overlap.
+ABLATION_PANELS = (
+    ("change in top-1 (pp)", "top1"),
+    ("change in kNN accuracy (pp)", "knn"),
+    ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
+    ("kNN overlap with unablated", "knn_overlap"),
+)
 
-    2 x 2 panels at the text width, one legend below them (never on a bar); each bar is labelled with its
-    value, so a zero bar shows as ``0`` on the zero line. ``title`` replaces the generated title."""
-    panels = [
-        ("change in top-1 (pp)", "top1"),
-        ("change in kNN accuracy (pp)", "knn"),
-        ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
-        ("kNN overlap with unablated", "knn_overlap"),
-    ]
+
+def ablation_figure(report: AblationReport, dpi: int = S.DPI) -> Figure:
+    """Bars per method, grouped by place, in 2 x 2 panels at the text width (:data:`ABLATION_PANELS`); one
+    legend below them, each bar labelled with its value, so a zero bar shows as ``0`` on the zero line."""
     fig = Figure(figsize=(S.TEXT_WIDTH, 5.0), dpi=dpi, layout="constrained")
-    axes = fig.subplots(2, 2).flat
-    places = list(report.config.places)
-    methods = list(report.config.methods)
+    axes = list(fig.subplots(2, 2).flat)
+    places, methods = list(report.config.places), list(report.config.methods)
+    rows = {(r.method, r.place): r for r in report.rows}
     width = 0.8 / len(methods)
-    axes = list(axes)
-    for ax, (name, metric) in zip(axes, panels):
+    for ax, (name, metric) in zip(axes, ABLATION_PANELS):
         for m, method in enumerate(methods):
             values = []
             for place in places:
-                row = next(r for r in report.rows if r.method == method and r.place == place)
+                row = rows[method, place]
                 value = report.change(row, metric) if metric in ("top1", "knn") else getattr(row, metric)
                 value = 1.0 - value if metric == "patch_cosine" else value
                 values.append(np.nan if value is None else value)
@@ -418,21 +353,18 @@ def ablation_figure(report: AblationReport, dpi: int = S.DPI, title: str | None 
             ax.bar_label(bars, fmt="%.2g", fontsize=S.FONT_SMALL, padding=1)
         if all(getattr(r, metric) is None for r in report.rows):
             ax.text(0.5, 0.5, "needs labels", ha="center", va="center", transform=ax.transAxes)
-        if metric == "patch_cosine":
-            if any(1.0 - r.patch_cosine > 0 for r in report.rows):
-                ax.set_yscale("log")
-        else:
+        if metric != "patch_cosine":
             ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
+        elif any(1.0 - r.patch_cosine > 0 for r in report.rows):
+            ax.set_yscale("log")
         ax.set_xticks(
             range(len(places)), ["at the input" if p == "input" else "after every block" for p in places]
         )
         S.style_axes(ax, name)
         ax.margins(y=0.15)
-    default = (
+    title = (
         f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})"
     )
-    heading = default if title is None else title
-    if heading:
-        fig.suptitle(heading, fontsize=S.FONT_TITLE)
+    fig.suptitle(title, fontsize=S.FONT_TITLE)
     S.finish(fig, report.notes, axes[:1], ncol=len(methods))
     return fig

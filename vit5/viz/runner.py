@@ -1,31 +1,19 @@
-"""Run the visualisation tools over a set of images and write figures, metrics and raw arrays.
-
-:func:`run_model` records one model on a folder of images (batched, with a progress bar), then
-writes the requested views: per-image figures for the first ``max_figures`` images, a summary
-grid, dataset figures, ``metrics.json`` / ``metrics.csv`` and a printed table, and optionally the
-raw per-token arrays (``token_stats.npz`` / ``.safetensors``) for later figures.
-:func:`run_compare` does the same for two models on the same pixels, with shared colour scales
-and the first model's outlier thresholds reused for the second; :func:`run_ttr` compares a model
-without and with test-time registers the same way.
-
-Output layout (``out/``)::
-
-    images/<image>/{cls_attention,register_attention,rollout,norm_map,pca}.{png,pdf}
-    summary_grid.*, norm_histograms.*, outlier_frequency.*, layer_profile.*, massive_activations.*,
-    metrics.json, metrics.csv, token_stats.npz
-    compare/<image>.*, compare/summary_grid.*, compare/layer_profile.*, compare/massive_activations.*,
-    compare/metrics_<model>.*
-    ttr/ (as compare/, the model without and with test-time registers), ttr/register_neurons.json
-"""
+"""Run the tools over images and write figures, metrics and raw arrays under ``out/``: ``images/<image>/*``,
+``summary_grid``, ``norm_histograms``, ``outlier_frequency``, ``layer_profile``, ``massive_activations``,
+``metrics.json`` / ``.csv``, ``token_stats.npz``; two models side by side under ``compare/``, a model
+without and with test-time registers under ``ttr/`` (plus ``register_neurons.json``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import nn
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
@@ -34,30 +22,14 @@ from vit5.introspect.spec import LoadedModel, load_spec
 from vit5.layers.patch_embed import grid_of
 from vit5.model import take_indices
 from vit5.model.footprint import attention_bytes
+from vit5.model.vit import unwrap
 from vit5.runtime import check_fits
+from vit5.viz import figures as F
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.capture import recordable
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.figures import (
-    MapStyle,
-    cls_attention_figure,
-    compare_figure,
-    compare_summary_figure,
-    layer_profile_figure,
-    massive_activation_figure,
-    norm_histogram_figure,
-    norm_map_figure,
-    outlier_frequency_figure,
-    pca_figure,
-    register_attention_figure,
-    rollout_figure,
-    save_figure,
-    summary_figure,
-)
-from vit5.viz.figures.pca import pca_note
+from vit5.viz.figures import MapStyle
 from vit5.viz.images import LoadedImage, default_size, load_images
-from vit5.viz.pca import pca_rgb
-from vit5.viz.plant import PlantSpec, plant_artifacts
 from vit5.viz.stats import TokenStats
 from vit5.viz.ttr import (
     NeuronSearch,
@@ -66,6 +38,58 @@ from vit5.viz.ttr import (
     find_register_neurons,
     use_test_time_registers,
 )
+
+
+@dataclass(frozen=True)
+class PlantSpec:
+    """A known, artificial high-norm token to check the tools end to end: a tiny model trained for minutes is
+    not expected to grow the artifacts of Darcet et al. (arXiv 2309.16588, section 2), so one is planted."""
+
+    layer: int
+    positions: tuple[tuple[int, int], ...]  # (row, column) in the patch grid
+    scale: float = 20.0
+
+    def describe(self) -> str:
+        where = ", ".join(f"({r},{c})" for r, c in self.positions)
+        return (
+            f"PLANTED artifacts (x{self.scale:g} norm) at layer {self.layer}, patches {where}: "
+            "not a property of the model"
+        )
+
+
+@contextmanager
+def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[None]:
+    """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale`` (every later
+    block sees the planted tokens); whatever is made inside must say "planted"."""
+    info = describe(model)
+    net = unwrap(model)
+    layer = take_indices(info.depth, [spec.layer])[0]
+    state: dict[str, tuple[int, int]] = {}
+
+    def remember_size(module, args) -> None:
+        state["hw"] = tuple(args[0].shape[-2:])
+
+    def plant(module, inputs, output: torch.Tensor) -> torch.Tensor:
+        layout = info.layout(state["hw"])
+        h, w = layout.grid
+        index = []
+        for r, c in spec.positions:
+            if not (0 <= r < h and 0 <= c < w):
+                raise InputError(f"planted position ({r},{c}) is outside the {h}x{w} patch grid")
+            index.append(layout.patch_slice.start + r * w + c)
+        out = output.clone()
+        out[:, index] = out[:, index] * spec.scale
+        return out
+
+    handles = [
+        net.patch_embed.register_forward_pre_hook(remember_size),
+        net.blocks[layer].register_forward_hook(plant),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def load_model_spec(
@@ -123,14 +147,10 @@ class RunResult:
 
 
 def _prepare(
-    loaded: LoadedModel,
-    cfg: RunConfig,
-    sources: Sequence[str],
-    size: tuple[int, int] | None = None,
-    patch: int | None = None,
+    loaded: LoadedModel, cfg: RunConfig, sources: Sequence[str], size: tuple[int, int] | None = None
 ) -> tuple[ModelInfo, tuple[int, int], list[int]]:
     info = describe(loaded.model)
-    size = tuple(size or cfg.size or default_size(sources, info.img_size, patch or info.patch_size))
+    size = tuple(size or cfg.size or default_size(sources, info.img_size, info.patch_size))
     info.grid(size)
     check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
     layers = take_indices(info.depth, list(cfg.layers), unique=True)
@@ -155,9 +175,7 @@ def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunCon
 def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
     """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of a
     block, in float32) cannot fit on ``device``, with the estimate."""
-    tokens = (
-        (size[0] // info.patch_size) * (size[1] // info.patch_size) + int(info.has_cls) + info.num_registers
-    )
+    tokens = info.layout(size).num_tokens
     check_fits(
         attention_bytes(batch, info.num_heads, tokens),
         device,
@@ -188,58 +206,52 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     stats = _record(loaded, images, cfg, features=cfg.max_figures if "pca" in cfg.views else 0)
     report = compute_metrics(stats, cfg.metrics)
     result = RunResult(stats, report, images)
-    notes = _notes(loaded, cfg)
-    style, out, views = cfg.style, Path(cfg.out), cfg.views
+    notes, style, out, views = _notes(loaded, cfg), cfg.style, Path(cfg.out), cfg.views
     out.mkdir(parents=True, exist_ok=True)
 
-    def save(fig, base: Path) -> None:
-        result.files += save_figure(fig, base, style.formats)
+    def save(fig, name: str) -> None:
+        result.files.extend(F.save_figure(fig, out / name, style.formats))
 
     shown = images[: cfg.max_figures]
-    pca, variance = pca_rgb(stats.features, stats.layout.grid) if stats.features is not None else (None, None)
+    pca, variance = (
+        F.pca_rgb(stats.features, stats.layout.grid) if stats.features is not None else (None, None)
+    )
     has_cls = stats.cls_attn is not None
     if "attention" in views and not has_cls:
         cfg.log(f"{stats.model} has no CLS token: no CLS maps; rollout reads the mean patch row")
     for i, image in enumerate(shown):
-        folder = out / "images" / image.name
+        folder = f"images/{image.name}/"
         if "attention" in views and has_cls:
-            save(
-                cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes),
-                folder / "cls_attention",
-            )
+            fig = F.cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes)
+            save(fig, folder + "cls_attention")
         if "registers" in views and info.num_registers:
             save(
-                register_attention_figure(stats, i, image, layers, style, notes),
-                folder / "register_attention",
+                F.register_attention_figure(stats, i, image, layers, style, notes),
+                folder + "register_attention",
             )
         if "rollout" in views:
-            save(rollout_figure(stats, i, image, style, notes), folder / "rollout")
+            save(F.rollout_figure(stats, i, image, style, notes), folder + "rollout")
         if "norms" in views:
-            save(norm_map_figure(stats, i, image, layers, style, report.outliers, notes), folder / "norm_map")
+            save(
+                F.norm_map_figure(stats, i, image, layers, style, report.outliers, notes), folder + "norm_map"
+            )
         if pca is not None:
             save(
-                pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes),
-                folder / "pca",
+                F.pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes),
+                folder + "pca",
             )
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
-        grid_notes = notes + ([pca_note(variance)] if pca is not None else [])
-        fig = summary_figure(
-            stats, shown, grid_views, layers[-1], layers[-1], style, pca, cfg.renormalise, grid_notes
-        )
-        save(fig, out / "summary_grid")
+        grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
+        fig = F.summary_figure(stats, shown, grid_views, layers[-1], style, pca, cfg.renormalise, grid_notes)
+        save(fig, "summary_grid")
     if "histograms" in views:
-        save(norm_histogram_figure(stats, report.thresholds, style, notes=notes), out / "norm_histograms")
-        save(
-            outlier_frequency_figure(stats, report.outliers, layers, style, notes), out / "outlier_frequency"
-        )
+        save(F.norm_histogram_figure(stats, report.thresholds, style, notes=notes), "norm_histograms")
+        save(F.outlier_frequency_figure(stats, report.outliers, layers, style, notes), "outlier_frequency")
     if "profile" in views:
-        save(layer_profile_figure({stats.model: report}, style, notes), out / "layer_profile")
+        save(F.layer_profile_figure({stats.model: report}, style, notes), "layer_profile")
     if "massive" in views:
-        save(
-            massive_activation_figure({stats.model: (stats, report)}, style, notes),
-            out / "massive_activations",
-        )
+        save(F.massive_activation_figure({stats.model: (stats, report)}, style, notes), "massive_activations")
     if "metrics" in views:
         result.files += [report.write_json(out / "metrics.json"), report.write_csv(out / "metrics.csv")]
         cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
@@ -257,20 +269,16 @@ def run_compare(
     patches = (describe(model_a.model).patch_size, describe(model_b.model).patch_size)
     patch = math.lcm(*patches)
     size = tuple(cfg.size or default_size(sources, describe(model_a.model).img_size, patch))
-    grid_of(  # one size for both: the hint is a multiple of both patch sizes
-        size,
-        patch,
-        "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})",
-    )
-    info_a, size, layers = _prepare(model_a, cfg, sources, size)
-    info_b, _, _ = _prepare(model_b, cfg, sources, size)
+    fix = "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})"
+    grid_of(size, patch, fix)  # one size for both: the hint is a multiple of both patch sizes
+    _prepare(model_a, cfg, sources, size)
+    _prepare(model_b, cfg, sources, size)
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
     images = _load(sources, size, patch, cfg)
-    stats_a = _record(model_a, images, cfg, features=0)
-    stats_b = _record(model_b, images, cfg, features=0)
+    stats = [_record(model, images, cfg, features=0) for model in (model_a, model_b)]
     notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
-    return _write_comparison(stats_a, stats_b, images, cfg, notes, Path(cfg.out) / "compare")
+    return _write_comparison(*stats, images, cfg, notes, Path(cfg.out) / "compare")
 
 
 def run_ttr(
@@ -297,14 +305,10 @@ def run_ttr(
     out = Path(cfg.out) / "ttr"
     ttr_note = (
         f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
-        "blocks "
-        f"<= {found.top_layer} (Jiang et al. 2025)"
+        f"blocks <= {found.top_layer} (Jiang et al. 2025)"
     )
-    notes = [*_notes(loaded, cfg), ttr_note]
-    result = _write_comparison(before, after, images, cfg, notes, out)
-    path = out / "register_neurons.json"
-    atomic_write_json(path, asdict(found))
-    result[0].files.append(path)
+    result = _write_comparison(before, after, images, cfg, [*_notes(loaded, cfg), ttr_note], out)
+    result[0].files.append(atomic_write_json(out / "register_neurons.json", asdict(found)))
     return found, *result
 
 
@@ -324,28 +328,26 @@ def _write_comparison(
     report_b = compute_metrics(stats_b, cfg.metrics if own else reuse)
     out.mkdir(parents=True, exist_ok=True)
     result_a, result_b = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    style, files = cfg.style, result_a.files
-    layer = cfg.layers[-1]
-    for i, image in enumerate(images[: cfg.max_figures]):
-        fig = compare_figure([stats_a, stats_b], i, image, layer, layer, style, cfg.renormalise, notes)
-        files += save_figure(fig, out / image.name, style.formats)
-    if images[: cfg.max_figures]:
-        fig = compare_summary_figure(
-            [stats_a, stats_b], images[: cfg.max_figures], layer, layer, style, cfg.renormalise, notes
-        )
-        files += save_figure(fig, out / "summary_grid", style.formats)
-    files += save_figure(
-        layer_profile_figure({stats_a.model: report_a, stats_b.model: report_b}, style, notes),
-        out / "layer_profile",
-        style.formats,
-    )
-    files += save_figure(
-        massive_activation_figure(
+    style, files, layer, both = cfg.style, result_a.files, cfg.layers[-1], [stats_a, stats_b]
+    shown = images[: cfg.max_figures]
+    for i, image in enumerate(shown):
+        fig = F.compare_figure(both, i, image, layer, layer, style, cfg.renormalise, notes)
+        files += F.save_figure(fig, out / image.name, style.formats)
+    figures = {
+        "layer_profile": F.layer_profile_figure(
+            {stats_a.model: report_a, stats_b.model: report_b}, style, notes
+        ),
+        "massive_activations": F.massive_activation_figure(
             {stats_a.model: (stats_a, report_a), stats_b.model: (stats_b, report_b)}, style, notes
         ),
-        out / "massive_activations",
-        style.formats,
-    )
+    }
+    if shown:
+        figures = {
+            "summary_grid": F.compare_summary_figure(both, shown, layer, style, cfg.renormalise, notes),
+            **figures,
+        }
+    for name, fig in figures.items():
+        files += F.save_figure(fig, out / name, style.formats)
     if notes:
         cfg.log("\n".join(notes))
     for stats, report in ((stats_a, report_a), (stats_b, report_b)):

@@ -1,18 +1,11 @@
-"""The arrays one model produces on one image set: the single source of every metric and figure.
-
-It keeps raw per-token norms ``[B, L, N]`` and attention rows, so numbers and
-pictures always come from the same data, and a later session can redraw figures without the
-model. Full ``N x N`` attention is never kept: it is reduced block by block while the model runs.
-
-Shapes: B images, L recorded blocks, H heads, N tokens, R registers, P = h * w patches.
-Token positions follow ``layout`` (vit5 ``[CLS | patches | registers]``, timm
-``[CLS | registers | patches]``); always slice through it.
-"""
+"""The arrays one model produces on one image set (B images, L blocks, H heads, N tokens, R registers,
+P = h * w patches; token order from ``layout``), the single source of every metric and figure, and the
+per-image maps ``[..., h, w]`` the figures draw from them."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -20,23 +13,6 @@ import numpy as np
 from vit5.errors import InputError
 from vit5.model import TokenLayout
 from vit5.viz.content import PatchContent
-
-_ARRAYS = (
-    "norms",
-    "received",
-    "rollout",
-    "cls_attn",
-    "reg_attn",
-    "patch_to_reg",
-    "features",
-    "massive_top",
-    "massive_token",
-    "massive_channel",
-    "massive_median",
-    "pixel_variance",
-    "variance_percentile",
-    "neighbour_cosine",
-)
 
 
 @dataclass
@@ -52,12 +28,8 @@ class TokenStats:
     cls_attn: np.ndarray | None = None  # [B, L, H, N] the CLS query's attention row
     reg_attn: np.ndarray | None = None  # [B, L, H, R, N] each register query's attention row
     patch_to_reg: np.ndarray | None = None  # [B, L, H] mean over patch queries of the mass on registers
-    features: np.ndarray | None = (
-        None  # [F, P, C] patch features after the final norm (last block), first F images
-    )
-    massive_top: np.ndarray | None = (
-        None  # [B, L, 3] largest |activation| of each block output (Sun et al. 2024)
-    )
+    features: np.ndarray | None = None  # [F, P, C] last block's final-norm patch features, first F images
+    massive_top: np.ndarray | None = None  # [B, L, 3] largest |activation| of each block output
     massive_token: np.ndarray | None = None  # [B, L, 3] token position of each of them
     massive_channel: np.ndarray | None = None  # [B, L, 3] channel of each of them
     massive_median: np.ndarray | None = None  # [B, L] median |activation| of each block output
@@ -96,24 +68,24 @@ class TokenStats:
             return None
         return PatchContent(self.pixel_variance, self.variance_percentile, self.neighbour_cosine)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)[5:] if getattr(self, f.name) is not None}
+
     def save(self, path: str | Path) -> Path:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
         path = Path(path)
-        arrays = {
-            name: np.ascontiguousarray(getattr(self, name))
-            for name in _ARRAYS
-            if getattr(self, name) is not None
-        }
+        arrays = {name: np.ascontiguousarray(a) for name, a in self.arrays().items()}
+        layout = self.layout
         meta = json.dumps(
             dict(
                 model=self.model,
                 layers=self.layers,
                 names=self.names,
                 patch_size=self.patch_size,
-                grid=list(self.layout.grid),
-                num_cls=self.layout.num_cls,
-                num_registers=self.layout.num_registers,
-                registers_first=self.layout.registers_first,
+                grid=list(layout.grid),
+                num_cls=layout.num_cls,
+                num_registers=layout.num_registers,
+                registers_first=layout.registers_first,
             )
         )
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,9 +121,55 @@ class TokenStats:
     def concat(cls, parts: list[TokenStats]) -> TokenStats:
         """Join the stats of consecutive batches (same model, layout and layers)."""
         first = parts[0]
-        joined = {}
-        for name in _ARRAYS:
-            present = [getattr(p, name) for p in parts if getattr(p, name) is not None]
-            joined[name] = np.concatenate(present) if present else None
+        joined: dict[str, list[np.ndarray]] = {}
+        for part in parts:
+            for name, values in part.arrays().items():
+                joined.setdefault(name, []).append(values)
         names = [n for p in parts for n in p.names]
-        return cls(first.model, first.layout, first.layers, names, first.patch_size, **joined)
+        arrays = {k: np.concatenate(v) for k, v in joined.items()}
+        return cls(first.model, first.layout, first.layers, names, first.patch_size, **arrays)
+
+
+def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
+    """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over
+    patches."""
+    if stats.cls_attn is None:
+        raise InputError(
+            f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"
+        )
+    rows = stats.patch_values(stats.cls_attn[image, stats.layer_position(layer)])
+    if renormalise:
+        rows = rows / rows.sum(axis=-1, keepdims=True)
+    return stats.to_grid(rows)
+
+
+def received_map(stats: TokenStats, image: int, layer: int) -> np.ndarray:
+    """Attention each patch receives, averaged over all queries and heads ``[h, w]`` (raw): the
+    attention map of a model without CLS token, where sinks show as bright patches."""
+    return stats.to_grid(stats.patch_values(stats.received[image, stats.layer_position(layer)].mean(axis=0)))
+
+
+def register_maps(stats: TokenStats, image: int, layer: int) -> np.ndarray:
+    """Register-to-patch attention ``[R, h, w]`` (raw, head mean), one map per register."""
+    if stats.reg_attn is None:
+        raise InputError(
+            f"{stats.model} has no register tokens (R=0), so there are no register attention maps: "
+            "pick a model with registers (e.g. vit5_*, or a timm *_reg4_* model)"
+        )
+    rows = stats.patch_values(stats.reg_attn[image, stats.layer_position(layer)])  # [H, R, P]
+    return stats.to_grid(rows.mean(axis=0))
+
+
+def norm_map(stats: TokenStats, image: int, layer: int) -> np.ndarray:
+    """L2 norm of each patch token's block output (before the final norm) ``[h, w]``."""
+    return stats.to_grid(stats.patch_values(stats.norms[image, stats.layer_position(layer)]))
+
+
+def rollout_map(stats: TokenStats, image: int) -> np.ndarray:
+    """Attention-rollout row (CLS, or the patch mean without CLS) over the patches ``[h, w]``, raw."""
+    return stats.to_grid(stats.patch_values(stats.rollout[image]))
+
+
+def outlier_map(outliers: np.ndarray, stats: TokenStats, image: int, layer: int) -> np.ndarray:
+    """The outlier patches ``[h, w]`` of a metric report's mask ``[B, L, P]``."""
+    return stats.to_grid(outliers[image, stats.layer_position(layer)])

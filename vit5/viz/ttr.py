@@ -1,34 +1,7 @@
-"""Test-time registers: find the MLP "register neurons" that write high-norm outliers, and move them out.
-
-Jiang et al., "Vision Transformers Don't Need Trained Registers" (arXiv 2506.08010), Algorithm 1
-(register neurons) and Algorithm 2 (test-time register), and their code (nickjiang2378/test-time-registers,
-``shared/algorithms.py::find_register_neurons`` and ``shared/hook_fn.py::activate_on_registers``
-at commit 341e15e):
-
-:func:`find_register_neurons` (Algorithm 1): on a set of images, the outlier positions ``O`` are
-the patch tokens of the detection block's output whose L2 norm exceeds a threshold (here, by
-default, the toolkit's robust per-block threshold, log-norm median + k MAD, instead of an absolute
-norm such as the 150 of test-time registers, arXiv 2506.08010, for DINOv2-L; images without
-outliers are skipped). For every MLP hidden unit ``n`` of every block ``l <= top_layer``, its score
-is the mean over images of
-``mean_{p in O} |a_{l,n}(p)|``, the hidden activation after the non-linearity (here: the input of
-``mlp.fc2``, which is that activation in vit5's and timm's ``Mlp``, ``SwiGLU`` and ``GluMlp``).
-All (block, unit) pairs are ranked together and the ``top_k`` best are the register neurons.
-
-:func:`use_test_time_registers` (Algorithm 2): inside the context, ``count`` zero tokens are appended
-after every other token (no position embedding, no RoPE rotation) before the first block and
-dropped before the final norm, so the head and the output layout are unchanged. At each register
-neuron, the appended tokens take the neuron's maximum activation over all tokens of the image
-(times ``scale``, 1 by default) and the patch tokens are set to zero; CLS keeps its value, as in
-the official hook (arXiv 2506.08010, Algorithm 2, zeros every token but the register). The
-official hook edits batch element 0 only; this one edits every image of the batch. Models with trained
-registers are refused (the method is for models trained without them), and so are timm ``Eva``
-models (their RoPE tables have one row per patch and cannot take an extra token).
-
-While the context is active, :func:`~vit5.viz.describe` reports the extra tokens as registers at
-the end of the sequence, so :func:`~vit5.viz.collect`, the metrics and the figures treat the
-test-time register like a register: ``outlier_ratio_registers``, ``patch_register_mass`` etc.
-"""
+"""Test-time registers (Jiang et al., arXiv 2506.08010, Algorithms 1 and 2; official code
+nickjiang2378/test-time-registers ``shared/algorithms.py``, ``shared/hook_fn.py``): find the MLP neurons
+that write high-norm outliers and move their activation into an appended token. While active, ``describe``
+reports the tokens as registers at the end, so collection, metrics and figures treat them as registers."""
 
 from __future__ import annotations
 
@@ -71,12 +44,8 @@ class NeuronSearch:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if (
-            self.top_k < 1
-            or self.k <= 0
-            or self.batch_size < 1
-            or (self.threshold is not None and self.threshold <= 0)
-        ):
+        bad_threshold = self.threshold is not None and self.threshold <= 0
+        if self.top_k < 1 or self.k <= 0 or self.batch_size < 1 or bad_threshold:
             raise InputError(
                 "register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold"
             )
@@ -90,24 +59,19 @@ class NeuronSearchResult:
     threshold: float
     images_with_outliers: int
     num_images: int
-    outlier_ratio: list[
-        float
-    ]  # per block, with each block's own log-MAD threshold (how the detect block was chosen)
+    outlier_ratio: list[float]  # per block, with each block's own log-MAD threshold (picks the detect block)
 
     def describe(self) -> str:
         listed = ", ".join(f"{n.layer}:{n.neuron} ({n.score:.3g})" for n in self.neurons)
         return (
             f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at "
-            "block "
-            f"{self.detect_layer} above norm {self.threshold:.3g} in "
-            f"{self.images_with_outliers}/{self.num_images} "
-            f"images; neurons searched in blocks <= {self.top_layer}"
+            f"block {self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/"
+            f"{self.num_images} images; neurons searched in blocks <= {self.top_layer}"
         )
 
 
 def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
-    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on the hidden activation of each block's
-    MLP."""
+    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on each block's MLP hidden activation."""
     for layer in layers:
         fc2 = getattr(getattr(net.blocks[layer], "mlp", None), "fc2", None)
         if not isinstance(fc2, nn.Module):
@@ -126,8 +90,12 @@ def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], ho
 def find_register_neurons(
     model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()
 ) -> NeuronSearchResult:
-    """Algorithm 1 of Jiang et al. (module docstring). Without ``detect_layer`` the block whose output has
-    the highest outlier ratio (own log-MAD threshold per block) is used; ``top_layer`` defaults to it."""
+    """Algorithm 1 of Jiang et al.: the outliers ``O`` are the patch tokens of block ``detect_layer``'s output
+    above the threshold (log-norm median + k MAD, not an absolute norm; images without any are skipped); each
+    MLP hidden unit (``mlp.fc2``'s input) of blocks <= ``top_layer`` scores its mean over images of
+    ``mean_{p in O} |a(p)|``, and the ``top_k`` best over all blocks are the register neurons. Without
+    ``detect_layer`` the block with the highest outlier ratio (own log-MAD threshold per block) is used;
+    ``top_layer`` defaults to it."""
     info = describe(model)
     if info.test_registers:
         raise InputError("find register neurons on the model itself, not inside use_test_time_registers()")
@@ -141,11 +109,8 @@ def find_register_neurons(
     with capture(net, attention=False) as rec:
         for x in batches:
             net.forward_features(x)
-            norms.append(
-                torch.stack(
-                    [layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)], 1
-                )
-            )
+            block_norms = [layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)]
+            norms.append(torch.stack(block_norms, 1))
     patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
     per_block = outlier_ratio(patch_norms, layer_thresholds(patch_norms, search.k)).mean(axis=0)
     detect = (
@@ -165,7 +130,7 @@ def find_register_neurons(
         hidden.clear()
         with ExitStack() as stack:
             _mlp_input_hooks(
-                stack, net, range(top + 1), lambda layer, h: hidden.__setitem__(layer, h.float().abs())
+                stack, net, range(top + 1), lambda layer, h: hidden.update({layer: h.float().abs()})
             )
             net.forward_features(x)
         outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
@@ -176,7 +141,7 @@ def find_register_neurons(
             at = layout.patch_slice.start + torch.nonzero(outliers[b]).flatten()
             image_scores = torch.stack(
                 [hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)]
-            )  # [layers, H]
+            )  # [L, H]
             scores = image_scores if scores is None else scores + image_scores
             used += 1
     if used == 0:
@@ -214,8 +179,10 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
 def use_test_time_registers(
     model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
 ) -> Iterator[None]:
-    """Algorithm 2 of Jiang et al. (module docstring): ``count`` appended tokens take the register neurons'
-    activations."""
+    """Algorithm 2 of Jiang et al.: ``count`` zero tokens are appended after every other token (no position
+    embedding, no RoPE rotation) before the first block and dropped before the final norm; at each register
+    neuron they take the neuron's maximum over all tokens (times ``scale``) and the patch tokens are zeroed
+    (CLS keeps its value, as in the official hook, which edits image 0 only; this edits every image)."""
     info = check_test_time_registers(model)
     net = unwrap(model)
     if info.test_registers:
@@ -230,7 +197,7 @@ def use_test_time_registers(
     def remember_size(module, args) -> None:
         state["layout"] = info.layout(
             tuple(args[0].shape[-2:])
-        )  # the model's own layout (info predates the context)
+        )  # the model's own (info predates the context)
         state["n"] = state["layout"].num_tokens
 
     def append(module, args):
@@ -238,23 +205,17 @@ def use_test_time_registers(
         if x.shape[1] == state["n"]:  # first block: append the zero tokens
             x = torch.cat([x, x.new_zeros(x.shape[0], count, x.shape[2])], dim=1)
         rope = args[1] if len(args) > 1 else None
-        if (
-            isinstance(rope, RopeTable) and rope.num_tokens == state["n"]
-        ):  # vit5: unrotated rows for the new tokens
-            if (
-                state.get("rope_in") is not rope
-            ):  # one padded table per forward, shared by the blocks like the model's
-                cos, sin = rope.cos, rope.sin
-                state["rope_in"], state["rope_out"] = (
-                    rope,
-                    RopeTable(
-                        torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
-                        torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
-                        rope.layout,
-                    ),
-                )
-            return (x, state["rope_out"], *args[2:])
-        return (x, *args[1:])
+        if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
+            return (x, *args[1:])
+        if state.get("rope_in") is not rope:  # vit5: unrotated rows for the new tokens, one table per forward
+            cos, sin = rope.cos, rope.sin
+            padded = RopeTable(
+                torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
+                torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
+                rope.layout,
+            )
+            state["rope_in"], state["rope_out"] = rope, padded
+        return (x, state["rope_out"], *args[2:])
 
     def drop(module, args):
         return (args[0][:, : state["n"]], *args[1:])

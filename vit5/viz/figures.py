@@ -1,0 +1,677 @@
+"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`save_figure` writes the files. Maps
+stay comparable: patch values repeated ``p x p`` (the token grid stays visible), overlays on the pixels the
+model saw, a colorbar on every scalar map, one colour scale per *group* of panels, clipping only on request
+and then written on the figure; sizes and fonts from :mod:`vit5.plotstyle`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import matplotlib
+import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
+from sklearn.decomposition import PCA
+
+from vit5 import plotstyle as S
+from vit5.errors import InputError
+from vit5.plotstyle import metric_label
+from vit5.viz.artifacts import MetricReport
+from vit5.viz.content import classify_outliers
+from vit5.viz.images import LoadedImage
+from vit5.viz.stats import (
+    TokenStats,
+    cls_maps,
+    norm_map,
+    outlier_map,
+    received_map,
+    register_maps,
+    rollout_map,
+)
+
+PCA_CLIP = (1.0, 99.0)  # percentiles each PCA component is scaled between (and clipped at)
+RAW = "raw: share of all tokens, so CLS and registers hold the rest"
+RENORMALISED = "renormalised over the patches"
+NORM_KIND = "L2 norms of block outputs, before the final norm"
+TOKEN_COLOURS = {kind: S.ROLE_COLOURS[kind] for kind in ("patch", "register", "cls")}
+_ARTIFACT_MARKS = "red: artifact-like outliers (flat patch, like its neighbours)"
+_CONTENT_MARKS = "white dashed: content-like outliers"
+
+
+@dataclass(frozen=True)
+class MapStyle:
+    cmap: str = "viridis"
+    alpha: float = 0.5
+    upsample: Literal["nearest", "bilinear"] = "nearest"
+    clip_percentile: float | None = None  # clip each colour scale at this percentile of its values
+    dpi: int = S.DPI
+    panel_inches: float = 2.4  # the widest a map gets; rows of many panels shrink to the text width
+    formats: tuple[str, ...] = ("png", "pdf")
+    title: str | None = None  # replaces every figure's title ("" for none: a paper sets its own caption)
+
+    def __post_init__(self) -> None:
+        if self.cmap not in matplotlib.colormaps:
+            raise InputError(f"unknown colormap {self.cmap!r}: try viridis, inferno, magma or jet")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise InputError(f"overlay alpha must be in [0, 1], got {self.alpha}")
+        if self.upsample not in ("nearest", "bilinear"):
+            raise InputError(f"upsampling is 'nearest' or 'bilinear', got {self.upsample!r}")
+        if self.clip_percentile is not None and not 50.0 < self.clip_percentile <= 100.0:
+            raise InputError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
+        if self.dpi < 50:
+            raise InputError(f"a figure needs at least 50 dpi, got {self.dpi} (default {S.DPI})")
+        unknown = set(self.formats) - {"png", "pdf", "svg"}
+        if unknown or not self.formats:
+            raise InputError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
+
+
+def figure_title(style: MapStyle, default: str) -> str:
+    """The title a figure gets: ``style.title`` when set (also ``""``), else its own."""
+    return default if style.title is None else style.title
+
+
+def _suptitle(fig: Figure, style: MapStyle, default: str) -> None:
+    if title := figure_title(style, default):
+        fig.suptitle(title, fontsize=S.FONT_TITLE)
+
+
+@dataclass
+class Panel:
+    """One cell of a figure: a scalar map (optionally over an image), an RGB map, or an image."""
+
+    title: str = ""
+    values: np.ndarray | None = None  # [h, w] per-patch scalars
+    image: np.ndarray | None = None  # [H, W, 3] uint8 drawn underneath
+    rgb: np.ndarray | None = None  # [h, w, 3] in [0, 1], drawn instead of a scalar map (no colorbar)
+    group: str = ""  # panels with the same group share one colour scale
+    patch: int = 16  # pixels per map cell (the model's patch size)
+    marks: np.ndarray | None = None  # [h, w] bool: cells outlined in red (e.g. artifact-like outliers)
+    second_marks: np.ndarray | None = None  # [h, w] bool: cells outlined dashed white (content-like ones)
+
+
+def upsample(values: np.ndarray, patch: int, mode: str = "nearest") -> np.ndarray:
+    """Per-patch ``[h, w]`` to per-pixel ``[h * patch, w * patch]``."""
+    if mode == "nearest":
+        return np.repeat(np.repeat(values, patch, axis=0), patch, axis=1)
+    h, w = values.shape
+    return cv2.resize(values.astype(np.float32), (w * patch, h * patch), interpolation=cv2.INTER_LINEAR)
+
+
+def color_limits(
+    arrays: Sequence[np.ndarray], clip_percentile: float | None, label: str = ""
+) -> tuple[float, float, str]:
+    """One colour scale ``(vmin, vmax, note)`` for all ``arrays``; clipped at a percentile only when asked,
+    and then noted."""
+    values = np.concatenate([np.ravel(a) for a in arrays]).astype(np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return 0.0, 1.0, ""
+    vmin, vmax = float(values.min()), float(values.max())
+    note = ""
+    if clip_percentile is not None and clip_percentile < 100:
+        clipped = float(np.percentile(values, clip_percentile))
+        prefix = f"{label}: " if label else ""
+        note = f"{prefix}colour scale clipped at the {clip_percentile:g}th percentile ({clipped:.3g}; "
+        note += f"max {vmax:.3g})"
+        vmax = clipped
+    return vmin, vmax if vmax > vmin else vmin + 1e-12, note
+
+
+# Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
+_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _CBAR_LABELS, _HEADER_H, _NOTE_LINE_H = (
+    0.3,
+    0.1,
+    0.05,
+    0.1,
+    0.42,
+    0.4,
+    0.15,
+)
+_CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
+_MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
+
+
+def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
+    """Lines the wrapped ``texts`` take across ``width`` inches (an estimate from an average glyph width)."""
+    per_line = max(20, int(width * 72 / (fontsize * 0.6)))
+    return sum(math.ceil(len(t) / per_line) for t in texts if t)
+
+
+def _header_height(title_lines: int) -> float:
+    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * S.FONT_TITLE / S.FONT_SMALL if title_lines else _PAD
+
+
+def map_inches(cols: int, style: MapStyle) -> float:
+    """Width of one map in a row of ``cols`` panels: ``style.panel_inches``, or less so the row fits the
+    text width, but never under an inch."""
+    return max(_MIN_MAP, min(style.panel_inches, S.TEXT_WIDTH / cols - _CELL_EXTRA))
+
+
+def figure_size(
+    rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0, title_lines: int = 1
+) -> tuple[float, float]:
+    """Inches of a grid of panels showing maps of width / height ``aspect`` (plus colorbars, titles, notes),
+    at least :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
+    map_w = map_inches(cols, style)
+    cell_w = map_w + _CELL_EXTRA
+    cell_h = map_w / aspect + _TITLE_H + _PAD
+    width = max(cols * cell_w, S.MIN_WIDTH)
+    height = rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD
+    snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
+    return snap(width), snap(height)
+
+
+def panel_grid(
+    rows: Sequence[Sequence[Panel | None]],
+    style: MapStyle,
+    title: str,
+    notes: Sequence[str] = (),
+    fixed_limits: Mapping[str, tuple[float, float]] | None = None,
+) -> Figure:
+    """Draw panels row by row (``None`` leaves a cell empty) on a computed grid of exactly
+    :func:`figure_size`, every map filling its axes. Panels of one group share a colour scale: their joint
+    range, or ``fixed_limits[group]``."""
+    cols = max(len(r) for r in rows)
+    panels = [p for r in rows for p in r if p is not None]
+    h_px, w_px = _panel_shape(panels[0])
+    aspect = w_px / h_px
+    groups: dict[str, list[np.ndarray]] = {}
+    for p in panels:
+        if p.values is not None:
+            groups.setdefault(p.group, []).append(p.values)
+    limits = {g: color_limits(arrays, style.clip_percentile, g) for g, arrays in groups.items()}
+    limits.update({group: (*bounds, "") for group, bounds in (fixed_limits or {}).items()})
+    all_notes = [n for n in notes if n] + sorted({lim[2] for lim in limits.values() if lim[2]})
+    title = figure_title(style, title)
+    width, _ = figure_size(len(rows), cols, aspect, style)
+    title_lines = _text_lines([title], width, S.FONT_TITLE)
+    note_lines = _text_lines(all_notes, width, S.FONT_SMALL)
+    width, height = figure_size(len(rows), cols, aspect, style, note_lines, title_lines)
+    header = _header_height(title_lines)
+    fig = Figure(figsize=(width, height), dpi=style.dpi)
+    map_w = map_inches(cols, style)
+    map_h = map_w / aspect
+    cell_w, cell_h = map_w + _CELL_EXTRA, map_h + _TITLE_H + _PAD
+    margin = (width - cols * cell_w) / 2  # a one-panel figure is centred in its minimum width
+    for i, row in enumerate(rows):
+        for j, panel in enumerate(row):
+            if panel is None:
+                continue
+            left = margin + j * cell_w + _PAD
+            bottom = height - header - (i + 1) * cell_h + _PAD
+            ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
+            cax = None
+            if panel.values is not None:
+                cax_left = left + map_w + _CBAR_GAP
+                cax = fig.add_axes((cax_left / width, bottom / height, _CBAR_W / width, map_h / height))
+            _draw(fig, ax, cax, panel, style, limits.get(panel.group))
+    if title:
+        fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
+    if all_notes:
+        notes_text = "\n".join(all_notes)
+        fig.text(
+            0.5, _PAD / 2 / height, notes_text, ha="center", va="bottom", fontsize=S.FONT_SMALL, wrap=True
+        )
+    return fig
+
+
+def _panel_shape(panel: Panel) -> tuple[int, int]:
+    if panel.image is not None:
+        return panel.image.shape[:2]
+    grid = panel.values if panel.values is not None else panel.rgb
+    return grid.shape[0] * panel.patch, grid.shape[1] * panel.patch
+
+
+def _draw(
+    fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None
+) -> None:
+    patch = panel.patch
+    h, w = _panel_shape(panel)
+    extent = (0, w, h, 0)
+    alpha = style.alpha if panel.image is not None else 1.0
+    if panel.image is not None:
+        ax.imshow(panel.image, extent=extent, interpolation="nearest")
+    if panel.rgb is not None:
+        rgb = np.stack([upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)], axis=-1)
+        ax.imshow(np.clip(rgb, 0, 1), extent=extent, interpolation="nearest", alpha=alpha)
+    if panel.values is not None:
+        norm = Normalize(limits[0], limits[1])
+        values = upsample(panel.values, patch, style.upsample)
+        ax.imshow(values, extent=extent, cmap=style.cmap, norm=norm, alpha=alpha, interpolation="nearest")
+        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax)
+        colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
+        colorbar.locator = MaxNLocator(4)
+        colorbar.update_ticks()
+    for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
+        cells = zip(*np.nonzero(marks)) if marks is not None else ()
+        for r, c in cells:
+            square = (c * patch, r * patch)
+            ax.add_patch(
+                Rectangle(square, patch, patch, fill=False, edgecolor=colour, linestyle=dash, linewidth=1.2)
+            )
+    ax.set_xlim(0, w)
+    ax.set_ylim(h, 0)
+    ax.set_aspect("auto")  # the axes box already has the map's aspect
+    ax.set_axis_off()
+    ax.set_title(panel.title, fontsize=S.FONT, pad=3)
+
+
+def save_figure(fig: Figure, base: str | Path, formats: Sequence[str]) -> list[Path]:
+    """Write ``base.<fmt>`` for each format; returns the paths."""
+    base = Path(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    paths = [base.parent / f"{base.name}.{fmt}" for fmt in formats]
+    for path, fmt in zip(paths, formats):
+        fig.savefig(path, format=fmt, dpi=fig.dpi)
+    return paths
+
+
+def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
+    return f"{stats.model} | {image.name}: {what}"
+
+
+def cls_attention_figure(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    style: MapStyle,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """One row per layer: every head and the head mean; one colour scale per layer (shared by its heads)."""
+    rows = []
+    for layer in layers:
+        maps = cls_maps(stats, index, layer, renormalise)
+        titled = [(f"layer {layer} head {h}", m) for h, m in enumerate(maps)]
+        titled.append((f"layer {layer} head mean", maps.mean(axis=0)))
+        rows.append(
+            [Panel(t, m, image.rgb, group=f"layer {layer}", patch=stats.patch_size) for t, m in titled]
+        )
+    word, sentence = ("renormalised", RENORMALISED) if renormalise else ("raw", RAW)
+    return panel_grid(
+        rows, style, _title(stats, image, f"CLS-to-patch attention ({word})"), [sentence, *notes]
+    )
+
+
+def register_attention_figure(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    style: MapStyle,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """One row per layer, one panel per register (head mean, raw); one colour scale per layer."""
+    rows = [
+        [
+            Panel(f"layer {layer} register {r}", m, image.rgb, group=f"layer {layer}", patch=stats.patch_size)
+            for r, m in enumerate(register_maps(stats, index, layer))
+        ]
+        for layer in layers
+    ]
+    title = _title(stats, image, "register-to-patch attention (head mean)")
+    return panel_grid(rows, style, title, [RAW, *notes])
+
+
+def rollout_figure(
+    stats: TokenStats, index: int, image: LoadedImage, style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Attention rollout over all blocks, on the image and alone (one colour scale)."""
+    values = rollout_map(stats, index)
+    source = "CLS" if stats.layout.cls_index is not None else "mean patch"
+    panels = [
+        Panel("on the image", values, image.rgb, group="rollout", patch=stats.patch_size),
+        Panel("map", values, group="rollout", patch=stats.patch_size),
+    ]
+    how = f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
+    return panel_grid([panels], style, _title(stats, image, "attention rollout"), [how, *notes])
+
+
+def _model_panels(
+    stats: TokenStats, index: int, image: LoadedImage, layer: int, renormalise: bool
+) -> list[Panel]:
+    """A model's attention (CLS head mean, or the attention each patch receives without CLS) and norms at
+    block ``layer``, for the comparison figures (Darcet et al. 2023, Fig. 1 and 7)."""
+    at = stats.layers[stats.layer_position(layer)]
+    if stats.cls_attn is not None:
+        attention, kind = cls_maps(stats, index, layer, renormalise).mean(axis=0), "CLS attention"
+    else:
+        attention, kind = received_map(stats, index, layer), "attention received"
+    return [
+        Panel(f"{stats.model}: {kind}, layer {at}", attention, image.rgb, group=kind, patch=stats.patch_size),
+        Panel(
+            f"{stats.model}: norms, layer {at}",
+            norm_map(stats, index, layer),
+            image.rgb,
+            group="norms",
+            patch=stats.patch_size,
+        ),
+    ]
+
+
+def compare_figure(
+    models: Sequence[TokenStats],
+    index: int,
+    image: LoadedImage,
+    attention_layer: int,
+    norm_layer: int,
+    style: MapStyle,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """Columns: the image then each model; rows: attention and norms, one colour scale per row. Layers are
+    block indices (-1: each model's last)."""
+    attention = [_model_panels(s, index, image, attention_layer, renormalise)[0] for s in models]
+    norms = [_model_panels(s, index, image, norm_layer, renormalise)[1] for s in models]
+    rows = [[Panel("image", image=image.rgb, patch=models[0].patch_size), *attention], [None, *norms]]
+    names = " vs ".join(s.model for s in models)
+    return panel_grid(rows, style, f"{image.name}: {names} (shared colour scale per row)", notes)
+
+
+def compare_summary_figure(
+    models: Sequence[TokenStats],
+    images: Sequence[LoadedImage],
+    layer: int,
+    style: MapStyle,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """One row per image: the image, every model's attention, every model's norms; one scale per kind."""
+    rows = []
+    for index, image in enumerate(images):
+        panels = [_model_panels(s, index, image, layer, renormalise) for s in models]
+        image_panel = Panel(image.name, image=image.rgb, patch=models[0].patch_size)
+        rows.append([image_panel, *(p[0] for p in panels), *(p[1] for p in panels)])
+    names = " vs ".join(s.model for s in models)
+    return panel_grid(
+        rows, style, f"{names}: attention and token norms (shared colour scale per kind)", notes
+    )
+
+
+def summary_figure(
+    stats: TokenStats,
+    images: Sequence[LoadedImage],
+    views: Sequence[str],
+    layer: int,
+    style: MapStyle,
+    pca: np.ndarray | None = None,
+    renormalise: bool = False,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """One row per image (``stats`` order), one column per view among ``attention`` (CLS head mean),
+    ``rollout``, ``norms`` and ``pca`` (``pca [B, h, w, 3]``), one colour scale per column."""
+    p = stats.patch_size
+    at = stats.layers[stats.layer_position(layer)]
+    rows = []
+    for i, image in enumerate(images):
+        row = [Panel(image.name, image=image.rgb, patch=p)]
+        if "attention" in views and stats.cls_attn is not None:
+            cls = cls_maps(stats, i, layer, renormalise).mean(0)
+            row.append(Panel(f"CLS attention, layer {at}", cls, image.rgb, group="CLS attention", patch=p))
+        if "rollout" in views:
+            row.append(Panel("rollout", rollout_map(stats, i), image.rgb, group="rollout", patch=p))
+        if "norms" in views:
+            row.append(
+                Panel(f"norms, layer {at}", norm_map(stats, i, layer), image.rgb, group="norms", patch=p)
+            )
+        if "pca" in views and pca is not None:
+            row.append(Panel("PCA RGB", rgb=pca[i], patch=p))
+        rows.append(row)
+    title = f"{stats.model}: summary of {len(images)} images (one colour scale per column)"
+    return panel_grid(rows, style, title, notes)
+
+
+def pca_rgb(features: np.ndarray, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of dense patch features ``[B, P, C]`` (the DINOv2 README figure), one PCA over all images so a
+    colour means the same direction in each: RGB maps ``[B, h, w, 3]`` in [0, 1] (each component scaled
+    between its :data:`PCA_CLIP` percentiles and clipped) and the explained variance ratios ``[3]``."""
+    b, p, c = features.shape
+    if p != grid[0] * grid[1]:
+        raise InputError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
+    flat = features.reshape(b * p, c).astype(np.float64)
+    if flat.shape[0] < 3 or c < 3:
+        raise InputError(
+            f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {flat.shape[0]} tokens of {c} "
+            "channels"
+        )
+    pca = PCA(n_components=3, svd_solver="full", random_state=0)
+    comps = pca.fit_transform(flat)
+    lo, hi = np.percentile(comps, PCA_CLIP, axis=0)
+    scaled = np.clip((comps - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
+    return scaled.reshape(b, *grid, 3), pca.explained_variance_ratio_
+
+
+def pca_note(variance: np.ndarray) -> str:
+    shares = ", ".join(f"PC{i + 1} {v:.0%}" for i, v in enumerate(variance))
+    return (
+        "RGB = PC1, PC2, PC3 of the final-norm patch features, one PCA over all images (variance: "
+        f"{shares}); each component clipped to its {PCA_CLIP[0]:g}-{PCA_CLIP[1]:g}th percentiles (no "
+        "colorbar: a 3-channel map)"
+    )
+
+
+def pca_figure(
+    model: str,
+    image: LoadedImage,
+    rgb: np.ndarray,
+    variance: np.ndarray,
+    patch: int,
+    style: MapStyle,
+    notes=(),
+) -> Figure:
+    panels = [
+        Panel("image", image=image.rgb, patch=patch),
+        Panel("PCA of patch features", rgb=rgb, patch=patch),
+    ]
+    title = f"{model} | {image.name}: PCA of dense features"
+    return panel_grid([panels], style, title, [*notes, pca_note(variance)])
+
+
+def norm_map_figure(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    style: MapStyle,
+    outliers: np.ndarray | None = None,
+    notes: Sequence[str] = (),
+) -> Figure:
+    """One panel per layer, each with its own colour scale (norms grow with depth); outliers outlined,
+    red where artifact-like, dashed white where content-like (:mod:`vit5.viz.content`)."""
+    panels, drawn = [], set()
+    content = stats.content
+    artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
+    for layer in layers:
+        marks = second = None
+        title = f"block {stats.layers[stats.layer_position(layer)]}"
+        if outliers is not None:
+            found = outlier_map(outliers, stats, index, layer)
+            marks, second = (
+                (found & artifact_cells, found & ~artifact_cells) if content is not None else (found, None)
+            )
+            n = int(found.sum())
+            title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
+            title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
+            drawn |= {"artifact"} if marks.any() else set()
+            drawn |= {"content"} if second is not None and second.any() else set()
+        norms = norm_map(stats, index, layer)
+        group, patch = f"layer {layer}", stats.patch_size
+        panels.append(
+            Panel(title, norms, image.rgb, group=group, patch=patch, marks=marks, second_marks=second)
+        )
+    captions = [c for key, c in (("artifact", _ARTIFACT_MARKS), ("content", _CONTENT_MARKS)) if key in drawn]
+    if "artifact" in drawn and artifact_cells is None:
+        captions = ["red: tokens above the outlier threshold of their block"]
+    title = _title(stats, image, "patch-token norms")
+    return panel_grid([panels], style, title, [NORM_KIND, *notes, *captions])
+
+
+def outlier_frequency_figure(
+    stats: TokenStats, outliers: np.ndarray, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10; shows border
+    bias and stripes from position-embedding interpolation); one scale, 0 to 1, and the outliers'
+    placement when the images' content was recorded."""
+    positions = [stats.layer_position(layer) for layer in layers]
+    panels = [
+        Panel(
+            f"layer {layer}",
+            stats.to_grid(outliers[:, pos].mean(axis=0)),
+            group="share",
+            patch=stats.patch_size,
+        )
+        for layer, pos in zip(layers, positions)
+    ]
+    title = f"{stats.model}: images with an outlier token at each position ({stats.num_images} images)"
+    placement = []
+    if stats.content is not None:
+        for e in classify_outliers(
+            outliers[:, positions], stats.content, [stats.layers[p] for p in positions]
+        ):
+            n = e["outliers"]
+            where = (
+                f"{e['artifact_like']} of {n} outliers artifact-like (flat, like their neighbours), "
+                f"{e['content_like']} content-like"
+            )
+            placement.append(f"block {e['layer']}: {where if n else 'no outliers'}")
+    return panel_grid([panels], style, title, [*notes, *placement], fixed_limits={"share": (0.0, 1.0)})
+
+
+def norm_histogram_figure(
+    stats: TokenStats, thresholds: np.ndarray, style: MapStyle, columns: int = 4, notes: Sequence[str] = ()
+) -> Figure:
+    """Small multiples, one per layer: norms of patch, register and CLS tokens over all images; linear norm
+    axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
+    num = len(stats.layers)
+    cols = min(columns, num)
+    rows = math.ceil(num / cols)
+    width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
+    fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    types = np.asarray(stats.layout.token_types())
+    for pos, layer in enumerate(stats.layers):
+        ax = axes.flat[pos]
+        norms = stats.norms[:, pos]
+        bins = np.linspace(0.0, max(float(norms.max()), float(thresholds[pos])) * 1.05, 41)
+        for kind, colour in TOKEN_COLOURS.items():
+            values = norms[:, types == kind].ravel()
+            if values.size:
+                label = f"{'CLS' if kind == 'cls' else kind} tokens"
+                ax.hist(values, bins=bins, color=colour, alpha=0.6, label=label)
+        ax.axvline(thresholds[pos], color="black", linestyle="--", linewidth=1, label="outlier threshold")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_locator(MaxNLocator(3))
+        S.style_axes(ax, f"block {layer}")
+        ax.grid(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("token norm", fontsize=S.FONT)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("count", fontsize=S.FONT)
+    for ax in axes.flat[num:]:
+        ax.set_axis_off()
+    _suptitle(fig, style, f"{stats.model}: token norms per block ({stats.num_images} images)")
+    S.finish(fig, [NORM_KIND, *notes], axes.flat[:1], ncol=4)
+    return fig
+
+
+PROFILE_PANELS = (
+    ("max / median patch norm", ("max_median_ratio",)),
+    ("attention mass on registers", ("cls_register_mass", "patch_register_mass")),
+    ("outliers and sinks (share)", ("outlier_ratio", "outlier_artifact_share", "sink_rate")),
+)
+
+
+def layer_profile_figure(
+    reports: Mapping[str, MetricReport], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Per-layer curves with bootstrap bands (TTR Fig. 2): colour = model, line style and marker = metric;
+    one legend below the panels. Bands only with enough images for a bootstrap (the note says so)."""
+    fig = Figure(figsize=(S.TEXT_WIDTH, 2.9), dpi=style.dpi, layout="constrained")
+    axes = fig.subplots(1, len(PROFILE_PANELS), squeeze=False)[0]
+    several = len(reports) > 1
+    order = [name for _, names in PROFILE_PANELS for name in names]  # one line style per metric, everywhere
+    for ax, (title, names) in zip(axes, PROFILE_PANELS):
+        for m, (label, report) in enumerate(reports.items()):
+            for name in names:
+                k = order.index(name)
+                if name not in report.summary:
+                    continue
+                s = report.summary[name]
+                layers = report.layers
+                n = len(layers)
+                text = f"{label}: {metric_label(name)}" if several else metric_label(name)
+                ax.plot(layers, s["value"][:n], label=text, **S.line_kwargs(m, k))
+                if report.intervals:
+                    ax.fill_between(
+                        layers, s["ci_low"][:n], s["ci_high"][:n], color=S.model_colour(m), alpha=0.15
+                    )
+        if not ax.lines:
+            note = "not applicable\n(no registers)"
+            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=S.FONT)
+        S.style_axes(ax, title, "block")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    first = next(iter(reports.values()))
+    _suptitle(fig, style, f"Layer profile: {', '.join(reports)}")
+    bands = f"bands: {int(first.config.ci * 100)}% bootstrap over images" if first.intervals else None
+    bands = bands or first.interval_note()
+    S.finish(fig, [bands, *notes], axes, ncol=2 if several else 3)
+    return fig
+
+
+def massive_activation_figure(
+    models: Mapping[str, tuple[TokenStats, MetricReport]], style: MapStyle, notes: Sequence[str] = ()
+) -> Figure:
+    """Per block, the top-3 ``|activation|`` of the block output and its median, averaged over images
+    (Sun et al., arXiv 2402.17762, Fig. 1 / their ViT code), one panel per model, one shared log y axis;
+    where the top 1 sits is written where it changes from the block before (a tie among images as a tie)."""
+    width = min(S.TEXT_WIDTH, max(3.5 * len(models), S.MIN_WIDTH))
+    fig = Figure(figsize=(width, 3.0), dpi=style.dpi, layout="constrained")
+    axes = fig.subplots(1, len(models), squeeze=False, sharey=True)[0]
+    for m, (ax, (label, (stats, report))) in enumerate(zip(axes, models.items())):
+        if stats.massive_top is None:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+            continue
+        layers = stats.layers
+        top = stats.massive_top.mean(axis=0)  # [L, 3]
+        colour = S.model_colour(m)
+        for k in range(top.shape[1]):
+            kwargs = S.line_kwargs(0, k, colour)
+            kwargs.update(alpha=1.0 - 0.25 * k)
+            ax.plot(layers, top[:, k], label=f"top {k + 1}", **kwargs)
+        ax.plot(layers, stats.massive_median.mean(axis=0), label="median", **S.line_kwargs(0, 3, "#555555"))
+        previous = None
+        for where, y in zip(report.massive or [], top[:, 0]):
+            text = _massive_tag(where)
+            if text == previous:
+                continue
+            previous = text
+            late = where["layer"] > (layers[0] + layers[-1]) / 2
+            side = dict(xytext=(-3, 6), ha="right") if late else dict(xytext=(3, 6), ha="left")
+            side.update(annotation_clip=True)
+            ax.annotate(text, (where["layer"], y), textcoords="offset points", fontsize=S.FONT_SMALL, **side)
+        ax.set_yscale("log")
+        S.log_ticks(ax)
+        S.style_axes(ax, label, "block", "|activation|, mean over images" if m == 0 else "")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.margins(y=0.15)
+    _suptitle(fig, style, "Massive activations per block")
+    S.finish(fig, ["labels: where the top 1 sits most often (written where it changes)", *notes], axes[:1], 4)
+    return fig
+
+
+def _massive_tag(where: dict) -> str:
+    if where["tied_locations"] > 1:
+        return f"top 1 varies ({where['tied_locations']}-way tie)"
+    tag = "CLS" if where["token_type"] == "cls" else where["token_type"]
+    return f"{tag} {where['token']}, ch {where['channel']}: {where['count']}/{where['n_images']} images"
