@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -24,11 +25,10 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     from vit5.introspect.spec import parse_model_args as parse_overrides
     from vit5.study.run import StudyConfig
 
-    values = parse_overrides(items)
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
     canvas_keys = {f.name for f in fields(CanvasConfig)}
     study, canvas, model = {}, {}, dict(base.model_args)
-    for key, value in values.items():
+    for key, value in parse_overrides(items).items():
         if key.startswith("model."):
             model[key[len("model.") :]] = value
         elif key in study_keys:
@@ -36,8 +36,6 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
         elif key in canvas_keys:
             canvas[key] = value
         else:
-            import difflib
-
             close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
             hint = (
                 f"did you mean {close[0]!r}?"
@@ -92,14 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         from vit5.study.run import PRESETS, run_study
 
         cfg = parse_settings(PRESETS[args.preset], args.settings)
-        result = run_study(
-            cfg,
-            args.out,
-            args.max_minutes,
-            progress=not args.quiet,
-            analyse=not args.no_analysis,
-            train=not args.analyse_only,
-        )
+        analyse, train = not args.no_analysis, not args.analyse_only
+        result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
         print(f"wrote {len(result.files)} files to {args.out}")
 
     return run_command(study)

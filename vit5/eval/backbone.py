@@ -1,12 +1,7 @@
-"""Dense features of one batch through the timm ``forward_intermediates`` contract.
-
-vit5 models and timm ViTs (``VisionTransformer``, ``Eva``) share that contract, so one function
-serves both: per chosen block, the patch grid ``[B, C, H/p, W/p]`` and the prefix tokens split
-into the CLS token ``[B, C]`` and the registers ``[B, R, C]`` (timm returns its prefix as
-``[CLS | registers]`` whatever the sequence order, so no layout bookkeeping is needed here).
-Feature names are ``blocks.{i}.patches``, ``blocks.{i}.cls`` and ``blocks.{i}.registers`` with
-``i`` the absolute block index.
-"""
+"""Dense features of one batch through timm's ``forward_intermediates`` contract (vit5 and timm ViTs alike):
+per block ``i``, ``blocks.{i}.patches`` ``[B, C, H/p, W/p]``, ``blocks.{i}.cls`` ``[B, C]`` and
+``blocks.{i}.registers`` ``[B, R, C]`` (timm returns the prefix as ``[CLS | registers]``, whatever the
+token order)."""
 
 from __future__ import annotations
 
@@ -41,27 +36,19 @@ def check_forward_memory(
     )
     if tokens > BIG_TOKEN_COUNT and size not in _WARNED_SIZES:
         _WARNED_SIZES.add(size)
-        warnings.warn(
+        message = (
             f"input {size[0]}x{size[1]} has {tokens:,} tokens: attention cost grows with their square, so "
-            "this "
-            f"is slow (minutes per image on a CPU); --max-side or --size limits it",
-            LargeInputWarning,
-            stacklevel=3,
+            "this is slow (minutes per image on a CPU); --max-side or --size limits it"
         )
+        warnings.warn(message, LargeInputWarning, stacklevel=3)
 
 
 _WARNED_SIZES: set[tuple[int, int]] = set()
 
 
 def feature_names(info: ModelInfo, blocks: Sequence[int]) -> list[str]:
-    names = []
-    for b in blocks:
-        names.append(f"blocks.{b}.patches")
-        if info.num_cls:
-            names.append(f"blocks.{b}.cls")
-        if info.num_registers:
-            names.append(f"blocks.{b}.registers")
-    return names
+    kinds = [k for k, n in (("patches", 1), ("cls", info.num_cls), ("registers", info.num_registers)) if n]
+    return [f"blocks.{b}.{kind}" for b in blocks for kind in kinds]
 
 
 @torch.inference_mode()

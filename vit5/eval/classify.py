@@ -1,20 +1,15 @@
 """Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
 
-Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5
-at b7b0796) at any size and crop ratio:
-resize by ``1 / crop_ratio`` (bicubic, area when shrinking), centre crop, normalise with the
-model's mean/std. Under ``accelerate launch`` each process evaluates a shard;
-``accelerator.gather_for_metrics`` collects every batch and drops the duplicates Accelerate pads
-the last batches with, so N processes give the numbers of one. Unreadable files are skipped
-(never replaced by a neighbour) and listed in the result.
-"""
+Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5 at
+b7b0796): resize by ``1 / crop_ratio`` (bicubic), centre crop, normalise. Under ``accelerate launch`` each
+process evaluates a shard and ``gather_for_metrics`` drops the padding; unreadable files are skipped."""
 
 from __future__ import annotations
 
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,24 +71,15 @@ class ClassifyResult:
         return self.scores.num_images / self.seconds if self.seconds > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        s = self.scores
+        s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("scores", "note")}
+        scores = {"num_images": s.num_images, "top1": s.top1, "top5": s.top5, "loss": s.loss}
+        per_class = dict(zip(self.class_names, s.per_class_accuracy.tolist()))
         return {
-            "model": self.model,
-            "weights": self.weights,
-            "data": self.data,
-            "size": list(self.size),
-            "crop_ratio": self.crop_ratio,
-            "num_images": s.num_images,
-            "top1": s.top1,
-            "top5": s.top5,
-            "loss": s.loss,
+            **doc,
+            **scores,
             "images_per_s": self.images_per_s,
-            "seconds": self.seconds,
-            "num_processes": self.num_processes,
-            "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
-            "class_names": self.class_names,
+            "per_class_accuracy": per_class,
             "confusion_matrix": s.confusion,
-            "skipped": self.skipped,
             "label_mapping": self.note,
         }
 
@@ -171,18 +157,9 @@ def evaluate(
 
 
 def label_map(loaded: LoadedModel, dataset: ImageFolderDataset) -> tuple[torch.Tensor, list[str], str]:
-    """Which model output each folder label is: ``(output index per folder label, the class names of
-    the outputs, a note)``.
-
-    A model that records its class names (``label_names`` in its ``config.json``) is matched by
-    name: folders that are the model's classes in another order, or some of them, are mapped by name
-    (and the note says so); any other folder names are refused, since scoring output ``i`` against
-    folder ``i`` would measure nothing. Without recorded names the folders must be as many as the
-    outputs, taken in sorted order.
-
-    Raises:
-        InputError: the folder's classes are not the model's, or not as many as its outputs.
-    """
+    """``(output index per folder label, class names of the outputs, a note)``: matched by name when the
+    model records its class names (folders that are some of them, or in another order, are mapped; others
+    refused), else the folders must be as many as the outputs, in sorted order (InputError otherwise)."""
     folders = list(dataset.class_names)
     outputs = getattr(loaded.model, "num_classes", None)
     names = loaded.class_names

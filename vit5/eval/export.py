@@ -1,20 +1,8 @@
-"""Write dense features to disk, one safetensors file per image plus a manifest; resumable.
+"""Dense features on disk: ``<relative image path>.safetensors`` per image plus ``manifest.json``, resumable.
 
-Layout of ``out_dir``::
-
-    manifest.json                       what was extracted, how, and from which images
-    <relative image path>.safetensors   e.g. cats/01.jpg -> cats/01.jpg.safetensors
-
-Every file is written atomically (:func:`vit5.files.atomic_write_bytes`), so a file that exists is
-complete; each file's header records the run identity (model fingerprint + settings) and the source
-file's size and modification time. A rerun therefore skips exactly the images whose file is complete, of the
-same run and of an unchanged source, recomputes the rest, and rebuilds the manifest (itself
-written atomically, also every ``manifest_every_s`` seconds) from the files. Features made with
-other settings or another model are refused rather than mixed (``overwrite=True`` replaces them).
-The settings are checked before anything is written, so a bad size leaves nothing that blocks the
-corrected rerun. One writer per folder: a second export into the same folder stops with an error
-naming the first (:class:`vit5.files.FolderLock`).
-"""
+Every file is written atomically and records the run (model fingerprint + settings) and its source's size
+and mtime, so a rerun redoes exactly the images not done by the same run; features of another run are
+refused (``overwrite=True`` replaces them). One writer per folder (:class:`vit5.files.FolderLock`)."""
 
 from __future__ import annotations
 
@@ -22,7 +10,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +36,7 @@ MANIFEST = "manifest.json"
 SUFFIX = ".safetensors"
 PARTIAL = ".partial"
 _META_KEY = "vit5_features"
+ENTRY_KEYS = ("path", "file", "image_size", "input_size", "grid")
 
 
 @dataclass
@@ -92,28 +81,10 @@ def export_features(
     progress: bool = True,
     manifest_every_s: float = 30.0,
 ) -> ExportSummary:
-    """Extract features for every image under ``images`` (recursive) into ``out_dir``.
-
-    Raises:
-        InputError: bad settings, an unusable image source, or features of another run in ``out_dir``.
-        FolderLocked: another export is writing into ``out_dir``.
-    """
-    out_dir = check_output_dir(out_dir, "output folder")
-    with FolderLock(out_dir, "feature export"):
-        return _export(
-            model, images, out_dir, settings or FeatureSettings(), overwrite, progress, manifest_every_s
-        )
-
-
-def _export(
-    model: nn.Module | LoadedModel,
-    images: str | os.PathLike[str],
-    out_dir: Path,
-    settings: FeatureSettings,
-    overwrite: bool,
-    progress: bool,
-    manifest_every_s: float,
-) -> ExportSummary:
+    """Extract features for every image under ``images`` (recursive) into ``out_dir``; the manifest is
+    rewritten every ``manifest_every_s`` seconds. Raises InputError (bad settings or source, features of
+    another run) or FolderLocked (another export writes into ``out_dir``)."""
+    out_dir, settings = check_output_dir(out_dir, "output folder"), settings or FeatureSettings()
     start = time.perf_counter()
     root, paths = list_images(images)
     module, mean, std = resolve_model(model)
@@ -140,34 +111,43 @@ def _export(
         "dtype": settings.dtype,
         "source_root": str(root.resolve()),
     }
-    _check_same_run(out_dir, identity, run_id, overwrite)
-    for partial in out_dir.rglob(f"*{SUFFIX}*{PARTIAL}") if out_dir.is_dir() else ():  # left by a kill
-        partial.unlink()
-    entries: dict[str, dict[str, Any]] = {}
-    todo = []
-    for path in paths:
-        entry = None if overwrite else _completed_entry(out_dir, root, path, run_id)
-        if entry is None:
-            todo.append(path)
-        else:
-            entries[entry["path"]] = entry
-    skipped, failed = len(entries), []
-    _write_manifest(out_dir, root, header, entries, failed, complete=False)
-    last_manifest = time.monotonic()
-    bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
-    for item in extract(model, todo, settings, mean=mean, std=std):
-        if isinstance(item, FailedImage):
-            failed.append(item)
-        else:
-            entry = _write_image(out_dir, root, item, run_id, info.patch_size)
-            entries[entry["path"]] = entry
-        bar.update(1)
-        bar.set_postfix(failed=len(failed), refresh=False)
-        if time.monotonic() - last_manifest > manifest_every_s:
-            _write_manifest(out_dir, root, header, entries, failed, complete=False)
-            last_manifest = time.monotonic()
-    bar.close()
-    _write_manifest(out_dir, root, header, entries, failed, complete=True)
+    with FolderLock(out_dir, "feature export"):
+        _check_same_run(out_dir, identity, run_id, overwrite)
+        for partial in out_dir.rglob(f"*{SUFFIX}*{PARTIAL}") if out_dir.is_dir() else ():  # left by a kill
+            partial.unlink()
+        done = {} if overwrite else {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
+        entries: dict[str, dict[str, Any]] = {e["path"]: e for e in done.values() if e}
+        todo = [path for path in paths if not done.get(path)]
+        skipped, failed = len(entries), []
+
+        def write_manifest(complete: bool) -> None:
+            images = [entries[k] for k in sorted(entries)]
+            bad = [{"path": _relative(root, f.path), "reason": f.reason} for f in failed]
+            doc = {
+                **header,
+                "complete": complete,
+                "num_images": len(entries),
+                "images": images,
+                "failed": bad,
+            }
+            write_json(out_dir / MANIFEST, doc)
+
+        write_manifest(complete=False)
+        last_manifest = time.monotonic()
+        bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
+        for item in extract(model, todo, settings):
+            if isinstance(item, FailedImage):
+                failed.append(item)
+            else:
+                entry = _write_image(out_dir, root, item, run_id, info.patch_size)
+                entries[entry["path"]] = entry
+            bar.update(1)
+            bar.set_postfix(failed=len(failed), refresh=False)
+            if time.monotonic() - last_manifest > manifest_every_s:
+                write_manifest(complete=False)
+                last_manifest = time.monotonic()
+        bar.close()
+        write_manifest(complete=True)
     return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
 
 
@@ -180,23 +160,14 @@ def _source_stat(path: Path) -> dict[str, int]:
     return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
 
 
-def _write_image(
-    out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch_size: int
-) -> dict[str, Any]:
-    rel = _relative(root, item.path)
-    entry = {
-        "path": rel,
-        "file": rel + SUFFIX,
-        "image_size": list(item.image_size),
-        "input_size": list(item.input_size),
-        "grid": [item.input_size[0] // patch_size, item.input_size[1] // patch_size],
-    }
+def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch: int) -> dict[str, Any]:
+    (h, w), rel = item.input_size, _relative(root, item.path)
+    sizes = {"image_size": list(item.image_size), "input_size": [h, w], "grid": [h // patch, w // patch]}
+    entry = {"path": rel, "file": rel + SUFFIX, **sizes}
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
-    meta = {**entry, "run_id": run_id, **_source_stat(item.path)}
-    payload = save(
-        {k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: json.dumps(meta)}
-    )
+    meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path)})
+    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: meta})
     atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
     return entry
 
@@ -211,11 +182,14 @@ def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict
             meta = json.loads((f.metadata() or {})[_META_KEY])
     except Exception:  # unreadable or foreign file: recompute it
         return None
-    if not isinstance(meta, dict) or _entry_problem(meta, out_dir):
-        return None  # a foreign or crafted file: recompute it
-    if meta.get("run_id") != run_id or any(meta.get(k) != v for k, v in _source_stat(path).items()):
-        return None
-    return {k: meta[k] for k in ("path", "file", "image_size", "input_size", "grid")}
+    current = {"run_id": run_id, **_source_stat(path)}
+    if (
+        not isinstance(meta, dict)
+        or _entry_problem(meta)
+        or any(meta.get(k) != v for k, v in current.items())
+    ):
+        return None  # foreign, crafted, of another run or of a changed source: recompute it
+    return {k: meta[k] for k in ENTRY_KEYS}
 
 
 def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwrite: bool) -> None:
@@ -226,32 +200,11 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any], run_id: str, overwr
     if (
         old.get("run_id") != run_id and old.get("num_images", 1) > 0
     ):  # an export that wrote nothing blocks nothing
-        changed = [f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v]
+        changed = "; ".join(f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v)
         raise InputError(
-            f"{out_dir} holds features from another model or other settings "
-            f"({'; '.join(changed) or 'other format'}); "
+            f"{out_dir} holds features from another model or other settings ({changed or 'other format'}); "
             "use a new output folder, or overwrite to replace them"
         )
-
-
-def _write_manifest(
-    out_dir: Path,
-    root: Path,
-    header: dict,
-    entries: dict[str, dict],
-    failed: Sequence[FailedImage],
-    complete: bool,
-) -> None:
-    write_json(
-        out_dir / MANIFEST,
-        {
-            **header,
-            "complete": complete,
-            "num_images": len(entries),
-            "images": [entries[k] for k in sorted(entries)],
-            "failed": [{"path": _relative(root, f.path), "reason": f.reason} for f in failed],
-        },
-    )
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -280,7 +233,7 @@ def checked_manifest(manifest: Any, path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: num_images is {count!r}, not a count: fix or delete it")
     images = manifest.get("images", [])
     for i, entry in enumerate(images if isinstance(images, list) else ()):
-        problem = _entry_problem(entry, path.parent)
+        problem = _entry_problem(entry)
         if problem:
             raise InputError(f"{path}: images[{i}] {problem}: fix or delete it")
     failed = manifest.get("failed", [])
@@ -289,7 +242,7 @@ def checked_manifest(manifest: Any, path: Path) -> dict[str, Any]:
     return manifest
 
 
-def _entry_problem(entry: Any, out_dir: Path) -> str:
+def _entry_problem(entry: Any) -> str:
     """What is wrong with one image entry of a manifest (or a feature file's metadata), or ``""``."""
     if not isinstance(entry, dict):
         return f"is a {type(entry).__name__}, not an entry"
@@ -297,7 +250,7 @@ def _entry_problem(entry: Any, out_dir: Path) -> str:
         value = entry.get(key)
         if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
             return f"has {key} {value!r}, not a path inside the folder"
-    for key in ("image_size", "input_size", "grid"):
+    for key in ENTRY_KEYS[2:]:
         value = entry.get(key)
         if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)):
             return f"has {key} {value!r}, not two positive whole numbers"

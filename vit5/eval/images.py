@@ -1,10 +1,6 @@
-"""Finding images, choosing input sizes and loading labelled images without crashing on bad files.
-
-Evaluation must not count a neighbour twice when a file is unreadable (what the training
-``ImageFolderDataset`` does to keep batch sizes even), so :class:`LabelledImages` returns a
-placeholder with ``ok=False`` instead; the evaluation loops drop those rows after gathering and
-list the files as skipped.
-"""
+"""Finding images, choosing input sizes and loading labelled images without crashing on bad files: an
+unreadable file gives a placeholder with ``ok=False`` (never a neighbour counted twice, as the training
+dataset does to keep batches even); the evaluation loops drop those rows and list the files as skipped."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Model specs for evaluation: :mod:`vit5.introspect.spec`, expanded to raw and EMA weights.
-
-See :mod:`vit5.introspect.spec` for the spec forms (vit5 presets and released weights, checkpoint and
-run directories, official ``.pth`` files, ``hf-hub:USER/REPO``, ``timm:NAME[.TAG][@CHECKPOINT]``).
-"""
+"""Model specs for evaluation (:mod:`vit5.introspect.spec`: presets, released weights, checkpoint and run
+directories, official ``.pth`` files, ``hf-hub:``, ``timm:``), expanded to raw and EMA weights."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Streaming classification and segmentation metrics, all derived from one confusion matrix.
-
-Rows of a confusion matrix are true classes and columns predictions (scikit-learn's convention).
-Segmentation scores follow mmsegmentation: per-class IoU = TP / (TP + FP + FN), mIoU is the mean
-over classes that occur in the labels or the predictions (union > 0), pixel accuracy = TP / valid.
-"""
+"""Streaming classification and segmentation metrics from one confusion matrix (rows: true classes, as
+scikit-learn). Segmentation as mmsegmentation: IoU = TP / (TP + FP + FN), mIoU over the classes with
+union > 0, pixel accuracy = TP / valid."""
 
 from __future__ import annotations
 
@@ -40,26 +37,22 @@ class ClassificationMeter:
     """Accumulates top-1/top-5 hits, summed cross-entropy and the confusion matrix batch by batch."""
 
     def __init__(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.k = min(5, num_classes)
-        self.count = self.top1 = self.topk = 0
-        self.loss_sum = 0.0
+        self.num_classes, self.k = num_classes, min(5, num_classes)
+        self.topk, self.loss_sum = 0, 0.0
         self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         logits, targets = logits.detach().float().cpu(), targets.detach().long().cpu()
         ranked = logits.topk(self.k, dim=1).indices
-        hits = ranked == targets[:, None]
-        self.count += len(targets)
-        self.top1 += int(hits[:, 0].sum())
-        self.topk += int(hits.any(dim=1).sum())
+        self.topk += int((ranked == targets[:, None]).any(dim=1).sum())
         self.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
         self.confusion += confusion_matrix(targets, ranked[:, 0], self.num_classes)
 
     def compute(self) -> ClassificationScores:
-        n = max(self.count, 1)
+        count = int(self.confusion.sum())
+        n, top1 = max(count, 1), int(self.confusion.trace())
         return ClassificationScores(
-            self.count, self.top1 / n, self.topk / n, self.loss_sum / n, self.confusion.numpy().copy()
+            count, top1 / n, self.topk / n, self.loss_sum / n, self.confusion.numpy().copy()
         )
 
 

@@ -1,12 +1,8 @@
 """Top-k class predictions for a folder of images, with class names (what timm's ``inference.py`` does).
 
-Preprocessing is the classification evaluation's (:mod:`vit5.eval.classify`): the model's own size,
-crop ratio, mean and std unless given. Class names, in order of preference: the model's own
-(``pretrained_cfg["label_names"]``, which vit5 checkpoints and timm/Hub models carry from their
-``config.json``), then the ImageNet names timm ships (:class:`timm.data.ImageNetInfo`) for a
-trained head of an ImageNet size (1000 outputs: ImageNet-1k, as the released ViT-5 weights), else the
-output index. Unreadable files are listed, never replaced by a neighbour.
-"""
+Preprocessing is that of :mod:`vit5.eval.classify`. Class names: the model's own (``label_names`` of its
+``config.json``), else timm's ImageNet names (:class:`timm.data.ImageNetInfo`) for a trained ImageNet-size
+head, else the output index. Unreadable files are listed, never replaced by a neighbour."""
 
 from __future__ import annotations
 
@@ -29,8 +25,6 @@ from vit5.model.vit import unwrap
 
 @dataclass(frozen=True)
 class ClassNames:
-    """What each output of a classifier means, and where the names came from."""
-
     names: tuple[str, ...]
     source: str
 
@@ -46,7 +40,6 @@ class Prediction:
 
 
 def class_names(loaded: LoadedModel) -> ClassNames:
-    """The names of ``loaded``'s outputs (see the module docstring for the order of sources)."""
     model = unwrap(loaded.model)
     count = int(getattr(model, "num_classes", 0) or 0)
     if count <= 0:
@@ -89,31 +82,24 @@ def predict(
     loader = build_loader(data, batch_size, train=False, num_workers=num_workers)
     model = loaded.model.to(device).eval()
     results: list[Prediction] = []
+    bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not progress)
     with torch.inference_mode():
-        for batch, _, indices, ok in tqdm(
-            loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not progress
-        ):
+        for batch, _, indices, ok in bar:
             probs = model(batch.to(device)).float().softmax(dim=-1).cpu()
             values, classes = probs.topk(topk, dim=-1)
             for i, good, p, c in zip(indices.tolist(), ok.tolist(), values.tolist(), classes.tolist()):
-                if not good:
-                    results.append(Prediction(files[i], (), bad_file_reason(files[i])))
-                    continue
-                top = tuple((k, names.names[k], prob) for k, prob in zip(c, p))
-                results.append(Prediction(files[i], top))
+                error = "" if good else bad_file_reason(files[i])
+                top = () if error else tuple((k, names.names[k], prob) for k, prob in zip(c, p))
+                results.append(Prediction(files[i], top, error))
     return results, names
 
 
 def predictions_table(predictions: list[Prediction], root: str | os.PathLike[str]) -> str:
     """One line per image: ``cat.jpg  tabby 81.2% | tiger cat 9.3% | ...`` (paths relative to ``root``)."""
-    base = Path(root) if Path(root).is_dir() else Path(root).parent
     lines = []
     for pred in predictions:
-        name = _relative(pred.path, base)
-        if pred.error:
-            lines.append(f"{name}  skipped: {pred.error}")
-        else:
-            lines.append(f"{name}  " + " | ".join(f"{label} {100 * p:.1f}%" for _, label, p in pred.top))
+        top = " | ".join(f"{label} {100 * p:.1f}%" for _, label, p in pred.top)
+        lines.append(f"{_shown(pred.path, root)}  " + (f"skipped: {pred.error}" if pred.error else top))
     return "\n".join(lines)
 
 
@@ -122,7 +108,6 @@ def write_csv(
 ) -> Path:
     """``image, top1_class, top1_index, top1_prob, ..., error`` per image (``error``: why a file was
     skipped, its other cells empty)."""
-    base = Path(root) if Path(root).is_dir() else Path(root).parent
     k = max((len(p.top) for p in predictions), default=0)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -130,14 +115,14 @@ def write_csv(
     writer.writerow(["image", *columns, "error"])
     for pred in predictions:
         cells = [cell for index, label, p in pred.top for cell in (label, index, f"{p:.6f}")]
-        cells += [""] * (len(columns) - len(cells))
-        writer.writerow([_relative(pred.path, base), *cells, pred.error])
+        writer.writerow([_shown(pred.path, root), *cells, *[""] * (len(columns) - len(cells)), pred.error])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, out.getvalue())
 
 
-def _relative(path: Path, base: Path) -> str:
+def _shown(path: Path, root: str | os.PathLike[str]) -> str:
+    """``path`` relative to the folder ``root`` (or to the folder of the file ``root``)."""
     try:
-        return str(path.relative_to(base))
+        return str(path.relative_to(Path(root) if Path(root).is_dir() else Path(root).parent))
     except ValueError:
         return str(path)

@@ -1,19 +1,14 @@
-"""kNN and logistic-regression probes on frozen global features (CLS or average-pooled patches).
-
-The standard frozen-feature protocol (DINO, DINOv2): encode a train and a val ImageFolder split
-once with the eval preprocessing, then fit scikit-learn classifiers on the train features and
-report val top-1.
-
-* kNN: cosine similarity on L2-normalised features, the k nearest neighbours vote with weight
-  ``exp(sim / T)`` (DINO's weighted kNN, T = 0.07).
-* Linear probe: standardised features, multinomial ``LogisticRegression`` (L2, strength ``C``).
-"""
+"""kNN and logistic-regression probes on frozen global features (CLS or average-pooled patches), the
+DINO / DINOv2 protocol: encode a train and a val ImageFolder split once (eval preprocessing), fit on train,
+report val top-1. kNN: cosine on L2-normalised features, the k nearest vote with ``exp(sim / T)`` (DINO's
+weighted kNN, T = 0.07); linear probe: standardised features, multinomial L2 ``LogisticRegression``."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -33,6 +28,7 @@ from vit5.introspect import describe
 from vit5.model import take_indices
 
 POOLS = ("cls", "avg")
+Array = np.ndarray
 
 
 @dataclass(frozen=True)
@@ -69,47 +65,36 @@ class ProbeRow:
 
 def encode(
     loaded: LoadedModel, dataset: ImageFolderDataset, settings: ProbeSettings, progress: bool = True
-) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
-    """``({pool: [N, C] float32}, targets [N], skipped)`` for the readable images of ``dataset``."""
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``({pool: [N, C] float32}, targets [N])`` for the readable images of ``dataset``."""
     info = describe(loaded.model)
     if "cls" in settings.pools and not info.num_cls:
         raise InputError(f"{loaded.label} has no CLS token; use pools=('avg',)")
     (block,) = take_indices(info.depth, [settings.layer])
     size = tuple(settings.size or loaded.input_size)
-    transform = eval_transform(
-        size, crop_ratio=settings.crop_ratio or loaded.crop_pct, mean=loaded.mean, std=loaded.std
-    )
-    loader = build_loader(
-        LabelledImages(dataset.samples, transform, size),
-        settings.batch_size,
-        train=False,
-        num_workers=settings.num_workers,
-    )
+    crop = settings.crop_ratio or loaded.crop_pct
+    transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
+    images = LabelledImages(dataset.samples, transform, size)
+    loader = build_loader(images, settings.batch_size, train=False, num_workers=settings.num_workers)
     device = next(loaded.model.parameters()).device
     pooled: dict[str, list[torch.Tensor]] = {p: [] for p in settings.pools}
-    targets, skipped = [], 0
+    targets = []
     for images, labels, _, ok in tqdm(
         loader, desc=f"encode {loaded.label}", disable=not progress, leave=False
     ):
         feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
         views = {
             "cls": feats.get(f"blocks.{block}.cls"),
-            "avg": feats[f"blocks.{block}.patches"].mean(dim=(-2, -1)),
+            "avg": feats[f"blocks.{block}.patches"].mean((-2, -1)),
         }
         for pool in settings.pools:
             pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
-        skipped += int((~ok).sum())
-    return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy(), skipped
+    return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy()
 
 
 def knn_accuracy(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    val_x: np.ndarray,
-    val_y: np.ndarray,
-    k: int = 20,
-    temperature: float = 0.07,
+    train_x: Array, train_y: Array, val_x: Array, val_y: Array, k: int = 20, temperature: float = 0.07
 ) -> float:
     """Weighted cosine kNN (DINO): neighbours vote with ``exp(cos / T)``."""
     knn = KNeighborsClassifier(
@@ -122,10 +107,10 @@ def knn_accuracy(
 
 
 def logreg_accuracy(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    val_x: np.ndarray,
-    val_y: np.ndarray,
+    train_x: Array,
+    train_y: Array,
+    val_x: Array,
+    val_y: Array,
     c: float = 1.0,
     max_iter: int = 1000,
     seed: int = 0,
@@ -146,25 +131,20 @@ def run_probes(
         raise InputError(
             f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}..."
         )
-    train_x, train_y, _ = encode(loaded, train, settings, progress)
-    val_x, val_y, _ = encode(loaded, val, settings, progress)
+    (train_x, train_y), (val_x, val_y) = (encode(loaded, split, settings, progress) for split in (train, val))
     rows = []
     for pool in settings.pools:
-        for k in settings.knn_k:
-            start = time.perf_counter()
-            acc = knn_accuracy(train_x[pool], train_y, val_x[pool], val_y, k, settings.knn_temperature)
-            rows.append(ProbeRow(loaded.label, pool, f"knn-{k}", acc, time.perf_counter() - start))
-        start = time.perf_counter()
-        acc = logreg_accuracy(
-            train_x[pool],
-            train_y,
-            val_x[pool],
-            val_y,
-            settings.logreg_c,
-            settings.logreg_max_iter,
-            settings.seed,
+        data = (train_x[pool], train_y, val_x[pool], val_y)
+        probes = {
+            f"knn-{k}": partial(knn_accuracy, *data, k, settings.knn_temperature) for k in settings.knn_k
+        }
+        probes["logreg"] = partial(
+            logreg_accuracy, *data, settings.logreg_c, settings.logreg_max_iter, settings.seed
         )
-        rows.append(ProbeRow(loaded.label, pool, "logreg", acc, time.perf_counter() - start))
+        for method, probe in probes.items():
+            start = time.perf_counter()
+            accuracy = probe()
+            rows.append(ProbeRow(loaded.label, pool, method, accuracy, time.perf_counter() - start))
     return rows
 
 

@@ -1,18 +1,15 @@
-"""Dense linear probe for semantic segmentation on frozen patch features: mIoU and pixel accuracy.
+"""Dense linear probe for semantic segmentation on frozen patch features (DINOv2's linear evaluation).
 
-As in DINOv2's linear segmentation evaluation: the frozen backbone's patch features of the chosen
-blocks (concatenated over blocks) are standardised per channel and a 1x1 linear layer maps each
-patch to class logits, which are upsampled bilinearly to the label resolution and trained with
-per-pixel cross-entropy (ignore index skipped). Images are resized to one input size (aspect not
-kept, so the grid covers the whole image); validation logits are upsampled to each mask's own
-size, so scores are computed at full label resolution. Features are cached in memory (float16).
-"""
+The chosen blocks' patch features (concatenated, cached in float16) are standardised per channel and a 1x1
+linear layer maps them to class logits, upsampled bilinearly and trained with per-pixel cross-entropy;
+validation logits are upsampled to each mask's own size, so scores are at full label resolution."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -21,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from vit5.data import BadImageError, decode_image, resize_transform
 from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
 from vit5.errors import InputError
-from vit5.eval.backbone import EVAL_FIX, dense_features
+from vit5.eval.backbone import EVAL_FIX
+from vit5.eval.features import FailedImage, FeatureSettings, extract
 from vit5.eval.load import LoadedModel
 from vit5.eval.metrics import SegmentationScores, confusion_matrix, segmentation_scores
 from vit5.eval.report import format_table
@@ -64,20 +61,14 @@ class SegProbeResult:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("class_names", "scores")}
+        iou = dict(zip(self.class_names, s.iou.tolist()))
         return {
-            "model": self.model,
-            "size": list(self.size),
-            "blocks": self.blocks,
-            "miou": self.scores.miou,
-            "pixel_accuracy": self.scores.pixel_accuracy,
-            "iou": dict(zip(self.class_names, self.scores.iou.tolist())),
-            "num_train": self.num_train,
-            "num_val": self.num_val,
-            "seconds_features": self.seconds_features,
-            "seconds_train": self.seconds_train,
-            "final_train_loss": self.final_train_loss,
-            "confusion_matrix": self.scores.confusion,
-            "skipped": self.skipped,
+            **doc,
+            "miou": s.miou,
+            "pixel_accuracy": s.pixel_accuracy,
+            "iou": iou,
+            "confusion_matrix": s.confusion,
         }
 
 
@@ -92,41 +83,25 @@ class EncodedSplit:
 
 def _encode(
     loaded: LoadedModel,
-    pairs: Sequence,
+    split: str,
+    root: str,
     info: SegDatasetInfo,
-    size: tuple[int, int],
-    blocks: list[int],
-    settings: SegProbeSettings,
-    desc: str,
+    features: FeatureSettings,
     progress: bool,
 ) -> EncodedSplit:
-    backbone = describe(loaded.model)
-    transform = resize_transform(size, mean=loaded.mean, std=loaded.std)
-    device = next(loaded.model.parameters()).device
-    chunks, masks, skipped, batch = [], [], [], []
-
-    def flush() -> None:
-        feats = dense_features(
-            loaded.model, torch.stack(batch).to(device), backbone, blocks, norm=settings.norm
-        )
-        chunks.append(torch.cat([feats[f"blocks.{b}.patches"] for b in blocks], dim=1).half().cpu())
-        batch.clear()
-
-    for image_path, mask_path in tqdm(pairs, desc=desc, disable=not progress, leave=False):
-        try:
-            image = decode_image(image_path)
-        except BadImageError as err:
-            skipped.append({"path": str(image_path), "reason": err.reason})
+    """The frozen patch features of ``split`` (images resized to ``features.size``) and its masks."""
+    masks_of = {Path(image): mask for image, mask in list_pairs(root, split)}
+    chunks, masks, skipped = [], [], []
+    items = extract(loaded, list(masks_of), features)
+    for item in tqdm(items, total=len(masks_of), desc=f"features {split}", disable=not progress, leave=False):
+        if isinstance(item, FailedImage):
+            skipped.append({"path": str(item.path), "reason": item.reason})
             continue
-        masks.append(read_mask(mask_path, image.shape[:2], info))
-        batch.append(transform(image))
-        if len(batch) == settings.batch_size:
-            flush()
-    if batch:
-        flush()
+        masks.append(read_mask(masks_of[item.path], item.image_size, info))
+        chunks.append(torch.cat([item.features[f"blocks.{b}.patches"] for b in features.layers]))
     if not masks:
-        raise InputError(f"none of the {len(pairs)} images of this split can be read (e.g. {skipped[0]})")
-    return EncodedSplit(torch.cat(chunks), masks, skipped)
+        raise InputError(f"none of the {len(masks_of)} images of this split can be read (e.g. {skipped[0]})")
+    return EncodedSplit(torch.stack(chunks), masks, skipped)
 
 
 @dataclass
@@ -155,11 +130,10 @@ def train_linear_head(
     feats = train.features
     std, mean = torch.std_mean(feats.float(), dim=(0, 2, 3), keepdim=True)
     std = std.clamp_min(1e-6)
-    targets = torch.from_numpy(
-        np.stack(
-            [cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST) for m in train.masks]
-        )
-    ).long()
+    resized = [
+        cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST) for m in train.masks
+    ]
+    targets = torch.from_numpy(np.stack(resized)).long()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         conv = nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1)
@@ -188,12 +162,10 @@ def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo)
     confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
     device = head.conv.weight.device
     for feats, mask in zip(val.features, val.masks):
-        logits = head(feats[None].to(device))
-        pred = (
-            F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
-            .argmax(dim=1)[0]
-            .cpu()
+        logits = F.interpolate(
+            head(feats[None].to(device)), size=mask.shape, mode="bilinear", align_corners=False
         )
+        pred = logits.argmax(dim=1)[0].cpu()
         target = torch.from_numpy(mask)
         valid = target != info.ignore_index
         confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
@@ -213,13 +185,11 @@ def run_segmentation_probe(
     blocks = take_indices(backbone.depth, settings.layers, unique=True)
     size = tuple(settings.size or loaded.input_size)
     backbone.grid(size, EVAL_FIX)
+    features = FeatureSettings(
+        blocks, size, norm=settings.norm, dtype="float16", batch_size=settings.batch_size
+    )
     start = time.perf_counter()
-    train = _encode(
-        loaded, list_pairs(root, splits[0]), info, size, blocks, settings, f"features {splits[0]}", progress
-    )
-    val = _encode(
-        loaded, list_pairs(root, splits[1]), info, size, blocks, settings, f"features {splits[1]}", progress
-    )
+    train, val = (_encode(loaded, split, root, info, features, progress) for split in splits)
     seconds_features = time.perf_counter() - start
     start = time.perf_counter()
     head = train_linear_head(train, info, size, settings, device=next(loaded.model.parameters()).device)

@@ -1,29 +1,23 @@
-"""Accuracy against input resolution, for one or more models.
-
-ViT-5 resamples its learned absolute embedding to the new grid and builds 2D RoPE for it, so a
-model trained at one size runs at any patch-multiple size; this sweep measures how well that
-extrapolates (e.g. 0.5x to 2x the training size, non-square included).
-"""
+"""Accuracy against input resolution: ViT-5 resamples its absolute embedding and builds 2D RoPE for any
+patch-multiple grid; the sweep measures how well that extrapolates (0.5x to 2x, non-square included)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from accelerate import Accelerator
 
 from vit5.data import ImageFolderDataset
 from vit5.errors import InputError
 from vit5.eval.classify import ClassifyResult, ClassifySettings, evaluate
-from vit5.eval.figures import plot_sweep
 from vit5.eval.images import Size
 from vit5.eval.load import LoadedModel
 from vit5.eval.report import format_table
 from vit5.layers.patch_embed import round_to_patch
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
+RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
 
 
 def parse_scale(text: str) -> tuple[float, float]:
@@ -72,28 +66,6 @@ def sweep_table(results: Sequence[ClassifyResult], metric: str = "top1") -> str:
     return format_table(("size", *labels), rows, title=f"{metric} % against input size")
 
 
-def sweep_plot(
-    results: Sequence[ClassifyResult], path: str | os.PathLike[str], train_size: Size | None = None
-) -> Path:
-    series: dict[str, list[tuple[Size, float]]] = {}
-    for r in results:
-        series.setdefault(r.model, []).append((r.size, 100 * r.scores.top1))
-    return plot_sweep(series, path, train_size=train_size)
-
-
 def sweep_records(results: Sequence[ClassifyResult]) -> list[dict]:
     """Compact JSON rows (no confusion matrices)."""
-    return [
-        {
-            "model": r.model,
-            "weights": r.weights,
-            "size": list(r.size),
-            "crop_ratio": r.crop_ratio,
-            "num_images": r.scores.num_images,
-            "top1": r.scores.top1,
-            "top5": r.scores.top5,
-            "loss": r.scores.loss,
-            "images_per_s": r.images_per_s,
-        }
-        for r in results
-    ]
+    return [{k: r.to_dict()[k] for k in RECORD_KEYS} for r in results]

@@ -1,31 +1,7 @@
-"""The register study: grow artifacts in a model without registers, and watch its register twin stay clean.
-
-Two vit5 models that differ only in their register tokens (``registers`` = 0 or R; same init for
-every shared weight, same batches in the same order) are trained on :mod:`~vit5.data.digits.canvases`
-canvases: a few digits on a large uninformative background, labelled by a function of all of them.
-Neither twin has a CLS token and both average-pool the patches (``class_token=False,
-global_pool="avg"``), so the twin without registers has no spare token to use as an attention sink
-or a global store and must recruit patches, while the other has exactly that (Darcet et al.,
-arXiv 2309.16588, sections 2.1-2.2). Every ``checkpoint_every`` steps both twins are recorded on
-held-out canvases with the existing tools (:func:`~vit5.viz.collect`, :func:`~vit5.viz.compute_metrics`
-with the default thresholds) and the per-layer metrics are appended to ``trajectory.jsonl``;
-:func:`verdict` checks the garbage-collector signature (Darcet et al., section 2) on the latest
-checkpoint, and :func:`~vit5.study.figures.trajectory_figure` draws the trajectories of both twins.
-
-Both twins train with the step of :mod:`vit5.train.loop` (AdamW and the cosine schedule of
-:mod:`vit5.train.optim`). Resumable: each twin keeps its training state (weights, optimizer, step) in
-``<out>/<twin>/state``, a training checkpoint of :mod:`vit5.train.checkpointing` (safetensors and
-weights-only tensors, every file checked against its SHA-256; nothing is unpickled), replaced in one
-step at every checkpoint; rerunning the same command continues where it stopped (``max_minutes``
-ends a chunk cleanly at a checkpoint). The twins are trained in alternating chunks of
-``checkpoint_every`` steps, so a stopped study has both trajectories up to the same step. Weights of
-every checkpoint are kept as ``<out>/<twin>/checkpoints/step_NNNNNN`` and the last as
-``<out>/<twin>/final`` (vit5 directory format: ``viz compare --model <out>/no_registers/final
---model-b <out>/registers/final``).
-
-    vit5 viz study --out runs/register_study            # the full study (see FULL)
-    vit5 viz study --out /tmp/s --preset smoke           # seconds
-"""
+"""The register study (Darcet et al., arXiv 2309.16588, sections 2.1-2.2): two no-CLS, average-pooled
+vit5 twins, without and with registers (same init and batches), trained on digit canvases with the step of
+:mod:`vit5.train.loop`, measured with :mod:`vit5.viz` at every checkpoint (``trajectory.jsonl``) and resumable
+from ``<out>/<twin>/state`` (:func:`vit5.train.checkpointing.save_single`: nothing is unpickled)."""
 
 from __future__ import annotations
 
@@ -58,10 +34,9 @@ from vit5.viz.stats import TokenStats
 from vit5.weights import save_pretrained
 
 TWINS = ("no_registers", "registers")
-STATE_DIR = "state"
 LEGACY_STATE = "state.pt"  # an older vit5's pickle, refused
 TRAJECTORY_NAME = "trajectory.jsonl"
-# metrics kept per layer in the trajectory (names of vit5.viz.artifacts.METRICS, plus the study's own)
+# metrics kept per layer in the trajectory (names of vit5.viz.artifacts.METRICS)
 TRACKED = (
     "outlier_ratio",
     "outlier_ratio_registers",
@@ -76,6 +51,8 @@ TRACKED = (
     "sink_rate_patch",
     "massive_ratio",
 )
+POSITIVE = ("embed_dim", "depth", "num_heads", "steps", "batch_size", "checkpoint_every")
+RESERVED = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
 
 
 @dataclass(frozen=True)
@@ -104,16 +81,7 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items()))
-        for name in (
-            "embed_dim",
-            "depth",
-            "num_heads",
-            "steps",
-            "batch_size",
-            "checkpoint_every",
-            "eval_images",
-            "accuracy_images",
-        ):
+        for name in (*POSITIVE, "eval_images", "accuracy_images"):
             if getattr(self, name) < 1:
                 raise InputError(f"study {name} must be >= 1, got {getattr(self, name)}")
         if self.registers < 1:
@@ -123,8 +91,7 @@ class StudyConfig:
                 f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
                 f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})"
             )
-        reserved = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
-        clash = reserved & {k for k, _ in self.model_args}
+        clash = RESERVED & {k for k, _ in self.model_args}
         if clash:
             raise InputError(
                 f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)"
@@ -134,15 +101,13 @@ class StudyConfig:
 
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
-        if twin not in TWINS:
-            raise InputError(f"unknown twin {twin!r}: {', '.join(TWINS)}")
+        sizes = dict(
+            embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, **dict(self.model_args)
+        )
         try:
             return preset_config(
                 self.preset,
-                embed_dim=self.embed_dim,
-                depth=self.depth,
-                num_heads=self.num_heads,
-                **dict(self.model_args),
+                **sizes,
                 img_size=self.canvas.size,
                 patch_size=self.canvas.patch_size,
                 num_classes=self.canvas.num_outputs,
@@ -154,9 +119,7 @@ class StudyConfig:
             raise InputError(f"study model: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["model_args"] = dict(self.model_args)
-        return doc
+        return {**asdict(self), "model_args": dict(self.model_args)}
 
 
 SMOKE = StudyConfig(
@@ -183,26 +146,19 @@ FULL = StudyConfig(
 PRESETS = {"full": FULL, "smoke": SMOKE}
 
 
-# ---------------------------------------------------------------------------------------------- twins
 def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
     """Both twins with identical initial weights wherever they share a parameter."""
     torch.manual_seed(cfg.seed)
-    base = ViT5(cfg.model_config("no_registers"))
-    twin = ViT5(cfg.model_config("registers"))
-    missing, unexpected = twin.load_state_dict(base.state_dict(), strict=False)
-    if unexpected or missing != ["reg_token"]:
-        raise RuntimeError(
-            f"the twins differ in more than the registers: missing {missing}, unexpected {unexpected}"
-        )
-    return {"no_registers": base, "registers": twin}
+    base, twin = ViT5(cfg.model_config(TWINS[0])), ViT5(cfg.model_config(TWINS[1]))
+    twin.load_state_dict(base.state_dict(), strict=False)  # all but reg_token
+    return dict(zip(TWINS, (base, twin)))
 
 
 def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools see
-    them."""
-    return to_batch(
-        [LoadedImage("", rgb) for rgb in images], model.pretrained_cfg["mean"], model.pretrained_cfg["std"]
-    )
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools
+    see them."""
+    cfg = model.pretrained_cfg
+    return to_batch([LoadedImage("", rgb) for rgb in images], cfg["mean"], cfg["std"])
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
@@ -211,20 +167,11 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tens
     return F.cross_entropy(logits, labels)
 
 
-def correct(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
-    """Per-sample correctness: the class, or (multilabel) every one of the ten presence bits."""
-    if task == "multilabel":
-        return ((logits > 0).float() == labels).all(dim=-1)
-    return logits.argmax(dim=-1) == labels
-
-
-# ---------------------------------------------------------------------------------------------- held-out set
 @dataclass
 class HeldOut:
     """Held-out canvases: the metric images (with background masks) and the accuracy set."""
 
     images: list[LoadedImage]
-    labels: np.ndarray  # [B] or [B, 10] (multilabel)
     background: np.ndarray  # [B, h, w] bool
     accuracy: CanvasBatch
 
@@ -232,37 +179,40 @@ class HeldOut:
     def build(cls, cfg: StudyConfig) -> HeldOut:
         source = CanvasSource(cfg.canvas, "val", cfg.seed)
         metric = source.batch(0, cfg.eval_images)
-        images = [LoadedImage(f"heldout_{i:03d}", rgb) for i, rgb in enumerate(metric.images)]
-        return cls(images, metric.labels, metric.background, source.batch(1, cfg.accuracy_images))
+        return cls(labelled(cfg, metric, "heldout"), metric.background, source.batch(1, cfg.accuracy_images))
 
 
+def labelled(cfg: StudyConfig, batch: CanvasBatch, name: str) -> list[LoadedImage]:
+    """``batch`` as images named ``{name}_NNN``, with their labels unless the task is multilabel."""
+    labels = [None] * len(batch.images) if cfg.canvas.task == "multilabel" else batch.labels.tolist()
+    return [LoadedImage(f"{name}_{i:03d}", rgb, y) for i, (rgb, y) in enumerate(zip(batch.images, labels))]
+
+
+@torch.no_grad()
 def accuracy(model: ViT5, batch: CanvasBatch, task: str, chunk: int = 128) -> float:
+    """Share of correct canvases: the class, or (multilabel) every one of the ten presence bits."""
     model.eval()
     hits = []
-    with torch.no_grad():
-        for start in range(0, len(batch.labels), chunk):
-            logits = model(normalise(batch.images[start : start + chunk], model))
-            hits.append(correct(logits, torch.from_numpy(batch.labels[start : start + chunk]), task))
+    for start in range(0, len(batch.labels), chunk):
+        logits = model(normalise(batch.images[start : start + chunk], model))
+        labels = torch.from_numpy(batch.labels[start : start + chunk])
+        hits.append(
+            ((logits > 0).float() == labels).all(-1) if task == "multilabel" else logits.argmax(-1) == labels
+        )
     return float(torch.cat(hits).float().mean())
 
 
 def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, list[float | None]]:
-    """Per-layer numbers of the success criterion that the metric report does not hold itself.
-
-    ``images_with_outliers``: share of images with at least one outlier patch (``..._background_outliers``:
-    one on a background patch); ``outlier_background_share``: share of the outlier patches that are
-    background (``background_rate``: share of all patches that are).
-    """
+    """Per layer: share of images with an outlier patch (``..._background_outliers``: on a background
+    patch), share of the outlier patches that are background (``background_rate``: of all patches)."""
     outliers = report.outliers  # [B, L, P]
     bg = background.reshape(background.shape[0], 1, -1)
     total = outliers.sum(axis=(0, 2))
     on_background = (outliers & bg).sum(axis=(0, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(total > 0, on_background / np.maximum(total, 1), np.nan)
     return {
         "images_with_outliers": [float(v) for v in outliers.any(axis=-1).mean(axis=0)],
         "images_with_background_outliers": [float(v) for v in (outliers & bg).any(axis=-1).mean(axis=0)],
-        "outlier_background_share": [_num(v) for v in share],
+        "outlier_background_share": [float(b / t) if t else None for b, t in zip(on_background, total)],
         "background_rate": [float(bg.mean())] * outliers.shape[1],
     }
 
@@ -284,51 +234,44 @@ def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3
 def measure(
     model: ViT5, label: str, held: HeldOut, task: str, thresholds: Sequence[float] | None = None
 ) -> dict[str, Any]:
-    """One checkpoint of one twin: tracked metrics per layer (own default thresholds, and optionally reused
-    ones)."""
+    """One checkpoint of one twin: tracked metrics per layer with its own default thresholds and, when
+    given, with ``thresholds`` (under ``reused``)."""
     stats = collect(model, held.images, label, CollectConfig(batch_size=32, progress=False))
-    report = compute_metrics(stats, MetricConfig(n_boot=200))
+
+    def metrics(**kwargs: Any) -> tuple[MetricReport, dict[str, Any]]:
+        report = compute_metrics(stats, MetricConfig(n_boot=200, **kwargs))
+        n = len(report.layers)
+        tracked = {
+            k: [_num(v) for v in report.summary[k]["value"][:n]] for k in TRACKED if k in report.summary
+        }
+        return report, {"metrics": tracked, **study_metrics(report, held.background)}
+
+    report, record = metrics()
     record = {
         "thresholds": [_num(t) for t in report.thresholds],
-        "metrics": _tracked(report),
-        **study_metrics(report, held.background),
+        **record,
         "accuracy": accuracy(model, held.accuracy, task),
         "num_tokens": stats.layout.num_tokens,
         "num_registers": stats.layout.num_registers,
         "patch_sinks_on_background": background_sinks(stats, held.background),
     }
     if thresholds is not None:
-        reused = compute_metrics(
-            stats, MetricConfig(n_boot=200, thresholds=tuple(thresholds), threshold_source="no-register twin")
-        )
-        record["reused"] = {"metrics": _tracked(reused), **study_metrics(reused, held.background)}
+        record["reused"] = metrics(thresholds=tuple(thresholds), threshold_source="no-register twin")[1]
     return record
 
 
-def _tracked(report: MetricReport) -> dict[str, list[float | None]]:
-    n = len(report.layers)
-    return {
-        name: [_num(v) for v in report.summary[name]["value"][:n]]
-        for name in TRACKED
-        if name in report.summary
-    }
-
-
-def _num(x: float) -> float | None:
+def _num(x: float | None) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-# ---------------------------------------------------------------------------------------------- training
 class Twin:
     """One twin in training: AdamW with the cosine schedule of :mod:`vit5.train.optim`, the step of
-    :mod:`vit5.train.loop`, and its position (a :class:`TrainState`) checkpointed in the safe format of
-    :mod:`vit5.train.checkpointing` under ``<folder>/state``."""
+    :mod:`vit5.train.loop`, and its :class:`TrainState` checkpointed under ``<folder>/state``."""
 
     def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
-        optimizer = build_optimizer(
-            model, OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay), cfg.lr
-        )
+        adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = build_optimizer(model, adamw, cfg.lr)
         cosine = ScheduleSection(
             epochs=cfg.steps,
             warmup_epochs=cfg.warmup_steps,
@@ -337,47 +280,36 @@ class Twin:
             interval="update",
         )
         self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
+        criterion = partial(loss_fn, task=cfg.canvas.task)
+        clip = cfg.grad_clip or None
         self.parts = StepParts(
-            model=model,
-            optimizer=optimizer,
-            criterion=partial(loss_fn, task=cfg.canvas.task),
-            schedule=self.schedule,
-            clip_grad=cfg.grad_clip or None,
+            model=model, optimizer=optimizer, criterion=criterion, schedule=self.schedule, clip_grad=clip
         )
         self.state = TrainState()
+        self.resumable = Resumable(model, optimizer, None, self.state)
 
     @property
     def step(self) -> int:
         return self.state.num_updates
 
     def resume(self) -> bool:
-        """Continue from the twin's last checkpoint, if it has one; nothing in the folder is unpickled.
-
-        Raises:
-            ResumeError: the checkpoint is damaged, refused, or the folder holds an older study's pickle.
-        """
+        """Continue from the twin's last checkpoint, if it has one (:class:`ResumeError` if damaged)."""
         if (self.folder / LEGACY_STATE).exists():
             raise ResumeError(
                 f"{self.folder / LEGACY_STATE} is a pickle written by an older vit5, which vit5 no longer "
                 f"loads (unpickling can run code stored in it): delete {self.folder.parent} and start the "
                 "study again"
             )
-        if not (self.folder / STATE_DIR).is_dir():
+        if not (self.folder / "state").is_dir():
             return False
-        load_single(self.folder / STATE_DIR, self._resumable())
+        load_single(self.folder / "state", self.resumable)
         self.schedule.start(self.step, epoch=0)
         return True
 
     def save(self) -> None:
-        save_single(self.folder / STATE_DIR, self._resumable(), self.cfg.to_dict())
-        save_pretrained(
-            self.model,
-            self.folder / "checkpoints" / f"step_{self.step:06d}",
-            extra={"study_step": self.step, "twin": self.name},
-        )
-
-    def _resumable(self) -> Resumable:
-        return Resumable(self.model, self.parts.optimizer, None, self.state)
+        save_single(self.folder / "state", self.resumable, self.cfg.to_dict())
+        extra = {"study_step": self.step, "twin": self.name}
+        save_pretrained(self.model, self.folder / "checkpoints" / f"step_{self.step:06d}", extra=extra)
 
     def train(self, source: CanvasSource, until: int) -> float:
         """Steps up to ``until``; returns the mean training loss of these steps."""
@@ -408,13 +340,10 @@ def run_study(
     analyse: bool = True,
     train: bool = True,
 ) -> StudyResult:
-    """Train (or resume) both twins, recording metrics at every checkpoint; write the trajectory figure,
-    the verdict, the held-out canvases as PNGs and (with ``analyse``) the register analyses of the
-    twins as they are at the end of this chunk (:func:`analyse_twins`).
-
-    Stops cleanly after the checkpoint at which ``max_minutes`` is exceeded (rerun to continue);
-    ``train=False`` only writes the outputs and analyses of the twins as they are.
-    """
+    """Train (or resume) both twins in alternating chunks of ``checkpoint_every`` steps, measuring them at
+    every checkpoint; then write the final weights, the trajectory figure, the verdict, the held-out
+    canvases and (``analyse``) the register analyses. Stops cleanly at the first checkpoint after
+    ``max_minutes`` (rerun to continue); ``train=False`` only writes the outputs."""
     from tqdm.auto import tqdm
 
     out = Path(out)
@@ -438,7 +367,9 @@ def run_study(
     for name, twin in twins.items():  # the untrained twins are the first point of every trajectory
         if twin.resume():
             log(f"{name}: resumed at step {twin.step}")
-        trajectories[name] = _read_trajectory(twin.folder / TRAJECTORY_NAME, twin.step)
+        path = twin.folder / TRAJECTORY_NAME
+        rows = map(json.loads, filter(None, path.read_text().splitlines() if path.is_file() else []))
+        trajectories[name] = [r for r in rows if r["step"] <= twin.step]  # later rows: steps not saved
         if not trajectories[name]:
             record(twin, math.nan)
     done = min(t.step for t in twins.values())
@@ -449,23 +380,23 @@ def run_study(
         for twin in twins.values():
             if twin.step < until:
                 record(twin, twin.train(source, until))
-                _write_trajectory(twin.folder / TRAJECTORY_NAME, trajectories[twin.name])  # before the
-                twin.save()  # state: a kill in between re-trains and re-records this chunk
+                # the trajectory before the state: a kill in between re-trains and re-records this chunk
+                twin.folder.mkdir(parents=True, exist_ok=True)
+                lines = "".join(json.dumps(r) + "\n" for r in trajectories[twin.name])
+                atomic_write_text(twin.folder / TRAJECTORY_NAME, lines)
+                twin.save()
         done = until
         bar.update(done - bar.n)
         a, b = (trajectories[t][-1] for t in TWINS)
-        bar.set_postfix(
-            acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}",
-            otr=f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}",
-        )
+        otr = f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}"
+        bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=otr)
         if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
             break
     bar.close()
     for name, twin in twins.items():
         save_pretrained(twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name})
     result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
-    result.files += write_outputs(result, cfg)
-    result.files += write_heldout(held, out / "heldout")
+    result.files += write_outputs(result, cfg, held)
     log(summary_text(result))
     if not result.complete:
         log(f"stopped at step {done} of {cfg.steps}: rerun the same command to continue")
@@ -474,35 +405,23 @@ def run_study(
     return result
 
 
-def _read_trajectory(path: Path, upto: int) -> list[dict]:
-    """The rows of ``trajectory.jsonl`` up to step ``upto`` (later ones belong to steps not saved)."""
-    lines = path.read_text().splitlines() if path.is_file() else []
-    return [row for row in map(json.loads, filter(None, lines)) if row["step"] <= upto]
-
-
-def _write_trajectory(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
 def _check_same_study(cfg: StudyConfig, out: Path) -> None:
     """A study folder belongs to one configuration: resuming with another would mix two studies."""
     path = out / "study.json"
     doc = json.loads(json.dumps(cfg.to_dict()))
-    if path.is_file():
-        old = json.loads(path.read_text())
-        if old != doc:
-            changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
-            raise InputError(
-                f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
-                "use another --out, or delete it to start over"
-            )
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, doc)
         return
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, doc)
+    old = json.loads(path.read_text())
+    if old != doc:
+        changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+        raise InputError(
+            f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
+            "use another --out, or delete it to start over"
+        )
 
 
-# ---------------------------------------------------------------------------------------------- verdict
 def _peak(row: dict, metric: str) -> float:
     values = [v for v in row["metrics"].get(metric, []) if v is not None]
     return max(values) if values else float("nan")
@@ -515,18 +434,10 @@ ATTENTION_FACTOR = 2.0  # "drawing attention": at least twice the uniform share
 
 
 def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
-    """The garbage-collector signature (high-norm background tokens that draw attention, Darcet et al.,
-    arXiv 2309.16588 section 2) at the latest checkpoint both twins reached.
-
-    The block read is the one where the most images of the twin without registers have an outlier
-    on a background patch. Checks: (1) at least half the images have one; (2) outliers sit on
-    background more often than a random patch does; (3) in the next block (which attends over this
-    block's output) the outlier patches receive at least twice their uniform share of attention
-    and some head has a patch as its sink; (4) the register twin's outlier ratio at that block is
-    at least 10x lower, with its own thresholds and with the first twin's; (5) its patches give its
-    registers at least twice their uniform share of attention and at least half the mass the
-    outliers drew in the first twin. ``values`` holds every number the checks read.
-    """
+    """The garbage-collector signature (Darcet et al., arXiv 2309.16588 section 2: high-norm background
+    tokens that draw attention) at the latest step both twins reached, read at the block where the most
+    images of the twin without registers have a background outlier (attention: the next block); each
+    check is named in ``checks``, every number it reads is in ``values``."""
     step = max(set.intersection(*({r["step"] for r in trajectories[t]} for t in TWINS)))
     a, b = (next(r for r in trajectories[t] if r["step"] == step) for t in TWINS)
     background = a["images_with_background_outliers"]
@@ -568,40 +479,30 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
 def summary_text(result: StudyResult) -> str:
     v = result.verdict
     outcome = "SUCCESS" if v["success"] else "no garbage-collector signature"
-    return "\n".join(
-        [
-            f"register study at step {v['step']}: {outcome} "
-            f"(outliers at block {v['layer']}, attention at {v['next_layer']})",
-            "  " + ", ".join(f"{k}={'n/a' if x is None else f'{x:.3g}'}" for k, x in v["values"].items()),
-            "  checks: " + ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items()),
-        ]
-    )
+    numbers = ", ".join(f"{k}={'n/a' if x is None else f'{x:.3g}'}" for k, x in v["values"].items())
+    checks = ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items())
+    where = f"outliers at block {v['layer']}, attention at {v['next_layer']}"
+    return f"register study at step {v['step']}: {outcome} ({where})\n  {numbers}\n  checks: {checks}"
 
 
-def write_outputs(result: StudyResult, cfg: StudyConfig) -> list[Path]:
+def write_outputs(result: StudyResult, cfg: StudyConfig, held: HeldOut) -> list[Path]:
+    """The trajectory figure, ``verdict.json`` and the metric canvases as PNGs in ``heldout/`` (so
+    ``viz compare`` / ``viz ttr`` can be pointed at exactly them)."""
+    import cv2
+
     from vit5.study.figures import trajectory_figure
     from vit5.viz.figures import save_figure
 
     files = save_figure(
         trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
     )
-    path = result.out / "verdict.json"
-    atomic_write_json(path, result.verdict)
-    return [*files, path]
-
-
-def write_heldout(held: HeldOut, folder: Path) -> list[Path]:
-    """The metric canvases as PNG files, so ``viz compare`` / ``viz ttr`` can be pointed at exactly them."""
-    import cv2
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
+    files.append(atomic_write_json(result.out / "verdict.json", result.verdict))
+    (result.out / "heldout").mkdir(exist_ok=True)
     for image in held.images:
-        path = folder / f"{image.name}.png"
-        if not path.is_file():
-            cv2.imwrite(str(path), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
-        paths.append(path)
-    return paths
+        files.append(result.out / "heldout" / f"{image.name}.png")
+        if not files[-1].is_file():
+            cv2.imwrite(str(files[-1]), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
+    return files
 
 
 def analyse_twins(
@@ -616,26 +517,11 @@ def analyse_twins(
 
     folder = out / "analysis"
     folder.mkdir(parents=True, exist_ok=True)
-    labelled = cfg.canvas.task != "multilabel"
-    reference_batch = CanvasSource(cfg.canvas, "val", cfg.seed).batch(2, cfg.eval_images)
-
-    def with_labels(images: list[LoadedImage], labels: np.ndarray) -> list[LoadedImage]:
-        return [
-            LoadedImage(img.name, img.rgb, int(y) if labelled else None) for img, y in zip(images, labels)
-        ]
-
-    images = with_labels(held.images, held.labels)
-    reference = with_labels(
-        [LoadedImage(f"reference_{i:03d}", rgb) for i, rgb in enumerate(reference_batch.images)],
-        reference_batch.labels,
+    reference = labelled(
+        cfg, CanvasSource(cfg.canvas, "val", cfg.seed).batch(2, cfg.eval_images), "reference"
     )
-    report = run_ablation(
-        twins["registers"],
-        images,
-        reference,
-        "registers twin (trained)",
-        AblationConfig(knn_k=10, batch_size=32),
-    )
+    ablation = AblationConfig(knn_k=10, batch_size=32)
+    report = run_ablation(twins["registers"], held.images, reference, "registers twin (trained)", ablation)
     log(report.table())
     files = report.write(folder) + save_figure(ablation_figure(report), folder / "ablation", ("png", "pdf"))
     summary: dict[str, Any] = {"ablation": report.records()}
@@ -651,8 +537,8 @@ def analyse_twins(
     else:
         d = found.detect_layer
 
-        def pick(r, name: str):
-            return r.report.summary[name]["value"][d] if name in r.report.summary else None
+        def pick(r, name: str) -> float | None:
+            return _num(r.report.summary[name]["value"][d]) if name in r.report.summary else None
 
         summary["ttr"] = {
             "applicable": True,
@@ -660,14 +546,12 @@ def analyse_twins(
             "threshold": found.threshold,
             "neurons": [[n.layer, n.neuron, n.score] for n in found.neurons],
             **{
-                f"{name}_{when}": _num(pick(r, name))
+                f"{name}_{when}": pick(r, name)
                 for name in ("outlier_ratio", "max_median_ratio", "sink_rate_patch")
                 for when, r in (("before", before), ("after", after))
             },
-            "test_time_register_outlier_ratio": _num(pick(after, "outlier_ratio_registers")),
-            "patch_register_mass_after": _num(pick(after, "patch_register_mass")),
+            "test_time_register_outlier_ratio": pick(after, "outlier_ratio_registers"),
+            "patch_register_mass_after": pick(after, "patch_register_mass"),
         }
         files += before.files + after.files
-    path = folder / "analysis.json"
-    atomic_write_json(path, summary)
-    return [*files, path]
+    return [*files, atomic_write_json(folder / "analysis.json", summary)]
