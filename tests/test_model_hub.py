@@ -152,13 +152,12 @@ def test_a_saved_run_is_what_timm_and_vit5_read_from_the_hub(hf_cache, tmp_path)
     assert timm.data.resolve_model_data_config(via_timm)["input_size"] == (3, 32, 32)
 
 
-def test_run_dirs_written_before_the_hub_format_still_load(tmp_path):
+def test_a_config_json_without_the_hub_layout_is_one_clear_error(tmp_path):
     model = tiny()
     vit5.save_pretrained(model, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"config": model.cfg.to_dict(), "epoch": 1}))
-    x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(vit5.load_model(tmp_path)(x), model(x))
+    with pytest.raises(CheckpointError, match=r"config.json is corrupt or not a vit5 config .*architecture"):
+        vit5.load_model(tmp_path)
 
 
 def test_a_revision_pins_the_weights(hf_cache):

@@ -1,12 +1,5 @@
-"""What the tools need to know about a ViT, whatever its family: one description, one unwrap.
-
-Supported are vit5 :class:`~vit5.ViT5` models (tokens ``[CLS | patches | registers]``) and timm
-``VisionTransformer`` (DeiT-III, DINOv2, ``vit_*_reg4_*``) and ``Eva`` (RoPE, EVA02) models (tokens
-``[CLS | registers | patches]``). :func:`describe` reads depth, width, heads, patch size, prefix tokens,
-input size and normalisation from either; :func:`~vit5.model.vit.unwrap` peels torch.compile / DDP /
-Accelerate wrappers. Layer choices become block indices by the one index rule,
-:func:`vit5.model.take_indices`.
-"""
+"""What the tools need to know about a ViT, whatever its family: vit5 :class:`~vit5.ViT5` (tokens
+``[CLS | patches | registers]``) or timm ``VisionTransformer`` / ``Eva`` (``[CLS | registers | patches]``)."""
 
 from __future__ import annotations
 
@@ -50,8 +43,7 @@ class ModelInfo:
         return int(self.has_cls)
 
     def grid(self, image_hw: Sequence[int], fix: str = "use --size {h}x{w}") -> tuple[int, int]:
-        """The patch grid of ``image_hw``; an :class:`InputError` naming the fix when the model cannot
-        take that size (not a patch multiple, or not its only size)."""
+        """The patch grid of ``image_hw``; an :class:`InputError` naming the fix for a size it cannot take."""
         grid = grid_of(image_hw, self.patch_size, fix, InputError)
         if not self.dynamic_size and tuple(image_hw) != tuple(self.img_size):
             raise InputError(
@@ -62,8 +54,7 @@ class ModelInfo:
         return grid
 
     def layout(self, image_hw: Sequence[int]) -> TokenLayout:
-        """The token layout inside the blocks; test-time registers sit after everything else, so a model
-        without trained registers reads ``[CLS | patches | test-time registers]`` in either family."""
+        """The token layout inside the blocks; test-time registers (models without trained ones) come last."""
         grid = self.grid(image_hw)
         if self.test_registers:
             return TokenLayout(grid, self.num_cls, self.test_registers, registers_first=False)
@@ -77,43 +68,25 @@ def describe(model: nn.Module) -> ModelInfo:
 
     net = unwrap(model)
     if isinstance(net, ViT5):
-        cfg = net.cfg
-        return ModelInfo(
-            "vit5",
-            type(net).__name__,
-            cfg.depth,
-            cfg.embed_dim,
-            cfg.num_heads,
-            cfg.patch_size,
-            tuple(cfg.img_size),
-            True,
-            cfg.num_registers,
-            cfg.class_token,
-            False,
-            tuple(net.pretrained_cfg["mean"]),
-            tuple(net.pretrained_cfg["std"]),
-            getattr(net, TEST_REGISTERS_ATTR, 0),
-        )
-    if not isinstance(net, (VisionTransformer, Eva)):
-        raise InputError(f"cannot use a {type(net).__name__}: supported are {SUPPORTED}")
-    patch = tuple(net.patch_embed.patch_size)
-    if patch[0] != patch[1]:
-        raise InputError(f"non-square patches {patch} are not supported")
-    data_cfg = net.pretrained_cfg or {}
-    img_size = net.patch_embed.img_size or tuple(data_cfg.get("input_size", (3, 224, 224))[1:])
-    has_cls = net.cls_token is not None
+        cfg, data_cfg = net.cfg, net.pretrained_cfg
+        shape = (cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.patch_size, tuple(cfg.img_size), True)
+        tokens = ("vit5", cfg.num_registers, cfg.class_token, False)
+    else:
+        if not isinstance(net, (VisionTransformer, Eva)):
+            raise InputError(f"cannot use a {type(net).__name__}: supported are {SUPPORTED}")
+        patch = tuple(net.patch_embed.patch_size)
+        if patch[0] != patch[1]:
+            raise InputError(f"non-square patches {patch} are not supported")
+        data_cfg = net.pretrained_cfg or {}
+        img_size = net.patch_embed.img_size or tuple(data_cfg.get("input_size", (3, 224, 224))[1:])
+        heads, has_cls = net.blocks[0].attn.num_heads, net.cls_token is not None
+        shape = (len(net.blocks), net.embed_dim, heads, patch[0], tuple(img_size), bool(net.dynamic_img_size))
+        tokens = ("timm", net.num_prefix_tokens - int(has_cls), has_cls, True)
     return ModelInfo(
-        "timm",
+        tokens[0],
         type(net).__name__,
-        len(net.blocks),
-        net.embed_dim,
-        net.blocks[0].attn.num_heads,
-        patch[0],
-        tuple(img_size),
-        bool(net.dynamic_img_size),
-        net.num_prefix_tokens - int(has_cls),
-        has_cls,
-        True,
+        *shape,
+        *tokens[1:],
         tuple(data_cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
         tuple(data_cfg.get("std", IMAGENET_DEFAULT_STD)),
         getattr(net, TEST_REGISTERS_ATTR, 0),

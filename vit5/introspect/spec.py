@@ -1,28 +1,7 @@
-"""Model specs: one string names a model and its weights, for every command-line tool.
-
-Spec forms::
-
-    vit5_small                          a vit5 preset with its released weights (the 224 ones, from the Hub)
-    vit5_base_patch16_384.in1k          released weights by their timm name
-    vit5_small@weights.pth              a preset with weights (official ViT-5 .pth, timm or vit5 checkpoint)
-    runs/demo_digits/final              a vit5 checkpoint directory (config.json + model.safetensors)
-    runs/demo_digits                    a run directory: its final/ checkpoint, or its only one
-    vit5_small_patch16_224.pth          a checkpoint file; architecture inferred (vit5.load_model)
-    hf-hub:USER/REPO[@REVISION]         a vit5 model on the Hub (vit5.push_to_hub)
-    timm:vit_small_patch14_reg4_dinov2                   a timm model with timm's pretrained weights
-    timm:vit_small_patch14_dinov2.lvd142m                ... with the weights of that tag
-    timm:vit_small_patch14_reg4_dinov2@model.safetensors a timm model with a local checkpoint
-
-A name means its pretrained weights, as in timm; an untrained model only when asked for
-(``random_init=True``, the commands' ``--random-init``), and then its label says ``random-init``
-so every table and figure shows it. Downloads go through huggingface_hub (its cache,
-``HF_HUB_OFFLINE``; see :mod:`vit5.weights.hub`).
-
-``overrides`` are :class:`~vit5.ViT5Config` fields for vit5 models and ``timm.create_model``
-arguments for timm models. timm models are built with ``dynamic_img_size=True`` where they accept
-it (any patch-multiple input size), and their checkpoints go through the model's own
-``checkpoint_filter_fn`` (so Meta's DINOv2 ``.pth`` files load) and load strictly.
-"""
+"""Model specs: one string names a model and its weights, for every command-line tool (docs/model.md):
+a preset (its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint or run directory,
+a checkpoint file, ``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]`` or ``timm:NAME@CHECKPOINT``.
+A name means its pretrained weights, as in timm; an untrained model only when asked (``random_init``)."""
 
 from __future__ import annotations
 
@@ -48,7 +27,6 @@ from vit5.weights.registry import pretrained_overlay
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
-RANDOM_LABEL = "-random-init"
 Weights = Literal["raw", "ema", "random"]
 
 
@@ -96,70 +74,68 @@ def has_ema_weights(spec: str) -> bool:
 def load_spec(
     spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
 ) -> LoadedModel:
-    """Build the model a spec names (see the module docstring), in eval mode.
+    """Build the model a spec names, in eval mode; any failure is one :class:`InputError`.
 
-    ``random_init``: an untrained model of the named architecture (no download); an error for a
-    spec that names weights (a path, ``@CHECKPOINT``, a tag, ``hf-hub:``). ``overrides`` may hold
-    ``max_params``, the size limit of :func:`vit5.create_model` (vit5 models).
+    ``random_init``: an untrained model of the named architecture (an error for a spec that names weights).
+    ``overrides``: :class:`~vit5.ViT5Config` fields (and ``max_params``) or ``timm.create_model`` arguments.
     """
     overrides = dict(overrides or {})
     try:
-        with hub.local_path_form(_local_form(spec)):
-            return _load_spec(spec, overrides, use_ema, random_init)
+        if random_init:
+            model, label, description = _load_random(spec, overrides, use_ema)
+        elif spec.startswith(TIMM_PREFIX):
+            model, label, description = _load_timm(spec, overrides, use_ema)
+        else:
+            model, label, description = _load_vit5(spec, overrides, use_ema)
     except (CheckpointError, ConfigError) as err:
-        raise InputError(f"cannot load {spec}: {err}") from err
+        name = spec.partition("@")[0]  # how a spec names a local copy of the weights it would download
+        form = f"{name if name.startswith(TIMM_PREFIX) else name.partition('.')[0]}@PATH"
+        if spec.startswith(hub.HF_HUB_PREFIX):
+            form = "the model (the folder holding its config.json and weights)"
+        raise InputError(f"cannot load {spec}: {str(err).replace(hub.LOCAL_FORM, form)}") from err
+    from timm.data import resolve_model_data_config
+
+    data = resolve_model_data_config(model)
+    return LoadedModel(
+        model=model.eval(),
+        label=label + ("-ema" if use_ema else ""),
+        spec=spec,
+        weights="random" if random_init else "ema" if use_ema else "raw",
+        description=description,
+        input_size=tuple(data["input_size"][1:]),
+        mean=tuple(data["mean"]),
+        std=tuple(data["std"]),
+        crop_pct=float(data.get("crop_pct", 1.0)),
+        class_names=_label_names(model),
+    )
 
 
-def _local_form(spec: str) -> str:
-    """How a spec names a local copy of the weights it would download (for the hub's advice)."""
+def _load_vit5(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.Module, str, str]:
+    weights = "EMA weights" if use_ema else "weights"
     if spec.startswith(hub.HF_HUB_PREFIX):
-        return "the model (the folder holding its config.json and weights)"
-    name = spec.partition("@")[0]
-    return f"{name.partition('.')[0] if not name.startswith(TIMM_PREFIX) else name}@PATH"
-
-
-def _load_spec(spec: str, overrides: dict[str, Any], use_ema: bool, random_init: bool) -> LoadedModel:
-    """:func:`load_spec` without its error wrapping."""
-    if random_init:
-        return _load_random(spec, overrides, use_ema)
-    if spec.startswith(TIMM_PREFIX):
-        return _load_timm(spec, overrides, use_ema)
-    if spec.startswith(hub.HF_HUB_PREFIX):
-        model = load_model(spec, use_ema=use_ema, **overrides)
-        label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1] + ("-ema" if use_ema else "")
-        return _finish(
-            model,
-            label,
-            spec,
-            "ema" if use_ema else "raw",
-            f"vit5 model {spec} ({_weights_word(use_ema)})",
-        )
+        label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1]
+        return load_model(spec, use_ema=use_ema, **overrides), label, f"vit5 model {spec} ({weights})"
     name, _, weights_path = spec.partition("@")
     if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
-        weights = weights_path or _released(name)
-        model = create_model(name, pretrained=weights, use_ema=use_ema, **overrides)
+        release = hub.default_release(name)
+        if not weights_path and not hub.is_weights_name(name) and release is None:
+            raise InputError(
+                f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
+                "your own weights, or ask for an untrained model with --random-init"
+            )
+        pretrained = weights_path or (name if hub.is_weights_name(name) else release.name)
+        model = create_model(name, pretrained=pretrained, use_ema=use_ema, **overrides)
         arch = name.partition(".")[0]
-        label = arch + ("-ema" if use_ema else "")
-        return _finish(
-            model,
-            label,
-            spec,
-            "ema" if use_ema else "raw",
-            f"vit5 {arch}, {_weights_word(use_ema)} {weights}",
-        )
-    path = Path(spec)
-    if not path.exists():
+        return model, arch, f"vit5 {arch}, {weights} {pretrained}"
+    if not Path(spec).exists():
         _unknown(spec)
-    resolved = checkpoint_dir(path)
+    resolved = checkpoint_dir(Path(spec))
     model = load_model(resolved, use_ema=use_ema, **overrides)
-    label = _path_label(resolved) + ("-ema" if use_ema else "")
-    return _finish(
-        model,
-        label,
-        spec,
-        "ema" if use_ema else "raw",
-        f"vit5 checkpoint {resolved} ({_weights_word(use_ema)})",
-    )
+    path = Path(os.path.abspath(resolved))  # runs name their model folders generically: runs/demo/final
+    label = path.stem if path.is_file() else path.name
+    if path.is_dir() and (label in GENERIC_DIRS or label.startswith("checkpoint")):
+        label = f"{path.parent.name}-{label}"
+    return model, label, f"vit5 checkpoint {resolved} ({weights})"
 
 
 def _unknown(spec: str) -> None:
@@ -181,61 +157,40 @@ def names_weights(spec: str) -> bool:
 
 
 def is_bare_name(spec: str) -> bool:
-    """Whether ``spec`` names an architecture only (``vit5_tiny``, ``timm:vit_small_patch16_224``),
-    no weights: no path, ``@CHECKPOINT``, tag or ``hf-hub:``."""
+    """Whether ``spec`` names an architecture only (``vit5_tiny``, ``timm:vit_small_patch16_224``)."""
     if spec.startswith(TIMM_PREFIX):
-        name = spec[len(TIMM_PREFIX) :]
-        return "@" not in name and "." not in name
+        return "@" not in spec and "." not in spec
     return spec in PRESETS and not Path(spec).exists()
 
 
 def random_init_flags(specs: Sequence[str], random_init: bool) -> list[bool]:
-    """Which of a command's models ``--random-init`` builds untrained: its bare architecture names
-    (checkpoints among them load as usual, so one command can compare trained and untrained)."""
-    flags = [random_init and is_bare_name(spec) for spec in specs]
-    if random_init and all(
-        names_weights(spec) for spec in specs
-    ):  # (a misspelt name is reported when loaded)
+    """Which of a command's models ``--random-init`` builds untrained: its bare architecture names (the
+    others load as usual, so one command compares trained and untrained; a misspelt name fails to load)."""
+    if random_init and all(names_weights(spec) for spec in specs):
         raise InputError(
             f"--random-init builds bare architecture names untrained (vit5_tiny, {TIMM_PREFIX}NAME), but "
             f"{', '.join(specs)} {'names' if len(specs) == 1 else 'name'} weights: drop --random-init"
         )
-    return flags
+    return [random_init and is_bare_name(spec) for spec in specs]
 
 
-def _released(name: str) -> str:
-    """The released weights a bare preset name means; without any, say how to get a model anyway."""
-    if hub.is_weights_name(name):
-        return name
-    release = hub.default_release(name)
-    if release is None:
-        raise InputError(
-            f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
-            "your own weights, or ask for an untrained model with --random-init"
-        )
-    return release.name
-
-
-def _load_random(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedModel:
+def _load_random(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.Module, str, str]:
     """An untrained model of the architecture ``spec`` names, labelled as such everywhere."""
-    timm_model = spec.startswith(TIMM_PREFIX)
-    name = spec[len(TIMM_PREFIX) :] if timm_model else spec
-    if not names_weights(spec) and not is_bare_name(spec):
-        _unknown(spec)
     if names_weights(spec):
         raise InputError(
             f"--random-init asks for an untrained model, but {spec} names weights: give a bare "
             f"architecture (a vit5 preset, or {TIMM_PREFIX}NAME), or drop --random-init"
         )
+    if not is_bare_name(spec):
+        _unknown(spec)
     if use_ema:
         raise InputError(f"{spec} with --random-init has no EMA weights: drop the EMA option")
-    if timm_model:
-        model, kind = _create_timm(name, overrides, pretrained=False), "timm"
+    if spec.startswith(TIMM_PREFIX):
+        name, kind = spec[len(TIMM_PREFIX) :], "timm"
+        model = _create_timm(name, overrides, pretrained=False)
     else:
-        model, kind = create_model(name, **overrides), "vit5 preset"
-    return _finish(
-        model, name + RANDOM_LABEL, spec, "random", f"{kind} {name}, RANDOM INIT (--random-init: no weights)"
-    )
+        name, kind, model = spec, "vit5 preset", create_model(spec, **overrides)
+    return model, name + "-random-init", f"{kind} {name}, RANDOM INIT (--random-init: no weights)"
 
 
 def distinct_labels(models: list[LoadedModel]) -> list[LoadedModel]:
@@ -248,20 +203,7 @@ def distinct_labels(models: list[LoadedModel]) -> list[LoadedModel]:
     return models
 
 
-def _weights_word(use_ema: bool) -> str:
-    return "EMA weights" if use_ema else "weights"
-
-
-def _path_label(path: Path) -> str:
-    """``runs/demo/final`` -> ``demo-final``: training runs name their model folders generically."""
-    path = Path(os.path.abspath(path))
-    if path.is_file():
-        return path.stem
-    generic = path.name in GENERIC_DIRS or path.name.startswith("checkpoint")
-    return f"{path.parent.name}-{path.name}" if generic else path.name
-
-
-def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedModel:
+def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.Module, str, str]:
     from timm.models import load_checkpoint
 
     name, _, weights_path = spec[len(TIMM_PREFIX) :].partition("@")
@@ -278,25 +220,19 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> LoadedMod
             raise InputError(
                 f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}"
             ) from err
-        source = f"{_weights_word(use_ema)} {weights_path}"
+        source = f"{'EMA weights' if use_ema else 'weights'} {weights_path}"
     else:
         cfg = model.pretrained_cfg
         source = f"pretrained weights {cfg.get('architecture', name)}.{cfg.get('tag') or ''}"
-    arch = name.partition(".")[0]
-    return _finish(
-        model, arch + ("-ema" if use_ema else ""), spec, "ema" if use_ema else "raw", f"timm {name}, {source}"
-    )
+    return model, name.partition(".")[0], f"timm {name}, {source}"
 
 
 def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.Module:
-    """``timm.create_model`` with ``dynamic_img_size=True`` where the family takes it; hub errors
-    explained."""
+    """``timm.create_model`` with ``dynamic_img_size=True`` where the family takes it, the pretrained weights
+    through vit5's download (cache first) and reader."""
     import timm
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
-    overrides = {
-        k: v for k, v in overrides.items() if k != "max_params"
-    }  # vit5's size limit; timm names its own
+    overrides = {k: v for k, v in overrides.items() if k != "max_params"}  # vit5's size limit
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         raise InputError(f"timm has no model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
@@ -306,7 +242,7 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
             f"{', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
             "add @CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
         )
-    if pretrained:  # the weights through vit5's download (cache first) and reader, not timm's
+    if pretrained:
         overlay = pretrained_overlay(
             timm.models.get_pretrained_cfg(name), overrides.get("pretrained_cfg_overlay")
         )
@@ -318,41 +254,12 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
             return timm.create_model(name, pretrained=pretrained, **overrides)
     except TypeError as err:
         raise InputError(f"cannot build timm model {name} with {overrides}: {err}") from err
-    except (EntryNotFoundError, HfHubHTTPError):
-        cfg = timm.models.get_pretrained_cfg(name)
-        repo, revision = hub.split_revision(cfg.hf_hub_id or "")
-        with hub.clear_hub_errors(repo, cfg.hf_hub_filename or "model.safetensors", revision):
-            raise
-
-
-def _finish(model: nn.Module, label: str, spec: str, kind: Weights, description: str) -> LoadedModel:
-    from timm.data import resolve_model_data_config
-
-    data = resolve_model_data_config(model)
-    return LoadedModel(
-        model=model.eval(),
-        label=label,
-        spec=spec,
-        weights=kind,
-        description=description,
-        input_size=tuple(data["input_size"][1:]),
-        mean=tuple(data["mean"]),
-        std=tuple(data["std"]),
-        crop_pct=float(data.get("crop_pct", 1.0)),
-        class_names=_label_names(model),
-    )
 
 
 def _label_names(model: nn.Module) -> tuple[str, ...] | None:
-    """timm's ``pretrained_cfg["label_names"]`` (vit5 checkpoints and hub models record them), when
-    it names every output; a list or an ``{index: name}`` mapping."""
+    """``pretrained_cfg["label_names"]`` (a list or an ``{index: name}`` mapping) if it names every output."""
     names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
     if isinstance(names, Mapping):
         names = [names.get(i, names.get(str(i))) for i in range(len(names))]
-    if (
-        not names
-        or len(names) != getattr(model, "num_classes", None)
-        or not all(isinstance(n, str) for n in names)
-    ):
-        return None
-    return tuple(names)
+    named = bool(names) and len(names) == getattr(model, "num_classes", None)
+    return tuple(names) if named and all(isinstance(n, str) for n in names) else None

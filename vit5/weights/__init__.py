@@ -1,5 +1,5 @@
-"""Weights in and out: checkpoint read/write, the model factories, converters of the official and timm
-formats, the Hugging Face Hub, the timm registry entries and export (ONNX, torch.export)."""
+"""Weights in and out: checkpoints, the model factories, converters of the official and timm formats, the
+Hugging Face Hub, the timm registry entries and export (ONNX, torch.export)."""
 
 from vit5.weights.checkpoint import (
     Checkpoint,
@@ -8,7 +8,7 @@ from vit5.weights.checkpoint import (
     read_checkpoint,
     save_pretrained,
 )
-from vit5.weights.convert import CheckpointError, detect_source, infer_config
+from vit5.weights.convert import CheckpointError
 from vit5.weights.factory import create_model, load_model
 from vit5.weights.hub import push_to_hub
 
@@ -17,8 +17,6 @@ __all__ = [
     "CheckpointError",
     "LoadReport",
     "create_model",
-    "detect_source",
-    "infer_config",
     "load_model",
     "load_weights",
     "push_to_hub",

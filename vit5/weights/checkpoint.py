@@ -1,31 +1,13 @@
-"""Saving and loading weights: our directory format, official ViT-5 ``.pth`` and timm checkpoints.
-
-Our format is a directory with ``model.safetensors`` (optionally ``model_ema.safetensors``) and a
-``config.json`` that timm's ``hf-hub:`` / ``local-dir:`` loader reads as it is: ``architecture``
-(the closest preset), ``num_classes``, ``model_args`` (the full :class:`ViT5Config`) and
-``pretrained_cfg`` (the data config). Directories written before that (``{"config": ...}``) still
-load. Pickled ``.pth`` files are read with ``torch.load(weights_only=True)``: no pickled code ever
-runs. Sizes are checked before anything is allocated: a safetensors header (its 8-byte length and
-JSON) is read and every tensor's dtype, shape and offsets checked against the file and against the
-model its ``config.json`` describes (or the parameter limit) before safetensors maps the file; a
-``.pth`` zip directory is read first, and compressed entries (which ``torch.save`` never writes, and
-which DEFLATE lets expand a thousandfold) or storages beyond the file or the limit are refused.
-Loading is always strict: keys or shapes that do not fit raise :class:`CheckpointError`
-listing the missing, unexpected and mismatched keys. The only deliberate exceptions are reported
-in a :class:`LoadReport`: a head reset for a new number of classes, and a position embedding
-resampled to a new grid.
-
-Weights are named by a path, by a released name (``vit5_small_patch16_224.in1k``, see
-:mod:`vit5.weights.hub`) or by ``hf-hub:USER/REPO[@REVISION]``; the last two download through
-huggingface_hub. :func:`push_to_hub` uploads a model in the format ``hf-hub:`` reads back.
-"""
+"""Saving and loading weights: our hub-ready directory (``config.json`` + ``model.safetensors``), official
+ViT-5 ``.pth`` and timm checkpoints. Sizes are checked from the file's header or zip directory before
+anything is allocated; ``.pth`` files load with ``torch.load(weights_only=True)``; every load is strict
+except what a :class:`LoadReport` states (a head reset, a resampled position embedding)."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
-import logging
 import math
 import os
 import pickle
@@ -49,31 +31,13 @@ from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
 from vit5.model.presets import PRESETS, closest_preset, preset_config
 from vit5.model.vit import ViT5, default_pretrained_cfg
 from vit5.weights import hub
-from vit5.weights.convert import (
-    CheckpointError,
-    HeadMismatchError,
-    Source,
-    convert,
-    detect_source,
-)
-
-logger = logging.getLogger("vit5")
+from vit5.weights.convert import CheckpointError, HeadMismatchError, Source, convert, detect_source
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 HEAD_KEYS = ("head.weight", "head.bias")
-FIRST_CONV_KEY = "patch_embed.proj.weight"
-HUB_CONFIG_KEYS = (
-    "architecture",
-    "num_classes",
-    "num_features",
-    "global_pool",
-    "model_args",
-    "pretrained_cfg",
-    "label_names",
-    "class_names",
-)
+ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")  # stored, verified, rebuilt at run time: not parameters
 Pretrained = str | os.PathLike | bool | None
 
 
@@ -83,7 +47,7 @@ class Checkpoint:
 
     state_dict: dict[str, torch.Tensor]
     source: Source
-    config: dict[str, Any] | None = None  # only our format stores the config
+    config: ViT5Config | None = None  # only our format stores the config
     path: str = ""
     class_names: list[str] | None = None  # our format: config.json's label_names (what each output means)
 
@@ -108,24 +72,14 @@ class LoadReport:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------- save
 def save_pretrained(
     model: ViT5,
     directory: str | os.PathLike,
     ema_state_dict: dict[str, torch.Tensor] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``), each file atomically.
-
-    The directory is hub-ready: uploaded as it is (:func:`push_to_hub`), both
-    ``vit5.load_model("hf-hub:USER/REPO")`` and ``timm.create_model("hf-hub:USER/REPO",
-    pretrained=True)`` (after ``import vit5``) rebuild the model. ``extra`` adds top-level keys.
-    A model fused by :func:`vit5.fuse_for_inference` is refused: its tensors no longer follow the
-    layout its config describes (gains folded into weights, LayerScale and norm gains gone).
-
-    Raises:
-        StorageError: the folder cannot be written (disk full, read-only, ...), naming the file.
-    """
+    """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically, in the layout
+    that ``vit5.load_model`` and timm's ``hf-hub:`` / ``local-dir:`` read; ``extra`` adds top-level keys."""
     if getattr(model, "fused_for_inference", False):
         raise CheckpointError(
             "this model was fused for inference (vit5.fuse_for_inference) and its weights no longer "
@@ -145,11 +99,8 @@ def save_pretrained(
 
 
 def hub_config(model: ViT5) -> dict[str, Any]:
-    """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``).
-
-    ``model_args`` holds every :class:`ViT5Config` field, so the model rebuilds exactly whatever
-    ``architecture`` is named (timm passes ``model_args`` to the preset's entry point).
-    """
+    """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``); ``model_args``
+    holds every :class:`ViT5Config` field, so the model rebuilds exactly."""
     cfg = model.cfg
     config: dict[str, Any] = {
         "architecture": closest_preset(cfg),
@@ -177,20 +128,17 @@ def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
     )
 
 
-# ---------------------------------------------------------------------------------- read
 def read_checkpoint(
     path: str | os.PathLike,
     use_ema: bool = False,
     source: Source | None = None,
     max_params: float = DEFAULT_MAX_PARAMS,
 ) -> Checkpoint:
-    """Read weights from our directory (or a training run's: its ``final/``), a ``.safetensors`` file, or a
-    ``.pth`` (official / timm).
+    """Read our directory (or a run directory's ``final/``), a ``.safetensors`` file or a ``.pth``.
 
-    Nothing is allocated for a file that declares more than it can hold: a directory's weights must
-    be the model its ``config.json`` describes (at most ``max_params`` parameters), a
-    ``.safetensors`` file at most ``max_params`` values, a ``.pth`` at most ``16 * max_params`` bytes
-    (weights, their EMA and AdamW's two moments in fp32).
+    Nothing is allocated for a file that declares more than it may hold: a directory's weights must be the
+    model its ``config.json`` describes (at most ``max_params``), a ``.safetensors`` file at most
+    ``max_params`` values, a ``.pth`` at most ``16 * max_params`` bytes (weights, EMA, AdamW's moments).
     """
     path = Path(path)
     if not path.exists():
@@ -205,24 +153,18 @@ def read_checkpoint(
                 f"{path} declares {values:,} values, more than the limit of {max_params:,.0f} parameters: "
                 "not loaded (pass max_params= to allow a larger model)"
             )
-        try:
-            sd = load_file(str(path))
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{path} is not a readable safetensors file ({err})") from err
-        return Checkpoint(sd, source or detect_source(sd), path=str(path))
-    sd = _unwrap(_torch_load(path, max_bytes=int(16 * max_params)), use_ema, path)
+        sd = _load_safetensors(path, "is not a readable safetensors file")
+    else:
+        sd = _unwrap(safe_torch_load(path, hint=_RESAVE_HINT, max_bytes=int(16 * max_params)), use_ema, path)
     return Checkpoint(sd, source or detect_source(sd), path=str(path))
 
 
 def checkpoint_dir(path: Path) -> Path:
     """``path`` itself, or the checkpoint directory of a run directory (``final/``, else its only one)."""
-    if not path.is_dir() or (path / "config.json").exists():
+    if not path.is_dir() or (path / CONFIG_NAME).exists():
         return path
-    found = sorted(
-        d for d in path.iterdir() if (d / "config.json").is_file() and (d / WEIGHTS_NAME).is_file()
-    )
-    names = [d.name for d in found]
-    if "final" in names:
+    found = sorted(d for d in path.iterdir() if (d / CONFIG_NAME).is_file() and (d / WEIGHTS_NAME).is_file())
+    if path / "final" in found:
         return path / "final"
     if len(found) > 1:
         raise InputError(
@@ -231,7 +173,16 @@ def checkpoint_dir(path: Path) -> Path:
     return found[0] if found else path  # none: _read_directory explains what a checkpoint directory needs
 
 
-def _read_directory(path: Path, use_ema: bool, max_params: float = DEFAULT_MAX_PARAMS) -> Checkpoint:
+def _load_safetensors(path: Path, problem: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path} {problem} ({err})") from err
+
+
+def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
+    """Our directory; its config must be a vit5 model of at most ``max_params`` parameters, and exactly the
+    model its weights file's header declares (a config edited or mixed up with another run is refused)."""
     config_file, weights = path / CONFIG_NAME, path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME)
     if not config_file.exists() or not weights.exists():
         raise CheckpointError(
@@ -240,87 +191,45 @@ def _read_directory(path: Path, use_ema: bool, max_params: float = DEFAULT_MAX_P
         )
     try:
         data = json.loads(config_file.read_text())
-        config = vit5_config(data)
+        fields = vit5_config(data)
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})"
         ) from err
-    _check_weights_fit_config(weights, config_file, config, max_params)
     try:
-        sd = load_file(str(weights))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{weights} is corrupt or truncated ({err})") from err
-    return Checkpoint(sd, "vit5", config=config, path=str(path), class_names=_label_names(data, config_file))
-
-
-def _label_names(data: dict[str, Any], config_file: Path) -> list[str] | None:
-    """The class names of a ``config.json``: timm's top-level ``label_names`` (older vit5 runs:
-    ``class_names``), or None when it records none."""
-    names = data.get("label_names", data.get("class_names"))
-    if names is None:
-        return None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise CheckpointError(
-            f"{config_file}: label_names must be a list of class names, not {shorten(names)}"
-        )
-    return names
-
-
-def _check_weights_fit_config(weights: Path, config_file: Path, config: Any, max_params: float) -> None:
-    """The model ``config_file`` describes is within ``max_params`` and is what the weights file's
-    header declares, before either is allocated: the weights were saved from this very config, so a
-    config edited (or mixed up) to describe another model, or a file claiming other tensors, is
-    refused here."""
-    try:
-        stored = ViT5Config.from_dict(config)
+        config = ViT5Config.from_dict(fields)
     except ConfigError as err:
         raise ConfigError(f"{config_file}: {err}") from err
-    check_size(stored, max_params, source=str(config_file))
-    declared = safetensors_header(weights)
-    described = parameter_count(stored)
-    held = sum(n for k, n in declared.items() if not k.endswith(ROPE_BUFFERS))
+    check_size(config, max_params, source=str(config_file))
+    described = parameter_count(config)
+    held = sum(n for k, n in safetensors_header(weights).items() if not k.endswith(ROPE_BUFFERS))
     if described != held:
         raise ConfigError(
             f"{config_file} describes a model of {described:,} parameters, but {weights.name} holds "
             f"{held:,}: the config does not belong to these weights (edited, or copied from another run)"
         )
+    names = data.get("label_names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise CheckpointError(
+            f"{config_file}: label_names must be a list of class names, not {shorten(names)}"
+        )
+    sd = _load_safetensors(weights, "is corrupt or truncated")
+    return Checkpoint(sd, "vit5", config=config, path=str(path), class_names=names)
 
 
-ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")  # stored, verified, rebuilt at run time: not parameters
-SAFETENSORS_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
-_SAFETENSORS_ITEMSIZE = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "C64": 8,
+_ITEMSIZE = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 2),
+    **dict.fromkeys(("I32", "U32", "F32"), 4),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
 }
 
 
 def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
     """The number of values of each tensor of a safetensors file, read from its header alone.
 
-    The format (huggingface.co/docs/safetensors, "Format"): an 8-byte little-endian header length,
-    a JSON header mapping names to ``dtype``, ``shape`` and ``data_offsets`` (relative to the end of
-    the header), then the data. Every entry is checked against the file (a known dtype, a shape of
-    non-negative integers, offsets whose span is exactly shape x itemsize, inside the file, not
-    overlapping) before safetensors maps it: a file declaring more than it holds (a sparse file,
-    a crafted header) is refused without allocating anything.
-
-    Raises:
-        CheckpointError: naming the file and the first entry that does not fit.
+    Format: huggingface.co/docs/safetensors ("Format"). Every entry's dtype, shape and offsets are checked
+    against the file (span = shape x itemsize, inside the data, no overlaps) before safetensors maps it.
     """
     path = Path(path)
     unreadable = f"{path} is corrupt or truncated (not a readable safetensors file)"
@@ -329,7 +238,7 @@ def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
             size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-            if not 0 < length <= min(SAFETENSORS_MAX_HEADER, size - 8):
+            if not 0 < length <= min(100_000_000, size - 8):  # safetensors' own header limit
                 raise CheckpointError(
                     f"{unreadable}: it declares a header of {length:,} bytes in a file of {size:,}"
                 )
@@ -340,12 +249,11 @@ def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
         raise CheckpointError(f"{unreadable}: its header is not JSON ({err})") from err
     if not isinstance(header, dict):
         raise CheckpointError(f"{unreadable}: its header is not a JSON object")
-    data_size = size - 8 - length
     counts, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        problem = _entry_problem(entry, data_size)
+        problem = _entry_problem(entry, size - 8 - length)
         if problem:
             raise CheckpointError(f"{path}: tensor {name!r} {problem}: corrupt or crafted file, not loaded")
         counts[name] = math.prod(entry["shape"])
@@ -364,20 +272,16 @@ def _entry_problem(entry: Any, data_size: int) -> str:
     if not isinstance(entry, dict):
         return "is not described by an object"
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in _SAFETENSORS_ITEMSIZE:
+    if dtype not in _ITEMSIZE:
         return f"has an unsupported dtype {dtype!r}"
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         return f"has shape {shape!r}, not a list of non-negative integers"
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(type(o) is int for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)) or not (
+        0 <= offsets[0] <= offsets[1]
     ):
         return f"has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end"
-    nbytes = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
-    if offsets[1] - offsets[0] != nbytes:
-        span = offsets[1] - offsets[0]
+    nbytes, span = math.prod(shape) * _ITEMSIZE[dtype], offsets[1] - offsets[0]
+    if span != nbytes:
         return f"of shape {shape} ({dtype}) needs {nbytes:,} bytes but its offsets span {span:,}"
     if offsets[1] > data_size:
         return f"ends at byte {offsets[1]:,} of the data, but the file holds {data_size:,}"
@@ -385,44 +289,31 @@ def _entry_problem(entry: Any, data_size: int) -> str:
 
 
 def vit5_config(data: Any) -> Any:
-    """The :class:`ViT5Config` fields of a ``config.json``, not yet validated (the caller validates
-    them and names the file): hub-ready (``architecture`` + ``model_args`` over that preset, as timm
-    reads it) or older (``config``); anything else raises a ``ValueError`` naming what it is."""
-    if isinstance(data, dict) and data.get("architecture") in PRESETS:
+    """The :class:`ViT5Config` fields of a hub-ready ``config.json`` (``architecture`` + ``model_args`` over
+    that preset, as timm reads it), not yet validated; anything else is a ``ValueError`` saying what it is."""
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a {type(data).__name__}, not an object")
+    if data.get("architecture") in PRESETS:
         args = data.get("model_args", {})
         if not isinstance(args, dict):
             return args  # ViT5Config.from_dict says what it is instead of a mapping
         top = {"num_classes": data["num_classes"]} if "num_classes" in data else {}
         return {**preset_config(data["architecture"]).to_dict(), **top, **args}
-    if isinstance(data, dict) and "config" in data:
-        return data["config"]
-    raise ValueError(describe_config(data))
-
-
-def describe_config(data: Any) -> str:
-    """What a ``config.json`` that is not a vit5 model describes, in words."""
-    if not isinstance(data, dict):
-        return f"it holds a {type(data).__name__}, not an object"
     if "architecture" in data:
-        return (
+        raise ValueError(
             f"it describes the timm model {data['architecture']!r}, not a vit5 model: load it with "
             "timm.create_model('hf-hub:...' or 'local-dir:...', pretrained=True)"
         )
     if "model_type" in data or "architectures" in data:
         kind = ", ".join(data.get("architectures") or []) or "model"
-        return (
+        raise ValueError(
             f"it describes a Hugging Face transformers {kind} (model_type {data.get('model_type')!r}), "
             "not a vit5 / timm model"
         )
-    return (
+    raise ValueError(
         "it has none of the keys of a vit5 or timm config (architecture, model_args); "
         f"its keys: {sorted(data)[:10]}"
     )
-
-
-def _torch_load(path: Path, max_bytes: int | None = None) -> Any:
-    # The official training script stores its argparse.Namespace; it is plain data, so allow it.
-    return safe_torch_load(path, allowed=(argparse.Namespace,), hint=_RESAVE_HINT, max_bytes=max_bytes)
 
 
 _RESAVE_HINT = (
@@ -434,26 +325,15 @@ _BLOCKED_OTHER = re.compile(r"WeightsUnpickler error: \s*(.+?)\s*(?:\n|$)")
 
 
 def safe_torch_load(
-    source: str | os.PathLike | bytes,
-    allowed: tuple[Any, ...] = (),
-    hint: str = "",
-    name: str = "",
-    max_bytes: int | None = None,
+    source: str | os.PathLike | bytes, hint: str = "", name: str = "", max_bytes: int | None = None
 ) -> Any:
-    """``torch.load(weights_only=True)`` of a file (or its bytes): tensors and plain containers only,
-    plus the explicitly ``allowed`` globals. No pickled code ever runs.
-
-    Before ``torch.load`` allocates anything, the zip directory is read (:func:`check_torch_zip`):
-    compressed entries and storages beyond the file or ``max_bytes`` in all are refused.
-
-    Raises:
-        CheckpointError: naming the file and, for a refused pickle, what was blocked (e.g. the global
-            ``posix.system``), or why the file is unreadable or too large.
-    """
+    """``torch.load(weights_only=True)`` of a file or its bytes, its zip directory checked first
+    (:func:`check_torch_zip`): tensors, plain containers and ``argparse.Namespace`` (the official training
+    script stores one) only; no pickled code ever runs. Every failure is one :class:`CheckpointError`."""
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
     check_torch_zip(source, label, max_bytes)
     try:
-        with torch.serialization.safe_globals(list(allowed)):
+        with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(
                 io.BytesIO(source) if isinstance(source, bytes) else source,
                 map_location="cpu",
@@ -467,35 +347,24 @@ def safe_torch_load(
             detail = other.group(1) if other else text.splitlines()[0]
             raise CheckpointError(
                 f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by "
-                "torch.save: "
-                f"{detail})"
+                f"torch.save: {detail})"
             ) from err
         what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
         message = (
-            f"{label} contains {what}, which vit5 refuses to execute "
-            f"(torch.load with weights_only=True). {hint}"
+            f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). "
         )
-        raise CheckpointError(message.rstrip()) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError((message + hint).rstrip()) from err
+    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
         raise CheckpointError(
-            f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: {err})"
-        ) from err
-    except Exception as err:  # a damaged file fails in other ways too (struct, zip): one message for all
-        raise CheckpointError(
-            f"{label} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})"
+            f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: "
+            f"{type(err).__name__}: {err})"
         ) from err
 
 
 def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: int | None = None) -> None:
-    """Refuse a ``torch.save`` zip whose directory declares more than it can hold, reading only the
-    directory: a compressed entry (``torch.save`` stores every record uncompressed; DEFLATE lets a
-    973 KB file expand to a gigabyte), an entry that reaches beyond the file, or records of more
-    than ``max_bytes`` in all. Files that are not zips (torch's legacy format) are left to
-    ``torch.load``.
-
-    Raises:
-        CheckpointError: naming the file, the entry and the fix.
-    """
+    """Refuse a ``torch.save`` zip from its directory alone: a compressed entry (``torch.save`` never writes
+    one; DEFLATE lets 1 MB expand to 1 GB), an entry beyond the end of the file, or more than ``max_bytes``
+    of records. Non-zip files (torch's legacy format) are left to ``torch.load``."""
     try:
         size = len(source) if isinstance(source, bytes) else os.path.getsize(source)
         with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
@@ -510,14 +379,13 @@ def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: in
             f"{worst.compress_size:,} bytes expanding to {worst.file_size:,}), which torch.save never "
             "writes: not loaded (a decompression bomb, or a re-zipped file: re-save it with torch.save)"
         )
-    total = 0
     for info in entries:
         if info.header_offset + info.file_size > size:
             raise CheckpointError(
                 f"{label}: entry {info.filename} declares {info.file_size:,} bytes beyond the end of the "
                 f"file ({size:,} bytes): corrupt, truncated or crafted, not loaded"
             )
-        total += info.file_size
+    total = sum(info.file_size for info in entries)
     if max_bytes is not None and total > max_bytes:
         raise CheckpointError(
             f"{label} holds {total:,} bytes of tensors, more than the limit of {max_bytes:,} (16 bytes per "
@@ -525,16 +393,15 @@ def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: in
         )
 
 
-def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:
+def _unwrap(obj: Any, use_ema: bool, path: Path | str) -> dict[str, torch.Tensor]:
+    """The state dict in a training checkpoint (``model`` / ``state_dict`` / EMA), ``module.`` stripped."""
     if isinstance(obj, dict) and not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        order = ("model_ema", "state_dict_ema") if use_ema else ("model", "state_dict", "module")
-        for key in order:
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
-        else:
+        keys = ("model_ema", "state_dict_ema") if use_ema else ("model", "state_dict", "module")
+        found = next((obj[k] for k in keys if isinstance(obj.get(k), dict)), None)
+        if found is None:
             wanted = "EMA weights ('model_ema')" if use_ema else "a state dict ('model' or 'state_dict')"
             raise CheckpointError(f"{path} holds no {wanted}; its top-level keys are {sorted(obj)[:10]}")
+        obj = found
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a state dict of tensors")
     if all(k.startswith("module.") for k in obj):
@@ -542,81 +409,66 @@ def _unwrap(obj: Any, use_ema: bool, path: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
-# ---------------------------------------------------------------------------------- load
 def load_weights(model: ViT5, ckpt: Checkpoint, ignore_head: bool = False) -> LoadReport:
     """Load ``ckpt`` into ``model`` strictly; resample the APE; reset the head only if ``ignore_head``."""
     report = LoadReport(source=ckpt.source, path=ckpt.path)
-    converted = convert(ckpt.state_dict, ckpt.source, model.cfg)
-    report.dropped = [k for k in ckpt.state_dict if k.endswith("rope.freqs") or k.endswith("rope_reg.freqs")]
-    expected = model.state_dict()
-    if ignore_head:
-        for key in HEAD_KEYS:
-            if key in expected and (key not in converted or converted[key].shape != expected[key].shape):
-                converted[key] = expected[key]
-                report.reset.append(key)
-    _resample_pos_embed(converted, model, ckpt, report)
+    report.dropped = [k for k in ckpt.state_dict if k.endswith(ROPE_BUFFERS)]
+    converted, expected = _converted(ckpt, model, report), model.state_dict()
+    for key in HEAD_KEYS if ignore_head else ():
+        if key in expected and (key not in converted or converted[key].shape != expected[key].shape):
+            converted[key] = expected[key]
+            report.reset.append(key)
     _check_fit(converted, expected, ckpt)
     model.load_state_dict(converted, strict=True)
     return report
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Any], model: ViT5) -> dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``: an official, timm or vit5 state dict (or a training
-    checkpoint holding one under ``model`` / ``state_dict``) in this model's names, APE resampled.
-
-    The official converter is strict (RoPE buffers verified against this model's frequencies);
-    every key must fit, except what timm adapts next: the head for a new ``num_classes`` and
-    the first conv for a new ``in_chans``.
-    """
-    sd = _unwrap(state_dict, use_ema=False, path=Path("the pretrained checkpoint"))
+    """timm's ``pretrained_filter_fn``: an official, timm or vit5 state dict (or a training checkpoint) in
+    this model's names, APE resampled, strictly checked except the head and first conv timm adapts next."""
+    sd = _unwrap(state_dict, use_ema=False, path="the pretrained checkpoint")
     ckpt = Checkpoint(sd, detect_source(sd), path="the pretrained checkpoint")
-    converted = convert(sd, ckpt.source, model.cfg)
-    _resample_pos_embed(converted, model, ckpt, LoadReport(source=ckpt.source))
-    _check_fit(converted, model.state_dict(), ckpt, adaptable=(*HEAD_KEYS, FIRST_CONV_KEY))
+    converted = _converted(ckpt, model, LoadReport(source=ckpt.source))
+    _check_fit(converted, model.state_dict(), ckpt, adaptable=(*HEAD_KEYS, "patch_embed.proj.weight"))
     return converted
 
 
-def _resample_pos_embed(sd: dict, model: ViT5, ckpt: Checkpoint, report: LoadReport) -> None:
+def _converted(ckpt: Checkpoint, model: ViT5, report: LoadReport) -> dict[str, torch.Tensor]:
+    """``ckpt`` in this model's names, its APE resampled (bicubic) to the model's grid."""
+    sd = convert(ckpt.state_dict, ckpt.source, model.cfg)
     pos = sd.get("pos_embed")
     if pos is None or model.pos_embed is None or pos.shape == model.pos_embed.shape:
-        return
-    if ckpt.config is not None:
-        old_grid = ViT5Config.from_dict(ckpt.config).grid_size
-    else:
-        side = math.isqrt(pos.shape[1])
-        if side * side != pos.shape[1]:
-            raise CheckpointError(f"pos_embed of {pos.shape[1]} rows in {ckpt.path} is not a square grid")
-        old_grid = (side, side)
-    if pos.shape[-1] != model.pos_embed.shape[-1]:
-        return  # a width mismatch is reported by _check_fit
-    new_grid = model.cfg.grid_size
-    sd["pos_embed"] = resample_pos_embed(pos, old_grid, new_grid)
-    report.resampled.append(f"pos_embed {old_grid[0]}x{old_grid[1]} -> {new_grid[0]}x{new_grid[1]} (bicubic)")
+        return sd
+    side = math.isqrt(pos.shape[1])
+    old_grid = ckpt.config.grid_size if ckpt.config is not None else (side, side)
+    if ckpt.config is None and side * side != pos.shape[1]:
+        raise CheckpointError(f"pos_embed of {pos.shape[1]} rows in {ckpt.path} is not a square grid")
+    if pos.shape[-1] == model.pos_embed.shape[-1]:  # a width mismatch is reported by _check_fit
+        new_grid = model.cfg.grid_size
+        sd["pos_embed"] = resample_pos_embed(pos, old_grid, new_grid)
+        report.resampled.append(
+            f"pos_embed {old_grid[0]}x{old_grid[1]} -> {new_grid[0]}x{new_grid[1]} (bicubic)"
+        )
+    return sd
 
 
 def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str, ...] = ()) -> None:
-    """Raise unless ``sd`` has exactly the keys and shapes of ``expected`` (``adaptable`` keys may differ in
-    shape)."""
+    """Raise unless ``sd`` has exactly the keys and shapes of ``expected`` (``adaptable`` keys may differ)."""
     missing = [k for k in expected if k not in sd and k not in adaptable]
     unexpected = [k for k in sd if k not in expected and k not in adaptable]
     mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape and k not in adaptable]
     if not (missing or unexpected or mismatched):
         return
     lines = [f"checkpoint {ckpt.path} ({ckpt.source} format) does not fit the model:"]
-    if missing:
-        lines.append(
-            f"  missing ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}"
-        )
-    if unexpected:
-        lines.append(
-            f"  unexpected ({len(unexpected)}): "
-            f"{', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}"
-        )
-    for k in mismatched[:12]:
-        lines.append(
-            f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}"
-        )
-    if any(k in HEAD_KEYS for k in mismatched):
+    for word, keys in (("missing", missing), ("unexpected", unexpected)):
+        if keys:
+            lines.append(f"  {word} ({len(keys)}): {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
+    lines += [
+        f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in mismatched[:12]
+    ]
+    head = any(k in HEAD_KEYS for k in mismatched)
+    if head:
         classes = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
         lines.append(
             f"  the head was trained for {classes} classes: pass num_classes={classes} to keep it, or "
@@ -627,5 +479,4 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
             "  check the model name / config (num_registers, qk_norm, rope, norm, qkv_bias) and the source "
             "format"
         )
-    error = HeadMismatchError if any(k in HEAD_KEYS for k in mismatched) else CheckpointError
-    raise error("\n".join(lines))
+    raise (HeadMismatchError if head else CheckpointError)("\n".join(lines))

@@ -1,20 +1,6 @@
-"""Per-source state-dict converters: the official ViT-5 code and timm ``VisionTransformer``.
-
-Our parameter names are timm's (``ls1.gamma``, ``attn.q_norm``, ``mlp.fc1``, ``reg_token``), so
-each converter is a short explicit map, not a chain of key sniffing:
-
-- ``official`` (``wangf3014/ViT-5`` ``models_vit5.py``): ``blocks.i.gamma_{1,2}`` become
-  ``blocks.i.ls{1,2}.gamma``; the per-block RoPE frequency buffers ``attn.rope.freqs`` /
-  ``attn.rope_reg.freqs`` are checked against the frequencies this model computes (so a wrong
-  theta or head size cannot load silently) and then dropped, since RoPE tables are rebuilt.
-- ``timm`` (``deit3_*``, ``vit_*``, ``vit_*_reg4_*``): names are identical. A timm APE that
-  includes a CLS row (``no_embed_class=False``) is folded into ``cls_token`` so the APE covers
-  patches only, which is exact. timm orders registers before the patches; registers carry no
-  position there, so attention is unchanged by our ``[CLS | patches | registers]`` order.
-
-``infer_config`` reads the architecture off the tensor shapes, so a checkpoint loads without
-the user naming its preset.
-"""
+"""State-dict converters of the official ViT-5 code (``wangf3014/ViT-5`` ``models_vit5.py``: LayerScale
+renamed, RoPE buffers verified and dropped) and of timm ``VisionTransformer`` (same names; a CLS row of the
+APE folded into ``cls_token``, exact), and :func:`infer_config`, the architecture read off the shapes."""
 
 from __future__ import annotations
 
@@ -29,10 +15,9 @@ from vit5.layers import rope_frequencies
 from vit5.model.config import ConfigError, ViT5Config
 
 Source = Literal["vit5", "official", "timm"]
-SOURCES: tuple[str, ...] = ("vit5", "official", "timm")
 
 _OFFICIAL_RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
-_OFFICIAL_ROPE_BUFFERS = {"attn.rope.freqs": "rope", "attn.rope_reg.freqs": "register"}
+_OFFICIAL_ROPE_BUFFERS = {"attn.rope.freqs": "rope", "attn.rope_reg.freqs": "register"}  # rebuilt at run time
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -94,10 +79,8 @@ def from_timm(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str,
 
 def _has_class_row(rows: int, n_patches: int) -> bool:
     """Whether an APE of ``rows`` rows has a leading CLS row (rows = 1 + square grid)."""
-    if rows == n_patches:
-        return False
-    if rows == n_patches + 1:
-        return True
+    if rows in (n_patches, n_patches + 1):
+        return rows == n_patches + 1
     return _is_square(rows - 1) and not _is_square(rows)
 
 
@@ -106,22 +89,16 @@ def _is_square(n: int) -> bool:
 
 
 def convert(state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config) -> dict[str, torch.Tensor]:
-    if source == "official":
-        return from_official(state_dict, cfg)
-    if source == "timm":
-        return from_timm(state_dict, cfg)
-    if source == "vit5":
-        return dict(state_dict)
-    raise CheckpointError(f"unknown checkpoint source {source!r}: use one of {SOURCES}")
+    converters = {"official": from_official, "timm": from_timm, "vit5": lambda sd, _: dict(sd)}
+    if source not in converters:
+        raise CheckpointError(f"unknown checkpoint source {source!r}: use one of {tuple(converters)}")
+    return converters[source](state_dict, cfg)
 
 
 def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[str, Any]:
-    """Architecture fields read off the tensor shapes of an official or timm state dict.
-
-    Sizes, depth, heads (from the QK-Norm or RoPE shapes; otherwise 64-dim heads, the standard,
-    when the width is a multiple of 64),
-    registers, classes, norm kind, biases and the APE grid (square) are inferred.
-    """
+    """Architecture fields read off the tensor shapes of an official or timm state dict: sizes, depth,
+    heads (from QK-Norm or RoPE shapes, else 64-dim heads when the width allows), registers, classes, norm,
+    biases and the (square) APE grid."""
     sd = state_dict
     try:
         weight = sd["patch_embed.proj.weight"]
@@ -167,8 +144,7 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
                 f"cannot infer the image size from a position embedding of {rows} rows (not a square grid): "
                 "create the model by preset name with img_size=... and pass pretrained=PATH"
             )
-        side = math.isqrt(rows) * patch
-        out["img_size"] = side
+        out["img_size"] = math.isqrt(rows) * patch
     return out
 
 

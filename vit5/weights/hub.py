@@ -1,26 +1,8 @@
 """The official ViT-5 weights by name, and every transfer to and from the Hugging Face Hub.
 
-The authors released five ImageNet-1k checkpoints in the Hub repo ``FengWang3211/ViT-5``
-(github.com/wangf3014/ViT-5 README, commit b7b0796: one ``<architecture>.pth`` per row of its
-results table). Here they get timm names (``vit5_small_patch16_224.in1k``, ...) and timm
-pretrained configs, so ``timm.create_model(name, pretrained=True)`` and
-``vit5.create_model("vit5_small", pretrained=True)`` find them.
-
-Every download goes through ``huggingface_hub.hf_hub_download``, so the usual rules hold: files
-are cached under ``HF_HUB_CACHE`` (default ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``) and
-fetched once; ``revision=`` (or ``repo@revision``) pins a branch, tag or commit; with
-``HF_HUB_OFFLINE=1`` nothing goes over the network and only cached files load. Uploads
-(:func:`vit5.push_to_hub`) go through ``HfApi.upload_folder``.
-
-The cache is looked in first (:func:`download`): a cached file that cannot have changed (the
-released weights, a file at a commit) is used without asking the network at all. Otherwise the Hub
-is asked once, with ``HF_HUB_ETAG_TIMEOUT`` (default 10 s) and no retries, whether the file is
-there; a proxy refusal (HTTP 407), a missing network, a timeout or an HTTP 5xx then falls back to
-the cached copy when there is one (with a warning), and is otherwise one error within seconds,
-instead of huggingface_hub's retries with back-off (over half a minute per file). Every failure
-is one :class:`~vit5.weights.convert.CheckpointError` that names the repo, the file, why, and the
-way to fetch it by hand; the local-path form it advises is ``pretrained=PATH`` from Python and
-``MODEL@PATH`` from a model spec (the command lines, :func:`local_path_form`).
+The released checkpoints (Hub repo ``FengWang3211/ViT-5``, github.com/wangf3014/ViT-5 README) get timm
+names (``vit5_small_patch16_224.in1k``). Downloads go through ``hf_hub_download`` (its cache,
+``revision=``, ``HF_HUB_OFFLINE``), cache first; every failure is one :class:`CheckpointError` with the fix.
 """
 
 from __future__ import annotations
@@ -33,26 +15,12 @@ import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import (
-    HfApi,
-    constants,
-    get_hf_file_metadata,
-    hf_hub_download,
-    hf_hub_url,
-    try_to_load_from_cache,
-)
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+import huggingface_hub as hf
+from huggingface_hub import HfApi, errors
 
 from vit5.files import atomic_write_text
 from vit5.model.presets import PRESETS, closest_preset
@@ -63,16 +31,15 @@ OFFICIAL_REPO = "FengWang3211/ViT-5"
 HF_HUB_PREFIX = "hf-hub:"
 PAPER_ID = "arXiv:2602.08071"
 PAPER_NAME = "ViT-5: Vision Transformers for the Mid-2020s"
-ORIGIN_URL = "https://github.com/wangf3014/ViT-5"
 logger = logging.getLogger("vit5")
 
 
 @dataclass(frozen=True)
 class Release:
-    """One released checkpoint: its timm name ``ARCH.TAG`` and the top-1 its authors report."""
+    """One released checkpoint: its timm name ``ARCH.TAG`` and the ImageNet-1k top-1 its authors report."""
 
-    name: str  # e.g. "vit5_small_patch16_224.in1k"
-    top1: float  # ImageNet-1k val top-1 (%), the official README's table
+    name: str
+    top1: float
     repo: str = OFFICIAL_REPO
 
     @property
@@ -96,7 +63,7 @@ class Release:
             num_classes=1000,
             paper_ids=PAPER_ID,
             paper_name=PAPER_NAME,
-            origin_url=ORIGIN_URL,
+            origin_url="https://github.com/wangf3014/ViT-5",
         )
 
 
@@ -131,10 +98,7 @@ def release(name: str) -> Release:
 def default_release(preset: str) -> Release | None:
     """The weights a preset name means: ``vit5_small`` -> its 224 weights; an architecture, its own."""
     res = PRESETS.get(preset, {}).get("img_size", 224)
-    for r in RELEASES.values():
-        if r.arch in (preset, f"{preset}_patch16_{res}"):
-            return r
-    return None
+    return next((r for r in RELEASES.values() if r.arch in (preset, f"{preset}_patch16_{res}")), None)
 
 
 def split_revision(repo: str) -> tuple[str, str | None]:
@@ -143,136 +107,88 @@ def split_revision(repo: str) -> tuple[str, str | None]:
     return repo_id, revision or None
 
 
-# ---------------------------------------------------------------------------------- download
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions of a proxy refusal, a missing network or a timeout, for the HTTP library this
-    huggingface_hub uses (httpx from 1.0, requests before)."""
+    """A proxy refusal, a missing network or a timeout in the HTTP library of this huggingface_hub."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, names in (
-        ("httpx2", ("TransportError",)),
-        ("httpx", ("TransportError",)),
-        ("requests", ("ConnectionError", "Timeout")),
+    for name in (
+        "httpx2.TransportError",
+        "httpx.TransportError",
+        "requests.ConnectionError",
+        "requests.Timeout",
     ):
+        module, _, attr = name.partition(".")
         try:
-            library = importlib.import_module(module)
-        except ImportError:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
             continue
-        found += [getattr(library, name) for name in names if hasattr(library, name)]
     return tuple(found)
 
 
 NETWORK_ERRORS = _network_errors()
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_LOCAL_FORM: ContextVar[str] = ContextVar("vit5_local_form", default="pretrained=PATH")
-
-
-@contextmanager
-def local_path_form(form: str) -> Iterator[None]:
-    """How the errors inside say to pass a downloaded file instead (``pretrained=PATH`` by default;
-    a model spec says ``vit5_small@PATH``)."""
-    token = _LOCAL_FORM.set(form)
-    try:
-        yield
-    finally:
-        _LOCAL_FORM.reset(token)
+LOCAL_FORM = "pretrained=PATH"  # how the errors say to pass a local copy; model specs say theirs
 
 
 class _Unreachable(Exception):
     """The Hub could not be asked (proxy, network, timeout, 5xx) and nothing is cached."""
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
 
 def download(
-    repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
-) -> Path:
-    """The local path of ``filename`` from ``repo_id``: from the cache when it is there, else
-    downloaded once (see the module docstring for when the network is asked and how it may fail)."""
-    return download_first(repo_id, (filename,), revision, cache_dir)
-
-
-def download_first(
     repo_id: str,
-    filenames: Sequence[str],
+    filenames: str | Sequence[str],
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """The local path of the first of ``filenames`` that ``repo_id`` has (timm looks for
-    ``model.safetensors``, then ``pytorch_model.bin``). Files that never change (the released
-    weights, a commit) are taken from the cache without asking the network."""
-    label = " or ".join(filenames)
-    with clear_hub_errors(repo_id, label, revision):
-        cached = next(
-            (p for p in (_cached(repo_id, f, revision, cache_dir) for f in filenames) if p is not None), None
-        )
+    """The local path of the first of ``filenames`` that ``repo_id`` has (timm's order of files).
+
+    A cached file that cannot change (the released weights, a commit) is used without the network;
+    otherwise the Hub is asked once (``HF_HUB_ETAG_TIMEOUT``, no retries), and a proxy refusal, missing
+    network, timeout or 5xx falls back to the cached copy with a warning, or is one error within seconds.
+    """
+    filenames = (filenames,) if isinstance(filenames, str) else tuple(filenames)
+    timeout = hf.constants.HF_HUB_ETAG_TIMEOUT
+    fetch = dict(revision=revision, cache_dir=cache_dir, library_name="vit5", etag_timeout=timeout)
+    with clear_hub_errors(repo_id, " or ".join(filenames), revision):
+        cached = next(filter(None, (cached_path(repo_id, f, revision, cache_dir) for f in filenames)), None)
         pinned = repo_id in {r.repo for r in RELEASES.values()} or bool(_COMMIT.fullmatch(revision or ""))
-        if cached is not None and (pinned or constants.HF_HUB_OFFLINE):
+        if cached is not None and (pinned or hf.constants.HF_HUB_OFFLINE):
             return cached
-        for i, filename in enumerate(filenames):
-            if constants.HF_HUB_OFFLINE:
-                break  # hf_hub_download below says it is not cached
+        if hf.constants.HF_HUB_OFFLINE:  # hf_hub_download says it is not cached
+            return Path(hf.hf_hub_download(repo_id, filenames[0], **fetch))
+        for filename in filenames:
             try:
-                get_hf_file_metadata(
-                    hf_hub_url(repo_id, filename, revision=revision), timeout=constants.HF_HUB_ETAG_TIMEOUT
-                )
-            except EntryNotFoundError:
-                if i + 1 < len(filenames):
+                hf.get_hf_file_metadata(hf.hf_hub_url(repo_id, filename, revision=revision), timeout=timeout)
+            except errors.EntryNotFoundError:
+                if filename != filenames[-1]:
                     continue
                 raise
-            except (*NETWORK_ERRORS, HfHubHTTPError) as err:
-                if isinstance(err, HfHubHTTPError) and not _server_error(err):
+            except (*NETWORK_ERRORS, errors.HfHubHTTPError) as err:
+                if isinstance(err, errors.HfHubHTTPError) and not _server_error(err):
                     raise  # 401, 403, 404 of the repo: the Hub answered, clear_hub_errors says what
                 if cached is None:
                     raise _Unreachable(err) from err
+                reason = _why(err)
                 logger.warning(
-                    "the Hugging Face Hub could not be reached (%s): using the cached %s of %s",
-                    _why(err),
-                    cached.name,
-                    repo_id,
+                    f"the Hub could not be reached ({reason}): using the cached {cached.name} of {repo_id}"
                 )
                 return cached
-            return Path(
-                hf_hub_download(
-                    repo_id,
-                    filename,
-                    revision=revision,
-                    cache_dir=cache_dir,
-                    library_name="vit5",
-                    etag_timeout=constants.HF_HUB_ETAG_TIMEOUT,
-                )
-            )
-        return Path(hf_hub_download(repo_id, filenames[0], revision=revision, cache_dir=cache_dir))
+            return Path(hf.hf_hub_download(repo_id, filename, **fetch))
 
 
-def timm_weights_file(cfg: Any, cache_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local copy (cache first, :func:`download_first`) of the weights a timm pretrained config
-    names on the Hub, in timm's order of files; ``None`` when the config names none (a URL, a
-    file, or an ``hf-hub:`` model, which timm resolves itself)."""
-    get = cfg.get if isinstance(cfg, dict) else lambda key: getattr(cfg, key, None)
-    hub_id = get("hf_hub_id")
-    if not hub_id or get("source") == "hf-hub" or get("file") or get("state_dict") is not None:
-        return None
-    repo, revision = split_revision(hub_id)
-    filename = get("hf_hub_filename")
-    names = (filename,) if filename else ("model.safetensors", "pytorch_model.bin")
-    return download_first(repo, names, revision, cache_dir)
-
-
-def _cached(
-    repo_id: str, filename: str, revision: str | None, cache_dir: str | os.PathLike | None
+def cached_path(
+    repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> Path | None:
+    """Where ``filename`` of ``repo_id`` sits in the cache, if it does (no network)."""
     try:
-        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
+        found = hf.try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
     except ValueError:  # a malformed repo id: the download says so
         return None
     return Path(found) if isinstance(found, str) else None
 
 
-def _server_error(err: HfHubHTTPError) -> bool:
-    response = getattr(err, "response", None)
-    return getattr(response, "status_code", 0) >= 500 or getattr(response, "status_code", 0) == 407
+def _server_error(err: errors.HfHubHTTPError) -> bool:
+    status = getattr(getattr(err, "response", None), "status_code", 0)
+    return status >= 500 or status == 407
 
 
 def _why(err: BaseException) -> str:
@@ -283,10 +199,10 @@ def _why(err: BaseException) -> str:
         return f"the proxy refused the connection: {text}; check HTTPS_PROXY and its credentials"
     if "Timeout" in name or isinstance(err, TimeoutError):
         return (
-            f"no answer within {constants.HF_HUB_ETAG_TIMEOUT} s ({text}); a slow network may need a "
+            f"no answer within {hf.constants.HF_HUB_ETAG_TIMEOUT} s ({text}); a slow network may need a "
             "larger HF_HUB_ETAG_TIMEOUT"
         )
-    if isinstance(err, HfHubHTTPError):
+    if isinstance(err, errors.HfHubHTTPError):
         return f"the Hub answered {text}"
     return f"no network? {name}: {text}"
 
@@ -297,47 +213,39 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
     where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (
         f" (revision {revision})" if revision else ""
     )
-    first = filename.split(" or ")[0]
-    url = f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{first}"
+    first, cache = filename.split(" or ")[0], hf.constants.HF_HUB_CACHE
     by_hand = (
         f"fetch it by hand where there is network: `hf download {repo_id} {first}"
         + (f" --revision {revision}" if revision else "")
-        + f"` (then copy the cache folder {cache_root()} here), or download {url} and pass its path as "
-        + _LOCAL_FORM.get()
+        + f"` (then copy the cache folder {cache} here), or download "
+        + f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{first} and pass its path as "
+        + LOCAL_FORM
     )
     try:
         yield
-    except _Unreachable as err:
-        raise CheckpointError(
-            f"cannot load {where}: the Hub could not be reached ({_why(err.cause)}) and it is not in the "
-            f"cache {cache_root()}; {by_hand}"
-        ) from err.cause
-    except LocalEntryNotFoundError as err:
-        reason = (
-            "HF_HUB_OFFLINE is set"
-            if constants.HF_HUB_OFFLINE
-            else "the Hub could not be reached (no network?)"
-        )
-        raise CheckpointError(
-            f"cannot load {where}: it is not in the cache {cache_root()} and {reason}; {by_hand}"
-        ) from err
-    except RevisionNotFoundError as err:
-        raise CheckpointError(f"cannot load {where}: the repo has no revision {revision!r}") from err
-    except RepositoryNotFoundError as err:
-        raise CheckpointError(
-            f"cannot load {where}: the repo does not exist or is private (log in with `hf auth login` "
-            "or set HF_TOKEN for a private repo)"
-        ) from err
-    except EntryNotFoundError as err:
-        raise CheckpointError(f"cannot load {where}: the repo has no such file") from err
-    except HfHubHTTPError as err:
-        raise CheckpointError(f"cannot load {where}: the Hub answered {err}; {by_hand}") from err
-    except NETWORK_ERRORS as err:  # during the download itself
-        raise CheckpointError(f"cannot load {where}: {_why(err)}; {by_hand}") from err
-
-
-def cache_root() -> str:
-    return constants.HF_HUB_CACHE
+    except Exception as err:
+        cause = err.__cause__ if isinstance(err, _Unreachable) else err
+        if isinstance(err, _Unreachable):
+            why = (
+                f"the Hub could not be reached ({_why(cause)}) and it is not in the cache {cache}; {by_hand}"
+            )
+        elif isinstance(err, errors.LocalEntryNotFoundError):
+            offline = hf.constants.HF_HUB_OFFLINE
+            reason = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached (no network?)"
+            why = f"it is not in the cache {cache} and {reason}; {by_hand}"
+        elif isinstance(err, errors.RevisionNotFoundError):
+            why = f"the repo has no revision {revision!r}"
+        elif isinstance(err, errors.RepositoryNotFoundError):
+            why = "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)"
+        elif isinstance(err, errors.EntryNotFoundError):
+            why = "the repo has no such file"
+        elif isinstance(err, errors.HfHubHTTPError):
+            why = f"the Hub answered {err}; {by_hand}"
+        elif isinstance(err, NETWORK_ERRORS):  # during the download itself
+            why = f"{_why(err)}; {by_hand}"
+        else:
+            raise
+        raise CheckpointError(f"cannot load {where}: {why}") from cause
 
 
 def cached_copy_advice(path: Path) -> str:
@@ -350,76 +258,6 @@ def cached_copy_advice(path: Path) -> str:
     )
 
 
-def cached_path(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
-    """Where ``filename`` of ``repo_id`` sits in the cache, if it does (no network)."""
-    found = try_to_load_from_cache(repo_id, filename, revision=revision)
-    return Path(found) if isinstance(found, str) else None
-
-
-def download_model_dir(repo: str, weights: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Fetch ``config.json`` and ``weights`` of a model repo (``USER/REPO[@REVISION]``); their folder."""
-    repo_id, revision = split_revision(repo)
-    config = download(repo_id, "config.json", revision, cache_dir)
-    commit = config.parent.name  # the snapshot folder is named by its commit: take the weights from it too
-    return download(repo_id, weights, commit, cache_dir).parent
-
-
-# ---------------------------------------------------------------------------------- upload
-def upload_folder(
-    folder: Path,
-    repo_id: str,
-    *,
-    commit_message: str = "Add vit5 model",
-    revision: str | None = None,
-    private: bool | None = None,
-    token: str | None = None,
-    create_pr: bool = False,
-) -> Any:
-    """Create ``repo_id`` if needed and upload ``folder`` in one commit; a README.md already in the
-    repo (a model card written by hand) is kept."""
-    api = HfApi(token=token, library_name="vit5")
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    keep_card = api.file_exists(repo_id, "README.md", revision=revision)
-    return api.upload_folder(
-        repo_id=repo_id,
-        folder_path=folder,
-        revision=revision,
-        commit_message=commit_message,
-        create_pr=create_pr,
-        ignore_patterns=["README.md"] if keep_card else None,
-    )
-
-
-def model_card(repo_id: str, architecture: str, cfg: dict[str, Any], num_params: int) -> str:
-    """A README.md for a pushed model: timm metadata, how to load it, its config."""
-    lines = [
-        "---",
-        "library_name: timm",
-        "tags: [image-classification, timm, vit5]",
-        "license: apache-2.0",
-        "---",
-        f"# {repo_id.split('/')[-1]}",
-        "",
-        (
-            f"A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{architecture}` "
-            f"with {num_params / 1e6:.1f}M parameters."
-        ),
-        "",
-        "```python",
-        "import timm, vit5  # importing vit5 registers its architectures in timm",
-        f'model = vit5.load_model("{HF_HUB_PREFIX}{repo_id}")',
-        f'model = timm.create_model("{HF_HUB_PREFIX}{repo_id}", pretrained=True)  # the same weights',
-        "```",
-        "",
-        "| config | value |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in cfg.items()),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------- upload
 def push_to_hub(
     model: ViT5 | str | os.PathLike,
     repo_id: str,
@@ -430,60 +268,66 @@ def push_to_hub(
     token: str | None = None,
     create_pr: bool = False,
 ) -> Any:
-    """Upload a model, or a checkpoint directory (raw and EMA weights), to the Hub repo ``repo_id``.
-
-    What is uploaded is what :func:`save_pretrained` writes, plus a model card when the repo has
-    none, so ``vit5.load_model("hf-hub:USER/REPO")`` and ``timm.create_model("hf-hub:USER/REPO",
-    pretrained=True)`` load it back. Returns huggingface_hub's ``CommitInfo``. Needs a token
-    (``hf auth login`` or ``token=``).
-    """
+    """Upload a model, or a checkpoint directory (raw and EMA weights), to the Hub repo ``repo_id`` in one
+    commit: what :func:`save_pretrained` writes, plus a model card unless the repo has one, so ``hf-hub:``
+    loads it back (vit5 and timm). Returns huggingface_hub's ``CommitInfo``; needs a token."""
+    api = HfApi(token=token, library_name="vit5")
     with tempfile.TemporaryDirectory() as tmp:
         folder = stage_for_hub(model, Path(tmp), repo_id)
-        return upload_folder(
-            folder,
-            repo_id,
-            commit_message=commit_message,
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        keep_card = api.file_exists(repo_id, "README.md", revision=revision)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
             revision=revision,
-            private=private,
-            token=token,
+            commit_message=commit_message,
             create_pr=create_pr,
+            ignore_patterns=["README.md"] if keep_card else None,
         )
 
 
 def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -> Path:
     """Write into ``folder`` the files :func:`push_to_hub` uploads (hub-ready config, weights, card)."""
     # the checkpoint reader and the factory download through this module: import them when uploading
-    from vit5.weights.checkpoint import (
-        CONFIG_NAME,
-        EMA_WEIGHTS_NAME,
-        HUB_CONFIG_KEYS,
-        read_checkpoint,
-        save_pretrained,
-    )
+    from vit5.weights import checkpoint as ckpt
     from vit5.weights.factory import load_model
 
     if isinstance(model, ViT5):
-        save_pretrained(model, folder)
+        ckpt.save_pretrained(model, folder)
     else:
         directory = Path(model)
-        raw = read_checkpoint(directory)
-        if raw.config is None:
+        if not (directory / ckpt.CONFIG_NAME).is_file():
             raise CheckpointError(
                 f"{directory} is not a vit5 checkpoint directory; to upload other weights, load them first "
                 "(model = vit5.load_model(path)) and push the model"
             )
-        loaded = load_model(directory)
-        ema = (
-            read_checkpoint(directory, use_ema=True).state_dict
-            if (directory / EMA_WEIGHTS_NAME).is_file()
-            else None
-        )
-        data = json.loads((directory / CONFIG_NAME).read_text())
-        extra = {k: v for k, v in data.items() if k not in (*HUB_CONFIG_KEYS, "config")}
-        save_pretrained(loaded, folder, ema_state_dict=ema, extra=extra)
-        model = loaded
-    card = model_card(
-        repo_id, closest_preset(model.cfg), model.cfg.to_dict(), sum(p.numel() for p in model.parameters())
-    )
+        model = load_model(directory)
+        has_ema = (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
+        ema = ckpt.read_checkpoint(directory, use_ema=True).state_dict if has_ema else None
+        data = json.loads((directory / ckpt.CONFIG_NAME).read_text())
+        extra = {k: v for k, v in data.items() if k not in ckpt.hub_config(model)}
+        ckpt.save_pretrained(model, folder, ema_state_dict=ema, extra=extra)
+    params = sum(p.numel() for p in model.parameters())
+    table = "\n".join(f"| {k} | {v} |" for k, v in model.cfg.to_dict().items())
+    card = f"""---
+library_name: timm
+tags: [image-classification, timm, vit5]
+license: apache-2.0
+---
+# {repo_id.split("/")[-1]}
+
+A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{closest_preset(model.cfg)}` with \
+{params / 1e6:.1f}M parameters.
+
+```python
+import timm, vit5  # importing vit5 registers its architectures in timm
+model = vit5.load_model("{HF_HUB_PREFIX}{repo_id}")
+model = timm.create_model("{HF_HUB_PREFIX}{repo_id}", pretrained=True)  # the same weights
+```
+
+| config | value |
+|---|---|
+{table}
+"""
     atomic_write_text(folder / "README.md", card)
     return folder

@@ -1,25 +1,11 @@
-"""Every preset as a timm model: ``timm.create_model("vit5_small")``, pretrained configs, features.
-
-Entry points are generated from the preset table (presets are data, not one function each) and
-built by timm's own ``build_model_with_cfg``, so timm's keywords behave as for its ViTs:
-
-- ``pretrained=True`` loads the released weights of the name (``vit5_small_patch16_224.in1k``;
-  a bare size such as ``vit5_small`` means its 224 weights) from the Hugging Face Hub, through
-  timm's loader (``weights_only``) and :func:`~vit5.weights.checkpoint.checkpoint_filter_fn`, the
-  strict official converter; ``num_classes`` / ``in_chans`` adapt the head / stem as timm does.
-- ``features_only=True`` wraps the model in timm's ``FeatureGetterNet`` over
-  ``forward_intermediates`` (``out_indices`` default: the last 3 blocks); ``feature_cls``,
-  ``feature_cfg`` and ``out_indices`` are consumed here, never passed to :class:`ViT5Config`.
-- every preset has a pretrained config (data config, classifier, first conv), so timm's test
-  filters (``name_matches_cfg``) and ``resolve_model_data_config`` see it.
-- ``dynamic_img_size=True`` (what timm users pass to ViTs) is accepted: it is how vit5 models
-  always work (any patch-multiple size; the APE is resampled, RoPE built for the grid).
-"""
+"""Every preset as a timm model (``timm.create_model("vit5_small")``), built by ``build_model_with_cfg``:
+``pretrained=True`` loads the released weights (a size name such as ``vit5_small`` means its 224 ones)
+through vit5's download and reader and :func:`~vit5.weights.checkpoint.checkpoint_filter_fn`;
+``features_only=True`` gives timm's ``FeatureGetterNet`` (default: the last 3 blocks)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
@@ -33,27 +19,14 @@ from vit5.weights import hub
 from vit5.weights.checkpoint import checkpoint_filter_fn, read_checkpoint
 from vit5.weights.convert import CheckpointError
 
-_FEATURE_DEFAULTS = {
-    "feature_cls": "getter",
-    "out_indices": 3,
-}  # timm's ViTs: a getter over the last 3 blocks
-
-
-def _pretrained_cfgs() -> dict[str, dict[str, Any]]:
-    """``ARCH.TAG`` cfgs with weights for the releases; a weightless cfg for every other preset."""
-    released = {r.arch for r in hub.RELEASES.values()}
-    cfgs: dict[str, dict[str, Any]] = {r.name: r.pretrained_cfg() for r in hub.RELEASES.values()}
-    for name, values in PRESETS.items():
-        if name not in released:
-            cfgs[name] = default_pretrained_cfg(values.get("img_size", 224))
-    return cfgs
-
-
-default_cfgs = generate_default_cfgs(_pretrained_cfgs())  # read by timm's register_model (same module)
-
-
-def _build(name: str, **kwargs: Any) -> ViT5:
-    return ViT5(preset_config(name, **kwargs))
+default_cfgs = generate_default_cfgs(  # read by timm's register_model (same module)
+    {r.name: r.pretrained_cfg() for r in hub.RELEASES.values()}
+    | {
+        name: default_pretrained_cfg(values.get("img_size", 224))
+        for name, values in PRESETS.items()
+        if name not in {r.arch for r in hub.RELEASES.values()}
+    }
+)
 
 
 def _entrypoint(name: str) -> Callable[..., Any]:
@@ -69,52 +42,41 @@ def _entrypoint(name: str) -> Callable[..., Any]:
                 f"unknown pretrained tag {tag!r} for {name}: the released ViT-5 weights are "
                 f"{', '.join(hub.RELEASES)}"
             )
-        release = hub.default_release(name)
-        if pretrained and tag is None and release is not None and release.arch != name:
-            kwargs["pretrained_cfg"] = release.name.partition(".")[
-                2
-            ]  # a size name means its released weights
-            name_for_cfg = release.arch
-        else:
-            name_for_cfg = name
-        if not kwargs.pop("dynamic_img_size", True):
+        if not kwargs.pop("dynamic_img_size", True):  # vit5 models always take any patch-multiple size
             raise ConfigError(
                 f"{name} takes any input size whose sides are patch multiples: drop dynamic_img_size=False"
             )
-        feature_cfg = {**_FEATURE_DEFAULTS, **kwargs.pop("feature_cfg", {})}
-        if "out_indices" in kwargs:
-            feature_cfg["out_indices"] = kwargs.pop("out_indices")
-        if "feature_cls" in kwargs:
-            feature_cfg["feature_cls"] = kwargs.pop("feature_cls")
-        cfg_source = {
-            "variant": name_for_cfg,
-            "pretrained_cfg": kwargs.get("pretrained_cfg"),
-            "pretrained_cfg_overlay": kwargs.get("pretrained_cfg_overlay"),
-        }
+        variant, release = name, hub.default_release(name)
+        if pretrained and tag is None and release is not None and release.arch != name:
+            variant, kwargs["pretrained_cfg"] = release.name.split(".")  # a size name means its weights
+        feature_cfg = {"feature_cls": "getter", "out_indices": 3, **kwargs.pop("feature_cfg", {})}
+        feature_cfg.update({k: kwargs.pop(k) for k in ("out_indices", "feature_cls") if k in kwargs})
+        cfg = resolve_pretrained_cfg(
+            variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay")
+        )
         if pretrained:
-            kwargs["pretrained_cfg_overlay"] = pretrained_overlay(
-                resolve_pretrained_cfg(**cfg_source), kwargs.get("pretrained_cfg_overlay")
-            )
+            kwargs["pretrained_cfg_overlay"] = pretrained_overlay(cfg, kwargs.get("pretrained_cfg_overlay"))
         try:
             model = build_model_with_cfg(
-                partial(_build, name),
-                name_for_cfg,
+                lambda **config: ViT5(preset_config(name, **config)),
+                variant,
                 pretrained,
                 pretrained_filter_fn=checkpoint_filter_fn,
                 feature_cfg=feature_cfg,
                 **kwargs,
             )
-        except (EntryNotFoundError, HfHubHTTPError):  # timm's own download failed: say what to do
-            repo, filename, revision = _hub_source(**cfg_source)
-            with hub.clear_hub_errors(repo, filename, revision):
-                raise
-        except Exception as err:  # timm read a file it could not load: if it is our damaged download, say so
-            if pretrained:
-                _explain_damaged_download(err, **cfg_source)
+        except Exception as err:  # timm's own download or read failed: say what to do
+            repo, revision = hub.split_revision(cfg.hf_hub_id or "")
+            filename = cfg.hf_hub_filename or "pytorch_model.bin"
+            if isinstance(err, (EntryNotFoundError, HfHubHTTPError)):
+                with hub.clear_hub_errors(repo, filename, revision):
+                    raise
+            path = hub.cached_path(repo, filename, revision) if pretrained and repo else None
+            if path is not None:  # an unreadable cached download: raise that, with the fix
+                _read_cached(path, err)
             raise
-        # the data config describes the model as built (img_size=... given), as ViT5's own does
-        vit = model.model if hasattr(model, "model") else model
-        model.pretrained_cfg["input_size"] = (vit.cfg.in_chans, *vit.cfg.img_size)
+        vit = model.model if hasattr(model, "model") else model  # a features_only wrapper holds it
+        model.pretrained_cfg["input_size"] = (vit.cfg.in_chans, *vit.cfg.img_size)  # as built (img_size=)
         return model
 
     build.__name__ = build.__qualname__ = name
@@ -123,39 +85,25 @@ def _entrypoint(name: str) -> Callable[..., Any]:
     return build
 
 
+def _read_cached(path: Any, cause: BaseException | None = None) -> dict[str, Any]:
+    """The state dict of a cached download; an unreadable one says which files to delete."""
+    try:
+        return read_checkpoint(path).state_dict
+    except CheckpointError as bad:
+        raise CheckpointError(f"{bad}\n  {hub.cached_copy_advice(path)}") from cause or bad
+
+
 def pretrained_overlay(cfg: Any, overlay: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """timm's ``pretrained_cfg_overlay`` with the weights of ``cfg`` already read: downloaded by
-    :func:`vit5.weights.hub.timm_weights_file` (cache first, one short network attempt) and read by
-    :func:`read_checkpoint` (sizes checked before loading, no pickled code), so timm neither retries
-    the network nor unpickles the file itself. Unchanged when ``cfg`` names no Hub weights."""
-    path = hub.timm_weights_file(cfg)
-    if path is None:
+    """timm's ``pretrained_cfg_overlay`` with the Hub weights ``cfg`` names already downloaded (cache first,
+    :func:`vit5.weights.hub.download`) and read by :func:`read_checkpoint` (sizes checked, no pickled code),
+    so timm neither retries the network nor unpickles; unchanged when ``cfg`` names no Hub weights (a URL, a
+    file, or an ``hf-hub:`` model, which timm resolves itself)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda key: getattr(cfg, key, None)
+    if not get("hf_hub_id") or get("source") == "hf-hub" or get("file") or get("state_dict") is not None:
         return overlay
-    try:
-        state_dict = read_checkpoint(path).state_dict
-    except CheckpointError as bad:
-        raise CheckpointError(f"{bad}\n  {hub.cached_copy_advice(path)}") from bad
-    return {**(overlay or {}), "state_dict": state_dict}
-
-
-def _hub_source(
-    variant: str, pretrained_cfg: Any, pretrained_cfg_overlay: Any
-) -> tuple[str, str, str | None]:
-    cfg = resolve_pretrained_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
-    repo, revision = hub.split_revision(cfg.hf_hub_id or "")
-    return repo, cfg.hf_hub_filename or "pytorch_model.bin", revision
-
-
-def _explain_damaged_download(err: BaseException, **cfg_source: Any) -> None:
-    """If the failure comes from an unreadable cached download, raise that, with the fix."""
-    repo, filename, revision = _hub_source(**cfg_source)
-    path = hub.cached_path(repo, filename, revision) if repo else None
-    if path is None:
-        return
-    try:
-        read_checkpoint(path)
-    except CheckpointError as bad:
-        raise CheckpointError(f"{bad}\n  {hub.cached_copy_advice(path)}") from err
+    repo, revision = hub.split_revision(get("hf_hub_id"))
+    path = hub.download(repo, get("hf_hub_filename") or ("model.safetensors", "pytorch_model.bin"), revision)
+    return {**(overlay or {}), "state_dict": _read_cached(path)}
 
 
 def register_presets() -> None:
