@@ -67,13 +67,9 @@ class _Subcommand(Parser):
         return namespace, extras
 
 
-def add_model_options(
-    p: argparse.ArgumentParser, several: bool = False, auto: bool | None = None, device: bool = True
-) -> None:
+def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
     """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
-    repeatable; ``auto`` (default: ``several``): ``--weights auto`` is the default. ``--ema`` is the short
-    form of ``--weights ema``."""
-    auto = several if auto is None else auto
+    repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
     p.add_argument(
         "--model",
         required=True,
@@ -103,7 +99,7 @@ def add_model_options(
         "--random-init",
         action="store_true",
         help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-        "pretrained weights (a pipeline check); checkpoints load as usual; outputs say random-init",
+        "pretrained weights; checkpoints load as usual; outputs say random-init",
     )
     p.add_argument(
         "--max-params",

@@ -159,7 +159,7 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
         if out:
             p.add_argument("--out", type=Path, required=True, help=out)
         if several is not None:
-            add_model_options(p, several)
+            add_model_options(p, several, auto=several)
         p.add_argument("--seed", type=int, default=0, help="seeds --random-init models, probes and canvases")
         return p
 

@@ -217,7 +217,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     images = "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
     _outputs(p, 32, " (default: the model's own)", images)
     p = sub.add_parser("position", help=POSITION_HELP, description=POSITION_HELP)
-    add_model_options(p, several=True, auto=False)
+    add_model_options(p, several=True)
     p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
     p.add_argument(
         "--levels",
