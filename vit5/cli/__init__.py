@@ -1,119 +1,164 @@
-"""The ``vit5`` command: every command line of the toolkit, in one package on top of the library.
+"""The ``vit5`` command: one module per subcommand (``vit5 COMMAND --help``), with what they share here.
 
-``vit5 train``, ``vit5 eval COMMAND``, ``vit5 viz COMMAND``, ``vit5 predict``, ``vit5 data COMMAND``,
-``vit5 bench``, ``vit5 ablate``, ``vit5 export`` and ``vit5 list`` (``python -m vit5 ...`` is the same;
-``vit5 COMMAND --help`` for the options), one module each in this package; no library module parses
-arguments. This module holds what they share: the parser class (:class:`Parser`: a subcommand's
-mistake is reported with that subcommand's usage), the input-size syntax (:func:`parse_size`) and the
-handling of a user error (:func:`run_command`: one ``error: ...`` line on stderr, exit status 2, no
-traceback).
-
-Start-up is fast: subcommands are imported only when asked for, and each builds its parser from
-the standard library alone, importing torch and the library inside its work function, so
-``vit5 --help``, ``vit5 COMMAND --help`` and argument errors answer without loading torch.
+Subcommands are imported only when asked for and build their parsers from the standard library alone,
+so ``vit5 --help``, ``vit5 COMMAND --help`` and argument errors answer without loading torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import itertools
 import os
 import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit5.errors import Vit5Error, user_message
-from vit5.runtime import print_main
+from vit5.errors import InputError, Vit5Error, user_message
+from vit5.runtime import DEVICE_HELP, print_main
+
+if TYPE_CHECKING:
+    from vit5.introspect.spec import LoadedModel
 
 # name -> (module whose main(argv) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
     "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
     "viz": ("vit5.cli.viz", "attention maps, token norms, register metrics, ablations, the register study"),
-    "data": (
-        "vit5.cli.data",
-        "data sets as ImageFolder trees (the digits, Fashion-MNIST) or WebDataset shards",
-    ),
+    "data": ("vit5.cli.data", "ImageFolder trees (the digits, Fashion-MNIST) or WebDataset shards"),
     "bench": ("vit5.cli.bench", "speed, memory and FLOPs benchmarks with a report"),
     "ablate": ("vit5.cli.ablate", "component ablation: train each variant, compare accuracy and speed"),
     "export": ("vit5.cli.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
     "predict": ("vit5.cli.predict", "top-k class names and probabilities for each image of a folder"),
     "list": ("vit5.cli.catalog", "the model presets, the released weights and the packaged training recipes"),
 }
-OWN_PROG = {
-    "train",
-    "eval",
-    "viz",
-    "data",
-    "predict",
-    "list",
-}  # main() takes the program name for usage lines
+OWN_PROG = {"train", "eval", "viz", "data", "predict", "list"}  # main() takes the program name for usage
 SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
+DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
+MODEL_HELP = (
+    "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
+    "(vit5_base_patch16_384.in1k), PRESET@CHECKPOINT, a vit5 checkpoint directory, a checkpoint file "
+    "(official ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights "
+    "unless @CHECKPOINT)"
+)
 
 
 class Parser(argparse.ArgumentParser):
-    """An :class:`argparse.ArgumentParser` whose subcommands report their own mistakes, in plain text.
-
-    argparse leaves an unknown option of a subcommand to the top parser, which prints its own usage
-    (``vit5 viz: error: unrecognized arguments``); here the subcommand that was given it says so,
-    with its usage.
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.is_subcommand = False
+    """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions
+    is dropped) and whose subcommands report their own unknown options, with their usage (argparse
+    leaves them to the top parser)."""
 
     def add_subparsers(self, **kwargs):
-        action = super().add_subparsers(**kwargs)
-        add_parser = action.add_parser
-
-        def add_subcommand(name: str, **options) -> Parser:
-            parser = add_parser(name, **options)
-            parser.is_subcommand = True
-            return parser
-
-        action.add_parser = add_subcommand
-        return action
+        return super().add_subparsers(parser_class=_Subcommand, **kwargs)
 
     def format_help(self) -> str:
-        """The help as plain text: the reST markup of docstrings used as descriptions (``:mod:`x```,
-        double backticks) is dropped."""
         return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help()).replace("``", "")
 
+
+class _Subcommand(Parser):
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
-        if extras and self.is_subcommand:
+        if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
 
 
-def add_weights_option(
-    parser: argparse.ArgumentParser, auto: bool = False, subject: str = "checkpoint"
-) -> None:
-    """``--weights raw|ema`` (with ``auto``: raw, plus EMA when a checkpoint directory has it), the one
-    spelling of every command; ``--ema`` stays as the short form of ``--weights ema``."""
+def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
+    """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
+    repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append" if several else "store",
+        help=MODEL_HELP + ("; repeat --model for several models" if several else ""),
+    )
+    p.add_argument(
+        "--model-args",
+        nargs="*" if several else "+",
+        action="append" if several else "extend",
+        default=None if several else [],
+        metavar="KEY=VALUE",
+        help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
+        + ("; once for every model, or once per --model in order (empty for none)" if several else ""),
+    )
     choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
-    summary = (
-        "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
+    p.add_argument(
+        "--weights",
+        choices=choices,
+        default=choices[0],
+        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
         if auto
-        else f"raw (default) or the EMA weights of the {subject}"
+        else "raw (default) or the EMA weights of the checkpoint(s)",
     )
-    parser.add_argument("--weights", choices=choices, default=choices[0], help=summary)
-    parser.add_argument(
-        "--ema", dest="weights", action="store_const", const="ema", help="the same as --weights ema"
+    p.add_argument("--ema", dest="weights", action="store_const", const="ema", help="same as --weights ema")
+    p.add_argument(
+        "--random-init",
+        action="store_true",
+        help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+        "pretrained weights; checkpoints load as usual; outputs say random-init",
     )
+    p.add_argument(
+        "--max-params",
+        type=float,
+        metavar="N",
+        help="refuse vit5 models larger than N parameters before building them "
+        f"(default {DEFAULT_MAX_PARAMS:.0e})",
+    )
+    if device:
+        p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def per_model_args(args: argparse.Namespace) -> list[list[str]]:
+    """The ``--model-args`` of each ``--model``: given once, for every model."""
+    if not isinstance(args.model, list):
+        return [args.model_args]
+    items = args.model_args or [[]]
+    if len(items) == 1:
+        items = items * len(args.model)
+    if len(items) != len(args.model):
+        raise InputError(
+            f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once (for every "
+            "model) or once per --model in order (an empty --model-args for a model without overrides)"
+        )
+    return items
+
+
+def load_models(
+    args: argparse.Namespace, specs: list[str] | None = None, items: list[list[str]] | None = None
+) -> list[LoadedModel]:
+    """The models of :func:`add_model_options` (or ``specs`` with their ``items``); ``--weights auto``
+    gives raw and EMA weights where a checkpoint directory has both."""
+    from vit5.eval.load import load_models as load
+    from vit5.introspect.spec import parse_model_args, random_init_flags
+
+    specs = specs or (args.model if isinstance(args.model, list) else [args.model])
+    limit = {} if args.max_params is None else {"max_params": args.max_params}
+    return [
+        m
+        for spec, model_args, untrained in zip(
+            specs, items or per_model_args(args), random_init_flags(specs, args.random_init)
+        )
+        for m in load(spec, args.weights, untrained, **parse_model_args(model_args), **limit)
+    ]
+
+
+def from_options(cls: type, args: argparse.Namespace, **values):
+    """The dataclass ``cls`` from the options named like its fields (lists as tuples) and ``values``."""
+    values = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)
+    } | values
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def parse_size(text: str) -> tuple[int, int]:
-    """The one input-size syntax of every command line: ``"224"`` -> (224, 224), ``"96x128"`` -> (96, 128).
-
-    An argparse ``type``: a bad value is an argparse error naming the option and the syntax.
-    """
-    parts = text.lower().split("x")
+    """The input-size syntax of every command (an argparse ``type``): ``"224"`` -> (224, 224),
+    ``"96x128"`` -> (96, 128)."""
     try:
-        values = [int(p) for p in parts]
+        values = [int(p) for p in text.lower().split("x")]
     except ValueError:
         values = []
     if len(values) not in (1, 2) or min(values, default=0) <= 0:
@@ -124,37 +169,21 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:
-    """Run a command line's work; a user error ends in one ``error: ...`` line and exit status 2.
-
-    User errors are :class:`vit5.errors.Vit5Error` (bad input, named with its fix) and ``OSError`` (a
-    full or read-only disk, a missing file); anything else is a bug and keeps its traceback.
-    ``out``: the command's output folder; when the command fails, the folders it created there are
-    removed again if nothing was written into them (a failed command leaves no empty ``--out``).
-    """
-    created = _first_missing(Path(out)) if out is not None else None
+    """Run a command's work; a user error (:class:`~vit5.errors.Vit5Error`, ``OSError``) ends in one
+    ``error: ...`` line and exit status 2, anything else keeps its traceback. A failed command removes
+    the folders it created for ``out`` while they hold no file."""
+    path = Path(out) if out is not None else Path()
+    new = list(itertools.takewhile(lambda f: not (f.exists() or f.is_symlink()), (path, *path.parents)))
     status = 2
     try:
         status = work() or 0
     except (Vit5Error, OSError) as err:
         print_main(f"error: {user_message(err)}", err=True)
     finally:
-        if status != 0 and created is not None and created.is_dir() and _holds_no_file(created):
-            shutil.rmtree(created, ignore_errors=True)
+        if status != 0 and new and new[-1].is_dir():
+            if all(p.is_dir() and not p.is_symlink() for p in new[-1].rglob("*")):
+                shutil.rmtree(new[-1], ignore_errors=True)
     return status
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost folder of ``path`` that does not exist yet (None: it exists)."""
-    missing = None
-    for folder in (path, *path.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        missing = folder
-    return missing
-
-
-def _holds_no_file(folder: Path) -> bool:
-    return all(p.is_dir() and not p.is_symlink() for p in folder.rglob("*"))
 
 
 def build_parser() -> argparse.ArgumentParser:

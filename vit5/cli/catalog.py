@@ -1,10 +1,6 @@
-"""``vit5 list [models|weights|recipes]``: what the other commands accept by name.
-
-* models: the presets (``--model vit5_tiny``, ``model.name=...``), their size and parameter count;
-* weights: the released checkpoints (``--model vit5_base_patch16_384.in1k``) with their reported top-1;
-* recipes: the packaged training recipes (``vit5 train --config vit5_small_in1k``) with their first
-  comment line.
-"""
+"""``vit5 list [models|weights|recipes]``: what the other commands accept by name: the presets with their
+size and parameter count, the released checkpoints with their reported top-1, the packaged training
+recipes with their first comment line."""
 
 from __future__ import annotations
 
@@ -34,16 +30,10 @@ def models_table() -> str:
 
     rows = [("preset", "dim", "depth", "heads", "img", "params")]
     for name in sorted(PRESETS):
-        cfg = preset_config(name)
+        c = preset_config(name)
+        size = "x".join(map(str, c.img_size))
         rows.append(
-            (
-                name,
-                str(cfg.embed_dim),
-                str(cfg.depth),
-                str(cfg.num_heads),
-                "x".join(map(str, cfg.img_size)),
-                f"{parameter_count(cfg) / 1e6:.1f}M",
-            )
+            (name, *map(str, (c.embed_dim, c.depth, c.num_heads)), size, f"{parameter_count(c) / 1e6:.1f}M")
         )
     return _table(rows)
 
@@ -78,8 +68,4 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
     if unknown:
         parser.error(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
     tables = {"models": models_table, "weights": weights_table, "recipes": recipes_table}
-
-    def work() -> None:
-        print("\n\n".join(tables[name]() for name in args.sections or SECTIONS))
-
-    return run_command(work)
+    return run_command(lambda: print("\n\n".join(tables[name]() for name in args.sections or SECTIONS)))

@@ -61,11 +61,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
         elif args.command == "digits":
             from vit5.data.digits.export import export_digits_imagefolder
 
-            print(
-                export_digits_imagefolder(
-                    args.root, size=args.size, val_fraction=args.val_fraction, seed=args.seed
-                )
-            )
+            print(export_digits_imagefolder(args.root, args.size, args.val_fraction, args.seed))
         else:
             from vit5.data.fashion_mnist import export_fashion_mnist
 

@@ -7,7 +7,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
+from vit5.cli import SIZE_HELP, Parser, add_model_options, load_models, parse_size, run_command
 
 DEFAULT_ATOL = 1e-4  # vit5.weights.export.DEFAULT_ATOL, named here so --help loads no torch
 
@@ -19,17 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         "torch.export .pt2).",
         epilog="Example: vit5 export --model vit5_small --onnx vit5_small.onnx --size 224",
     )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="model spec: vit5_small (released weights), a released name, a checkpoint path or directory, "
-        "hf-hub:USER/REPO, or timm:NAME[@CHECKPOINT]",
-    )
-    p.add_argument(
-        "--model-args", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides (e.g. depth=2)"
-    )
-    p.add_argument("--random-init", action="store_true", help="an untrained model of the named architecture")
-    add_weights_option(p)
+    add_model_options(p, device=False)
     p.add_argument("--onnx", type=Path, help="write the ONNX file here")
     p.add_argument("--program", type=Path, help="also write the torch.export program here (.pt2)")
     p.add_argument("--size", type=parse_size, help=f"input size, {SIZE_HELP} (default: the model's own)")
@@ -61,21 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _export_from_args(args: argparse.Namespace) -> None:
-    """Load the model the arguments name and write what they ask for (errors: :func:`run_command`)."""
     import torch
 
     from vit5.files import atomic_write_bytes, check_output_dir
-    from vit5.introspect.spec import load_spec, parse_model_args, random_init_flags
     from vit5.weights.export import export_onnx, export_program
 
-    (untrained,) = random_init_flags([args.model], args.random_init)
-    loaded = load_spec(args.model, parse_model_args(args.model_args), args.weights == "ema", untrained)
-    shapes = {
-        "size": args.size,
-        "batch": args.batch,
-        "dynamic_batch": not args.static_batch,
-        "dynamic_size": args.dynamic_size,
-    }
+    (loaded,) = load_models(args)
+    dynamic = {"dynamic_batch": not args.static_batch, "dynamic_size": args.dynamic_size}
+    shapes = {"size": args.size, "batch": args.batch, **dynamic}
     print(f"model: {loaded.description}")
     if args.program is not None:
         program = export_program(loaded.model, **shapes)
@@ -87,17 +70,6 @@ def _export_from_args(args: argparse.Namespace) -> None:
         atomic_write_bytes(args.program, buffer.getbuffer())
         print(f"wrote {args.program} (torch.export program)")
     if args.onnx is not None:
-        print(
-            f"exporting to ONNX{'' if args.no_check else ' and checking with onnxruntime'} ...",
-            flush=True,
-        )
-        print(
-            export_onnx(
-                loaded.model,
-                args.onnx,
-                opset=args.opset,
-                check=not args.no_check,
-                atol=args.atol,
-                **shapes,
-            )
-        )
+        print(f"exporting to ONNX{'' if args.no_check else ' and checking with onnxruntime'} ...", flush=True)
+        check = not args.no_check
+        print(export_onnx(loaded.model, args.onnx, opset=args.opset, check=check, atol=args.atol, **shapes))

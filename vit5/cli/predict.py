@@ -7,10 +7,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import SIZE_HELP, Parser, add_weights_option, parse_size, run_command
-from vit5.cli.eval import DEFAULT_MAX_PARAMS, MODEL_HELP
+from vit5.cli import SIZE_HELP, Parser, add_model_options, load_models, parse_size, run_command
 from vit5.errors import InputError, one_line_warnings, safe_console
-from vit5.runtime import DEVICE_HELP, resolve_device
+from vit5.runtime import resolve_device
 
 
 def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
@@ -21,20 +20,7 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
         "else the output index.",
         epilog="example: vit5 predict --model vit5_small --images photos/ --topk 5 --csv predictions.csv",
     )
-    p.add_argument("--model", required=True, help=MODEL_HELP)
-    p.add_argument(
-        "--model-args",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="overrides: vit5 config fields or timm.create_model kwargs (e.g. img_size=64)",
-    )
-    add_weights_option(p)
-    p.add_argument(
-        "--random-init",
-        action="store_true",
-        help="build a bare architecture name untrained (a pipeline check: its predictions mean nothing)",
-    )
+    add_model_options(p)
     p.add_argument("--images", required=True, help="image folder (searched recursively) or one image")
     p.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     p.add_argument(
@@ -45,14 +31,6 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-size", type=int, default=32, help="default 32")
     p.add_argument("--workers", type=int, default=0, help="data loader processes (default 0)")
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument(
-        "--max-params",
-        type=float,
-        metavar="N",
-        help="refuse vit5 models larger than N parameters before building them "
-        f"(default {DEFAULT_MAX_PARAMS:.0e})",
-    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -69,18 +47,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from vit5.eval.load import load_models, parse_overrides
     from vit5.eval.predict import predict, predictions_table, write_csv
-    from vit5.introspect.spec import random_init_flags
 
     device = resolve_device(args.device)  # a bad --device fails before any work
     if args.csv is not None and args.csv.is_dir():
         raise InputError(
             f"--csv {args.csv} is a folder: give a file path such as {args.csv / 'predictions.csv'}"
         )
-    (untrained,) = random_init_flags([args.model], args.random_init)
-    limit = {"max_params": args.max_params} if args.max_params is not None else {}
-    (loaded,) = load_models(args.model, args.weights, untrained, **parse_overrides(args.model_args), **limit)
+    (loaded,) = load_models(args)
     print(f"model: {loaded.description}")
     predictions, names = predict(
         loaded, args.images, args.topk, args.size, args.batch_size, args.workers, device, not args.quiet

@@ -1,20 +1,7 @@
-"""``vit5 train [--config RECIPE] [--resume [DIR]] [key=value ...]`` (``python train.py`` is the same)
-
-* no arguments: the built-in digits demo (the packaged recipe ``demo_digits``);
-* ``--config RECIPE``: a packaged recipe by name (``vit5_small_in1k``; they live in ``vit5/configs/``,
-  also reachable as ``configs/`` in the repository) or a YAML file; ``key=value`` overrides any
-  setting (``data.root=/data/imagenet optim.lr=3e-3 model.overrides.depth=6``);
-* ``--resume DIR``: continue the run in ``DIR`` (or the checkpoint ``DIR/checkpoints/ckpt-N``)
-  exactly where its last checkpoint left it, with the run's own ``config.yaml`` (``key=value``
-  may still change settings, e.g. ``schedule.epochs``); ``--resume`` alone continues
-  ``run.output_dir/run.name`` of the config. An older checkpoint (newer ones exist) continues in
-  a new run directory ``DIR-2``; nothing of ``DIR`` is changed.
-
-Launch on several GPUs / nodes with ``accelerate launch -m vit5 train ...``. Exit status: 0 completed;
-2 a user error (config, data, a damaged checkpoint, a full or read-only disk, a run in use) after one
-``error:`` line naming the fix; 3 the run diverged (``error:`` line naming the last good checkpoint);
-128 + the signal number (143 SIGTERM, 130 SIGINT, 138 SIGUSR1) when a stop signal ended the run
-after a checkpoint at the position reached (one ``stopped:`` line saying how to resume).
+"""``vit5 train [--config RECIPE] [--resume [DIR]] [key=value ...]``: the digits demo without arguments, a
+packaged recipe or YAML file with overrides, or a run continued from its last checkpoint (an older
+checkpoint continues in a new run directory ``DIR-2``). Exit statuses (docs/training.md): 0 completed,
+2 user error, 3 diverged, 128 + the signal number after a stop signal and a checkpoint.
 """
 
 from __future__ import annotations
@@ -53,13 +40,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
         metavar="DIR",
         help="continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config",
     )
-    parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="setting overrides, e.g. optim.lr=1e-3"
-    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings, e.g. optim.lr=1e-3")
     args = parser.parse_args(argv)
-    if (
-        args.resume and "=" in args.resume and not Path(args.resume).exists()
-    ):  # `--resume key=value`: no DIR given
+    if args.resume and "=" in args.resume and not Path(args.resume).exists():  # `--resume key=value`
         args.overrides.insert(0, args.resume)
         args.resume = ""
     return args
@@ -114,16 +97,13 @@ def resolve(
     if frozen:
         raise ResumeError(
             f"--resume cannot change {'; '.join(frozen)} (set in {run_dir / CONFIG_FILE} or on the command "
-            "line): "
-            "the checkpoint's model, optimizer state and position in the epoch depend on them. Start a new "
-            "run "
-            f"from its weights instead (model.pretrained={run_dir}/final)"
+            "line): the checkpoint's model, optimizer state and position in the epoch depend on them. Start "
+            f"a new run from its weights instead (model.pretrained={run_dir}/final)"
         )
     return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
-    """Entry point of ``vit5 train``; returns the process exit status (see the module docstring)."""
     safe_console()
     args = parse_args(argv, prog)
 
