@@ -269,7 +269,9 @@ def _image_paths(
                 if entry.name.lower().endswith(suffixes):
                     files.append(entry.path)
                     inodes.append(entry.inode())
-            elif entry.is_symlink():
+                continue
+            info = None
+            if entry.is_symlink():
                 root = root or os.path.realpath(top)
                 target = os.path.realpath(entry.path)
                 if not follow_outside and not _inside(target, root):
@@ -280,27 +282,18 @@ def _image_paths(
                 except OSError:
                     skipped.append(f"{entry.path} (a broken link)")
                     continue
-                if stat.S_ISDIR(info.st_mode):
-                    listing = _listing(entry.path, top, visited, skipped)
-                    if listing:
-                        stack += [(entries, i), (listing, 0)]
-                        break
-                    continue
-                if not entry.name.lower().endswith(suffixes):
-                    continue
-                if not stat.S_ISREG(info.st_mode):
-                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
-                    continue
-                files.append(entry.path)
-                inodes.append(info.st_ino)
-            elif entry.is_dir(follow_symlinks=False):
+            if stat.S_ISDIR(info.st_mode) if info else entry.is_dir(follow_symlinks=False):
                 listing = _listing(entry.path, top, visited, skipped)
                 if listing:
                     stack += [(entries, i), (listing, 0)]
                     break
             elif entry.name.lower().endswith(suffixes):
-                mode = entry.stat(follow_symlinks=False).st_mode
-                skipped.append(f"{entry.path} (not a regular file: {_file_kind(mode)})")
+                info = info or entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):  # through a link
+                    files.append(entry.path)
+                    inodes.append(info.st_ino)
+                else:
+                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
     files = _one_path_per_file(files, inodes)
     if skipped:
         warnings.warn(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tarfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +27,6 @@ SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 CLASSES_FILE = "classes.txt"
 INFO_FILE = "_info.json"
 PAD_LABEL = -1  # validation padding: not counted
-_META = re.compile(r"__[^/]*__($|/)")  # what webdataset's tar_file_iterator skips
 
 
 class ShardError(InputError):
@@ -44,12 +42,8 @@ def _webdataset() -> Any:
 
 
 def expand_shards(spec: str | os.PathLike[str] | Sequence[str]) -> list[str]:
-    """The shard files of ``spec``: a brace pattern (``/data/train-{000000..001023}.tar``), a
-    directory (its ``*.tar``, sorted), or a list of either. Every file must exist.
-
-    Raises:
-        ShardError: no shard, or a listed shard does not exist.
-    """
+    """The shard files of ``spec``: a brace pattern (``/data/train-{000000..001023}.tar``), a directory
+    (its ``*.tar``, sorted), or a list of either; every file must exist."""
     items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     shards: list[str] = []
     for item in items:
@@ -80,7 +74,7 @@ def count_samples(path: str) -> int:
     with tar:
         try:
             for info in tar:
-                if not info.isreg() or _META.match(info.name) or info.name.startswith("__"):
+                if not info.isreg() or info.name.startswith("__"):  # metadata, as webdataset skips it
                     continue
                 key, _ = key_of(info.name)
                 if key is not None and key != last:
@@ -248,12 +242,8 @@ class ShardDataset(BadSamples, IterableDataset):
         stream = self._shuffled(self._read(order, start, stop), (self.seed, epoch, self.rank, worker))
         for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
             next(stream)
-        batch: list[tuple[torch.Tensor, int]] = []
-        for sample in self._good(stream):
-            batch.append(sample)
-            if len(batch) == self.batch_size:
-                yield _collate(batch)
-                batch = []
+        for batch in zip(*[self._good(stream)] * self.batch_size):  # full batches (all are)
+            yield tuple(default_collate(list(batch)))
 
     def _val_batches(self, workers: int, loader_worker: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         slots, slot = self.num_replicas * workers, self.rank * workers + loader_worker
@@ -270,21 +260,14 @@ class ShardDataset(BadSamples, IterableDataset):
             pad = decoded[0]
             batch.append(decoded)
             if len(batch) == self.batch_size:
-                yield _collate(batch)
+                yield tuple(default_collate(batch))
                 sent, batch = sent + len(batch), []
         if pad is None:  # an empty (or all-bad) range: pad with any readable sample
-            pad = self._any_image(order)
+            pad = next(self._good(self._read(order, 0, self.num_samples)))[0]
         while sent < wanted:
             batch.extend((pad, PAD_LABEL) for _ in range(self.batch_size - len(batch)))
-            yield _collate(batch)
+            yield tuple(default_collate(batch))
             sent, batch = sent + len(batch), []
-
-    def _any_image(self, order: np.ndarray) -> torch.Tensor:
-        for index, raw in self._read(order, 0, self.num_samples):
-            decoded = self._decode(index, raw)
-            if decoded is not None:
-                return decoded[0]
-        raise ShardError(f"none of the {self.num_samples} samples in {self.shards[0]} ... can be decoded")
 
     def _read(self, order: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """``(sample id, raw sample or None if unreadable)`` for stream positions ``[start, stop)``."""
@@ -402,11 +385,6 @@ class ShardDataset(BadSamples, IterableDataset):
 
 def _keys(raw: dict[str, Any]) -> str:
     return ", ".join(k for k in raw if not k.startswith("__")) or "nothing"
-
-
-def _collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images, labels = default_collate(samples)
-    return images, labels
 
 
 def shard_loader(
