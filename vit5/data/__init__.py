@@ -1,10 +1,5 @@
-"""Data pipeline for ViT-5: OpenCV decoding, ImageFolder, WebDataset shards, DeiT-III transforms,
-digits, RA sampler.
-
-Stands alone: depends on torch, numpy, OpenCV, albumentations, timm.data, scikit-learn and
-(for shards, the optional extra ``vit5[wds]``) webdataset, never on
-other ``vit5`` subpackages.
-"""
+"""Data pipeline for ViT-5: OpenCV decoding, ImageFolder, WebDataset shards (``vit5[wds]``), DeiT-III
+transforms, digits, RA sampler. Stands alone: imports no other ``vit5`` subpackage."""
 
 from vit5.data.decode import MAX_PIXELS_ENV, BadImageError, decode_image, max_image_pixels
 from vit5.data.digits import (

@@ -1,22 +1,9 @@
 """Fashion-MNIST (Xiao, Rasul and Vollgraf, arXiv 1708.07747) as an ImageFolder tree of PNG files.
 
-``vit5 data fashion-mnist OUT`` writes ``OUT/{train,val,test}/<class>/<index>.png``: ``test`` the
-10,000 test images, ``val`` a fixed, seeded, class-stratified hold-out of the 60,000 training images
-(5,000 by default) and ``train`` the rest, so models are selected on ``val`` and ``test`` is read once per
-reported model. A file is named by the sample's position in its IDX file (``test/ankle_boot/09999.png`` is
-the last test image; a ``train``/``val`` file's number is its index among the 60,000 training images), so
-every image can be traced back to its source.
-
-The four source files are the data set's own gzipped IDX files (github.com/zalandoresearch/fashion-mnist),
-read by :func:`read_idx` (the IDX format of yann.lecun.com/exdb/mnist: a magic number giving the element
-type and the number of dimensions, the dimensions as big-endian int32, then the data). They are found in
-``--source DIR``, else the Debian package ``dataset-fashion-mnist`` (:data:`DEBIAN_DIR`), else through
-torchvision's ``FashionMNIST(download=True)`` when a network is there.
-
-The export is idempotent and resumable like the digits one (:mod:`vit5.data.digits.export`): every file
-is written atomically, a file that already holds the right bytes is left alone, so an interrupted export
-finishes on the next call, and a tree written with another seed or val size is refused rather than merged
-(its val images would leak into train).
+``vit5 data fashion-mnist OUT`` writes ``OUT/{train,val,test}/<class>/<index in its IDX file>.png``: ``val`` a
+seeded, class-stratified hold-out of the 60,000 training images, ``train`` the rest, ``test`` the 10,000 test
+images. The gzipped IDX files (github.com/zalandoresearch/fashion-mnist) come from ``--source DIR``, else the
+Debian package ``dataset-fashion-mnist``, else torchvision's download; the export is idempotent (as digits').
 """
 
 from __future__ import annotations
@@ -24,18 +11,16 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from vit5.data.digits.export import ExportReport, write_image_tree
 from vit5.errors import InputError
-from vit5.files import atomic_write_bytes, atomic_write_json
+from vit5.files import atomic_write_json
 
 #: Class names in label order (0..9), as folder names: the data set's labels, lower-case, ``_`` for ``/``.
 FASHION_MNIST_CLASSES: tuple[str, ...] = (
@@ -57,11 +42,10 @@ IDX_FILES: dict[str, tuple[str, str]] = {
 }
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 INSTALL_HINT = "apt-get install dataset-fashion-mnist"
-SPLITS = ("train", "val", "test")
 DEFAULT_VAL_SIZE = 5000
 MANIFEST = "fashion_mnist.json"
-_EXPORTED_NAME = re.compile(r"^\d{5}\.png$")
-_GZIP_MAGIC = b"\x1f\x8b"
+_REFETCH = f"replace it (e.g. `{INSTALL_HINT} --reinstall`, or delete it and download again)"
+_WHERE = f"give --source DIR holding the four IDX files of Fashion-MNIST, or `{INSTALL_HINT}`"
 # IDX element types (the third byte of the magic number) -> numpy dtype, big-endian as the format says.
 _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -72,58 +56,37 @@ class FashionMnistError(InputError):
 
 # --------------------------------------------------------------------------------------- reading
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read one IDX file, gzipped or raw, into an array of the shape its header gives.
-
-    Raises:
-        FashionMnistError: not an IDX file, a truncated or corrupt gzip stream, or fewer / more data
-            bytes than the header's dimensions call for.
-    """
+    """One IDX file (yann.lecun.com/exdb/mnist: magic number with element type and ndim, big-endian int32
+    dims, data), gzipped or raw, as an array; a damaged file is a :class:`FashionMnistError`."""
     path = Path(path)
     try:
         data = path.read_bytes()
-        if data[:2] == _GZIP_MAGIC:
+        if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise FashionMnistError(f"{path} is a truncated or corrupt gzip file ({e}); {_refetch(path)}") from e
+        raise FashionMnistError(f"{path} is a truncated or corrupt gzip file ({e}); {_REFETCH}") from e
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_TYPES or data[3] == 0:
         raise FashionMnistError(
-            f"{path} is not an IDX file (magic number {data[:4].hex() or 'missing'}); {_refetch(path)}"
+            f"{path} is not an IDX file (magic number {data[:4].hex() or 'missing'}); {_REFETCH}"
         )
     dtype, ndim = np.dtype(_IDX_TYPES[data[2]]), data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise FashionMnistError(f"{path} is truncated inside its IDX header; {_refetch(path)}")
+        raise FashionMnistError(f"{path} is truncated inside its IDX header; {_REFETCH}")
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(data) - header != expected:
         state = "truncated" if len(data) - header < expected else "longer than its header says"
         raise FashionMnistError(
             f"{path} is {state}: its IDX header gives shape {dims} ({expected} data bytes) but it holds "
-            f"{len(data) - header}; {_refetch(path)}"
+            f"{len(data) - header}; {_REFETCH}"
         )
     return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def _refetch(path: Path) -> str:
-    return f"replace it (e.g. `{INSTALL_HINT} --reinstall`, or delete it and download again)"
-
-
-@dataclass(frozen=True)
-class FashionMnistPart:
-    """One source part: ``images`` (N, 28, 28) uint8 and ``labels`` (N,) int64 in IDX order."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-
-def load_part(source: str | os.PathLike[str], part: str) -> FashionMnistPart:
-    """Read and check the images and labels of ``part`` (``"train"`` or ``"test"``) in ``source``.
-
-    Raises:
-        FashionMnistError: a file missing or damaged, images that are not (N, H, W) uint8, labels that
-            are not (N,) uint8 in 0..9, or image and label files of different lengths.
-    """
-    images_path, labels_path = (_idx_path(Path(source), stem) for stem in IDX_FILES[part])
+def load_part(source: Path, part: str) -> tuple[np.ndarray, np.ndarray]:
+    """The checked ``(images (N, H, W) uint8, labels (N,) int64 in 0..9)`` of ``part`` ("train"/"test")."""
+    images_path, labels_path = (_idx_path(source, stem) for stem in IDX_FILES[part])
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or images.dtype != np.uint8:
         raise FashionMnistError(
@@ -138,38 +101,27 @@ def load_part(source: str | os.PathLike[str], part: str) -> FashionMnistPart:
     if len(images) != len(labels):
         raise FashionMnistError(
             f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels; "
-            f"the two files are from different releases or one is damaged: {_refetch(images_path)}"
+            f"the two files are from different releases or one is damaged: {_REFETCH}"
         )
     if labels.size and int(labels.max()) >= len(FASHION_MNIST_CLASSES):
         raise FashionMnistError(
-            f"{labels_path} holds label {int(labels.max())}, Fashion-MNIST has 0..9; {_refetch(labels_path)}"
+            f"{labels_path} holds label {int(labels.max())}, Fashion-MNIST has 0..9; {_REFETCH}"
         )
-    return FashionMnistPart(images=images, labels=labels.astype(np.int64))
+    return images, labels.astype(np.int64)
 
 
-def _idx_path(source: Path, stem: str) -> Path:
-    for name in (f"{stem}.gz", stem):
-        if (source / name).is_file():
-            return source / name
-    raise FashionMnistError(f"{source} has no {stem}.gz (or {stem}); {_where_hint()}")
+def _idx_path(source: Path, stem: str) -> Path | None:
+    return next((source / n for n in (f"{stem}.gz", stem) if (source / n).is_file()), None)
 
 
-def has_source(folder: Path) -> bool:
-    """Whether ``folder`` holds all four IDX files (gzipped or raw)."""
-    return all(
-        any((folder / name).is_file() for name in (f"{stem}.gz", stem))
-        for stems in IDX_FILES.values()
-        for stem in stems
-    )
-
-
-def _where_hint() -> str:
-    return f"give --source DIR holding the four IDX files of Fashion-MNIST, or `{INSTALL_HINT}`"
+def _missing(folder: Path) -> list[str]:
+    """The IDX files (gzipped or raw) ``folder`` lacks."""
+    return [stem for stems in IDX_FILES.values() for stem in stems if _idx_path(folder, stem) is None]
 
 
 def torchvision_download(cache: Path) -> Path:
-    """Download the four files with torchvision (``FashionMNIST(download=True)``) into ``cache``;
-    returns the folder holding them. Any failure (no torchvision, no network) raises ``OSError``."""
+    """Download the four files with torchvision into ``cache``; the folder holding them. Any failure
+    (no torchvision, no network) raises ``OSError``."""
     try:
         from torchvision.datasets import FashionMNIST
     except ImportError as e:
@@ -182,11 +134,6 @@ def torchvision_download(cache: Path) -> Path:
     return cache / "FashionMNIST" / "raw"
 
 
-def default_cache() -> Path:
-    """Where a torchvision download goes: ``$XDG_CACHE_HOME/vit5/fashion-mnist`` (``~/.cache/...``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vit5" / "fashion-mnist"
-
-
 def resolve_source(
     source: str | os.PathLike[str] | None = None,
     *,
@@ -194,35 +141,26 @@ def resolve_source(
     download: Callable[[Path], Path] | None = torchvision_download,
     cache: Path | None = None,
 ) -> Path:
-    """The folder to read: ``source`` when given (it must hold the files: no fallback), else
-    ``debian_dir`` when it holds them, else a cached or fresh ``download`` (``None``: no download).
-
-    Raises:
-        FashionMnistError: one line naming ``apt-get install dataset-fashion-mnist`` and ``--source``.
-    """
+    """The folder to read: ``source`` when given (no fallback), else ``debian_dir``, else a cached or fresh
+    ``download`` (``None``: none) into ``cache`` (default ``$XDG_CACHE_HOME/vit5/fashion-mnist``)."""
     if source is not None:
         folder = Path(source).expanduser()
         if not folder.is_dir():
-            raise FashionMnistError(f"--source {folder} is not a folder; {_where_hint()}")
-        if not has_source(folder):
-            missing = [
-                stem
-                for stems in IDX_FILES.values()
-                for stem in stems
-                if not any((folder / n).is_file() for n in (f"{stem}.gz", stem))
-            ]
-            raise FashionMnistError(f"--source {folder} lacks {', '.join(missing)} (.gz); {_where_hint()}")
+            raise FashionMnistError(f"--source {folder} is not a folder; {_WHERE}")
+        if _missing(folder):
+            raise FashionMnistError(f"--source {folder} lacks {', '.join(_missing(folder))} (.gz); {_WHERE}")
         return folder
-    if has_source(debian_dir):
-        return debian_dir
-    cache = cache or default_cache()
-    if has_source(cache / "FashionMNIST" / "raw"):
-        return cache / "FashionMNIST" / "raw"
+    cache = (
+        cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vit5" / "fashion-mnist"
+    )
+    for folder in (debian_dir, cache / "FashionMNIST" / "raw"):
+        if not _missing(folder):
+            return folder
     reason = "no download tried"
     if download is not None:
         try:
             folder = download(cache)
-            if has_source(folder):
+            if not _missing(folder):
                 return folder
             reason = f"the download left no IDX files in {folder}"
         except OSError as e:
@@ -233,13 +171,8 @@ def resolve_source(
     )
 
 
-# ------------------------------------------------------------------------------------------ split
 def split_indices(labels: np.ndarray, val_size: int = DEFAULT_VAL_SIZE, seed: int = 0) -> np.ndarray:
-    """Sorted indices of the val hold-out: ``val_size`` of ``labels``, stratified by class, fixed by ``seed``.
-
-    Raises:
-        FashionMnistError: ``val_size`` leaves a split without some class.
-    """
+    """Sorted indices of the val hold-out: ``val_size`` of ``labels``, class-stratified, fixed by ``seed``."""
     classes = len(np.unique(labels))
     if (
         isinstance(val_size, bool)
@@ -255,24 +188,6 @@ def split_indices(labels: np.ndarray, val_size: int = DEFAULT_VAL_SIZE, seed: in
 
 
 # ----------------------------------------------------------------------------------------- export
-@dataclass(frozen=True)
-class FashionMnistExport:
-    """What :func:`export_fashion_mnist` did; ``counts[split][class]`` = number of images."""
-
-    root: Path
-    source: Path
-    written: int
-    unchanged: int
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        totals = ", ".join(f"{split} {sum(c.values())}" for split, c in self.counts.items())
-        return (
-            f"fashion-mnist ({self.source}) -> {self.root}: {totals} images; "
-            f"{self.written} written, {self.unchanged} unchanged"
-        )
-
-
 def export_fashion_mnist(
     root: str | os.PathLike[str],
     source: str | os.PathLike[str] | None = None,
@@ -282,11 +197,9 @@ def export_fashion_mnist(
     debian_dir: Path = DEBIAN_DIR,
     download: Callable[[Path], Path] | None = torchvision_download,
     cache: Path | None = None,
-) -> FashionMnistExport:
-    """Write the train / val / test ImageFolder tree under ``root`` (see the module docstring).
-
-    ``source`` and the fallbacks are those of :func:`resolve_source`. Grey PNGs, one per image; a rerun
-    rewrites nothing, an interrupted one completes; ``root/fashion_mnist.json`` records the split.
+) -> ExportReport:
+    """Write the train / val / test tree under ``root`` (grey PNGs; see the module docstring) from the
+    source :func:`resolve_source` finds; ``root/fashion_mnist.json`` records the split.
 
     Raises:
         FashionMnistError: no usable source, a damaged file or a bad ``val_size``.
@@ -294,62 +207,26 @@ def export_fashion_mnist(
     """
     root = Path(root)
     folder = resolve_source(source, debian_dir=debian_dir, download=download, cache=cache)
-    train, test = load_part(folder, "train"), load_part(folder, "test")
-    val_idx = split_indices(train.labels, val_size, seed)
-    in_val = np.zeros(len(train.labels), dtype=bool)
-    in_val[val_idx] = True
+    (train_images, train_labels), (test_images, test_labels) = (
+        load_part(folder, "train"),
+        load_part(folder, "test"),
+    )
+    val_idx = split_indices(train_labels, val_size, seed)
     parts = {
-        "train": (train, np.flatnonzero(~in_val)),
-        "val": (train, val_idx),
-        "test": (test, np.arange(len(test.labels))),
+        "train": (train_images, train_labels, np.setdiff1d(np.arange(len(train_labels)), val_idx)),
+        "val": (train_images, train_labels, val_idx),
+        "test": (test_images, test_labels, np.arange(len(test_labels))),
     }
     manifest = {
         "dataset": "fashion-mnist",
         "seed": seed,
         "val_size": val_size,
-        "counts": {split: len(indices) for split, (_, indices) in parts.items()},
+        "counts": {split: len(indices) for split, (_, _, indices) in parts.items()},
     }
-    _check_previous(root, manifest)
-    planned = {
-        root / split / FASHION_MNIST_CLASSES[part.labels[i]] / f"{i:05d}.png"
-        for split, (part, indices) in parts.items()
-        for i in indices
-    }
-    stale = sorted(p for p in _existing_exports(root) if p not in planned)
-    if stale:
-        raise FileExistsError(
-            f"{root} holds {len(stale)} image(s) this export would not write (e.g. {stale[0]}): an export "
-            f"with other arguments; delete {root} or export to another folder"
-        )
-    written = 0
-    counts: dict[str, dict[str, int]] = {}
-    for split, (part, indices) in parts.items():
-        counts[split] = dict.fromkeys(FASHION_MNIST_CLASSES, 0)
-        for name in FASHION_MNIST_CLASSES:
-            (root / split / name).mkdir(parents=True, exist_ok=True)
-        for i in indices:
-            name = FASHION_MNIST_CLASSES[part.labels[i]]
-            counts[split][name] += 1
-            path = root / split / name / f"{i:05d}.png"
-            payload = _encode_png(part.images[i])
-            if path.is_file() and path.read_bytes() == payload:
-                continue
-            atomic_write_bytes(path, payload, durable=False)
-            written += 1
-    atomic_write_json(root / MANIFEST, manifest)
-    return FashionMnistExport(
-        root=root, source=folder, written=written, unchanged=len(planned) - written, counts=counts
-    )
-
-
-def _check_previous(root: Path, manifest: dict[str, object]) -> None:
-    path = root / MANIFEST
-    if not path.is_file():
-        return
     try:
-        previous = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return  # unreadable: the file-by-file check below still refuses a foreign tree
+        previous = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):  # none, or unreadable: write_image_tree still refuses a foreign tree
+        previous = manifest
     differs = [k for k in ("seed", "val_size") if previous.get(k) != manifest[k]]
     if differs:
         was = ", ".join(f"{k}={previous.get(k)}" for k in differs)
@@ -357,21 +234,10 @@ def _check_previous(root: Path, manifest: dict[str, object]) -> None:
         raise FileExistsError(
             f"{root} holds an export with {was} (asked: {now}); delete {root} or export to another folder"
         )
-
-
-def _encode_png(grey: np.ndarray) -> bytes:
-    ok, buffer = cv2.imencode(".png", np.ascontiguousarray(grey))
-    if not ok:
-        raise RuntimeError("OpenCV failed to encode a PNG")
-    return buffer.tobytes()
-
-
-def _existing_exports(root: Path) -> list[Path]:
-    return [
-        path
-        for split in SPLITS
-        for name in FASHION_MNIST_CLASSES
-        if (root / split / name).is_dir()
-        for path in (root / split / name).iterdir()
-        if _EXPORTED_NAME.match(path.name)
-    ]
+    splits = {
+        split: zip(indices.tolist(), labels[indices].tolist(), images[indices])
+        for split, (images, labels, indices) in parts.items()
+    }
+    report = write_image_tree(root, splits, FASHION_MNIST_CLASSES, 5, f"fashion-mnist ({folder})")
+    atomic_write_json(root / MANIFEST, manifest)
+    return report

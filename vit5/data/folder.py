@@ -1,14 +1,7 @@
 """ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files.
 
-Decoding uses :func:`vit5.data.decode.decode_image` (OpenCV); a transform maps the RGB uint8 array
-to what the model eats (see :mod:`vit5.data.transforms`).
-
-Bad files found while loading are **replaced**, not dropped: sample ``i`` falls through to the
-next readable index, so every batch keeps its size (timm ``Mixup`` asserts an even batch per
-process). Each bad file is flagged in a bool tensor in shared memory (:attr:`bad_mask`); DataLoader
-workers, forked or spawned, write into that same memory, so :attr:`num_bad` / :attr:`bad_files` read
-in the main process count files hit by any worker. The first process to flag a file emits one
-:class:`BadImageWarning`; later hits skip the file without decoding it again.
+A bad file is **replaced** by the next readable index (batches keep their size: timm ``Mixup`` needs even
+batches) and flagged in a shared-memory mask that DataLoader workers write too; the first flag warns once.
 """
 
 from __future__ import annotations
@@ -31,19 +24,8 @@ from torch.utils.data import Dataset
 from vit5.data.decode import BadImageError, decode_image
 from vit5.errors import Vit5Error, name_list
 
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg",
-    ".jpeg",
-    ".jpe",
-    ".png",
-    ".bmp",
-    ".webp",
-    ".tif",
-    ".tiff",
-    ".ppm",
-    ".pgm",
-    ".pbm",
-    ".pnm",
+IMAGE_EXTENSIONS: tuple[str, ...] = tuple(
+    f".{e}" for e in "jpg jpeg jpe png bmp webp tif tiff ppm pgm pbm pnm".split()
 )
 _SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
 
@@ -56,21 +38,42 @@ class BadImageWarning(UserWarning):
     """An image file could not be decoded and is being skipped."""
 
 
-class ImageFolderDataset(Dataset):
-    """Classification images laid out as ``root/<split>/<class>/**/<image>``.
+class BadSamples:
+    """Per-sample "unreadable" flags in shared memory (set by DataLoader workers too), for a data set with
+    ``sample_name(index)``. Under multi-process training reduce :attr:`bad_mask` across ranks with max."""
+
+    def _init_bad(self, count: int) -> None:
+        self._bad = torch.zeros(count, dtype=torch.bool).share_memory_()
+
+    @property
+    def bad_mask(self) -> torch.Tensor:
+        return self._bad.clone()
+
+    @property
+    def num_bad(self) -> int:
+        return int(self._bad.sum())
+
+    @property
+    def bad_files(self) -> list[str]:
+        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]  # type: ignore[attr-defined]
+
+    def _flag(self, index: int, message: str) -> None:
+        """Flag sample ``index``; the first process to flag it warns."""
+        if not self._bad[index]:
+            self._bad[index] = True
+            warnings.warn(message, BadImageWarning, stacklevel=3)
+
+
+class ImageFolderDataset(BadSamples, Dataset):
+    """Classification images laid out as ``root/<split>/<class>/**/<image>`` (``split=None``: ``root`` is the
+    split). Classes: the sorted non-hidden sub-folders; images: collected by :func:`image_files`.
 
     Args:
-        root: data set root holding split folders, or a split folder itself when ``split=None``.
-        split: split folder name under ``root`` (``"train"``, ``"val"``, ...), or ``None``.
-        transform: maps the decoded RGB uint8 (H, W, 3) array to the returned image; ``None``
-            returns the array.
-        class_names: fix the class -> index mapping (pass the train set's ``class_names`` to the
-            val set); the split must then have exactly these class folders.
+        transform: maps the decoded RGB uint8 (H, W, 3) array to the returned image; ``None`` returns it.
+        class_names: fix the class -> index mapping (the train set's, for val); the split must have exactly
+            these class folders.
         extensions: accepted file suffixes, compared case-insensitively.
         alpha_background: see :func:`~vit5.data.decode.decode_image`; ``None`` drops alpha.
-
-    Classes are the sorted non-hidden sub-folders; images are collected recursively inside each
-    class folder in sorted order, skipping hidden files and folders.
     """
 
     def __init__(
@@ -89,57 +92,54 @@ class ImageFolderDataset(Dataset):
         self.extensions = tuple(sorted({f".{e.lower().lstrip('.')}" for e in extensions}))
         self.class_names = _class_names(self.root, split, class_names)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
-        self.samples = self._scan()
+        self.samples: list[tuple[str, int]] = []
+        for name in self.class_names:
+            files = _image_paths(self.root / name, self.extensions, follow_outside=False, stacklevel=3)
+            if not files:
+                raise ImageFolderError(
+                    f"class folder {self.root / name} has no images with extensions {list(self.extensions)}. "
+                    "Add images or delete the folder."
+                )
+            self.samples.extend(zip(files, repeat(self.class_to_idx[name])))
         self.targets = [target for _, target in self.samples]
-        self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
+        self._init_bad(len(self.samples))
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        image, target = self._load(index)
-        return (self.transform(image) if self.transform is not None else image), target
-
-    @property
-    def bad_mask(self) -> torch.Tensor:
-        """Copy of the per-sample "failed to decode" flags. Under multi-process training, reduce
-        it across ranks with max (``accelerator.reduce(mask.int(), "max")``) to count each file once."""
-        return self._bad.clone()
-
-    @property
-    def num_bad(self) -> int:
-        """Number of distinct files found unreadable so far, by any worker of this process."""
-        return int(self._bad.sum())
-
-    @property
-    def bad_files(self) -> list[str]:
-        """Paths of the files found unreadable so far."""
-        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]
+        count = len(self.samples)
+        error: BadImageError | None = None
+        for i in ((index + step) % count for step in range(count)):
+            if self._bad[i]:
+                continue
+            path, target = self.samples[i]
+            try:
+                image = decode_image(path, self.alpha_background)
+            except BadImageError as e:
+                error = e
+                self._flag(i, f"skipping unreadable image {e}; using the next readable file instead")
+                continue
+            return (self.transform(image) if self.transform is not None else image), target
+        raise self._all_bad_error(error)
 
     def sample_name(self, index: int) -> str:
-        """The file of sample ``index``."""
         return self.samples[index][0]
 
     def verify(self, num_threads: int = 8) -> list[BadImageError]:
-        """Decode every file once, up front; flag and return the failures (one summary warning).
+        """Decode every file once, up front; flag and return the failures (one summary warning)."""
 
-        Raises:
-            ImageFolderError: no file decodes.
-        """
-
-        def check(index: int) -> BadImageError | None:
+        def check(path: str) -> BadImageError | None:
             try:
-                decode_image(self.samples[index][0], self.alpha_background)
+                decode_image(path, self.alpha_background)
             except BadImageError as e:
                 return e
             return None
 
         with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
-            results = list(pool.map(check, range(len(self.samples))))
+            results = list(pool.map(check, (path for path, _ in self.samples)))
+        self._bad |= torch.tensor([e is not None for e in results], dtype=torch.bool)
         errors = [e for e in results if e is not None]
-        for index, error in enumerate(results):
-            if error is not None:
-                self._bad[index] = True
         if len(errors) == len(self.samples):
             raise self._all_bad_error(errors[-1])
         if errors:
@@ -155,44 +155,6 @@ class ImageFolderDataset(Dataset):
         return (
             f"{type(self).__name__}(root={str(self.root)!r}, samples={len(self)}, "
             f"classes={len(self.class_names)}, bad={self.num_bad})"
-        )
-
-    def _scan(self) -> list[tuple[str, int]]:
-        samples: list[tuple[str, int]] = []
-        for name in self.class_names:
-            class_dir = self.root / name
-            files = _image_paths(class_dir, self.extensions, follow_outside=False, stacklevel=4)
-            if not files:
-                raise ImageFolderError(
-                    f"class folder {class_dir} has no images with extensions {list(self.extensions)}. "
-                    "Add images or delete the folder."
-                )
-            samples.extend(zip(files, repeat(self.class_to_idx[name])))
-        return samples
-
-    def _load(self, index: int) -> tuple[np.ndarray, int]:
-        count = len(self.samples)
-        last_error: BadImageError | None = None
-        for step in range(count):
-            i = (index + step) % count
-            if self._bad[i]:
-                continue
-            path, target = self.samples[i]
-            try:
-                return decode_image(path, self.alpha_background), target
-            except BadImageError as e:
-                last_error = e
-                self._flag(i, e)
-        raise self._all_bad_error(last_error)
-
-    def _flag(self, index: int, error: BadImageError) -> None:
-        if self._bad[index]:
-            return
-        self._bad[index] = True
-        warnings.warn(
-            f"skipping unreadable image {error}; using the next readable file instead",
-            BadImageWarning,
-            stacklevel=3,
         )
 
     def _all_bad_error(self, example: BadImageError | None) -> ImageFolderError:
@@ -236,8 +198,7 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
         if _inside(split_real, os.path.realpath(split_dir / name)):
             raise ImageFolderError(
                 f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
-                "contains "
-                f"{split_dir} itself: remove the link"
+                f"contains {split_dir} itself: remove the link"
             )
     if not found:
         raise ImageFolderError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<image>.")
@@ -260,8 +221,7 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
 
 
 def class_names_change(old: Sequence[str], new: Sequence[str]) -> str:
-    """How class list ``new`` differs from ``old``, for a message: the names gone and the names new
-    (a renamed folder is one of each), or the same names in another label order."""
+    """How class list ``new`` differs from ``old``, for a message: names gone, names new, or the order."""
     gone = [n for n in old if n not in set(new)]
     added = [n for n in new if n not in set(old)]
     if not gone and not added:
@@ -279,19 +239,9 @@ def image_files(
 ) -> list[Path]:
     """Every image file under ``folder``, recursively, each file once, sorted by path.
 
-    * Links are followed, but a folder is entered once (a link loop such as ``loop -> ..`` is
-      skipped) and a link that leads outside ``folder`` is skipped unless ``follow_outside=True``
-      (a data set assembled from links elsewhere); two paths to one file give one entry.
-    * Only regular files are listed: a FIFO, socket or device named ``*.png`` is skipped and
-      never opened (opening a FIFO blocks forever).
-    * Hidden files and folders (``.ipynb_checkpoints``, ``.DS_Store``, ...) are skipped: they are
-      never data.
-
-    Skipped entries are summarised in one :class:`BadImageWarning`. File names of any encoding
-    are kept as Python keeps them (undecodable bytes as surrogates), so paths round-trip.
-
-    Raises:
-        ImageFolderError: a folder under ``folder`` (or ``folder`` itself) cannot be listed.
+    Links are followed, but each folder is entered once (link loops are skipped) and a link leading outside
+    ``folder`` is skipped unless ``follow_outside``; only regular files are listed (a FIFO named ``*.png``
+    would block forever); hidden entries are skipped. Skips are summarised in one :class:`BadImageWarning`.
     """
     return [Path(p) for p in _image_paths(folder, extensions, follow_outside, stacklevel=3)]
 
@@ -299,15 +249,8 @@ def image_files(
 def _image_paths(
     folder: str | os.PathLike[str], extensions: Iterable[str], follow_outside: bool, stacklevel: int = 2
 ) -> list[str]:
-    """:func:`image_files` as strings (a million ``Path`` objects cost memory and time).
-
-    One ``scandir`` per folder and no ``stat`` per file: the kind of an entry (folder, regular
-    file, link, FIFO) and its inode come from the directory listing (``DirEntry`` caches them), so
-    only links are followed with a ``stat``. Entries are visited in sorted order (a folder sorts as
-    ``name/``), which yields the paths sorted as strings without a final sort. Two paths to one
-    file share an inode number: only files whose inode number occurs twice are ``stat``-ed to
-    tell one file from two on different devices.
-    """
+    """:func:`image_files` as strings, with one ``scandir`` per folder and no ``stat`` per file (entries
+    cache their kind and inode); sorted visiting (a folder sorts as ``name/``) yields sorted paths."""
     suffixes = tuple({e.lower() for e in extensions})
     top = os.fspath(folder)
     root = ""  # the folder's real path, found when a link needs it
@@ -326,7 +269,9 @@ def _image_paths(
                 if entry.name.lower().endswith(suffixes):
                     files.append(entry.path)
                     inodes.append(entry.inode())
-            elif entry.is_symlink():
+                continue
+            info = None
+            if entry.is_symlink():
                 root = root or os.path.realpath(top)
                 target = os.path.realpath(entry.path)
                 if not follow_outside and not _inside(target, root):
@@ -337,27 +282,18 @@ def _image_paths(
                 except OSError:
                     skipped.append(f"{entry.path} (a broken link)")
                     continue
-                if stat.S_ISDIR(info.st_mode):
-                    listing = _listing(entry.path, top, visited, skipped)
-                    if listing:
-                        stack += [(entries, i), (listing, 0)]
-                        break
-                    continue
-                if not entry.name.lower().endswith(suffixes):
-                    continue
-                if not stat.S_ISREG(info.st_mode):
-                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
-                    continue
-                files.append(entry.path)
-                inodes.append(info.st_ino)
-            elif entry.is_dir(follow_symlinks=False):
+            if stat.S_ISDIR(info.st_mode) if info else entry.is_dir(follow_symlinks=False):
                 listing = _listing(entry.path, top, visited, skipped)
                 if listing:
                     stack += [(entries, i), (listing, 0)]
                     break
             elif entry.name.lower().endswith(suffixes):
-                mode = entry.stat(follow_symlinks=False).st_mode
-                skipped.append(f"{entry.path} (not a regular file: {_file_kind(mode)})")
+                info = info or entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):  # through a link
+                    files.append(entry.path)
+                    inodes.append(info.st_ino)
+                else:
+                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
     files = _one_path_per_file(files, inodes)
     if skipped:
         warnings.warn(
@@ -370,7 +306,7 @@ def _image_paths(
 
 
 def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
-    """``files`` without later paths to a file listed before (a link to it, a hard link)."""
+    """``files`` without later paths to a file listed before; only shared inode numbers are ``stat``-ed."""
     numbers = np.frombuffer(inodes, dtype=np.uint64) if len(inodes) else np.zeros(0, np.uint64)
     ordered = np.sort(numbers)
     shared = ordered[1:][ordered[1:] == ordered[:-1]]
@@ -389,8 +325,7 @@ def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
 def _listing(
     directory: str, top: str, visited: set[tuple[int, int]], skipped: list[str]
 ) -> list[os.DirEntry[str]]:
-    """The non-hidden entries of ``directory`` in path order; empty for a folder already listed
-    (a link loop)."""
+    """The non-hidden entries of ``directory`` in path order; empty for a folder already listed (a loop)."""
     try:
         info = os.stat(directory)
         if (info.st_dev, info.st_ino) in visited:
@@ -411,7 +346,7 @@ def _listing(
 
 
 def _path_order(entry: os.DirEntry[str]) -> str:
-    """Sort key that puts a folder where its files sort as full paths (``a.png`` < ``a/x`` < ``a0``)."""
+    """A folder sorts where its files sort as full paths (``a.png`` < ``a/x`` < ``a0``)."""
     try:
         return entry.name + "/" if entry.is_dir() else entry.name
     except OSError:

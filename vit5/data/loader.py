@@ -1,25 +1,7 @@
-"""A DataLoader with reproducible, resumable order and sensible defaults.
-
-Order: training loaders default to an epoch-seeded :class:`~vit5.data.sampler.RepeatAugSampler`
-with one repeat (a plain shuffle); call ``loader.sampler.set_epoch(epoch)`` every epoch and
-``set_epoch(epoch, start_index=k * batch_size)`` to resume after ``k`` batches. With workers,
-augmentation randomness follows the loader ``generator`` (seeded with ``seed``) through the worker
-seeds, so a run repeats exactly from its start (for the same ``num_workers``); with
-``num_workers=0`` it follows the global torch seed. A mid-epoch resume keeps the sample order but
-draws new augmentations (workers restart with new streams) unless the sampler is ``seeded`` and the
-data set wrapped in :class:`~vit5.data.sampler.SeededSamples` (``seeded=True`` here does both):
-then every sample draws from its own seed, the same with any number of workers or processes.
-
-Signals: ``worker_init_fn=ignore_stop_signals`` leaves SIGINT, SIGTERM and SIGUSR1 to the main
-process (a Ctrl-C or a scheduler's SIGTERM to the process group would otherwise kill the workers
-while the main process finishes its step and checkpoints). Such workers exit when the main process
-shuts them down (the end of the loader's iterator; for persistent workers, the owner's job, as
-:meth:`vit5.train.Trainer.close` does) or dies, but not on ``terminate()``: multiprocessing's
-exit-time clean-up would wait for persistent workers left running.
-
-The default (``sampler=None``) loader is single-process and may go through
-``accelerator.prepare``; a loader built with a rank-aware sampler must not (see
-:mod:`vit5.data.sampler`).
+"""A DataLoader with reproducible, resumable order (for training an epoch-seeded
+:class:`~vit5.data.sampler.RepeatAugSampler`: call ``loader.sampler.set_epoch(epoch)``) and augmentation
+following the loader seed.
+A mid-epoch resume draws the same augmentations only with ``seeded=True`` (per-sample seeds).
 """
 
 from __future__ import annotations
@@ -37,7 +19,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """A ``worker_init_fn``: the worker ignores the signals the main process handles (``STOP_SIGNALS``)."""
+    """A ``worker_init_fn``: the worker ignores ``STOP_SIGNALS``, left to the main process (a Ctrl-C or a
+    scheduler's SIGTERM to the group would kill workers while the main process checkpoints); such workers
+    exit when the main process shuts them down or dies."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
@@ -57,21 +41,13 @@ def build_loader(
     seeded: bool = False,
     worker_init_fn: Callable[[int], None] | None = None,
 ) -> DataLoader:
-    """Build a DataLoader for ``dataset``.
+    """A DataLoader for ``dataset``; ``train`` shuffles (when ``sampler`` is None) and drops the last
+    incomplete batch by default (timm ``Mixup`` needs full, even batches).
 
-    Args:
-        train: shuffle (when ``sampler`` is None) and, by default, drop the last incomplete batch
-            (timm ``Mixup`` needs full, even batches).
-        num_workers: worker processes; each runs OpenCV single-threaded to avoid oversubscription.
-        seed: seeds the default sampler's shuffle and the loader generator (worker seeds).
-        sampler: e.g. a rank-aware ``RepeatAugSampler``; None gives a seeded shuffle for training
-            and sequential order for evaluation.
-        pin_memory: default True when CUDA is available.
-        persistent_workers: default ``num_workers > 0``.
-        drop_last: default ``train``.
-        seeded: per-sample augmentation seeds (see the module docstring); the default sampler is
-            then built seeded, a given one must be a ``RepeatAugSampler(..., seeded=True)``.
-        worker_init_fn: run in each worker at its start (e.g. :func:`ignore_stop_signals`).
+    ``seed`` seeds the default sampler and the loader generator (worker seeds); ``sampler`` (e.g. a
+    rank-aware ``RepeatAugSampler``, whose loader must not go through ``accelerator.prepare``) replaces the
+    default; ``pin_memory`` defaults to CUDA being there; ``seeded`` wraps ``dataset`` in
+    :class:`~vit5.data.sampler.SeededSamples` (a given sampler must then be built ``seeded=True``).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

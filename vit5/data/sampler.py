@@ -1,40 +1,7 @@
-"""Repeated-augmentation sampler (DeiT ``RASampler``), rank-explicit and resumable.
+"""Repeated-augmentation sampler (DeiT ``RASampler``), rank-explicit and resumable, and per-sample seeds.
 
-ViT-5 pre-training uses ``--repeated-aug`` (on by default in the official ``main.py:112-114`` at
-github.com/wangf3014/ViT-5 commit b7b0796): each epoch shuffles the indices with
-a generator seeded by the epoch, repeats every index ``num_repeats`` (3) times in a row, pads to a
-multiple of the world size, and gives rank ``r`` the positions ``r, r + W, r + 2W, ...``. Each rank
-then keeps only ``floor(N / 256) * 256 / W`` of them, so an epoch has as many steps as without
-repeats but sees about ``1 / num_repeats`` of the unique images, each under several augmentations.
-With ``seed=0`` the order is identical to DeiT's ``samplers.py``.
-
-With ``num_repeats=1`` it is a plain epoch-seeded ``DistributedSampler`` and ``selected_round`` is
-ignored: the rounding only compensates for the repeats (DeiT uses ``RASampler`` only with
-``--repeated-aug`` and a ``DistributedSampler`` otherwise), so without repeats every image is seen
-once per epoch instead of up to ``selected_round - 1`` of them being left out.
-
-**Accelerate.** The sampler already shards by ``rank``. Build the loader with
-``num_replicas=accelerator.num_processes, rank=accelerator.process_index`` and do **not** pass
-that loader to ``accelerator.prepare`` (which would shard the batches a second time, so each
-process would see ``1 / W`` of its own shard); move batches with ``.to(accelerator.device)``.
-
-**Resume.** An epoch is one *global* sequence of positions that depends on ``seed`` and the epoch
-only, never on the world size: position ``p`` holds ``repeated[p % len(repeated)]`` (the repeated
-permutation, extended cyclically where DeiT pads), and rank ``r`` of ``W`` takes the positions
-``r, r + W, ...``, so each step of all ranks together consumes a contiguous block of it.
-``set_epoch(epoch, consumed=C)`` skips the first ``C`` positions (samples trained by all processes
-together) and splits the rest over the current ranks, which is exact for any world size: a
-checkpoint written by ``N`` processes continues on ``M`` with the same remaining samples.
-``start_index=k * batch_size`` (this rank's first ``k`` batches, same world size) is
-``consumed=start_index * W``. Accelerate's own loaders call ``set_epoch(epoch)`` on every pass,
-which resets the position; for a prepared loader use ``accelerator.skip_first_batches`` instead.
-
-**Per-sample seeds** (``seeded=True``): the sampler yields ``(index, seed)`` pairs, the seed a
-function of ``(seed, epoch, position)`` (:func:`sample_seed`), and :class:`SeededSamples` draws each
-sample's augmentation from its own seed. Augmentations then depend neither on the DataLoader
-workers (which worker gets which batch, when workers restart) nor on the world size, so a
-mid-epoch resume, with or without workers, on any number of processes, draws exactly the
-augmentations of an uninterrupted run.
+ViT-5 pre-training uses ``--repeated-aug`` (official ``main.py:112-114`` at github.com/wangf3014/ViT-5
+commit b7b0796); with ``seed=0`` the order is identical to DeiT's ``samplers.py``.
 """
 
 from __future__ import annotations
@@ -50,28 +17,22 @@ from torch.utils.data import Dataset, Sampler
 
 
 def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """The augmentation seed of global position ``position`` of epoch ``epoch`` (a 63-bit integer,
-    independent of the world size and of the DataLoader workers)."""
-    return (
-        int(np.random.SeedSequence([seed, epoch, position]).generate_state(2, np.uint32).view(np.uint64)[0])
-        >> 1
-    )
+    """The 63-bit augmentation seed of global position ``position`` of epoch ``epoch``."""
+    return int(np.random.SeedSequence([seed, epoch, position]).generate_state(1, np.uint64)[0]) >> 1
 
 
 class RepeatAugSampler(Sampler[Any]):
-    """Indices for one process: shuffle (seed + epoch), repeat ``num_repeats``x, stride by rank.
+    """Indices for one process: shuffle (seed + epoch), repeat each ``num_repeats`` times in a row, and give
+    rank ``r`` of ``W`` the global positions ``r, r + W, ...``, keeping ``floor(N / selected_round) *
+    selected_round / W`` of them (as DeiT; ``ceil(N / W)`` when ``selected_round=0`` or ``num_repeats=1``,
+    a plain epoch-seeded ``DistributedSampler``). Position ``p`` holds ``repeated[p % len(repeated)]``,
+    whatever the world size.
 
-    Args:
-        data_source: the data set (only its length is used) or the length itself.
-        num_replicas: number of processes sharing the data (``accelerator.num_processes``).
-        rank: this process's index (``accelerator.process_index``).
-        num_repeats: how often each index appears per epoch across all ranks (DeiT: 3).
-        shuffle: shuffle with a ``torch.Generator`` seeded by ``seed + epoch``; all ranks agree.
-        seed: base seed (DeiT uses 0).
-        selected_round: with repeats, the per-epoch sample count per rank is ``floor(N //
-            selected_round * selected_round / num_replicas)`` as in DeiT; 0 (and ``num_repeats=1``)
-            means ``ceil(N / num_replicas)``.
-        seeded: yield ``(index, sample_seed)`` pairs for :class:`SeededSamples` instead of indices.
+    It shards by ``rank`` itself: do **not** pass its loader to ``accelerator.prepare``.
+    :meth:`set_epoch` ``(epoch, consumed=C)`` skips the first ``C`` positions (trained by all processes
+    together), exact on any world size. ``seeded=True`` yields ``(index, sample_seed)`` pairs for
+    :class:`SeededSamples`, so augmentations depend neither on workers nor on the world size.
+    ``data_source``: the data set or its length.
     """
 
     def __init__(
@@ -95,13 +56,8 @@ class RepeatAugSampler(Sampler[Any]):
             raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
         if selected_round < 0:
             raise ValueError(f"selected_round must be >= 0 (0 disables rounding), got {selected_round}")
-        self.length = length
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.num_repeats = num_repeats
-        self.shuffle = shuffle
-        self.seed = seed
-        self.seeded = seeded
+        self.length, self.num_replicas, self.rank, self.num_repeats = length, num_replicas, rank, num_repeats
+        self.shuffle, self.seed, self.seeded = shuffle, seed, seeded
         self.num_samples = math.ceil(length * num_repeats / num_replicas)
         self.total_size = self.num_samples * num_replicas
         if selected_round and num_repeats > 1:
@@ -113,8 +69,7 @@ class RepeatAugSampler(Sampler[Any]):
                 f"a data set of {length} samples over {num_replicas} process(es) with selected_round="
                 f"{selected_round} yields 0 samples per epoch; pass selected_round=0 for small data sets"
             )
-        self.epoch = 0
-        self.consumed = 0
+        self.epoch = self.consumed = 0
 
     @property
     def epoch_size(self) -> int:
@@ -122,21 +77,19 @@ class RepeatAugSampler(Sampler[Any]):
         return self.num_selected * self.num_replicas
 
     def set_epoch(self, epoch: int, start_index: int = 0, *, consumed: int | None = None) -> None:
-        """Select the epoch's permutation and skip its first ``consumed`` global positions (samples
-        already trained by all processes together); ``start_index`` is the same position counted in
-        this rank's samples (``consumed = start_index * num_replicas``)."""
+        """Select the epoch and skip its first ``consumed`` global positions, or ``start_index`` of this
+        rank's samples (``consumed = start_index * num_replicas``)."""
         if consumed is None:
             if not 0 <= start_index <= self.num_selected:
                 raise ValueError(f"start_index must be in [0, {self.num_selected}], got {start_index}")
             consumed = start_index * self.num_replicas
         if not 0 <= consumed:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
-        self.epoch = epoch
-        self.consumed = consumed
+        self.epoch, self.consumed = epoch, consumed
 
     @property
     def start_index(self) -> int:
-        """This rank's first sample of the epoch still to come (the consumed prefix per rank)."""
+        """This rank's first sample of the epoch still to come."""
         return self.num_selected - len(self)
 
     def __iter__(self) -> Iterator[Any]:
@@ -160,10 +113,8 @@ class RepeatAugSampler(Sampler[Any]):
 
 
 class SeededSamples(Dataset):
-    """``dataset[index]`` with every random generator (torch, NumPy, Python) seeded from the
-    sample's own seed, for a sampler with ``seeded=True``; the generators are restored afterwards,
-    so the main process's streams (drop path, Mixup) are not disturbed when ``num_workers=0``.
-    Attributes of the wrapped data set (``class_names``, ``bad_mask``, ...) pass through."""
+    """``dataset[index]`` with torch, NumPy and Python seeded from the sample's seed (keys from a ``seeded``
+    sampler), restored afterwards (the main process's streams stay undisturbed); attributes pass through."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

@@ -1,15 +1,7 @@
-"""Image + label-mask pairs in the ADE20K-style layout, checked file by file.
-
-Layout::
-
-    root/images/<split>/**/<name>.<jpg|png|...>
-    root/annotations/<split>/**/<name>.png     class index per pixel (8/16-bit grey or palette PNG)
-
-``split`` is e.g. ``train``/``val`` or ADE20K's ``training``/``validation``. A ``root/dataset.json``
-(as written by ``make-seg``) may give ``num_classes``, ``class_names`` and ``ignore_index``.
-Every mask must exist, have one channel, the size of its image, and ids below ``num_classes``
-(or equal to ``ignore_index``); anything else is an :class:`InputError` that names the file.
-With ``reduce_zero_label`` (ADE20K: 0 = "other") id 0 becomes ignored and the rest shift down by 1.
+"""Image + label-mask pairs in the ADE20K-style layout ``root/{images,annotations}/<split>/**/<name>``, each
+mask (a PNG of class ids, 8/16-bit grey or palette) checked: one channel, its image's size, ids below
+``num_classes`` or ``ignore_index``, else an :class:`InputError` naming the file. ``root/dataset.json`` (from
+``make-seg``) may give class count and names; ``reduce_zero_label`` (ADE20K) ignores id 0, shifts the rest.
 """
 
 from __future__ import annotations
@@ -130,11 +122,8 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
 
 
 def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np.ndarray:
-    """The checked mask as int64 class ids, with ignored pixels set to ``info.ignore_index``.
-
-    Read with PIL, which returns the stored values of grayscale (8/16-bit) PNGs and the palette
-    indices of palette PNGs (PASCAL VOC style), never colours.
-    """
+    """The checked mask as int64 class ids, ignored pixels ``info.ignore_index`` (read with PIL: stored values
+    of grey PNGs and palette indices of palette PNGs, never colours)."""
     try:
         with Image.open(path) as handle:
             check_pixels(path, *handle.size)
@@ -151,8 +140,7 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
     if tuple(mask.shape) != tuple(image_hw):
         raise InputError(
             f"label mask {path} is {mask.shape[0]}x{mask.shape[1]} but its image is "
-            f"{image_hw[0]}x{image_hw[1]}; "
-            "masks must have the size of their image"
+            f"{image_hw[0]}x{image_hw[1]}; masks must have the size of their image"
         )
     mask = mask.astype(np.int64)
     ignored = mask == info.ignore_index

@@ -1,17 +1,7 @@
-"""Write an ImageFolder split as WebDataset shards (``vit5 data shards SRC OUT --shard-size N``).
-
-The files of ``SRC/<class>/**/<image>`` (found by :class:`~vit5.data.folder.ImageFolderDataset`,
-links, FIFOs and loops handled as there) are put in an order drawn from ``seed`` (so a shard mixes
-classes and a small shuffle buffer suffices) and cut into shards of ``shard_size`` samples,
-``OUT/<split>-000000.tar``, ... Sample ``i`` is ``<key>.<ext>`` (the file's bytes, unchanged for
-jpg/jpeg/png/webp; other formats re-encoded as PNG) and ``<key>.cls`` (the class index as ASCII).
-Beside the shards: ``classes.txt`` (the class names in label order) and timm's ``_info.json`` (per
-split: file names, sample counts).
-
-**Resumable and atomic.** Each shard is written to ``<name>.tmp`` and renamed when complete, so a
-shard either exists whole or not at all; a rerun after a kill keeps the finished shards, discards
-the temporary one and writes the rest. ``OUT/.<split>-plan.json`` records the source, shard size
-and seed; a rerun with different ones is refused instead of mixing two layouts.
+"""Write an ImageFolder split as WebDataset shards (``vit5 data shards SRC OUT --shard-size N``): files in a
+seeded order, ``<key>.<ext>`` (bytes as stored; formats other than jpg/png/webp as PNG) + ``<key>.cls``, plus
+``classes.txt`` and timm's ``_info.json``. Resumable: each shard is renamed into place when complete, and
+``OUT/.<split>-plan.json`` refuses a rerun with another source, shard size or seed.
 """
 
 from __future__ import annotations
@@ -65,16 +55,8 @@ def write_shards(
     split: str | None = None,
     seed: int = 0,
 ) -> ShardReport:
-    """Write the ImageFolder split ``src`` (class sub-folders) as shards under ``out``.
-
-    Args:
-        split: shard name prefix and ``_info.json`` split name; default: ``src``'s folder name.
-
-    Raises:
-        ShardError: a bad shard size, a plan that differs from the one ``out`` was started with, or
-            class names that differ from ``out``'s ``classes.txt``.
-        ImageFolderError: ``src`` is not an ImageFolder split.
-    """
+    """Write the ImageFolder split ``src`` (class sub-folders) as shards ``out/<split>-000000.tar``, ...;
+    ``split`` (default ``src``'s folder name) also names the ``_info.json`` split."""
     if shard_size < 1:
         raise ShardError(f"--shard-size must be >= 1, got {shard_size}")
     source = ImageFolderDataset(src)

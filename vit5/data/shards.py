@@ -1,47 +1,7 @@
-"""WebDataset shards (tar files of samples) for training and validation, read exactly once per epoch.
-
-**Layout** (the one timm's shards use, https://github.com/webdataset/webdataset#the-webdataset-format):
-files sharing a key (``000123.jpg``, ``000123.cls``) form a sample; the image is stored under
-``jpg``/``jpeg``/``png``/``webp``, the label as an ASCII integer under ``cls`` (or ``json`` with a
-``label`` field). Beside the shards, ``classes.txt`` (one class name per line, in label order) names
-the classes, and timm's ``_info.json`` (``splits.<name>.filenames`` / ``shard_lengths``) gives
-each shard's sample count; without it the tar headers are counted once (no image is read).
-:func:`write_shards` (``vit5 data shards``) writes both.
-
-Tar members are read with the ``webdataset`` package (``tar_file_expander`` and ``group_by_keys``);
-images are decoded by :func:`vit5.data.decode.decode_bytes` (OpenCV) and transformed like folders.
-
-**Who reads what.** An epoch is one stream: the shards in an order drawn from ``seed + epoch``
-(training; sorted for validation), their samples concatenated. With ``P`` processes of ``W`` loader
-workers each:
-
-* training: the epoch has ``K = N // (P * B)`` batches of ``B`` per process. Process ``r`` takes
-  stream positions ``[r*K*B, (r+1)*K*B)``; its worker ``w`` takes a contiguous run of those
-  (the batches ``i`` with ``i % W == w``, in number), shuffles them through a sample buffer seeded
-  by ``(seed, epoch, r, w)`` and batches them. The DataLoader takes one batch per worker in turn,
-  so the order is fixed. Each sample is read by one worker only; a shard is split between two
-  workers where a range boundary falls inside it (so any number of shards works with any
-  ``P x W``). The last ``N - K*P*B`` positions of the epoch's stream (fewer than one global batch)
-  are read by no one that epoch; :attr:`ShardDataset.dropped` says how many.
-* validation: every sample once, no shuffle: the ``P*W`` workers take near-equal contiguous ranges;
-  batches are padded to ``B`` with label ``-1`` so every process runs as many batches of one size,
-  and :func:`vit5.train.evaluate.evaluate` counts only labels ``>= 0`` (exact counts over
-  ``gather_for_metrics``).
-
-**Resume.** ``set_epoch(epoch, consumed)`` skips the first ``consumed`` samples of the epoch that all
-processes consumed together (the trainer's ``batches_done * B * P``). With the same ``P`` and ``W``
-as before it is exact: every worker re-reads its consumed samples (bytes only, no decoding) through
-the same shuffle buffer, discards them, and the loader's turn order is rotated so that batch
-``k + 1`` comes next, as in the uninterrupted run (augmentation draws differ, as with folders).
-With another ``P`` (or ``W``) it is approximate: each process skips ``consumed // (P*B)`` of its own
-batches, so the epoch keeps its length but the samples of the interrupted epoch are not exactly
-those left over.
-
-**Bad samples** (an undecodable image, no image, no or an out-of-range label, a truncated shard):
-flagged in a shared-memory mask (by worker processes too), warned about once per process, never a
-crash. In training a bad sample's place is taken by the next good one of the same worker (so
-batches keep their size, like :class:`~vit5.data.folder.ImageFolderDataset`); in validation it is
-padding (not counted).
+"""WebDataset shards (tar files, https://github.com/webdataset/webdataset#the-webdataset-format) for
+training and validation, each sample read exactly once per epoch. Beside the shards, ``classes.txt`` names the
+classes and timm's ``_info.json`` gives the shard lengths (else the tar headers are counted);
+:func:`~vit5.data.shard_writer.write_shards` writes both.
 """
 
 from __future__ import annotations
@@ -49,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import tarfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -61,14 +20,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from vit5.data.decode import BadImageError, decode_bytes
-from vit5.data.folder import BadImageWarning
+from vit5.data.folder import BadImageWarning, BadSamples
 from vit5.errors import InputError
 
 SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 CLASSES_FILE = "classes.txt"
 INFO_FILE = "_info.json"
 PAD_LABEL = -1  # validation padding: not counted
-_META = re.compile(r"__[^/]*__($|/)")  # what webdataset's tar_file_iterator skips
 
 
 class ShardError(InputError):
@@ -84,12 +42,8 @@ def _webdataset() -> Any:
 
 
 def expand_shards(spec: str | os.PathLike[str] | Sequence[str]) -> list[str]:
-    """The shard files of ``spec``: a brace pattern (``/data/train-{000000..001023}.tar``), a
-    directory (its ``*.tar``, sorted), or a list of either. Every file must exist.
-
-    Raises:
-        ShardError: no shard, or a listed shard does not exist.
-    """
+    """The shard files of ``spec``: a brace pattern (``/data/train-{000000..001023}.tar``), a directory
+    (its ``*.tar``, sorted), or a list of either; every file must exist."""
     items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     shards: list[str] = []
     for item in items:
@@ -109,8 +63,8 @@ def expand_shards(spec: str | os.PathLike[str] | Sequence[str]) -> list[str]:
 
 
 def count_samples(path: str) -> int:
-    """Samples in one shard, counted from the tar headers as webdataset groups them (consecutive
-    members sharing a key; metadata and non-regular members skipped). No member is read."""
+    """Samples in one shard, counted from the tar headers as webdataset groups them (consecutive members
+    sharing a key; metadata and non-regular members skipped)."""
     key_of = _webdataset().tariterators.base_plus_ext
     count, last = 0, None
     try:
@@ -120,7 +74,7 @@ def count_samples(path: str) -> int:
     with tar:
         try:
             for info in tar:
-                if not info.isreg() or _META.match(info.name) or info.name.startswith("__"):
+                if not info.isreg() or info.name.startswith("__"):  # metadata, as webdataset skips it
                     continue
                 key, _ = key_of(info.name)
                 if key is not None and key != last:
@@ -131,8 +85,7 @@ def count_samples(path: str) -> int:
 
 
 def shard_lengths(shards: Sequence[str]) -> list[int]:
-    """Samples per shard: from an ``_info.json`` beside the shards (timm's format) where it lists
-    them, else counted with :func:`count_samples`."""
+    """Samples per shard: from an ``_info.json`` beside the shards where it lists them, else counted."""
     known: dict[str, int] = {}
     for folder in sorted({os.path.dirname(s) for s in shards}):
         info_path = os.path.join(folder, INFO_FILE)
@@ -149,11 +102,7 @@ def shard_lengths(shards: Sequence[str]) -> list[int]:
 
 
 def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str]:
-    """Class names from ``classes.txt`` beside the first shard, else ``"0" .. str(num_classes - 1)``.
-
-    Raises:
-        ShardError: neither a classes file nor ``num_classes``, or they disagree.
-    """
+    """Class names from ``classes.txt`` beside the first shard, else ``"0" .. str(num_classes - 1)``."""
     path = os.path.join(os.path.dirname(shards[0]), CLASSES_FILE)
     if os.path.isfile(path):
         names = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
@@ -169,26 +118,23 @@ def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str
     return [str(i) for i in range(num_classes)]
 
 
-def split_evenly(total: int, parts: int) -> list[int]:
-    """Boundaries ``b[0]=0 .. b[parts]=total`` of ``parts`` contiguous runs differing by at most one."""
-    return [total * i // parts for i in range(parts + 1)]
+class ShardDataset(BadSamples, IterableDataset):
+    """Batches of ``(images, labels)`` for process ``rank`` of ``num_replicas``, each of its ``num_workers``
+    DataLoader workers (:func:`shard_loader`) reading its part of the epoch's stream: the shards in an
+    order drawn from ``seed + epoch`` (training; sorted for validation), their samples concatenated.
 
+    * training: ``K = N // (P * B)`` batches per process; process ``r`` takes stream positions
+      ``[r*K*B, (r+1)*K*B)``, its worker ``w`` the batches ``i % W == w`` as one contiguous run, mixed in
+      a ``shuffle_buffer`` seeded by ``(seed, epoch, r, w)``; the last ``N - K*P*B`` are :attr:`dropped`.
+    * validation: every sample once, unshuffled, in near-equal ranges; batches are padded to ``B`` with label
+      ``-1`` (not counted by :func:`vit5.train.evaluate.evaluate`).
+    * resume: :meth:`set_epoch` ``(epoch, consumed)`` is exact for the same ``P`` and ``W`` (consumed samples
+      re-read as bytes and discarded, the worker turn rotated), approximate otherwise.
+    * bad samples (undecodable, no image, no or a bad label, truncated shard) are flagged and warned about;
+      in training the worker's next good sample takes their place, in validation padding.
 
-class ShardDataset(IterableDataset):
-    """Batches of ``(images, labels)`` for one process, read from WebDataset shards.
-
-    Args:
-        shards: see :func:`expand_shards`.
-        transform: maps the decoded RGB uint8 (H, W, 3) array to a tensor (:mod:`vit5.data.transforms`).
-        batch_size: samples per batch (per process).
-        train: training order and length (shuffled, ``N // (P*B)`` full batches per process), or
-            validation (every sample once, padded batches, label ``-1`` for padding).
-        num_replicas, rank: processes sharing the data (``accelerator.num_processes / process_index``).
-        num_workers: the DataLoader workers that will read it (:func:`shard_loader` uses it).
-        seed: shard order (``seed + epoch``) and shuffle-buffer seed; all processes must agree.
-        shuffle_buffer: samples (undecoded bytes) each worker mixes; 0 or 1 keeps the stream order.
-        class_names, num_classes: see :func:`read_class_names` (``class_names`` wins).
-        alpha_background: see :func:`~vit5.data.decode.decode_image`.
+    ``transform`` maps the decoded RGB uint8 array to a tensor; ``class_names`` or ``num_classes`` as in
+    :func:`read_class_names`; ``alpha_background`` as in :func:`~vit5.data.decode.decode_image`.
     """
 
     def __init__(
@@ -237,10 +183,9 @@ class ShardDataset(IterableDataset):
             per_slot = math.ceil(math.ceil(self.num_samples / slots) / batch_size)
             self.batches = per_slot * max(num_workers, 1)
             self.dropped = 0
-        self._bad = torch.zeros(self.num_samples, dtype=torch.bool).share_memory_()
+        self._init_bad(self.num_samples)
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
 
-    # ------------------------------------------------------------------ interface
     def __len__(self) -> int:
         """Batches this process still yields in the epoch (the same on every process)."""
         if not self.train:
@@ -255,19 +200,6 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"consumed must be in [0, {total}], got {consumed}")
         self._position[0], self._position[1] = epoch, consumed
 
-    @property
-    def bad_mask(self) -> torch.Tensor:
-        """Copy of the per-sample "unreadable" flags (sample ``offsets[shard] + index``)."""
-        return self._bad.clone()
-
-    @property
-    def num_bad(self) -> int:
-        return int(self._bad.sum())
-
-    @property
-    def bad_files(self) -> list[str]:
-        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]
-
     def sample_name(self, index: int) -> str:
         """``shard.tar#i``: the ``i``-th sample of a shard."""
         shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
@@ -279,7 +211,6 @@ class ShardDataset(IterableDataset):
             f"classes={len(self.class_names)}, train={self.train}, bad={self.num_bad})"
         )
 
-    # ------------------------------------------------------------------ reading
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
         workers, loader_worker = (info.num_workers, info.id) if info is not None else (1, 0)
@@ -311,17 +242,12 @@ class ShardDataset(IterableDataset):
         stream = self._shuffled(self._read(order, start, stop), (self.seed, epoch, self.rank, worker))
         for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
             next(stream)
-        batch: list[tuple[torch.Tensor, int]] = []
-        for sample in self._good(stream):
-            batch.append(sample)
-            if len(batch) == self.batch_size:
-                yield _collate(batch)
-                batch = []
+        for batch in zip(*[self._good(stream)] * self.batch_size):  # full batches (all are)
+            yield tuple(default_collate(list(batch)))
 
     def _val_batches(self, workers: int, loader_worker: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        bounds = split_evenly(self.num_samples, self.num_replicas * workers)
-        slot = self.rank * workers + loader_worker
-        start, stop = bounds[slot], bounds[slot + 1]
+        slots, slot = self.num_replicas * workers, self.rank * workers + loader_worker
+        start, stop = self.num_samples * slot // slots, self.num_samples * (slot + 1) // slots
         order = self._order(0)
         wanted = self.batches // workers * self.batch_size
         batch: list[tuple[torch.Tensor, int]] = []
@@ -334,21 +260,14 @@ class ShardDataset(IterableDataset):
             pad = decoded[0]
             batch.append(decoded)
             if len(batch) == self.batch_size:
-                yield _collate(batch)
+                yield tuple(default_collate(batch))
                 sent, batch = sent + len(batch), []
         if pad is None:  # an empty (or all-bad) range: pad with any readable sample
-            pad = self._any_image(order)
+            pad = next(self._good(self._read(order, 0, self.num_samples)))[0]
         while sent < wanted:
             batch.extend((pad, PAD_LABEL) for _ in range(self.batch_size - len(batch)))
-            yield _collate(batch)
+            yield tuple(default_collate(batch))
             sent, batch = sent + len(batch), []
-
-    def _any_image(self, order: np.ndarray) -> torch.Tensor:
-        for index, raw in self._read(order, 0, self.num_samples):
-            decoded = self._decode(index, raw)
-            if decoded is not None:
-                return decoded[0]
-        raise ShardError(f"none of the {self.num_samples} samples in {self.shards[0]} ... can be decoded")
 
     def _read(self, order: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
         """``(sample id, raw sample or None if unreadable)`` for stream positions ``[start, stop)``."""
@@ -391,7 +310,7 @@ class ShardDataset(IterableDataset):
             )
         else:
             reason = f"the shard ended after {index} samples, its index says {self.lengths[shard]}"
-        self._warn(f"{url}: {reason}")
+        warnings.warn(f"{url}: {reason}", BadImageWarning, stacklevel=3)
         for i in range(max(index, lo), hi):
             self._bad[base + i] = True
             yield base + i, None
@@ -445,8 +364,7 @@ class ShardDataset(IterableDataset):
                 raise BadImageError(name, f"no image under {'/'.join(SHARD_IMAGE_KEYS)} (has {_keys(raw)})")
             image = decode_bytes(raw[image_key], name, self.alpha_background)
         except BadImageError as err:
-            self._bad[index] = True
-            self._warn(f"skipping unreadable sample {err}")
+            self._flag(index, f"skipping unreadable sample {err}")
             return None
         return self.transform(image), label
 
@@ -464,17 +382,9 @@ class ShardDataset(IterableDataset):
             raise BadImageError(name, f"label {label} outside 0 .. {len(self.class_names) - 1}")
         return label
 
-    def _warn(self, message: str) -> None:
-        warnings.warn(message, BadImageWarning, stacklevel=3)
-
 
 def _keys(raw: dict[str, Any]) -> str:
     return ", ".join(k for k in raw if not k.startswith("__")) or "nothing"
-
-
-def _collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images, labels = default_collate(samples)
-    return images, labels
 
 
 def shard_loader(

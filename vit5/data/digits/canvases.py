@@ -1,32 +1,15 @@
 """Canvases that reward a storage token: a few scikit-learn digits on a large uninformative background.
 
-Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches that
-are redundant with their neighbours (uniform background) and holding global, not local,
-information. These canvases make most patches exactly that: ``count`` digits (real 8x8
-scikit-learn digits, upscaled bilinearly as alpha mattes by :func:`vit5.data.digits.segmentation.digit_alpha`)
-on a canvas whose background is one flat grey level per image (``flat``), independent per-pixel
-noise (``noise``) or both (``flat+noise``: a flat level plus weak noise). The label needs every
-digit of the image, so no single patch holds it:
-
-- ``sum``: the sum of the digits (classes ``0 .. 9 * max_digits``);
-- ``summod``: the sum modulo 10 (a non-linear function of the set: no average of per-digit
-  features reads it out linearly);
-- ``count``: the number of digits;
-- ``max``: the largest digit;
-- ``multilabel``: which of the ten digits occur (ten binary targets).
-
-Each sample also carries a per-patch *background* mask (no pixel of the patch changed by a digit:
-for ``flat`` canvases every pixel of a background patch has the canvas's grey level), so a study
-can say whether outliers sit on low-information patches. Train canvases use
-the train digits and held-out canvases the val digits of :func:`vit5.data.load_digits_split`, so no
-digit instance is in both. Every batch is a pure function of ``(seed, stream, index)``: twins see
-the same pixels in the same order and a resumed run continues the same stream.
+Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches redundant with their
+neighbours; here most patches are background (``flat`` grey, ``noise`` or both) and the label (``sum``,
+``summod`` = sum mod 10, ``count``, ``max``, ``multilabel``) needs every digit. Batches are pure functions of
+``(seed, stream, index)``; train canvases use the train digits, held-out ones the val digits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -37,8 +20,8 @@ from vit5.errors import InputError
 
 Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
-TASKS: tuple[str, ...] = ("sum", "summod", "count", "max", "multilabel")
-BACKGROUNDS: tuple[str, ...] = ("flat", "noise", "flat+noise")
+TASKS: tuple[str, ...] = get_args(Task)
+BACKGROUNDS: tuple[str, ...] = get_args(Background)
 _SPOT_TRIES = 30
 
 
@@ -81,13 +64,7 @@ class CanvasConfig:
     @property
     def num_outputs(self) -> int:
         """Classes of the label (or binary targets for ``multilabel``)."""
-        return {
-            "sum": 9 * self.digits[1] + 1,
-            "summod": 10,
-            "count": self.digits[1] + 1,
-            "max": 10,
-            "multilabel": 10,
-        }[self.task]
+        return {"sum": 9 * self.digits[1] + 1, "count": self.digits[1] + 1}.get(self.task, 10)
 
 
 @dataclass(frozen=True)
@@ -99,7 +76,7 @@ class CanvasBatch:
 
 
 def label_of(digits: tuple[int, ...], task: Task) -> int | np.ndarray:
-    """The label of a canvas holding ``digits`` under ``task`` (the definitions of the module docstring)."""
+    """The label of a canvas holding ``digits`` under ``task``."""
     if task == "sum":
         return sum(digits)
     if task == "summod":
@@ -169,8 +146,7 @@ class CanvasSource:
 def _free_spot(
     rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]
 ) -> tuple[int, int]:
-    """A random top-left corner whose square overlaps no earlier digit's square, if one of a few draws
-    allows."""
+    """A random top-left corner overlapping no earlier digit's square, if one of a few draws allows."""
     best, best_overlap = (0, 0), np.inf
     for _ in range(_SPOT_TRIES):
         top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))

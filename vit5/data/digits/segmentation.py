@@ -1,21 +1,8 @@
-"""A real-pixel semantic-segmentation set: scikit-learn digits composited onto textured canvases.
+"""A real-pixel semantic-segmentation set: scikit-learn digits alpha-blended onto smooth random canvases.
 
-Each canvas has a smooth random colour background and several digits pasted at random positions
-and scales (square, fully inside the canvas; placed to cover at most 15 % of an earlier digit's
-square when a random spot allows, so later digits rarely hide earlier ones). A digit's
-8x8 intensities (0..16) become an alpha matte, upscaled bilinearly to its size, and the digit is
-blended in a random bright colour: ``pixel = background * (1 - a) + colour * a``. The per-pixel
-label is the digit class + 1 (1..10) where the topmost digit has ``a >= 0.5``, else 0
-(background). Train canvases use only train digits and val canvases only val digits of
-:func:`~vit5.data.digits.load_digits_split`, so no digit instance is in both.
-
-Written in the ADE20K-style layout the segmentation probe reads::
-
-    root/images/{train,val}/00000.png        RGB canvases
-    root/annotations/{train,val}/00000.png   8-bit class-index masks, same size
-    root/dataset.json                        num_classes (11), class names, ignore index, arguments
-
-Everything is fixed by ``seed``: the same arguments always give the same bytes.
+Mask = digit class + 1 where the topmost digit's alpha >= 0.5, else 0; train canvases use only train digits,
+val only val digits. Written as ``root/{images,annotations}/{train,val}/00000.png`` + ``root/dataset.json``
+(the layout :mod:`vit5.data.segmentation` reads); the same arguments always give the same bytes.
 """
 
 from __future__ import annotations
@@ -73,19 +60,17 @@ class SegSetConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "digits_per_image", tuple(self.digits_per_image))
         object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
-        lo, hi = self.digits_per_image
         if self.num_train < 1 or self.num_val < 1:
             raise InputError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
         if self.size < 16:
             raise InputError(f"size must be >= 16 pixels, got {self.size}")
-        if not 1 <= lo <= hi:
+        if not 1 <= self.digits_per_image[0] <= self.digits_per_image[1]:
             raise InputError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
         s_lo, s_hi = self.digit_scale
         if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
             raise InputError(
                 "digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got "
-                f"{self.digit_scale} "
-                f"at size {self.size}"
+                f"{self.digit_scale} at size {self.size}"
             )
 
 
@@ -98,7 +83,8 @@ def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
 def compose(
     rng: np.random.Generator, digits: np.ndarray, targets: np.ndarray, sources: np.ndarray, cfg: SegSetConfig
 ) -> SegSample:
-    """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``."""
+    """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``; a digit is placed
+    where its square covers at most 15 % of an earlier one's when a random spot allows."""
     size = cfg.size
     coarse = rng.random((max(2, size // 16), max(2, size // 16), 3)).astype(np.float32)
     canvas = 0.0 + 60.0 * cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC).clip(0, 1)
@@ -150,12 +136,8 @@ def digit_seg_samples(split: str, cfg: SegSetConfig = SegSetConfig()) -> list[Se
 
 
 def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = SegSetConfig()) -> dict:
-    """Write the set under ``root`` (atomically per file; rerunning with the same ``cfg`` rewrites
-    identical files). Returns the ``dataset.json`` content.
-
-    Raises:
-        FileExistsError: ``root`` holds a set made with other arguments (stale files would mix in).
-    """
+    """Write the set under ``root`` (atomically per file) and return the ``dataset.json`` content; a set made
+    with other arguments is refused (``FileExistsError``: stale files would mix in)."""
     root = Path(root)
     info_path = root / "dataset.json"
     info = {
@@ -171,7 +153,7 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
         old = stored.get("config") if isinstance(stored, dict) else stored
         if old != json.loads(json.dumps(asdict(cfg))):
             raise FileExistsError(
-                f"{root} holds a digits-seg set made with other arguments ({old}); delete it or use another "
+                f"{root} holds a digits-seg set made with other arguments ({old}): delete it or use another "
                 "folder"
             )
     for split in SPLITS:

@@ -1,20 +1,18 @@
-"""The scikit-learn handwritten digits as a seeded, stratified, upscaled train/val split.
-
-``sklearn.datasets.load_digits`` ships 1797 real 8x8 digits (values 0..16) inside scikit-learn,
-so the toolkit has a real classification set with no download. Images are scaled to 0..255,
-upscaled with bicubic interpolation to ``size`` (e.g. 32 = a 2x2 grid of 16-px patches) and
-replicated to RGB, matching what :func:`vit5.data.decode.decode_image` returns for a file.
-"""
+"""scikit-learn's 1797 real 8x8 handwritten digits (no download) as a seeded, stratified train/val split,
+bicubically upscaled to ``size`` and replicated to RGB (what :func:`vit5.data.decode_image` gives for a
+file), in memory as arrays or as a torch Dataset."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import cv2
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+from torch.utils.data import Dataset
 
 DIGIT_CLASSES: tuple[str, ...] = tuple(str(d) for d in range(10))
 DigitsSplitName = Literal["train", "val"]
@@ -37,11 +35,8 @@ def load_digits_split(
     val_fraction: float = 0.2,
     seed: int = 0,
 ) -> DigitsSplit:
-    """Return ``split`` of the digits set; the split is stratified by class and fixed by ``seed``.
-
-    Train and val are disjoint and together cover all 1797 images; samples are ordered by
-    ``source_indices``.
-    """
+    """``split`` of the digits: disjoint train/val covering all images, stratified by class, fixed by
+    ``seed``, ordered by ``source_indices``."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 8:
@@ -69,3 +64,37 @@ def _upscale(digit: np.ndarray, size: int) -> np.ndarray:
     gray = cv2.resize(scaled, (size, size), interpolation=cv2.INTER_CUBIC)
     gray = np.rint(gray).clip(0, 255).astype(np.uint8)
     return np.repeat(gray[:, :, None], 3, axis=2)
+
+
+class DigitsDataset(Dataset):
+    """A digits split with the interface of :class:`~vit5.data.folder.ImageFolderDataset`; ``transform``
+    receives the RGB uint8 array like a decoded file (``None``: the array itself)."""
+
+    def __init__(
+        self,
+        split: DigitsSplitName = "train",
+        transform: Callable[[np.ndarray], Any] | None = None,
+        *,
+        size: int = 32,
+        val_fraction: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        data = load_digits_split(split, size=size, val_fraction=val_fraction, seed=seed)
+        self.split = split
+        self.transform = transform
+        self.images = data.images
+        self.targets: list[int] = data.targets.tolist()
+        self.source_indices = data.source_indices
+        self.class_names = list(DIGIT_CLASSES)
+        self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image = self.images[index]
+        return (self.transform(image) if self.transform is not None else image.copy()), self.targets[index]
+
+    def __repr__(self) -> str:
+        size = self.images.shape[1]
+        return f"{type(self).__name__}(split={self.split!r}, samples={len(self)}, size={size})"
