@@ -20,9 +20,8 @@ from vit5.viz import (
 )
 from vit5.viz import metrics as M
 from vit5.viz.artifacts import bootstrap_ci
-from vit5.viz.collect import layer_rows
+from vit5.viz.collect import attention_rollout, layer_rows
 from vit5.viz.stats import norm_map, outlier_map
-from vit5.viz.collect import attention_rollout
 
 PLANTED = [(1, 4), (3, 0)]  # (row, col) in the 4 x 6 grid of a 32 x 48 image with 8-pixel patches
 QUIET = CollectConfig(batch_size=4, progress=False)
