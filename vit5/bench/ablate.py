@@ -162,10 +162,8 @@ class RunRecord:
     @classmethod
     def of(cls, ablation: str, seed: int, summary: dict[str, Any], reused: bool) -> RunRecord:
         """From a training summary (:meth:`vit5.train.Trainer.fit` / ``summary.json``)."""
-        keys = ("final_top1", "ema_top1", "val_images", "wall_seconds")
-        return cls(
-            ablation, seed, summary["run_dir"], summary["status"], reused, **{k: summary[k] for k in keys}
-        )
+        keys = ("run_dir", "status", "final_top1", "ema_top1", "val_images", "wall_seconds")
+        return cls(ablation, seed, reused=reused, **{k: summary[k] for k in keys})
 
 
 def top1(records: Sequence[RunRecord], key: str) -> tuple[dict[str, Spread], dict[str, Delta]]:

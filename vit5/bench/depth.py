@@ -117,11 +117,9 @@ def run(ctx: BenchContext) -> Section:
         (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{_final(c):.3f}", f"{largest_spike(c):.3f}")
         for (name, lr), c in curves.items()
     )
-    top, flat, ratio = (
-        max(cfg.lrs),
-        "pre-norm gradient profile flat: last/first-quarter ratio",
-        ratios["pre-norm"],
-    )
+    top, ratio = max(cfg.lrs), ratios["pre-norm"]
+    flat = "pre-norm gradient profile flat: last/first-quarter ratio"
+    loss_columns = ("final loss (last 10)", "largest spike (nats)")
     post, pre = curves[("post-norm", top)], curves[("pre-norm", top)]
     section = Section(
         "depth",
@@ -135,18 +133,7 @@ def run(ctx: BenchContext) -> Section:
                 ("placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest"),
                 grads,
             ),
-            Table(
-                "Fixed-lr runs",
-                (
-                    "placement",
-                    "lr",
-                    "first loss",
-                    "best loss",
-                    "final loss (last 10)",
-                    "largest spike (nats)",
-                ),
-                runs,
-            ),
+            Table("Fixed-lr runs", ("placement", "lr", "first loss", "best loss", *loss_columns), runs),
         ],
         targets=[
             Target(f"{flat}, lower bound", ratio, FLAT_BAND[0]),
@@ -180,24 +167,10 @@ def run(ctx: BenchContext) -> Section:
             "config": dataclasses.asdict(cfg),
         },
     )
-    title = f"Gradient norm per block at step 0, depth {cfg.depth}"
-    line_chart(
-        ctx.figure("depth_grad_profile.png"),
-        list(range(cfg.depth)),
-        profiles,
-        title,
-        "block (input -> output)",
-        "||grad||",
-        logy=True,
-    )
+    labels = (f"Gradient norm per block at step 0, depth {cfg.depth}", "block (input -> output)", "||grad||")
+    line_chart(ctx.figure("depth_grad_profile.png"), range(cfg.depth), profiles, labels, logy=True)
     finite = {f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (n, lr), c in curves.items()}
-    line_chart(
-        ctx.figure("depth_loss.png"),
-        list(range(1, cfg.steps + 1)),
-        finite,
-        "Training loss at fixed lr, no warmup",
-        "step",
-        "cross-entropy",
-    )
+    labels = ("Training loss at fixed lr, no warmup", "step", "cross-entropy")
+    line_chart(ctx.figure("depth_loss.png"), range(1, cfg.steps + 1), finite, labels)
     section.figures += ["figures/depth_grad_profile.png", "figures/depth_loss.png"]
     return section

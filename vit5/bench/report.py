@@ -153,15 +153,16 @@ def load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def line_chart(path: Path, x, series, title="", xlabel="", ylabel="", logy=False) -> None:
-    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out."""
+def line_chart(path: Path, x, series, labels: tuple[str, str, str], logy=False) -> None:
+    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
+    title, x label, y label."""
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
     for name, ys in series.items():
         points = [(a, b) for a, b in zip(x, ys) if b is not None]
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=name)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, yscale="log" if logy else "linear")
+    ax.set(title=labels[0], xlabel=labels[1], ylabel=labels[2], yscale="log" if logy else "linear")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)

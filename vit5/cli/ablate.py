@@ -59,8 +59,7 @@ def _ablate(args: argparse.Namespace) -> int:
         return 0
     result = run_ablation(plan_from_args(args))
     if result.section is not None:
-        for table in result.section.tables:
-            print("\n" + markdown_table(table))
+        print(*("\n" + markdown_table(table) for table in result.section.tables), sep="\n")
         print("\n" + "\n".join(f"- {note}" for note in result.section.notes))
         print(f"\nreport: {result.report} (and report.json)")
     return 0 if all(r.completed for r in result.records) else 1

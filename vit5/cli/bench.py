@@ -26,10 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     safe_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["data-pipeline"]:
-        p = Parser(
-            prog="vit5 bench data-pipeline",
-            description="OpenCV + albumentations (vit5.data) against torchvision's PIL pipeline",
-        )
+        what = "OpenCV + albumentations (vit5.data) against torchvision's PIL pipeline"
+        p = Parser(prog="vit5 bench data-pipeline", description=what)
         p.add_argument("--quick", action="store_true", help="fewer files, rounds and steps (about a minute)")
         p.add_argument("--out", type=Path, help="also write the results as JSON")
         return run_command(lambda: _data_pipeline(p.parse_args(argv[1:])))
@@ -41,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     dtype_help = "fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)"
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help=dtype_help)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), help=dtype_help)
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: PyTorch's)")
     p.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
     args = p.parse_args(argv)
