@@ -5,9 +5,8 @@ import re
 
 import pytest
 
-from vit5.bench import BenchConfig, Section, Table, Target, run_bench
+from vit5.bench import SECTIONS, BenchConfig, Section, Table, Target, run_bench, select_sections
 from vit5.bench.report import render_markdown, write_report
-from vit5.bench.runner import SECTIONS, select_sections
 from vit5.cli.bench import main
 
 

@@ -20,14 +20,15 @@ from vit5.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 HEAVY = ("torch", "timm", "numpy", "cv2", "accelerate")
-# bench and ablate list their sections and ablations from the benchmark modules themselves
-HEAVY_HELP = {"bench", "ablate"}
 
 FAST = [
     ["--help"],
     ["--version"],
     ["trian"],
-    *([name, "--help"] for name in ("train", "eval", "viz", "data", "export", "predict", "list")),
+    *(
+        [name, "--help"]
+        for name in ("train", "eval", "viz", "data", "export", "predict", "list", "bench", "ablate")
+    ),
     *(["eval", c, "--help"] for c in ("classify", "sweep", "features", "probe", "segprobe", "make-seg")),
     *(["viz", c, "--help"] for c in ("attention", "norms", "pca", "metrics", "all", "compare", "ttr")),
     ["viz", "ablate", "--help"],
@@ -118,6 +119,10 @@ def test_the_parsers_name_the_librarys_defaults():
     """The parsers name some library defaults themselves (so that --help imports no torch): they must
     be the library's."""
     from vit5 import cli
+    from vit5.bench import SECTIONS
+    from vit5.bench.ablate import ABLATIONS, SCALES
+    from vit5.cli import ablate as ablate_cli
+    from vit5.cli import bench as bench_cli
     from vit5.cli import eval as eval_cli
     from vit5.cli import export as export_cli
     from vit5.cli import study as study_cli
@@ -135,3 +140,5 @@ def test_the_parsers_name_the_librarys_defaults():
     assert (viz_cli.ABLATION_METHODS, viz_cli.ABLATION_PLACES) == (METHODS, PLACES)
     assert set(study_cli.STUDY_PRESETS) == set(PRESETS) and train_cli.DEMO_RECIPE == DEMO_RECIPE
     assert export_cli.DEFAULT_ATOL == DEFAULT_ATOL
+    assert bench_cli.SECTIONS == tuple(SECTIONS) and ablate_cli.SCALE_NAMES == tuple(SCALES)
+    assert ablate_cli.ABLATION_NAMES == ",".join(ABLATIONS)

@@ -1,24 +1,72 @@
-"""Benchmarks, every contender measured side by side in one process: ``vit5 bench`` (speed against timm
-and the official code, attention memory, compilation, export, depth; sections in :data:`SECTIONS`),
-``vit5 ablate`` (:mod:`vit5.bench.ablate`) and ``vit5 bench data-pipeline`` (:mod:`vit5.bench.data_pipeline`).
+"""Benchmarks, every contender measured side by side in one process: ``vit5 bench`` (the sections of
+:data:`SECTIONS`, run by :func:`run_bench`), ``vit5 ablate`` (:mod:`vit5.bench.ablate`) and
+``vit5 bench data-pipeline`` (:mod:`vit5.bench.data_pipeline`)."""
 
-    from vit5.bench import BenchConfig, run_bench
-    sections, report = run_bench(BenchConfig.profile("quick"), Path("runs/bench_quick"))
-"""
+from __future__ import annotations
 
-from vit5.bench.config import BenchConfig
-from vit5.bench.measure import TimingConfig, measure, measure_memory, paired_ratio, speedup
-from vit5.bench.report import Section, Table, Target
-from vit5.bench.runner import SECTIONS, run_bench
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-__all__ = [
-    "SECTIONS",
-    "BenchConfig",
-    "Section",
-    "Table",
-    "Target",
-    "TimingConfig",
-    "measure",
-    "measure_memory",
-]
-__all__ += ["paired_ratio", "run_bench", "speedup"]
+from tqdm import tqdm
+
+from vit5.bench import depth
+from vit5.bench.config import BenchConfig, BenchContext
+from vit5.bench.data_pipeline import run_data_index
+from vit5.bench.measure import TimingConfig, measure, measure_memory, num_threads, paired_ratio, speedup
+from vit5.bench.memory import run_memory
+from vit5.bench.report import Section, Table, Target, environment, load_average, write_report
+from vit5.bench.speed import run_compile, run_export, run_speed
+from vit5.errors import InputError
+
+__all__ = ["SECTIONS", "BenchConfig", "Section", "Table", "Target", "TimingConfig", "measure"]
+__all__ += ["measure_memory", "paired_ratio", "run_bench", "select_sections", "speedup"]
+
+# name -> section (a function of a BenchContext returning a Section), in report order
+SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
+    "speed": run_speed,
+    "memory": run_memory,
+    "compile": run_compile,
+    "export": run_export,
+    "depth": depth.run,
+    "data_index": run_data_index,
+}
+
+
+def select_sections(only: Sequence[str] | None) -> list[str]:
+    """The section names to run, in report order; unknown names raise with the valid list."""
+    unknown = [name for name in only or () if name not in SECTIONS]
+    if unknown:
+        raise InputError(
+            f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}"
+        )
+    return [name for name in SECTIONS if not only or name in only]
+
+
+def run_bench(
+    cfg: BenchConfig, out_dir: Path, only: Sequence[str] | None = None, show_progress: bool = True
+) -> tuple[list[Section], Path]:
+    """Run the sections (all, or ``only``), write ``report.md`` / ``report.json``; return them and the
+    Markdown path. A section that fails is reported as failed and the others still run."""
+    keys = select_sections(only)
+    out_dir = Path(out_dir)
+    bar = tqdm(keys, desc="benchmark", unit="section", disable=not show_progress)
+    ctx = BenchContext(cfg, out_dir, log=lambda msg: bar.write(f"  {msg}") if show_progress else None)
+    sections: list[Section] = []
+    with num_threads(cfg.threads):
+        env = environment(cfg.device, cfg.dtype)
+        for key in bar:
+            bar.set_postfix_str(key)
+            start = time.perf_counter()
+            try:
+                section = SECTIONS[key](ctx)
+            except Exception as error:  # noqa: BLE001 - one broken section must not lose the others
+                detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+                section = Section(key, f"{key} (FAILED)", "This section raised an error.", notes=[detail])
+                bar.write(f"  {key} failed: {error}")
+            section.seconds = time.perf_counter() - start
+            sections.append(section)
+            write_report(sections, out_dir, env)  # a partial report survives an interrupted run
+        env["load_average_after"] = load_average()
+    return sections, write_report(sections, out_dir, env)

@@ -1,11 +1,7 @@
-"""``vit5 ablate``: train the ViT-5 component ablations on the same data, budget and seeds, and
-tabulate top-1 (raw and EMA, mean and spread over seeds), images/s and parameters.
-
-The set (:data:`ABLATIONS`) is the full ViT-5, each component removed or swapped (ViT-5, arXiv
-2602.08071, Tab. 10) and the DeiT-III baseline. Every run is an ordinary training run
-(:class:`vit5.train.Trainer`) under ``OUT/runs/<ablation>-seed<S>``; a rerun into the same ``OUT``
-reuses finished runs and resumes interrupted ones. The trained models are then timed side by side
-(:mod:`vit5.bench.measure`). Output: ``OUT/report.md`` and ``OUT/report.json``.
+"""``vit5 ablate``: the ViT-5 components removed or swapped one at a time (ViT-5, arXiv 2602.08071,
+Tab. 10) and the DeiT-III and vanilla baselines, each an ordinary training run (:class:`vit5.train.Trainer`)
+on the same data, budget and seeds under ``OUT/runs/<ablation>-seed<S>`` (a rerun reuses finished runs and
+resumes interrupted ones), then timed side by side. Output: ``OUT/report.md`` and ``OUT/report.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from vit5.errors import InputError
 from vit5.runtime import is_main_process, resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.config import config_diff
+from vit5.train.config import config_diff, recipe_path
 from vit5.train.rundir import CHECKPOINTS, CONFIG_FILE, FINAL, SUMMARY_JSON
 
 
@@ -44,68 +40,54 @@ class Ablation:
     paper_delta: float | None = None  # ImageNet top-1 change vs the full ViT-5 (UNVERIFIED)
 
 
-_M = "model.overrides."  # any ViT5Config field, on top of the base config's model
+def _model(*settings: str) -> tuple[str, ...]:
+    """Overrides of ViT5Config fields, on top of the base config's model."""
+    return tuple(f"model.overrides.{s}" for s in settings)
 
+
+_DEIT3 = _model("norm=layernorm", "qkv_bias=true", "rope=false", "num_registers=0", "qk_norm=false")
 ABLATIONS: dict[str, Ablation] = {
     a.name: a
     for a in (
         Ablation("full", "ViT-5 as configured: every component", ()),
-        Ablation("no_layerscale", "without LayerScale", (f"{_M}layer_scale=null",), -0.29),
+        Ablation("no_layerscale", "without LayerScale", _model("layer_scale=null"), -0.29),
         Ablation(
             "no_rope",
             "without 2D RoPE (patches and registers; APE only)",
-            (f"{_M}rope=false", f"{_M}register_rope=false"),
+            _model("rope=false", "register_rope=false"),
             -0.24,
         ),
-        Ablation("no_registers", "without the 4 registers", (f"{_M}num_registers=0",), -0.17),
+        Ablation("no_registers", "without the 4 registers", _model("num_registers=0"), -0.17),
         Ablation(
             "layernorm",
             "LayerNorm instead of RMSNorm (blocks, final and QK-norm)",
-            (f"{_M}norm=layernorm",),
+            _model("norm=layernorm"),
             -0.15,
         ),
-        Ablation("no_qk_norm", "without QK-norm", (f"{_M}qk_norm=false",), -0.12),
-        Ablation("qkv_bias", "with a bias on the qkv projection", (f"{_M}qkv_bias=true",), -0.06),
+        Ablation("no_qk_norm", "without QK-norm", _model("qk_norm=false"), -0.12),
+        Ablation("qkv_bias", "with a bias on the qkv projection", _model("qkv_bias=true"), -0.06),
         Ablation(
             "swiglu",
             "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
-            (f"{_M}mlp=swiglu",),
+            _model("mlp=swiglu"),
             -0.42,
         ),
         Ablation(
-            "deit3",
-            "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm",
-            (
-                f"{_M}norm=layernorm",
-                f"{_M}qkv_bias=true",
-                f"{_M}rope=false",
-                f"{_M}num_registers=0",
-                f"{_M}qk_norm=false",
-            ),
-            -0.8,
+            "deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8
         ),
         Ablation(
             "vanilla",
             "the vanilla ViT (2020): the DeiT-III baseline without LayerScale, linear drop-path schedule",
-            (
-                f"{_M}norm=layernorm",
-                f"{_M}qkv_bias=true",
-                f"{_M}rope=false",
-                f"{_M}num_registers=0",
-                f"{_M}qk_norm=false",
-                f"{_M}layer_scale=null",
-                f"{_M}drop_path_schedule=linear",
-            ),
+            (*_DEIT3, *_model("layer_scale=null", "drop_path_schedule=linear")),
         ),
     )
 }
-
 REFERENCE = "full"  # every delta is against this one
 
 
 def select_ablations(only: Sequence[str] | None = None) -> list[Ablation]:
-    """The ablations to run, in table order: all, or ``only`` plus the full model (the reference);
-    an unknown name raises InputError with the closest valid one."""
+    """All ablations in table order, or ``only`` plus the full model; an unknown name raises InputError
+    naming the closest valid one."""
     unknown = [name for name in only or () if name not in ABLATIONS]
     if unknown:
         hints = []
@@ -116,7 +98,6 @@ def select_ablations(only: Sequence[str] | None = None) -> list[Ablation]:
     return [a for name, a in ABLATIONS.items() if not only or name == REFERENCE or name in only]
 
 
-# ----------------------------------------------------------------------------------- statistics
 @dataclass(frozen=True)
 class Spread:
     """Values over seeds: mean and sample standard deviation (None with a single seed)."""
@@ -138,33 +119,30 @@ class Spread:
 @dataclass(frozen=True)
 class Delta:
     """``mean(variant) - mean(reference)`` and its standard error (None unless both have 2+ seeds);
-    ``beyond_noise``: |delta| > 2 SE, larger than the spread between seeds."""
+    ``beyond_noise``: |delta| > 2 SE."""
 
     value: float
     se: float | None
 
     @classmethod
     def between(cls, variant: Spread, reference: Spread) -> Delta:
-        value = variant.mean - reference.mean
         if variant.std is None or reference.std is None:
-            return cls(value, None)
+            return cls(variant.mean - reference.mean, None)
         se = math.sqrt(variant.std**2 / len(variant.values) + reference.std**2 / len(reference.values))
-        return cls(value, se)
+        return cls(variant.mean - reference.mean, se)
 
     @property
     def beyond_noise(self) -> bool:
         return self.se is not None and abs(self.value) > 2 * self.se
 
     def text(self) -> str:
-        """``+0.42 ± 0.10``, marked ``(>2 SE)`` when beyond the seed spread."""
         body = f"{self.value:+.2f}" + (f" ± {self.se:.2f}" if self.se is not None else "")
         return body + (" (>2 SE)" if self.beyond_noise else "")
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One finished (or diverged) training run: ``status`` "completed" or "diverged"; ``reused``: read
-    back from an earlier invocation instead of trained now."""
+    """One training run: ``status`` "completed" or "diverged"; ``reused``: read back, not trained now."""
 
     ablation: str
     seed: int
@@ -181,18 +159,16 @@ class RunRecord:
     def completed(self) -> bool:
         return self.status == "completed"
 
-
-def _record(ablation: str, seed: int, summary: dict[str, Any], reused: bool) -> RunRecord:
-    """From a training summary (:meth:`vit5.train.Trainer.fit` / ``summary.json``)."""
-    keys = ("final_top1", "ema_top1", "val_images", "wall_seconds")
-    return RunRecord(
-        ablation, seed, summary["run_dir"], summary["status"], reused, **{k: summary[k] for k in keys}
-    )
+    @classmethod
+    def of(cls, ablation: str, seed: int, summary: dict[str, Any], reused: bool) -> RunRecord:
+        """From a training summary (:meth:`vit5.train.Trainer.fit` / ``summary.json``)."""
+        keys = ("run_dir", "status", "final_top1", "ema_top1", "val_images", "wall_seconds")
+        return cls(ablation, seed, reused=reused, **{k: summary[k] for k in keys})
 
 
 def top1(records: Sequence[RunRecord], key: str) -> tuple[dict[str, Spread], dict[str, Delta]]:
-    """Per ablation, ``key`` ("final_top1" or "ema_top1") over its completed seeds, and every config's
-    delta against the full model (none when the full model has no result)."""
+    """Per ablation, ``key`` ("final_top1" or "ema_top1") over its completed seeds, and the deltas
+    against the full model (none when it has no result)."""
     values: dict[str, list[float]] = {}
     for r in records:
         if r.completed and getattr(r, key) is not None:
@@ -202,7 +178,6 @@ def top1(records: Sequence[RunRecord], key: str) -> tuple[dict[str, Spread], dic
     return spreads, {n: Delta.between(s, ref) for n, s in spreads.items() if ref and n != REFERENCE}
 
 
-# ------------------------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class Scale:
     """A base recipe and the budget that fits the hardware it is meant for."""
@@ -215,37 +190,28 @@ class Scale:
     timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
 
 
+_NO_BEST = ("checkpoint.save_best=false", "run.progress=false")  # the ablation reads the last epoch
 SCALES: dict[str, Scale] = {
-    # The digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs, 6 seeds: 54 runs in about an
-    # hour on 2 idle CPU cores; best/ is not kept (the ablation reads the last epoch).
-    "digits": Scale(
-        "demo_digits.yaml", ("checkpoint.save_best=false", "run.progress=false"), tuple(range(6)), 6
-    ),
-    # Fashion-MNIST (`vit5 data fashion-mnist DIR`, then data.root=DIR): the CPU recipe's patching (28 px,
-    # patch 4) on a smaller model (dim 128, depth 4) for two epochs, 3 seeds. Scored on the test split: the
-    # runs make no selection (last epoch, no best/). For a CPU, a 10,000-image train split
-    # (`vit5 data fashion-mnist DIR --val-size 50000`) keeps the 9 runs of three configs near an hour.
+    # the digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs: 54 runs, about an hour on 2 cores
+    "digits": Scale("demo_digits.yaml", _NO_BEST, tuple(range(6)), 6),
+    # `vit5 data fashion-mnist DIR` (a 10,000-image train split with --val-size 50000 keeps it near an hour
+    # on a CPU), the CPU recipe's patching (28 px, patch 4) on dim 128, depth 4, scored on the test split
     "fashion_mnist": Scale(
         "fashion_mnist_cpu.yaml",
         (
-            "checkpoint.save_best=false",
-            "run.progress=false",
+            *_NO_BEST,
             "data.val_split=test",
-            f"{_M}embed_dim=128",
-            f"{_M}depth=4",
-            f"{_M}num_heads=4",
+            *_model("embed_dim=128", "depth=4", "num_heads=4"),
             "schedule.warmup_epochs=0.2",
         ),
         (0, 1, 2),
         2,
         timing_batch=128,
-        timing=TimingConfig(warmup=1, rounds=5),
     ),
     "imagenet": Scale(
         "vit5_small_in1k.yaml", ("checkpoint.save_best=false",), (0,), None, 128, TimingConfig(3, 10)
     ),
 }
-
 OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds
 
 
@@ -277,23 +243,48 @@ class AblationPlan:
         if self.timing_batch < 1:
             raise InputError(f"timing_batch must be at least 1, got {self.timing_batch}")
 
-    def run_name(self, ablation: Ablation, seed: int) -> str:
-        return f"{ablation.name}-seed{seed}"
-
     def config(self, ablation: Ablation, seed: int) -> TrainConfig:
         """The training config of one run (validated; a bad override raises TrainConfigError)."""
-        run = (f"run.output_dir={self.out_dir / 'runs'}", f"run.name={self.run_name(ablation, seed)}")
+        run = (f"run.output_dir={self.out_dir / 'runs'}", f"run.name={ablation.name}-seed{seed}")
         return load_config(self.base, [*self.overrides, *ablation.overrides, *run, f"run.seed={seed}"])
 
 
-# -------------------------------------------------------------------------------------- training
+def plan_for(
+    scale: str = "digits",
+    config: Path | None = None,
+    seeds: Sequence[int] | None = None,
+    epochs: int | None = None,
+    only: str | None = None,
+    out: Path | None = None,
+    overrides: Sequence[str] = (),
+    keep_checkpoints: bool = False,
+) -> AblationPlan:
+    """The plan of ``vit5 ablate``: a scale of :data:`SCALES`, its defaults replaced by what is given
+    (``only``: comma-separated ablation names); bad input raises InputError."""
+    s = SCALES[scale]
+    if epochs is not None and epochs < 1:
+        raise InputError(f"--epochs must be at least 1, got {epochs}")
+    epochs = s.epochs if epochs is None else epochs
+    ablations = select_ablations([n.strip() for n in only.split(",") if n.strip()] if only else None)
+    base = recipe_path(s.config) if config is None else Path(config)
+    if not base.is_file():
+        raise InputError(f"config file {base} does not exist: pass --config PATH to a training recipe")
+    out_dir = Path(out or Path("runs") / f"ablate_{scale}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file: give a folder for the runs and the report")
+    overrides = (*s.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *overrides)
+    seeds = tuple(seeds) if seeds is not None else s.seeds
+    return AblationPlan(
+        base, tuple(ablations), seeds, out_dir, overrides, s.timing_batch, s.timing, keep_checkpoints, scale
+    )
+
+
 def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfig, datasets) -> RunRecord:
     """Train one run to the end (its output to ``OUT/logs``), reuse it when finished before, or resume it."""
     run_dir, name = Path(cfg.run.output_dir) / cfg.run.name, ablation.name
-    log = plan.out_dir / "logs" / f"{plan.run_name(ablation, seed)}.log"
     if (run_dir / SUMMARY_JSON).is_file():
         _check_same_config(run_dir, cfg)
-        return _record(name, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
+        return RunRecord.of(name, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
     checkpoint = None
     if run_dir.is_dir():
         try:
@@ -303,6 +294,7 @@ def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfi
             if is_main_process():
                 shutil.rmtree(run_dir)
     train_set, val_set = datasets if datasets is not None else (None, None)
+    log = plan.out_dir / "logs" / f"{cfg.run.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(log, "a", buffering=1) as out, contextlib.redirect_stdout(out):  # lines survive a kill
@@ -315,7 +307,7 @@ def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfi
             torch.cuda.empty_cache()
     if not plan.keep_checkpoints and is_main_process():  # fit() ends with every process done with them
         shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
-    return _record(name, seed, summary, False)
+    return RunRecord.of(name, seed, summary, False)
 
 
 def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
@@ -329,8 +321,8 @@ def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
 
 
 def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> list[RunRecord]:
-    """Every ablation x seed, seed by seed (load drift on a shared machine hits every config alike,
-    and a partial run already compares all configs). Every config is checked before the first trains."""
+    """Every ablation x seed, seed by seed (load drift on a shared machine hits every config alike, and
+    a partial run already compares all configs); every config is checked before the first trains."""
     jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
     show = show_progress and is_main_process()
     records = []
@@ -344,7 +336,6 @@ def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> 
     return records
 
 
-# ---------------------------------------------------------------------------------------- report
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
     (raw, raw_d), (ema, ema_d) = top1(records, "final_top1"), top1(records, "ema_top1")
@@ -358,54 +349,33 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
         "budget and seeds; top-1 after the last epoch.",
     )
     text = lambda found, name, missing="-": found[name].text() if name in found else missing  # noqa: E731
+    paper = lambda a: "-" if a.paper_delta is None else f"{a.paper_delta:+.2f}"  # noqa: E731
     rows = tuple(
-        (
-            a.name,
-            a.what,
-            len(raw[a.name].values),
-            raw[a.name].text(),
-            text(raw_d, a.name),
-            text(ema, a.name, "n/a"),
-        )
-        + (text(ema_d, a.name), "-" if a.paper_delta is None else f"{a.paper_delta:+.2f}")
+        (a.name, a.what, len(raw[a.name].values), raw[a.name].text(), text(raw_d, a.name))
+        + (text(ema, a.name, "n/a"), text(ema_d, a.name), paper(a))
         for a in plan.ablations
         if a.name in raw
     )
     columns = ("ablation", "change", "seeds", "top-1 % (mean ± std)", "Δ vs full (± SE)", "EMA top-1 %")
-    section.tables.append(
-        Table(f"Top-1: {setting}", (*columns, "EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)"), rows)
-    )
+    columns += ("EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)")
+    section.tables.append(Table(f"Top-1: {setting}", columns, rows))
 
     # the trained models (each ablation's first completed seed), side by side on one random batch
-    finals: dict[str, Path] = {}
-    for r in records:
-        if r.completed:
-            finals.setdefault(r.ablation, Path(r.run_dir) / FINAL)
-    models = {name: vit5.load_model(path) for name, path in finals.items()}
+    finals = {
+        r.ablation: Path(r.run_dir) / FINAL for r in reversed(records) if r.completed
+    }  # first seed wins
+    models = {a.name: vit5.load_model(finals[a.name]) for a in plan.ablations if a.name in finals}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     device = resolve_device("cpu" if cfg.run.cpu else "auto").type
     dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
     how = f"batch {plan.timing_batch} at {cfg.model.img_size}px, {device} {dtype}"
     log(f"timing {len(models)} trained models side by side ({how})")
-    run = (
-        measure_throughput(models, cfg.model.img_size, plan.timing_batch, plan.timing, device, dtype)
-        if models
-        else {}
-    )
-    rows = []
-    for name in models:
-        cells: list[Any] = [name, f"{params[name]:,}"]
-        cells += throughput_cells(run, name, REFERENCE, plan.timing_batch)
-        rows.append(tuple(cells))
-    columns = (
-        "ablation",
-        "parameters",
-        "forward img/s",
-        "vs full (IQR)",
-        "train-step img/s",
-        "vs full (IQR)",
-    )
-    section.tables.append(Table(f"Parameters and throughput (side by side: {how})", columns, tuple(rows)))
+    batch = plan.timing_batch
+    run = measure_throughput(models, cfg.model.img_size, batch, plan.timing, device, dtype) if models else {}
+    rows = tuple((n, f"{params[n]:,}", *throughput_cells(run, n, REFERENCE, batch)) for n in models)
+    columns = ("ablation", "parameters", "forward img/s", "vs full (IQR)", "train-step img/s")
+    columns += ("vs full (IQR)",)
+    section.tables.append(Table(f"Parameters and throughput (side by side: {how})", columns, rows))
 
     val_images = next((r.val_images for r in records if r.val_images), None)
     section.notes += [
@@ -434,9 +404,9 @@ class AblationResult:
 
 
 def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) -> AblationResult:
-    """Train every run (reusing finished ones), time the trained models side by side, write
-    ``report.md`` / ``report.json`` under ``plan.out_dir``. ``datasets``: train and
-    val sets to use instead of the config's (they need ``class_names``)."""
+    """Train every run (reusing finished ones), time the trained models side by side, write ``report.md``
+    and ``report.json`` under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` to
+    use instead of the config's."""
     load_before = load_average()
     records = train_all(plan, datasets, show_progress)
     if not is_main_process():

@@ -1,12 +1,6 @@
-"""``BenchConfig``: every size, count and switch of ``vit5 bench``, with three profiles.
-
-- ``smoke``: tiny models (depth 2, 32 px), a couple of rounds; seconds. For tests and CI.
-- ``quick``: the real ViT-S/Ti shapes at 224 and 448 with few rounds, the attention sweep to 8k
-  tokens; minutes on 2 idle CPU cores (inductor compilation included).
-- ``full``: more rounds, larger batches, the sweep to 16k tokens; meant for a GPU with bf16.
-
-:class:`BenchContext` is what every section receives: the config, where to write figures, how to log.
-"""
+"""``BenchConfig``: every size, count and switch of ``vit5 bench``, in three profiles: ``smoke`` (tiny models,
+seconds; tests and CI), ``quick`` (real ViT-S/Ti shapes, few rounds; minutes on 2 CPU cores) and ``full``
+(more rounds, larger batches, longer sequences; for a GPU). :class:`BenchContext` is what a section gets."""
 
 from __future__ import annotations
 
@@ -72,9 +66,8 @@ class BenchConfig:
         if device is None or device.type not in ("cpu", "cuda"):
             raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
         if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise InputError(
-                f"{self.device} does not exist: torch sees {torch.cuda.device_count()} CUDA device(s)"
-            )
+            count = torch.cuda.device_count()
+            raise InputError(f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu")
         if self.dtype not in ("fp32", "bf16"):
             raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if not self.sizes:
@@ -101,7 +94,7 @@ class BenchConfig:
     def profile(cls, name: Literal["smoke", "quick", "full"], **changes: Any) -> BenchConfig:
         if name not in PROFILES:
             raise InputError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
-        return cls(**PROFILES[name]).replace(**changes)
+        return cls(**{**PROFILES[name], **changes})
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -150,6 +143,3 @@ class BenchContext:
         path = self.out_dir / "figures" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
-
-    def relative(self, path: Path) -> str:
-        return path.relative_to(self.out_dir).as_posix()

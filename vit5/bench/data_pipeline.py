@@ -1,15 +1,11 @@
-"""``vit5 bench data-pipeline``: OpenCV + albumentations (``vit5.data``) against torchvision's PIL pipeline.
-
-Both sides decode the **same JPEG files** (ImageNet-like sizes, cut from scikit-learn's sample
-photos) and apply the **same transforms** to a normalised 224 px float tensor: ``train`` is the
-ViT-5 pre-training 3-Augment (DeiT-III ``augment.py``: random-resized crop, flip, one of
-{grayscale, solarize, blur}, colour jitter 0.3), ``eval`` resize + centre crop. Each round runs
-both over all files, one core each, side by side (:func:`vit5.bench.measure.measure`); the eval
-outputs are compared to show they compute the same thing.
-"""
+"""``vit5 bench data-pipeline``: OpenCV + albumentations (``vit5.data``) against torchvision's PIL pipeline,
+on the same JPEGs (ImageNet-like sizes, cut from scikit-learn's sample photos) and the same transforms
+(``train``: the DeiT-III 3-Augment of ``augment.py``; ``eval``: resize + centre crop), one core each, side
+by side; and the ``data_index`` section of ``vit5 bench``: indexing trees and reading shards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -18,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,18 +92,25 @@ def measure_pipelines(paths: list[Path], rounds: int) -> dict[str, dict[str, flo
     OpenCV + albumentations (median of per-round ratios)."""
     sides = dict(zip(CONTENDERS, (vit5_pipelines(), torchvision_pipelines())))
     results = {}
+    with one_core():
+        for kind in ("train", "eval"):
+            calls = {name: (lambda f=side[kind]: [f(p) for p in paths]) for name, side in sides.items()}
+            s = measure(calls, TimingConfig(warmup=1, rounds=rounds))
+            results[kind] = {name: len(paths) / s[name].median for name in CONTENDERS}
+            results[kind]["speedup"] = speedup(s[CONTENDERS[0]], s[CONTENDERS[1]]).median
+    return results
+
+
+@contextlib.contextmanager
+def one_core() -> Iterator[None]:
+    """OpenCV and torch on one thread each."""
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         with num_threads(1):
-            for kind in ("train", "eval"):
-                calls = {name: (lambda f=side[kind]: [f(p) for p in paths]) for name, side in sides.items()}
-                s = measure(calls, TimingConfig(warmup=1, rounds=rounds))
-                results[kind] = {name: len(paths) / s[name].median for name in CONTENDERS}
-                results[kind]["speedup"] = speedup(s[CONTENDERS[0]], s[CONTENDERS[1]]).median
+            yield
     finally:
         cv2.setNumThreads(threads)
-    return results
 
 
 def eval_agreement(paths: list[Path]) -> float:
@@ -143,7 +146,6 @@ def run(quick: bool = False) -> Section:
     )
 
 
-# ---------------------------------------------------------------------------------- index cost
 _INDEXERS = {  # how each contender lists a tree ROOT/<class>/<file>; run in a fresh process
     "vit5": "from vit5.data import ImageFolderDataset as F; count = lambda root: len(F(root))",
     "torchvision": "from torchvision.datasets import ImageFolder as F; count = lambda root: len(F(root))",
@@ -166,18 +168,14 @@ print(json.dumps(dict(files=n, seconds=seconds, peak_bytes=status("VmHWM") - bef
 """
 
 
-def index_cost(
-    sizes: Sequence[int], rounds: int = 3, folder: Path | None = None
-) -> dict[int, dict[str, Any]]:
-    """Seconds and peak memory (resident set above the process's after imports; Linux) to index a synthetic
-    ImageFolder of ``size`` empty ``.JPEG`` files (1000 classes, or fewer for small trees), for
-    vit5's walker (:func:`vit5.data.image_files`: links, FIFOs and loops checked), torchvision's
-    ``ImageFolder`` and timm's ``ReaderImageFolder``. Each measurement runs in a fresh process, in
-    rotating order, after one untimed walk warms the OS's directory cache; medians over ``rounds``.
-    The tree is deleted afterwards."""
+def index_cost(sizes: Sequence[int], rounds: int = 3) -> dict[int, dict[str, Any]]:
+    """Seconds and peak memory (resident set above the process's after imports; Linux) to index a deleted
+    afterwards synthetic ImageFolder of ``size`` empty ``.JPEG`` files (up to 1000 classes) with vit5's
+    walker (links, FIFOs and loops checked), torchvision's ``ImageFolder`` and timm's
+    ``ReaderImageFolder``, each in a fresh process after a walk warms the directory cache; medians."""
     results: dict[int, dict[str, Any]] = {}
     for size in sizes:
-        with tempfile.TemporaryDirectory(dir=folder, prefix="vit5-index-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="vit5-index-") as tmp:
             classes = max(1, min(1000, size // 100))
             for c in range(classes):
                 (Path(tmp) / f"n{c:08d}").mkdir()
@@ -185,15 +183,12 @@ def index_cost(
                 open(os.path.join(tmp, f"n{i % classes:08d}", f"img_{i:08d}.JPEG"), "wb").close()
             sum(len(files) for _, _, files in os.walk(tmp))  # warm the directory cache
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _INDEXERS}
-            names = list(_INDEXERS)
-            for r in range(rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    runs[name].append(_probe(_INDEXERS[name], tmp))
+            probes = {n: lambda n=n, r=runs, t=tmp: r[n].append(_probe(_INDEXERS[n], t)) for n in _INDEXERS}
+            measure(probes, TimingConfig(warmup=0, rounds=rounds))  # rotating order, fresh process each
+            median = lambda found, key: statistics.median(m[key] for m in found)  # noqa: E731
             results[size] = {
                 name: dict(
-                    files=found[0]["files"],
-                    seconds=statistics.median(m["seconds"] for m in found),
-                    peak_bytes=statistics.median(m["peak_bytes"] for m in found),
+                    files=found[0]["files"], **{k: median(found, k) for k in ("seconds", "peak_bytes")}
                 )
                 for name, found in runs.items()
             }
@@ -226,27 +221,9 @@ def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
             "folder": lambda: [folder[i] for i in range(len(folder))],
             "shards": lambda: list(shard_loader(shards, pin_memory=False)),
         }
-        seconds = _rounds(contenders, rounds)
-    return {name: len(folder) / statistics.median(times) for name, times in seconds.items()}
-
-
-def _rounds(contenders: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each contender per round, on one core, in rotating order after a warm-up."""
-    names, seconds = list(contenders), {name: [] for name in contenders}
-    cv_threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        with num_threads(1):
-            for name in names:
-                contenders[name]()
-            for r in range(rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    start = time.perf_counter()
-                    contenders[name]()
-                    seconds[name].append(time.perf_counter() - start)
-    finally:
-        cv2.setNumThreads(cv_threads)
-    return seconds
+        with one_core():
+            seconds = measure(contenders, TimingConfig(warmup=1, rounds=rounds))
+    return {name: len(folder) / s.median for name, s in seconds.items()}
 
 
 def run_data_index(ctx: BenchContext) -> Section:
@@ -254,25 +231,25 @@ def run_data_index(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     ctx.log(f"data_index: indexing trees of {', '.join(f'{n:,}' for n in cfg.index_sizes)} files")
     cost = index_cost(cfg.index_sizes, rounds=cfg.index_rounds)
-    rows = []
-    for size, found in cost.items():
-        base = found["torchvision"]
-        for name, m in found.items():
-            rows.append(
-                (
-                    f"{size:,}",
-                    name,
-                    m["files"],
-                    f"{m['seconds']:.3f}",
-                    f"{m['seconds'] / base['seconds']:.2f}x",
-                    f"{m['peak_bytes'] / 2**20:.1f}",
-                    f"{m['peak_bytes'] / max(base['peak_bytes'], 1):.2f}x",
-                )
-            )
+    rows = tuple(
+        (
+            f"{size:,}",
+            name,
+            m["files"],
+            f"{m['seconds']:.3f}",
+            f"{m['seconds'] / found['torchvision']['seconds']:.2f}x",
+        )
+        + (
+            f"{m['peak_bytes'] / 2**20:.1f}",
+            f"{m['peak_bytes'] / max(found['torchvision']['peak_bytes'], 1):.2f}x",
+        )
+        for size, found in cost.items()
+        for name, m in found.items()
+    )
     ctx.log("data_index: decode + 3-Augment, folder against shards")
     rates = folder_vs_shards(cfg.decode_images, rounds=cfg.index_rounds)
     largest = cost[max(cost)]
-    section = Section(
+    return Section(
         "data_index",
         "Data set indexing and reading: folders against torchvision, timm and shards",
         "Seconds and peak memory to index a synthetic ImageFolder of empty .JPEG files (fresh process each, "
@@ -282,7 +259,7 @@ def run_data_index(ctx: BenchContext) -> Section:
             Table(
                 "Indexing a tree",
                 ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision"),
-                tuple(rows),
+                rows,
             ),
             Table(
                 f"Decode + 3-Augment to {SIZE} px, images/s on one core",
@@ -292,17 +269,13 @@ def run_data_index(ctx: BenchContext) -> Section:
         ],
         targets=[
             Target(
-                f"vit5 index time at {max(cost):,} files vs torchvision",
-                largest["vit5"]["seconds"] / largest["torchvision"]["seconds"],
+                f"vit5 index {what} at {max(cost):,} files vs torchvision",
+                ours / max(theirs, 1e-9),
                 1.2,
-                higher_is_better=False,
-            ),
-            Target(
-                f"vit5 index peak memory at {max(cost):,} files vs torchvision",
-                largest["vit5"]["peak_bytes"] / max(largest["torchvision"]["peak_bytes"], 1),
-                1.2,
-                higher_is_better=False,
-            ),
+                False,
+            )
+            for what, key in (("time", "seconds"), ("peak memory", "peak_bytes"))
+            for ours, theirs in [(largest["vit5"][key], largest["torchvision"][key])]
         ],
         notes=[
             "vit5 checks what the others do not: links leading outside the tree, link loops, FIFOs and "
@@ -310,4 +283,3 @@ def run_data_index(ctx: BenchContext) -> Section:
         ],
         data={"index": {str(k): v for k, v in cost.items()}, "decode_images_per_s": rates},
     )
-    return section

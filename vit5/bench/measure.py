@@ -1,11 +1,7 @@
-"""How the benchmark measures: wall-clock timing that survives a noisy, shared machine, peak memory
-and forward / training-step throughput.
-
-Absolute times on a shared CPU drift with the background load, so contenders are timed **side by
-side**: every round runs each contender once (the order rotates from round to round), and a ratio
-is the median over rounds of the per-round ratio, so both sides of each pair ran under nearly the
-same load and slow drift cancels. Each time reports the median and the interquartile range (IQR).
-"""
+"""How the benchmark measures on a noisy, shared machine: contenders are timed side by side (every round
+runs each once, in an order rotating between rounds) and compared by the median over rounds of the
+per-round ratio, so slow drift in the background load cancels; times report median and IQR. Also peak
+memory and forward / training-step throughput."""
 
 from __future__ import annotations
 
@@ -22,8 +18,6 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from vit5.model.vit import unwrap
-
-MODES: tuple[str, ...] = ("forward", "train")
 
 
 @dataclass(frozen=True)
@@ -84,15 +78,10 @@ def speedup(fast: Samples, slow: Samples) -> Quartiles:
     return paired_ratio(slow, fast)
 
 
-def device_sync(device: torch.device | str) -> Callable[[], None]:
-    """A function that waits for the device's queued work (CUDA kernels run asynchronously)."""
-    return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
-
-
-def measure(
-    fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), sync=lambda: None
-) -> dict[str, Samples]:
-    """Time every zero-argument callable in interleaved, rotating rounds; seconds per call by name."""
+def measure(fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device="cpu") -> dict[str, Samples]:
+    """Time every zero-argument callable in interleaved, rotating rounds; seconds per call by name
+    (on CUDA, waiting for the queued kernels before and after each call)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     if not fns:
         raise ValueError("nothing to measure: pass at least one callable")
     names = list(fns)
@@ -135,8 +124,8 @@ class MemoryReading:
 def measure_memory(
     fn: Callable[[], object], device: torch.device | str = "cpu"
 ) -> tuple[MemoryReading, object]:
-    """Run ``fn()`` once; return (its memory reading, its result). Keep the result alive to count it
-    as retained. CUDA: the allocator's counters; CPU: the profiler's allocation events."""
+    """Run ``fn()`` once; return (its memory reading, its result; keep it alive to count it as retained).
+    CUDA: the allocator's counters; CPU: the profiler's allocation events."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -161,8 +150,6 @@ def measure_memory(
 
 def autocast_context(device: torch.device | str, dtype: str) -> Callable:
     """A factory of the autocast context for ``dtype`` ("fp32": none, "bf16": bfloat16 autocast)."""
-    if dtype not in ("fp32", "bf16"):
-        raise ValueError(f"unknown dtype {dtype!r}: use 'fp32' or 'bf16'")
     return (
         nullcontext if dtype == "fp32" else partial(torch.autocast, torch.device(device).type, torch.bfloat16)
     )
@@ -196,12 +183,12 @@ def train_step(
 
 
 def random_batch(
-    batch: int, img_size: int, device="cpu", num_classes: int = 1000
+    batch: int, img_size: int, device="cpu", classes: int = 1000
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded random images ``[batch, 3, img_size, img_size]`` and labels, the same in every section."""
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
-    return images, torch.randint(0, num_classes, (batch,), generator=generator).to(device)
+    return images, torch.randint(0, classes, (batch,), generator=generator).to(device)
 
 
 def measure_throughput(
@@ -212,15 +199,15 @@ def measure_throughput(
     device="cpu",
     dtype="fp32",
 ) -> dict[str, dict[str, Samples]]:
-    """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one
-    random batch, side by side. Models fused for inference are timed in the forward rounds only."""
-    classes = {getattr(unwrap(m), "num_classes", 1000) for m in models.values()}
-    images, labels = random_batch(batch, img_size, device, min(classes))
-    amp, sync = autocast_context(device, dtype), device_sync(device)
+    """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one random
+    batch, side by side. Models fused for inference are timed in the forward rounds only."""
+    classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
+    images, labels = random_batch(batch, img_size, device, classes)
+    amp = autocast_context(device, dtype)
     models = {name: m.to(device) for name, m in models.items()}
     trains = {n: m for n, m in models.items() if not getattr(unwrap(m), "fused_for_inference", False)}
-    forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, sync)
-    train = measure({n: train_step(m, images, labels, amp) for n, m in trains.items()}, timing, sync)
+    forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
+    train = measure({n: train_step(m, images, labels, amp) for n, m in trains.items()}, timing, device)
     for model in models.values():
         model.zero_grad(set_to_none=True)
         model.eval()
@@ -233,10 +220,8 @@ def throughput_cells(
     """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
     cells = []
     for s in run.values():
-        measured = name in s and reference in s
+        ok = name in s and reference in s
         cells += (
-            [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
-            if measured
-            else ["-"] * 2
+            [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()] if ok else ["-"] * 2
         )
     return cells

@@ -1,16 +1,12 @@
-"""Attention peak memory against sequence length: fused SDPA against eager.
+"""The ``memory`` section: attention peak memory against sequence length, fused SDPA against eager.
 
-The eager path (:func:`vit5.layers.eager_attention`, the official code's way) materialises the
-``[B, heads, n, n]`` scores and probabilities; SDPA (FlashAttention-style kernels, on CPU too)
-tiles the softmax and never does, so its memory grows with n and eager's with n^2 (Dao et al.,
-arXiv 2205.14135). Both are exact: outputs must agree to float rounding, or a mask or scale is
-wrong. Eager lengths whose n x n tensors would exceed ``attn_eager_max_bytes`` are skipped (and
-said so), not estimated.
+Eager (:func:`vit5.layers.eager_attention`, the official code's way) holds the ``[B, heads, n, n]`` scores
+and probabilities, SDPA tiles the softmax (Dao et al., arXiv 2205.14135): memory in n against n^2. Both are
+exact, so their outputs must agree. Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -18,14 +14,13 @@ import torch.nn.functional as F
 
 from vit5.bench.config import BenchContext
 from vit5.bench.measure import measure_memory
-from vit5.bench.report import Section, Table, Target, format_bytes
+from vit5.bench.report import Section, Table, Target
 from vit5.layers import eager_attention
+from vit5.runtime import format_bytes
 
 TARGET_TOKENS = 8192
 MAX_SDPA_FRACTION = 0.25
-
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-BACKENDS: dict[str, AttentionFn] = {
+BACKENDS = {
     "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     "eager": lambda q, k, v: eager_attention(q, k, v)[0],
 }
@@ -41,27 +36,29 @@ def run_memory(ctx: BenchContext) -> Section:
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     peaks: dict[int, dict[str, int]] = {}
     diffs: dict[int, float] = {}
+    rows = []
     for n in cfg.attn_seq_lens:
         eager = eager_score_bytes(1, cfg.attn_heads, n, dtype) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
         g = torch.Generator().manual_seed(n)
-        q, k, v = (torch.randn(1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g) for _ in range(3))
-        qkv = [t.to(cfg.device, dtype) for t in (q, k, v)]
+        qkv = [
+            torch.randn(1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
+            for _ in "qkv"
+        ]
         peaks[n], outputs = {}, {}
         with torch.inference_mode():
             for name in ("sdpa", "eager") if eager else ("sdpa",):
                 reading, outputs[name] = measure_memory(partial(BACKENDS[name], *qkv), cfg.device)
                 peaks[n][name] = reading.peak
+        p = peaks[n]
         if eager:
             diffs[n] = (outputs["sdpa"].float() - outputs["eager"].float()).abs().max().item()
-    rows = []
-    for n, p in peaks.items():
-        eager = (
-            (format_bytes(p["eager"]), f"{p['eager'] / p['sdpa']:.1f}x", f"{diffs[n]:.1e}")
-            if n in diffs
-            else ()
-        )
-        rows.append((n, format_bytes(p["sdpa"]), *(eager or ("skipped", "-", "-"))))
+            rows.append(
+                (n, format_bytes(p["sdpa"]), format_bytes(p["eager"]), f"{p['eager'] / p['sdpa']:.1f}x")
+            )
+            rows[-1] += (f"{diffs[n]:.1e}",)
+        else:
+            rows.append((n, format_bytes(p["sdpa"]), "skipped", "-", "-"))
     columns = ("tokens", "sdpa peak", "eager peak", "eager / sdpa", "max |sdpa - eager|")
     section = Section(
         "memory",

@@ -1,8 +1,5 @@
-"""The report: ``report.md`` (tables, the targets met or missed, notes) and ``report.json``.
-
-A section hands over a :class:`Section` (its tables, the targets it checked, notes, figures and raw
-data); the report renders any list of them under where and how the run happened.
-"""
+"""The report of any list of :class:`Section` (tables, targets met or missed, notes, figures, raw data):
+``report.md`` and ``report.json``, under where and how the run happened."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ import torch
 from matplotlib.figure import Figure  # not pyplot: importing vit5.bench leaves the user's backend alone
 
 from vit5.files import atomic_write_text
-from vit5.runtime import format_bytes
 
 
 @dataclass(frozen=True)
@@ -70,14 +66,14 @@ class Section:
 
 
 def format_value(value: float, unit: str = "") -> str:
-    """``x`` ratios with 2 decimals, ``%`` with 1, bytes (``B``) in KiB/MiB/GiB, others 3 digits."""
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "%":
-        return f"{value:.1f}%"
-    if unit == "B":
-        return format_bytes(value)
-    return f"{value:.3g}{unit and ' ' + unit}"
+    """``x`` ratios with 2 decimals, ``%`` with 1, others 3 digits and the unit."""
+    return (
+        f"{value:.2f}x"
+        if unit == "x"
+        else f"{value:.1f}%"
+        if unit == "%"
+        else f"{value:.3g}{unit and ' ' + unit}"
+    )
 
 
 NOISE_NOTE = (
@@ -88,9 +84,7 @@ NOISE_NOTE = (
 
 
 def markdown_table(table: Table) -> str:
-    def line(cells: Sequence[Any]) -> str:
-        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
-
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # noqa: E731
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
     return "\n".join([f"**{table.title}**", "", line(table.columns), rule, *map(line, table.rows)])
 
@@ -99,15 +93,19 @@ def render_markdown(
     sections: Sequence[Section], env: Mapping[str, Any], title: str = "vit5 benchmark"
 ) -> str:
     targets = [(s.key, t) for s in sections for t in s.targets]
-    rows = tuple(
-        (key, t.name, format_value(t.measured, t.unit), t.rule, "met" if t.met else "**MISSED**")
-        for key, t in targets
-    )
     parts = [f"# {title}", "", *(f"- {k}: {v}" for k, v in env.items()), "", NOISE_NOTE, ""]
     if targets:
+        rows = tuple(
+            (key, t.name, format_value(t.measured, t.unit), t.rule, "met" if t.met else "**MISSED**")
+            for key, t in targets
+        )
         table = Table("Targets", ("section", "target", "measured", "needed", "result"), rows)
-        parts += [f"## Targets: {sum(t.met for _, t in targets)} of {len(targets)} met", ""]
-        parts += [markdown_table(table), ""]
+        parts += [
+            f"## Targets: {sum(t.met for _, t in targets)} of {len(targets)} met",
+            "",
+            markdown_table(table),
+            "",
+        ]
     for s in sections:
         parts += [f"## {s.title}", "", f"*{s.what}* ({s.seconds:.0f} s)", ""]
         parts += [part for table in s.tables for part in (markdown_table(table), "")]
@@ -132,14 +130,11 @@ def write_report(
             for s in sections
         ],
     }
-    atomic_write_text(out_dir / "report.json", json.dumps(payload, indent=1, default=_jsonable))
+    atomic_write_text(
+        out_dir / "report.json",
+        json.dumps(payload, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)),
+    )
     return out_dir / "report.md"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return value.item() if hasattr(value, "item") else str(value)
 
 
 def environment(device: str = "cpu", dtype: str = "fp32") -> dict[str, Any]:
@@ -158,18 +153,18 @@ def load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def line_chart(path: Path, x, series, title="", xlabel="", ylabel="", logy=False) -> Path:
-    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out."""
+def line_chart(path: Path, x, series, labels: tuple[str, str, str], logy=False) -> None:
+    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
+    title, x label, y label."""
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
     for name, ys in series.items():
         points = [(a, b) for a, b in zip(x, ys) if b is not None]
         if points:
             ax.plot(*zip(*points), marker="o", markersize=3, label=name)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, yscale="log" if logy else "linear")
+    ax.set(title=labels[0], xlabel=labels[1], ylabel=labels[2], yscale="log" if logy else "linear")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    return path

@@ -1,20 +1,10 @@
-"""The whole-model sections: ``speed`` (against timm and the official code's way), ``compile`` and ``export``.
+"""The whole-model sections: ``speed``, ``compile`` and ``export``.
 
-Contenders of ``speed``, all with the same width, depth, heads and GELU MLP (parameter counts
-agree within the few thousand of biases, registers and norms):
-
-- ``vit5``: this toolkit's ViT-5 (``vit5.create_model``), eager; ``vit5_fused``: the same after
-  ``vit5.fuse_for_inference`` (inference only); ``vit5_regional``: each block compiled
-  (``vit5.compile_blocks``, i.e. ``model.compile=regional``).
-- ``timm_eva``: timm's closest equivalent, an ``Eva`` with 2D RoPE (theta 1e4, interleaved pairs),
-  4 registers, RMSNorm (eps 1e-6), QK-Norm, LayerScale 1e-4, bias-free qkv, learned APE and CLS
-  pooling (its registers sit before the patches and get no RoPE of their own).
-- ``timm_vit``: timm's plain ``vit_{size}_patch16_224``, none of the modern parts: the yardstick of "free".
-- ``reference``: :class:`vit5.reference.OfficialViT5`, the official code's way (explicit softmax
-  attention, RoPE tables rebuilt in every block).
-
-Every ratio is paired per round (:mod:`vit5.bench.measure`): "x timm_vit" is the median over
-rounds of ``t_timm_vit / t_model`` (> 1: faster).
+``speed`` times, at equal width, depth, heads and GELU MLP: ``vit5`` (eager), ``vit5_fused``
+(``vit5.fuse_for_inference``), ``vit5_regional`` (``vit5.compile_blocks``); ``timm_eva`` (timm's ``Eva``
+set up as close to ViT-5 as it allows), ``timm_vit`` (plain ``vit_{size}_patch16_224``, the yardstick of
+"free") and ``reference`` (:class:`vit5.reference.OfficialViT5`, the official code's way). Every ratio is
+paired per round (:mod:`vit5.bench.measure`).
 """
 
 from __future__ import annotations
@@ -35,7 +25,6 @@ from vit5.bench.config import BenchContext
 from vit5.bench.measure import (
     TimingConfig,
     autocast_context,
-    device_sync,
     forward_step,
     measure,
     measure_throughput,
@@ -57,7 +46,8 @@ def _dims(size: str, depth: int | None) -> dict[str, int]:
 
 
 def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Module:
-    """timm ``Eva`` configured as close to ViT-5 as its options allow."""
+    """timm ``Eva`` as close to ViT-5 as its options allow: 2D RoPE (theta 1e4, interleaved pairs), 4
+    registers (before the patches, without RoPE), RMSNorm, QK-norm, LayerScale 1e-4, bias-free qkv, APE."""
     return Eva(
         img_size=img_size,
         global_pool="token",
@@ -127,9 +117,8 @@ def run_speed(ctx: BenchContext) -> Section:
         run = measure_throughput(models, img, batch, cfg.timing, cfg.device, cfg.dtype)
         data[f"{size}@{img}"] = run
         for name, model in models.items():
-            cells: list[object] = [name, f"{size}@{img}", f"{sum(p.numel() for p in model.parameters()):,}"]
-            cells += throughput_cells(run, name, "timm_vit", batch)
-            rows.append(tuple(cells))
+            params = f"{sum(p.numel() for p in model.parameters()):,}"
+            rows.append((name, f"{size}@{img}", params, *throughput_cells(run, name, "timm_vit", batch)))
         for res, mode, fast, slow, threshold in TARGETS:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
@@ -141,7 +130,6 @@ def run_speed(ctx: BenchContext) -> Section:
     return section
 
 
-# ------------------------------------------------------------------------------------------ compile
 COMPILE_WAYS: dict[str, Callable[[nn.Module, str], nn.Module]] = {
     "eager": lambda model, backend: model,
     "compiled": lambda model, backend: torch.compile(model, backend=backend),
@@ -155,7 +143,7 @@ def run_compile(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     size, backend = cfg.compile_size, cfg.compile_backend
     images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
-    amp, sync = autocast_context(cfg.device, cfg.dtype), device_sync(cfg.device)
+    amp = autocast_context(cfg.device, cfg.dtype)
     models, first = {}, {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
@@ -166,23 +154,17 @@ def run_compile(ctx: BenchContext) -> Section:
             torch.manual_seed(0)
             models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth), backend).to(cfg.device)
             ctx.log(f"vit5_{size}, {way} ({backend}): first forward and first training step")
-            first[way] = [
-                measure({way: s}, TimingConfig(0, 1), sync)[way].median
-                for s in (
-                    forward_step(models[way], images, amp),
-                    train_step(models[way], images, labels, amp),
-                )
-            ]
+            steps = (forward_step(models[way], images, amp), train_step(models[way], images, labels, amp))
+            first[way] = [measure({way: s}, TimingConfig(0, 1), cfg.device)[way].median for s in steps]
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
     diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
     ctx.log(f"vit5_{size}: eager, compiled and regional steady speed, side by side")
     run = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype)
-    rows = []
-    for way, (fwd_s, train_s) in first.items():
-        cells = [way, f"{fwd_s:.2f}", f"{train_s:.2f}"]
-        cells += throughput_cells(run, way, "eager", cfg.batch)
-        rows.append(tuple(cells))
+    rows = tuple(
+        (way, f"{fwd:.2f}", f"{train:.2f}", *throughput_cells(run, way, "eager", cfg.batch))
+        for way, (fwd, train) in first.items()
+    )
     columns = ("way", "first forward s", "first train step s", "forward img/s (IQR)", "x eager")
     section = Section(
         "compile",
@@ -191,9 +173,7 @@ def run_compile(ctx: BenchContext) -> Section:
         "eager, torch.compile(model) (model.compile=true) and vit5.compile_blocks (model.compile=regional).",
         tables=[
             Table(
-                f"Cold start and steady speed (vit5_{size})",
-                (*columns, "train img/s (IQR)", "x eager"),
-                tuple(rows),
+                f"Cold start and steady speed (vit5_{size})", (*columns, "train img/s (IQR)", "x eager"), rows
             )
         ],
         notes=["Largest logit difference from eager: " + ", ".join(f"{w} {d:.1e}" for w, d in diffs.items())],
@@ -204,7 +184,6 @@ def run_compile(ctx: BenchContext) -> Section:
     return section
 
 
-# ------------------------------------------------------------------------------------------- export
 def run_export(ctx: BenchContext) -> Section:
     """onnxruntime against eager torch: CPU fp32 images/s of the same exported model, side by side."""
     import onnxruntime

@@ -14,48 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's start-up chatter
+from vit5.cli import Parser, run_command
+from vit5.errors import safe_console
 
-import torch  # noqa: E402
-
-from vit5.bench import data_pipeline  # noqa: E402
-from vit5.bench.config import BenchConfig  # noqa: E402
-from vit5.bench.report import format_value, markdown_table  # noqa: E402
-from vit5.bench.runner import SECTIONS, run_bench, select_sections  # noqa: E402
-from vit5.cli import Parser, run_command  # noqa: E402
-from vit5.errors import Vit5Error, safe_console  # noqa: E402
-from vit5.files import atomic_write_json, check_output_dir  # noqa: E402
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = Parser(
-        prog="vit5 bench",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny models; seconds")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument(
-        "--dtype",
-        choices=("fp32", "bf16"),
-        default=None,
-        help="fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
-    parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
-    return parser.parse_args(argv)
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise Vit5Error("--device cuda asked for, but torch sees no CUDA device: use --device cpu")
-    profile = "smoke" if args.smoke else "quick" if args.quick else "full"
-    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
-    threads = {"threads": args.threads} if args.threads is not None else {}
-    return BenchConfig.profile(profile, device=args.device, dtype=dtype, **threads)
+# the keys of vit5.bench.SECTIONS, named here so --help loads no torch
+SECTIONS = ("speed", "memory", "compile", "export", "depth", "data_index")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,16 +26,37 @@ def main(argv: list[str] | None = None) -> int:
     safe_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["data-pipeline"]:
-        return main_data_pipeline(argv[1:])
-    args = parse_args(argv)
+        what = "OpenCV + albumentations (vit5.data) against torchvision's PIL pipeline"
+        p = Parser(prog="vit5 bench data-pipeline", description=what)
+        p.add_argument("--quick", action="store_true", help="fewer files, rounds and steps (about a minute)")
+        p.add_argument("--out", type=Path, help="also write the results as JSON")
+        return run_command(lambda: _data_pipeline(p.parse_args(argv[1:])))
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = Parser(prog="vit5 bench", description=__doc__.split("\n")[0], formatter_class=fmt)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
+    mode.add_argument("--smoke", action="store_true", help="tiny models; seconds")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    dtype_help = "fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)"
+    p.add_argument("--dtype", choices=("fp32", "bf16"), help=dtype_help)
+    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: PyTorch's)")
+    p.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
+    args = p.parse_args(argv)
     return run_command(lambda: _bench(args))
 
 
 def _bench(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    select_sections(only)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the CPU memory profiler's start-up chatter
+    from vit5.bench import BenchConfig, run_bench, select_sections
+    from vit5.bench.report import format_value
+    from vit5.files import check_output_dir
+
     profile = "smoke" if args.smoke else "quick" if args.quick else "full"
+    dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
+    threads = {"threads": args.threads} if args.threads is not None else {}
+    cfg = BenchConfig.profile(profile, device=args.device, dtype=dtype, **threads)
+    only = select_sections([s.strip() for s in args.only.split(",") if s.strip()] if args.only else None)
     out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
     if profile == "full" and cfg.device == "cpu":
         print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
@@ -89,13 +73,11 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def main_data_pipeline(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="vit5 bench data-pipeline", description=data_pipeline.__doc__.split("\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="fewer files, rounds and steps (about a minute on CPU)"
-    )
-    parser.add_argument("--out", type=Path, help="also write the results as JSON")
-    args = parser.parse_args(argv)
+def _data_pipeline(args: argparse.Namespace) -> int:
+    from vit5.bench import data_pipeline
+    from vit5.bench.report import markdown_table
+    from vit5.files import atomic_write_json
+
     section = data_pipeline.run(quick=args.quick)
     print("\n\n".join([section.title, *map(markdown_table, section.tables), *section.notes]))
     if args.out is not None:
