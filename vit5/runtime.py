@@ -40,7 +40,7 @@ def resolve_device(name: str) -> torch.device:
 
 def available_memory(device: torch.device | str) -> int:
     """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM."""
-    import psutil  # a dependency of accelerate
+    import psutil
     import torch
 
     device = torch.device(device)
