@@ -3,13 +3,10 @@ process): disjoint training shards (the rank-aware sampler is not
 sharded a second time), validation over both processes counted once, one process prints and writes."""
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
-from test_train_support import TINY
+from test_train_support import TINY, accelerate_command, launch_two
 
 WORKER = '''
 import json, sys
@@ -39,40 +36,10 @@ Path(sys.argv[1], f"rank{acc.process_index}.json").write_text(json.dumps(record)
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out = tmp_path / "records"
+    script, out = tmp_path / "worker.py", tmp_path / "records"
     out.mkdir()
-    accelerate = Path(sys.executable).parent / "accelerate"
-    command = [
-        str(accelerate),
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        str(out),
-        *TINY,
-        f"run.output_dir={tmp_path / 'runs'}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_CONFIG_FILE": str(tmp_path / "none.yaml")}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = launch_two(script, WORKER, str(out), *TINY, f"run.output_dir={tmp_path / 'runs'}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
     assert [r["world"] for r in ranks] == [2, 2]
@@ -106,14 +73,9 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     ]
     (checkpoint / "rng_state_1.json").write_text("{}")
     train_py = Path(__file__).resolve().parent.parent / "train.py"
-    resume = [
-        *command[: command.index(str(script))],
-        str(train_py),
-        "--resume",
-        str(tmp_path / "runs" / "tiny"),
-        "schedule.epochs=2",
-    ]
-    resume[resume.index("--main_process_port") + 1] = str(free_port())
+    resume, env = accelerate_command(
+        train_py, "--resume", str(tmp_path / "runs" / "tiny"), "schedule.epochs=2"
+    )
     result = subprocess.run(
         resume, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )

@@ -7,16 +7,12 @@ the same step."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from test_train_distributed import free_port
-from test_train_support import TINY, single_thread, tiny_config  # noqa: F401 (autouse fixture)
+from test_train_support import TINY, launch_two, single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
 from vit5.data import DigitsDataset, build_transform
 from vit5.train import Trainer
@@ -66,35 +62,10 @@ SEED_EPOCH_2 = 42 + 1  # run.seed + epoch (0-based)
 def launch(
     tmp_path: Path, name: str, resume: str, signal_rank: int, signal_step: int, runs: Path
 ) -> list[dict]:
-    script, out = tmp_path / "worker.py", tmp_path / name
-    script.write_text(WORKER)
+    out = tmp_path / name
     out.mkdir()
-    accelerate = Path(sys.executable).parent / "accelerate"
-    command = [
-        str(accelerate),
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        str(out),
-        resume,
-        str(signal_rank),
-        str(signal_step),
-        *ARGS,
-        f"run.output_dir={runs}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_CONFIG_FILE": str(tmp_path / "none.yaml")}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    args = (str(out), resume, str(signal_rank), str(signal_step), *ARGS, f"run.output_dir={runs}")
+    result = launch_two(tmp_path / "worker.py", WORKER, *args)
     return [json.loads((out / f"rank{r}.json").read_text()) | {"stdout": result.stdout} for r in (0, 1)]
 
 

@@ -3,15 +3,11 @@ loader workers each read every training sample once per epoch and every validati
 evaluation; a mid-epoch resume reads exactly the samples the interruption left."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from shard_support import read_records, recording_shards, write_indexed_folder
-from test_train_distributed import free_port
-from test_train_support import TINY
+from test_train_support import TINY, launch_two
 
 from vit5.data import write_shards
 from vit5.train import Trainer, load_config
@@ -56,23 +52,10 @@ def shards(tmp_path_factory) -> Path:
 
 
 def test_two_processes_two_workers_read_every_sample_once(tmp_path, shards):
-    script, out = tmp_path / "worker.py", tmp_path / "records"
-    script.write_text(WORKER)
+    out = tmp_path / "records"
     out.mkdir()
-    tests = str(Path(__file__).resolve().parent)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "ACCELERATE_CONFIG_FILE": str(tmp_path / "none.yaml"),
-        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
-    }
-    accelerate = Path(sys.executable).parent / "accelerate"
-    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-               str(script), str(out), str(shards), *SHARDED, "schedule.epochs=2",
-               f"run.output_dir={tmp_path / 'runs'}"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    args = (str(out), str(shards), *SHARDED, "schedule.epochs=2", f"run.output_dir={tmp_path / 'runs'}")
+    result = launch_two(tmp_path / "worker.py", WORKER, *args)
 
     train = read_records(out, "train")
     assert max(train.values()) == 1  # no sample read twice in an epoch, over 2 processes x 2 workers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,38 @@ def train_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
 def run_train(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     command, env = train_command(args)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_command(script: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """``accelerate launch`` of ``script ARGS`` on 2 CPU processes (gloo), one torch thread each, no
+    user Accelerate config, and the tests folder importable by the script."""
+    accelerate = Path(sys.executable).parent / "accelerate"
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+               str(script), *args]  # fmt: skip
+    tests = str(Path(__file__).resolve().parent)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ACCELERATE_CONFIG_FILE": str(script.parent / "none.yaml"),
+        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+    }
+    return command, env
+
+
+def launch_two(script: Path, worker: str, *args: str) -> subprocess.CompletedProcess:
+    """Write ``worker`` to ``script``, run it on 2 CPU processes and require success."""
+    script.write_text(worker)
+    command, env = accelerate_command(script, *args)
+    result = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
 
 
 @pytest.fixture(autouse=True)
