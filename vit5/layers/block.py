@@ -1,19 +1,33 @@
 """Transformer block. Pre-norm (ViT-5) ``x + drop(ls(F(norm(x))))`` keeps an exact identity on the residual
 path (Xiong et al., 2020); post-norm ``norm(x + drop(ls(F(x))))`` is kept for the ablation. LayerScale
-(Touvron et al., CaiT 2021) starts each branch near zero (1e-4 in ViT-5)."""
+(Touvron et al., CaiT 2021) starts each branch near zero (1e-4 in ViT-5). The MLPs and stochastic depth are
+timm's (``fc1``/``fc2`` keys, exact GELU)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 import torch
+from timm.layers import DropPath, GluMlp, Mlp
 from torch import nn
 
 from vit5.layers.attention import Attention, AttentionConfig, Rope
-from vit5.layers.drop import DropPath
-from vit5.layers.mlp import Mlp, MlpKind, SwiGLU
 from vit5.layers.norm import NormKind, make_norm
+
+
+def swiglu_hidden_dim(dim: int, mlp_ratio: float = 4.0, multiple_of: int = 64) -> int:
+    """Hidden width of a SwiGLU matching a GELU MLP of ``mlp_ratio * dim``: ``2/3`` of it, rounded up."""
+    return multiple_of * math.ceil(2 * mlp_ratio * dim / 3 / multiple_of)
+
+
+class SwiGLU(GluMlp):
+    """``fc2(silu(gate) * up)`` (Shazeer, 2020); ``fc1`` packs ``[gate | up]`` as timm's ``SwiGLUPacked``.
+    At hidden ``8d/3`` it has the parameters of a ``4d`` GELU MLP, the only fair comparison."""
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = False) -> None:
+        super().__init__(dim, 2 * hidden_dim, act_layer=nn.SiLU, bias=bias, gate_last=False)
 
 
 class LayerScale(nn.Module):
@@ -30,7 +44,7 @@ class LayerScale(nn.Module):
 @dataclass(frozen=True)
 class BlockConfig:
     attn: AttentionConfig
-    mlp: MlpKind = "gelu"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
     mlp_hidden_dim: int = 0  # 0: 4 * dim
     mlp_bias: bool = True
     norm: NormKind = "rmsnorm"
@@ -57,10 +71,9 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
         self.drop_path2 = DropPath(cfg.drop_path)
 
-    def forward(self, x: torch.Tensor, rope: Rope = None, **attn_kwargs: Any) -> torch.Tensor:
-        """``rope``, ``attn_kwargs`` (``causal``, ``kv_cache``): those of :meth:`Attention.forward`."""
+    def forward(self, x: torch.Tensor, rope: Rope = None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, **attn_kwargs)))
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope)))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope, **attn_kwargs))))
+        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope))))
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

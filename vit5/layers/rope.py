@@ -13,6 +13,7 @@ Four conventions must match a checkpoint exactly:
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,24 +24,20 @@ RopeAxisOrder = Literal["yx", "xy"]
 RopePositions = Literal["integer", "rescaled"]
 
 
+def check_convention(kind: str, value: str, allowed: typing.Any) -> None:
+    """ValueError unless ``value`` is one of the ``Literal`` ``allowed`` (the first is the official one)."""
+    official, *others = typing.get_args(allowed)
+    if value not in (official, *others):
+        choices = " or ".join([f"{official!r} (official)", *map(repr, others)])
+        raise ValueError(f"unknown RoPE {kind} {value!r}: use {choices}")
+
+
 def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
-    """The ``head_dim // 4`` frequency bands per axis: ``theta ** (-4i / head_dim)`` (fp32)."""
+    """The ``head_dim // 4`` frequency bands per axis: ``theta ** (-4i / head_dim)`` (fp64)."""
     if head_dim % 4:
         raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {head_dim}")
     axis_dim = head_dim // 2
     return 1.0 / theta ** (torch.arange(0, axis_dim, 2, dtype=torch.float64)[: axis_dim // 2] / axis_dim)
-
-
-def axis_positions(size: int, positions: RopePositions, ref_size: int | None = None) -> torch.Tensor:
-    """Positions along one axis of ``size`` tokens: integers, or rescaled onto ``ref_size``."""
-    t = torch.arange(size, dtype=torch.float64)
-    if positions == "rescaled":
-        if ref_size is None:
-            raise ValueError("positions='rescaled' needs a reference grid size")
-        t = t / size * ref_size
-    elif positions != "integer":
-        raise ValueError(f"unknown RoPE positions {positions!r}: use 'integer' or 'rescaled'")
-    return t
 
 
 def rope_angles_2d(
@@ -50,30 +47,28 @@ def rope_angles_2d(
     positions: RopePositions = "integer",
     ref_grid: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Angles ``[h * w, 2 * len(freqs)]`` of every channel pair of every token of a row-major ``grid``."""
+    """Angles ``[h * w, 2 * len(freqs)]`` of every channel pair of every token of a row-major ``grid``;
+    ``"rescaled"`` positions map each axis onto ``ref_grid``."""
+    check_convention("axis order", axis_order, RopeAxisOrder)
+    check_convention("positions", positions, RopePositions)
+    if positions == "rescaled" and ref_grid is None:
+        raise ValueError("positions='rescaled' needs a reference grid (ref_grid)")
     h, w = grid
-    ref_h, ref_w = ref_grid if ref_grid is not None else (None, None)
-    ty = axis_positions(h, positions, ref_h).to(freqs)
-    tx = axis_positions(w, positions, ref_w).to(freqs)
-    ay = torch.outer(ty, freqs)[:, None, :].expand(h, w, -1)
-    ax = torch.outer(tx, freqs)[None, :, :].expand(h, w, -1)
-    if axis_order == "yx":
-        pair_angles = torch.cat([ay, ax], dim=-1)
-    elif axis_order == "xy":
-        pair_angles = torch.cat([ax, ay], dim=-1)
-    else:
-        raise ValueError(f"unknown RoPE axis order {axis_order!r}: use 'yx' (official) or 'xy'")
-    return pair_angles.reshape(h * w, -1)
+    ty, tx = (torch.arange(n, dtype=torch.float64) for n in grid)
+    if positions == "rescaled":
+        ty, tx = ty / h * ref_grid[0], tx / w * ref_grid[1]
+    ay = torch.outer(ty.to(freqs), freqs)[:, None, :].expand(h, w, -1)
+    ax = torch.outer(tx.to(freqs), freqs)[None, :, :].expand(h, w, -1)
+    return torch.cat([ay, ax] if axis_order == "yx" else [ax, ay], dim=-1).reshape(h * w, -1)
 
 
 def rope_cos_sin(pair_angles: torch.Tensor, layout: RopeLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """Expand per-pair angles ``[n, head_dim/2]`` to per-channel ``cos, sin`` ``[n, head_dim]``."""
+    check_convention("layout", layout, RopeLayout)
     if layout == "interleaved":
         angles = pair_angles.repeat_interleave(2, dim=-1)
-    elif layout == "half":
-        angles = torch.cat([pair_angles, pair_angles], dim=-1)
     else:
-        raise ValueError(f"unknown RoPE layout {layout!r}: use 'interleaved' (official) or 'half'")
+        angles = torch.cat([pair_angles, pair_angles], dim=-1)
     return angles.cos(), angles.sin()
 
 
@@ -102,17 +97,12 @@ class RopeTable:
     layout: RopeLayout
 
     def __post_init__(self) -> None:
-        if self.layout not in ("interleaved", "half"):
-            raise ValueError(f"unknown RoPE layout {self.layout!r}: use 'interleaved' (official) or 'half'")
+        check_convention("layout", self.layout, RopeLayout)
 
     @classmethod
     def from_angles(cls, pair_angles: torch.Tensor, layout: RopeLayout) -> RopeTable:
         """The table for per-pair angles ``[n, head_dim/2]`` (see :func:`rope_angles_2d`)."""
         return cls(*rope_cos_sin(pair_angles, layout), layout)
-
-    def rows(self, tokens: slice | torch.Tensor) -> RopeTable:
-        """The table of some tokens only (e.g. the new ones of a decoding step)."""
-        return RopeTable(self.cos[tokens], self.sin[tokens], self.layout)
 
     @property
     def num_tokens(self) -> int:
@@ -136,7 +126,7 @@ def checked_rope_input(x: torch.Tensor, table: torch.Tensor, token_dim: int) -> 
     if x.shape[token_dim] != table.shape[0]:
         raise ValueError(
             f"a RoPE table of {table.shape[0]} tokens cannot rotate a tensor of shape {tuple(x.shape)} "
-            f"on dim {token_dim} (a negative dim counted from the end)"
+            f"on dim {token_dim}"
         )
     return x
 

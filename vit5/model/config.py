@@ -10,15 +10,37 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from vit5.errors import Vit5Error
-from vit5.layers import AttentionConfig, BlockConfig, drop_path_rates, swiglu_hidden_dim
+from vit5.layers import AttentionConfig, BlockConfig, swiglu_hidden_dim
 
 
 class ConfigError(Vit5Error, ValueError):
     """A configuration value or key is invalid; the message says which and how to fix it."""
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+_FIELD_RULES: dict[str, tuple[Callable[[Any], bool], tuple[str, ...]]] = {  # requirement: (check, fields)
+    "must be positive": (
+        lambda v: v >= 1,
+        ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "swiglu_multiple_of"),
+    ),
+    "must be positive or None (as many as num_heads)": (lambda v: v is None or v >= 1, ("num_kv_heads",)),
+    "must be >= 0": (lambda v: v >= 0, ("num_classes", "num_registers")),
+    "must be in [0, 1)": (lambda v: 0.0 <= v < 1.0, ("drop_path_rate", "drop_rate")),
+    "must be a positive finite number": (
+        _finite,
+        ("mlp_ratio", "norm_eps", "rope_theta", "register_rope_theta"),
+    ),
+    "must be a positive finite number or None (off)": (lambda v: v is None or _finite(v), ("layer_scale",)),
+    "sides must be positive": (lambda v: v is None or min(v) >= 1, ("rope_ref_grid",)),
+}
 
 
 @dataclass(frozen=True)
@@ -75,53 +97,39 @@ class ViT5Config:
             object.__setattr__(self, "rope_ref_grid", self.grid_size)
 
     def _validate(self) -> None:
-        def fail(msg: str) -> None:
-            raise ConfigError(msg)
-
-        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "swiglu_multiple_of"):
-            if getattr(self, name) < 1:
-                fail(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_classes < 0 or self.num_registers < 0:
-            fail("num_classes and num_registers must be >= 0")
-        h, w = self.img_size
-        p = self.patch_size
+        for requirement, (ok, names) in _FIELD_RULES.items():
+            for name in names:
+                if not ok(value := getattr(self, name)):
+                    raise ConfigError(f"{name} {requirement}, got {value!r}")
+        (h, w), p, heads, kv = self.img_size, self.patch_size, self.num_heads, self.num_kv_heads
         if h % p or w % p or h < p or w < p:
-            fail(f"img_size {h}x{w} is not a multiple of patch_size {p}: use e.g. {max(p, h // p * p)}")
-        if self.embed_dim % self.num_heads:
-            fail(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        kv = self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
-        if kv < 1 or self.num_heads % kv:
-            fail(f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}")
-        rotates = self.rope or (self.register_rope and self.num_registers > 0)
-        if rotates and self.head_dim % 4:
-            fail(
+            raise ConfigError(
+                f"img_size {h}x{w} is not a multiple of patch_size {p}: use e.g. {max(p, h // p * p)}"
+            )
+        if self.embed_dim % heads:
+            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {heads}")
+        if heads % (kv or heads):
+            raise ConfigError(f"num_heads {heads} is not divisible by num_kv_heads {kv}")
+        if (self.rope or (self.register_rope and self.num_registers > 0)) and self.head_dim % 4:
+            raise ConfigError(
                 f"2D RoPE needs head_dim divisible by 4, but embed_dim {self.embed_dim} / num_heads "
-                f"{self.num_heads} = {self.head_dim}: change the sizes or set rope=False, register_rope=False"
+                f"{heads} = {self.head_dim}: change the sizes or set rope=False, register_rope=False"
             )
         if self.register_rope and math.isqrt(self.num_registers) ** 2 != self.num_registers:
-            fail(
+            raise ConfigError(
                 f"register RoPE places registers on a sqrt(R) x sqrt(R) grid, so num_registers must be a "
                 f"perfect square, got {self.num_registers}: use 1, 4, 9, ... or register_rope=False"
             )
         if self.global_pool == "token" and not self.class_token:
-            fail("global_pool='token' needs class_token=True: use global_pool='avg' without a CLS token")
-        for name in ("drop_path_rate", "drop_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                fail(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("mlp_ratio", "norm_eps", "rope_theta", "register_rope_theta"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                fail(f"{name} must be a positive finite number, got {value}")
+            raise ConfigError(
+                "global_pool='token' needs class_token=True: use global_pool='avg' without a CLS token"
+            )
         if self.mlp_hidden_dim < 1:  # 0 would be read as "4 x embed_dim" by BlockConfig: another model
-            fail(
+            raise ConfigError(
                 f"mlp_ratio {self.mlp_ratio} gives an MLP hidden width of int({self.embed_dim} x "
                 f"{self.mlp_ratio}) = 0 at embed_dim {self.embed_dim}: use mlp_ratio >= "
                 f"{1 / self.embed_dim:.3g}"
             )
-        if self.layer_scale is not None and not (math.isfinite(self.layer_scale) and self.layer_scale > 0):
-            fail(f"layer_scale must be a positive finite number or None (off), got {self.layer_scale}")
-        if self.rope_ref_grid is not None and min(self.rope_ref_grid) < 1:  # (rows, cols): checked by type
-            fail(f"rope_ref_grid sides must be positive, got {self.rope_ref_grid}")
 
     # derived quantities
     @property
@@ -166,8 +174,14 @@ class ViT5Config:
                 pre_norm=self.pre_norm,
                 drop_path=rate,
             )
-            for rate in drop_path_rates(self.drop_path_rate, self.depth, self.drop_path_schedule)
+            for rate in self.drop_path_rates()
         ]
+
+    def drop_path_rates(self) -> list[float]:
+        """Per-block rates: ``"uniform"`` (ViT-5, DeiT-III) or ``"linear"`` (0 to ``drop_path_rate``)."""
+        if self.drop_path_schedule == "uniform":
+            return [self.drop_path_rate] * self.depth
+        return [self.drop_path_rate * i / max(self.depth - 1, 1) for i in range(self.depth)]
 
     # (de)serialisation
     def to_dict(self) -> dict[str, Any]:
