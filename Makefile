@@ -63,8 +63,8 @@ registers: setup
 		--images $(STUDY)/heldout --out $(STUDY)/viz --max-figures 8
 
 # On a CUDA machine: the GPU tests (bf16, every attention backend incl. flash-attn when installed,
-# QK-norm + RoPE, fuse_for_inference, compile and regional compile, KV-cache allocation) and
-# the GPU benchmark sections (eager, fused, regional-compiled vit5 vs timm and the reference), in one run.
+# QK-norm + RoPE, compile and regional compile) and the GPU benchmark sections (eager and
+# regional-compiled vit5 vs timm and the reference), in one run.
 gpu-check: setup
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check needs a CUDA device')"
 	$(PY) -m pytest -q tests/test_cuda.py

@@ -24,12 +24,11 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
             assert (tmp_path / figure).stat().st_size > 1000
             assert f"]({figure})" in text
     speed = payload["sections"][0]["data"]["seconds"]
-    contenders = {"vit5", "vit5_fused", "vit5_regional", "timm_eva", "timm_vit", "reference"}
-    assert set(speed["tiny@32"]["forward"]) == contenders
-    assert set(speed["tiny@32"]["train"]) == contenders - {"vit5_fused"}  # inference only
+    contenders = {"vit5", "vit5_regional", "timm_eva", "timm_vit", "reference"}
+    assert set(speed["tiny@32"]["forward"]) == set(speed["tiny@32"]["train"]) == contenders
     assert set(speed["tiny@64"]["forward"]) == contenders - {"vit5_regional"}
     targets = [t["name"] for t in payload["sections"][0]["targets"]]
-    assert any("vit5_tiny_fused forward speed-up over timm_eva" in t for t in targets)
+    assert any("vit5_tiny forward speed-up over timm_eva" in t for t in targets)
     assert any("vit5_tiny_regional train speed-up over timm_vit" in t for t in targets)
     compiled = next(s for s in payload["sections"] if s["key"] == "compile")
     assert set(compiled["data"]["cold_start"]) == {"eager", "compiled", "regional"}

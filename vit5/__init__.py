@@ -13,7 +13,7 @@ from vit5.errors import Vit5Error
 
 __version__ = "0.1.0"
 
-_MODEL = "PRESETS ConfigError Recording TokenLayout ViT5 ViT5Config compile_blocks fuse_for_inference"
+_MODEL = "PRESETS ConfigError Recording TokenLayout ViT5 ViT5Config compile_blocks"
 _WEIGHTS = "CheckpointError LoadReport create_model load_model push_to_hub read_checkpoint save_pretrained"
 _PUBLIC = {  # public name -> the module that defines it
     **dict.fromkeys((*_MODEL.split(), "list_presets", "preset_config", "record"), "vit5.model"),

@@ -200,14 +200,13 @@ def measure_throughput(
     dtype="fp32",
 ) -> dict[str, dict[str, Samples]]:
     """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one random
-    batch, side by side. Models fused for inference are timed in the forward rounds only."""
+    batch, side by side."""
     classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
     images, labels = random_batch(batch, img_size, device, classes)
     amp = autocast_context(device, dtype)
     models = {name: m.to(device) for name, m in models.items()}
-    trains = {n: m for n, m in models.items() if not getattr(unwrap(m), "fused_for_inference", False)}
     forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
-    train = measure({n: train_step(m, images, labels, amp) for n, m in trains.items()}, timing, device)
+    train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
     for model in models.values():
         model.zero_grad(set_to_none=True)
         model.eval()

@@ -1,7 +1,7 @@
 """The whole-model sections: ``speed``, ``compile`` and ``export``.
 
-``speed`` times, at equal width, depth, heads and GELU MLP: ``vit5`` (eager), ``vit5_fused``
-(``vit5.fuse_for_inference``), ``vit5_regional`` (``vit5.compile_blocks``); ``timm_eva`` (timm's ``Eva``
+``speed`` times, at equal width, depth, heads and GELU MLP: ``vit5`` (eager), ``vit5_regional``
+(``vit5.compile_blocks``); ``timm_eva`` (timm's ``Eva``
 set up as close to ViT-5 as it allows), ``timm_vit`` (plain ``vit_{size}_patch16_224``, the yardstick of
 "free") and ``reference`` (:class:`vit5.reference.OfficialViT5`, the official code's way). Every ratio is
 paired per round (:mod:`vit5.bench.measure`).
@@ -69,7 +69,6 @@ def build_vit5(size: str, img_size: int, depth: int | None = None, **overrides) 
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "vit5": build_vit5,
-    "vit5_fused": lambda *a: vit5.fuse_for_inference(build_vit5(*a)),
     "vit5_regional": lambda *a, backend="inductor": vit5.compile_blocks(build_vit5(*a), backend=backend),
     "timm_eva": build_timm_eva,
     "timm_vit": lambda size, img, depth=None: timm.create_model(
@@ -77,13 +76,13 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
     ),
     "reference": lambda size, img, depth=None: OfficialViT5(img_size=img, **_dims(size, depth)),
 }
-EAGER: tuple[str, ...] = ("vit5", "vit5_fused", "timm_eva", "timm_vit", "reference")
+EAGER: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")
 
 
 # (resolution, mode, fast, slow, threshold): ``fast`` at least ``threshold`` times as fast as ``slow``
 TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
-    ("base", "forward", "vit5_fused", "timm_eva", 1.05),
-    ("base", "forward", "vit5_fused", "timm_vit", 0.97),
+    ("base", "forward", "vit5", "timm_eva", 1.05),
+    ("base", "forward", "vit5", "timm_vit", 0.97),
     ("base", "train", "vit5", "timm_eva", 1.03),
     ("base", "train", "vit5_regional", "timm_vit", 1.0),
     ("base", "forward", "vit5", "reference", 1.3),

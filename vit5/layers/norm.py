@@ -13,21 +13,19 @@ NormKind = Literal["rmsnorm", "layernorm"]
 
 
 class RMSNorm(nn.Module):
-    """RMS norm over the last dimension in fp32, returned in the input dtype (as the official code);
-    ``affine=False`` (no gain) is what :func:`vit5.fuse_for_inference` leaves of a folded norm."""
+    """RMS norm over the last dimension in fp32, returned in the input dtype (as the official code)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, affine: bool = True) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.dim = dim
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = None if self.weight is None else self.weight.float()
-        return F.rms_norm(x.float(), (self.dim,), weight, self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), (self.dim,), self.weight.float(), self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}" + ("" if self.weight is not None else ", affine=False")
+        return f"{self.dim}, eps={self.eps}"
 
 
 def make_norm(kind: NormKind, dim: int, eps: float = 1e-6) -> nn.Module:

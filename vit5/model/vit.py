@@ -102,7 +102,6 @@ class ViT5(nn.Module):
             for i in range(cfg.depth)
         ]
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
-        self.fused_for_inference = False  # set by vit5.fuse_for_inference: eval only from then on
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -265,15 +264,6 @@ class ViT5(nn.Module):
             self.reset_classifier(0, "")
         return taken
 
-    def train(self, mode: bool = True) -> ViT5:
-        if mode and self.fused_for_inference:
-            raise RuntimeError(
-                "this model was fused for inference (vit5.fuse_for_inference folded its LayerScale and "
-                "norm gains into the linear layers) and cannot be trained: load the unfused weights again "
-                "(vit5.load_model / create_model) to train or fine-tune"
-            )
-        return super().train(mode)
-
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "reg_token"}
@@ -346,3 +336,11 @@ def unwrap_model(model: nn.Module) -> ViT5:
     if not isinstance(vit, ViT5):
         raise TypeError(f"expected a vit5 ViT5 model, got {type(vit).__name__}")
     return vit
+
+
+def compile_blocks(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """``nn.Module.compile(**compile_kwargs)`` each block in place (PyTorch's regional compilation recipe);
+    returns ``model``. State-dict keys stay unchanged (no ``_orig_mod.``), so checkpoints and EMA work."""
+    for block in unwrap_model(model).blocks:
+        block.compile(**compile_kwargs)
+    return model

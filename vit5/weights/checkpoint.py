@@ -80,12 +80,6 @@ def save_pretrained(
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``model_ema.safetensors``) atomically, in the layout
     that ``vit5.load_model`` and timm's ``hf-hub:`` / ``local-dir:`` read; ``extra`` adds top-level keys."""
-    if getattr(model, "fused_for_inference", False):
-        raise CheckpointError(
-            "this model was fused for inference (vit5.fuse_for_inference) and its weights no longer "
-            "follow the ViT-5 layout: save the model before fusing it, or keep the checkpoint it was "
-            "loaded from (fusing again after loading takes milliseconds)"
-        )
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
