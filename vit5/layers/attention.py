@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from vit5.layers.norm import NormKind, make_norm
 from vit5.layers.rope import RopeLayout, RopeTable
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
-ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flash_attn", "eager")
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 Rope = RopeTable | tuple[torch.Tensor, torch.Tensor] | None  # a table, or per-token (cos, sin)
 
 

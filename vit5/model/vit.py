@@ -19,7 +19,6 @@ from vit5.layers import Block, PatchEmbed, Rope2D, RopeTable, make_norm, resampl
 from vit5.model.config import ViT5Config
 from vit5.model.layout import TokenLayout
 
-IMAGENET_MEAN, IMAGENET_STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD  # the normalisation of every preset
 _ROPE_CACHE_SIZE = 16
 torch.fx.wrap("resample_pos_embed")  # under torch.fx the grid is symbolic: resampling is recorded as one call
 
@@ -32,8 +31,8 @@ def default_pretrained_cfg(
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     return {
         "input_size": (in_chans, h, w),
-        "mean": IMAGENET_MEAN,
-        "std": IMAGENET_STD,
+        "mean": IMAGENET_DEFAULT_MEAN,  # the normalisation of every preset
+        "std": IMAGENET_DEFAULT_STD,
         "crop_pct": 1.0,
         "interpolation": "bicubic",
         "num_classes": num_classes,
