@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 
 def resample_pos_embed(
-    pos_embed: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], mode: str = "bicubic"
+    pos_embed: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]
 ) -> torch.Tensor:
     """Resample a patch-only APE ``[1, h*w, C]`` to ``new_grid`` in fp32 (bicubic, as the official code).
 
@@ -23,6 +23,5 @@ def resample_pos_embed(
         raise ValueError(f"position embedding has {pos_embed.shape[1]} rows, not {h}x{w}={h * w}")
     grid = pos_embed.float().reshape(1, h, w, -1).permute(0, 3, 1, 2)
     shrinking = not symbolic and (new_grid[0] < h or new_grid[1] < w)
-    antialias = shrinking and mode in ("bilinear", "bicubic")
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=shrinking)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(pos_embed.dtype)
