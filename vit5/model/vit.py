@@ -283,25 +283,22 @@ class ViT5(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the head by a freshly initialised one for ``num_classes`` (0: no head)."""
-        changes: dict[str, object] = {"num_classes": num_classes}
+        """Replace the head by a freshly initialised one for ``num_classes`` (0: no head); the config checks
+        both values first (e.g. ``"token"`` without a CLS token), so the saved config rebuilds this model."""
+        if global_pool not in (None, "token", "avg", ""):
+            raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
+        pool = (
+            {"global_pool": global_pool} if global_pool else {}
+        )  # '' (timm's "no pooling") is no config value
+        self.cfg = self.cfg.replace(num_classes=num_classes, **pool)
         if global_pool is not None:
-            if global_pool not in ("token", "avg", ""):
-                raise ValueError(
-                    f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)"
-                )
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a CLS token: use 'avg'")
             self.global_pool = global_pool
-            if global_pool:  # '' (timm's "no pooling", a features-only model) is not a config value
-                changes["global_pool"] = global_pool
         self.num_classes = num_classes
         device = self.patch_embed.proj.weight.device
         self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes else nn.Identity()
         if num_classes:
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
-        self.cfg = self.cfg.replace(**changes)  # the saved config must rebuild this model
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
