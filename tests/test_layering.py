@@ -2,8 +2,8 @@
 viz / bench / study; data alone; the command line (vit5/cli) on top of everything.
 
 Arrows point to what a part may import. A new import that breaks the layering (viz reaching into
-train, layers importing anything but torch and timm, anything importing the top-level scripts) fails
-here with the file and the import named.
+train, layers importing timm, anything importing the top-level scripts) fails here with the file
+and the import named.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ ALLOWED_INTERNAL = {
 # leaf modules every subpackage may import (they import nothing from vit5 but each other): the user-error
 # base class, crash-safe files and locks, which process prints, device and memory checks, the figure style
 LEAF_MODULES = {"errors", "files", "runtime", "plotstyle"}
-# third-party packages the torch layers may use (timm's MLPs and DropPath; flash-attn is optional, lazy)
-LAYERS_THIRD_PARTY = {"torch", "timm", "flash_attn"}
+# third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
+LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}
 
 
@@ -107,7 +107,7 @@ def test_subpackage_imports_only_what_the_layering_allows(name):
     assert not offenders, "\n".join(offenders)
 
 
-def test_layers_import_only_torch_and_timm():
+def test_layers_are_pure_torch():
     offenders = [
         f"{path.relative_to(PACKAGE)} imports {module}"
         for path in subpackage_files("layers")

@@ -1,7 +1,7 @@
 """Transformer block. Pre-norm (ViT-5) ``x + drop(ls(F(norm(x))))`` keeps an exact identity on the residual
 path (Xiong et al., 2020); post-norm ``norm(x + drop(ls(F(x))))`` is kept for the ablation. LayerScale
-(Touvron et al., CaiT 2021) starts each branch near zero (1e-4 in ViT-5). The MLPs and stochastic depth are
-timm's (``fc1``/``fc2`` keys, exact GELU)."""
+(Touvron et al., CaiT 2021) starts each branch near zero (1e-4 in ViT-5). Module and key names follow timm's
+(``fc1``/``fc2``, exact GELU) so its weights load unchanged."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from timm.layers import DropPath, GluMlp, Mlp
+import torch.nn.functional as F
 from torch import nn
 
 from vit5.layers.attention import Attention, AttentionConfig, Rope
@@ -22,12 +22,44 @@ def swiglu_hidden_dim(dim: int, mlp_ratio: float = 4.0, multiple_of: int = 64) -
     return multiple_of * math.ceil(2 * mlp_ratio * dim / 3 / multiple_of)
 
 
-class SwiGLU(GluMlp):
+class Mlp(nn.Module):
+    """``fc2(gelu(fc1(x)))`` with the exact (erf) GELU, as timm's ``Mlp``."""
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SwiGLU(Mlp):
     """``fc2(silu(gate) * up)`` (Shazeer, 2020); ``fc1`` packs ``[gate | up]`` as timm's ``SwiGLUPacked``.
     At hidden ``8d/3`` it has the parameters of a ``4d`` GELU MLP, the only fair comparison."""
 
     def __init__(self, dim: int, hidden_dim: int, bias: bool = False) -> None:
-        super().__init__(dim, 2 * hidden_dim, act_layer=nn.SiLU, bias=bias, gate_last=False)
+        super().__init__(dim, hidden_dim, bias)
+        self.fc1 = nn.Linear(dim, 2 * hidden_dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(gate) * up)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al., 2016): zero the branch for a random ``rate`` of the samples while
+    training and rescale the rest by ``1/(1-rate)``."""
+
+    def __init__(self, rate: float = 0.0) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rate == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.rate
+        return x * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep).div_(keep)
 
 
 class LayerScale(nn.Module):
