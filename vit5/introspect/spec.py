@@ -22,8 +22,7 @@ from vit5.model.presets import PRESETS
 from vit5.weights import hub
 from vit5.weights.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir
 from vit5.weights.convert import CheckpointError
-from vit5.weights.factory import create_model, load_model
-from vit5.weights.registry import pretrained_overlay
+from vit5.weights.factory import create_model, load_model, pretrained_overlay
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})

@@ -1,7 +1,6 @@
 """Saving and loading weights: our hub-ready directory (``config.json`` + ``model.safetensors``), official
-ViT-5 ``.pth`` and timm checkpoints. Sizes are checked from the file's header or zip directory before
-anything is allocated; ``.pth`` files load with ``torch.load(weights_only=True)``; every load is strict
-except what a :class:`LoadReport` states (a head reset, a resampled position embedding)."""
+ViT-5 ``.pth`` and timm checkpoints; sizes checked from headers before allocation, ``.pth`` loaded with
+``weights_only=True``, strict except what a :class:`LoadReport` states (a head reset, a resampled APE)."""
 
 from __future__ import annotations
 
@@ -101,24 +100,20 @@ def save_pretrained(
 def hub_config(model: ViT5) -> dict[str, Any]:
     """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``); ``model_args``
     holds every :class:`ViT5Config` field, so the model rebuilds exactly."""
-    cfg = model.cfg
-    config: dict[str, Any] = {
+    cfg, names = model.cfg, model.pretrained_cfg.get("label_names")
+    return {
         "architecture": closest_preset(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.embed_dim,
+        **({"global_pool": model.global_pool} if model.global_pool else {}),
+        "model_args": cfg.to_dict(),
+        "pretrained_cfg": dict(
+            default_pretrained_cfg(cfg.img_size, cfg.in_chans, cfg.num_classes),
+            paper_ids=hub.PAPER_ID,
+            paper_name=hub.PAPER_NAME,
+        ),  # label_names at the top level, as timm's push_to_hf_hub writes them
+        **({"label_names": list(names)} if names and len(names) == cfg.num_classes else {}),
     }
-    if model.global_pool:
-        config["global_pool"] = model.global_pool
-    config["model_args"] = cfg.to_dict()
-    config["pretrained_cfg"] = dict(
-        default_pretrained_cfg(cfg.img_size, cfg.in_chans, cfg.num_classes),
-        paper_ids=hub.PAPER_ID,
-        paper_name=hub.PAPER_NAME,
-    )
-    names = model.pretrained_cfg.get("label_names")
-    if names and len(names) == cfg.num_classes:  # top level, as timm's push_to_hf_hub writes it
-        config["label_names"] = list(names)
-    return config
 
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
@@ -332,33 +327,22 @@ def safe_torch_load(
     script stores one) only; no pickled code ever runs. Every failure is one :class:`CheckpointError`."""
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
     check_torch_zip(source, label, max_bytes)
+    unreadable = f"{label} is not a readable PyTorch checkpoint (corrupt or truncated"
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(
-                io.BytesIO(source) if isinstance(source, bytes) else source,
-                map_location="cpu",
-                weights_only=True,
-            )
+            file = io.BytesIO(source) if isinstance(source, bytes) else source
+            return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        text = str(err)
-        blocked = _BLOCKED_GLOBAL.search(text)
+        blocked, other = _BLOCKED_GLOBAL.search(str(err)), _BLOCKED_OTHER.search(str(err))
         if blocked is None:
-            other = _BLOCKED_OTHER.search(text)
-            detail = other.group(1) if other else text.splitlines()[0]
-            raise CheckpointError(
-                f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by "
-                f"torch.save: {detail})"
-            ) from err
-        what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
-        message = (
-            f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). "
-        )
-        raise CheckpointError((message + hint).rstrip()) from err
-    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
+            detail = other.group(1) if other else str(err).splitlines()[0]
+            raise CheckpointError(f"{unreadable}, or not written by torch.save: {detail})") from err
         raise CheckpointError(
-            f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: "
-            f"{type(err).__name__}: {err})"
+            f"{label} contains pickled objects other than tensors (the global {blocked[1].rstrip('.,')}), "
+            f"which vit5 refuses to execute (torch.load with weights_only=True). {hint}".rstrip()
         ) from err
+    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
+        raise CheckpointError(f"{unreadable}: {type(err).__name__}: {err})") from err
 
 
 def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: int | None = None) -> None:

@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from huggingface_hub import HfApi, errors
 
 from vit5.files import atomic_write_text
 from vit5.model.presets import PRESETS, closest_preset
-from vit5.model.vit import ViT5, default_pretrained_cfg
+from vit5.model.vit import ViT5
 from vit5.weights.convert import CheckpointError
 
 OFFICIAL_REPO = "FengWang3211/ViT-5"
@@ -41,30 +41,9 @@ class Release:
     name: str
     top1: float
     repo: str = OFFICIAL_REPO
-
-    @property
-    def arch(self) -> str:
-        return self.name.partition(".")[0]
-
-    @property
-    def filename(self) -> str:
-        return f"{self.arch}.pth"
-
-    @property
-    def img_size(self) -> int:
-        return PRESETS[self.arch]["img_size"]
-
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's pretrained config: where the file lives and how the authors evaluated it."""
-        return dict(
-            default_pretrained_cfg(self.img_size),
-            hf_hub_id=self.repo,
-            hf_hub_filename=self.filename,
-            num_classes=1000,
-            paper_ids=PAPER_ID,
-            paper_name=PAPER_NAME,
-            origin_url="https://github.com/wangf3014/ViT-5",
-        )
+    arch = property(lambda self: self.name.partition(".")[0])
+    filename = property(lambda self: f"{self.arch}.pth")
+    img_size = property(lambda self: PRESETS[self.arch]["img_size"])
 
 
 RELEASES: dict[str, Release] = {
@@ -110,27 +89,18 @@ def split_revision(repo: str) -> tuple[str, str | None]:
 def _network_errors() -> tuple[type[BaseException], ...]:
     """A proxy refusal, a missing network or a timeout in the HTTP library of this huggingface_hub."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for name in (
-        "httpx2.TransportError",
-        "httpx.TransportError",
-        "requests.ConnectionError",
-        "requests.Timeout",
-    ):
+    for (
+        name
+    ) in "httpx2.TransportError httpx.TransportError requests.ConnectionError requests.Timeout".split():
         module, _, attr = name.partition(".")
-        try:
+        with suppress(ImportError):
             found.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError):
-            continue
     return tuple(found)
 
 
 NETWORK_ERRORS = _network_errors()
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 LOCAL_FORM = "pretrained=PATH"  # how the errors say to pass a local copy; model specs say theirs
-
-
-class _Unreachable(Exception):
-    """The Hub could not be asked (proxy, network, timeout, 5xx) and nothing is cached."""
 
 
 def download(
@@ -163,13 +133,12 @@ def download(
                     continue
                 raise
             except (*NETWORK_ERRORS, errors.HfHubHTTPError) as err:
-                if isinstance(err, errors.HfHubHTTPError) and not _server_error(err):
-                    raise  # 401, 403, 404 of the repo: the Hub answered, clear_hub_errors says what
-                if cached is None:
-                    raise _Unreachable(err) from err
-                reason = _why(err)
+                status = getattr(getattr(err, "response", None), "status_code", 500)
+                answered = isinstance(err, errors.HfHubHTTPError) and status < 500 and status != 407
+                if cached is None or answered:  # 401, 403, 404 or nothing cached: clear_hub_errors says what
+                    raise
                 logger.warning(
-                    f"the Hub could not be reached ({reason}): using the cached {cached.name} of {repo_id}"
+                    f"the Hub could not be reached ({_why(err)}): using the cached {cached.name} of {repo_id}"
                 )
                 return cached
             return Path(hf.hf_hub_download(repo_id, filename, **fetch))
@@ -184,11 +153,6 @@ def cached_path(
     except ValueError:  # a malformed repo id: the download says so
         return None
     return Path(found) if isinstance(found, str) else None
-
-
-def _server_error(err: errors.HfHubHTTPError) -> bool:
-    status = getattr(getattr(err, "response", None), "status_code", 0)
-    return status >= 500 or status == 407
 
 
 def _why(err: BaseException) -> str:
@@ -224,28 +188,25 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
     try:
         yield
     except Exception as err:
-        cause = err.__cause__ if isinstance(err, _Unreachable) else err
-        if isinstance(err, _Unreachable):
-            why = (
-                f"the Hub could not be reached ({_why(cause)}) and it is not in the cache {cache}; {by_hand}"
-            )
-        elif isinstance(err, errors.LocalEntryNotFoundError):
-            offline = hf.constants.HF_HUB_OFFLINE
-            reason = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached (no network?)"
-            why = f"it is not in the cache {cache} and {reason}; {by_hand}"
-        elif isinstance(err, errors.RevisionNotFoundError):
-            why = f"the repo has no revision {revision!r}"
-        elif isinstance(err, errors.RepositoryNotFoundError):
-            why = "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)"
-        elif isinstance(err, errors.EntryNotFoundError):
-            why = "the repo has no such file"
-        elif isinstance(err, errors.HfHubHTTPError):
-            why = f"the Hub answered {err}; {by_hand}"
-        elif isinstance(err, NETWORK_ERRORS):  # during the download itself
-            why = f"{_why(err)}; {by_hand}"
-        else:
+        offline = "HF_HUB_OFFLINE is set" if hf.constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        reasons = (  # the first match: subclasses before their bases
+            (errors.LocalEntryNotFoundError, f"it is not in the cache {cache} and {offline}; {by_hand}"),
+            (errors.RevisionNotFoundError, f"the repo has no revision {revision!r}"),
+            (
+                errors.RepositoryNotFoundError,
+                "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)",
+            ),
+            (errors.EntryNotFoundError, "the repo has no such file"),
+            (errors.HfHubHTTPError, f"the Hub answered {err}; {by_hand}"),
+            (
+                NETWORK_ERRORS,
+                f"the Hub could not be reached ({_why(err)}), it is not in the cache {cache}; {by_hand}",
+            ),
+        )
+        why = next((text for kind, text in reasons if isinstance(err, kind)), None)
+        if why is None:
             raise
-        raise CheckpointError(f"cannot load {where}: {why}") from cause
+        raise CheckpointError(f"cannot load {where}: {why}") from err
 
 
 def cached_copy_advice(path: Path) -> str:
