@@ -103,11 +103,4 @@ def patch_size_of(model: nn.Module) -> int | None:
         return None
 
 
-__all__ = [
-    "LoadedModel",
-    "ModelInfo",
-    "describe",
-    "load_spec",
-    "parse_model_args",
-    "patch_size_of",
-]
+__all__ = ["LoadedModel", "ModelInfo", "describe", "load_spec", "parse_model_args", "patch_size_of"]

@@ -45,16 +45,12 @@ def create_model(
     log_report: bool = True,
     **overrides: Any,
 ) -> ViT5:
-    """Build preset ``name`` (or a released name, as timm) with config ``overrides``; optionally load weights.
-
-    ``pretrained``: ``True`` for the name's released weights, a released name (which also sets the image
-    size unless ``img_size`` is given), ``"hf-hub:USER/REPO[@REVISION]"`` or a path (our directory, an
-    official ``.pth``, a timm checkpoint). A new ``num_classes`` resets the head, a new ``img_size``
-    resamples the APE; ``use_ema=``, ``source=``, ``revision=`` and ``cache_dir=`` are taken too. A model
-    over ``max_params`` is refused before it is allocated; what was loaded is ``model.load_report``.
-    """
+    """Build preset ``name`` (or a released name, as timm) with config ``overrides``; ``pretrained``: ``True``
+    (the name's release), a released name (its image size too), ``"hf-hub:USER/REPO[@REVISION]"`` or a path
+    (our directory, an official ``.pth``, a timm checkpoint). A new ``num_classes`` resets the head, a new
+    ``img_size`` resamples the APE; ``use_ema=``, ``source=``, ``revision=``, ``cache_dir=`` are taken too.
+    Over ``max_params``: refused before allocation. What was loaded: ``model.load_report``."""
     use_ema, source = overrides.pop("use_ema", False), overrides.pop("source", None)
-    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
     if hub.is_weights_name(name):  # as timm: "ARCH.TAG" builds ARCH; pretrained=True loads TAG's weights
         name, pretrained = name.partition(".")[0], name if pretrained is True else pretrained
     if pretrained is None or pretrained is False:
@@ -81,7 +77,7 @@ def create_model(
                 f"{release.name} holds a {release.arch} ({theirs}), not {name}: "
                 f"create_model({release.arch!r}, pretrained=True)"
             )
-    ckpt = _read_pretrained(pretrained, use_ema, source, max_params, **where)
+    ckpt = _read_pretrained(pretrained, overrides, use_ema, source, max_params)
     if ckpt.config is None:
         cfg = preset_config(name, **overrides)
     else:  # our directory format knows its own architecture
@@ -102,8 +98,7 @@ def load_model(
     """Load any supported checkpoint (a path, ``hf-hub:USER/REPO[@REVISION]`` or a released name) without
     naming a preset: the architecture comes from ``config.json`` (our format) or the tensor shapes
     (official / timm); ``revision=`` and ``cache_dir=`` go to the download."""
-    where = {"revision": overrides.pop("revision", None), "cache_dir": overrides.pop("cache_dir", None)}
-    ckpt = _read_pretrained(path, use_ema, source, max_params, **where)
+    ckpt = _read_pretrained(path, overrides, use_ema, source, max_params)
     if ckpt.config is None:
         cfg = config_from_checkpoint(ckpt.state_dict, ckpt.source, **overrides)
     else:
@@ -112,15 +107,12 @@ def load_model(
 
 
 def _read_pretrained(
-    pretrained: str | os.PathLike,
-    use_ema: bool,
-    source: Source | None,
-    max_params: float,
-    revision: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    pretrained: str | os.PathLike, overrides: dict, use_ema: bool, source: Source | None, max_params: float
 ) -> Checkpoint:
-    """Read the weights ``pretrained`` names; a damaged download says which cached file to delete."""
+    """Read the weights ``pretrained`` names (``revision=``, ``cache_dir=`` taken from ``overrides`` for the
+    download); a damaged download says which cached file to delete."""
     text = os.fspath(pretrained)
+    revision, cache_dir = overrides.pop("revision", None), overrides.pop("cache_dir", None)
     if text.startswith(hub.HF_HUB_PREFIX):
         repo_id, pinned = hub.split_revision(text[len(hub.HF_HUB_PREFIX) :])
         config = hub.download(repo_id, CONFIG_NAME, revision or pinned, cache_dir)
@@ -131,12 +123,7 @@ def _read_pretrained(
         path, source = hub.download(release.repo, release.filename, revision, cache_dir), source or "official"
     else:
         return read_checkpoint(text, use_ema=use_ema, source=source, max_params=max_params)
-    try:
-        ckpt = read_checkpoint(path, use_ema=use_ema, source=source, max_params=max_params)
-    except CheckpointError as err:
-        unreadable = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
-        advice = f"\n  {hub.cached_copy_advice(unreadable)}" if str(unreadable) in str(err) else ""
-        raise CheckpointError(f"{text}: {err}{advice}") from err
+    ckpt = _read_download(path, f"{text}: ", use_ema=use_ema, source=source, max_params=max_params)
     if not path.is_dir():  # a released file: say which; a directory keeps its path (config.json messages)
         ckpt.path = f"{text} ({path})"
     return ckpt
@@ -257,7 +244,7 @@ def _entrypoint(name: str) -> Callable[..., Any]:
                     raise
             path = hub.cached_path(repo, filename, revision) if pretrained and repo else None
             if path is not None:  # an unreadable cached download: raise that, with the fix
-                _read_cached(path, err)
+                _read_download(path)
             raise
         vit = model.model if hasattr(model, "model") else model  # a features_only wrapper holds it
         model.pretrained_cfg["input_size"] = (vit.cfg.in_chans, *vit.cfg.img_size)  # as built (img_size=)
@@ -269,12 +256,14 @@ def _entrypoint(name: str) -> Callable[..., Any]:
     return build
 
 
-def _read_cached(path: Any, cause: BaseException | None = None) -> dict[str, Any]:
-    """The state dict of a cached download; an unreadable one says which files to delete."""
+def _read_download(path: Path, label: str = "", use_ema: bool = False, **kwargs: Any) -> Checkpoint:
+    """:func:`read_checkpoint` of a cached download; an unreadable one says which files to delete."""
     try:
-        return read_checkpoint(path).state_dict
-    except CheckpointError as bad:
-        raise CheckpointError(f"{bad}\n  {hub.cached_copy_advice(path)}") from cause or bad
+        return read_checkpoint(path, use_ema=use_ema, **kwargs)
+    except CheckpointError as err:
+        bad = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
+        advice = f"\n  {hub.cached_copy_advice(bad)}" if str(bad) in str(err) else ""
+        raise CheckpointError(f"{label}{err}{advice}") from err
 
 
 def pretrained_overlay(cfg: Any, overlay: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -285,7 +274,7 @@ def pretrained_overlay(cfg: Any, overlay: dict[str, Any] | None = None) -> dict[
         return overlay
     repo, revision = hub.split_revision(cfg.hf_hub_id)
     path = hub.download(repo, cfg.hf_hub_filename or ("model.safetensors", "pytorch_model.bin"), revision)
-    return {**(overlay or {}), "state_dict": _read_cached(path)}
+    return {**(overlay or {}), "state_dict": _read_download(path).state_dict}
 
 
 def register_presets() -> None:

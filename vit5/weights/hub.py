@@ -1,9 +1,6 @@
-"""The official ViT-5 weights by name, and every transfer to and from the Hugging Face Hub.
-
-The released checkpoints (Hub repo ``FengWang3211/ViT-5``, github.com/wangf3014/ViT-5 README) get timm
-names (``vit5_small_patch16_224.in1k``). Downloads go through ``hf_hub_download`` (its cache,
-``revision=``, ``HF_HUB_OFFLINE``), cache first; every failure is one :class:`CheckpointError` with the fix.
-"""
+"""The official ViT-5 weights by timm name (Hub repo ``FengWang3211/ViT-5``, github.com/wangf3014/ViT-5
+README) and every transfer to and from the Hugging Face Hub: downloads through ``hf_hub_download`` (its
+cache, ``revision=``, ``HF_HUB_OFFLINE``), cache first; every failure is one :class:`CheckpointError`."""
 
 from __future__ import annotations
 
@@ -109,12 +106,9 @@ def download(
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """The local path of the first of ``filenames`` that ``repo_id`` has (timm's order of files).
-
-    A cached file that cannot change (the released weights, a commit) is used without the network;
-    otherwise the Hub is asked once (``HF_HUB_ETAG_TIMEOUT``, no retries), and a proxy refusal, missing
-    network, timeout or 5xx falls back to the cached copy with a warning, or is one error within seconds.
-    """
+    """The local path of the first of ``filenames`` that ``repo_id`` has. A cached file that cannot change (a
+    release, a commit) is used without the network; else the Hub is asked once (``HF_HUB_ETAG_TIMEOUT``), and
+    a proxy refusal, no network, a timeout or a 5xx falls back to the cached copy with a warning, or fails."""
     filenames = (filenames,) if isinstance(filenames, str) else tuple(filenames)
     timeout = hf.constants.HF_HUB_ETAG_TIMEOUT
     fetch = dict(revision=revision, cache_dir=cache_dir, library_name="vit5", etag_timeout=timeout)
@@ -262,15 +256,16 @@ def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -
                 f"{directory} is not a vit5 checkpoint directory; to upload other weights, load them first "
                 "(model = vit5.load_model(path)) and push the model"
             )
-        model = load_model(directory)
-        has_ema = (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
+        model, has_ema = load_model(directory), (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
         ema = ckpt.read_checkpoint(directory, use_ema=True).state_dict if has_ema else None
-        data = json.loads((directory / ckpt.CONFIG_NAME).read_text())
-        extra = {k: v for k, v in data.items() if k not in ckpt.hub_config(model)}
-        ckpt.save_pretrained(model, folder, ema_state_dict=ema, extra=extra)
-    params = sum(p.numel() for p in model.parameters())
+        data = json.loads((directory / ckpt.CONFIG_NAME).read_text())  # its extra keys (epoch, run, ...) too
+        ckpt.save_pretrained(
+            model, folder, ema, {k: v for k, v in data.items() if k not in ckpt.hub_config(model)}
+        )
     table = "\n".join(f"| {k} | {v} |" for k, v in model.cfg.to_dict().items())
-    card = f"""---
+    atomic_write_text(
+        folder / "README.md",
+        f"""---
 library_name: timm
 tags: [image-classification, timm, vit5]
 license: apache-2.0
@@ -278,7 +273,7 @@ license: apache-2.0
 # {repo_id.split("/")[-1]}
 
 A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{closest_preset(model.cfg)}` with \
-{params / 1e6:.1f}M parameters.
+{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters.
 
 ```python
 import timm, vit5  # importing vit5 registers its architectures in timm
@@ -289,6 +284,6 @@ model = timm.create_model("{HF_HUB_PREFIX}{repo_id}", pretrained=True)  # the sa
 | config | value |
 |---|---|
 {table}
-"""
-    atomic_write_text(folder / "README.md", card)
+""",
+    )
     return folder
