@@ -1,7 +1,6 @@
-"""Model specs: one string names a model and its weights, for every command-line tool (docs/model.md):
-a preset (its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint or run directory,
-a checkpoint file, ``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]`` or ``timm:NAME@CHECKPOINT``.
-A name means its pretrained weights, as in timm; an untrained model only when asked (``random_init``)."""
+"""Model specs, one string per model and its weights for every command-line tool (docs/model.md): a preset
+(its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint (or run) directory or file,
+``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]``, ``timm:NAME@CHECKPOINT``; untrained only if asked."""
 
 from __future__ import annotations
 

@@ -90,18 +90,8 @@ def save_pretrained(
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise storage_error(err, directory, "create") from err
-    atomic_write_json(directory / CONFIG_NAME, {**hub_config(model), **(extra or {})})
-    atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
-    if ema_state_dict is not None:
-        atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))
-    return directory
-
-
-def hub_config(model: ViT5) -> dict[str, Any]:
-    """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``); ``model_args``
-    holds every :class:`ViT5Config` field, so the model rebuilds exactly."""
     cfg, names = model.cfg, model.pretrained_cfg.get("label_names")
-    return {
+    config = {  # what timm's hub loader reads (timm _hub._parse_model_cfg); model_args: every config field
         "architecture": closest_preset(cfg),
         "num_classes": cfg.num_classes,
         "num_features": cfg.embed_dim,
@@ -114,6 +104,11 @@ def hub_config(model: ViT5) -> dict[str, Any]:
         ),  # label_names at the top level, as timm's push_to_hf_hub writes them
         **({"label_names": list(names)} if names and len(names) == cfg.num_classes else {}),
     }
+    atomic_write_json(directory / CONFIG_NAME, {**config, **(extra or {})})
+    atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
+    if ema_state_dict is not None:
+        atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))
+    return directory
 
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
@@ -278,39 +273,16 @@ _BLOCKED_OTHER = re.compile(r"WeightsUnpickler error: \s*(.+?)\s*(?:\n|$)")
 def safe_torch_load(
     source: str | os.PathLike | bytes, hint: str = "", name: str = "", max_bytes: int | None = None
 ) -> Any:
-    """``torch.load(weights_only=True)`` of a file or its bytes, its zip directory checked first
-    (:func:`check_torch_zip`): tensors, plain containers and ``argparse.Namespace`` (the official training
-    script stores one) only; no pickled code ever runs. Every failure is one :class:`CheckpointError`."""
+    """``torch.load(weights_only=True)`` of a file or its bytes (tensors, plain containers, the official
+    script's ``argparse.Namespace``; no pickled code runs), refusing from the zip directory a compressed entry
+    (a DEFLATE bomb), one beyond the file's end, or over ``max_bytes``; every failure one CheckpointError."""
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
-    check_torch_zip(source, label, max_bytes)
-    unreadable = f"{label} is not a readable PyTorch checkpoint (corrupt or truncated"
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            file = io.BytesIO(source) if isinstance(source, bytes) else source
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        blocked, other = _BLOCKED_GLOBAL.search(str(err)), _BLOCKED_OTHER.search(str(err))
-        if blocked is None:
-            detail = other.group(1) if other else str(err).splitlines()[0]
-            raise CheckpointError(f"{unreadable}, or not written by torch.save: {detail})") from err
-        raise CheckpointError(
-            f"{label} contains pickled objects other than tensors (the global {blocked[1].rstrip('.,')}), "
-            f"which vit5 refuses to execute (torch.load with weights_only=True). {hint}".rstrip()
-        ) from err
-    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
-        raise CheckpointError(f"{unreadable}: {type(err).__name__}: {err})") from err
-
-
-def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: int | None = None) -> None:
-    """Refuse a ``torch.save`` zip from its directory alone: a compressed entry (``torch.save`` never writes
-    one; DEFLATE lets 1 MB expand to 1 GB), an entry beyond the end of the file, or more than ``max_bytes``
-    of records. Non-zip files (torch's legacy format) are left to ``torch.load``."""
     try:
         size = len(source) if isinstance(source, bytes) else os.path.getsize(source)
         with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError):
-        return  # not a zip, or unreadable: torch.load says what it is
+        entries = []  # not a zip (torch's legacy format), or unreadable: torch.load says what it is
     compressed = [info for info in entries if info.compress_type != zipfile.ZIP_STORED]
     if compressed:
         worst = max(compressed, key=lambda info: info.file_size)
@@ -331,6 +303,22 @@ def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: in
             f"{label} holds {total:,} bytes of tensors, more than the limit of {max_bytes:,} (16 bytes per "
             "parameter of max_params): not loaded (pass max_params= to allow a larger model)"
         )
+    unreadable = f"{label} is not a readable PyTorch checkpoint (corrupt or truncated"
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            file = io.BytesIO(source) if isinstance(source, bytes) else source
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        blocked, other = _BLOCKED_GLOBAL.search(str(err)), _BLOCKED_OTHER.search(str(err))
+        if blocked is None:
+            detail = other.group(1) if other else str(err).splitlines()[0]
+            raise CheckpointError(f"{unreadable}, or not written by torch.save: {detail})") from err
+        raise CheckpointError(
+            f"{label} contains pickled objects other than tensors (the global {blocked[1].rstrip('.,')}), "
+            f"which vit5 refuses to execute (torch.load with weights_only=True). {hint}".rstrip()
+        ) from err
+    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
+        raise CheckpointError(f"{unreadable}: {type(err).__name__}: {err})") from err
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path | str) -> dict[str, torch.Tensor]:

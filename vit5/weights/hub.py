@@ -86,10 +86,8 @@ def split_revision(repo: str) -> tuple[str, str | None]:
 def _network_errors() -> tuple[type[BaseException], ...]:
     """A proxy refusal, a missing network or a timeout in the HTTP library of this huggingface_hub."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for (
-        name
-    ) in "httpx2.TransportError httpx.TransportError requests.ConnectionError requests.Timeout".split():
-        module, _, attr = name.partition(".")
+    names = "httpx2.TransportError httpx.TransportError requests.ConnectionError requests.Timeout"
+    for module, _, attr in (name.partition(".") for name in names.split()):
         with suppress(ImportError):
             found.append(getattr(importlib.import_module(module), attr))
     return tuple(found)
@@ -259,9 +257,7 @@ def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -
         model, has_ema = load_model(directory), (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
         ema = ckpt.read_checkpoint(directory, use_ema=True).state_dict if has_ema else None
         data = json.loads((directory / ckpt.CONFIG_NAME).read_text())  # its extra keys (epoch, run, ...) too
-        ckpt.save_pretrained(
-            model, folder, ema, {k: v for k, v in data.items() if k not in ckpt.hub_config(model)}
-        )
+        ckpt.save_pretrained(model, folder, ema, data)
     table = "\n".join(f"| {k} | {v} |" for k, v in model.cfg.to_dict().items())
     atomic_write_text(
         folder / "README.md",
