@@ -24,7 +24,6 @@ from vit5.model.presets import PRESETS, closest_preset
 from vit5.model.vit import ViT5
 from vit5.weights.convert import CheckpointError
 
-OFFICIAL_REPO = "FengWang3211/ViT-5"
 HF_HUB_PREFIX = "hf-hub:"
 PAPER_ID = "arXiv:2602.08071"
 PAPER_NAME = "ViT-5: Vision Transformers for the Mid-2020s"
@@ -37,7 +36,7 @@ class Release:
 
     name: str
     top1: float
-    repo: str = OFFICIAL_REPO
+    repo: str = "FengWang3211/ViT-5"
     arch = property(lambda self: self.name.partition(".")[0])
     filename = property(lambda self: f"{self.arch}.pth")
     img_size = property(lambda self: PRESETS[self.arch]["img_size"])
