@@ -78,12 +78,12 @@ def test_a_bare_safetensors_file_over_the_parameter_limit_is_refused_unmapped(tm
 
 @pytest.mark.parametrize(
     ("entry", "problem"),
-    [  # safetensors checks each entry when it opens the file, before any tensor is allocated
-        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "file not fully covered"),
-        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}, "invalid shape, data type, or offset"),
+    [  # safetensors checks each entry when it opens the file (its wording varies by version: not matched)
+        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "corrupt or truncated"),
+        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}, "corrupt or truncated"),
         ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "tensor 'w' .*not a list of non-negative"),
-        ({"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}, "unknown variant `Q7`"),
-        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "invalid offset for tensor `w`"),
+        ({"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}, "corrupt or truncated.*Q7"),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "corrupt or truncated"),
     ],
 )
 def test_crafted_safetensors_headers_are_one_error_each(tmp_path, never_mapped, entry, problem):
@@ -94,7 +94,7 @@ def test_crafted_safetensors_headers_are_one_error_each(tmp_path, never_mapped, 
 
 def test_overlapping_tensors_are_refused(tmp_path, never_mapped):
     entries = {n: {"dtype": "F32", "shape": [2], "data_offsets": [o, o + 8]} for n, o in (("a", 0), ("b", 4))}
-    with pytest.raises(CheckpointError, match="corrupt or truncated.*invalid offset for tensor `b`"):
+    with pytest.raises(CheckpointError, match="x.safetensors.*corrupt or truncated"):
         read_checkpoint(write_safetensors_header(tmp_path / "x.safetensors", entries, 12))
 
 
