@@ -78,26 +78,23 @@ def test_a_bare_safetensors_file_over_the_parameter_limit_is_refused_unmapped(tm
 
 @pytest.mark.parametrize(
     ("entry", "problem"),
-    [
-        (
-            {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-            "ends at byte 16 of the data, but the file holds 8",
-        ),
-        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}, r"needs 16 bytes but its offsets span 8"),
-        ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "not a list of non-negative integers"),
-        ({"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}, "unsupported dtype 'Q7'"),
-        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, r"not \[begin, end\]"),
+    [  # safetensors checks each entry when it opens the file (its wording varies by version: not matched)
+        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "corrupt or truncated"),
+        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}, "corrupt or truncated"),
+        ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, "tensor 'w' .*not a list of non-negative"),
+        ({"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}, "corrupt or truncated.*Q7"),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "corrupt or truncated"),
     ],
 )
 def test_crafted_safetensors_headers_are_one_error_each(tmp_path, never_mapped, entry, problem):
     path = write_safetensors_header(tmp_path / "x.safetensors", {"w": entry}, 8)
-    with pytest.raises(CheckpointError, match=f"tensor 'w' .*{problem}"):
+    with pytest.raises(CheckpointError, match=f"x.safetensors.*{problem}"):
         read_checkpoint(path)
 
 
 def test_overlapping_tensors_are_refused(tmp_path, never_mapped):
     entries = {n: {"dtype": "F32", "shape": [2], "data_offsets": [o, o + 8]} for n, o in (("a", 0), ("b", 4))}
-    with pytest.raises(CheckpointError, match="tensors 'a' and 'b' overlap"):
+    with pytest.raises(CheckpointError, match="x.safetensors.*corrupt or truncated"):
         read_checkpoint(write_safetensors_header(tmp_path / "x.safetensors", entries, 12))
 
 

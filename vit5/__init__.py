@@ -18,7 +18,7 @@ _WEIGHTS = "CheckpointError LoadReport create_model load_model push_to_hub read_
 _PUBLIC = {  # public name -> the module that defines it
     **dict.fromkeys((*_MODEL.split(), "list_presets", "preset_config", "record"), "vit5.model"),
     **dict.fromkeys(_WEIGHTS.split(), "vit5.weights"),
-    "register_presets": "vit5.weights.registry",
+    "register_presets": "vit5.weights.factory",
     "export_onnx": "vit5.weights.export",  # onnx is an optional extra: imported only when asked for
     "export_program": "vit5.weights.export",
 }
@@ -82,7 +82,7 @@ def _register_in_timm() -> None:
     _registered = True
     if _HOOK in sys.meta_path:
         sys.meta_path.remove(_HOOK)
-    from vit5.weights.registry import register_presets
+    from vit5.weights.factory import register_presets
 
     register_presets()
 

@@ -1,7 +1,6 @@
-"""Model specs: one string names a model and its weights, for every command-line tool (docs/model.md):
-a preset (its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint or run directory,
-a checkpoint file, ``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]`` or ``timm:NAME@CHECKPOINT``.
-A name means its pretrained weights, as in timm; an untrained model only when asked (``random_init``)."""
+"""Model specs, one string per model and its weights for every command-line tool (docs/model.md): a preset
+(its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint (or run) directory or file,
+``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]``, ``timm:NAME@CHECKPOINT``; untrained only if asked."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ from vit5.model.presets import PRESETS
 from vit5.weights import hub
 from vit5.weights.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir
 from vit5.weights.convert import CheckpointError
-from vit5.weights.factory import create_model, load_model
-from vit5.weights.registry import pretrained_overlay
+from vit5.weights.factory import create_model, load_model, pretrained_overlay
 
 TIMM_PREFIX = "timm:"
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
@@ -74,11 +72,9 @@ def has_ema_weights(spec: str) -> bool:
 def load_spec(
     spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
 ) -> LoadedModel:
-    """Build the model a spec names, in eval mode; any failure is one :class:`InputError`.
-
-    ``random_init``: an untrained model of the named architecture (an error for a spec that names weights).
-    ``overrides``: :class:`~vit5.ViT5Config` fields (and ``max_params``) or ``timm.create_model`` arguments.
-    """
+    """Build the model a spec names, in eval mode (``random_init``: untrained, for a bare architecture name);
+    ``overrides``: ViT5Config fields (and ``max_params``) or ``timm.create_model`` arguments. Failures: one
+    :class:`InputError`."""
     overrides = dict(overrides or {})
     try:
         if random_init:
@@ -118,12 +114,12 @@ def _load_vit5(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.
     name, _, weights_path = spec.partition("@")
     if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
         release = hub.default_release(name)
-        if not weights_path and not hub.is_weights_name(name) and release is None:
+        pretrained = weights_path or (name if hub.is_weights_name(name) else release and release.name)
+        if not pretrained:
             raise InputError(
                 f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
                 "your own weights, or ask for an untrained model with --random-init"
             )
-        pretrained = weights_path or (name if hub.is_weights_name(name) else release.name)
         model = create_model(name, pretrained=pretrained, use_ema=use_ema, **overrides)
         arch = name.partition(".")[0]
         return model, arch, f"vit5 {arch}, {weights} {pretrained}"
@@ -228,8 +224,7 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.
 
 
 def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.Module:
-    """``timm.create_model`` with ``dynamic_img_size=True`` where the family takes it, the pretrained weights
-    through vit5's download (cache first) and reader."""
+    """``timm.create_model``, with ``dynamic_img_size=True`` where the family takes it."""
     import timm
 
     overrides = {k: v for k, v in overrides.items() if k != "max_params"}  # vit5's size limit
@@ -242,16 +237,15 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
             f"{', '.join(timm.list_pretrained(name + '*')[:8]) or 'none'}): "
             "add @CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
         )
-    if pretrained:
-        overlay = pretrained_overlay(
-            timm.models.get_pretrained_cfg(name), overrides.get("pretrained_cfg_overlay")
-        )
-        overrides = {**overrides, "pretrained_cfg_overlay": overlay} if overlay else overrides
+    kwargs = dict(overrides)
+    if pretrained:  # through vit5's download (cache first) and reader
+        cfg, overlay = timm.models.get_pretrained_cfg(name), overrides.get("pretrained_cfg_overlay")
+        kwargs["pretrained_cfg_overlay"] = pretrained_overlay(cfg, overlay)
     try:
         try:
-            return timm.create_model(name, pretrained=pretrained, **{"dynamic_img_size": True, **overrides})
+            return timm.create_model(name, pretrained=pretrained, **{"dynamic_img_size": True, **kwargs})
         except TypeError:  # a family without dynamic sizes: build it as asked
-            return timm.create_model(name, pretrained=pretrained, **overrides)
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
     except TypeError as err:
         raise InputError(f"cannot build timm model {name} with {overrides}: {err}") from err
 

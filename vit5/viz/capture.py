@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import describe
-from vit5.introspect.info import ModelInfo
+from vit5.introspect import ModelInfo, describe
 from vit5.model import Recording, record, take_indices
 from vit5.model.vit import unwrap
 

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import ModelInfo, describe
-from vit5.introspect.info import TEST_REGISTERS_ATTR
+from vit5.introspect import TEST_REGISTERS_ATTR, ModelInfo, describe
 from vit5.layers import RopeTable
 from vit5.model import take_indices
 from vit5.model.vit import unwrap

@@ -1,7 +1,6 @@
 """Saving and loading weights: our hub-ready directory (``config.json`` + ``model.safetensors``), official
-ViT-5 ``.pth`` and timm checkpoints. Sizes are checked from the file's header or zip directory before
-anything is allocated; ``.pth`` files load with ``torch.load(weights_only=True)``; every load is strict
-except what a :class:`LoadReport` states (a head reset, a resampled position embedding)."""
+ViT-5 ``.pth`` and timm checkpoints; sizes checked from headers before allocation, ``.pth`` loaded with
+``weights_only=True``, strict except what a :class:`LoadReport` states (a head reset, a resampled APE)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
@@ -85,34 +84,25 @@ def save_pretrained(
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise storage_error(err, directory, "create") from err
-    atomic_write_json(directory / CONFIG_NAME, {**hub_config(model), **(extra or {})})
+    cfg, names = model.cfg, model.pretrained_cfg.get("label_names")
+    config = {  # what timm's hub loader reads (timm _hub._parse_model_cfg); model_args: every config field
+        "architecture": closest_preset(cfg),
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.embed_dim,
+        **({"global_pool": model.global_pool} if model.global_pool else {}),
+        "model_args": cfg.to_dict(),
+        "pretrained_cfg": dict(
+            default_pretrained_cfg(cfg.img_size, cfg.in_chans, cfg.num_classes),
+            paper_ids=hub.PAPER_ID,
+            paper_name=hub.PAPER_NAME,
+        ),  # label_names at the top level, as timm's push_to_hf_hub writes them
+        **({"label_names": list(names)} if names and len(names) == cfg.num_classes else {}),
+    }
+    atomic_write_json(directory / CONFIG_NAME, {**config, **(extra or {})})
     atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
     if ema_state_dict is not None:
         atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))
     return directory
-
-
-def hub_config(model: ViT5) -> dict[str, Any]:
-    """The ``config.json`` fields timm's hub loader reads (timm ``_hub._parse_model_cfg``); ``model_args``
-    holds every :class:`ViT5Config` field, so the model rebuilds exactly."""
-    cfg = model.cfg
-    config: dict[str, Any] = {
-        "architecture": closest_preset(cfg),
-        "num_classes": cfg.num_classes,
-        "num_features": cfg.embed_dim,
-    }
-    if model.global_pool:
-        config["global_pool"] = model.global_pool
-    config["model_args"] = cfg.to_dict()
-    config["pretrained_cfg"] = dict(
-        default_pretrained_cfg(cfg.img_size, cfg.in_chans, cfg.num_classes),
-        paper_ids=hub.PAPER_ID,
-        paper_name=hub.PAPER_NAME,
-    )
-    names = model.pretrained_cfg.get("label_names")
-    if names and len(names) == cfg.num_classes:  # top level, as timm's push_to_hf_hub writes it
-        config["label_names"] = list(names)
-    return config
 
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
@@ -128,12 +118,9 @@ def read_checkpoint(
     source: Source | None = None,
     max_params: float = DEFAULT_MAX_PARAMS,
 ) -> Checkpoint:
-    """Read our directory (or a run directory's ``final/``), a ``.safetensors`` file or a ``.pth``.
-
-    Nothing is allocated for a file that declares more than it may hold: a directory's weights must be the
-    model its ``config.json`` describes (at most ``max_params``), a ``.safetensors`` file at most
-    ``max_params`` values, a ``.pth`` at most ``16 * max_params`` bytes (weights, EMA, AdamW's moments).
-    """
+    """Read our directory (or a run directory's ``final/``), a ``.safetensors`` file or a ``.pth``; nothing is
+    allocated unless a directory holds the model its ``config.json`` describes (at most ``max_params``),
+    a file holds at most ``max_params`` values, a ``.pth`` ``16 * max_params`` bytes (weights, EMA, AdamW)."""
     path = Path(path)
     if not path.exists():
         hint = f" (released weights: {', '.join(hub.RELEASES)})" if hub.is_weights_name(str(path)) else ""
@@ -147,7 +134,7 @@ def read_checkpoint(
                 f"{path} declares {values:,} values, more than the limit of {max_params:,.0f} parameters: "
                 "not loaded (pass max_params= to allow a larger model)"
             )
-        sd = _load_safetensors(path, "is not a readable safetensors file")
+        sd = _load_safetensors(path)
     else:
         sd = _unwrap(safe_torch_load(path, hint=_RESAVE_HINT, max_bytes=int(16 * max_params)), use_ema, path)
     return Checkpoint(sd, source or detect_source(sd), path=str(path))
@@ -167,11 +154,16 @@ def checkpoint_dir(path: Path) -> Path:
     return found[0] if found else path  # none: _read_directory explains what a checkpoint directory needs
 
 
-def _load_safetensors(path: Path, problem: str) -> dict[str, torch.Tensor]:
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file; safetensors checks each entry (dtype, span, overlaps) on opening it."""
     try:
+        with safe_open(str(path), "pt"):  # the checks alone: a crafted file never reaches load_file
+            pass
         return load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{path} {problem} ({err})") from err
+    except (SafetensorError, OSError, RuntimeError) as err:  # RuntimeError: the file could not be mapped
+        raise CheckpointError(
+            f"{path} is corrupt or truncated, not a readable safetensors file ({err})"
+        ) from err
 
 
 def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
@@ -185,15 +177,13 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
         )
     try:
         data = json.loads(config_file.read_text())
-        fields = vit5_config(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
+        config = ViT5Config.from_dict(vit5_config(data))
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from err
+    except (UnicodeDecodeError, TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
         raise CheckpointError(
             f"{config_file} is corrupt or not a vit5 config ({type(err).__name__}: {err})"
         ) from err
-    try:
-        config = ViT5Config.from_dict(fields)
-    except ConfigError as err:
-        raise ConfigError(f"{config_file}: {err}") from err
     check_size(config, max_params, source=str(config_file))
     described = parameter_count(config)
     held = sum(n for k, n in safetensors_header(weights).items() if not k.endswith(ROPE_BUFFERS))
@@ -207,79 +197,35 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
         raise CheckpointError(
             f"{config_file}: label_names must be a list of class names, not {shorten(names)}"
         )
-    sd = _load_safetensors(weights, "is corrupt or truncated")
+    sd = _load_safetensors(weights)
     return Checkpoint(sd, "vit5", config=config, path=str(path), class_names=names)
 
 
-_ITEMSIZE = {
-    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
-    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 2),
-    **dict.fromkeys(("I32", "U32", "F32"), 4),
-    **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
-}
-
-
 def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
-    """The number of values of each tensor of a safetensors file, read from its header alone.
-
-    Format: huggingface.co/docs/safetensors ("Format"). Every entry's dtype, shape and offsets are checked
-    against the file (span = shape x itemsize, inside the data, no overlaps) before safetensors maps it.
-    """
+    """The number of values of each tensor of a safetensors file, from its header alone (format:
+    huggingface.co/docs/safetensors); its offsets are checked by safetensors before anything is loaded."""
     path = Path(path)
-    unreadable = f"{path} is corrupt or truncated (not a readable safetensors file)"
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
+            size, prefix = os.fstat(f.fileno()).st_size, f.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
             if not 0 < length <= min(100_000_000, size - 8):  # safetensors' own header limit
-                raise CheckpointError(
-                    f"{unreadable}: it declares a header of {length:,} bytes in a file of {size:,}"
-                )
+                raise ValueError(f"it declares a header of {length:,} bytes in a file of {size:,}")
             header = json.loads(f.read(length))
+        shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
     except OSError as err:
         raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from err
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{unreadable}: its header is not JSON ({err})") from err
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{unreadable}: its header is not a JSON object")
-    counts, spans = {}, []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        problem = _entry_problem(entry, size - 8 - length)
-        if problem:
-            raise CheckpointError(f"{path}: tensor {name!r} {problem}: corrupt or crafted file, not loaded")
-        counts[name] = math.prod(entry["shape"])
-        spans.append((*entry["data_offsets"], name))
-    spans.sort()
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-        if begin < end:
+    except (ValueError, TypeError, KeyError, AttributeError) as err:  # not JSON, not an object of objects
+        raise CheckpointError(
+            f"{path} is corrupt or truncated, not a readable safetensors file ({err})"
+        ) from err
+    for name, shape in shapes.items():
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise CheckpointError(
-                f"{path}: tensors {first!r} and {second!r} overlap: corrupt or crafted file"
+                f"{path}: tensor {name!r} has shape {shape!r}, not a list of non-negative integers: "
+                "corrupt or crafted file, not loaded"
             )
-    return counts
-
-
-def _entry_problem(entry: Any, data_size: int) -> str:
-    """What is wrong with one safetensors header entry, or ``""``."""
-    if not isinstance(entry, dict):
-        return "is not described by an object"
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in _ITEMSIZE:
-        return f"has an unsupported dtype {dtype!r}"
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        return f"has shape {shape!r}, not a list of non-negative integers"
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)) or not (
-        0 <= offsets[0] <= offsets[1]
-    ):
-        return f"has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end"
-    nbytes, span = math.prod(shape) * _ITEMSIZE[dtype], offsets[1] - offsets[0]
-    if span != nbytes:
-        return f"of shape {shape} ({dtype}) needs {nbytes:,} bytes but its offsets span {span:,}"
-    if offsets[1] > data_size:
-        return f"ends at byte {offsets[1]:,} of the data, but the file holds {data_size:,}"
-    return ""
+    return {name: math.prod(shape) for name, shape in shapes.items()}
 
 
 def vit5_config(data: Any) -> Any:
@@ -321,50 +267,16 @@ _BLOCKED_OTHER = re.compile(r"WeightsUnpickler error: \s*(.+?)\s*(?:\n|$)")
 def safe_torch_load(
     source: str | os.PathLike | bytes, hint: str = "", name: str = "", max_bytes: int | None = None
 ) -> Any:
-    """``torch.load(weights_only=True)`` of a file or its bytes, its zip directory checked first
-    (:func:`check_torch_zip`): tensors, plain containers and ``argparse.Namespace`` (the official training
-    script stores one) only; no pickled code ever runs. Every failure is one :class:`CheckpointError`."""
+    """``torch.load(weights_only=True)`` of a file or its bytes (tensors, plain containers, the official
+    script's ``argparse.Namespace``; no pickled code runs), refusing from the zip directory a compressed entry
+    (a DEFLATE bomb), one beyond the file's end, or over ``max_bytes``; every failure one CheckpointError."""
     label = name or (os.fspath(source) if not isinstance(source, bytes) else "the file")
-    check_torch_zip(source, label, max_bytes)
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(
-                io.BytesIO(source) if isinstance(source, bytes) else source,
-                map_location="cpu",
-                weights_only=True,
-            )
-    except pickle.UnpicklingError as err:
-        text = str(err)
-        blocked = _BLOCKED_GLOBAL.search(text)
-        if blocked is None:
-            other = _BLOCKED_OTHER.search(text)
-            detail = other.group(1) if other else text.splitlines()[0]
-            raise CheckpointError(
-                f"{label} is not a readable PyTorch checkpoint (corrupt or truncated, or not written by "
-                f"torch.save: {detail})"
-            ) from err
-        what = f"pickled objects other than tensors (the global {blocked.group(1).rstrip('.,')})"
-        message = (
-            f"{label} contains {what}, which vit5 refuses to execute (torch.load with weights_only=True). "
-        )
-        raise CheckpointError((message + hint).rstrip()) from err
-    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
-        raise CheckpointError(
-            f"{label} is not a readable PyTorch checkpoint (corrupt or truncated: "
-            f"{type(err).__name__}: {err})"
-        ) from err
-
-
-def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: int | None = None) -> None:
-    """Refuse a ``torch.save`` zip from its directory alone: a compressed entry (``torch.save`` never writes
-    one; DEFLATE lets 1 MB expand to 1 GB), an entry beyond the end of the file, or more than ``max_bytes``
-    of records. Non-zip files (torch's legacy format) are left to ``torch.load``."""
     try:
         size = len(source) if isinstance(source, bytes) else os.path.getsize(source)
         with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError):
-        return  # not a zip, or unreadable: torch.load says what it is
+        entries = []  # not a zip (torch's legacy format), or unreadable: torch.load says what it is
     compressed = [info for info in entries if info.compress_type != zipfile.ZIP_STORED]
     if compressed:
         worst = max(compressed, key=lambda info: info.file_size)
@@ -385,6 +297,22 @@ def check_torch_zip(source: str | os.PathLike | bytes, label: str, max_bytes: in
             f"{label} holds {total:,} bytes of tensors, more than the limit of {max_bytes:,} (16 bytes per "
             "parameter of max_params): not loaded (pass max_params= to allow a larger model)"
         )
+    unreadable = f"{label} is not a readable PyTorch checkpoint (corrupt or truncated"
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            file = io.BytesIO(source) if isinstance(source, bytes) else source
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        blocked, other = _BLOCKED_GLOBAL.search(str(err)), _BLOCKED_OTHER.search(str(err))
+        if blocked is None:
+            detail = other.group(1) if other else str(err).splitlines()[0]
+            raise CheckpointError(f"{unreadable}, or not written by torch.save: {detail})") from err
+        raise CheckpointError(
+            f"{label} contains pickled objects other than tensors (the global {blocked[1].rstrip('.,')}), "
+            f"which vit5 refuses to execute (torch.load with weights_only=True). {hint}".rstrip()
+        ) from err
+    except Exception as err:  # a damaged file fails in many ways (EOF, zip, struct): one message for all
+        raise CheckpointError(f"{unreadable}: {type(err).__name__}: {err})") from err
 
 
 def _unwrap(obj: Any, use_ema: bool, path: Path | str) -> dict[str, torch.Tensor]:

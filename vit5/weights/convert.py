@@ -1,6 +1,6 @@
 """State-dict converters of the official ViT-5 code (``wangf3014/ViT-5`` ``models_vit5.py``: LayerScale
 renamed, RoPE buffers verified and dropped) and of timm ``VisionTransformer`` (same names; a CLS row of the
-APE folded into ``cls_token``, exact), and :func:`infer_config`, the architecture read off the shapes."""
+APE folded into ``cls_token``, exact), and :func:`config_from_checkpoint`, the architecture of the shapes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from vit5.model.config import ConfigError, ViT5Config
 Source = Literal["vit5", "official", "timm"]
 
 _OFFICIAL_RENAMES = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma"}
-_OFFICIAL_ROPE_BUFFERS = {"attn.rope.freqs": "rope", "attn.rope_reg.freqs": "register"}  # rebuilt at run time
+_OFFICIAL_ROPE = {
+    "attn.rope.freqs": ("rope", "rope_theta"),
+    "attn.rope_reg.freqs": ("register_rope", "register_rope_theta"),
+}
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -35,43 +38,38 @@ def detect_source(state_dict: dict[str, torch.Tensor]) -> Source:
 
 
 def from_official(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str, torch.Tensor]:
-    """Map an official ViT-5 state dict (``torch.load(path)["model"]``) to our names."""
+    """An official ViT-5 state dict (``torch.load(path)["model"]``) in our names; its RoPE frequency buffers
+    (rebuilt at run time) must be the ones ``cfg`` computes."""
     out = {}
     for key, value in state_dict.items():
         match = _BLOCK_KEY.match(key)
         rest = match.group(2) if match else None
         if rest in _OFFICIAL_RENAMES:
             out[f"blocks.{match.group(1)}.{_OFFICIAL_RENAMES[rest]}"] = value
-        elif rest in _OFFICIAL_ROPE_BUFFERS:
-            _check_rope_buffer(key, value, cfg, _OFFICIAL_ROPE_BUFFERS[rest])
+        elif rest in _OFFICIAL_ROPE:
+            switch, theta = _OFFICIAL_ROPE[rest]
+            if not getattr(cfg, switch) or (switch == "register_rope" and cfg.num_registers == 0):
+                raise CheckpointError(
+                    f"checkpoint has {key} (a RoPE model) but this model has it off: set {switch}=True"
+                )
+            expected = rope_frequencies(cfg.head_dim, getattr(cfg, theta)).float()
+            if value.shape != expected.shape or not torch.allclose(
+                value.float().cpu(), expected, rtol=1e-4, atol=1e-7
+            ):
+                raise CheckpointError(
+                    f"{key} holds RoPE frequencies {value.flatten()[:3].tolist()}... that differ from this "
+                    f"model's (head_dim {cfg.head_dim}, theta {getattr(cfg, theta)}): "
+                    f"{expected[:3].tolist()}...; check head sizes and {theta}"
+                )
         else:
             out[key] = value
     return out
 
 
-def _check_rope_buffer(key: str, freqs: torch.Tensor, cfg: ViT5Config, kind: str) -> None:
-    enabled = cfg.rope if kind == "rope" else (cfg.register_rope and cfg.num_registers > 0)
-    theta = cfg.rope_theta if kind == "rope" else cfg.register_rope_theta
-    if not enabled:
-        switch = "rope=True" if kind == "rope" else "register_rope=True"
-        raise CheckpointError(f"checkpoint has {key} (a RoPE model) but this model has it off: set {switch}")
-    expected = rope_frequencies(cfg.head_dim, theta).float()
-    if freqs.shape != expected.shape or not torch.allclose(
-        freqs.float().cpu(), expected, rtol=1e-4, atol=1e-7
-    ):
-        raise CheckpointError(
-            f"{key} holds RoPE frequencies {freqs.flatten()[:3].tolist()}... that differ from this model's "
-            f"(head_dim {cfg.head_dim}, theta {theta}): {expected[:3].tolist()}...; check head sizes and "
-            f"{'rope_theta' if kind == 'rope' else 'register_rope_theta'}"
-        )
-
-
 def from_timm(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str, torch.Tensor]:
     """Map a timm ``VisionTransformer`` state dict; folds a CLS row of the APE into ``cls_token``."""
-    out = dict(state_dict)
-    pos = out.get("pos_embed")
-    n_patches = cfg.grid_size[0] * cfg.grid_size[1]
-    if pos is not None and "cls_token" in out and _has_class_row(pos.shape[1], n_patches):
+    out, pos = dict(state_dict), state_dict.get("pos_embed")
+    if pos is not None and "cls_token" in out and _has_class_row(pos.shape[1], math.prod(cfg.grid_size)):
         out["cls_token"] = out["cls_token"] + pos[:, :1]
         out["pos_embed"] = pos[:, 1:]
     return out
@@ -95,46 +93,48 @@ def convert(state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config
     return converters[source](state_dict, cfg)
 
 
-def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[str, Any]:
-    """Architecture fields read off the tensor shapes of an official or timm state dict: sizes, depth,
-    heads (from QK-Norm or RoPE shapes, else 64-dim heads when the width allows), registers, classes, norm,
-    biases and the (square) APE grid."""
-    sd = state_dict
-    try:
-        weight = sd["patch_embed.proj.weight"]
-    except KeyError:
-        raise CheckpointError("not a ViT state dict: it has no 'patch_embed.proj.weight'") from None
-    dim, in_chans, patch = weight.shape[0], weight.shape[1], weight.shape[-1]
+def config_from_checkpoint(sd: dict[str, torch.Tensor], source: Source, **overrides: Any) -> ViT5Config:
+    """The architecture of an official or timm state dict, read off its shapes (heads from QK-Norm or RoPE
+    shapes, else 64-dim heads when the width allows; the image size from a square APE), with ``overrides``."""
+    if "patch_embed.proj.weight" not in sd:
+        raise CheckpointError("not a ViT state dict: it has no 'patch_embed.proj.weight'")
+    weight, official = sd["patch_embed.proj.weight"], source == "official"
+    dim, patch = weight.shape[0], weight.shape[-1]
     blocks = [int(m.group(1)) for k in sd if (m := _BLOCK_KEY.match(k))]
     if not blocks or "blocks.0.mlp.fc1.weight" not in sd:
         raise CheckpointError(
             "not a ViT / ViT-5 state dict this loader understands: it needs blocks.N.* with a GELU MLP "
             "(blocks.0.mlp.fc1.weight); for other timm models use timm.create_model and load_state_dict"
         )
-    depth = 1 + max(blocks)
-    official = source == "official"
-    head_dim = _infer_head_dim(sd, official)
+    q_norm, freqs = sd.get("blocks.0.attn.q_norm.weight"), sd.get("blocks.0.attn.rope.freqs")
+    head_dim = (
+        q_norm.shape[0] if q_norm is not None else 4 * freqs.shape[0] if official and freqs is not None else 0
+    )
+    if head_dim or dim % 64 == 0:  # else the standard 64 when the width allows
+        overrides.setdefault("num_heads", dim // (head_dim or 64))
+    elif "num_heads" not in overrides:
+        raise CheckpointError(
+            f"cannot infer the number of attention heads of this {source} checkpoint (width {dim}, no "
+            "QK-Norm or RoPE shapes to read it from): pass num_heads=..."
+        )
     out: dict[str, Any] = dict(
         patch_size=patch,
-        in_chans=in_chans,
+        in_chans=weight.shape[1],
         embed_dim=dim,
-        depth=depth,
+        depth=1 + max(blocks),
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
         norm="layernorm" if "norm.bias" in sd else "rmsnorm",
         qkv_bias="blocks.0.attn.qkv.bias" in sd,
-        qk_norm="blocks.0.attn.q_norm.weight" in sd,
+        qk_norm=q_norm is not None,
         class_token="cls_token" in sd,
         num_registers=sd["reg_token"].shape[1] if "reg_token" in sd else 0,
         ape="pos_embed" in sd,
         layer_scale=1e-4 if ("blocks.0.gamma_1" in sd or "blocks.0.ls1.gamma" in sd) else None,
         mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / dim,
-        rope="blocks.0.attn.rope.freqs" in sd if official else False,
-        register_rope="blocks.0.attn.rope_reg.freqs" in sd if official else False,
+        rope=official and freqs is not None,
+        register_rope=official and "blocks.0.attn.rope_reg.freqs" in sd,
+        **({} if "cls_token" in sd else {"global_pool": "avg"}),
     )
-    if head_dim is not None:
-        out["num_heads"] = dim // head_dim
-    if not out["class_token"]:
-        out["global_pool"] = "avg"
     if "pos_embed" in sd:
         rows = sd["pos_embed"].shape[1]
         if not official and out["class_token"] and _has_class_row(rows, -1):
@@ -145,29 +145,8 @@ def infer_config(state_dict: dict[str, torch.Tensor], source: Source) -> dict[st
                 "create the model by preset name with img_size=... and pass pretrained=PATH"
             )
         out["img_size"] = math.isqrt(rows) * patch
-    return out
-
-
-def _infer_head_dim(sd: dict[str, torch.Tensor], official: bool) -> int | None:
-    """From the QK-Norm or RoPE shapes; else the standard 64 when the width allows; else unknown."""
-    if "blocks.0.attn.q_norm.weight" in sd:
-        return sd["blocks.0.attn.q_norm.weight"].shape[0]
-    if official and "blocks.0.attn.rope.freqs" in sd:
-        return 4 * sd["blocks.0.attn.rope.freqs"].shape[0]
-    return 64 if sd["patch_embed.proj.weight"].shape[0] % 64 == 0 else None
-
-
-def config_from_checkpoint(
-    state_dict: dict[str, torch.Tensor], source: Source, **overrides: Any
-) -> ViT5Config:
-    inferred = infer_config(state_dict, source)
-    if "num_heads" not in inferred and "num_heads" not in overrides:
-        raise CheckpointError(
-            f"cannot infer the number of attention heads of this {source} checkpoint (width "
-            f"{inferred['embed_dim']}, no QK-Norm or RoPE shapes to read it from): pass num_heads=..."
-        )
     try:
-        return ViT5Config.from_dict({**inferred, **overrides})
+        return ViT5Config.from_dict({**out, **overrides})
     except ConfigError as err:
         raise CheckpointError(
             f"the inferred architecture is invalid ({err}); pass the preset name instead"

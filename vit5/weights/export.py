@@ -1,7 +1,6 @@
 """Deployment: a ``torch.export`` program or an ONNX file (torch's dynamo exporter) of a model, checked
-against eager torch. The batch is dynamic by default; ``dynamic_size=True`` frees height and width from
-the model's own ``img_size`` upward (eager torch shrinks the APE with antialiasing, which one branch-free
-graph cannot do). ONNX files are staged beside the target and renamed into place, the graph last."""
+against eager torch; a dynamic batch, and with ``dynamic_size=True`` free sides from the model's own size up
+(eager torch shrinks the APE with antialiasing, which one branch-free graph cannot do)."""
 
 from __future__ import annotations
 
@@ -50,14 +49,15 @@ class OnnxExport:
 
     def __str__(self) -> str:
         size_mb = sum(p.stat().st_size for p in self.files) / 2**20
-        shape = "x".join(str(d) for d in self.input_shape)
-        written = " + ".join(str(p) for p in self.files) or str(self.path)
         check = (
             f"onnxruntime matches torch: max |difference| {self.max_abs_diff:.2e} (tolerance {self.atol:g})"
             if self.max_abs_diff is not None
             else "not checked with onnxruntime"
         )
-        return f"wrote {written} ({size_mb:.1f} MiB, input {shape}) in {self.seconds:.0f} s; {check}"
+        return (
+            f"wrote {' + '.join(map(str, self.files)) or self.path} ({size_mb:.1f} MiB, input "
+            f"{'x'.join(map(str, self.input_shape))}) in {self.seconds:.0f} s; {check}"
+        )
 
 
 def export_program(
@@ -70,13 +70,8 @@ def export_program(
     """``torch.export.export`` of ``model`` (in eval mode) for ``[batch, C, H, W]`` images (``size``
     defaults to the model's own)."""
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
-    with _eval_mode(model):
-        try:
-            return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes)
-        except Exception as err:  # torch's own message follows; ours says what was being exported
-            raise ExportError(
-                f"torch.export failed for {type(model).__name__} at input {tuple(example.shape)}: {err}"
-            ) from err
+    with _exporting(model, "torch.export", example):
+        return torch.export.export(model, (example,), dynamic_shapes=dynamic_shapes)
 
 
 def export_onnx(
@@ -91,12 +86,10 @@ def export_onnx(
     atol: float = DEFAULT_ATOL,
     external_data: bool | None = None,
 ) -> OnnxExport:
-    """Write ``model`` as an ONNX file (input ``"images"`` ``[batch, C, H, W]``, output ``"output"``).
-
-    ``external_data``: weights in ``PATH.data`` (default: only beyond 1.5 GiB, protobuf's limit).
-    ``check``: run it with onnxruntime on random images; an output more than ``atol`` from eager torch
-    raises :class:`ExportError` (the file is kept for inspection). Needs ``pip install 'vit5[export]'``.
-    """
+    """Write ``model`` as an ONNX file (input ``"images"`` ``[batch, C, H, W]``, output ``"output"``), staged
+    beside ``path`` and renamed into place, the graph last. ``external_data``: weights in ``PATH.data``
+    (default: beyond 1.5 GiB, protobuf's limit). ``check``: an onnxruntime output more than ``atol`` from
+    eager torch raises :class:`ExportError` (the file is kept). Needs ``pip install 'vit5[export]'``."""
     missing = [
         name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None
     ]
@@ -110,38 +103,38 @@ def export_onnx(
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
     if external_data is None:
         external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
-    staged = staging_dir(path)
-    start = time.perf_counter()
+    staged, start = staging_dir(path), time.perf_counter()
     try:
-        with _eval_mode(model):
-            try:
-                program = torch.onnx.export(
-                    model,
-                    (example,),
-                    input_names=["images"],
-                    output_names=["output"],
-                    dynamic_shapes=dynamic_shapes,
-                    opset_version=opset,
-                    dynamo=True,
-                    verbose=False,
-                )
-                program.model.metadata_props.update(onnx_metadata(model))
-                program.save(str(staged / path.name), external_data=external_data)
-            except Exception as err:
-                disk = _os_error(err)  # a full disk or a file-size limit, named by the target
-                if disk is not None:
-                    raise storage_error(disk, path) from err
-                raise ExportError(
-                    f"ONNX export failed for {type(model).__name__} at input {tuple(example.shape)}: {err}"
-                ) from err
-        seconds = time.perf_counter() - start
-        diff = onnx_max_abs_diff(model, staged / path.name, example) if check else None
+        with _exporting(model, "ONNX export", example, path):
+            program = torch.onnx.export(
+                model,
+                (example,),
+                input_names=["images"],
+                output_names=["output"],
+                dynamic_shapes=dynamic_shapes,
+                opset_version=opset,
+                dynamo=True,
+                verbose=False,
+            )
+            program.model.metadata_props.update(onnx_metadata(model))
+            program.save(str(staged / path.name), external_data=external_data)
+        seconds, diff = time.perf_counter() - start, None
+        if check:  # largest |onnxruntime - eager torch| on the example images (CPU, fp32)
+            import onnxruntime
+
+            session = onnxruntime.InferenceSession(
+                str(staged / path.name), providers=["CPUExecutionProvider"]
+            )
+            (onnx_out,) = session.run(None, {"images": example.detach().float().cpu().numpy()})
+            with _exporting(model), torch.no_grad():
+                diff = float((torch.from_numpy(onnx_out) - model(example).float().cpu()).abs().max())
         _put_in_place(staged / path.name, path)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     hw = ("height", "width") if dynamic_size else tuple(example.shape[2:])
-    shape = ("batch" if dynamic_batch else example.shape[0], example.shape[1], *hw)
-    report = OnnxExport(path, shape, diff, atol, seconds)
+    report = OnnxExport(
+        path, ("batch" if dynamic_batch else example.shape[0], example.shape[1], *hw), diff, atol, seconds
+    )
     if diff is not None and not diff <= atol:
         raise ExportError(
             f"{report}: above the tolerance, so the export is not faithful (kept for inspection)"
@@ -154,31 +147,19 @@ def _put_in_place(staged: Path, path: Path) -> None:
     """Rename a complete staged export over ``path``: its weights file first, the graph last, so an old graph
     never meets new weights."""
     data, target_data = staged.with_name(path.name + ".data"), path.with_name(path.name + ".data")
+    has_data = data.exists()
     try:
-        for written in (staged, data):
-            if written.exists():
-                fsync_file(written)
-        if data.exists():
+        for written in (staged, data) if has_data else (staged,):
+            fsync_file(written)
+        if has_data:
             path.unlink(missing_ok=True)
             os.replace(data, target_data)
-            os.replace(staged, path)
-        else:
-            os.replace(staged, path)
+        os.replace(staged, path)
+        if not has_data:
             target_data.unlink(missing_ok=True)  # a previous export's weights, now stale
     except OSError as err:
         raise storage_error(err, path) from err
     sync_dir(path.parent)
-
-
-def _os_error(err: BaseException | None) -> OSError | None:
-    """The OS error (disk full, file too large, ...) behind an exporter's exception, if any."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
 
 
 def onnx_metadata(model: nn.Module) -> dict[str, str]:
@@ -195,29 +176,15 @@ def onnx_metadata(model: nn.Module) -> dict[str, str]:
     return meta
 
 
-def onnx_max_abs_diff(model: nn.Module, path: str | os.PathLike, images: torch.Tensor) -> float:
-    """Largest |onnxruntime - eager torch| over the outputs for ``images`` (CPU, fp32)."""
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    images = images.detach().float().cpu()
-    (onnx_out,) = session.run(None, {session.get_inputs()[0].name: images.numpy()})
-    with _eval_mode(model), torch.no_grad():
-        torch_out = model(images.to(_device(model)))
-    return float((torch.from_numpy(onnx_out) - torch_out.float().cpu()).abs().max())
-
-
 def _example_and_shapes(
     model: nn.Module, size: tuple[int, int] | None, batch: int, dynamic_batch: bool, dynamic_size: bool
 ) -> tuple[torch.Tensor, tuple[dict[int, object]]]:
     cfg = getattr(model, "cfg", None)
     in_chans, *own = (cfg.in_chans, *cfg.img_size) if cfg is not None else model.pretrained_cfg["input_size"]
-    size = tuple(size) if size is not None else tuple(own)
-    patch = cfg.patch_size if cfg is not None else 1
+    size, patch = tuple(size) if size is not None else tuple(own), cfg.patch_size if cfg is not None else 1
     if len(size) != 2 or batch < 1:
         raise ExportError(f"size must be (height, width) and batch >= 1, got size {size}, batch {batch}")
-    grid = grid_of(size, patch, error=ExportError)
-    dims: dict[int, object] = {}
+    grid, dims = grid_of(size, patch, error=ExportError), {}
     if dynamic_batch:
         batch = max(batch, 2)  # torch.export specialises a dimension of size 1: trace with 2 to keep it free
         dims[0] = torch.export.Dim("batch", min=1, max=4096)
@@ -238,11 +205,26 @@ def _device(model: nn.Module) -> torch.device:
 
 
 @contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode for the duration, then the caller's mode back."""
+def _exporting(
+    model: nn.Module, what: str = "", example: torch.Tensor | None = None, path: Path | None = None
+) -> Iterator[None]:
+    """Eval mode for the duration, then the caller's mode back; an exporter's failure (``what``) is one
+    :class:`ExportError`, or a storage error naming ``path`` when an OS error (a full disk) is behind it."""
     was_training = model.training
     model.eval()
     try:
         yield
+    except Exception as err:
+        if not what:
+            raise
+        cause, seen = err, set()  # a full disk or a file-size limit deep in the exporter's exception chain
+        while cause is not None and not isinstance(cause, OSError) and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        if path is not None and isinstance(cause, OSError):
+            raise storage_error(cause, path) from err
+        raise ExportError(
+            f"{what} failed for {type(model).__name__} at input {tuple(example.shape)}: {err}"
+        ) from err
     finally:
         model.train(was_training)

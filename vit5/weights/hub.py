@@ -1,9 +1,6 @@
-"""The official ViT-5 weights by name, and every transfer to and from the Hugging Face Hub.
-
-The released checkpoints (Hub repo ``FengWang3211/ViT-5``, github.com/wangf3014/ViT-5 README) get timm
-names (``vit5_small_patch16_224.in1k``). Downloads go through ``hf_hub_download`` (its cache,
-``revision=``, ``HF_HUB_OFFLINE``), cache first; every failure is one :class:`CheckpointError` with the fix.
-"""
+"""The official ViT-5 weights by timm name (Hub repo ``FengWang3211/ViT-5``, github.com/wangf3014/ViT-5
+README) and every transfer to and from the Hugging Face Hub: downloads through ``hf_hub_download`` (its
+cache, ``revision=``, ``HF_HUB_OFFLINE``), cache first; every failure is one :class:`CheckpointError`."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +21,9 @@ from huggingface_hub import HfApi, errors
 
 from vit5.files import atomic_write_text
 from vit5.model.presets import PRESETS, closest_preset
-from vit5.model.vit import ViT5, default_pretrained_cfg
+from vit5.model.vit import ViT5
 from vit5.weights.convert import CheckpointError
 
-OFFICIAL_REPO = "FengWang3211/ViT-5"
 HF_HUB_PREFIX = "hf-hub:"
 PAPER_ID = "arXiv:2602.08071"
 PAPER_NAME = "ViT-5: Vision Transformers for the Mid-2020s"
@@ -40,31 +36,10 @@ class Release:
 
     name: str
     top1: float
-    repo: str = OFFICIAL_REPO
-
-    @property
-    def arch(self) -> str:
-        return self.name.partition(".")[0]
-
-    @property
-    def filename(self) -> str:
-        return f"{self.arch}.pth"
-
-    @property
-    def img_size(self) -> int:
-        return PRESETS[self.arch]["img_size"]
-
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's pretrained config: where the file lives and how the authors evaluated it."""
-        return dict(
-            default_pretrained_cfg(self.img_size),
-            hf_hub_id=self.repo,
-            hf_hub_filename=self.filename,
-            num_classes=1000,
-            paper_ids=PAPER_ID,
-            paper_name=PAPER_NAME,
-            origin_url="https://github.com/wangf3014/ViT-5",
-        )
+    repo: str = "FengWang3211/ViT-5"
+    arch = property(lambda self: self.name.partition(".")[0])
+    filename = property(lambda self: f"{self.arch}.pth")
+    img_size = property(lambda self: PRESETS[self.arch]["img_size"])
 
 
 RELEASES: dict[str, Release] = {
@@ -110,17 +85,10 @@ def split_revision(repo: str) -> tuple[str, str | None]:
 def _network_errors() -> tuple[type[BaseException], ...]:
     """A proxy refusal, a missing network or a timeout in the HTTP library of this huggingface_hub."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for name in (
-        "httpx2.TransportError",
-        "httpx.TransportError",
-        "requests.ConnectionError",
-        "requests.Timeout",
-    ):
-        module, _, attr = name.partition(".")
-        try:
+    names = "httpx2.TransportError httpx.TransportError requests.ConnectionError requests.Timeout"
+    for module, _, attr in (name.partition(".") for name in names.split()):
+        with suppress(ImportError):
             found.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError):
-            continue
     return tuple(found)
 
 
@@ -129,22 +97,15 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 LOCAL_FORM = "pretrained=PATH"  # how the errors say to pass a local copy; model specs say theirs
 
 
-class _Unreachable(Exception):
-    """The Hub could not be asked (proxy, network, timeout, 5xx) and nothing is cached."""
-
-
 def download(
     repo_id: str,
     filenames: str | Sequence[str],
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """The local path of the first of ``filenames`` that ``repo_id`` has (timm's order of files).
-
-    A cached file that cannot change (the released weights, a commit) is used without the network;
-    otherwise the Hub is asked once (``HF_HUB_ETAG_TIMEOUT``, no retries), and a proxy refusal, missing
-    network, timeout or 5xx falls back to the cached copy with a warning, or is one error within seconds.
-    """
+    """The local path of the first of ``filenames`` that ``repo_id`` has. A cached file that cannot change (a
+    release, a commit) is used without the network; else the Hub is asked once (``HF_HUB_ETAG_TIMEOUT``), and
+    a proxy refusal, no network, a timeout or a 5xx falls back to the cached copy with a warning, or fails."""
     filenames = (filenames,) if isinstance(filenames, str) else tuple(filenames)
     timeout = hf.constants.HF_HUB_ETAG_TIMEOUT
     fetch = dict(revision=revision, cache_dir=cache_dir, library_name="vit5", etag_timeout=timeout)
@@ -163,13 +124,12 @@ def download(
                     continue
                 raise
             except (*NETWORK_ERRORS, errors.HfHubHTTPError) as err:
-                if isinstance(err, errors.HfHubHTTPError) and not _server_error(err):
-                    raise  # 401, 403, 404 of the repo: the Hub answered, clear_hub_errors says what
-                if cached is None:
-                    raise _Unreachable(err) from err
-                reason = _why(err)
+                status = getattr(getattr(err, "response", None), "status_code", 500)
+                answered = isinstance(err, errors.HfHubHTTPError) and status < 500 and status != 407
+                if cached is None or answered:  # 401, 403, 404 or nothing cached: clear_hub_errors says what
+                    raise
                 logger.warning(
-                    f"the Hub could not be reached ({reason}): using the cached {cached.name} of {repo_id}"
+                    f"the Hub could not be reached ({_why(err)}): using the cached {cached.name} of {repo_id}"
                 )
                 return cached
             return Path(hf.hf_hub_download(repo_id, filename, **fetch))
@@ -184,11 +144,6 @@ def cached_path(
     except ValueError:  # a malformed repo id: the download says so
         return None
     return Path(found) if isinstance(found, str) else None
-
-
-def _server_error(err: errors.HfHubHTTPError) -> bool:
-    status = getattr(getattr(err, "response", None), "status_code", 0)
-    return status >= 500 or status == 407
 
 
 def _why(err: BaseException) -> str:
@@ -224,28 +179,25 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
     try:
         yield
     except Exception as err:
-        cause = err.__cause__ if isinstance(err, _Unreachable) else err
-        if isinstance(err, _Unreachable):
-            why = (
-                f"the Hub could not be reached ({_why(cause)}) and it is not in the cache {cache}; {by_hand}"
-            )
-        elif isinstance(err, errors.LocalEntryNotFoundError):
-            offline = hf.constants.HF_HUB_OFFLINE
-            reason = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached (no network?)"
-            why = f"it is not in the cache {cache} and {reason}; {by_hand}"
-        elif isinstance(err, errors.RevisionNotFoundError):
-            why = f"the repo has no revision {revision!r}"
-        elif isinstance(err, errors.RepositoryNotFoundError):
-            why = "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)"
-        elif isinstance(err, errors.EntryNotFoundError):
-            why = "the repo has no such file"
-        elif isinstance(err, errors.HfHubHTTPError):
-            why = f"the Hub answered {err}; {by_hand}"
-        elif isinstance(err, NETWORK_ERRORS):  # during the download itself
-            why = f"{_why(err)}; {by_hand}"
-        else:
+        offline = "HF_HUB_OFFLINE is set" if hf.constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        reasons = (  # the first match: subclasses before their bases
+            (errors.LocalEntryNotFoundError, f"it is not in the cache {cache} and {offline}; {by_hand}"),
+            (errors.RevisionNotFoundError, f"the repo has no revision {revision!r}"),
+            (
+                errors.RepositoryNotFoundError,
+                "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)",
+            ),
+            (errors.EntryNotFoundError, "the repo has no such file"),
+            (errors.HfHubHTTPError, f"the Hub answered {err}; {by_hand}"),
+            (
+                NETWORK_ERRORS,
+                f"the Hub could not be reached ({_why(err)}), it is not in the cache {cache}; {by_hand}",
+            ),
+        )
+        why = next((text for kind, text in reasons if isinstance(err, kind)), None)
+        if why is None:
             raise
-        raise CheckpointError(f"cannot load {where}: {why}") from cause
+        raise CheckpointError(f"cannot load {where}: {why}") from err
 
 
 def cached_copy_advice(path: Path) -> str:
@@ -301,15 +253,14 @@ def stage_for_hub(model: ViT5 | str | os.PathLike, folder: Path, repo_id: str) -
                 f"{directory} is not a vit5 checkpoint directory; to upload other weights, load them first "
                 "(model = vit5.load_model(path)) and push the model"
             )
-        model = load_model(directory)
-        has_ema = (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
+        model, has_ema = load_model(directory), (directory / ckpt.EMA_WEIGHTS_NAME).is_file()
         ema = ckpt.read_checkpoint(directory, use_ema=True).state_dict if has_ema else None
-        data = json.loads((directory / ckpt.CONFIG_NAME).read_text())
-        extra = {k: v for k, v in data.items() if k not in ckpt.hub_config(model)}
-        ckpt.save_pretrained(model, folder, ema_state_dict=ema, extra=extra)
-    params = sum(p.numel() for p in model.parameters())
+        data = json.loads((directory / ckpt.CONFIG_NAME).read_text())  # its extra keys (epoch, run, ...) too
+        ckpt.save_pretrained(model, folder, ema, data)
     table = "\n".join(f"| {k} | {v} |" for k, v in model.cfg.to_dict().items())
-    card = f"""---
+    atomic_write_text(
+        folder / "README.md",
+        f"""---
 library_name: timm
 tags: [image-classification, timm, vit5]
 license: apache-2.0
@@ -317,7 +268,7 @@ license: apache-2.0
 # {repo_id.split("/")[-1]}
 
 A ViT-5 model ({PAPER_NAME}, {PAPER_ID}) saved by vit5 as `{closest_preset(model.cfg)}` with \
-{params / 1e6:.1f}M parameters.
+{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters.
 
 ```python
 import timm, vit5  # importing vit5 registers its architectures in timm
@@ -328,6 +279,6 @@ model = timm.create_model("{HF_HUB_PREFIX}{repo_id}", pretrained=True)  # the sa
 | config | value |
 |---|---|
 {table}
-"""
-    atomic_write_text(folder / "README.md", card)
+""",
+    )
     return folder
