@@ -1,4 +1,5 @@
-"""Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
+"""Classification on an ImageFolder split: top-1, top-5, loss, per-class accuracy, confusion, speed, and
+accuracy against input resolution (ViT-5 resamples its APE and builds 2D RoPE for any patch grid).
 
 Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5 at
 b7b0796): resize by ``1 / crop_ratio`` (bicubic), centre crop, normalise. Under ``accelerate launch`` each
@@ -9,25 +10,38 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
+from matplotlib.figure import Figure  # not pyplot: importing vit5.eval leaves the user's backend alone
 from tqdm.auto import tqdm
 
-from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, class_names_change, eval_transform
+from vit5 import plotstyle as S
+from vit5.data import ImageFolderDataset, ImageFolderError, class_names_change
 from vit5.errors import InputError, name_list
-from vit5.eval.backbone import EVAL_FIX, check_forward_memory
-from vit5.eval.images import LabelledImages, bad_file_reason
-from vit5.eval.load import LoadedModel
-from vit5.eval.metrics import ClassificationMeter, ClassificationScores
-from vit5.eval.report import format_table
+from vit5.eval.common import (
+    EVAL_FIX,
+    LoadedModel,
+    Size,
+    bad_file_reason,
+    check_forward_memory,
+    confusion_matrix,
+    format_table,
+    labelled_loader,
+    refuse,
+)
 from vit5.introspect import patch_size_of
-from vit5.layers.patch_embed import grid_of
+from vit5.layers.patch_embed import grid_of, round_to_patch
 from vit5.runtime import default_workers, fit_threads, fit_workers
+
+DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
+RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
 
 
 @dataclass(frozen=True)
@@ -40,16 +54,58 @@ class ClassifySettings:
     num_workers: int | None = None  # None: vit5.runtime.default_workers() (min(4, CPUs - 1))
 
     def __post_init__(self) -> None:
-        if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
-            raise InputError(f"size must be a positive (height, width) pair, got {self.size}")
-        if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
-            raise InputError(
-                f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}"
-            )
-        if self.batch_size < 1 or (self.num_workers is not None and self.num_workers < 0):
-            raise InputError(
-                f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
-            )
+        size, crop, workers = self.size, self.crop_ratio, self.num_workers
+        refuse(
+            (
+                size is None or (len(size) == 2 and min(size) > 0),
+                f"size must be a positive (height, width) pair, got {size}",
+            ),
+            (
+                crop is None or 0.0 < crop <= 1.0,
+                f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {crop}",
+            ),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (workers is None or workers >= 0, f"num_workers must be >= 0, got {workers}"),
+        )
+
+
+@dataclass(frozen=True)
+class ClassificationScores:
+    num_images: int
+    top1: float  # fractions in [0, 1]
+    top5: float  # top-k with k = min(5, num_classes)
+    loss: float  # mean cross-entropy
+    confusion: np.ndarray  # rows: true classes, as scikit-learn
+
+    @property
+    def per_class_accuracy(self) -> np.ndarray:
+        """Recall of each class; NaN for a class with no images."""
+        counts = self.confusion.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, np.diag(self.confusion) / counts, np.nan)
+
+
+class ClassificationMeter:
+    """Accumulates top-1/top-5 hits, summed cross-entropy and the confusion matrix batch by batch."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes, self.k = num_classes, min(5, num_classes)
+        self.topk, self.loss_sum = 0, 0.0
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        logits, targets = logits.detach().float().cpu(), targets.detach().long().cpu()
+        ranked = logits.topk(self.k, dim=1).indices
+        self.topk += int((ranked == targets[:, None]).any(dim=1).sum())
+        self.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+        self.confusion += confusion_matrix(targets, ranked[:, 0], self.num_classes)
+
+    def compute(self) -> ClassificationScores:
+        count = int(self.confusion.sum())
+        n, top1 = max(count, 1), int(self.confusion.trace())
+        return ClassificationScores(
+            count, top1 / n, self.topk / n, self.loss_sum / n, self.confusion.numpy().copy()
+        )
 
 
 @dataclass
@@ -72,13 +128,11 @@ class ClassifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("scores", "note")}
-        scores = {"num_images": s.num_images, "top1": s.top1, "top5": s.top5, "loss": s.loss}
-        per_class = dict(zip(self.class_names, s.per_class_accuracy.tolist()))
         return {
             **doc,
-            **scores,
+            **{k: getattr(s, k) for k in ("num_images", "top1", "top5", "loss")},
             "images_per_s": self.images_per_s,
-            "per_class_accuracy": per_class,
+            "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
             "confusion_matrix": s.confusion,
             "label_mapping": self.note,
         }
@@ -102,24 +156,22 @@ def evaluate(
     """Evaluate ``loaded`` on ``dataset`` (its files and class names; its own transform is unused)."""
     accelerator = accelerator or Accelerator()
     labels, class_names, note = label_map(loaded, dataset)
-    num_classes = len(class_names)
     size = tuple(settings.size or loaded.input_size)
     patch = patch_size_of(loaded.model)
     if patch is not None:
         grid_of(size, patch, EVAL_FIX, InputError)
         width = getattr(loaded.model, "embed_dim", None) or getattr(loaded.model, "num_features", 0)
         check_forward_memory(patch, int(width), settings.batch_size, size, accelerator.device)
-    crop = settings.crop_ratio or loaded.crop_pct
-    transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
-    images = LabelledImages(dataset.samples, transform, size)
     workers = default_workers() if settings.num_workers is None else settings.num_workers
     workers, clamped = fit_workers(workers, "--workers")
     if clamped:
         warnings.warn(clamped, stacklevel=2)
     fit_threads(workers, accelerator.device)  # the CPUs the workers leave free, on a CPU device
-    loader = accelerator.prepare(build_loader(images, settings.batch_size, train=False, num_workers=workers))
+    crop = settings.crop_ratio or loaded.crop_pct
+    loader = labelled_loader(loaded, dataset.samples, size, crop, settings.batch_size, workers)
+    loader = accelerator.prepare(loader)
     model = loaded.model.to(accelerator.device).eval()
-    meter, bad = ClassificationMeter(num_classes), []
+    meter, bad = ClassificationMeter(len(class_names)), []
     start = time.perf_counter()
     bar = tqdm(
         loader,
@@ -128,19 +180,15 @@ def evaluate(
     )
     with torch.inference_mode():
         for batch, targets, indices, ok in bar:
-            logits = model(batch)
             logits, targets, indices, ok = accelerator.gather_for_metrics(
-                (logits, targets, indices, ok.to(torch.uint8))
+                (model(batch), targets, indices, ok.to(torch.uint8))
             )
             ok = ok.bool()
             meter.update(logits[ok], labels[targets[ok].cpu()])
             bad += indices[~ok].tolist()
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
-    skipped = [
-        {"path": dataset.samples[i][0], "reason": bad_file_reason(dataset.samples[i][0])}
-        for i in sorted(set(bad))
-    ]
+    paths = [dataset.samples[i][0] for i in sorted(set(bad))]
     return ClassifyResult(
         model=loaded.label,
         weights=loaded.weights,
@@ -151,7 +199,7 @@ def evaluate(
         scores=meter.compute(),
         seconds=seconds,
         num_processes=accelerator.num_processes,
-        skipped=skipped,
+        skipped=[{"path": p, "reason": bad_file_reason(p)} for p in paths],
         note=note,
     )
 
@@ -214,7 +262,128 @@ def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
     rank = np.nan_to_num(acc, nan=np.inf)  # classes without images last
     order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
     rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
-    title = f"per-class accuracy, {result.model}" + (
-        f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
+    worst = f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
+    return format_table(
+        ("class", "images", "accuracy %"), rows, title=f"per-class accuracy, {result.model}{worst}"
     )
-    return format_table(("class", "images", "accuracy %"), rows, title=title)
+
+
+def parse_scale(text: str) -> tuple[float, float]:
+    """``"1.5"`` -> (1.5, 1.5); ``"1x2"`` -> height x1, width x2."""
+    try:
+        values = [float(p) for p in text.lower().split("x")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values, default=0) <= 0:
+        raise InputError(f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)")
+    return (values[0], values[-1])
+
+
+def sizes_from_scales(scales: Sequence[str], base: Size, patch_size: int) -> list[Size]:
+    """Scales of ``base`` (H, W), rounded to patch multiples, duplicates dropped, order kept."""
+    sizes = [round_to_patch((base[0] * sh, base[1] * sw), patch_size) for sh, sw in map(parse_scale, scales)]
+    return list(dict.fromkeys(sizes))
+
+
+def run_sweep(
+    models: Sequence[LoadedModel],
+    dataset: ImageFolderDataset,
+    sizes: Sequence[Size],
+    settings: ClassifySettings | None = None,
+    accelerator: Accelerator | None = None,
+    progress: bool = True,
+) -> list[ClassifyResult]:
+    """One :func:`evaluate` per (model, size), same data and crop ratio (0.5x to 2x, non-square too)."""
+    if not sizes:
+        raise InputError("the sweep needs at least one size")
+    accelerator, settings = accelerator or Accelerator(), settings or ClassifySettings()
+    return [
+        evaluate(loaded, dataset, replace(settings, size=tuple(size)), accelerator, progress)
+        for loaded in models
+        for size in sizes
+    ]
+
+
+def sweep_table(results: Sequence[ClassifyResult], metric: str = "top1") -> str:
+    """Rows: input sizes; columns: models; cells: top-1 (or top-5) in %."""
+    labels = list(dict.fromkeys(r.model for r in results))
+    cell = {(r.model, r.size): 100 * getattr(r.scores, metric) for r in results}
+    rows = [
+        (f"{h}x{w}", *(cell.get((m, (h, w))) for m in labels))
+        for h, w in dict.fromkeys(r.size for r in results)
+    ]
+    return format_table(("size", *labels), rows, title=f"{metric} % against input size")
+
+
+def sweep_records(results: Sequence[ClassifyResult]) -> list[dict]:
+    """Compact JSON rows (no confusion matrices)."""
+    return [{k: r.to_dict()[k] for k in RECORD_KEYS} for r in results]
+
+
+def plot_confusion(
+    confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Row-normalised confusion matrix (each row: where the images of one true class went); class names
+    up to 40 classes, counts in the cells up to 15."""
+    confusion = np.asarray(confusion, dtype=np.float64)
+    rows = confusion.sum(axis=1, keepdims=True)
+    normalised = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
+    n = len(class_names)
+    side = min(4 + 0.35 * n, 16)
+    fig = Figure(figsize=(side + 1.5, side))
+    ax = fig.subplots()
+    image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    if n <= 40:
+        ax.set_xticks(range(n), class_names, rotation=90 if n > 12 else 0)
+        ax.set_yticks(range(n), class_names)
+    for (i, j), value in np.ndenumerate(confusion if n <= 15 else ()):
+        if value:
+            colour = "white" if normalised[i, j] > 0.5 else "black"
+            ax.text(j, i, int(value), ha="center", va="center", fontsize=7, color=colour)
+    S.style_axes(
+        ax, title or "confusion matrix (counts; colour = row fraction)", "predicted class", "true class"
+    )
+    ax.grid(False)
+    return _save(fig, path)
+
+
+def sweep_plot(
+    results: Sequence[ClassifyResult], path: str | os.PathLike[str], train_size: Size | None = None
+) -> Path:
+    """Top-1 against sqrt(H * W) per model; square sizes joined by a line, others as hollow markers
+    labelled HxW (extrapolation of RoPE and the resampled APE)."""
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
+    labelled: dict[Size, int] = {}  # size -> label row, so labels at one x do not overlap
+    for index, model in enumerate(dict.fromkeys(r.model for r in results)):
+        points = [(r.size, 100 * r.scores.top1) for r in results if r.model == model]
+        square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
+        line = ax.plot(
+            [x for x, _ in square], [v for _, v in square], label=model, **S.line_kwargs(index, 0)
+        )[0]
+        for (h, w), value in points:
+            if h == w:
+                continue
+            xy = (np.sqrt(h * w), value)
+            ax.scatter(*xy, facecolors="none", edgecolors=line.get_color(), s=60, zorder=3)
+            if (h, w) not in labelled:  # once per size, not per model
+                row = labelled[(h, w)] = sum(hh * ww == h * w for hh, ww in labelled)
+                ax.annotate(f"{h}x{w}", xy, textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
+    if train_size is not None:
+        ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
+    S.style_axes(
+        ax,
+        "accuracy against input resolution",
+        "input side sqrt(H x W) in pixels (hollow: non-square)",
+        "top-1 %",
+    )
+    S.legend(ax)
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return Path(path)

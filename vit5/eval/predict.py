@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vit5.data import build_loader, eval_transform
 from vit5.errors import InputError
-from vit5.eval.images import LabelledImages, bad_file_reason, list_images
-from vit5.eval.load import LoadedModel
+from vit5.eval.common import LoadedModel, bad_file_reason, labelled_loader, list_images
 from vit5.files import atomic_write_text
 from vit5.model.vit import unwrap
 
@@ -77,9 +75,7 @@ def predict(
     topk = min(topk, len(names.names))
     _, files = list_images(images)
     size = tuple(size or loaded.input_size)
-    transform = eval_transform(size, crop_ratio=loaded.crop_pct, mean=loaded.mean, std=loaded.std)
-    data = LabelledImages([(str(f), -1) for f in files], transform, size)
-    loader = build_loader(data, batch_size, train=False, num_workers=num_workers)
+    loader = labelled_loader(loaded, [(str(f), -1) for f in files], size, None, batch_size, num_workers)
     model = loaded.model.to(device).eval()
     results: list[Prediction] = []
     bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not progress)
