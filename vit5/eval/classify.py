@@ -30,11 +30,11 @@ from vit5.eval.common import (
     LoadedModel,
     Size,
     bad_file_reason,
+    check_fields,
     check_forward_memory,
     confusion_matrix,
     format_table,
     labelled_loader,
-    refuse,
 )
 from vit5.introspect import patch_size_of
 from vit5.layers.patch_embed import grid_of, round_to_patch
@@ -54,18 +54,16 @@ class ClassifySettings:
     num_workers: int | None = None  # None: vit5.runtime.default_workers() (min(4, CPUs - 1))
 
     def __post_init__(self) -> None:
-        size, crop, workers = self.size, self.crop_ratio, self.num_workers
-        refuse(
+        check_fields(
+            self,
+            ("size", lambda v: v is None or (len(v) == 2 and min(v) > 0), "a positive (height, width) pair"),
             (
-                size is None or (len(size) == 2 and min(size) > 0),
-                f"size must be a positive (height, width) pair, got {size}",
+                "crop_ratio",
+                lambda v: v is None or 0 < v <= 1,
+                "in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic)",
             ),
-            (
-                crop is None or 0.0 < crop <= 1.0,
-                f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {crop}",
-            ),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (workers is None or workers >= 0, f"num_workers must be >= 0, got {workers}"),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("num_workers", lambda v: v is None or v >= 0, ">= 0"),
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,11 +29,11 @@ Size = tuple[int, int]
 EVAL_FIX = "use e.g. {h}x{w}"  # the fix a size error names in eval (it takes --size HxW)
 
 
-def refuse(*checks: tuple[bool, str]) -> None:
-    """Settings validation as data: an InputError with the message of the first failed ``(ok, message)``."""
-    for ok, message in checks:
-        if not ok:
-            raise InputError(message)
+def check_fields(obj: Any, *rules: tuple[str, Callable[[Any], bool], str]) -> None:
+    """Validation as data: ``(field, check, what it must be)`` rules; the first failure is one InputError."""
+    for name, ok, what in rules:
+        if not ok(getattr(obj, name)):
+            raise InputError(f"{name} must be {what}, got {getattr(obj, name)!r}")
 
 
 def load_models(
@@ -48,9 +48,7 @@ def load_models(
     return [load_spec(spec, overrides, use_ema=use_ema, random_init=random_init) for use_ema in kinds]
 
 
-def list_images(
-    source: str | os.PathLike[str], extensions: Sequence[str] = IMAGE_EXTENSIONS
-) -> tuple[Path, list[Path]]:
+def list_images(source: str | os.PathLike[str]) -> tuple[Path, list[Path]]:
     """``(root, files)``: every image under folder ``source`` (recursive, sorted, hidden entries
     skipped), or ``source`` itself when it is a file (then ``root`` is its folder)."""
     source = Path(source)
@@ -58,10 +56,10 @@ def list_images(
         return source.parent, [source]
     if not source.is_dir():
         raise InputError(f"image source {source} does not exist; pass an image file or a folder of images")
-    files = image_files(source, extensions)
+    files = image_files(source)
     if not files:
         raise InputError(
-            f"no images with extensions {sorted({e.lower() for e in extensions})} under {source}"
+            f"no images with extensions {sorted({e.lower() for e in IMAGE_EXTENSIONS})} under {source}"
         )
     return source, files
 

@@ -33,11 +33,11 @@ from vit5.eval.common import (
     EVAL_FIX,
     LoadedModel,
     Size,
+    check_fields,
     dense_features,
     feature_names,
     list_images,
     own_size,
-    refuse,
     to_jsonable,
     write_json,
 )
@@ -54,16 +54,17 @@ _META_KEY = "vit5_features"
 ENTRY_KEYS = ("path", "file", "image_size", "input_size", "grid")
 
 
-def _is_list_of_dicts(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(f, dict) for f in value)
-
-
 # manifest fields: (key, default when absent, check, what it must be); a crafted one is one clear error
 MANIFEST_FIELDS = (
     ("num_images", 0, lambda v: type(v) is int and v >= 0, "a count"),
     ("source_root", None, lambda v: isinstance(v, str), "a str"),
     ("images", None, lambda v: isinstance(v, list), "a list"),
-    ("failed", [], _is_list_of_dicts, "a list of entries"),
+    (
+        "failed",
+        [],
+        lambda v: isinstance(v, list) and all(isinstance(f, dict) for f in v),
+        "a list of entries",
+    ),
 )
 
 
@@ -83,15 +84,17 @@ class FeatureSettings:
         object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
         if self.size is not None:
             object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
-        refuse(
-            (self.dtype in DTYPES, f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"),
+        check_fields(
+            self,
+            ("dtype", lambda v: v in DTYPES, f"one of {sorted(DTYPES)}"),
             (
-                self.size is None or self.max_side is None,
-                "give either a fixed size or max_side (which limits each image's own size), not both",
+                "max_side",
+                lambda v: v is None or (v >= 1 and self.size is None),
+                ">= 1 and without a fixed size "
+                "(give either a fixed size or max_side, which limits each image's own size, not both)",
             ),
-            (self.max_side is None or self.max_side >= 1, f"max_side must be >= 1, got {self.max_side}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers}"),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("num_workers", lambda v: v >= 0, ">= 0"),
         )
 
 
@@ -256,7 +259,7 @@ def export_features(
     start = time.perf_counter()
     root, paths = list_images(images)
     module, mean, std, info, blocks = prepare(model, settings)  # a bad size leaves no manifest behind
-    chosen = {**{k: v for k, v in asdict(settings).items() if k not in ("batch_size", "num_workers")}}
+    chosen = {k: v for k, v in asdict(settings).items() if k not in ("batch_size", "num_workers")}
     chosen["layers"] = blocks  # absolute: -1 and 11 are the same run
     identity = to_jsonable(
         {"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std}
@@ -278,9 +281,7 @@ def export_features(
     }
     with FolderLock(out_dir, "feature export"):
         old = {} if overwrite or not (out_dir / MANIFEST).is_file() else read_manifest(out_dir)
-        if (
-            old and old.get("run_id") != run_id and old["num_images"] > 0
-        ):  # one that wrote nothing blocks nothing
+        if old and old.get("run_id") != run_id and old["num_images"] > 0:  # an empty one blocks nothing
             changed = "; ".join(f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v)
             raise InputError(
                 f"{out_dir} holds features from another model or other settings "

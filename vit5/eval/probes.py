@@ -33,11 +33,11 @@ from vit5.errors import InputError
 from vit5.eval.common import (
     EVAL_FIX,
     LoadedModel,
+    check_fields,
     confusion_matrix,
     dense_features,
     format_table,
     labelled_loader,
-    refuse,
 )
 from vit5.eval.features import FailedImage, FeatureSettings, extract
 from vit5.introspect import describe
@@ -63,14 +63,12 @@ class ProbeSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        refuse(
-            (
-                bool(self.pools) and set(self.pools) <= set(POOLS),
-                f"pools must be chosen from {POOLS}, got {self.pools}",
-            ),
-            (all(k >= 1 for k in self.knn_k), f"knn_k must be >= 1, got {self.knn_k}"),
-            (self.knn_temperature > 0, f"knn_temperature must be > 0, got {self.knn_temperature}"),
-            (self.logreg_c > 0, f"logreg_c must be > 0, got {self.logreg_c}"),
+        check_fields(
+            self,
+            ("pools", lambda v: bool(v) and set(v) <= set(POOLS), f"chosen from {POOLS}"),
+            ("knn_k", lambda v: all(k >= 1 for k in v), "counts >= 1"),
+            ("knn_temperature", lambda v: v > 0, "> 0"),
+            ("logreg_c", lambda v: v > 0, "> 0"),
         )
 
 
@@ -192,11 +190,12 @@ class SegProbeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
-        refuse(
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+        check_fields(
+            self,
+            ("epochs", lambda v: v >= 1, ">= 1"),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("lr", lambda v: v > 0, "> 0"),
+            ("weight_decay", lambda v: v >= 0, ">= 0"),
         )
 
 

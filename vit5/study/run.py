@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
 from vit5.train.optim import LRSchedule, build_optimizer
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.figures import save_figure
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.stats import TokenStats
 from vit5.weights import save_pretrained
@@ -311,8 +313,8 @@ def run_study(
     train: bool = True,
 ) -> StudyResult:
     """Train (or resume) both twins in alternating chunks of ``checkpoint_every`` steps, measuring them at
-    every checkpoint; then write the final weights, the trajectory figure, the verdict, the held-out
-    canvases and (``analyse``) the register analyses. Stops cleanly at the first checkpoint after
+    every checkpoint; then write the final weights, the trajectory figure, ``verdict.json``, the held-out
+    canvases (``heldout/``) and (``analyse``) the register analyses. Stops at the first checkpoint after
     ``max_minutes`` (rerun to continue); ``train=False`` only writes the outputs."""
     from tqdm.auto import tqdm
 
@@ -368,7 +370,14 @@ def run_study(
     for name, twin in twins.items():
         save_pretrained(twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name})
     result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
-    result.files += write_outputs(result, cfg, held)
+    figure = trajectory_figure(trajectories, cfg)
+    result.files += save_figure(figure, out / "trajectory", ("png", "pdf"))
+    result.files.append(atomic_write_json(out / "verdict.json", result.verdict))
+    (out / "heldout").mkdir(exist_ok=True)  # the metric canvases, for viz compare / viz ttr
+    for image in held.images:
+        result.files.append(out / "heldout" / f"{image.name}.png")
+        if not result.files[-1].is_file():
+            cv2.imwrite(str(result.files[-1]), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
     log(summary_text(result))
     if not result.complete:
         log(f"stopped at step {done} of {cfg.steps}: rerun the same command to continue")
@@ -457,31 +466,11 @@ def summary_text(result: StudyResult) -> str:
     return f"register study at step {v['step']}: {outcome} ({where})\n  {numbers}\n  checks: {checks}"
 
 
-def write_outputs(result: StudyResult, cfg: StudyConfig, held: HeldOut) -> list[Path]:
-    """The trajectory figure, ``verdict.json`` and the metric canvases as PNGs in ``heldout/`` (so
-    ``viz compare`` / ``viz ttr`` can be pointed at exactly them)."""
-    import cv2
-
-    from vit5.viz.figures import save_figure
-
-    files = save_figure(
-        trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
-    )
-    files.append(atomic_write_json(result.out / "verdict.json", result.verdict))
-    (result.out / "heldout").mkdir(exist_ok=True)
-    for image in held.images:
-        files.append(result.out / "heldout" / f"{image.name}.png")
-        if not files[-1].is_file():
-            cv2.imwrite(str(files[-1]), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
-    return files
-
-
 def analyse_twins(
     cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5], log: Callable[[str], None] = print
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from vit5.viz.figures import save_figure
     from vit5.viz.register_ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
