@@ -1,12 +1,7 @@
-"""Dense features for images: per image, the chosen blocks' patch grids, CLS and registers, in memory
-(:func:`iter_features`) or on disk (:func:`export_features`: ``<relative image path>.safetensors`` per image
-plus ``manifest.json``, resumable). vit5 models and timm ViTs alike (:mod:`vit5.introspect`).
-
-Each image runs at one fixed size (resized, aspect not kept) or at its own size rounded to the patch size
-(optionally shrunk to ``max_side``); images of equal input size wait in per-size buckets and run together,
-so the yield order is not the listing order. Every export file is written atomically and records the run
-(model fingerprint + settings) and its source's size and mtime, so a rerun redoes exactly the images not
-done by the same run; features of another run are refused (``overwrite=True`` replaces them)."""
+"""Per image, the chosen blocks' patch grids, CLS and registers (vit5 and timm ViTs), in memory or on disk
+(``<image path>.safetensors`` + ``manifest.json``; each file records the run and its source's size and
+mtime, so a rerun redoes exactly what is missing). Each image runs at a fixed size or its own (patch-rounded,
+``max_side``); equal sizes are batched together, so the yield order is not the listing order."""
 
 from __future__ import annotations
 
@@ -200,8 +195,8 @@ def iter_features(
     images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     settings: FeatureSettings = FeatureSettings(),
 ) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
-    """``(path, {name: tensor})`` for an image folder (recursive), one file, or a list of files; nothing
-    is written. Unreadable images are skipped with a :class:`~vit5.data.BadImageWarning`."""
+    """``(path, {name: tensor})`` for a folder (recursive), a file or a list of files; unreadable images
+    are skipped with a :class:`~vit5.data.BadImageWarning`."""
     paths = list_images(images)[1] if isinstance(images, (str, os.PathLike)) else list(images)
     for item in extract(model, paths, settings):
         if isinstance(item, FailedImage):
@@ -252,9 +247,9 @@ def export_features(
     progress: bool = True,
     manifest_every_s: float = 30.0,
 ) -> ExportSummary:
-    """Extract features for every image under ``images`` (recursive) into ``out_dir``; the manifest is
-    rewritten every ``manifest_every_s`` seconds. Raises InputError (bad settings or source, features of
-    another run) or FolderLocked (another export writes into ``out_dir``: one writer per folder)."""
+    """Features of every image under ``images`` into ``out_dir`` (manifest rewritten every
+    ``manifest_every_s``); InputError for features of another run (unless ``overwrite``), FolderLocked
+    while another export writes there."""
     out_dir, settings = check_output_dir(out_dir, "output folder"), settings or FeatureSettings()
     start = time.perf_counter()
     root, paths = list_images(images)

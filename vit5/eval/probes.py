@@ -1,12 +1,7 @@
-"""Probes on frozen features. Global (the DINO / DINOv2 protocol): encode a train and a val ImageFolder
-split once (eval preprocessing) as CLS or average-pooled patches, fit on train, report val top-1; kNN:
-cosine on L2-normalised features, the k nearest vote with ``exp(sim / T)`` (DINO's weighted kNN, T = 0.07);
-linear probe: standardised features, multinomial L2 ``LogisticRegression``.
-
-Dense (DINOv2's linear segmentation): the chosen blocks' patch features (concatenated, cached in float16),
-standardised per channel, a 1x1 linear layer to class logits, upsampled bilinearly and trained with
-per-pixel cross-entropy; validation logits are upsampled to each mask's own size. Scores as
-mmsegmentation: IoU = TP / (TP + FP + FN), mIoU over the classes with union > 0, pixel accuracy."""
+"""Probes on frozen features. Global, the DINO protocol: CLS or average-pooled features of a train and a val
+split; weighted cosine kNN (votes ``exp(sim / T)``, T = 0.07) and an L2 logistic regression. Dense, DINOv2's
+linear segmentation: standardised patch features, a 1x1 layer, logits upsampled to each mask's size; IoU as
+mmsegmentation (TP / (TP + FP + FN), mIoU over the classes with union > 0)."""
 
 from __future__ import annotations
 

@@ -87,20 +87,14 @@ class StudyConfig:
 
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
+        c, registers = self.canvas, 0 if twin == TWINS[0] else self.registers
+        fixed = dict(img_size=c.size, patch_size=c.patch_size, num_classes=c.num_outputs, class_token=False)
+        fixed.update(global_pool="avg", num_registers=registers)
         sizes = dict(
             embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, **dict(self.model_args)
         )
         try:
-            return preset_config(
-                self.preset,
-                **sizes,
-                img_size=self.canvas.size,
-                patch_size=self.canvas.patch_size,
-                num_classes=self.canvas.num_outputs,
-                class_token=False,
-                global_pool="avg",
-                num_registers=0 if twin == "no_registers" else self.registers,
-            )
+            return preset_config(self.preset, **sizes, **fixed)
         except ConfigError as err:
             raise InputError(f"study model: {err}") from None
 
@@ -250,13 +244,8 @@ class Twin:
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
         adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
         optimizer = build_optimizer(model, adamw, cfg.lr)
-        cosine = ScheduleSection(
-            epochs=cfg.steps,
-            warmup_epochs=cfg.warmup_steps,
-            warmup_lr=cfg.min_lr,
-            min_lr=cfg.min_lr,
-            interval="update",
-        )
+        warmup = dict(warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr)  # one "epoch" = one update
+        cosine = ScheduleSection(epochs=cfg.steps, min_lr=cfg.min_lr, interval="update", **warmup)
         self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
         criterion = partial(loss_fn, task=cfg.canvas.task)
         clip = cfg.grad_clip or None
