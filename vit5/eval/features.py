@@ -343,13 +343,10 @@ def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, pa
 
 def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
     """The manifest entry of an image whose feature file is complete and current, else None."""
-    target = out_dir / (_relative(root, path) + SUFFIX)
-    if not target.is_file():
-        return None
     try:
-        with safe_open(str(target), framework="pt") as f:
+        with safe_open(str(out_dir / (_relative(root, path) + SUFFIX)), framework="pt") as f:
             meta = json.loads((f.metadata() or {})[_META_KEY])
-    except Exception:  # unreadable or foreign file: recompute it
+    except Exception:  # missing, unreadable or foreign file: compute it
         return None
     current = {"run_id": run_id, **_source_stat(path)}
     if (

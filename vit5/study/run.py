@@ -351,7 +351,7 @@ def run_study(
         done = until
         bar.update(done - bar.n)
         a, b = (trajectories[t][-1] for t in TWINS)
-        otr = f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}"
+        otr = "/".join(f"{_value(row, 'outlier_ratio', 'metrics'):.3f}" for row in (a, b))
         bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=otr)
         if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
             break
@@ -390,11 +390,6 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
             f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
             "use another --out, or delete it to start over"
         )
-
-
-def _peak(row: dict, metric: str) -> float:
-    values = [v for v in row["metrics"].get(metric, []) if v is not None]
-    return max(values) if values else float("nan")
 
 
 # success thresholds: outliers in >= half the images, >= 10x fewer with registers
