@@ -49,8 +49,7 @@ def load_models(
 
 
 def list_images(source: str | os.PathLike[str]) -> tuple[Path, list[Path]]:
-    """``(root, files)``: every image under folder ``source`` (recursive, sorted, hidden entries
-    skipped), or ``source`` itself when it is a file (then ``root`` is its folder)."""
+    """``(root, files)``: the images under folder ``source`` (recursive, sorted, no hidden), or one file."""
     source = Path(source)
     if source.is_file():
         return source.parent, [source]
@@ -65,8 +64,7 @@ def list_images(source: str | os.PathLike[str]) -> tuple[Path, list[Path]]:
 
 
 def own_size(image_hw: Size, patch_size: int, max_side: int | None = None) -> Size:
-    """An image's own size, shrunk (aspect kept) to a longer side of at most ``max_side``, rounded to
-    the patch size."""
+    """An image's own size, shrunk (aspect kept) to a longer side <= ``max_side``, patch-rounded."""
     scale = 1.0 if max_side is None else min(1.0, max_side / max(image_hw))
     return round_to_patch((image_hw[0] * scale, image_hw[1] * scale), patch_size)
 
@@ -169,8 +167,7 @@ def dense_features(
 
 
 def confusion_matrix(targets: torch.Tensor, preds: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``[num_classes, num_classes]`` int64 counts of (target, prediction) pairs (rows: true classes, as
-    scikit-learn's, which is much slower on the pixels of a segmentation set)."""
+    """Counts of (target, prediction) pairs, rows: true classes (scikit-learn's, far faster on pixels)."""
     pairs = targets.reshape(-1).long() * num_classes + preds.reshape(-1).long()
     return torch.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 

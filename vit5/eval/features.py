@@ -139,8 +139,7 @@ def _as_is(item: tuple) -> tuple:
 def prepare(
     model: nn.Module | LoadedModel, settings: FeatureSettings
 ) -> tuple[nn.Module, tuple, tuple, ModelInfo, list[int]]:
-    """``(module, mean, std, info, absolute blocks)``; mean/std of a LoadedModel or the timm data config.
-    A bad fixed size or block index fails here, before any work."""
+    """``(module, mean, std, info, absolute blocks)``; a bad size or block index fails here, first."""
     if isinstance(model, LoadedModel):
         module, mean, std = model.model, tuple(model.mean), tuple(model.std)
     else:
@@ -227,8 +226,7 @@ class ExportSummary:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """A short hash of every tensor's name, shape and a strided sample of its values (cheap, and it
-    tells different weights apart)."""
+    """A short hash of every tensor's name, shape and a strided sample of its values (cheap, exact enough)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().flatten()

@@ -135,8 +135,7 @@ def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
 
 
 def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools
-    see them."""
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]``, as the recording tools see them."""
     cfg = model.pretrained_cfg
     return to_batch([LoadedImage("", rgb) for rgb in images], cfg["mean"], cfg["std"])
 
