@@ -145,7 +145,7 @@ def test_file_names_of_any_encoding_print_under_a_strict_utf8_console(images, tm
 
 
 def test_an_input_of_very_many_tokens_warns_once(tmp_path, monkeypatch):
-    from vit5.eval import backbone
+    from vit5.eval import common as backbone
     from vit5.eval.features import FeatureSettings, iter_features
 
     monkeypatch.setattr(backbone, "BIG_TOKEN_COUNT", 15)  # 4x4 = 16 patches of 8 px at 32x32

@@ -128,7 +128,7 @@ def test_the_parsers_name_the_librarys_defaults():
     from vit5.cli import study as study_cli
     from vit5.cli import train as train_cli
     from vit5.cli import viz as viz_cli
-    from vit5.eval.sweep import DEFAULT_SCALES
+    from vit5.eval.classify import DEFAULT_SCALES
     from vit5.model.footprint import DEFAULT_MAX_PARAMS
     from vit5.study.run import PRESETS
     from vit5.train.config import DEMO_RECIPE

@@ -241,8 +241,8 @@ def test_predict_prints_imagenet_names_for_a_1000_class_head(images, tmp_path, c
 
 
 def test_predict_uses_the_models_own_class_names(images, tmp_path):
-    from vit5.eval.load import load_models
-    from vit5.eval.predict import predict
+    from vit5.eval import load_models
+    from vit5.eval.classify import predict
 
     model = vit5.create_model("vit5_tiny", num_classes=3, **tiny_kwargs())
     vit5.save_pretrained(model, tmp_path / "ckpt")

@@ -12,7 +12,7 @@ import torch
 from eval_helpers import random_rgb, tiny_model
 from safetensors.torch import load_file
 
-import vit5.eval.export as export_module
+import vit5.eval.features as export_module
 from vit5.data import decode_image, resize_transform
 from vit5.errors import InputError
 from vit5.eval import (
@@ -22,7 +22,7 @@ from vit5.eval import (
     read_features,
     read_manifest,
 )
-from vit5.eval.images import own_size
+from vit5.eval.common import own_size
 
 SIZES = {
     "a.png": (40, 50),

@@ -29,7 +29,7 @@ from vit5.eval import (
     read_mask,
     run_segmentation_probe,
 )
-from vit5.eval.segmentation import EncodedSplit, score_linear_head, train_linear_head
+from vit5.eval.probes import EncodedSplit, score_linear_head, train_linear_head
 
 SMALL = SegSetConfig(num_train=24, num_val=8, size=48, seed=3)
 

@@ -132,7 +132,7 @@ def load_models(
 ) -> list[LoadedModel]:
     """The models of :func:`add_model_options` (or ``specs`` with their ``items``); ``--weights auto``
     gives raw and EMA weights where a checkpoint directory has both."""
-    from vit5.eval.load import load_models as load
+    from vit5.eval.common import load_models as load
     from vit5.introspect.spec import parse_model_args, random_init_flags
 
     specs = specs or (args.model if isinstance(args.model, list) else [args.model])

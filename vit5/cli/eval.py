@@ -17,7 +17,7 @@ from vit5.errors import InputError, one_line_warnings, safe_console
 from vit5.files import check_output_dir
 from vit5.runtime import resolve_device
 
-# vit5.eval.sweep.DEFAULT_SCALES, named here so that --help loads no torch (tests hold them equal)
+# vit5.eval.classify.DEFAULT_SCALES, named here so that --help loads no torch (tests hold them equal)
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
 
@@ -43,8 +43,8 @@ def _classify_data(args: argparse.Namespace):
 
 def cmd_classify(args: argparse.Namespace) -> None:
     from vit5.eval import ClassifySettings, evaluate, per_class_table, summary_table
-    from vit5.eval.figures import plot_confusion
-    from vit5.eval.report import write_json
+    from vit5.eval.classify import plot_confusion
+    from vit5.eval.common import write_json
 
     settings = from_options(ClassifySettings, args)
     accelerator, dataset, models = _classify_data(args)
@@ -74,7 +74,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         sweep_records,
         sweep_table,
     )
-    from vit5.eval.report import write_json
+    from vit5.eval.common import write_json
     from vit5.introspect import patch_size_of
 
     settings = from_options(ClassifySettings, args)
@@ -98,7 +98,7 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> None:
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
-    from vit5.eval.report import write_json
+    from vit5.eval.common import write_json
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
     settings = from_options(
@@ -111,7 +111,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
     from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
-    from vit5.eval.report import write_json
+    from vit5.eval.common import write_json
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)

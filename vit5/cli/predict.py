@@ -1,5 +1,5 @@
 """``vit5 predict --model M --images DIR [--topk 5] [--csv OUT]``: the top-k class names of each image
-(:mod:`vit5.eval.predict`)."""
+(:mod:`vit5.eval.classify`)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from vit5.eval.predict import predict, predictions_table, write_csv
+    from vit5.eval.classify import predict, predictions_table, write_csv
 
     device = resolve_device(args.device)  # a bad --device fails before any work
     if args.csv is not None and args.csv.is_dir():

@@ -1,4 +1,7 @@
-"""Classification evaluation on an ImageFolder split: top-1, top-5, loss, per-class accuracy, speed.
+"""Classification on an ImageFolder split: top-1, top-5, loss, per-class accuracy, confusion, speed, and
+accuracy against input resolution (ViT-5 resamples its APE and builds 2D RoPE for any patch grid); top-k
+predictions for a folder of images with class names (the model's ``label_names``, else timm's ImageNet
+names for an ImageNet-size head, else the output index), as timm's ``inference.py``.
 
 Preprocessing is the official ViT-5 eval recipe (``datasets.py:101-105`` of github.com/wangf3014/ViT-5 at
 b7b0796): resize by ``1 / crop_ratio`` (bicubic), centre crop, normalise. Under ``accelerate launch`` each
@@ -6,28 +9,46 @@ process evaluates a shard and ``gather_for_metrics`` drops the padding; unreadab
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
+from matplotlib.figure import Figure  # not pyplot: importing vit5.eval leaves the user's backend alone
 from tqdm.auto import tqdm
 
-from vit5.data import ImageFolderDataset, ImageFolderError, build_loader, class_names_change, eval_transform
+from vit5 import plotstyle as S
+from vit5.data import ImageFolderDataset, ImageFolderError, class_names_change
 from vit5.errors import InputError, name_list
-from vit5.eval.backbone import EVAL_FIX, check_forward_memory
-from vit5.eval.images import LabelledImages, bad_file_reason
-from vit5.eval.load import LoadedModel
-from vit5.eval.metrics import ClassificationMeter, ClassificationScores
-from vit5.eval.report import format_table
+from vit5.eval.common import (
+    EVAL_FIX,
+    LoadedModel,
+    Size,
+    bad_file_reason,
+    check_fields,
+    check_forward_memory,
+    confusion_matrix,
+    format_table,
+    labelled_loader,
+    list_images,
+)
+from vit5.files import atomic_write_text
 from vit5.introspect import patch_size_of
-from vit5.layers.patch_embed import grid_of
+from vit5.layers.patch_embed import grid_of, round_to_patch
+from vit5.model.vit import unwrap
 from vit5.runtime import default_workers, fit_threads, fit_workers
+
+DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
+RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
 
 
 @dataclass(frozen=True)
@@ -40,16 +61,56 @@ class ClassifySettings:
     num_workers: int | None = None  # None: vit5.runtime.default_workers() (min(4, CPUs - 1))
 
     def __post_init__(self) -> None:
-        if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
-            raise InputError(f"size must be a positive (height, width) pair, got {self.size}")
-        if self.crop_ratio is not None and not 0.0 < self.crop_ratio <= 1.0:
-            raise InputError(
-                f"crop_ratio must be in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic), got {self.crop_ratio}"
-            )
-        if self.batch_size < 1 or (self.num_workers is not None and self.num_workers < 0):
-            raise InputError(
-                f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
-            )
+        check_fields(
+            self,
+            ("size", lambda v: v is None or (len(v) == 2 and min(v) > 0), "a positive (height, width) pair"),
+            (
+                "crop_ratio",
+                lambda v: v is None or 0 < v <= 1,
+                "in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic)",
+            ),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("num_workers", lambda v: v is None or v >= 0, ">= 0"),
+        )
+
+
+@dataclass(frozen=True)
+class ClassificationScores:
+    num_images: int
+    top1: float  # fractions in [0, 1]
+    top5: float  # top-k with k = min(5, num_classes)
+    loss: float  # mean cross-entropy
+    confusion: np.ndarray  # rows: true classes, as scikit-learn
+
+    @property
+    def per_class_accuracy(self) -> np.ndarray:
+        """Recall of each class; NaN for a class with no images."""
+        counts = self.confusion.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, np.diag(self.confusion) / counts, np.nan)
+
+
+class ClassificationMeter:
+    """Accumulates top-1/top-5 hits, summed cross-entropy and the confusion matrix batch by batch."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes, self.k = num_classes, min(5, num_classes)
+        self.topk, self.loss_sum = 0, 0.0
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        logits, targets = logits.detach().float().cpu(), targets.detach().long().cpu()
+        ranked = logits.topk(self.k, dim=1).indices
+        self.topk += int((ranked == targets[:, None]).any(dim=1).sum())
+        self.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+        self.confusion += confusion_matrix(targets, ranked[:, 0], self.num_classes)
+
+    def compute(self) -> ClassificationScores:
+        count = int(self.confusion.sum())
+        n, top1 = max(count, 1), int(self.confusion.trace())
+        return ClassificationScores(
+            count, top1 / n, self.topk / n, self.loss_sum / n, self.confusion.numpy().copy()
+        )
 
 
 @dataclass
@@ -72,13 +133,11 @@ class ClassifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("scores", "note")}
-        scores = {"num_images": s.num_images, "top1": s.top1, "top5": s.top5, "loss": s.loss}
-        per_class = dict(zip(self.class_names, s.per_class_accuracy.tolist()))
         return {
             **doc,
-            **scores,
+            **{k: getattr(s, k) for k in ("num_images", "top1", "top5", "loss")},
             "images_per_s": self.images_per_s,
-            "per_class_accuracy": per_class,
+            "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
             "confusion_matrix": s.confusion,
             "label_mapping": self.note,
         }
@@ -102,24 +161,22 @@ def evaluate(
     """Evaluate ``loaded`` on ``dataset`` (its files and class names; its own transform is unused)."""
     accelerator = accelerator or Accelerator()
     labels, class_names, note = label_map(loaded, dataset)
-    num_classes = len(class_names)
     size = tuple(settings.size or loaded.input_size)
     patch = patch_size_of(loaded.model)
     if patch is not None:
         grid_of(size, patch, EVAL_FIX, InputError)
         width = getattr(loaded.model, "embed_dim", None) or getattr(loaded.model, "num_features", 0)
         check_forward_memory(patch, int(width), settings.batch_size, size, accelerator.device)
-    crop = settings.crop_ratio or loaded.crop_pct
-    transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
-    images = LabelledImages(dataset.samples, transform, size)
     workers = default_workers() if settings.num_workers is None else settings.num_workers
     workers, clamped = fit_workers(workers, "--workers")
     if clamped:
         warnings.warn(clamped, stacklevel=2)
     fit_threads(workers, accelerator.device)  # the CPUs the workers leave free, on a CPU device
-    loader = accelerator.prepare(build_loader(images, settings.batch_size, train=False, num_workers=workers))
+    crop = settings.crop_ratio or loaded.crop_pct
+    loader = labelled_loader(loaded, dataset.samples, size, crop, settings.batch_size, workers)
+    loader = accelerator.prepare(loader)
     model = loaded.model.to(accelerator.device).eval()
-    meter, bad = ClassificationMeter(num_classes), []
+    meter, bad = ClassificationMeter(len(class_names)), []
     start = time.perf_counter()
     bar = tqdm(
         loader,
@@ -128,19 +185,15 @@ def evaluate(
     )
     with torch.inference_mode():
         for batch, targets, indices, ok in bar:
-            logits = model(batch)
             logits, targets, indices, ok = accelerator.gather_for_metrics(
-                (logits, targets, indices, ok.to(torch.uint8))
+                (model(batch), targets, indices, ok.to(torch.uint8))
             )
             ok = ok.bool()
             meter.update(logits[ok], labels[targets[ok].cpu()])
             bad += indices[~ok].tolist()
     accelerator.wait_for_everyone()
     seconds = time.perf_counter() - start
-    skipped = [
-        {"path": dataset.samples[i][0], "reason": bad_file_reason(dataset.samples[i][0])}
-        for i in sorted(set(bad))
-    ]
+    paths = [dataset.samples[i][0] for i in sorted(set(bad))]
     return ClassifyResult(
         model=loaded.label,
         weights=loaded.weights,
@@ -151,7 +204,7 @@ def evaluate(
         scores=meter.compute(),
         seconds=seconds,
         num_processes=accelerator.num_processes,
-        skipped=skipped,
+        skipped=[{"path": p, "reason": bad_file_reason(p)} for p in paths],
         note=note,
     )
 
@@ -214,7 +267,231 @@ def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
     rank = np.nan_to_num(acc, nan=np.inf)  # classes without images last
     order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
     rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
-    title = f"per-class accuracy, {result.model}" + (
-        f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
+    worst = f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
+    return format_table(
+        ("class", "images", "accuracy %"), rows, title=f"per-class accuracy, {result.model}{worst}"
     )
-    return format_table(("class", "images", "accuracy %"), rows, title=title)
+
+
+def parse_scale(text: str) -> tuple[float, float]:
+    """``"1.5"`` -> (1.5, 1.5); ``"1x2"`` -> height x1, width x2."""
+    try:
+        values = [float(p) for p in text.lower().split("x")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values, default=0) <= 0:
+        raise InputError(f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)")
+    return (values[0], values[-1])
+
+
+def sizes_from_scales(scales: Sequence[str], base: Size, patch_size: int) -> list[Size]:
+    """Scales of ``base`` (H, W), rounded to patch multiples, duplicates dropped, order kept."""
+    sizes = [round_to_patch((base[0] * sh, base[1] * sw), patch_size) for sh, sw in map(parse_scale, scales)]
+    return list(dict.fromkeys(sizes))
+
+
+def run_sweep(
+    models: Sequence[LoadedModel],
+    dataset: ImageFolderDataset,
+    sizes: Sequence[Size],
+    settings: ClassifySettings | None = None,
+    accelerator: Accelerator | None = None,
+    progress: bool = True,
+) -> list[ClassifyResult]:
+    """One :func:`evaluate` per (model, size), same data and crop ratio (0.5x to 2x, non-square too)."""
+    if not sizes:
+        raise InputError("the sweep needs at least one size")
+    accelerator, settings = accelerator or Accelerator(), settings or ClassifySettings()
+    return [
+        evaluate(loaded, dataset, replace(settings, size=tuple(size)), accelerator, progress)
+        for loaded in models
+        for size in sizes
+    ]
+
+
+def sweep_table(results: Sequence[ClassifyResult], metric: str = "top1") -> str:
+    """Rows: input sizes; columns: models; cells: top-1 (or top-5) in %."""
+    labels = list(dict.fromkeys(r.model for r in results))
+    cell = {(r.model, r.size): 100 * getattr(r.scores, metric) for r in results}
+    rows = [
+        (f"{h}x{w}", *(cell.get((m, (h, w))) for m in labels))
+        for h, w in dict.fromkeys(r.size for r in results)
+    ]
+    return format_table(("size", *labels), rows, title=f"{metric} % against input size")
+
+
+def sweep_records(results: Sequence[ClassifyResult]) -> list[dict]:
+    """Compact JSON rows (no confusion matrices)."""
+    return [{k: r.to_dict()[k] for k in RECORD_KEYS} for r in results]
+
+
+def plot_confusion(
+    confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Row-normalised confusion matrix (each row: where the images of one true class went); class names
+    up to 40 classes, counts in the cells up to 15."""
+    confusion = np.asarray(confusion, dtype=np.float64)
+    rows = confusion.sum(axis=1, keepdims=True)
+    normalised = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
+    n = len(class_names)
+    side = min(4 + 0.35 * n, 16)
+    fig = Figure(figsize=(side + 1.5, side))
+    ax = fig.subplots()
+    image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    if n <= 40:
+        ax.set_xticks(range(n), class_names, rotation=90 if n > 12 else 0)
+        ax.set_yticks(range(n), class_names)
+    for (i, j), value in np.ndenumerate(confusion if n <= 15 else ()):
+        if value:
+            colour = "white" if normalised[i, j] > 0.5 else "black"
+            ax.text(j, i, int(value), ha="center", va="center", fontsize=7, color=colour)
+    S.style_axes(
+        ax, title or "confusion matrix (counts; colour = row fraction)", "predicted class", "true class"
+    )
+    ax.grid(False)
+    return _save(fig, path)
+
+
+def sweep_plot(
+    results: Sequence[ClassifyResult], path: str | os.PathLike[str], train_size: Size | None = None
+) -> Path:
+    """Top-1 against sqrt(H * W) per model; square sizes joined by a line, others as hollow markers
+    labelled HxW (extrapolation of RoPE and the resampled APE)."""
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
+    labelled: dict[Size, int] = {}  # size -> label row, so labels at one x do not overlap
+    for index, model in enumerate(dict.fromkeys(r.model for r in results)):
+        points = [(r.size, 100 * r.scores.top1) for r in results if r.model == model]
+        square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
+        line = ax.plot(
+            [x for x, _ in square], [v for _, v in square], label=model, **S.line_kwargs(index, 0)
+        )[0]
+        for (h, w), value in points:
+            if h == w:
+                continue
+            xy = (np.sqrt(h * w), value)
+            ax.scatter(*xy, facecolors="none", edgecolors=line.get_color(), s=60, zorder=3)
+            if (h, w) not in labelled:  # once per size, not per model
+                row = labelled[(h, w)] = sum(hh * ww == h * w for hh, ww in labelled)
+                ax.annotate(f"{h}x{w}", xy, textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
+    if train_size is not None:
+        ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
+    S.style_axes(
+        ax,
+        "accuracy against input resolution",
+        "input side sqrt(H x W) in pixels (hollow: non-square)",
+        "top-1 %",
+    )
+    S.legend(ax)
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class ClassNames:
+    names: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The top-k classes of one image: ``(index, name, probability)``, most likely first; ``top`` is
+    empty and ``error`` says why when the file could not be read."""
+
+    path: Path
+    top: tuple[tuple[int, str, float], ...]
+    error: str = ""
+
+
+def class_names(loaded: LoadedModel) -> ClassNames:
+    model = unwrap(loaded.model)
+    count = int(getattr(model, "num_classes", 0) or 0)
+    if count <= 0:
+        raise InputError(
+            f"{loaded.label} has no classification head (num_classes=0): predict needs a classifier; "
+            "for features use vit5 eval features"
+        )
+    own = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if own and len(own) == count:
+        return ClassNames(tuple(str(n) for n in own), "the model's label_names")
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = None if loaded.random_init else infer_imagenet_subset(model)
+    if subset is not None:
+        info = ImageNetInfo(subset)
+        return ClassNames(tuple(info.label_descriptions()), f"{subset} names (timm.data.ImageNetInfo)")
+    return ClassNames(tuple(f"class {i}" for i in range(count)), "output indices (no class names recorded)")
+
+
+def predict(
+    loaded: LoadedModel,
+    images: str | os.PathLike[str],
+    topk: int = 5,
+    size: tuple[int, int] | None = None,
+    batch_size: int = 32,
+    num_workers: int = 0,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> tuple[list[Prediction], ClassNames]:
+    """The ``topk`` most likely classes of every image under ``images`` (a folder, searched
+    recursively, or one file), in file order, and the class names used."""
+    if topk < 1:
+        raise InputError(f"--topk must be at least 1, got {topk}")
+    names = class_names(loaded)
+    topk = min(topk, len(names.names))
+    _, files = list_images(images)
+    size = tuple(size or loaded.input_size)
+    loader = labelled_loader(loaded, [(str(f), -1) for f in files], size, None, batch_size, num_workers)
+    model = loaded.model.to(device).eval()
+    results: list[Prediction] = []
+    bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not progress)
+    with torch.inference_mode():
+        for batch, _, indices, ok in bar:
+            probs = model(batch.to(device)).float().softmax(dim=-1).cpu()
+            values, classes = probs.topk(topk, dim=-1)
+            for i, good, p, c in zip(indices.tolist(), ok.tolist(), values.tolist(), classes.tolist()):
+                error = "" if good else bad_file_reason(files[i])
+                top = () if error else tuple((k, names.names[k], prob) for k, prob in zip(c, p))
+                results.append(Prediction(files[i], top, error))
+    return results, names
+
+
+def predictions_table(predictions: list[Prediction], root: str | os.PathLike[str]) -> str:
+    """One line per image: ``cat.jpg  tabby 81.2% | tiger cat 9.3% | ...`` (paths relative to ``root``)."""
+    lines = []
+    for pred in predictions:
+        top = " | ".join(f"{label} {100 * p:.1f}%" for _, label, p in pred.top)
+        lines.append(f"{_shown(pred.path, root)}  " + (f"skipped: {pred.error}" if pred.error else top))
+    return "\n".join(lines)
+
+
+def write_csv(
+    predictions: list[Prediction], path: str | os.PathLike[str], root: str | os.PathLike[str]
+) -> Path:
+    """``image, top1_class, top1_index, top1_prob, ..., error`` per image (``error``: why a file was
+    skipped, its other cells empty)."""
+    k = max((len(p.top) for p in predictions), default=0)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    columns = [f"top{r}_{col}" for r in range(1, k + 1) for col in ("class", "index", "prob")]
+    writer.writerow(["image", *columns, "error"])
+    for pred in predictions:
+        cells = [cell for index, label, p in pred.top for cell in (label, index, f"{p:.6f}")]
+        writer.writerow([_shown(pred.path, root), *cells, *[""] * (len(columns) - len(cells)), pred.error])
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, out.getvalue())
+
+
+def _shown(path: Path, root: str | os.PathLike[str]) -> str:
+    """``path`` relative to the folder ``root`` (or to the folder of the file ``root``)."""
+    try:
+        return str(path.relative_to(Path(root) if Path(root).is_dir() else Path(root).parent))
+    except ValueError:
+        return str(path)

@@ -1,33 +1,66 @@
-"""Dense features for a folder of images: per image, the chosen blocks' patch grids, CLS and registers.
-
-Each image runs at one fixed size (resized, aspect not kept) or at its own size rounded to the patch size
-(optionally shrunk to ``max_side``); images of equal input size wait in per-size buckets and run together,
-so the yield order is not the listing order. vit5 models and timm ViTs alike (:mod:`vit5.introspect`)."""
+"""Per image, the chosen blocks' patch grids, CLS and registers (vit5 and timm ViTs), in memory or on disk
+(``<image path>.safetensors`` + ``manifest.json``; each file records the run and its source's size and
+mtime, so a rerun redoes exactly what is missing). Each image runs at a fixed size or its own (patch-rounded,
+``max_side``); equal sizes are batched together, so the yield order is not the listing order."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
 from vit5.data import BadImageError, BadImageWarning, decode_image, resize_transform
 from vit5.errors import InputError
-from vit5.eval.backbone import EVAL_FIX, dense_features
-from vit5.eval.images import Size, list_images, own_size
-from vit5.eval.load import LoadedModel
-from vit5.introspect import describe
+from vit5.eval.common import (
+    EVAL_FIX,
+    LoadedModel,
+    Size,
+    check_fields,
+    dense_features,
+    feature_names,
+    list_images,
+    own_size,
+    to_jsonable,
+    write_json,
+)
+from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
+from vit5.introspect import ModelInfo, describe
 from vit5.model import take_indices
 
-StorageDtype = Literal["float32", "float16", "bfloat16"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _PENDING_BATCHES = 4  # decoded images allowed to wait in buckets, in batches
+FORMAT = "vit5-features/1"
+MANIFEST = "manifest.json"
+SUFFIX = ".safetensors"
+_META_KEY = "vit5_features"
+ENTRY_KEYS = ("path", "file", "image_size", "input_size", "grid")
+
+
+# manifest fields: (key, default when absent, check, what it must be); a crafted one is one clear error
+MANIFEST_FIELDS = (
+    ("num_images", 0, lambda v: type(v) is int and v >= 0, "a count"),
+    ("source_root", None, lambda v: isinstance(v, str), "a str"),
+    ("images", None, lambda v: isinstance(v, list), "a list"),
+    (
+        "failed",
+        [],
+        lambda v: isinstance(v, list) and all(isinstance(f, dict) for f in v),
+        "a list of entries",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +71,7 @@ class FeatureSettings:
     size: tuple[int, int] | None = None  # fixed input (H, W), patch multiples; None: each image's own size
     max_side: int | None = None  # with size=None: shrink images whose longer side exceeds it (aspect kept)
     norm: bool = False  # the model's final norm on every block output (as DINO features are)
-    dtype: StorageDtype = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     batch_size: int = 8
     num_workers: int = 0
 
@@ -46,22 +79,18 @@ class FeatureSettings:
         object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
         if self.size is not None:
             object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
-        if self.dtype not in DTYPES:
-            raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.size is not None and self.max_side is not None:
-            raise InputError(
-                "give either a fixed size or max_side (which limits each image's own size), not both"
-            )
-        if self.max_side is not None and self.max_side < 1:
-            raise InputError(f"max_side must be >= 1, got {self.max_side}")
-        if self.batch_size < 1 or self.num_workers < 0:
-            raise InputError(
-                f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}"
-            )
-
-    def identity(self) -> dict:
-        """The settings that change the output (not batch size or workers)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("batch_size", "num_workers")}
+        check_fields(
+            self,
+            ("dtype", lambda v: v in DTYPES, f"one of {sorted(DTYPES)}"),
+            (
+                "max_side",
+                lambda v: v is None or (v >= 1 and self.size is None),
+                ">= 1 and without a fixed size "
+                "(give either a fixed size or max_side, which limits each image's own size, not both)",
+            ),
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("num_workers", lambda v: v >= 0, ">= 0"),
+        )
 
 
 @dataclass
@@ -82,8 +111,13 @@ class _ResizedImages(Dataset):
     """``index -> (index, image or None, (H, W) or None, why it failed)``."""
 
     def __init__(self, paths: Sequence[Path], settings: FeatureSettings, patch_size: int, mean, std) -> None:
-        self.paths, self.settings, self.patch_size = paths, settings, patch_size
-        self.mean, self.std = mean, std
+        self.paths, self.settings, self.patch_size, self.mean, self.std = (
+            paths,
+            settings,
+            patch_size,
+            mean,
+            std,
+        )
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -98,27 +132,32 @@ class _ResizedImages(Dataset):
         return index, resize_transform(size, mean=self.mean, std=self.std)(image), image_size, ""
 
 
-def resolve_model(model: nn.Module | LoadedModel) -> tuple[nn.Module, tuple[float, ...], tuple[float, ...]]:
-    """The module and its normalisation (from a LoadedModel, or the model's timm data config)."""
-    if isinstance(model, LoadedModel):
-        return model.model, tuple(model.mean), tuple(model.std)
-    from timm.data import resolve_model_data_config
+def _as_is(item: tuple) -> tuple:
+    return item
 
-    data = resolve_model_data_config(model)
-    return model, tuple(data["mean"]), tuple(data["std"])
+
+def prepare(
+    model: nn.Module | LoadedModel, settings: FeatureSettings
+) -> tuple[nn.Module, tuple, tuple, ModelInfo, list[int]]:
+    """``(module, mean, std, info, absolute blocks)``; a bad size or block index fails here, first."""
+    if isinstance(model, LoadedModel):
+        module, mean, std = model.model, tuple(model.mean), tuple(model.std)
+    else:
+        from timm.data import resolve_model_data_config
+
+        data = resolve_model_data_config(model)
+        module, mean, std = model, tuple(data["mean"]), tuple(data["std"])
+    info = describe(module)
+    if settings.size is not None:
+        info.grid(settings.size, EVAL_FIX)
+    return module, mean, std, info, take_indices(info.depth, settings.layers, unique=True)
 
 
 def extract(
-    model: nn.Module | LoadedModel,
-    paths: Sequence[str | os.PathLike[str]],
-    settings: FeatureSettings = FeatureSettings(),
+    model: nn.Module | LoadedModel, paths: Sequence[str | os.PathLike[str]], settings: FeatureSettings
 ) -> Iterator[ImageFeatures | FailedImage]:
     """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed order."""
-    module, mean, std = resolve_model(model)
-    info = describe(module)
-    blocks = take_indices(info.depth, settings.layers, unique=True)
-    if settings.size is not None:
-        info.grid(settings.size, EVAL_FIX)
+    module, mean, std, info, blocks = prepare(model, settings)
     paths = [Path(p) for p in paths]
     data = _ResizedImages(paths, settings, info.patch_size, mean, std)
     loader = DataLoader(data, batch_size=None, num_workers=settings.num_workers, collate_fn=_as_is)
@@ -150,24 +189,211 @@ def extract(
         yield from run(buckets.pop(waiting))
 
 
-def _as_is(item: tuple) -> tuple:
-    return item
-
-
 def iter_features(
     model: nn.Module | LoadedModel,
     images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     settings: FeatureSettings = FeatureSettings(),
 ) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
-    """``(path, {name: tensor})`` for an image folder (recursive), one file, or a list of files.
-
-    Nothing is written. Unreadable images are skipped with a :class:`~vit5.data.BadImageWarning`.
-    """
+    """``(path, {name: tensor})`` for a folder (recursive), a file or a list of files; unreadable images
+    are skipped with a :class:`~vit5.data.BadImageWarning`."""
     paths = list_images(images)[1] if isinstance(images, (str, os.PathLike)) else list(images)
     for item in extract(model, paths, settings):
         if isinstance(item, FailedImage):
             warnings.warn(
                 f"skipping unreadable image {item.path}: {item.reason}", BadImageWarning, stacklevel=2
             )
-            continue
-        yield item.path, item.features
+        else:
+            yield item.path, item.features
+
+
+@dataclass
+class ExportSummary:
+    out_dir: Path
+    written: int
+    skipped: int  # already complete from an earlier run
+    failed: list[FailedImage] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        rate = f", {self.written / self.seconds:.1f} img/s" if self.seconds > 0 and self.written else ""
+        lines = [
+            f"features -> {self.out_dir}: {self.written} written, {self.skipped} already done, "
+            f"{len(self.failed)} failed ({self.seconds:.1f} s{rate})",
+            *(f"  failed: {f.path}: {f.reason}" for f in self.failed[:10]),
+        ]
+        more = len(self.failed) - 10
+        return "\n".join(lines + ([f"  ... {more} more in {MANIFEST}"] if more > 0 else []))
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hash of every tensor's name, shape and a strided sample of its values (cheap, exact enough)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().flatten()
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def export_features(
+    model: nn.Module | LoadedModel,
+    images: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    settings: FeatureSettings | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    manifest_every_s: float = 30.0,
+) -> ExportSummary:
+    """Features of every image under ``images`` into ``out_dir`` (manifest rewritten every
+    ``manifest_every_s``); InputError for features of another run (unless ``overwrite``), FolderLocked
+    while another export writes there."""
+    out_dir, settings = check_output_dir(out_dir, "output folder"), settings or FeatureSettings()
+    start = time.perf_counter()
+    root, paths = list_images(images)
+    module, mean, std, info, blocks = prepare(model, settings)  # a bad size leaves no manifest behind
+    chosen = {k: v for k, v in asdict(settings).items() if k not in ("batch_size", "num_workers")}
+    chosen["layers"] = blocks  # absolute: -1 and 11 are the same run
+    identity = to_jsonable(
+        {"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std}
+    )
+    run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    header = {
+        "format": FORMAT,
+        "model": model.label if isinstance(model, LoadedModel) else type(module).__name__,
+        **identity,
+        "run_id": run_id,
+        "blocks": blocks,
+        "features": feature_names(info, blocks),
+        "patch_size": info.patch_size,
+        "embed_dim": info.embed_dim,
+        "has_cls": bool(info.num_cls),
+        "num_registers": info.num_registers,
+        "dtype": settings.dtype,
+        "source_root": str(root.resolve()),
+    }
+    with FolderLock(out_dir, "feature export"):
+        old = {} if overwrite or not (out_dir / MANIFEST).is_file() else read_manifest(out_dir)
+        if old and old.get("run_id") != run_id and old["num_images"] > 0:  # an empty one blocks nothing
+            changed = "; ".join(f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v)
+            raise InputError(
+                f"{out_dir} holds features from another model or other settings "
+                f"({changed or 'other format'}); use a new output folder, or overwrite to replace them"
+            )
+        for partial in out_dir.rglob(f"*{SUFFIX}*.partial"):  # left by a kill
+            partial.unlink()
+        done = {} if overwrite else {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
+        entries: dict[str, dict[str, Any]] = {e["path"]: e for e in done.values() if e}
+        todo = [path for path in paths if not done.get(path)]
+        skipped, failed = len(entries), []
+
+        def write_manifest(complete: bool) -> None:
+            bad = [{"path": _relative(root, f.path), "reason": f.reason} for f in failed]
+            images = [entries[k] for k in sorted(entries)]
+            doc = {
+                **header,
+                "complete": complete,
+                "num_images": len(entries),
+                "images": images,
+                "failed": bad,
+            }
+            write_json(out_dir / MANIFEST, doc)
+
+        write_manifest(complete=False)
+        last_manifest = time.monotonic()
+        bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
+        for item in extract(model, todo, settings):
+            if isinstance(item, FailedImage):
+                failed.append(item)
+            else:
+                entry = _write_image(out_dir, root, item, run_id, info.patch_size)
+                entries[entry["path"]] = entry
+            bar.update(1)
+            bar.set_postfix(failed=len(failed), refresh=False)
+            if time.monotonic() - last_manifest > manifest_every_s:
+                write_manifest(complete=False)
+                last_manifest = time.monotonic()
+        bar.close()
+        write_manifest(complete=True)
+    return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
+
+
+def _relative(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _source_stat(path: Path) -> dict[str, int]:
+    stat = path.stat()
+    return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+
+
+def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch: int) -> dict[str, Any]:
+    (h, w), rel = item.input_size, _relative(root, item.path)
+    sizes = {"image_size": list(item.image_size), "input_size": [h, w], "grid": [h // patch, w // patch]}
+    entry = {"path": rel, "file": rel + SUFFIX, **sizes}
+    target = out_dir / entry["file"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path)})
+    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: meta})
+    atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
+    return entry
+
+
+def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
+    """The manifest entry of an image whose feature file is complete and current, else None."""
+    try:
+        with safe_open(str(out_dir / (_relative(root, path) + SUFFIX)), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})[_META_KEY])
+    except Exception:  # missing, unreadable or foreign file: compute it
+        return None
+    current = {"run_id": run_id, **_source_stat(path)}
+    if (
+        not isinstance(meta, dict)
+        or _entry_problem(meta)
+        or any(meta.get(k) != v for k, v in current.items())
+    ):
+        return None  # foreign, crafted, of another run or of a changed source: recompute it
+    return {k: meta[k] for k in ENTRY_KEYS}
+
+
+def _entry_problem(entry: Any) -> str:
+    """What is wrong with one image entry of a manifest (or a feature file's metadata), or ``""``."""
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an entry"
+    for key in ("path", "file"):
+        value = entry.get(key)
+        if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
+            return f"has {key} {value!r}, not a path inside the folder"
+    for key in ENTRY_KEYS[2:]:
+        value = entry.get(key)
+        if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)):
+            return f"has {key} {value!r}, not two positive whole numbers"
+    return ""
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """An export's manifest, every field checked (a crafted or damaged one is one error naming the field)."""
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        raise InputError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise InputError(f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it")
+    if manifest.get("format") != FORMAT:
+        raise InputError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
+    for key, default, check, what in MANIFEST_FIELDS:
+        value = manifest.setdefault(key, default)
+        if not check(value):
+            raise InputError(f"{path}: {key} is {value!r}, not {what}: fix or delete it")
+    for i, entry in enumerate(manifest["images"]):
+        if problem := _entry_problem(entry):
+            raise InputError(f"{path}: images[{i}] {problem}: fix or delete it")
+    return manifest
+
+
+def read_features(out_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+    """``(image path, {name: tensor})`` for every image of an export, in manifest order."""
+    manifest = read_manifest(out_dir)
+    root = Path(manifest["source_root"])
+    for entry in manifest["images"]:
+        yield root / entry["path"], load_file(str(Path(out_dir) / entry["file"]))

@@ -8,50 +8,38 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 
+from vit5 import plotstyle as S
 from vit5.data.digits.canvases import CanvasBatch, CanvasConfig, CanvasSource
 from vit5.errors import InputError
 from vit5.files import atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
 from vit5.train.checkpointing import Resumable, TrainState, load_single, save_single
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.errors import ResumeError
 from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
 from vit5.train.optim import LRSchedule, build_optimizer
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.figures import save_figure
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.stats import TokenStats
 from vit5.weights import save_pretrained
 
 TWINS = ("no_registers", "registers")
-LEGACY_STATE = "state.pt"  # an older vit5's pickle, refused
 TRAJECTORY_NAME = "trajectory.jsonl"
-# metrics kept per layer in the trajectory (names of vit5.viz.artifacts.METRICS)
-TRACKED = (
-    "outlier_ratio",
-    "outlier_ratio_registers",
-    "max_median_ratio",
-    "norm_kurtosis",
-    "received_outlier_mass",
-    "patch_register_mass",
-    "topk_sink_mass",
-    "topk_register_share",
-    "sink_rate",
-    "sink_rate_register",
-    "sink_rate_patch",
-    "massive_ratio",
-)
-POSITIVE = ("embed_dim", "depth", "num_heads", "steps", "batch_size", "checkpoint_every")
+POSITIVE = ("embed_dim", "depth", "num_heads", "registers", "steps", "batch_size", "checkpoint_every")
+POSITIVE += ("eval_images", "accuracy_images")
 RESERVED = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
 
 
@@ -81,40 +69,32 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items()))
-        for name in (*POSITIVE, "eval_images", "accuracy_images"):
-            if getattr(self, name) < 1:
-                raise InputError(f"study {name} must be >= 1, got {getattr(self, name)}")
-        if self.registers < 1:
-            raise InputError(f"the register twin needs at least one register, got registers={self.registers}")
-        if not 0 < self.min_lr <= self.lr or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise InputError(
-                f"need 0 < min_lr <= lr and weight_decay, warmup_steps >= 0 (got lr={self.lr}, "
-                f"min_lr={self.min_lr}, weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps})"
-            )
-        clash = RESERVED & {k for k, _ in self.model_args}
-        if clash:
-            raise InputError(
-                f"model_args may not set {sorted(clash)}: the study fixes them (canvas, task, twins)"
-            )
+        clash = sorted(RESERVED & {k for k, _ in self.model_args})
+        checks = [
+            (getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}") for name in POSITIVE
+        ]
+        checks += [
+            (0 < self.min_lr <= self.lr, f"need 0 < min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (not clash, f"model_args may not set {clash}: the study fixes them (canvas, task, twins)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(f"study setting: {message}")
         for twin in TWINS:
             self.model_config(twin)  # fail now on an invalid architecture
 
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
+        c, registers = self.canvas, 0 if twin == TWINS[0] else self.registers
+        fixed = dict(img_size=c.size, patch_size=c.patch_size, num_classes=c.num_outputs, class_token=False)
+        fixed.update(global_pool="avg", num_registers=registers)
         sizes = dict(
             embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, **dict(self.model_args)
         )
         try:
-            return preset_config(
-                self.preset,
-                **sizes,
-                img_size=self.canvas.size,
-                patch_size=self.canvas.patch_size,
-                num_classes=self.canvas.num_outputs,
-                class_token=False,
-                global_pool="avg",
-                num_registers=0 if twin == "no_registers" else self.registers,
-            )
+            return preset_config(self.preset, **sizes, **fixed)
         except ConfigError as err:
             raise InputError(f"study model: {err}") from None
 
@@ -155,8 +135,7 @@ def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
 
 
 def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
-    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]`` float32, as the recording tools
-    see them."""
+    """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]``, as the recording tools see them."""
     cfg = model.pretrained_cfg
     return to_batch([LoadedImage("", rgb) for rgb in images], cfg["mean"], cfg["std"])
 
@@ -169,17 +148,11 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tens
 
 @dataclass
 class HeldOut:
-    """Held-out canvases: the metric images (with background masks) and the accuracy set."""
+    """Held-out canvases: the metric images (with background masks ``[B, h, w]``) and the accuracy set."""
 
     images: list[LoadedImage]
-    background: np.ndarray  # [B, h, w] bool
+    background: np.ndarray
     accuracy: CanvasBatch
-
-    @classmethod
-    def build(cls, cfg: StudyConfig) -> HeldOut:
-        source = CanvasSource(cfg.canvas, "val", cfg.seed)
-        metric = source.batch(0, cfg.eval_images)
-        return cls(labelled(cfg, metric, "heldout"), metric.background, source.batch(1, cfg.accuracy_images))
 
 
 def labelled(cfg: StudyConfig, batch: CanvasBatch, name: str) -> list[LoadedImage]:
@@ -241,9 +214,7 @@ def measure(
     def metrics(**kwargs: Any) -> tuple[MetricReport, dict[str, Any]]:
         report = compute_metrics(stats, MetricConfig(n_boot=200, **kwargs))
         n = len(report.layers)
-        tracked = {
-            k: [_num(v) for v in report.summary[k]["value"][:n]] for k in TRACKED if k in report.summary
-        }
+        tracked = {k: [_num(v) for v in row["value"][:n]] for k, row in report.summary.items()}
         return report, {"metrics": tracked, **study_metrics(report, held.background)}
 
     report, record = metrics()
@@ -272,13 +243,8 @@ class Twin:
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
         adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
         optimizer = build_optimizer(model, adamw, cfg.lr)
-        cosine = ScheduleSection(
-            epochs=cfg.steps,
-            warmup_epochs=cfg.warmup_steps,
-            warmup_lr=cfg.min_lr,
-            min_lr=cfg.min_lr,
-            interval="update",
-        )
+        warmup = dict(warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr)  # one "epoch" = one update
+        cosine = ScheduleSection(epochs=cfg.steps, min_lr=cfg.min_lr, interval="update", **warmup)
         self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
         criterion = partial(loss_fn, task=cfg.canvas.task)
         clip = cfg.grad_clip or None
@@ -294,12 +260,6 @@ class Twin:
 
     def resume(self) -> bool:
         """Continue from the twin's last checkpoint, if it has one (:class:`ResumeError` if damaged)."""
-        if (self.folder / LEGACY_STATE).exists():
-            raise ResumeError(
-                f"{self.folder / LEGACY_STATE} is a pickle written by an older vit5, which vit5 no longer "
-                f"loads (unpickling can run code stored in it): delete {self.folder.parent} and start the "
-                "study again"
-            )
         if not (self.folder / "state").is_dir():
             return False
         load_single(self.folder / "state", self.resumable)
@@ -341,8 +301,8 @@ def run_study(
     train: bool = True,
 ) -> StudyResult:
     """Train (or resume) both twins in alternating chunks of ``checkpoint_every`` steps, measuring them at
-    every checkpoint; then write the final weights, the trajectory figure, the verdict, the held-out
-    canvases and (``analyse``) the register analyses. Stops cleanly at the first checkpoint after
+    every checkpoint; then write the final weights, the trajectory figure, ``verdict.json``, the held-out
+    canvases (``heldout/``) and (``analyse``) the register analyses. Stops at the first checkpoint after
     ``max_minutes`` (rerun to continue); ``train=False`` only writes the outputs."""
     from tqdm.auto import tqdm
 
@@ -350,7 +310,9 @@ def run_study(
     _check_same_study(cfg, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    held = HeldOut.build(cfg)
+    val = CanvasSource(cfg.canvas, "val", cfg.seed)
+    metric = val.batch(0, cfg.eval_images)
+    held = HeldOut(labelled(cfg, metric, "heldout"), metric.background, val.batch(1, cfg.accuracy_images))
     source = CanvasSource(cfg.canvas, "train", cfg.seed)
     twins = {name: Twin(name, model, cfg, out / name) for name, model in build_twins(cfg).items()}
     trajectories: dict[str, list[dict]] = {}
@@ -388,7 +350,7 @@ def run_study(
         done = until
         bar.update(done - bar.n)
         a, b = (trajectories[t][-1] for t in TWINS)
-        otr = f"{_peak(a, 'outlier_ratio'):.3f}/{_peak(b, 'outlier_ratio'):.3f}"
+        otr = "/".join(f"{_value(row, 'outlier_ratio', 'metrics'):.3f}" for row in (a, b))
         bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=otr)
         if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
             break
@@ -396,7 +358,14 @@ def run_study(
     for name, twin in twins.items():
         save_pretrained(twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name})
     result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
-    result.files += write_outputs(result, cfg, held)
+    figure = trajectory_figure(trajectories, cfg)
+    result.files += save_figure(figure, out / "trajectory", ("png", "pdf"))
+    result.files.append(atomic_write_json(out / "verdict.json", result.verdict))
+    (out / "heldout").mkdir(exist_ok=True)  # the metric canvases, for viz compare / viz ttr
+    for image in held.images:
+        result.files.append(out / "heldout" / f"{image.name}.png")
+        if not result.files[-1].is_file():
+            cv2.imwrite(str(result.files[-1]), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
     log(summary_text(result))
     if not result.complete:
         log(f"stopped at step {done} of {cfg.steps}: rerun the same command to continue")
@@ -420,11 +389,6 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
             f"{out} holds a study with other settings (changed: {', '.join(changed)}): "
             "use another --out, or delete it to start over"
         )
-
-
-def _peak(row: dict, metric: str) -> float:
-    values = [v for v in row["metrics"].get(metric, []) if v is not None]
-    return max(values) if values else float("nan")
 
 
 # success thresholds: outliers in >= half the images, >= 10x fewer with registers
@@ -485,32 +449,11 @@ def summary_text(result: StudyResult) -> str:
     return f"register study at step {v['step']}: {outcome} ({where})\n  {numbers}\n  checks: {checks}"
 
 
-def write_outputs(result: StudyResult, cfg: StudyConfig, held: HeldOut) -> list[Path]:
-    """The trajectory figure, ``verdict.json`` and the metric canvases as PNGs in ``heldout/`` (so
-    ``viz compare`` / ``viz ttr`` can be pointed at exactly them)."""
-    import cv2
-
-    from vit5.study.figures import trajectory_figure
-    from vit5.viz.figures import save_figure
-
-    files = save_figure(
-        trajectory_figure(result.trajectories, cfg), result.out / "trajectory", ("png", "pdf")
-    )
-    files.append(atomic_write_json(result.out / "verdict.json", result.verdict))
-    (result.out / "heldout").mkdir(exist_ok=True)
-    for image in held.images:
-        files.append(result.out / "heldout" / f"{image.name}.png")
-        if not files[-1].is_file():
-            cv2.imwrite(str(files[-1]), cv2.cvtColor(image.rgb, cv2.COLOR_RGB2BGR))
-    return files
-
-
 def analyse_twins(
     cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5], log: Callable[[str], None] = print
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from vit5.viz.figures import save_figure
     from vit5.viz.register_ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
@@ -555,3 +498,79 @@ def analyse_twins(
         }
         files += before.files + after.files
     return [*files, atomic_write_json(folder / "analysis.json", summary)]
+
+
+LABELS = ("no registers", "registers")  # of TWINS, which is also the colour index (colour = model)
+
+
+def _both(metric: str, suffix: str = "", where: str = "metrics") -> tuple[tuple[int, str, str, str], ...]:
+    return (0, metric, where, suffix), (1, metric, where, suffix)
+
+
+# panel title -> lines (twin index, metric, where, label suffix); where = "metrics" (own thresholds),
+# "reused" (the no-register twin's) or "background" (own thresholds, another line style)
+PANELS = {
+    "outlier-token ratio (max over blocks)": (
+        (0, "outlier_ratio", "metrics", ""),
+        (1, "outlier_ratio", "metrics", ", own thresholds"),
+        (1, "outlier_ratio", "reused", ", no-register twin's thresholds"),
+    ),
+    "images with an outlier patch (max over blocks)": (
+        *_both("images_with_outliers", ": any patch"),
+        *_both("images_with_background_outliers", ": a background patch", "background"),
+    ),
+    "max / median patch norm (max over blocks)": _both("max_median_ratio"),
+    "sink heads: patch / register (block mean)": (
+        *_both("sink_rate_patch", ": patch sinks"),
+        (1, "sink_rate_register", "metrics", ": register sinks"),
+    ),
+    "attention mass (max over blocks)": (
+        (0, "received_outlier_mass", "metrics", ": on outlier patches"),
+        (1, "patch_register_mass", "metrics", ": patches on registers"),
+    ),
+    "held-out accuracy": _both("accuracy"),
+}
+
+
+def _value(row: dict, metric: str, where: str) -> float:
+    """One point: the metric's max over blocks (the mean for sink rates), NaN where not measured."""
+    if metric == "accuracy":
+        return row["accuracy"]
+    block = (row.get("reused") if where == "reused" else row) or {}
+    values = block.get(metric) if metric.startswith("images_with") else block.get("metrics", {}).get(metric)
+    values = [v for v in values or [] if v is not None]
+    reduce = np.mean if metric.startswith("sink_rate") else max
+    return float(reduce(values)) if values else float("nan")
+
+
+def trajectory_figure(
+    trajectories: Mapping[str, Sequence[dict]], cfg: StudyConfig, dpi: int = S.DPI
+) -> Figure:
+    """One panel per quantity, x = training step; colour = twin, line style and marker = the quantity
+    (which metric, or which thresholds); trained models, held-out canvases."""
+    rows = -(-len(PANELS) // 2)
+    fig = Figure(figsize=(S.TEXT_WIDTH, 2.3 * rows + 1.0), dpi=dpi, layout="constrained")
+    for ax, (title, lines) in zip(fig.subplots(rows, 2).flat, PANELS.items()):
+        kinds = list(dict.fromkeys((metric, where) for _, metric, where, _ in lines))
+        for twin, metric, where, suffix in lines:
+            traj = trajectories.get(TWINS[twin]) or []
+            values = [_value(r, metric, where) for r in traj]
+            style = S.line_kwargs(twin, kinds.index((metric, where)))
+            ax.plot([r["step"] for r in traj], values, label=LABELS[twin] + suffix, **style)
+        S.style_axes(ax, title, "training step")
+        S.legend(ax)
+    canvas = cfg.canvas
+    reached = min((traj[-1]["step"] for traj in trajectories.values() if traj), default=0)
+    progress = "" if reached >= cfg.steps else f"; STOPPED at step {reached} of {cfg.steps}"
+    fig.suptitle(
+        f"Register study: TRAINED twins on {cfg.eval_images} held-out canvases{progress}",
+        fontsize=S.FONT_TITLE,
+    )
+    notes = [
+        f"width {cfg.embed_dim}, depth {cfg.depth}, {canvas.size[0]}x{canvas.size[1]} {canvas.background} "
+        f"canvases, task {canvas.task}, no CLS + average pooling, 0 vs {cfg.registers} registers",
+        "outlier threshold: log-norm median + 5 MAD per block; sink: one key receives > 0.3 of a head's "
+        "average attention",
+    ]
+    S.finish(fig, notes)
+    return fig
