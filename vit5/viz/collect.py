@@ -1,10 +1,13 @@
-"""Run a model over images in batches and reduce what it records into :class:`TokenStats`: each block's
-``[B, heads, N, N]`` attention is reduced as soon as the block has run, so memory holds one block's
-attention at a time, whatever the depth."""
+"""One capture for vit5 (:func:`vit5.record`) and timm ``VisionTransformer`` / ``Eva`` models (timm blocks run
+their explicit attention path, ``fused_attn = False``, restored on exit, and ``attn.attn_drop``'s output, the
+softmax probabilities, is hooked; block outputs are taken before the final norm, Darcet et al. 2023), and
+:func:`collect`: a model run over images in batches, each block's ``[B, heads, N, N]`` attention reduced into
+:class:`TokenStats` as soon as the block has run, so memory holds one block's attention whatever the depth."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,12 +18,111 @@ from tqdm.auto import tqdm
 
 from vit5.errors import InputError
 from vit5.introspect import describe
-from vit5.model import TokenLayout
+from vit5.introspect.info import ModelInfo
+from vit5.model import Recording, TokenLayout, record, take_indices
 from vit5.model.vit import unwrap
-from vit5.viz.capture import capture
-from vit5.viz.content import patch_content
 from vit5.viz.images import LoadedImage, to_batch
-from vit5.viz.stats import TokenStats
+from vit5.viz.stats import TokenStats, patch_content
+
+LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], None]
+"""``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
+
+
+def recordable(model: nn.Module) -> ModelInfo:
+    """The :class:`~vit5.model.ModelInfo` of a model whose attention can be recorded; an InputError
+    for other models and for timm blocks without timm's explicit softmax path (nothing to hook)."""
+    info = describe(model)
+    if info.family == "vit5":
+        return info
+    for i, block in enumerate(unwrap(model).blocks):
+        attn = getattr(block, "attn", None)
+        if not (hasattr(attn, "fused_attn") and isinstance(getattr(attn, "attn_drop", None), nn.Module)):
+            raise InputError(
+                f"block {i} of this {type(model).__name__} has an attention module ({type(attn).__name__}) "
+                "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be "
+                "recorded"
+            )
+    return info
+
+
+@contextmanager
+def capture(
+    model: nn.Module,
+    layers: int | Sequence[int] | None = None,
+    attention: bool = True,
+    tokens: bool = True,
+    on_layer: LayerCallback | None = None,
+) -> Iterator[Recording]:
+    """Record softmax attention ``[B, heads, N, N]`` (fp32) and block outputs ``[B, N, C]`` of ``layers``.
+
+    With ``on_layer`` each block's results are handed over as soon as the block has run, in block order,
+    and then dropped, so memory holds one block's attention whatever the depth. Call ``model.eval()``
+    first: in training mode timm's attention dropout would alter the recorded probabilities.
+    """
+    info = recordable(model)
+    wanted = take_indices(info.depth, layers, unique=True)
+    net = unwrap(model)
+    with ExitStack() as stack:
+
+        def hook(module: nn.Module, fn: Callable) -> None:
+            """``fn(inputs, output)`` after ``module`` runs; what it returns is dropped."""
+
+            def run(module, inputs, output) -> None:
+                fn(inputs, output)
+
+            stack.callback(module.register_forward_hook(run).remove)
+
+        if info.family == "vit5":
+            rec = stack.enter_context(record(net, wanted, attention, tokens, token_layers=wanted))
+        else:
+            rec = Recording(info.depth, wanted if attention else [], wanted if tokens else [])
+            for i in wanted:
+                block = net.blocks[i]
+                if attention:
+                    stack.callback(setattr, block.attn, "fused_attn", block.attn.fused_attn)
+                    block.attn.fused_attn = False
+                    hook(
+                        block.attn.attn_drop,
+                        lambda a, out, i=i: rec.attentions.update({i: out.detach().float()}),
+                    )
+                if tokens:
+                    hook(block, lambda a, out, i=i: rec.tokens.update({i: out.detach()}))
+        if info.family == "timm" or info.test_registers:  # after record's own: the blocks' longer sequence
+            hook(net.patch_embed, lambda a, out: setattr(rec, "layout", info.layout(tuple(a[0].shape[-2:]))))
+        if on_layer is not None:  # after the recording hooks: hand over what the block produced, then drop it
+            for i in wanted:
+                hook(
+                    net.blocks[i],
+                    lambda a, out, i=i: on_layer(i, rec.attentions.pop(i, None), rec.tokens.pop(i, None)),
+                )
+        yield rec
+
+
+@contextmanager
+def edit_tokens(
+    model: nn.Module, edit: Callable[[int, torch.Tensor, TokenLayout], torch.Tensor | None]
+) -> Iterator[None]:
+    """Call ``edit(position, tokens [B, N, C], layout)`` on the first block's input (position 0) and every
+    block's output (position ``d + 1``) before any other hook; a returned tensor replaces the tokens."""
+    info, net, state = describe(model), unwrap(model), {}
+
+    def remember_size(module, args) -> None:
+        state["layout"] = info.layout(tuple(args[0].shape[-2:]))
+
+    def on_input(module, args):
+        new = edit(0, args[0], state["layout"])
+        return None if new is None else (new, *args[1:])
+
+    def on_output(position: int):
+        return lambda module, args, output: edit(position, output, state["layout"])
+
+    with ExitStack() as stack:
+        stack.callback(net.patch_embed.register_forward_pre_hook(remember_size).remove)
+        stack.callback(net.blocks[0].register_forward_pre_hook(on_input, prepend=True).remove)
+        for d, block in enumerate(net.blocks):
+            stack.callback(block.register_forward_hook(on_output(d + 1), prepend=True).remove)
+        yield
+
 
 HeadFusion = Literal["mean", "max", "min"]
 HEAD_FUSIONS = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
@@ -154,13 +256,3 @@ def rollout_step(
     mixed = residual * eye + (1.0 - residual) * fused
     mixed = mixed / mixed.sum(dim=-1, keepdim=True)
     return mixed if acc is None else mixed @ acc
-
-
-def attention_rollout(
-    attentions: Sequence[torch.Tensor], head_fusion: HeadFusion = "mean", residual: float = 0.5
-) -> torch.Tensor:
-    """Rollout ``[B, N, N]`` of the per-layer attentions given from the first block to the last."""
-    acc = None
-    for attention in attentions:
-        acc = rollout_step(acc, attention, head_fusion, residual)
-    return acc
