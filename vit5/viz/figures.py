@@ -129,15 +129,8 @@ def color_limits(
 
 
 # Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
-_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _CBAR_LABELS, _HEADER_H, _NOTE_LINE_H = (
-    0.3,
-    0.1,
-    0.05,
-    0.1,
-    0.42,
-    0.4,
-    0.15,
-)
+_TITLE_H, _PAD, _HEADER_H, _NOTE_LINE_H = 0.3, 0.1, 0.4, 0.15
+_CBAR_GAP, _CBAR_W, _CBAR_LABELS = 0.05, 0.1, 0.42
 _CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
 _MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
 
@@ -165,9 +158,8 @@ def figure_size(
     at least :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
     map_w = map_inches(cols, style)
     width = max(cols * (map_w + _CELL_EXTRA), S.MIN_WIDTH)
-    height = (
-        rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines) + note_lines * _NOTE_LINE_H
-    )
+    height = rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines)
+    height += note_lines * _NOTE_LINE_H
     snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
     return snap(width), snap(height + _PAD)
 

@@ -156,11 +156,8 @@ def load_images(
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
         images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
     if not images:
-        raise InputError(
-            "no usable image in "
-            + ", ".join(map(str, sources))
-            + "".join(f"\n  skipped {s}" for s in skipped)
-        )
+        listed = "".join(f"\n  skipped {s}" for s in skipped)
+        raise InputError(f"no usable image in {', '.join(map(str, sources))}{listed}")
     return images, skipped
 
 

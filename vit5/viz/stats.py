@@ -127,18 +127,6 @@ class TokenStats:
         layout = meta.pop("layout")
         return cls(**meta, layout=TokenLayout(**layout | {"grid": tuple(layout["grid"])}), **arrays)
 
-    @classmethod
-    def concat(cls, parts: list[TokenStats]) -> TokenStats:
-        """Join the stats of consecutive batches (same model, layout and layers)."""
-        first = parts[0]
-        joined: dict[str, list[np.ndarray]] = {}
-        for part in parts:
-            for name, values in part.arrays().items():
-                joined.setdefault(name, []).append(values)
-        names = [n for p in parts for n in p.names]
-        arrays = {k: np.concatenate(v) for k, v in joined.items()}
-        return cls(first.model, first.layout, first.layers, names, first.patch_size, **arrays)
-
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
     """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over

@@ -163,11 +163,11 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
 
 @contextmanager
 def use_test_time_registers(
-    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
+    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1
 ) -> Iterator[None]:
     """Algorithm 2 of Jiang et al.: ``count`` zero tokens are appended after every other token (no position
     embedding, no RoPE rotation) before the first block and dropped before the final norm; at each register
-    neuron they take the neuron's maximum over all tokens (times ``scale``) and the patch tokens are zeroed
+    neuron they take the neuron's maximum over all tokens and the patch tokens are zeroed
     (CLS keeps its value, as in the official hook, which edits image 0 only; this edits every image)."""
     info = check_test_time_registers(model)
     net = unwrap(model)
@@ -180,10 +180,8 @@ def use_test_time_registers(
         by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
     state: dict = {}
 
-    def remember_size(module, args) -> None:
-        state["layout"] = info.layout(
-            tuple(args[0].shape[-2:])
-        )  # the model's own (info predates the context)
+    def remember_size(module, args) -> None:  # the model's own layout (info predates the context)
+        state["layout"] = info.layout(tuple(args[0].shape[-2:]))
         state["n"] = state["layout"].num_tokens
 
     def append(module, args):
@@ -210,9 +208,8 @@ def use_test_time_registers(
         index = torch.tensor(by_layer[layer], device=hidden.device)
         hidden = hidden.clone()
         peak = hidden[:, :, index].amax(dim=1, keepdim=True)  # [B, 1, k]: each neuron's max over all tokens
-        hidden[:, -count:, index] = scale * peak.expand(-1, count, -1)
-        patches = state["layout"].patch_slice
-        hidden[:, patches.start : patches.stop, index] = 0
+        hidden[:, -count:, index] = peak.expand(-1, count, -1)
+        hidden[:, state["layout"].patch_slice, index] = 0
         return hidden
 
     with ExitStack() as stack:
