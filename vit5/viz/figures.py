@@ -494,12 +494,9 @@ def norm_histogram_figure(
         ax.yaxis.set_major_locator(LogLocator(base=10))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_locator(MaxNLocator(3))
-        S.style_axes(ax, f"block {layer}")
+        bottom, left = pos // cols == rows - 1, pos % cols == 0
+        S.style_axes(ax, f"block {layer}", "token norm" if bottom else "", "count" if left else "")
         ax.grid(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("token norm", fontsize=S.FONT)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("count", fontsize=S.FONT)
     for ax in axes.flat[num:]:
         ax.set_axis_off()
     style.suptitle(fig, f"{stats.model}: token norms per block ({stats.num_images} images)")

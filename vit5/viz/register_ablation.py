@@ -194,25 +194,17 @@ class AblationReport:
         ]
 
     def table(self) -> str:
-        def pct(v: float | None) -> str:
-            return "n/a" if v is None else f"{100 * v:.1f}"
-
-        def pp(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:+.1f}"
-
-        lines = [list(TABLE_HEADER)] + [
-            [
-                r.method,
-                r.place,
-                pct(r.top1),
-                pp(self.change(r, "top1")),
-                pct(r.knn),
-                pp(self.change(r, "knn")),
-                f"{1.0 - r.patch_cosine:.2g}",
-                f"{r.knn_overlap:.3f}",
+        def pair(row: AblationRow, metric: str) -> list[str]:  # accuracy (%) and change (pp)
+            value, change = getattr(row, metric), self.change(row, metric)
+            return [
+                "n/a" if value is None else f"{100 * value:.1f}",
+                "n/a" if change is None else f"{change:+.1f}",
             ]
-            for r in self.rows
-        ]
+
+        lines = [list(TABLE_HEADER)]
+        for r in self.rows:
+            similarity = [f"{1.0 - r.patch_cosine:.2g}", f"{r.knn_overlap:.3f}"]
+            lines.append([r.method, r.place, *pair(r, "top1"), *pair(r, "knn"), *similarity])
         return (
             f"register ablation of {self.model}: {self.num_images} images, reference set "
             f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{aligned(lines)}"
@@ -253,10 +245,9 @@ def run_ablation(
     base, base_ref = (model_outputs(net, imgs, cfg.batch_size, cfg.device) for imgs in (images, reference))
 
     def row(method: str, place: str, out: Outputs, out_ref: Outputs) -> AblationRow:
-        top1 = None
+        top1 = knn = None
         if out.logits is not None and labels is not None:
             top1 = float((out.logits.argmax(-1).numpy() == labels).mean())
-        knn = None
         if labels is not None and ref_labels is not None:
             knn = knn_accuracy(
                 out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature
