@@ -49,14 +49,10 @@ def probe_images(
     size: tuple[int, int], cfg: PositionProbeConfig
 ) -> tuple[list[LoadedImage], list[LoadedImage]]:
     """The constant images (one per grey level) and the uniform-noise images, as uint8 RGB."""
-    h, w = size
-    constant = [
-        LoadedImage(f"constant_{v:g}", np.full((h, w, 3), round(v * 255), dtype=np.uint8)) for v in cfg.levels
-    ]
-    rng = np.random.default_rng(cfg.seed)
+    shape, rng = (*size, 3), np.random.default_rng(cfg.seed)
+    constant = [LoadedImage(f"constant_{v:g}", np.full(shape, round(v * 255), np.uint8)) for v in cfg.levels]
     noise = [
-        LoadedImage(f"noise_{i}", rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
-        for i in range(cfg.noise_images)
+        LoadedImage(f"noise_{i}", rng.integers(0, 256, shape, np.uint8)) for i in range(cfg.noise_images)
     ]
     return constant, noise
 

@@ -151,9 +151,8 @@ def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunCon
     images, skipped = load_images(sources, size, patch)
     for line in skipped:
         cfg.log(f"warning: skipped {line}")
-    cfg.log(
-        f"{len(images)} images at {size[0]}x{size[1]}" + (f" ({len(skipped)} skipped)" if skipped else "")
-    )
+    note = f" ({len(skipped)} skipped)" if skipped else ""
+    cfg.log(f"{len(images)} images at {size[0]}x{size[1]}{note}")
     return images
 
 
