@@ -186,7 +186,7 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
 
 
 def test_a_timm_attention_without_the_explicit_softmax_path_is_refused_before_recording():
-    from vit5.viz.capture import recordable
+    from vit5.viz.collect import recordable
 
     model = tiny_timm()
     assert recordable(model).family == "timm"

@@ -1,6 +1,8 @@
 """Figures: written as PNG and PDF, non-empty, the expected pixel size, a colorbar on every map, shared scales
 where maps are compared, clipping stated, and the heat where it was planted."""
 
+from functools import partial
+
 import cv2
 import matplotlib
 import numpy as np
@@ -10,15 +12,16 @@ import vit5
 from vit5.errors import InputError
 from vit5.viz import LoadedImage, MapStyle, TokenStats
 from vit5.viz.figures import (
-    cls_attention_figure,
     compare_figure,
     figure_size,
-    norm_map_figure,
-    register_attention_figure,
+    image_figure,
     save_figure,
     upsample,
 )
 
+cls_attention_figure = partial(image_figure, "attention")
+register_attention_figure = partial(image_figure, "registers")
+norm_map_figure = partial(image_figure, "norms")
 GRID, PATCH, HOT = (4, 6), 8, (2, 3)
 GRAY = LoadedImage("gray", np.full((32, 48, 3), 128, np.uint8))
 
@@ -88,7 +91,7 @@ def test_every_map_has_a_colorbar_and_heads_share_a_layer_scale():
 
 def test_comparison_shares_one_scale_per_row_across_models():
     a, b = synthetic_stats(name="A"), synthetic_stats(scale=10.0, name="B")
-    fig = compare_figure([a, b], 0, GRAY, 0, 0, MapStyle(formats=("png",)))
+    fig = compare_figure([a, b], 0, GRAY, 0, MapStyle(formats=("png",)))
     colorbars = [ax for ax in fig.axes if not ax.images]
     attention_a, attention_b, norms_a, norms_b = (cb.get_ylim() for cb in colorbars)
     assert attention_a == attention_b and norms_a == norms_b

@@ -18,9 +18,9 @@ from vit5.viz import (
     compute_metrics,
     load_thresholds,
 )
-from vit5.viz import metrics as M
+from vit5.viz import artifacts as M
 from vit5.viz.artifacts import bootstrap_ci
-from vit5.viz.collect import attention_rollout, layer_rows
+from vit5.viz.collect import layer_rows, rollout_step
 from vit5.viz.stats import norm_map, outlier_map
 
 PLANTED = [(1, 4), (3, 0)]  # (row, col) in the 4 x 6 grid of a 32 x 48 image with 8-pixel patches
@@ -152,4 +152,4 @@ def test_bootstrap_interval():
 def test_rollout_equals_the_matrix_product():
     a1, a2 = torch.rand(1, 2, 3, 3).softmax(-1), torch.rand(1, 2, 3, 3).softmax(-1)
     step = lambda a: 0.5 * a.mean(1) + 0.5 * torch.eye(3)  # rows already sum to 1  # noqa: E731
-    torch.testing.assert_close(attention_rollout([a1, a2]), step(a2) @ step(a1))
+    torch.testing.assert_close(rollout_step(rollout_step(None, a1), a2), step(a2) @ step(a1))

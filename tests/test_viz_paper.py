@@ -5,6 +5,7 @@ elsewhere), checked on planted cases of both kinds."""
 
 import json
 import math
+from functools import partial
 
 import cv2
 import numpy as np
@@ -17,20 +18,21 @@ from viz_support import smooth_images, smooth_rgb, tiny_vit5, write_png
 
 from vit5 import plotstyle as S
 from vit5.viz import CollectConfig, LoadedImage, MapStyle, MetricConfig, collect, compute_metrics
-from vit5.viz import metrics as M
+from vit5.viz import artifacts as M
 from vit5.viz.artifacts import MIN_BOOTSTRAP_IMAGES, bootstrap_ci
-from vit5.viz.content import patch_content
 from vit5.viz.figures import (
-    cls_attention_figure,
+    image_figure,
     layer_profile_figure,
     massive_activation_figure,
     norm_histogram_figure,
-    norm_map_figure,
     save_figure,
 )
 from vit5.viz.images import default_size
 from vit5.viz.runner import PlantSpec, plant_artifacts
+from vit5.viz.stats import patch_content
 
+cls_attention_figure = partial(image_figure, "attention")
+norm_map_figure = partial(image_figure, "norms")
 QUIET = CollectConfig(batch_size=4, progress=False)
 FLAT_AT, BUSY_AT = ((1, 0), (2, 1)), ((1, 4), (2, 5))  # (row, col) in the 4 x 6 grid of a 32 x 48 image
 
@@ -118,12 +120,13 @@ def test_planted_content_outliers_are_content_like(model):
 def test_norm_map_marks_each_kind_and_captions_only_what_it_drew(model):
     stats, report = planted_report(model, (FLAT_AT[0], BUSY_AT[0]), count=1)
     image = half_flat_images(1)[0]
-    fig = norm_map_figure(stats, 0, image, [0], MapStyle(), report.outliers)
+    fig = norm_map_figure(stats, 0, image, [0], MapStyle(), outliers=report.outliers)
     text = " ".join(t.get_text() for t in _texts(fig))
     assert "2 outliers, 1 artifact-like" in text and "red: artifact-like" in text and "white dashed" in text
     clean = compute_metrics(stats, MetricConfig(threshold=1e9, n_boot=10))
     quiet = " ".join(
-        t.get_text() for t in _texts(norm_map_figure(stats, 0, image, [0], MapStyle(), clean.outliers))
+        t.get_text()
+        for t in _texts(norm_map_figure(stats, 0, image, [0], MapStyle(), outliers=clean.outliers))
     )
     assert "no outliers" in quiet and "red" not in quiet and "dashed" not in quiet
 
@@ -153,7 +156,7 @@ def test_every_text_is_at_least_8_pt(recorded, model):
     report = compute_metrics(stats, MetricConfig(n_boot=20))
     style = MapStyle()
     figures = [
-        norm_map_figure(stats, 0, images[0], [-1], style, report.outliers),
+        norm_map_figure(stats, 0, images[0], [-1], style, outliers=report.outliers),
         cls_attention_figure(stats, 0, images[0], [0, -1], style),
         layer_profile_figure({"a": report, "b": report}, style),
         massive_activation_figure({"a": (stats, report)}, style),

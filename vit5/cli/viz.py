@@ -233,7 +233,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, specs=None, items=None) -> list[LoadedModel]:
-    from vit5.viz.capture import recordable
+    from vit5.viz.collect import recordable
 
     models = load_models(args, specs, items)
     for model in models:

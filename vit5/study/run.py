@@ -192,7 +192,7 @@ def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, lis
 
 def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3) -> list[float | None]:
     """Per block, the share of the (image, head) pairs whose sink (a key receiving more than ``eps`` of the
-    average attention, as :func:`~vit5.viz.metrics.sink_heads`) is a background patch, among those whose
+    average attention, as :func:`~vit5.viz.artifacts.sink_heads`) is a background patch, among those whose
     sink is a patch at all (None where no head has a patch sink)."""
     patches = stats.patch_values(stats.received)  # [B, L, H, P]
     top = patches.argmax(axis=-1)

@@ -5,8 +5,7 @@ analyses (ablation, test-time registers, position probe). Command line: ``vit5 v
 from vit5.introspect import describe
 from vit5.introspect.spec import parse_model_args as parse_overrides
 from vit5.viz.artifacts import MetricConfig, compute_metrics, load_thresholds
-from vit5.viz.capture import capture
-from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.collect import CollectConfig, capture, collect
 from vit5.viz.figures import MapStyle, save_figure
 from vit5.viz.images import LoadedImage, load_images, to_batch
 from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
@@ -15,34 +14,8 @@ from vit5.viz.runner import VIEWS, PlantSpec, RunConfig, load_model_spec, run_co
 from vit5.viz.stats import TokenStats
 from vit5.viz.ttr import NeuronSearch
 
-__all__ = [
-    "VIEWS",
-    "AblationConfig",
-    "CollectConfig",
-    "LoadedImage",
-    "MapStyle",
-    "MetricConfig",
-    "NeuronSearch",
-    "PlantSpec",
-    "PositionProbeConfig",
-    "RunConfig",
-    "TokenStats",
-    "ablation_figure",
-    "capture",
-    "collect",
-    "compute_metrics",
-    "describe",
-    "load_images",
-    "load_model_spec",
-    "load_thresholds",
-    "parse_overrides",
-    "position_figure",
-    "run_ablation",
-    "run_compare",
-    "run_model",
-    "run_position_probe",
-    "run_ttr",
-    "save_figure",
-    "to_batch",
-    "write_probes",
-]
+__all__ = ["VIEWS", "AblationConfig", "CollectConfig", "LoadedImage", "MapStyle", "MetricConfig"]
+__all__ += ["NeuronSearch", "PlantSpec", "PositionProbeConfig", "RunConfig", "TokenStats", "ablation_figure"]
+__all__ += ["capture", "collect", "compute_metrics", "describe", "load_images", "load_model_spec"]
+__all__ += ["load_thresholds", "parse_overrides", "position_figure", "run_ablation", "run_compare"]
+__all__ += ["run_model", "run_position_probe", "run_ttr", "save_figure", "to_batch", "write_probes"]

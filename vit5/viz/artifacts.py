@@ -1,12 +1,13 @@
-"""Metrics of one model on one image set: per layer, with bootstrap intervals over images (not tokens: the
-tokens of one image are not independent). The outlier threshold is, by precedence: per-layer values of a
-reference model (``thresholds``, read with :func:`load_thresholds`), one norm (``threshold``), or this
-model's log-norm median + k * MAD.
-"""
+"""Artifact metrics (M1-M3, M5-M8, M10) of one model on one image set: per image and layer ``[B, L]``, with
+bootstrap intervals over images (not tokens: the tokens of one image are not independent). The outlier
+threshold is, by precedence: per-layer values of a reference model (``thresholds``, read with
+:func:`load_thresholds`), one norm (``threshold``), or this model's log-norm median + k * MAD (never
+Darcet's absolute 150, which is DINOv2 ViT-g's)."""
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -16,10 +17,9 @@ import numpy as np
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.viz import metrics as M
-from vit5.viz.content import FLAT_PERCENTILE, REDUNDANT_COSINE, classify_outliers, outlier_artifact_share
-from vit5.viz.stats import TokenStats
+from vit5.viz.stats import FLAT_PERCENTILE, REDUNDANT_COSINE, PatchContent, TokenStats, classify_outliers
 
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 PLACEMENT_RULE = (
     f"artifact-like = input patch in its image's flattest {FLAT_PERCENTILE:.0%} by pixel variance and "
     f"mean cosine >= {REDUNDANT_COSINE:g} to its 4-neighbours (redundant, Darcet et al. 2023 sec. 2.1); "
@@ -126,7 +126,7 @@ class MetricReport:
     )  # name -> value/ci_low/ci_high [L]
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
-    placement: list[dict] | None = None  # per layer: outliers artifact-like / content-like (vit5.viz.content)
+    placement: list[dict] | None = None  # per layer: artifact-like / content-like outliers
 
     @property
     def intervals(self) -> bool:
@@ -189,25 +189,19 @@ class MetricReport:
             for n in names:
                 s = self.summary[n]
                 value, half = s["value"][i], (s["ci_high"][i] - s["ci_low"][i]) / 2
-                if math.isnan(value):
-                    cells.append("n/a")
-                else:
-                    cells.append(f"{value:.3g}" + ("" if math.isnan(half) else f"±{half:.2g}"))
+                interval = "" if math.isnan(half) else f"±{half:.2g}"
+                cells.append("n/a" if math.isnan(value) else f"{value:.3g}{interval}")
             if self.placement:
                 p = self.placement[i]
                 cells.append(f"{p['artifact_like']}/{p['content_like']}" if p["outliers"] else "0")
             lines.append(cells)
         extra = f"\noutliers art/cont: {PLACEMENT_RULE}" if self.placement else ""
         if self.massive:
-            runs: list[list] = []  # consecutive blocks with the same place merged: [first, last, text]
-            for m in self.massive:
-                if runs and runs[-1][2] == massive_where(m):
-                    runs[-1][1] = m["layer"]
-                else:
-                    runs.append([m["layer"], m["layer"], massive_where(m)])
-            extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(
-                f"{first}{'' if first == last else f'-{last}'}: {where}" for first, last, where in runs
-            )
+            runs = []  # consecutive blocks with the same place merged
+            for where, group in itertools.groupby(self.massive, key=massive_where):
+                blocks = [m["layer"] for m in group]
+                runs.append(f"{blocks[0]}{'' if len(blocks) == 1 else f'-{blocks[-1]}'}: {where}")
+            extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(runs)
         return (
             f"{self.model}: {self.num_images} images, {self.interval_note()} "
             f"(threshold: {self.threshold_source})\n{aligned(lines)}\nsink rate over all layer-heads: "
@@ -245,6 +239,91 @@ def bootstrap_ci(
     return float(stat(values)), float(lo), float(hi)
 
 
+def log_mad_threshold(norms: np.ndarray, k: float = 5.0) -> float:
+    """``tau = exp(median(u) + k * 1.4826 * MAD(u))`` with ``u = log(norms)`` pooled over all values."""
+    u = np.log(np.asarray(norms, dtype=np.float64)[np.asarray(norms) > 0])
+    if u.size == 0:
+        return float("nan")
+    median = np.median(u)
+    return float(np.exp(median + k * MAD_TO_SIGMA * np.median(np.abs(u - median))))
+
+
+def layer_thresholds(patch_norms: np.ndarray, k: float = 5.0) -> np.ndarray:
+    """One :func:`log_mad_threshold` per layer, pooled over images and patches: ``[B, L, P] -> [L]``."""
+    return np.array([log_mad_threshold(patch_norms[:, layer], k) for layer in range(patch_norms.shape[1])])
+
+
+def outlier_ratio(norms: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """M1: share of the given tokens ``[B, L, T]`` above their layer's threshold ``[L]``."""
+    return (norms > np.asarray(thresholds)[None, :, None]).mean(axis=-1)
+
+
+def excess_kurtosis(patch_norms: np.ndarray) -> np.ndarray:
+    """M3: ``E[(n - mu)^4] / sigma^4 - 3`` over the patches of each image and layer (NaN if constant)."""
+    centred = patch_norms - patch_norms.mean(axis=-1, keepdims=True)
+    m2, m4 = (centred**2).mean(axis=-1), (centred**4).mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(m2 > 0, m4 / m2**2 - 3.0, np.nan)
+
+
+def _entropy(cls_to_patches: np.ndarray) -> np.ndarray:
+    """Entropy ``[B, L, H]`` of CLS attention renormalised over the patches."""
+    p = cls_to_patches / cls_to_patches.sum(axis=-1, keepdims=True)
+    return -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
+
+
+def cls_entropy(cls_to_patches: np.ndarray) -> np.ndarray:
+    """M5: ``[B, L, H, P] -> [B, L]`` entropy of the renormalised CLS attention / ``log P``, head mean
+    (1 = uniform over patches, 0 = one patch)."""
+    if cls_to_patches.shape[-1] < 2:
+        return np.full(cls_to_patches.shape[:2], np.nan)
+    return (_entropy(cls_to_patches) / np.log(cls_to_patches.shape[-1])).mean(axis=-1)
+
+
+def cls_effective_tokens(cls_to_patches: np.ndarray) -> np.ndarray:
+    """M5 companion: ``exp(entropy)`` of the renormalised CLS attention, averaged over heads."""
+    return np.exp(_entropy(cls_to_patches)).mean(axis=-1)
+
+
+def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarray) -> np.ndarray:
+    """M6: raw attention rows ``[B, L, H, P]`` summed over the outlier patches ``[B, L, P]`` *entering* each
+    block (block ``l`` attends over block ``l - 1``'s outputs; block 0's input is not recorded: NaN),
+    head mean."""
+    mass = np.full(cls_to_patches.shape[:2], np.nan)
+    mass[:, 1:] = (cls_to_patches[:, 1:] * patch_outliers[:, :-1, None, :]).sum(axis=-1).mean(axis=-1)
+    return mass
+
+
+def outlier_artifact_share(outliers: np.ndarray, content: PatchContent) -> np.ndarray:
+    """``outliers [B, L, P]`` -> ``[B, L]``: share of an image's outliers that are artifact-like (NaN
+    where it has none)."""
+    count = outliers.sum(axis=-1)
+    artifact = (outliers & content.artifact_like[:, None, :]).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(count > 0, artifact / count, np.nan)
+
+
+def sink_heads(received: np.ndarray, eps: float = 0.3) -> np.ndarray:
+    """``[B, L, H]`` heads in which one key receives more than ``eps`` of the average attention."""
+    return received.max(axis=-1) > eps
+
+
+def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Per layer of the top-1 ``token``, ``channel [B, L]``: the (token, channel) most often holding the
+    largest activation, in how many images, and how many pairs share that count (1: a unique mode; among
+    tied pairs the lowest token, then channel, is returned, so callers must report the tie)."""
+    found = []
+    for layer in range(token.shape[1]):
+        pairs, counts = np.unique(
+            np.stack([token[:, layer], channel[:, layer]], axis=1), axis=0, return_counts=True
+        )
+        best = int(np.argmax(counts))
+        found.append(
+            (int(pairs[best, 0]), int(pairs[best, 1]), int(counts[best]), int((counts == counts[best]).sum()))
+        )
+    return found
+
+
 def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray, str]:
     """Per-layer norm thresholds ``[L]`` and a sentence saying where they come from."""
     num_layers = len(stats.layers)
@@ -259,53 +338,60 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
         return ref[at], f"{source} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
         return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
-    thresholds = M.layer_thresholds(stats.patch_values(stats.norms), cfg.k)
-    return thresholds, f"log-norm median + {cfg.k:g} MAD of this model"
+    return layer_thresholds(
+        stats.patch_values(stats.norms), cfg.k
+    ), f"log-norm median + {cfg.k:g} MAD of this model"
 
 
 def per_image_metrics(
     stats: TokenStats, thresholds: np.ndarray, cfg: MetricConfig
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """All metric values ``name -> [B, L]`` and the outlier-patch mask ``[B, L, P]``."""
-    layout = stats.layout
+    """All metric values ``name -> [B, L]`` and the outlier-patch mask ``[B, L, P]``; M7's ``S_topK`` is the
+    summed received mass of the K keys other than CLS receiving most attention per head, M8 (after Gu et
+    al.) splits the sink rate by the type of the sink key, M10 is Sun et al.'s (arXiv 2402.17762, sec. 2)
+    largest / median ``|activation|`` (the LLM rule "> 100 and ~1000x the median" is not applied)."""
+    layout, types = stats.layout, np.asarray(stats.layout.token_types())
     patch_norms = stats.patch_values(stats.norms)
     outliers = patch_norms > np.asarray(thresholds)[None, :, None]
+    max_median = patch_norms.max(axis=-1) / np.median(patch_norms, axis=-1)
     values = {
         "outlier_ratio": outliers.mean(axis=-1),
-        "max_median_ratio": M.max_median_ratio(patch_norms),
-        "share_max_median_over_3": (M.max_median_ratio(patch_norms) > 3).astype(np.float64),
-        "norm_kurtosis": M.excess_kurtosis(patch_norms),
+        "max_median_ratio": max_median,
+        "share_max_median_over_3": (max_median > 3).astype(np.float64),
+        "norm_kurtosis": excess_kurtosis(patch_norms),
     }
     if stats.content is not None:
         values["outlier_artifact_share"] = outlier_artifact_share(outliers, stats.content)
     if layout.num_registers:
-        values["outlier_ratio_registers"] = M.outlier_ratio(stats.register_values(stats.norms), thresholds)
+        values["outlier_ratio_registers"] = outlier_ratio(stats.register_values(stats.norms), thresholds)
     if stats.cls_attn is not None:
         cls_patches = stats.patch_values(stats.cls_attn)
-        values["cls_entropy"] = M.cls_entropy(cls_patches)
-        values["cls_effective_tokens"] = M.cls_effective_tokens(cls_patches)
-        values["cls_outlier_mass"] = M.outlier_attention_mass(cls_patches, outliers)
+        values["cls_entropy"] = cls_entropy(cls_patches)
+        values["cls_effective_tokens"] = cls_effective_tokens(cls_patches)
+        values["cls_outlier_mass"] = outlier_attention_mass(cls_patches, outliers)
         values["cls_max_patch_attention"] = cls_patches.max(axis=(-2, -1))
         if layout.num_registers:
             values["cls_register_mass"] = stats.register_values(stats.cls_attn).sum(axis=-1).mean(axis=-1)
-    values["received_outlier_mass"] = M.outlier_attention_mass(stats.patch_values(stats.received), outliers)
+    values["received_outlier_mass"] = outlier_attention_mass(stats.patch_values(stats.received), outliers)
     if stats.patch_to_reg is not None:
         values["patch_register_mass"] = stats.patch_to_reg.mean(axis=-1)
-    types = layout.token_types()
-    keys = [i for i, t in enumerate(types) if t != "cls"]
-    top_k = cfg.top_k or layout.num_registers or 4
-    values["topk_sink_mass"], top_keys = M.topk_received(stats.received, keys, min(top_k, len(keys)))
+    keys = np.flatnonzero(types != "cls")
+    top_k = min(cfg.top_k or layout.num_registers or 4, keys.size)
+    top = np.argsort(-stats.received[..., keys], axis=-1)[..., :top_k]  # [B, L, H, K] among the keys
+    values["topk_sink_mass"] = np.take_along_axis(stats.received[..., keys], top, -1).sum(-1).mean(-1)
     if layout.num_registers:
-        values["topk_register_share"] = (np.asarray(types)[top_keys] == "register").mean(axis=(-2, -1))
-    values["sink_rate"] = M.sink_heads(stats.received, cfg.eps).mean(axis=-1)
-    for kind, rate in M.sink_rate_by_type(stats.received, types, cfg.eps).items():
-        values[f"sink_rate_{kind}"] = rate
+        values["topk_register_share"] = (types[keys[top]] == "register").mean(axis=(-2, -1))
+    has_sink, sink_type = sink_heads(stats.received, cfg.eps), types[stats.received.argmax(axis=-1)]
+    values["sink_rate"] = has_sink.mean(axis=-1)
     if stats.massive_top is not None:
-        values["massive_top1"] = stats.massive_top[..., 0].astype(np.float64)
-        values["massive_ratio"] = M.massive_ratio(stats.massive_top[..., 0], stats.massive_median)
-        holder = np.asarray(types)[stats.massive_token[..., 0]]
-        for kind in ("cls", "register", "patch"):
-            values[f"massive_on_{kind}"] = (holder == kind).astype(np.float64)
+        top1, median = stats.massive_top[..., 0].astype(np.float64), stats.massive_median.astype(np.float64)
+        values["massive_top1"] = top1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values["massive_ratio"] = np.where(median > 0, top1 / median, np.nan)
+    for kind in ("cls", "register", "patch"):
+        values[f"sink_rate_{kind}"] = (has_sink & (sink_type == kind)).mean(axis=-1)
+        if stats.massive_token is not None:
+            values[f"massive_on_{kind}"] = (types[stats.massive_token[..., 0]] == kind).astype(np.float64)
     return {name: values[name] for name in METRICS if name in values}, outliers
 
 
@@ -320,19 +406,11 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
         summary[name] = dict(zip(("value", "ci_low", "ci_high"), rows.T))
     massive = None
     if stats.massive_token is not None:
-        types = stats.layout.token_types()
-        places = M.massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
+        types, n = stats.layout.token_types(), stats.num_images
+        places = massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
+        keys = ("layer", "token", "token_type", "channel", "count", "n_images", "share", "tied_locations")
         massive = [
-            dict(
-                layer=layer,
-                token=token,
-                token_type=types[token],
-                channel=channel,
-                count=count,
-                n_images=stats.num_images,
-                share=count / stats.num_images,
-                tied_locations=tied,
-            )
+            dict(zip(keys, (layer, token, types[token], channel, count, n, count / n, tied)))
             for layer, (token, channel, count, tied) in zip(stats.layers, places)
         ]
     content = stats.content
@@ -340,7 +418,7 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
     return MetricReport(
         stats.model,
         stats.num_images,
-        list(stats.layers),
+        stats.layers,
         thresholds,
         source,
         cfg,

@@ -25,10 +25,10 @@ from vit5 import plotstyle as S
 from vit5.errors import InputError
 from vit5.plotstyle import metric_label
 from vit5.viz.artifacts import MetricReport
-from vit5.viz.content import classify_outliers
 from vit5.viz.images import LoadedImage
 from vit5.viz.stats import (
     TokenStats,
+    classify_outliers,
     cls_maps,
     norm_map,
     outlier_map,
@@ -39,11 +39,11 @@ from vit5.viz.stats import (
 
 PCA_CLIP = (1.0, 99.0)  # percentiles each PCA component is scaled between (and clipped at)
 RAW = "raw: share of all tokens, so CLS and registers hold the rest"
-RENORMALISED = "renormalised over the patches"
 NORM_KIND = "L2 norms of block outputs, before the final norm"
-TOKEN_COLOURS = {kind: S.ROLE_COLOURS[kind] for kind in ("patch", "register", "cls")}
-_ARTIFACT_MARKS = "red: artifact-like outliers (flat patch, like its neighbours)"
-_CONTENT_MARKS = "white dashed: content-like outliers"
+MARK_CAPTIONS = {
+    "artifact": "red: artifact-like outliers (flat patch, like its neighbours)",
+    "content": "white dashed: content-like outliers",
+}
 
 
 @dataclass(frozen=True)
@@ -68,19 +68,16 @@ class MapStyle:
             raise InputError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
         if self.dpi < 50:
             raise InputError(f"a figure needs at least 50 dpi, got {self.dpi} (default {S.DPI})")
-        unknown = set(self.formats) - {"png", "pdf", "svg"}
-        if unknown or not self.formats:
+        if not self.formats or set(self.formats) - {"png", "pdf", "svg"}:
             raise InputError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
 
+    def title_or(self, default: str) -> str:
+        """The title a figure gets: ``title`` when set (also ``""``), else its own."""
+        return default if self.title is None else self.title
 
-def figure_title(style: MapStyle, default: str) -> str:
-    """The title a figure gets: ``style.title`` when set (also ``""``), else its own."""
-    return default if style.title is None else style.title
-
-
-def _suptitle(fig: Figure, style: MapStyle, default: str) -> None:
-    if title := figure_title(style, default):
-        fig.suptitle(title, fontsize=S.FONT_TITLE)
+    def suptitle(self, fig: Figure, default: str) -> None:
+        if title := self.title_or(default):
+            fig.suptitle(title, fontsize=S.FONT_TITLE)
 
 
 @dataclass
@@ -95,6 +92,13 @@ class Panel:
     patch: int = 16  # pixels per map cell (the model's patch size)
     marks: np.ndarray | None = None  # [h, w] bool: cells outlined in red (e.g. artifact-like outliers)
     second_marks: np.ndarray | None = None  # [h, w] bool: cells outlined dashed white (content-like ones)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        if self.image is not None:
+            return self.image.shape[:2]
+        grid = self.values if self.values is not None else self.rgb
+        return grid.shape[0] * self.patch, grid.shape[1] * self.patch
 
 
 def upsample(values: np.ndarray, patch: int, mode: str = "nearest") -> np.ndarray:
@@ -118,23 +122,15 @@ def color_limits(
     note = ""
     if clip_percentile is not None and clip_percentile < 100:
         clipped = float(np.percentile(values, clip_percentile))
-        prefix = f"{label}: " if label else ""
-        note = f"{prefix}colour scale clipped at the {clip_percentile:g}th percentile ({clipped:.3g}; "
-        note += f"max {vmax:.3g})"
+        note = f"{label}: " * bool(label) + f"colour scale clipped at the {clip_percentile:g}th percentile "
+        note += f"({clipped:.3g}; max {vmax:.3g})"
         vmax = clipped
     return vmin, vmax if vmax > vmin else vmin + 1e-12, note
 
 
 # Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
-_TITLE_H, _PAD, _CBAR_GAP, _CBAR_W, _CBAR_LABELS, _HEADER_H, _NOTE_LINE_H = (
-    0.3,
-    0.1,
-    0.05,
-    0.1,
-    0.42,
-    0.4,
-    0.15,
-)
+_TITLE_H, _PAD, _HEADER_H, _NOTE_LINE_H = 0.3, 0.1, 0.4, 0.15
+_CBAR_GAP, _CBAR_W, _CBAR_LABELS = 0.05, 0.1, 0.42
 _CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
 _MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
 
@@ -161,12 +157,11 @@ def figure_size(
     """Inches of a grid of panels showing maps of width / height ``aspect`` (plus colorbars, titles, notes),
     at least :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
     map_w = map_inches(cols, style)
-    cell_w = map_w + _CELL_EXTRA
-    cell_h = map_w / aspect + _TITLE_H + _PAD
-    width = max(cols * cell_w, S.MIN_WIDTH)
-    height = rows * cell_h + _header_height(title_lines) + note_lines * _NOTE_LINE_H + _PAD
+    width = max(cols * (map_w + _CELL_EXTRA), S.MIN_WIDTH)
+    height = rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines)
+    height += note_lines * _NOTE_LINE_H
     snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
-    return snap(width), snap(height)
+    return snap(width), snap(height + _PAD)
 
 
 def panel_grid(
@@ -181,8 +176,7 @@ def panel_grid(
     range, or ``fixed_limits[group]``."""
     cols = max(len(r) for r in rows)
     panels = [p for r in rows for p in r if p is not None]
-    h_px, w_px = _panel_shape(panels[0])
-    aspect = w_px / h_px
+    h_px, w_px = panels[0].shape
     groups: dict[str, list[np.ndarray]] = {}
     for p in panels:
         if p.values is not None:
@@ -190,23 +184,22 @@ def panel_grid(
     limits = {g: color_limits(arrays, style.clip_percentile, g) for g, arrays in groups.items()}
     limits.update({group: (*bounds, "") for group, bounds in (fixed_limits or {}).items()})
     all_notes = [n for n in notes if n] + sorted({lim[2] for lim in limits.values() if lim[2]})
-    title = figure_title(style, title)
-    width, _ = figure_size(len(rows), cols, aspect, style)
+    title = style.title_or(title)
+    width = figure_size(len(rows), cols, w_px / h_px, style)[0]
     title_lines = _text_lines([title], width, S.FONT_TITLE)
     note_lines = _text_lines(all_notes, width, S.FONT_SMALL)
-    width, height = figure_size(len(rows), cols, aspect, style, note_lines, title_lines)
-    header = _header_height(title_lines)
+    width, height = figure_size(len(rows), cols, w_px / h_px, style, note_lines, title_lines)
     fig = Figure(figsize=(width, height), dpi=style.dpi)
     map_w = map_inches(cols, style)
-    map_h = map_w / aspect
+    map_h = map_w * h_px / w_px
     cell_w, cell_h = map_w + _CELL_EXTRA, map_h + _TITLE_H + _PAD
     margin = (width - cols * cell_w) / 2  # a one-panel figure is centred in its minimum width
     for i, row in enumerate(rows):
+        bottom = height - _header_height(title_lines) - (i + 1) * cell_h + _PAD
         for j, panel in enumerate(row):
             if panel is None:
                 continue
             left = margin + j * cell_w + _PAD
-            bottom = height - header - (i + 1) * cell_h + _PAD
             ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
             cax = None
             if panel.values is not None:
@@ -216,25 +209,16 @@ def panel_grid(
     if title:
         fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
     if all_notes:
-        notes_text = "\n".join(all_notes)
-        fig.text(
-            0.5, _PAD / 2 / height, notes_text, ha="center", va="bottom", fontsize=S.FONT_SMALL, wrap=True
-        )
+        text = "\n".join(all_notes)
+        fig.text(0.5, _PAD / 2 / height, text, ha="center", va="bottom", fontsize=S.FONT_SMALL, wrap=True)
     return fig
-
-
-def _panel_shape(panel: Panel) -> tuple[int, int]:
-    if panel.image is not None:
-        return panel.image.shape[:2]
-    grid = panel.values if panel.values is not None else panel.rgb
-    return grid.shape[0] * panel.patch, grid.shape[1] * panel.patch
 
 
 def _draw(
     fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None
 ) -> None:
     patch = panel.patch
-    h, w = _panel_shape(panel)
+    h, w = panel.shape
     extent = (0, w, h, 0)
     alpha = style.alpha if panel.image is not None else 1.0
     if panel.image is not None:
@@ -251,15 +235,11 @@ def _draw(
         colorbar.locator = MaxNLocator(4)
         colorbar.update_ticks()
     for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
-        cells = zip(*np.nonzero(marks)) if marks is not None else ()
-        for r, c in cells:
-            square = (c * patch, r * patch)
+        for r, c in zip(*np.nonzero(marks)) if marks is not None else ():
             ax.add_patch(
-                Rectangle(square, patch, patch, fill=False, edgecolor=colour, linestyle=dash, linewidth=1.2)
+                Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
             )
-    ax.set_xlim(0, w)
-    ax.set_ylim(h, 0)
-    ax.set_aspect("auto")  # the axes box already has the map's aspect
+    ax.set(xlim=(0, w), ylim=(h, 0), aspect="auto")  # the axes box already has the map's aspect
     ax.set_axis_off()
     ax.set_title(panel.title, fontsize=S.FONT, pad=3)
 
@@ -278,127 +258,122 @@ def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
     return f"{stats.model} | {image.name}: {what}"
 
 
-def cls_attention_figure(
+def _on(stats: TokenStats, image: LoadedImage, title: str, values: np.ndarray, group: str, **marks) -> Panel:
+    """A map of ``stats`` over ``image``."""
+    return Panel(title, values, image.rgb, group=group, patch=stats.patch_size, **marks)
+
+
+IMAGE_FIGURES = {"attention": "cls_attention", "registers": "register_attention", "rollout": "rollout"}
+IMAGE_FIGURES["norms"] = "norm_map"  # view -> file name of its per-image figure
+
+
+def image_figure(
+    view: str,
     stats: TokenStats,
     index: int,
     image: LoadedImage,
     layers: Sequence[int],
     style: MapStyle,
     renormalise: bool = False,
+    outliers: np.ndarray | None = None,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """One row per layer: every head and the head mean; one colour scale per layer (shared by its heads)."""
-    rows = []
-    for layer in layers:
-        maps = cls_maps(stats, index, layer, renormalise)
-        titled = [(f"layer {layer} head {h}", m) for h, m in enumerate(maps)]
-        titled.append((f"layer {layer} head mean", maps.mean(axis=0)))
-        rows.append(
-            [Panel(t, m, image.rgb, group=f"layer {layer}", patch=stats.patch_size) for t, m in titled]
+    """The figure of one image for a view of :data:`IMAGE_FIGURES`, one colour scale per layer. ``attention``:
+    a row per layer of every head's CLS-to-patch map and the head mean; ``registers``: a row per layer, a map
+    per register (head mean, raw); ``rollout``: attention rollout over all blocks, on the image and alone;
+    ``norms``: a panel per layer, ``outliers`` outlined, red where artifact-like, dashed white where
+    content-like (:class:`vit5.viz.stats.PatchContent`)."""
+    rows, after, group = [], [], lambda layer: f"layer {layer}"
+    if view == "attention":
+        for layer in layers:
+            maps = cls_maps(stats, index, layer, renormalise)
+            titles = [*(f"layer {layer} head {h}" for h in range(len(maps))), f"layer {layer} head mean"]
+            rows.append(
+                [_on(stats, image, t, m, group(layer)) for t, m in zip(titles, [*maps, maps.mean(0)])]
+            )
+        word, before = ("renormalised", "renormalised over the patches") if renormalise else ("raw", RAW)
+        what = f"CLS-to-patch attention ({word})"
+    elif view == "registers":
+        for layer in layers:
+            maps = enumerate(register_maps(stats, index, layer))
+            rows.append([_on(stats, image, f"layer {layer} register {r}", m, group(layer)) for r, m in maps])
+        what, before = "register-to-patch attention (head mean)", RAW
+    elif view == "rollout":
+        values, source = (
+            rollout_map(stats, index),
+            "CLS" if stats.layout.cls_index is not None else "mean patch",
         )
-    word, sentence = ("renormalised", RENORMALISED) if renormalise else ("raw", RAW)
-    return panel_grid(
-        rows, style, _title(stats, image, f"CLS-to-patch attention ({word})"), [sentence, *notes]
-    )
+        alone = Panel("map", values, group="rollout", patch=stats.patch_size)
+        rows = [[_on(stats, image, "on the image", values, "rollout"), alone]]
+        what, before = "attention rollout", f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
+    else:
+        rows, what, before, drawn, content = [[]], "patch-token norms", NORM_KIND, set(), stats.content
+        artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
+        for layer in layers:
+            marks = second = None
+            title = f"block {stats.layers[stats.layer_position(layer)]}"
+            if outliers is not None:
+                found = outlier_map(outliers, stats, index, layer)
+                marks, second = (
+                    (found & artifact_cells, found & ~artifact_cells) if content else (found, None)
+                )
+                n = int(found.sum())
+                title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
+                title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
+                drawn |= {"artifact"} if marks.any() else set()
+                drawn |= {"content"} if second is not None and second.any() else set()
+            norms = norm_map(stats, index, layer)
+            rows[0].append(_on(stats, image, title, norms, group(layer), marks=marks, second_marks=second))
+        after = [MARK_CAPTIONS[key] for key in MARK_CAPTIONS if key in drawn]
+        if "artifact" in drawn and artifact_cells is None:
+            after = ["red: tokens above the outlier threshold of their block"]
+    return panel_grid(rows, style, _title(stats, image, what), [before, *notes, *after])
 
 
-def register_attention_figure(
+def _view(
     stats: TokenStats,
+    view: str,
     index: int,
     image: LoadedImage,
-    layers: Sequence[int],
-    style: MapStyle,
-    notes: Sequence[str] = (),
-) -> Figure:
-    """One row per layer, one panel per register (head mean, raw); one colour scale per layer."""
-    rows = [
-        [
-            Panel(f"layer {layer} register {r}", m, image.rgb, group=f"layer {layer}", patch=stats.patch_size)
-            for r, m in enumerate(register_maps(stats, index, layer))
-        ]
-        for layer in layers
-    ]
-    title = _title(stats, image, "register-to-patch attention (head mean)")
-    return panel_grid(rows, style, title, [RAW, *notes])
-
-
-def rollout_figure(
-    stats: TokenStats, index: int, image: LoadedImage, style: MapStyle, notes: Sequence[str] = ()
-) -> Figure:
-    """Attention rollout over all blocks, on the image and alone (one colour scale)."""
-    values = rollout_map(stats, index)
-    source = "CLS" if stats.layout.cls_index is not None else "mean patch"
-    panels = [
-        Panel("on the image", values, image.rgb, group="rollout", patch=stats.patch_size),
-        Panel("map", values, group="rollout", patch=stats.patch_size),
-    ]
-    how = f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
-    return panel_grid([panels], style, _title(stats, image, "attention rollout"), [how, *notes])
-
-
-def _model_panels(
-    stats: TokenStats, index: int, image: LoadedImage, layer: int, renormalise: bool
-) -> list[Panel]:
-    """A model's attention (CLS head mean, or the attention each patch receives without CLS) and norms at
-    block ``layer``, for the comparison figures (Darcet et al. 2023, Fig. 1 and 7)."""
+    layer: int,
+    renormalise: bool,
+    prefix: str = "",
+) -> Panel:
+    """A summary or comparison map: ``rollout``, ``norms`` or ``attention`` at block ``layer`` (CLS head
+    mean, or the attention each patch receives without CLS; Darcet et al. 2023, Fig. 1 and 7)."""
     at = stats.layers[stats.layer_position(layer)]
+    if view == "rollout":
+        return _on(stats, image, prefix + "rollout", rollout_map(stats, index), "rollout")
+    if view == "norms":
+        return _on(stats, image, f"{prefix}norms, layer {at}", norm_map(stats, index, layer), "norms")
     if stats.cls_attn is not None:
-        attention, kind = cls_maps(stats, index, layer, renormalise).mean(axis=0), "CLS attention"
+        values, kind = cls_maps(stats, index, layer, renormalise).mean(axis=0), "CLS attention"
     else:
-        attention, kind = received_map(stats, index, layer), "attention received"
-    return [
-        Panel(f"{stats.model}: {kind}, layer {at}", attention, image.rgb, group=kind, patch=stats.patch_size),
-        Panel(
-            f"{stats.model}: norms, layer {at}",
-            norm_map(stats, index, layer),
-            image.rgb,
-            group="norms",
-            patch=stats.patch_size,
-        ),
-    ]
+        values, kind = received_map(stats, index, layer), "attention received"
+    return _on(stats, image, f"{prefix}{kind}, layer {at}", values, kind)
 
 
 def compare_figure(
     models: Sequence[TokenStats],
     index: int,
     image: LoadedImage,
-    attention_layer: int,
-    norm_layer: int,
-    style: MapStyle,
-    renormalise: bool = False,
-    notes: Sequence[str] = (),
-) -> Figure:
-    """Columns: the image then each model; rows: attention and norms, one colour scale per row. Layers are
-    block indices (-1: each model's last)."""
-    attention = [_model_panels(s, index, image, attention_layer, renormalise)[0] for s in models]
-    norms = [_model_panels(s, index, image, norm_layer, renormalise)[1] for s in models]
-    rows = [[Panel("image", image=image.rgb, patch=models[0].patch_size), *attention], [None, *norms]]
-    names = " vs ".join(s.model for s in models)
-    return panel_grid(rows, style, f"{image.name}: {names} (shared colour scale per row)", notes)
-
-
-def compare_summary_figure(
-    models: Sequence[TokenStats],
-    images: Sequence[LoadedImage],
     layer: int,
     style: MapStyle,
     renormalise: bool = False,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """One row per image: the image, every model's attention, every model's norms; one scale per kind."""
-    rows = []
-    for index, image in enumerate(images):
-        panels = [_model_panels(s, index, image, layer, renormalise) for s in models]
-        image_panel = Panel(image.name, image=image.rgb, patch=models[0].patch_size)
-        rows.append([image_panel, *(p[0] for p in panels), *(p[1] for p in panels)])
+    """Columns: the image then each model; rows: attention and norms at block ``layer`` (-1: each model's
+    last), one colour scale per row."""
+    rows = [[Panel("image", image=image.rgb, patch=models[0].patch_size)], [None]]
+    for s in models:
+        rows[0].append(_view(s, "attention", index, image, layer, renormalise, f"{s.model}: "))
+        rows[1].append(_view(s, "norms", index, image, layer, renormalise, f"{s.model}: "))
     names = " vs ".join(s.model for s in models)
-    return panel_grid(
-        rows, style, f"{names}: attention and token norms (shared colour scale per kind)", notes
-    )
+    return panel_grid(rows, style, f"{image.name}: {names} (shared colour scale per row)", notes)
 
 
 def summary_figure(
-    stats: TokenStats,
+    models: Sequence[TokenStats],
     images: Sequence[LoadedImage],
     views: Sequence[str],
     layer: int,
@@ -407,26 +382,20 @@ def summary_figure(
     renormalise: bool = False,
     notes: Sequence[str] = (),
 ) -> Figure:
-    """One row per image (``stats`` order), one column per view among ``attention`` (CLS head mean),
-    ``rollout``, ``norms`` and ``pca`` (``pca [B, h, w, 3]``), one colour scale per column."""
-    p = stats.patch_size
-    at = stats.layers[stats.layer_position(layer)]
+    """One row per image (``models`` order): the image, then per view among ``attention`` (CLS head mean; of
+    a model without CLS in a comparison, the attention each patch receives), ``rollout`` and ``norms`` every
+    model's map, one colour scale per view, and ``pca`` (``pca [B, h, w, 3]``)."""
+    several, names = len(models) > 1, " vs ".join(s.model for s in models)
     rows = []
     for i, image in enumerate(images):
-        row = [Panel(image.name, image=image.rgb, patch=p)]
-        if "attention" in views and stats.cls_attn is not None:
-            cls = cls_maps(stats, i, layer, renormalise).mean(0)
-            row.append(Panel(f"CLS attention, layer {at}", cls, image.rgb, group="CLS attention", patch=p))
-        if "rollout" in views:
-            row.append(Panel("rollout", rollout_map(stats, i), image.rgb, group="rollout", patch=p))
-        if "norms" in views:
-            row.append(
-                Panel(f"norms, layer {at}", norm_map(stats, i, layer), image.rgb, group="norms", patch=p)
-            )
+        rows.append([Panel(image.name, image=image.rgb, patch=models[0].patch_size)])
+        for view, s in ((v, s) for v in views for s in models if v != "pca"):
+            if view != "attention" or several or s.cls_attn is not None:
+                rows[-1].append(_view(s, view, i, image, layer, renormalise, f"{s.model}: " * several))
         if "pca" in views and pca is not None:
-            row.append(Panel("PCA RGB", rgb=pca[i], patch=p))
-        rows.append(row)
-    title = f"{stats.model}: summary of {len(images)} images (one colour scale per column)"
+            rows[-1].append(Panel("PCA RGB", rgb=pca[i], patch=models[0].patch_size))
+    title = f"{names}: summary of {len(images)} images (one colour scale per column)"
+    title = f"{names}: attention and token norms (shared colour scale per kind)" if several else title
     return panel_grid(rows, style, title, notes)
 
 
@@ -437,14 +406,12 @@ def pca_rgb(features: np.ndarray, grid: tuple[int, int]) -> tuple[np.ndarray, np
     b, p, c = features.shape
     if p != grid[0] * grid[1]:
         raise InputError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
-    flat = features.reshape(b * p, c).astype(np.float64)
-    if flat.shape[0] < 3 or c < 3:
+    if b * p < 3 or c < 3:
         raise InputError(
-            f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {flat.shape[0]} tokens of {c} "
-            "channels"
+            f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {b * p} tokens of {c} channels"
         )
     pca = PCA(n_components=3, svd_solver="full", random_state=0)
-    comps = pca.fit_transform(flat)
+    comps = pca.fit_transform(features.reshape(b * p, c).astype(np.float64))
     lo, hi = np.percentile(comps, PCA_CLIP, axis=0)
     scaled = np.clip((comps - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
     return scaled.reshape(b, *grid, 3), pca.explained_variance_ratio_
@@ -460,59 +427,15 @@ def pca_note(variance: np.ndarray) -> str:
 
 
 def pca_figure(
-    model: str,
-    image: LoadedImage,
-    rgb: np.ndarray,
-    variance: np.ndarray,
-    patch: int,
-    style: MapStyle,
-    notes=(),
+    stats: TokenStats, image: LoadedImage, rgb: np.ndarray, variance: np.ndarray, style: MapStyle, notes=()
 ) -> Figure:
     panels = [
-        Panel("image", image=image.rgb, patch=patch),
-        Panel("PCA of patch features", rgb=rgb, patch=patch),
+        Panel("image", image=image.rgb, patch=stats.patch_size),
+        Panel("PCA of patch features", rgb=rgb, patch=stats.patch_size),
     ]
-    title = f"{model} | {image.name}: PCA of dense features"
-    return panel_grid([panels], style, title, [*notes, pca_note(variance)])
-
-
-def norm_map_figure(
-    stats: TokenStats,
-    index: int,
-    image: LoadedImage,
-    layers: Sequence[int],
-    style: MapStyle,
-    outliers: np.ndarray | None = None,
-    notes: Sequence[str] = (),
-) -> Figure:
-    """One panel per layer, each with its own colour scale (norms grow with depth); outliers outlined,
-    red where artifact-like, dashed white where content-like (:mod:`vit5.viz.content`)."""
-    panels, drawn = [], set()
-    content = stats.content
-    artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
-    for layer in layers:
-        marks = second = None
-        title = f"block {stats.layers[stats.layer_position(layer)]}"
-        if outliers is not None:
-            found = outlier_map(outliers, stats, index, layer)
-            marks, second = (
-                (found & artifact_cells, found & ~artifact_cells) if content is not None else (found, None)
-            )
-            n = int(found.sum())
-            title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
-            title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
-            drawn |= {"artifact"} if marks.any() else set()
-            drawn |= {"content"} if second is not None and second.any() else set()
-        norms = norm_map(stats, index, layer)
-        group, patch = f"layer {layer}", stats.patch_size
-        panels.append(
-            Panel(title, norms, image.rgb, group=group, patch=patch, marks=marks, second_marks=second)
-        )
-    captions = [c for key, c in (("artifact", _ARTIFACT_MARKS), ("content", _CONTENT_MARKS)) if key in drawn]
-    if "artifact" in drawn and artifact_cells is None:
-        captions = ["red: tokens above the outlier threshold of their block"]
-    title = _title(stats, image, "patch-token norms")
-    return panel_grid([panels], style, title, [NORM_KIND, *notes, *captions])
+    return panel_grid(
+        [panels], style, _title(stats, image, "PCA of dense features"), [*notes, pca_note(variance)]
+    )
 
 
 def outlier_frequency_figure(
@@ -552,8 +475,7 @@ def norm_histogram_figure(
     """Small multiples, one per layer: norms of patch, register and CLS tokens over all images; linear norm
     axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
     num = len(stats.layers)
-    cols = min(columns, num)
-    rows = math.ceil(num / cols)
+    cols, rows = min(columns, num), math.ceil(num / min(columns, num))
     width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
     fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
@@ -562,25 +484,22 @@ def norm_histogram_figure(
         ax = axes.flat[pos]
         norms = stats.norms[:, pos]
         bins = np.linspace(0.0, max(float(norms.max()), float(thresholds[pos])) * 1.05, 41)
-        for kind, colour in TOKEN_COLOURS.items():
+        for kind in ("patch", "register", "cls"):
             values = norms[:, types == kind].ravel()
             if values.size:
                 label = f"{'CLS' if kind == 'cls' else kind} tokens"
-                ax.hist(values, bins=bins, color=colour, alpha=0.6, label=label)
+                ax.hist(values, bins=bins, color=S.ROLE_COLOURS[kind], alpha=0.6, label=label)
         ax.axvline(thresholds[pos], color="black", linestyle="--", linewidth=1, label="outlier threshold")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_locator(MaxNLocator(3))
-        S.style_axes(ax, f"block {layer}")
+        bottom, left = pos // cols == rows - 1, pos % cols == 0
+        S.style_axes(ax, f"block {layer}", "token norm" if bottom else "", "count" if left else "")
         ax.grid(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("token norm", fontsize=S.FONT)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("count", fontsize=S.FONT)
     for ax in axes.flat[num:]:
         ax.set_axis_off()
-    _suptitle(fig, style, f"{stats.model}: token norms per block ({stats.num_images} images)")
+    style.suptitle(fig, f"{stats.model}: token norms per block ({stats.num_images} images)")
     S.finish(fig, [NORM_KIND, *notes], axes.flat[:1], ncol=4)
     return fig
 
@@ -603,15 +522,10 @@ def layer_profile_figure(
     order = [name for _, names in PROFILE_PANELS for name in names]  # one line style per metric, everywhere
     for ax, (title, names) in zip(axes, PROFILE_PANELS):
         for m, (label, report) in enumerate(reports.items()):
-            for name in names:
-                k = order.index(name)
-                if name not in report.summary:
-                    continue
-                s = report.summary[name]
-                layers = report.layers
-                n = len(layers)
+            for name in (name for name in names if name in report.summary):
+                s, layers, n = report.summary[name], report.layers, len(report.layers)
                 text = f"{label}: {metric_label(name)}" if several else metric_label(name)
-                ax.plot(layers, s["value"][:n], label=text, **S.line_kwargs(m, k))
+                ax.plot(layers, s["value"][:n], label=text, **S.line_kwargs(m, order.index(name)))
                 if report.intervals:
                     ax.fill_between(
                         layers, s["ci_low"][:n], s["ci_high"][:n], color=S.model_colour(m), alpha=0.15
@@ -622,7 +536,7 @@ def layer_profile_figure(
         S.style_axes(ax, title, "block")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     first = next(iter(reports.values()))
-    _suptitle(fig, style, f"Layer profile: {', '.join(reports)}")
+    style.suptitle(fig, f"Layer profile: {', '.join(reports)}")
     bands = f"bands: {int(first.config.ci * 100)}% bootstrap over images" if first.intervals else None
     bands = bands or first.interval_note()
     S.finish(fig, [bands, *notes], axes, ncol=2 if several else 3)
@@ -642,13 +556,10 @@ def massive_activation_figure(
         if stats.massive_top is None:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
             continue
-        layers = stats.layers
-        top = stats.massive_top.mean(axis=0)  # [L, 3]
-        colour = S.model_colour(m)
+        layers, top, colour = stats.layers, stats.massive_top.mean(axis=0), S.model_colour(m)  # top [L, 3]
         for k in range(top.shape[1]):
-            kwargs = S.line_kwargs(0, k, colour)
-            kwargs.update(alpha=1.0 - 0.25 * k)
-            ax.plot(layers, top[:, k], label=f"top {k + 1}", **kwargs)
+            line = S.line_kwargs(0, k, colour) | {"alpha": 1.0 - 0.25 * k}
+            ax.plot(layers, top[:, k], label=f"top {k + 1}", **line)
         ax.plot(layers, stats.massive_median.mean(axis=0), label="median", **S.line_kwargs(0, 3, "#555555"))
         previous = None
         for where, y in zip(report.massive or [], top[:, 0]):
@@ -658,14 +569,14 @@ def massive_activation_figure(
             previous = text
             late = where["layer"] > (layers[0] + layers[-1]) / 2
             side = dict(xytext=(-3, 6), ha="right") if late else dict(xytext=(3, 6), ha="left")
-            side.update(annotation_clip=True)
-            ax.annotate(text, (where["layer"], y), textcoords="offset points", fontsize=S.FONT_SMALL, **side)
+            side.update(textcoords="offset points", fontsize=S.FONT_SMALL, annotation_clip=True)
+            ax.annotate(text, (where["layer"], y), **side)
         ax.set_yscale("log")
         S.log_ticks(ax)
         S.style_axes(ax, label, "block", "|activation|, mean over images" if m == 0 else "")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.margins(y=0.15)
-    _suptitle(fig, style, "Massive activations per block")
+    style.suptitle(fig, "Massive activations per block")
     S.finish(fig, ["labels: where the top 1 sits most often (written where it changes)", *notes], axes[:1], 4)
     return fig
 

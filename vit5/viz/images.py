@@ -6,8 +6,8 @@ figures draw, the same pixels; unreadable or sub-patch images are skipped and re
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,24 +63,16 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
             files = image_files(path)
             if not files:
                 raise InputError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
-            classes = sorted(
-                {p.relative_to(path).parts[0] for p in files if len(p.relative_to(path).parts) > 1}
-            )
+            relative = [p.relative_to(path) for p in files]
+            classes = sorted({r.parts[0] for r in relative if len(r.parts) > 1})
             if folder_labels and not classes:
                 raise InputError(
                     f"folder {path} has no class subfolders: labelled folders are ImageFolders "
                     "(<folder>/<class>/<image>)"
                 )
-            found += [
-                ImageSource(
-                    str(p.relative_to(path).with_suffix("")),
-                    path=str(p),
-                    label=classes.index(p.relative_to(path).parts[0])
-                    if folder_labels and len(p.relative_to(path).parts) > 1
-                    else None,
-                )
-                for p in files
-            ]
+            for p, r in zip(files, relative):
+                label = classes.index(r.parts[0]) if folder_labels and len(r.parts) > 1 else None
+                found.append(ImageSource(str(r.with_suffix("")), path=str(p), label=label))
         elif path.is_file():
             found.append(ImageSource(path.stem, path=str(path)))
         else:
@@ -98,7 +90,7 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
         seen[base] = seen.get(base, 0) + 1
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        unique.append(ImageSource(name, src.path, src.array, src.label))
+        unique.append(replace(src, name=name))
     return unique
 
 
@@ -164,11 +156,8 @@ def load_images(
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
         images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
     if not images:
-        raise InputError(
-            "no usable image in "
-            + ", ".join(map(str, sources))
-            + "".join(f"\n  skipped {s}" for s in skipped)
-        )
+        listed = "".join(f"\n  skipped {s}" for s in skipped)
+        raise InputError(f"no usable image in {', '.join(map(str, sources))}{listed}")
     return images, skipped
 
 
@@ -176,3 +165,9 @@ def to_batch(images: Sequence[LoadedImage], mean: Sequence[float], std: Sequence
     """``[B, 3, H, W]`` float32: ``(rgb / 255 - mean) / std`` with the model's own mean and std."""
     x = torch.from_numpy(np.stack([img.rgb for img in images])).permute(0, 3, 1, 2).float() / 255.0
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+
+
+def batches(images: Sequence[LoadedImage], info, batch_size: int, device: str) -> Iterator[torch.Tensor]:
+    """``images`` as :func:`to_batch` batches normalised with ``info.mean`` / ``info.std``, on ``device``."""
+    for start in range(0, len(images), batch_size):
+        yield to_batch(images[start : start + batch_size], info.mean, info.std).to(device)

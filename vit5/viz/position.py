@@ -20,7 +20,7 @@ from vit5.files import atomic_write_json
 from vit5.introspect import describe
 from vit5.model import take_indices
 from vit5.model.vit import unwrap
-from vit5.viz.capture import capture
+from vit5.viz.collect import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage, to_batch
 
@@ -49,14 +49,10 @@ def probe_images(
     size: tuple[int, int], cfg: PositionProbeConfig
 ) -> tuple[list[LoadedImage], list[LoadedImage]]:
     """The constant images (one per grey level) and the uniform-noise images, as uint8 RGB."""
-    h, w = size
-    constant = [
-        LoadedImage(f"constant_{v:g}", np.full((h, w, 3), round(v * 255), dtype=np.uint8)) for v in cfg.levels
-    ]
-    rng = np.random.default_rng(cfg.seed)
+    shape, rng = (*size, 3), np.random.default_rng(cfg.seed)
+    constant = [LoadedImage(f"constant_{v:g}", np.full(shape, round(v * 255), np.uint8)) for v in cfg.levels]
     noise = [
-        LoadedImage(f"noise_{i}", rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
-        for i in range(cfg.noise_images)
+        LoadedImage(f"noise_{i}", rng.integers(0, 256, shape, np.uint8)) for i in range(cfg.noise_images)
     ]
     return constant, noise
 
@@ -75,13 +71,10 @@ def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     :data:`COLOUR_SPAN`."""
     f = features.astype(np.float64)
     centred = f - f.mean(axis=0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    comps = centred @ vt[:3].T
-    if comps.shape[1] < 3:
-        comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
+    comps = centred @ np.linalg.svd(centred, full_matrices=False)[2][:3].T
+    comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))  # fewer than 3 components: grey
     scale = COLOUR_SPAN * np.sqrt((f**2).sum(axis=-1).mean())
-    rgb = 0.5 + 0.5 * comps / (scale if scale > 0 else 1.0)
-    return np.clip(rgb, 0.0, 1.0).reshape(*grid, 3)
+    return np.clip(0.5 + 0.5 * comps / (scale if scale > 0 else 1.0), 0.0, 1.0).reshape(*grid, 3)
 
 
 def position_share(features: np.ndarray) -> float:
@@ -112,16 +105,9 @@ class PositionProbe:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> dict:
-        return {
-            "model": self.model,
-            "layer": self.layer,
-            "grid": list(self.grid),
-            "levels": list(self.levels),
-            "constant_spatial_share": self.constant_spatial_share,
-            "noise_position_share": self.noise_position_share,
-            "constant_norm_cv": float(np.mean([m.std() / m.mean() for m in self.constant_norms])),
-            "notes": list(self.notes),
-        }
+        keys = ("model", "layer", "grid", "levels", "constant_spatial_share", "noise_position_share")
+        cv = float(np.mean([m.std() / m.mean() for m in self.constant_norms]))
+        return {k: getattr(self, k) for k in keys} | {"constant_norm_cv": cv, "notes": list(self.notes)}
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ kNN accuracy, patch-feature cosine to the unablated model and the label-free kNN
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,83 +22,46 @@ from vit5.files import atomic_write_json
 from vit5.introspect import describe
 from vit5.model.vit import unwrap
 from vit5.viz.artifacts import aligned, write_rows_csv
-from vit5.viz.images import LoadedImage, to_batch
+from vit5.viz.collect import edit_tokens
+from vit5.viz.images import LoadedImage, batches
 
 METHODS = ("zeros", "mean", "shuffle", "noise")
 PLACES = ("input", "blocks")
 # the printed table's columns, as docs/register-analyses.md writes them
-TABLE_HEADER = (
-    "method",
-    "place",
-    "top-1",
-    "top-1 change (pp)",
-    "kNN",
-    "kNN change (pp)",
-    "1 - patch cosine",
-    "kNN overlap",
+TABLE_HEADER = tuple(
+    "method, place, top-1, top-1 change (pp), kNN, kNN change (pp), 1 - patch cosine, kNN overlap".split(", ")
 )
-
-
-@dataclass
-class RegisterReference:
-    """Register statistics of a reference set: position 0 is the input, position ``d + 1`` block ``d``'s
-    output."""
-
-    mean: torch.Tensor  # [depth + 1, R, C]
 
 
 @contextmanager
 def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
-    """Call ``edit(position, registers [B, R, C]) -> registers or None`` on the input of the first
-    block (position 0) and on every block's output (position ``d + 1``); a returned tensor replaces the
-    registers."""
+    """Call ``edit(position, registers [B, R, C]) -> registers or None`` where :func:`edit_tokens` edits
+    tokens; a returned tensor replaces the registers."""
     info = describe(model)
     if info.num_registers == 0:
         raise InputError(
             f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
             "(vit5 presets have 4; timm *_reg4_* models)"
         )
-    net = unwrap(model)
-    state: dict = {}
 
-    def remember_size(module, args) -> None:
-        state["slice"] = info.layout(tuple(args[0].shape[-2:])).register_slice
-
-    def replace(x: torch.Tensor, position: int) -> torch.Tensor:
-        new = edit(position, x[:, state["slice"]])
+    def replace(position: int, x: torch.Tensor, layout) -> torch.Tensor | None:
+        new = edit(position, x[:, layout.register_slice])
         if new is None:
-            return x
+            return None
         x = x.clone()
-        x[:, state["slice"]] = new.to(x.dtype)
+        x[:, layout.register_slice] = new.to(x.dtype)
         return x
 
-    def on_input(module, args):
-        return (replace(args[0], 0), *args[1:])
-
-    def on_output(position: int):
-        return lambda module, args, output: replace(output, position)
-
-    with ExitStack() as stack:
-        stack.callback(net.patch_embed.register_forward_pre_hook(remember_size).remove)
-        stack.callback(net.blocks[0].register_forward_pre_hook(on_input, prepend=True).remove)
-        for d, block in enumerate(net.blocks):  # prepended: every other hook sees the replaced registers
-            stack.callback(block.register_forward_hook(on_output(d + 1), prepend=True).remove)
+    with edit_tokens(model, replace):
         yield
-
-
-def _batches(
-    images: Sequence[LoadedImage], model: nn.Module, batch_size: int, device: str
-) -> Iterator[torch.Tensor]:
-    info = describe(model)
-    for start in range(0, len(images), batch_size):
-        yield to_batch(images[start : start + batch_size], info.mean, info.std).to(device)
 
 
 @torch.no_grad()
 def register_reference(
     model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu"
-) -> RegisterReference:
-    """Mean of the register tokens at every position over ``images``."""
+) -> torch.Tensor:
+    """Mean ``[depth + 1, R, C]`` of the register tokens over ``images`` at every position: 0 is the input of
+    the first block, ``d + 1`` block ``d``'s output."""
     if not images:
         raise InputError("the register reference set is empty")
     total: dict[int, torch.Tensor] = {}
@@ -108,21 +71,18 @@ def register_reference(
 
     net = unwrap(model).eval().to(device)
     with _register_hooks(net, accumulate):
-        for x in _batches(images, net, batch_size, device):
+        for x in batches(images, describe(net), batch_size, device):
             net.forward_features(x)
-    return RegisterReference(torch.stack([total[p] / len(images) for p in sorted(total)]).float().cpu())
+    return torch.stack([total[p] / len(images) for p in sorted(total)]).float().cpu()
 
 
 @contextmanager
 def ablate_registers(
-    model: nn.Module, method: str, place: str, reference: RegisterReference | None = None, seed: int = 0
+    model: nn.Module, method: str, place: str, reference: torch.Tensor | None = None, seed: int = 0
 ) -> Iterator[None]:
     """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module
-    docstring)."""
-    if method not in METHODS:
-        raise InputError(f"unknown ablation method {method!r}: choose from {', '.join(METHODS)}")
-    if place not in PLACES:
-        raise InputError(f"unknown ablation place {place!r}: choose from {', '.join(PLACES)}")
+    docstring); ``reference``: :func:`register_reference`."""
+    AblationConfig((method,), (place,))  # the one check of the names
     if method == "mean" and reference is None:
         raise InputError(f"the {method} ablation needs a reference set (register_reference(model, images))")
     generator = torch.Generator().manual_seed(seed)
@@ -137,7 +97,7 @@ def ablate_registers(
                 raise InputError("shuffling registers across images needs at least two images per batch")
             return registers.roll(1, dims=0)
         if method == "mean":
-            return reference.mean[position].to(registers).expand_as(registers)
+            return reference[position].to(registers).expand_as(registers)
         noise = torch.randn(registers.shape, generator=generator).to(registers)
         return noise * (
             registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -181,7 +141,7 @@ def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: i
     layout = describe(net).layout(images[0].rgb.shape[:2])
     patches, pooled, logits = [], [], []
     has_head = getattr(net, "num_classes", 0) > 0
-    for x in _batches(images, net, batch_size, device):
+    for x in batches(images, describe(net), batch_size, device):
         tokens = net.forward_features(x)
         patches.append(layout.patches(tokens).float().cpu())
         pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
@@ -234,25 +194,17 @@ class AblationReport:
         ]
 
     def table(self) -> str:
-        def pct(v: float | None) -> str:
-            return "n/a" if v is None else f"{100 * v:.1f}"
-
-        def pp(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:+.1f}"
-
-        lines = [list(TABLE_HEADER)] + [
-            [
-                r.method,
-                r.place,
-                pct(r.top1),
-                pp(self.change(r, "top1")),
-                pct(r.knn),
-                pp(self.change(r, "knn")),
-                f"{1.0 - r.patch_cosine:.2g}",
-                f"{r.knn_overlap:.3f}",
+        def pair(row: AblationRow, metric: str) -> list[str]:  # accuracy (%) and change (pp)
+            value, change = getattr(row, metric), self.change(row, metric)
+            return [
+                "n/a" if value is None else f"{100 * value:.1f}",
+                "n/a" if change is None else f"{change:+.1f}",
             ]
-            for r in self.rows
-        ]
+
+        lines = [list(TABLE_HEADER)]
+        for r in self.rows:
+            similarity = [f"{1.0 - r.patch_cosine:.2g}", f"{r.knn_overlap:.3f}"]
+            lines.append([r.method, r.place, *pair(r, "top1"), *pair(r, "knn"), *similarity])
         return (
             f"register ablation of {self.model}: {self.num_images} images, reference set "
             f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{aligned(lines)}"
@@ -261,14 +213,7 @@ class AblationReport:
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = dict(
-            model=self.model,
-            num_images=self.num_images,
-            num_reference=self.num_reference,
-            config=asdict(self.config),
-            notes=self.notes,
-            rows=self.records(),
-        )
+        doc = asdict(self) | {"rows": self.records()}
         return [
             atomic_write_json(out / "ablation.json", doc),
             write_rows_csv(out / "ablation.csv", self.records()),
@@ -300,10 +245,9 @@ def run_ablation(
     base, base_ref = (model_outputs(net, imgs, cfg.batch_size, cfg.device) for imgs in (images, reference))
 
     def row(method: str, place: str, out: Outputs, out_ref: Outputs) -> AblationRow:
-        top1 = None
+        top1 = knn = None
         if out.logits is not None and labels is not None:
             top1 = float((out.logits.argmax(-1).numpy() == labels).mean())
-        knn = None
         if labels is not None and ref_labels is not None:
             knn = knn_accuracy(
                 out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature

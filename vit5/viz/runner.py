@@ -20,14 +20,12 @@ from vit5.files import atomic_write_json
 from vit5.introspect import ModelInfo, describe
 from vit5.introspect.spec import LoadedModel, load_spec
 from vit5.layers.patch_embed import grid_of
-from vit5.model import take_indices
+from vit5.model import TokenLayout, take_indices
 from vit5.model.footprint import attention_bytes
-from vit5.model.vit import unwrap
 from vit5.runtime import check_fits
 from vit5.viz import figures as F
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
-from vit5.viz.capture import recordable
-from vit5.viz.collect import CollectConfig, collect
+from vit5.viz.collect import CollectConfig, collect, edit_tokens, recordable
 from vit5.viz.figures import MapStyle
 from vit5.viz.images import LoadedImage, default_size, load_images
 from vit5.viz.stats import TokenStats
@@ -61,35 +59,22 @@ class PlantSpec:
 def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[None]:
     """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale`` (every later
     block sees the planted tokens); whatever is made inside must say "planted"."""
-    info = describe(model)
-    net = unwrap(model)
-    layer = take_indices(info.depth, [spec.layer])[0]
-    state: dict[str, tuple[int, int]] = {}
+    layer = take_indices(describe(model).depth, [spec.layer])[0]
 
-    def remember_size(module, args) -> None:
-        state["hw"] = tuple(args[0].shape[-2:])
-
-    def plant(module, inputs, output: torch.Tensor) -> torch.Tensor:
-        layout = info.layout(state["hw"])
+    def plant(position: int, tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
+        if position != layer + 1:
+            return None
         h, w = layout.grid
-        index = []
         for r, c in spec.positions:
             if not (0 <= r < h and 0 <= c < w):
                 raise InputError(f"planted position ({r},{c}) is outside the {h}x{w} patch grid")
-            index.append(layout.patch_slice.start + r * w + c)
-        out = output.clone()
+        index = [layout.patch_slice.start + r * w + c for r, c in spec.positions]
+        out = tokens.clone()
         out[:, index] = out[:, index] * spec.scale
         return out
 
-    handles = [
-        net.patch_embed.register_forward_pre_hook(remember_size),
-        net.blocks[layer].register_forward_hook(plant),
-    ]
-    try:
+    with edit_tokens(model, plant):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def load_model_spec(
@@ -166,9 +151,8 @@ def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunCon
     images, skipped = load_images(sources, size, patch)
     for line in skipped:
         cfg.log(f"warning: skipped {line}")
-    cfg.log(
-        f"{len(images)} images at {size[0]}x{size[1]}" + (f" ({len(skipped)} skipped)" if skipped else "")
-    )
+    note = f" ({len(skipped)} skipped)" if skipped else ""
+    cfg.log(f"{len(images)} images at {size[0]}x{size[1]}{note}")
     return images
 
 
@@ -213,38 +197,29 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
         result.files.extend(F.save_figure(fig, out / name, style.formats))
 
     shown = images[: cfg.max_figures]
-    pca, variance = (
-        F.pca_rgb(stats.features, stats.layout.grid) if stats.features is not None else (None, None)
-    )
+    pca, variance = (None, None) if stats.features is None else F.pca_rgb(stats.features, stats.layout.grid)
     has_cls = stats.cls_attn is not None
     if "attention" in views and not has_cls:
         cfg.log(f"{stats.model} has no CLS token: no CLS maps; rollout reads the mean patch row")
+
+    available = {"attention": has_cls, "registers": info.num_registers > 0}
+    per_image = [v for v in F.IMAGE_FIGURES if v in views and available.get(v, True)]
     for i, image in enumerate(shown):
-        folder = f"images/{image.name}/"
-        if "attention" in views and has_cls:
-            fig = F.cls_attention_figure(stats, i, image, layers, style, cfg.renormalise, notes)
-            save(fig, folder + "cls_attention")
-        if "registers" in views and info.num_registers:
-            save(
-                F.register_attention_figure(stats, i, image, layers, style, notes),
-                folder + "register_attention",
+        for view in per_image:
+            fig = F.image_figure(
+                view, stats, i, image, layers, style, cfg.renormalise, report.outliers, notes
             )
-        if "rollout" in views:
-            save(F.rollout_figure(stats, i, image, style, notes), folder + "rollout")
-        if "norms" in views:
-            save(
-                F.norm_map_figure(stats, i, image, layers, style, report.outliers, notes), folder + "norm_map"
-            )
+            save(fig, f"images/{image.name}/{F.IMAGE_FIGURES[view]}")
         if pca is not None:
-            save(
-                F.pca_figure(stats.model, image, pca[i], variance, stats.patch_size, style, notes),
-                folder + "pca",
-            )
+            save(F.pca_figure(stats, image, pca[i], variance, style, notes), f"images/{image.name}/pca")
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
-        fig = F.summary_figure(stats, shown, grid_views, layers[-1], style, pca, cfg.renormalise, grid_notes)
-        save(fig, "summary_grid")
+        at = layers[-1]
+        save(
+            F.summary_figure([stats], shown, grid_views, at, style, pca, cfg.renormalise, grid_notes),
+            "summary_grid",
+        )
     if "histograms" in views:
         save(F.norm_histogram_figure(stats, report.thresholds, style, notes=notes), "norm_histograms")
         save(F.outlier_frequency_figure(stats, report.outliers, layers, style, notes), "outlier_frequency")
@@ -299,9 +274,7 @@ def run_ttr(
     cfg.log(found.describe())
     before = _record(loaded, images, cfg, features=0)
     with use_test_time_registers(loaded.model, found.neurons, count):
-        after = _record(
-            replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, features=0
-        )
+        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, 0)
     out = Path(cfg.out) / "ttr"
     ttr_note = (
         f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
@@ -321,43 +294,36 @@ def _write_comparison(
     out: Path,
 ) -> tuple[RunResult, RunResult]:
     report_a = compute_metrics(stats_a, cfg.metrics)
-    reuse = replace(
-        cfg.metrics, thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}"
-    )
     own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
-    report_b = compute_metrics(stats_b, cfg.metrics if own else reuse)
+    reuse = dict(thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
+    report_b = compute_metrics(stats_b, cfg.metrics if own else replace(cfg.metrics, **reuse))
     out.mkdir(parents=True, exist_ok=True)
-    result_a, result_b = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    style, files, layer, both = cfg.style, result_a.files, cfg.layers[-1], [stats_a, stats_b]
+    results = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
+    style, files, layer, both = cfg.style, results[0].files, cfg.layers[-1], [stats_a, stats_b]
     shown = images[: cfg.max_figures]
     for i, image in enumerate(shown):
-        fig = F.compare_figure(both, i, image, layer, layer, style, cfg.renormalise, notes)
+        fig = F.compare_figure(both, i, image, layer, style, cfg.renormalise, notes)
         files += F.save_figure(fig, out / image.name, style.formats)
-    figures = {
-        "layer_profile": F.layer_profile_figure(
-            {stats_a.model: report_a, stats_b.model: report_b}, style, notes
-        ),
-        "massive_activations": F.massive_activation_figure(
-            {stats_a.model: (stats_a, report_a), stats_b.model: (stats_b, report_b)}, style, notes
-        ),
-    }
+    views, models = ("attention", "norms"), {r.stats.model: (r.stats, r.report) for r in results}
+    figures = {}
     if shown:
-        figures = {
-            "summary_grid": F.compare_summary_figure(both, shown, layer, style, cfg.renormalise, notes),
-            **figures,
-        }
+        figures["summary_grid"] = F.summary_figure(
+            both, shown, views, layer, style, None, cfg.renormalise, notes
+        )
+    figures["layer_profile"] = F.layer_profile_figure({m: r for m, (_, r) in models.items()}, style, notes)
+    figures["massive_activations"] = F.massive_activation_figure(models, style, notes)
     for name, fig in figures.items():
         files += F.save_figure(fig, out / name, style.formats)
     if notes:
         cfg.log("\n".join(notes))
-    for stats, report in ((stats_a, report_a), (stats_b, report_b)):
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stats.model)
+    for r in results:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in r.stats.model)
         files += [
-            report.write_json(out / f"metrics_{safe}.json"),
-            report.write_csv(out / f"metrics_{safe}.csv"),
+            r.report.write_json(out / f"metrics_{safe}.json"),
+            r.report.write_csv(out / f"metrics_{safe}.csv"),
         ]
         if cfg.save_raw:
-            files.append(stats.save(out / f"token_stats_{safe}.{cfg.save_raw}"))
-        cfg.log(report.table())
+            files.append(r.stats.save(out / f"token_stats_{safe}.{cfg.save_raw}"))
+        cfg.log(r.report.table())
     cfg.log(f"wrote {len(files)} files to {out}")
-    return result_a, result_b
+    return results

@@ -1,18 +1,39 @@
 """The arrays one model produces on one image set (B images, L blocks, H heads, N tokens, R registers,
-P = h * w patches; token order from ``layout``), the single source of every metric and figure, and the
-per-image maps ``[..., h, w]`` the figures draw from them."""
+P = h * w patches; token order from ``layout``), the single source of every metric and figure, the per-image
+maps ``[..., h, w]`` the figures draw from them, and where high-norm outliers sit relative to the content.
+Darcet et al. (arXiv 2309.16588, sec. 2.1, Fig. 5) find true artifacts on patches redundant with their
+neighbours, so an outlier is *artifact-like* when its input patch is flat (pixel-variance percentile <=
+``FLAT_PERCENTILE``) and like its 4-neighbours (mean cosine of centred pixels >= ``REDUNDANT_COSINE``),
+*content-like* otherwise."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from vit5.errors import InputError
 from vit5.model import TokenLayout
-from vit5.viz.content import PatchContent
+
+FLAT_PERCENTILE = 0.5  # in the flatter half of its image's patches
+REDUNDANT_COSINE = 0.5  # and similar to its neighbours
+_EPS = 1e-6  # pixel-vector norm (in [0, 1] units) below which a centred patch counts as the mean colour
+
+
+@dataclass(frozen=True)
+class PatchContent:
+    """Per image and patch ``[B, P]`` (row-major over the patch grid): the input's local information."""
+
+    variance: np.ndarray  # pixel variance, pixels in [0, 1]
+    variance_percentile: np.ndarray  # rank among the image's patches, in [0, 1]
+    neighbour_cosine: np.ndarray  # mean cosine of the centred pixel vector to its 4-neighbours
+
+    @property
+    def artifact_like(self) -> np.ndarray:
+        """``[B, P]`` flat, neighbour-redundant patches: where an outlier is artifact-like."""
+        return (self.variance_percentile <= FLAT_PERCENTILE) & (self.neighbour_cosine >= REDUNDANT_COSINE)
 
 
 @dataclass
@@ -33,7 +54,7 @@ class TokenStats:
     massive_token: np.ndarray | None = None  # [B, L, 3] token position of each of them
     massive_channel: np.ndarray | None = None  # [B, L, 3] channel of each of them
     massive_median: np.ndarray | None = None  # [B, L] median |activation| of each block output
-    # the input patches' local information (vit5.viz.content.PatchContent), [B, P] each
+    # the input patches' local information (PatchContent), [B, P] each
     pixel_variance: np.ndarray | None = None
     variance_percentile: np.ndarray | None = None
     neighbour_cosine: np.ndarray | None = None
@@ -63,7 +84,7 @@ class TokenStats:
 
     @property
     def content(self) -> PatchContent | None:
-        """The :class:`~vit5.viz.content.PatchContent` of the images, or None when not recorded."""
+        """The :class:`PatchContent` of the images, or None when not recorded."""
         if self.pixel_variance is None:
             return None
         return PatchContent(self.pixel_variance, self.variance_percentile, self.neighbour_cosine)
@@ -75,19 +96,10 @@ class TokenStats:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
         path = Path(path)
         arrays = {name: np.ascontiguousarray(a) for name, a in self.arrays().items()}
-        layout = self.layout
-        meta = json.dumps(
-            dict(
-                model=self.model,
-                layers=self.layers,
-                names=self.names,
-                patch_size=self.patch_size,
-                grid=list(layout.grid),
-                num_cls=layout.num_cls,
-                num_registers=layout.num_registers,
-                registers_first=layout.registers_first,
-            )
-        )
+        meta = {
+            f.name: getattr(self, f.name) for f in fields(self)[:5]
+        }  # model, layout, layers, names, patch
+        meta = json.dumps(meta | {"layout": asdict(self.layout)})
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
             from safetensors.numpy import save_file
@@ -112,22 +124,8 @@ class TokenStats:
             with np.load(path) as f:
                 meta = json.loads(str(f["vit5_viz"]))
                 arrays = {k: f[k] for k in f.files if k != "vit5_viz"}
-        layout = TokenLayout(
-            tuple(meta["grid"]), meta["num_cls"], meta["num_registers"], meta["registers_first"]
-        )
-        return cls(meta["model"], layout, meta["layers"], meta["names"], meta["patch_size"], **arrays)
-
-    @classmethod
-    def concat(cls, parts: list[TokenStats]) -> TokenStats:
-        """Join the stats of consecutive batches (same model, layout and layers)."""
-        first = parts[0]
-        joined: dict[str, list[np.ndarray]] = {}
-        for part in parts:
-            for name, values in part.arrays().items():
-                joined.setdefault(name, []).append(values)
-        names = [n for p in parts for n in p.names]
-        arrays = {k: np.concatenate(v) for k, v in joined.items()}
-        return cls(first.model, first.layout, first.layers, names, first.patch_size, **arrays)
+        layout = meta.pop("layout")
+        return cls(**meta, layout=TokenLayout(**layout | {"grid": tuple(layout["grid"])}), **arrays)
 
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
@@ -173,3 +171,68 @@ def rollout_map(stats: TokenStats, image: int) -> np.ndarray:
 def outlier_map(outliers: np.ndarray, stats: TokenStats, image: int, layer: int) -> np.ndarray:
     """The outlier patches ``[h, w]`` of a metric report's mask ``[B, L, P]``."""
     return stats.to_grid(outliers[image, stats.layer_position(layer)])
+
+
+def patch_content(rgb: np.ndarray, patch: int) -> PatchContent:
+    """``rgb [B, H, W, 3]`` (uint8, the pixels the model saw; H, W multiples of ``patch``)."""
+    x = np.asarray(rgb, dtype=np.float64) / 255.0
+    b, height, width, c = x.shape
+    h, w = height // patch, width // patch
+    patches = x.reshape(b, h, patch, w, patch, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, -1)
+    variance = patches.var(axis=-1)  # [B, h, w]
+    flat = np.round(variance.reshape(b, -1), 12)  # float noise of constant patches is a tie, not an order
+    # percentile rank, 0 for the flattest, 1 for the most varied; ties at their mean (a constant image: 0.5)
+    percentile = np.stack([_mean_ranks(v) for v in flat]) / max(1, flat.shape[1] - 1)
+    mean_colour = x.mean(axis=(1, 2))[:, None, None, :]  # [B, 1, 1, 3]; a patch vector is (row, col, rgb)
+    centred = patches - np.tile(mean_colour, (1, 1, 1, patch * patch))
+    norms = np.linalg.norm(centred, axis=-1)
+    cosine_sum, count = np.zeros((b, h, w)), np.zeros((1, h, w))
+    for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+        rows = slice(max(0, -dr), h - max(0, dr))
+        cols = slice(max(0, -dc), w - max(0, dc))
+        nrows = slice(max(0, dr), h - max(0, -dr))
+        ncols = slice(max(0, dc), w - max(0, -dc))
+        cosine_sum[:, rows, cols] += _cosine(
+            centred[:, rows, cols], centred[:, nrows, ncols], norms[:, rows, cols], norms[:, nrows, ncols]
+        )
+        count[:, rows, cols] += 1
+    cosine = cosine_sum / np.maximum(count, 1)
+    return PatchContent(flat, percentile, cosine.reshape(b, -1))
+
+
+def _mean_ranks(values: np.ndarray) -> np.ndarray:
+    """0-based ranks of ``values [P]``, equal values sharing their mean rank."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.cumsum(counts) - (counts + 1) / 2)[inverse]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray, na: np.ndarray, nb: np.ndarray) -> np.ndarray:
+    """Cosine of centred pixel vectors; two patches both at the mean colour are identical (1), one at the
+    mean and one not are unrelated (0)."""
+    both_flat = (na < _EPS) & (nb < _EPS)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = (a * b).sum(axis=-1) / (na * nb)
+    cos = np.where((na < _EPS) | (nb < _EPS), 0.0, cos)
+    return np.where(both_flat, 1.0, cos)
+
+
+def classify_outliers(outliers: np.ndarray, content: PatchContent, layers: list[int]) -> list[dict]:
+    """Per layer, pooled over images: the outlier count, how many are artifact-like / content-like, and the
+    median variance percentile and neighbour cosine of their input patches."""
+    found = []
+    for pos, layer in enumerate(layers):
+        mask = outliers[:, pos]
+        n = int(mask.sum())
+        artifact = int((mask & content.artifact_like).sum())
+        found.append(
+            dict(
+                layer=layer,
+                outliers=n,
+                artifact_like=artifact,
+                content_like=n - artifact,
+                artifact_share=artifact / n if n else None,
+                median_variance_percentile=float(np.median(content.variance_percentile[mask])) if n else None,
+                median_neighbour_cosine=float(np.median(content.neighbour_cosine[mask])) if n else None,
+            )
+        )
+    return found

@@ -18,9 +18,9 @@ from vit5.introspect import TEST_REGISTERS_ATTR, ModelInfo, describe
 from vit5.layers import RopeTable
 from vit5.model import take_indices
 from vit5.model.vit import unwrap
-from vit5.viz.capture import capture
-from vit5.viz.images import LoadedImage, to_batch
-from vit5.viz.metrics import layer_thresholds, log_mad_threshold, outlier_ratio
+from vit5.viz.artifacts import layer_thresholds, log_mad_threshold, outlier_ratio
+from vit5.viz.collect import capture
+from vit5.viz.images import LoadedImage, batches
 
 
 @dataclass(frozen=True)
@@ -100,32 +100,22 @@ def find_register_neurons(
         raise InputError("find register neurons on the model itself, not inside use_test_time_registers()")
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
-    batches = [
-        to_batch(images[s : s + search.batch_size], info.mean, info.std).to(search.device)
-        for s in range(0, len(images), search.batch_size)
-    ]
+    inputs = list(batches(images, info, search.batch_size, search.device))
     norms = []
     with capture(net, attention=False) as rec:
-        for x in batches:
+        for x in inputs:
             net.forward_features(x)
             block_norms = [layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)]
             norms.append(torch.stack(block_norms, 1))
     patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
     per_block = outlier_ratio(patch_norms, layer_thresholds(patch_norms, search.k)).mean(axis=0)
-    detect = (
-        int(np.argmax(per_block))
-        if search.detect_layer is None
-        else take_indices(info.depth, [search.detect_layer])[0]
-    )
-    top = detect if search.top_layer is None else take_indices(info.depth, [search.top_layer])[0]
-    tau = (
-        search.threshold
-        if search.threshold is not None
-        else log_mad_threshold(patch_norms[:, detect], search.k)
-    )
-    scores, used, start = None, 0, 0
+    detect = int(np.argmax(per_block)) if search.detect_layer is None else search.detect_layer
+    detect = take_indices(info.depth, [detect])[0]
+    top = take_indices(info.depth, [detect if search.top_layer is None else search.top_layer])[0]
+    tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)  # a threshold is positive
+    scores, used, start = None, 0, 0  # scores [L, H]: summed over the images with outliers
     hidden: dict[int, torch.Tensor] = {}
-    for x in batches:
+    for x in inputs:
         hidden.clear()
         with ExitStack() as stack:
             _mlp_input_hooks(
@@ -134,13 +124,9 @@ def find_register_neurons(
             net.forward_features(x)
         outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
         start += len(x)
-        for b in range(len(x)):
-            if not outliers[b].any():
-                continue
+        for b in (b for b in range(len(x)) if outliers[b].any()):
             at = layout.patch_slice.start + torch.nonzero(outliers[b]).flatten()
-            image_scores = torch.stack(
-                [hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)]
-            )  # [L, H]
+            image_scores = torch.stack([hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)])
             scores = image_scores if scores is None else scores + image_scores
             used += 1
     if used == 0:
@@ -176,11 +162,11 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
 
 @contextmanager
 def use_test_time_registers(
-    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1, scale: float = 1.0
+    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1
 ) -> Iterator[None]:
     """Algorithm 2 of Jiang et al.: ``count`` zero tokens are appended after every other token (no position
     embedding, no RoPE rotation) before the first block and dropped before the final norm; at each register
-    neuron they take the neuron's maximum over all tokens (times ``scale``) and the patch tokens are zeroed
+    neuron they take the neuron's maximum over all tokens and the patch tokens are zeroed
     (CLS keeps its value, as in the official hook, which edits image 0 only; this edits every image)."""
     info = check_test_time_registers(model)
     net = unwrap(model)
@@ -193,10 +179,8 @@ def use_test_time_registers(
         by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
     state: dict = {}
 
-    def remember_size(module, args) -> None:
-        state["layout"] = info.layout(
-            tuple(args[0].shape[-2:])
-        )  # the model's own (info predates the context)
+    def remember_size(module, args) -> None:  # the model's own layout (info predates the context)
+        state["layout"] = info.layout(tuple(args[0].shape[-2:]))
         state["n"] = state["layout"].num_tokens
 
     def append(module, args):
@@ -223,9 +207,8 @@ def use_test_time_registers(
         index = torch.tensor(by_layer[layer], device=hidden.device)
         hidden = hidden.clone()
         peak = hidden[:, :, index].amax(dim=1, keepdim=True)  # [B, 1, k]: each neuron's max over all tokens
-        hidden[:, -count:, index] = scale * peak.expand(-1, count, -1)
-        patches = state["layout"].patch_slice
-        hidden[:, patches.start : patches.stop, index] = 0
+        hidden[:, -count:, index] = peak.expand(-1, count, -1)
+        hidden[:, state["layout"].patch_slice, index] = 0
         return hidden
 
     with ExitStack() as stack:
