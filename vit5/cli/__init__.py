@@ -7,24 +7,25 @@ so ``vit5 --help``, ``vit5 COMMAND --help`` and argument errors answer without l
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
+import inspect
 import itertools
 import os
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vit5.errors import InputError, Vit5Error, user_message
+from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
 from vit5.runtime import DEVICE_HELP, print_main
 
 if TYPE_CHECKING:
     from vit5.introspect.spec import LoadedModel
 
-# name -> (module whose main(argv) runs it, one-line summary)
+# name -> (module whose main(argv, prog) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
     "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
@@ -36,8 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vit5.cli.predict", "top-k class names and probabilities for each image of a folder"),
     "list": ("vit5.cli.catalog", "the model presets, the released weights and the packaged training recipes"),
 }
-OWN_PROG = {"train", "eval", "viz", "data", "predict", "list"}  # main() takes the program name for usage
-SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
+SIZE_HELP = "input size, N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -47,10 +47,36 @@ MODEL_HELP = (
 )
 
 
+class Help(argparse.HelpFormatter):
+    """Help that states the default of every option whose help text does not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text, value = action.help or "", action.default
+        if "default" in text or value in (None, [], argparse.SUPPRESS) or isinstance(value, bool):
+            return text
+        return f"{text} (default {' '.join(map(str, value)) if isinstance(value, list) else value})"
+
+
+class RawHelp(argparse.RawDescriptionHelpFormatter, Help):
+    """:class:`Help` that keeps the line breaks of the description."""
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions
     is dropped) and whose subcommands report their own unknown options, with their usage (argparse
-    leaves them to the top parser)."""
+    leaves them to the top parser); ``check(args)``: the usage error of the parsed options, if any."""
+
+    def __init__(
+        self, *args: Any, check: Callable[[Any], Any] = lambda args: None, formatter_class=Help, **kwargs: Any
+    ):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+        self.check = check
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        if problem := self.check(parsed):
+            self.error(problem)
+        return parsed
 
     def add_subparsers(self, **kwargs):
         return super().add_subparsers(parser_class=_Subcommand, **kwargs)
@@ -67,14 +93,28 @@ class _Subcommand(Parser):
         return namespace, extras
 
 
+def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
+    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
+    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value."""
+    if callable(default):
+        default, kwargs["type"] = None, kwargs.get("type", default)
+    elif isinstance(default, bool):
+        kwargs.setdefault("action", "store_false" if default else "store_true")
+    elif isinstance(default, list):
+        kwargs.setdefault("nargs", "+")
+        if default and not isinstance(default[0], str):
+            kwargs.setdefault("type", type(default[0]))
+    elif isinstance(default, (int, float)):
+        kwargs.setdefault("type", type(default))
+    p.add_argument(flag, default=default, help=help, **kwargs)
+
+
 def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
     """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
     repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
+    repeat = "; repeat --model for several models" if several else ""
     p.add_argument(
-        "--model",
-        required=True,
-        action="append" if several else "store",
-        help=MODEL_HELP + ("; repeat --model for several models" if several else ""),
+        "--model", required=True, action="append" if several else "store", help=MODEL_HELP + repeat
     )
     p.add_argument(
         "--model-args",
@@ -86,30 +126,19 @@ def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, dev
         + ("; once for every model, or once per --model in order (empty for none)" if several else ""),
     )
     choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
-    p.add_argument(
-        "--weights",
-        choices=choices,
-        default=choices[0],
-        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
-        if auto
-        else "raw (default) or the EMA weights of the checkpoint(s)",
-    )
+    weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema" if auto else ""
+    weights = weights or "raw (default) or the EMA weights of the checkpoint(s)"
+    opt(p, "--weights", choices[0], weights, choices=choices)
     p.add_argument("--ema", dest="weights", action="store_const", const="ema", help="same as --weights ema")
-    p.add_argument(
-        "--random-init",
-        action="store_true",
-        help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-        "pretrained weights; checkpoints load as usual; outputs say random-init",
+    untrained = "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+    untrained += "pretrained weights; checkpoints load as usual; outputs say random-init"
+    opt(p, "--random-init", False, untrained)
+    limit = (
+        f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})"
     )
-    p.add_argument(
-        "--max-params",
-        type=float,
-        metavar="N",
-        help="refuse vit5 models larger than N parameters before building them "
-        f"(default {DEFAULT_MAX_PARAMS:.0e})",
-    )
+    opt(p, "--max-params", float, limit, metavar="N")
     if device:
-        p.add_argument("--device", default="auto", help=DEVICE_HELP)
+        opt(p, "--device", "auto", DEVICE_HELP)
 
 
 def per_model_args(args: argparse.Namespace) -> list[list[str]]:
@@ -146,12 +175,12 @@ def load_models(
     ]
 
 
-def from_options(cls: type, args: argparse.Namespace, **values):
-    """The dataclass ``cls`` from the options named like its fields (lists as tuples) and ``values``."""
-    values = {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)
-    } | values
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
+    """``target`` (a settings dataclass, a function) called with ``values`` and the options named like
+    its parameters (lists as tuples)."""
+    names = inspect.signature(target).parameters
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)} | values
+    return target(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -166,6 +195,11 @@ def parse_size(text: str) -> tuple[int, int]:
             f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
         )
     return (values[0], values[-1])
+
+
+def size_option(p: Any, default: str | None = "the model's own") -> None:
+    """``--size N|HxW`` (:func:`parse_size`); ``default``: what no ``--size`` means."""
+    opt(p, "--size", parse_size, SIZE_HELP + (f" (default: {default})" if default else ""), metavar="N|HxW")
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:
@@ -186,6 +220,17 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     return status
 
 
+def run_main(parse: Callable[[Any], Any], argv: Sequence[str] | None, work: Callable[[Any], Any]) -> int:
+    """``work(parse(argv))`` (:func:`run_command`, cleaning up a new ``args.out``), with a console that
+    prints any file name (undecodable bytes as ``\\xNN``) and warnings as one line each."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+    args = parse(argv)
+    return run_command(lambda: work(args), getattr(args, "out", None))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vit5 import __version__
 
@@ -203,13 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv)``."""
+    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv, prog)``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         build_parser().parse_args(argv[:1])  # --help, or a usage error naming the commands
         return 2
-    name, rest = argv[0], argv[1:]
-    module = importlib.import_module(COMMANDS[name][0])
-    if name in OWN_PROG:
-        return run_command(lambda: module.main(rest, prog=f"vit5 {name}"))
-    return run_command(lambda: module.main(rest))
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return run_command(lambda: module.main(argv[1:], prog=f"vit5 {argv[0]}"))

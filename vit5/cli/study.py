@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit5.cli import Parser, run_command
+from vit5.cli import Parser, opt, run_main
 from vit5.errors import InputError
 
 if TYPE_CHECKING:
@@ -49,49 +49,37 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
         raise InputError(f"bad study setting: {err}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vit5 viz study") -> argparse.ArgumentParser:
     p = Parser(
-        prog="vit5 viz study",
+        prog=prog,
         description="Train twin models without and with registers on canvases that reward a storage token, "
         "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
     )
-    p.add_argument("--out", required=True, type=Path, help="study folder (created; rerun to resume)")
-    p.add_argument(
-        "--preset", choices=STUDY_PRESETS, default="full", help="full: the README study; smoke: seconds"
-    )
-    p.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        dest="settings",
-        help="override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False",
-    )
-    p.add_argument(
-        "--max-minutes", type=float, help="stop at the first checkpoint after this many minutes (resumable)"
-    )
-    p.add_argument(
-        "--no-analysis", action="store_true", help="skip the register ablation / test-time register analyses"
-    )
-    p.add_argument(
+    opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
+    opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
+    settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
+    opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
+    opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
+    opt(p, "--no-analysis", False, "skip the register ablation / test-time register analyses")
+    opt(
+        p,
         "--analyse-only",
-        action="store_true",
-        help="no training: write the figure, verdict and analyses of the twins as they are now",
+        False,
+        "no training: write the figure, verdict and analyses of the twins as they are now",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    opt(p, "--quiet", False, "no progress bar")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "vit5 viz study") -> int:
     """``vit5 viz study``: 0, or 2 after one ``error:`` line (:func:`vit5.cli.run_command`)."""
-    args = build_parser().parse_args(argv)
+    return run_main(build_parser(prog).parse_args, argv, _study)
 
-    def study() -> None:
-        from vit5.study.run import PRESETS, run_study
 
-        cfg = parse_settings(PRESETS[args.preset], args.settings)
-        analyse, train = not args.no_analysis, not args.analyse_only
-        result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
-        print(f"wrote {len(result.files)} files to {args.out}")
+def _study(args: argparse.Namespace) -> None:
+    from vit5.study.run import PRESETS, run_study
 
-    return run_command(study)
+    cfg = parse_settings(PRESETS[args.preset], args.settings)
+    analyse, train = not args.no_analysis, not args.analyse_only
+    result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
+    print(f"wrote {len(result.files)} files to {args.out}")
