@@ -57,10 +57,6 @@ class Help(argparse.HelpFormatter):
         return f"{text} (default {' '.join(map(str, value)) if isinstance(value, list) else value})"
 
 
-class RawHelp(argparse.RawDescriptionHelpFormatter, Help):
-    """:class:`Help` that keeps the line breaks of the description."""
-
-
 class Parser(argparse.ArgumentParser):
     """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions
     is dropped) and whose subcommands report their own unknown options, with their usage (argparse
@@ -197,9 +193,9 @@ def parse_size(text: str) -> tuple[int, int]:
     return (values[0], values[-1])
 
 
-def size_option(p: Any, default: str | None = "the model's own") -> None:
-    """``--size N|HxW`` (:func:`parse_size`); ``default``: what no ``--size`` means."""
-    opt(p, "--size", parse_size, SIZE_HELP + (f" (default: {default})" if default else ""), metavar="N|HxW")
+def size_option(p: Any, note: str | None = None) -> None:
+    """``--size N|HxW`` (:func:`parse_size`); ``note``: what its help says after the syntax (the default)."""
+    opt(p, "--size", parse_size, SIZE_HELP + (note or " (default: the model's own)"), metavar="N|HxW")
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from vit5.cli import (
     Parser,
-    RawHelp,
     add_model_options,
     from_options,
     load_models,
@@ -29,8 +28,6 @@ from vit5.runtime import resolve_device
 
 # vit5.eval.sweep.DEFAULT_SCALES, named here so that --help loads no torch (tests hold them equal)
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
-
-
 SUMMARIES = {
     "classify": "top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split",
     "sweep": "accuracy against input resolution (table + plot) for one or more models",
@@ -46,7 +43,7 @@ def _models(args: argparse.Namespace, device=None) -> list:
 
     models = load_models(args)
     for m in models:
-        m.model.to(device or resolve_device(args.device))
+        m.model.to(device or args.device)
     return distinct_labels(models)
 
 
@@ -58,7 +55,7 @@ def _classify_data(args: argparse.Namespace):
 
     settings = from_options(ClassifySettings, args)
     # without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group
-    accelerator = Accelerator(cpu=resolve_device(args.device).type == "cpu")
+    accelerator = Accelerator(cpu=args.device == "cpu")
     return settings, accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
 
 
@@ -148,19 +145,12 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
 def _loader(p: argparse.ArgumentParser, batch_size: int, workers: int | None) -> None:
     opt(p, "--batch-size", batch_size, "images per batch")
     default = "min(4, CPUs - 1), and torch threads on the CPUs they leave" if workers is None else workers
-    opt(
-        p,
-        "--workers",
-        workers,
-        f"data loader processes (default {default})",
-        type=int,
-        dest="num_workers",
-        metavar="N",
-    )
+    text = f"data loader processes (default {default})"
+    opt(p, "--workers", workers, text, type=int, dest="num_workers", metavar="N")
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__, formatter_class=RawHelp)
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(run, out: str | None, several: bool | None = True) -> argparse.ArgumentParser:
@@ -192,7 +182,7 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--images", None, "image folder (searched recursively) or one image", required=True)
     opt(p, "--layers", [-1], "blocks to save (default -1, the last)")
     size = p.add_mutually_exclusive_group()
-    size_option(size, "each image's own size")
+    size_option(size, " (default: each image's own size)")
     opt(size, "--max-side", int, "own size, shrunk so the longer side is at most this")
     opt(p, "--norm", False, "apply the final norm to each block's output")
     opt(p, "--dtype", "float32", "storage dtype", choices=("float32", "float16", "bfloat16"))
@@ -248,7 +238,7 @@ def _run(args: argparse.Namespace) -> None:
 
     torch.manual_seed(args.seed)
     if hasattr(args, "device"):
-        resolve_device(args.device)  # a bad --device fails before any work
+        args.device = str(resolve_device(args.device))  # a bad --device fails before any work
     if hasattr(args, "out"):
         check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
     args.run(args)

@@ -1,25 +1,26 @@
 """``vit5 viz COMMAND``: the figures and metrics of :mod:`vit5.viz` for one model, two side by side or
-with test-time registers; the register ablation, the position probe, and the register study
-(:mod:`vit5.cli.study`)."""
+with test-time registers; the register ablation, the position probe, and the register study (vit5.study)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import itertools
 import sys
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit5.cli import (
-    SIZE_HELP,
     Parser,
     add_model_options,
     from_options,
     load_models,
     opt,
-    parse_size,
     per_model_args,
     run_main,
+    size_option,
 )
 from vit5.errors import InputError
 from vit5.files import check_output_dir
@@ -28,11 +29,14 @@ from vit5.runtime import resolve_device
 
 if TYPE_CHECKING:
     from vit5.introspect.spec import LoadedModel
+    from vit5.study.run import StudyConfig
     from vit5.viz import RunConfig
 
-# vit5.viz.register_ablation.METHODS / PLACES, named here so that --help loads no torch (tests: equal)
+# vit5.viz.register_ablation.METHODS / PLACES and the keys of vit5.study.run.PRESETS, named here so that
+# --help loads no torch (tests: equal)
 ABLATION_METHODS = ("zeros", "mean", "shuffle", "noise")
 ABLATION_PLACES = ("input", "blocks")
+STUDY_PRESETS = ("full", "smoke")
 
 SUBCOMMANDS = {  # name -> help
     "attention": "CLS-to-patch maps per head and mean, register maps, rollout",
@@ -55,19 +59,25 @@ DRAWS = {  # the views a subcommand draws; the others: every view
     "pca": {"pca"},
     "metrics": {"metrics"},
 }
-OWN_SIZE = " (default: the model's own)"
 ASPECT_SIZE = (
     "; images are resized to cover it and centre-cropped. Default: the images' aspect kept, short side = the "
     "model's (a patch multiple), long side = short x the images' median aspect rounded to a patch multiple"
 )
 
 
-def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str, images: str | None) -> None:
-    """The input and output options; ``images``: the help of ``--images`` (None: no such option)."""
+def _label(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name the model: give a non-empty TEXT")
+    return text
+
+
+def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str | None, images: str | None) -> None:
+    """The input and output options; ``size``: what no --size means (None: the model's own size);
+    ``images``: the help of ``--images`` (None: no such option)."""
     if images:
         opt(p, "--images", None, images, nargs="+", required=True, metavar="PATH")
     opt(p, "--out", Path, "output directory", required=True)
-    opt(p, "--size", parse_size, SIZE_HELP + size, metavar="N|HxW")
+    size_option(p, size)
     opt(p, "--batch-size", batch_size)
     opt(p, "--formats", ["png", "pdf"], choices=("png", "pdf", "svg"))
     opt(p, "--dpi", DPI, "PNG resolution")
@@ -76,17 +86,12 @@ def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str, images: str
 
 def _views(p: argparse.ArgumentParser, name: str) -> None:
     add_model_options(p)
-    opt(
-        p,
-        "--label",
-        None,
-        "name of --model in titles, legends, tables (default: from its spec)",
-        metavar="TEXT",
-    )
+    label = "name of --model in titles, legends, tables (default: from its spec)"
+    opt(p, "--label", _label, label, metavar="TEXT")
     if name == "compare":
         opt(p, "--model-b", None, "second model (same spec forms)", required=True)
         opt(p, "--model-b-args", [], "overrides for --model-b", metavar="KEY=VALUE")
-        opt(p, "--label-b", None, "like --label, for --model-b", metavar="TEXT")
+        opt(p, "--label-b", _label, "like --label, for --model-b", metavar="TEXT")
         own = "score --model-b with its own outlier thresholds (default: reuse --model's, for twins)"
         opt(p, "--own-thresholds", True, own, dest="reuse_thresholds")
     if name == "attention":
@@ -130,27 +135,6 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
         opt(t, "--count", 1, "test-time registers to append")
 
 
-def _ablate_options(p: argparse.ArgumentParser, name: str) -> None:
-    add_model_options(p)
-    reference = "reference images (register means, kNN bank); default: the first half of --images"
-    opt(p, "--reference", None, reference, nargs="+", metavar="PATH")
-    opt(p, "--folder-labels", False, "ImageFolders: label = class subfolder")
-    opt(p, "--methods", list(ABLATION_METHODS), choices=ABLATION_METHODS)
-    opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
-    opt(p, "--knn-k", 20)
-    opt(p, "--max-images", int, "at most the first N of --images and of --reference")
-    images = "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
-    _outputs(p, 32, OWN_SIZE, images)
-
-
-def _position_options(p: argparse.ArgumentParser, name: str) -> None:
-    add_model_options(p, several=True)
-    opt(p, "--layer", -1, "block whose output is probed (default: the last)")
-    opt(p, "--levels", [0.0, 0.25, 0.5, 0.75, 1.0], "constant grey levels in [0, 1]")
-    opt(p, "--noise-images", 16)
-    _outputs(p, 32, OWN_SIZE, None)
-
-
 def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     parser = Parser(
         prog=prog,
@@ -160,22 +144,127 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         "sklearn-samples --out runs/viz",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    options = {"ablate": _ablate_options, "position": _position_options, "study": lambda p, name: None}
-    for name, text in SUBCOMMANDS.items():  # study: parsed by vit5.cli.study
-        options.get(name, _views)(
-            sub.add_parser(name, help=text, description=text, add_help=name != "study"), name
-        )
+    for name, text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text, add_help=name != "study")  # study: its own
+        if name == "ablate":
+            add_model_options(p)
+            reference = "reference images (register means, kNN bank); default: the first half of --images"
+            opt(p, "--reference", None, reference, nargs="+", metavar="PATH")
+            opt(p, "--folder-labels", False, "ImageFolders: label = class subfolder")
+            opt(p, "--methods", list(ABLATION_METHODS), choices=ABLATION_METHODS)
+            opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
+            opt(p, "--knn-k", 20)
+            opt(p, "--max-images", int, "at most the first N of --images and of --reference")
+            images = (
+                "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
+            )
+            _outputs(p, 32, None, images)
+        elif name == "position":
+            add_model_options(p, several=True)
+            opt(p, "--layer", -1, "block whose output is probed (default: the last)")
+            opt(p, "--levels", [0.0, 0.25, 0.5, 0.75, 1.0], "constant grey levels in [0, 1]")
+            opt(p, "--noise-images", 16)
+            _outputs(p, 32, None, None)
+        elif name != "study":
+            _views(p, name)
     return parser
 
 
-def _load(args: argparse.Namespace, specs=None, items=None) -> list[LoadedModel]:
+def study_parser(prog: str = "vit5 viz study") -> argparse.ArgumentParser:
+    p = Parser(
+        prog=prog,
+        description="Train twin models without and with registers on canvases that reward a storage token, "
+        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
+    )
+    opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
+    opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
+    settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
+    opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
+    opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
+    opt(p, "--no-analysis", False, "skip the register ablation / test-time register analyses")
+    analyse = "no training: write the figure, verdict and analyses of the twins as they are now"
+    opt(p, "--analyse-only", False, analyse)
+    opt(p, "--quiet", False, "no progress bar")
+    return p
+
+
+def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
+    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
+    ``model.KEY`` (ViT5Config)."""
+    from vit5.data.digits.canvases import CanvasConfig
+    from vit5.introspect.spec import parse_model_args as parse_overrides
+    from vit5.study.run import StudyConfig
+
+    study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
+    canvas_keys = {f.name for f in fields(CanvasConfig)}
+    study, canvas, model = {}, {}, dict(base.model_args)
+    for key, value in parse_overrides(items).items():
+        if key.startswith("model."):
+            model[key[len("model.") :]] = value
+        elif key in study_keys:
+            study[key] = value
+        elif key in canvas_keys:
+            canvas[key] = value
+        else:
+            close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
+            hint = "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            raise InputError(
+                f"unknown study setting {key!r}: {f'did you mean {close[0]!r}?' if close else hint}"
+            )
+    try:
+        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
+    except TypeError as err:
+        raise InputError(f"bad study setting: {err}") from None
+
+
+def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
+    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:
+        return study_main(argv[1:], f"{prog} study")
+    return run_main(build_parser(prog).parse_args, argv, _run)
+
+
+def study_main(argv: list[str] | None = None, prog: str = "vit5 viz study") -> int:
+    return run_main(study_parser(prog).parse_args, argv, _study)
+
+
+def _study(args: argparse.Namespace) -> None:
+    from vit5.study.run import PRESETS, run_study
+
+    cfg = parse_settings(PRESETS[args.preset], args.settings)
+    analyse, train = not args.no_analysis, not args.analyse_only
+    result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
+    print(f"wrote {len(result.files)} files to {args.out}")
+
+
+def _run(args: argparse.Namespace) -> None:
+    from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
+
+    args.device = str(resolve_device(args.device))  # a bad --device fails before any work
+    check_output_dir(args.out, "--out")
+    if args.command in ("ablate", "position"):
+        return (_ablate if args.command == "ablate" else _position)(args)
+    cfg = _config(args)
+    if args.command == "compare":
+        specs, items = [args.model, args.model_b], [args.model_args, args.model_b_args]
+        run_compare(*_load(args, specs, items, (args.label, args.label_b)), args.images, cfg)
+    elif args.command == "ttr":
+        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
+        run_ttr(*_load(args, labels=(args.label,)), args.images, cfg, search, args.count)
+    else:
+        run_model(*_load(args, labels=(args.label,)), args.images, cfg)
+
+
+def _load(args: argparse.Namespace, specs=None, items=None, labels=()) -> list[LoadedModel]:
+    """The models of the options, each named by its ``labels`` entry (``--label``) where given."""
     from vit5.viz.capture import recordable
 
     models = load_models(args, specs, items)
     for model in models:
         recordable(model.model)  # an architecture whose attention cannot be recorded fails now
         print(f"model: {model.description}")
-    return models
+    return [replace(m, label=label) if label else m for m, label in itertools.zip_longest(models, labels)]
 
 
 def _ablate(args: argparse.Namespace) -> None:
@@ -196,10 +285,9 @@ def _ablate(args: argparse.Namespace) -> None:
         if len(images) < 4:
             raise InputError("give --reference images, or at least 4 --images to split in halves")
         images, reference = images[len(images) // 2 :], images[: len(images) // 2]
-    cfg = from_options(AblationConfig, args, device=str(resolve_device(args.device)))
     label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
-    report = run_ablation(model.model, images, reference, label, cfg, notes)
+    report = run_ablation(model.model, images, reference, label, from_options(AblationConfig, args), notes)
     figure = ablation_figure(report, args.dpi)
     files = report.write(args.out) + save_figure(figure, args.out / "ablation", tuple(args.formats))
     print(report.table())
@@ -207,16 +295,10 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 def _position(args: argparse.Namespace) -> None:
-    from vit5.viz import (
-        MapStyle,
-        PositionProbeConfig,
-        position_figure,
-        run_position_probe,
-        save_figure,
-        write_probes,
-    )
+    from vit5.viz import MapStyle, save_figure
+    from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
 
-    cfg = from_options(PositionProbeConfig, args, device=str(resolve_device(args.device)))
+    cfg, style = from_options(PositionProbeConfig, args), from_options(MapStyle, args)
     overrides = per_model_args(args)
     common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
     probes = []
@@ -229,11 +311,8 @@ def _position(args: argparse.Namespace) -> None:
             f"  block {s['layer']}: constant-image spatial share {s['constant_spatial_share']:.4f}, "
             f"noise-image position share {s['noise_position_share']:.4f}"
         )
-    style = from_options(MapStyle, args)
-    files = [
-        write_probes(probes, args.out),
-        *save_figure(position_figure(probes, style), args.out / "position_probe", style.formats),
-    ]
+    figure = position_figure(probes, style)
+    files = [write_probes(probes, args.out), *save_figure(figure, args.out / "position_probe", style.formats)]
     print(f"wrote {len(files)} files to {args.out}")
 
 
@@ -250,41 +329,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         RunConfig,
         args,
         views=frozenset(DRAWS.get(args.command, VIEWS)),
-        device=str(resolve_device(args.device)),
         style=from_options(MapStyle, args),
         metrics=from_options(MetricConfig, args, thresholds=thresholds, threshold_source=source),
         plant=plant,
     )
-
-
-def _relabel(model: LoadedModel, label: str | None) -> LoadedModel:
-    if label is not None and not label.strip():
-        raise InputError("--label / --label-b must name the model: give a non-empty TEXT")
-    return model if label is None else replace(model, label=label)
-
-
-def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
-    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["study"]:
-        from vit5.cli.study import main as study_main
-
-        return study_main(argv[1:], f"{prog} study")
-    return run_main(build_parser(prog).parse_args, argv, _run)
-
-
-def _run(args: argparse.Namespace) -> None:
-    from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
-
-    check_output_dir(args.out, "--out")
-    if args.command in ("ablate", "position"):
-        return (_ablate if args.command == "ablate" else _position)(args)
-    cfg = _config(args)
-    if args.command == "compare":
-        model, model_b = _load(args, [args.model, args.model_b], [args.model_args, args.model_b_args])
-        run_compare(_relabel(model, args.label), _relabel(model_b, args.label_b), args.images, cfg)
-    elif args.command == "ttr":
-        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
-        run_ttr(_relabel(*_load(args), args.label), args.images, cfg, search, args.count)
-    else:
-        run_model(_relabel(*_load(args), args.label), args.images, cfg)
