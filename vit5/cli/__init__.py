@@ -1,8 +1,5 @@
-"""The ``vit5`` command: one module per subcommand (``vit5 COMMAND --help``), with what they share here.
-
-Subcommands are imported only when asked for and build their parsers from the standard library alone,
-so ``vit5 --help``, ``vit5 COMMAND --help`` and argument errors answer without loading torch.
-"""
+"""The ``vit5`` command: one module per subcommand, imported only when asked for, with parsers built from the
+standard library alone (``--help`` and argument errors answer without loading torch), and what they share."""
 
 from __future__ import annotations
 
@@ -62,9 +59,7 @@ class Parser(argparse.ArgumentParser):
     is dropped) and whose subcommands report their own unknown options, with their usage (argparse
     leaves them to the top parser); ``check(args)``: the usage error of the parsed options, if any."""
 
-    def __init__(
-        self, *args: Any, check: Callable[[Any], Any] = lambda args: None, formatter_class=Help, **kwargs: Any
-    ):
+    def __init__(self, *args: Any, check: Callable = lambda args: None, formatter_class=Help, **kwargs: Any):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
         self.check = check
 
@@ -109,18 +104,11 @@ def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, dev
     """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
     repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
     repeat = "; repeat --model for several models" if several else ""
-    p.add_argument(
-        "--model", required=True, action="append" if several else "store", help=MODEL_HELP + repeat
-    )
-    p.add_argument(
-        "--model-args",
-        nargs="*" if several else "+",
-        action="append" if several else "extend",
-        default=None if several else [],
-        metavar="KEY=VALUE",
-        help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
-        + ("; once for every model, or once per --model in order (empty for none)" if several else ""),
-    )
+    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action="append" if several else "store")
+    overrides = "overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
+    overrides += "; once for every model, or once per --model in order (empty for none)" if several else ""
+    many = {"nargs": "*", "action": "append"} if several else {"nargs": "+", "action": "extend"}
+    opt(p, "--model-args", None if several else [], overrides, metavar="KEY=VALUE", **many)
     choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
     weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema" if auto else ""
     weights = weights or "raw (default) or the EMA weights of the checkpoint(s)"
@@ -129,10 +117,8 @@ def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, dev
     untrained = "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
     untrained += "pretrained weights; checkpoints load as usual; outputs say random-init"
     opt(p, "--random-init", False, untrained)
-    limit = (
-        f"refuse vit5 models larger than N parameters before building them (default {DEFAULT_MAX_PARAMS:.0e})"
-    )
-    opt(p, "--max-params", float, limit, metavar="N")
+    limit = "refuse vit5 models larger than N parameters before building them"
+    opt(p, "--max-params", float, f"{limit} (default {DEFAULT_MAX_PARAMS:.0e})", metavar="N")
     if device:
         opt(p, "--device", "auto", DEVICE_HELP)
 
@@ -227,9 +213,13 @@ def run_main(parse: Callable[[Any], Any], argv: Sequence[str] | None, work: Call
     return run_command(lambda: work(args), getattr(args, "out", None))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv, prog)``."""
     from vit5 import __version__
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:], prog=f"vit5 {argv[0]}")
     parser = Parser(
         prog="vit5",
         description="ViT-5 (arXiv 2602.08071): train, evaluate, visualise, benchmark and export.",
@@ -240,14 +230,5 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         sub.add_parser(name, help=summary, add_help=False)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv, prog)``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        build_parser().parse_args(argv[:1])  # --help, or a usage error naming the commands
-        return 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return run_command(lambda: module.main(argv[1:], prog=f"vit5 {argv[0]}"))
+    parser.parse_args(argv[:1])  # --help, --version, or a usage error naming the commands
+    return 2

@@ -19,7 +19,7 @@ SCALE_HELP = (
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "vit5 ablate") -> argparse.Namespace:
-    p = Parser(prog=prog, description=__doc__.split("\n")[0])
+    p = Parser(prog=prog, description=__doc__)
     opt(p, "--scale", "digits", SCALE_HELP, choices=SCALE_NAMES)
     opt(p, "--config", Path, "base training recipe instead of the scale's")
     opt(p, "--seeds", int, "seeds (default: the scale's)", nargs="+")

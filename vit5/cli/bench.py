@@ -1,10 +1,5 @@
-"""``vit5 bench``: speed, attention memory, compilation and export, measured side by side.
-
-vit5 bench --quick --out runs/bench_quick          # minutes on 2 idle CPU cores
-vit5 bench --device cuda --dtype bf16 --out runs/bench_gpu
-vit5 bench --quick --only speed,compile
-vit5 bench data-pipeline [--quick]                  # OpenCV + albumentations against torchvision's PIL
-"""
+"""``vit5 bench``: speed, attention memory, compilation and export, measured side by side (``--quick``:
+minutes on 2 idle CPU cores); ``vit5 bench data-pipeline``: OpenCV + albumentations against PIL."""
 
 from __future__ import annotations
 
@@ -29,7 +24,7 @@ def main(argv: list[str] | None = None, prog: str = "vit5 bench") -> int:
         opt(p, "--quick", False, "fewer files, rounds and steps (about a minute)")
         opt(p, "--out", Path, "also write the results as JSON")
         return run_main(p.parse_args, argv[1:], _data_pipeline)
-    p = Parser(prog=prog, description=__doc__.split("\n")[0])
+    p = Parser(prog=prog, description=__doc__)
     mode = p.add_mutually_exclusive_group()
     opt(mode, "--quick", False, "few rounds, real model sizes; minutes on a CPU")
     opt(mode, "--smoke", False, "tiny models; seconds")
