@@ -55,7 +55,7 @@ def _classify_data(args: argparse.Namespace):
 
     settings = from_options(ClassifySettings, args)
     # without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group
-    accelerator = Accelerator(cpu=args.device == "cpu")
+    accelerator = Accelerator(cpu=args.device.startswith("cpu"))
     return settings, accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
 
 
