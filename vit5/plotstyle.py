@@ -101,25 +101,16 @@ def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int
     if seen:
         ncol = ncol or min(len(seen), 3)
         legend_h = -(-len(seen) // ncol) * line_h * 1.15 + 0.1
-        fig.legend(
-            list(seen.values()),
-            list(seen),
-            loc="lower center",
-            bbox_to_anchor=(0.5, notes_h / height),
-            ncol=ncol,
-            fontsize=FONT_SMALL,
-            frameon=False,
-            handlelength=2.4,
-            borderaxespad=0.1,
-        )
+        style = {"fontsize": FONT_SMALL, "frameon": False, "handlelength": 2.4, "borderaxespad": 0.1}
+        anchor = {"loc": "lower center", "bbox_to_anchor": (0.5, notes_h / height)}
+        fig.legend(list(seen.values()), list(seen), ncol=ncol, **anchor, **style)
     if notes:
         fig.text(
             0.5, 0.03 / height, "\n".join(notes), ha="center", va="bottom", fontsize=FONT_SMALL, wrap=True
         )
     if notes_h or legend_h:
-        fig.get_layout_engine().set(
-            rect=(0, (notes_h + legend_h) / height, 1, 1 - (notes_h + legend_h) / height)
-        )
+        below = (notes_h + legend_h) / height  # the share of the figure under the axes
+        fig.get_layout_engine().set(rect=(0, below, 1, 1 - below))
 
 
 def log_ticks(ax) -> None:

@@ -55,33 +55,23 @@ class Help(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions
-    is dropped) and whose subcommands report their own unknown options, with their usage (argparse
-    leaves them to the top parser); ``check(args)``: the usage error of the parsed options, if any."""
+    """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions is
+    dropped), whose subcommands report their own unknown options with their usage (argparse leaves them
+    to the top parser), and whose ``check(args)`` names a usage error of the parsed options, if any."""
 
     def __init__(self, *args: Any, check: Callable = lambda args: None, formatter_class=Help, **kwargs: Any):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
         self.check = check
 
-    def parse_args(self, args=None, namespace=None):
-        parsed = super().parse_args(args, namespace)
-        if problem := self.check(parsed):
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        problem = f"unrecognized arguments: {' '.join(extras)}" if extras else self.check(namespace)
+        if problem:
             self.error(problem)
-        return parsed
-
-    def add_subparsers(self, **kwargs):
-        return super().add_subparsers(parser_class=_Subcommand, **kwargs)
+        return namespace, extras
 
     def format_help(self) -> str:
         return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help()).replace("``", "")
-
-
-class _Subcommand(Parser):
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
 
 
 def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:

@@ -7,20 +7,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from vit5.cli import Parser, run_command
+from vit5.cli import Parser, opt, run_main
 
 SECTIONS = ("models", "weights", "recipes")
 
 
 def build_parser(prog: str = "vit5 list") -> argparse.ArgumentParser:
+    unknown = "unknown section {!r}: choose from " + ", ".join(SECTIONS)
     parser = Parser(
         prog=prog,
         description="The model presets, the released weights and the packaged training recipes.",
         epilog="example: vit5 list weights",
+        check=lambda args: next((unknown.format(n) for n in args.sections if n not in SECTIONS), None),
     )
-    parser.add_argument(
-        "sections", nargs="*", metavar="SECTION", help=f"{', '.join(SECTIONS)} (default: all)"
-    )
+    opt(parser, "sections", None, f"{', '.join(SECTIONS)} (default: all)", nargs="*", metavar="SECTION")
     return parser
 
 
@@ -56,9 +56,8 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    unknown = [name for name in args.sections if name not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
-    return run_command(lambda: print("\n\n".join(_table(_rows(name)) for name in args.sections or SECTIONS)))
+    return run_main(build_parser(prog).parse_args, argv, _print)
+
+
+def _print(args: argparse.Namespace) -> None:
+    print("\n\n".join(_table(_rows(name)) for name in args.sections or SECTIONS))

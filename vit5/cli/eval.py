@@ -194,9 +194,9 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--train-split", "train")
     opt(p, "--val-split", "val")
     opt(p, "--pool", ["cls", "avg"], "global features to probe", choices=("cls", "avg"), dest="pools")
-    opt(p, "--k", [10, 20], "kNN neighbour counts", dest="knn_k")
-    opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature")
-    opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c")
+    opt(p, "--k", [10, 20], "kNN neighbour counts", dest="knn_k", metavar="K")
+    opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature", metavar="T")
+    opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c", metavar="C")
     opt(p, "--layer", -1, "block to probe")
     opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
     size_option(p)
@@ -219,8 +219,8 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
 
     p = command(cmd_make_seg, None, None)
     opt(p, "root", Path, "output folder")
-    opt(p, "--train", 400, "train canvases", dest="num_train")
-    opt(p, "--val", 100, "val canvases", dest="num_val")
+    opt(p, "--train", 400, "train canvases", dest="num_train", metavar="N")
+    opt(p, "--val", 100, "val canvases", dest="num_val", metavar="N")
     opt(p, "--size", 64, "canvas side in pixels")
     opt(p, "--digits", [2, 4], "digits per canvas", nargs=2, metavar=("MIN", "MAX"), dest="digits_per_image")
     scale = "digit side as a fraction of the canvas side"

@@ -19,9 +19,7 @@ def build_parser(prog: str = "vit5 export") -> argparse.ArgumentParser:
         "torch.export .pt2).",
         epilog="Example: vit5 export --model vit5_small --onnx vit5_small.onnx --size 224",
         check=lambda a: (
-            a.onnx is None
-            and a.program is None
-            and "nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2"
+            not (a.onnx or a.program) and "nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2"
         ),
     )
     add_model_options(p, device=False)
@@ -30,12 +28,8 @@ def build_parser(prog: str = "vit5 export") -> argparse.ArgumentParser:
     size_option(p)
     opt(p, "--batch", 2, "example batch to trace and check with")
     opt(p, "--static-batch", True, "fix the batch dimension at --batch", dest="dynamic_batch")
-    opt(
-        p,
-        "--dynamic-size",
-        False,
-        "free height and width (patch multiples, from the model's own size upward)",
-    )
+    free = "free height and width (patch multiples, from the model's own size upward)"
+    opt(p, "--dynamic-size", False, free)
     opt(p, "--opset", int, "ONNX opset (default: torch's)")
     opt(p, "--atol", DEFAULT_ATOL, f"onnxruntime vs torch tolerance (default {DEFAULT_ATOL:g})")
     opt(p, "--no-check", True, "skip the onnxruntime check", dest="check")

@@ -27,7 +27,7 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
     opt(p, "--csv", Path, "also write image, top1_class, top1_index, ... here", metavar="OUT")
     size_option(p)
     opt(p, "--batch-size", 32, "images per batch")
-    opt(p, "--workers", 0, "data loader processes", dest="num_workers")
+    opt(p, "--workers", 0, "data loader processes", dest="num_workers", metavar="N")
     opt(p, "--quiet", True, "no progress bar", dest="progress")
     return p
 

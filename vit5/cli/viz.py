@@ -155,10 +155,8 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
             opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
             opt(p, "--knn-k", 20)
             opt(p, "--max-images", int, "at most the first N of --images and of --reference")
-            images = (
-                "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
-            )
-            _outputs(p, 32, None, images)
+            images = "images to evaluate: files, folders, digits-val / digits-train (labelled), "
+            _outputs(p, 32, None, images + "sklearn-samples")
         elif name == "position":
             add_model_options(p, several=True)
             opt(p, "--layer", -1, "block whose output is probed (default: the last)")
@@ -208,9 +206,8 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
         else:
             close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
             hint = "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
-            raise InputError(
-                f"unknown study setting {key!r}: {f'did you mean {close[0]!r}?' if close else hint}"
-            )
+            hint = f"did you mean {close[0]!r}?" if close else hint
+            raise InputError(f"unknown study setting {key!r}: {hint}")
     try:
         return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
     except TypeError as err:
