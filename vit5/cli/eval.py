@@ -28,14 +28,6 @@ from vit5.runtime import resolve_device
 
 # vit5.eval.sweep.DEFAULT_SCALES, named here so that --help loads no torch (tests hold them equal)
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
-SUMMARIES = {
-    "classify": "top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split",
-    "sweep": "accuracy against input resolution (table + plot) for one or more models",
-    "features": "dense features of every image in a folder to safetensors + manifest (resumable)",
-    "probe": "kNN and logistic-regression probes on CLS / average-pooled features",
-    "segprobe": "dense linear segmentation probe on patch features: mIoU, pixel accuracy",
-    "make-seg": "build the digits segmentation set (images + PNG masks) for segprobe",
-}
 
 
 def _models(args: argparse.Namespace, device=None) -> list:
@@ -60,6 +52,7 @@ def _classify_data(args: argparse.Namespace):
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
+    """top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split"""
     from vit5.eval import evaluate, per_class_table, summary_table
     from vit5.eval.figures import plot_confusion
     from vit5.eval.report import write_json
@@ -83,6 +76,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
+    """accuracy against input resolution (table + plot) for one or more models"""
     from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
     from vit5.eval.report import write_json
     from vit5.introspect import patch_size_of
@@ -98,6 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_features(args: argparse.Namespace) -> None:
+    """dense features of every image in a folder to safetensors + manifest (resumable)"""
     from vit5.eval import FeatureSettings, export_features
 
     settings = from_options(FeatureSettings, args)
@@ -106,6 +101,7 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
+    """kNN and logistic-regression probes on CLS / average-pooled features"""
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
     from vit5.eval.report import write_json
 
@@ -117,6 +113,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
 
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
+    """dense linear segmentation probe on patch features: mIoU, pixel accuracy"""
     from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
     from vit5.eval.report import write_json
 
@@ -129,6 +126,7 @@ def cmd_segprobe(args: argparse.Namespace) -> None:
 
 
 def cmd_make_seg(args: argparse.Namespace) -> None:
+    """build the digits segmentation set (images + PNG masks) for segprobe"""
     from vit5.data.digits.segmentation import SegSetConfig, make_digit_segmentation
 
     try:
@@ -155,7 +153,7 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
 
     def command(run, out: str | None, several: bool | None = True) -> argparse.ArgumentParser:
         name = run.__name__[len("cmd_") :].replace("_", "-")
-        p = commands.add_parser(name, help=SUMMARIES[name])
+        p = commands.add_parser(name, help=run.__doc__)
         p.set_defaults(run=run)
         if out:
             opt(p, "--out", Path, out, required=True)
