@@ -131,8 +131,7 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
 def load_models(
     args: argparse.Namespace, specs: list[str] | None = None, items: list[list[str]] | None = None
 ) -> list[LoadedModel]:
-    """The models of :func:`add_model_options` (or ``specs`` with their ``items``); ``--weights auto``
-    gives raw and EMA weights where a checkpoint directory has both."""
+    """The models of :func:`add_model_options` (or ``specs`` with their ``items``; raw and EMA for auto)."""
     from vit5.eval.load import load_models as load
     from vit5.introspect.spec import parse_model_args, random_init_flags
 
@@ -156,8 +155,7 @@ def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> A
 
 
 def parse_size(text: str) -> tuple[int, int]:
-    """The input-size syntax of every command (an argparse ``type``): ``"224"`` -> (224, 224),
-    ``"96x128"`` -> (96, 128)."""
+    """The ``--size`` syntax (an argparse ``type``): ``"224"`` -> (224, 224), ``"96x128"`` -> (96, 128)."""
     try:
         values = [int(p) for p in text.lower().split("x")]
     except ValueError:

@@ -187,8 +187,7 @@ def study_parser(prog: str = "vit5 viz study") -> argparse.ArgumentParser:
 
 
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
-    """``KEY=VALUE`` overrides of :class:`StudyConfig` fields, :class:`CanvasConfig` fields, or
-    ``model.KEY`` (ViT5Config)."""
+    """``KEY=VALUE`` overrides of StudyConfig or CanvasConfig fields, or ``model.KEY`` (ViT5Config)."""
     from vit5.data.digits.canvases import CanvasConfig
     from vit5.introspect.spec import parse_model_args as parse_overrides
     from vit5.study.run import StudyConfig
