@@ -125,7 +125,6 @@ def test_the_parsers_name_the_librarys_defaults():
     from vit5.cli import bench as bench_cli
     from vit5.cli import eval as eval_cli
     from vit5.cli import export as export_cli
-    from vit5.cli import study as study_cli
     from vit5.cli import train as train_cli
     from vit5.cli import viz as viz_cli
     from vit5.eval.classify import DEFAULT_SCALES
@@ -138,7 +137,7 @@ def test_the_parsers_name_the_librarys_defaults():
     assert eval_cli.DEFAULT_SCALES == DEFAULT_SCALES
     assert cli.DEFAULT_MAX_PARAMS == DEFAULT_MAX_PARAMS
     assert (viz_cli.ABLATION_METHODS, viz_cli.ABLATION_PLACES) == (METHODS, PLACES)
-    assert set(study_cli.STUDY_PRESETS) == set(PRESETS) and train_cli.DEMO_RECIPE == DEMO_RECIPE
+    assert set(viz_cli.STUDY_PRESETS) == set(PRESETS) and train_cli.DEMO_RECIPE == DEMO_RECIPE
     assert export_cli.DEFAULT_ATOL == DEFAULT_ATOL
     assert bench_cli.SECTIONS == tuple(SECTIONS) and ablate_cli.SCALE_NAMES == tuple(SCALES)
     assert ablate_cli.ABLATION_NAMES == ",".join(ABLATIONS)

@@ -96,7 +96,7 @@ def test_an_empty_class_folder_says_what_to_do_in_files(tmp_path):
         ("viz", ["position", "--model", "m", "--out", "o"]),
         ("eval", ["features", "--model", "m", "--images", "i", "--out", "o"]),
         ("eval", ["classify", "--model", "m", "--data", "d", "--out", "o"]),
-        ("export", ["--model", "m"]),
+        ("export", ["--model", "m", "--onnx", "m.onnx"]),
         ("predict", ["--model", "m", "--images", "i"]),
     ],
 )

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit5.cli.study import main, parse_settings
+from vit5.cli.viz import parse_settings
+from vit5.cli.viz import study_main as main
 from vit5.data.digits.canvases import CanvasConfig, CanvasSource, label_of
 from vit5.errors import InputError
 from vit5.study.run import (

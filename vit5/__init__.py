@@ -46,17 +46,11 @@ class _TimmHook(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != "timm" and not fullname.startswith("vit5."):
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if finder is not self and find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
+        finders = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
+        spec = next((spec for f in finders if (spec := f.find_spec(fullname, path, target))), None)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        exec_module, counted = loader.exec_module, fullname != "timm"
+        exec_module, counted = spec.loader.exec_module, fullname != "timm"
 
         def exec_then_register(module: Any) -> None:
             self.importing += counted
@@ -66,7 +60,7 @@ class _TimmHook(importlib.abc.MetaPathFinder):
                 self.importing -= counted
             _register_in_timm()
 
-        loader.exec_module = exec_then_register  # this module's own loader object
+        spec.loader.exec_module = exec_then_register  # this module's own loader object
         return spec
 
 

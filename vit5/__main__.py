@@ -1,8 +1,6 @@
 """``python -m vit5 ...``: the same as the installed ``vit5`` command (see :mod:`vit5.cli`)."""
 
-import sys
-
 from vit5.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

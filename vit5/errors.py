@@ -1,16 +1,11 @@
-"""The base class of every error that is the user's to fix, and readable messages for OS errors.
-
-Command lines catch :class:`Vit5Error` and :class:`OSError` once and print one ``error:`` line (exit 2);
-anything else is a bug and keeps its traceback. A leaf module: it imports nothing from vit5.
-"""
+"""The base class of every error that is the user's to fix (command lines print it, or an OSError, as one
+``error:`` line; anything else is a bug and keeps its traceback), and readable messages for OS errors."""
 
 from __future__ import annotations
 
 import codecs
 import errno
 import os
-import sys
-import warnings
 from typing import Any
 
 
@@ -48,8 +43,7 @@ def os_error_reason(err: OSError) -> str:
 
 def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, doing: str = "write") -> str:
     """``"cannot write runs/x/final: no space left on device; free space there or ..."``."""
-    where = path if path is not None else (err.filename if err.filename is not None else "")
-    where = os.fsdecode(where) if isinstance(where, bytes) else str(where)
+    where = os.fsdecode(path if path is not None else err.filename or "")
     return f"cannot {doing}{' ' + where if where else ''}: {os_error_reason(err)}"
 
 
@@ -82,32 +76,13 @@ def user_message(err: BaseException) -> str | None:
     return None
 
 
-def _escape_undecodable(err: UnicodeError) -> tuple[str, int]:
+def _escape_undecodable(err: UnicodeEncodeError) -> tuple[str, int]:
     """A surrogate-escaped file name byte (U+DC80..U+DCFF) becomes ``\\xNN``; others backslash escapes."""
-    if not isinstance(err, UnicodeEncodeError):
-        raise err
-    out = []
-    for char in err.object[err.start : err.end]:
-        code = ord(char)
-        out.append(
-            f"\\x{code - 0xDC00:02x}"
-            if 0xDC80 <= code <= 0xDCFF
-            else char.encode("ascii", "backslashreplace").decode()
-        )
-    return "".join(out), err.end
+    char = err.object[err.start]
+    if 0xDC80 <= ord(char) <= 0xDCFF:
+        return f"\\x{ord(char) - 0xDC00:02x}", err.start + 1
+    return char.encode("ascii", "backslashreplace").decode(), err.start + 1
 
 
 ESCAPE_UNDECODABLE = "vit5.escape"  # a codec error handler: text.encode("utf-8", errors=ESCAPE_UNDECODABLE)
 codecs.register_error(ESCAPE_UNDECODABLE, _escape_undecodable)
-
-
-def safe_console() -> None:
-    """Let stdout and stderr print any file name (undecodable bytes as ``\\xNN``), even in a strict locale."""
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
-
-
-def one_line_warnings() -> None:
-    """Print warnings as ``warning: MESSAGE`` (one line, no source line), as command lines should."""
-    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import datetime
 import errno
-import functools
 import json
 import os
 import shutil
@@ -124,7 +122,8 @@ def recover_dir(final: str | os.PathLike[str]) -> None:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically with Linux ``renameat2(RENAME_EXCHANGE)``; False where unsupported."""
-    renameat2 = getattr(_libc(), "renameat2", None) if sys.platform.startswith("linux") else None
+    linux = sys.platform.startswith("linux")  # CDLL(None): the C library the interpreter runs on
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if linux else None
     if renameat2 is None:
         return False
     at_fdcwd, rename_exchange = -100, 2
@@ -134,11 +133,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange
         return False
     raise OSError(code, os.strerror(code), os.fspath(b))
-
-
-@functools.cache
-def _libc() -> Any:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 def check_output_dir(path: str | os.PathLike[str], option: str = "the output folder") -> Path:

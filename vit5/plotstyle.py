@@ -15,14 +15,9 @@ MIN_WIDTH = 3.4  # inches: a one-panel figure is still one column wide (titles d
 
 # Okabe & Ito: blue, vermillion, bluish green, reddish purple, orange, sky blue, yellow, black
 MODEL_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
-METRIC_STYLES = (
-    ("-", "o"),
-    ("--", "s"),
-    (":", "^"),
-    ("-.", "D"),
-    ((0, (5, 1, 1, 1)), "v"),
-    ((0, (1, 1)), "P"),
-    ((0, (3, 1, 1, 1, 1, 1)), "X"),
+# (line style, marker) of the n-th metric of a plot
+METRIC_STYLES = tuple(
+    zip(("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))), "os^DvPX")
 )
 ROLE_COLOURS = {
     "train": "#000000",
@@ -70,12 +65,9 @@ def line_kwargs(model: int, metric: int, colour: str | None = None) -> dict:
 
 def style_axes(ax, title: str = "", xlabel: str = "", ylabel: str = "") -> None:
     """Fonts of one axes: title and labels at ``FONT``, ticks at ``FONT_SMALL``; a light grid."""
-    if title:
-        ax.set_title(title, fontsize=FONT)
-    if xlabel:
-        ax.set_xlabel(xlabel, fontsize=FONT)
-    if ylabel:
-        ax.set_ylabel(ylabel, fontsize=FONT)
+    for set_text, text in ((ax.set_title, title), (ax.set_xlabel, xlabel), (ax.set_ylabel, ylabel)):
+        if text:
+            set_text(text, fontsize=FONT)
     ax.tick_params(labelsize=FONT_SMALL)
     for axis in (ax.xaxis, ax.yaxis):
         if axis.get_scale() == "linear" and hasattr(axis.get_major_formatter(), "set_useOffset"):
@@ -85,11 +77,11 @@ def style_axes(ax, title: str = "", xlabel: str = "", ylabel: str = "") -> None:
 
 def legend(ax, **kwargs):
     """A legend at ``FONT_SMALL`` (``loc="best"`` unless given); None without lines."""
-    handles, labels = ax.get_legend_handles_labels()
-    if not handles:
+    if not ax.get_legend_handles_labels()[0]:
         return None
-    options = dict(fontsize=FONT_SMALL, framealpha=0.85, handlelength=2.4, loc="best")
-    return ax.legend(**{**options, **kwargs})
+    return ax.legend(
+        **{"fontsize": FONT_SMALL, "framealpha": 0.85, "handlelength": 2.4, "loc": "best", **kwargs}
+    )
 
 
 def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int | None = None) -> None:
@@ -109,25 +101,16 @@ def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int
     if seen:
         ncol = ncol or min(len(seen), 3)
         legend_h = -(-len(seen) // ncol) * line_h * 1.15 + 0.1
-        fig.legend(
-            list(seen.values()),
-            list(seen),
-            loc="lower center",
-            bbox_to_anchor=(0.5, notes_h / height),
-            ncol=ncol,
-            fontsize=FONT_SMALL,
-            frameon=False,
-            handlelength=2.4,
-            borderaxespad=0.1,
-        )
+        style = {"fontsize": FONT_SMALL, "frameon": False, "handlelength": 2.4, "borderaxespad": 0.1}
+        anchor = {"loc": "lower center", "bbox_to_anchor": (0.5, notes_h / height)}
+        fig.legend(list(seen.values()), list(seen), ncol=ncol, **anchor, **style)
     if notes:
         fig.text(
             0.5, 0.03 / height, "\n".join(notes), ha="center", va="bottom", fontsize=FONT_SMALL, wrap=True
         )
     if notes_h or legend_h:
-        fig.get_layout_engine().set(
-            rect=(0, (notes_h + legend_h) / height, 1, 1 - (notes_h + legend_h) / height)
-        )
+        below = (notes_h + legend_h) / height  # the share of the figure under the axes
+        fig.get_layout_engine().set(rect=(0, below, 1, 1 - below))
 
 
 def log_ticks(ax) -> None:

@@ -1,30 +1,28 @@
-"""The ``vit5`` command: one module per subcommand (``vit5 COMMAND --help``), with what they share here.
-
-Subcommands are imported only when asked for and build their parsers from the standard library alone,
-so ``vit5 --help``, ``vit5 COMMAND --help`` and argument errors answer without loading torch.
-"""
+"""The ``vit5`` command: one module per subcommand, imported only when asked for, with parsers built from the
+standard library alone (``--help`` and argument errors answer without loading torch), and what they share."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
+import inspect
 import itertools
 import os
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from vit5.errors import InputError, Vit5Error, user_message
+from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
 from vit5.runtime import DEVICE_HELP, print_main
 
 if TYPE_CHECKING:
     from vit5.introspect.spec import LoadedModel
 
-# name -> (module whose main(argv) runs it, one-line summary)
+# name -> (module whose main(argv, prog) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
     "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
@@ -36,8 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vit5.cli.predict", "top-k class names and probabilities for each image of a folder"),
     "list": ("vit5.cli.catalog", "the model presets, the released weights and the packaged training recipes"),
 }
-OWN_PROG = {"train", "eval", "viz", "data", "predict", "list"}  # main() takes the program name for usage
-SIZE_HELP = "N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
+SIZE_HELP = "input size, N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
@@ -47,69 +44,73 @@ MODEL_HELP = (
 )
 
 
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions
-    is dropped) and whose subcommands report their own unknown options, with their usage (argparse
-    leaves them to the top parser)."""
+class Help(argparse.HelpFormatter):
+    """Help that states the default of every option whose help text does not."""
 
-    def add_subparsers(self, **kwargs):
-        return super().add_subparsers(parser_class=_Subcommand, **kwargs)
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text, value = action.help or "", action.default
+        if "default" in text or value in (None, [], argparse.SUPPRESS) or isinstance(value, bool):
+            return text
+        return f"{text} (default {' '.join(map(str, value)) if isinstance(value, list) else value})"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions is
+    dropped), whose subcommands report their own unknown options with their usage (argparse leaves them
+    to the top parser), and whose ``check(args)`` names a usage error of the parsed options, if any."""
+
+    def __init__(self, *args: Any, check: Callable = lambda args: None, formatter_class=Help, **kwargs: Any):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+        self.check = check
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        problem = f"unrecognized arguments: {' '.join(extras)}" if extras else self.check(namespace)
+        if problem:
+            self.error(problem)
+        return namespace, extras
 
     def format_help(self) -> str:
         return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", super().format_help()).replace("``", "")
 
 
-class _Subcommand(Parser):
-    def parse_known_args(self, args=None, namespace=None):
-        namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
+def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
+    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
+    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value."""
+    if callable(default):
+        default, kwargs["type"] = None, kwargs.get("type", default)
+    elif isinstance(default, bool):
+        kwargs.setdefault("action", "store_false" if default else "store_true")
+    elif isinstance(default, list):
+        kwargs.setdefault("nargs", "+")
+        if default and not isinstance(default[0], str):
+            kwargs.setdefault("type", type(default[0]))
+    elif isinstance(default, (int, float)):
+        kwargs.setdefault("type", type(default))
+    p.add_argument(flag, default=default, help=help, **kwargs)
 
 
 def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
     """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
     repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
-    p.add_argument(
-        "--model",
-        required=True,
-        action="append" if several else "store",
-        help=MODEL_HELP + ("; repeat --model for several models" if several else ""),
-    )
-    p.add_argument(
-        "--model-args",
-        nargs="*" if several else "+",
-        action="append" if several else "extend",
-        default=None if several else [],
-        metavar="KEY=VALUE",
-        help="overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
-        + ("; once for every model, or once per --model in order (empty for none)" if several else ""),
-    )
+    repeat = "; repeat --model for several models" if several else ""
+    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action="append" if several else "store")
+    overrides = "overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
+    overrides += "; once for every model, or once per --model in order (empty for none)" if several else ""
+    many = {"nargs": "*", "action": "append"} if several else {"nargs": "+", "action": "extend"}
+    opt(p, "--model-args", None if several else [], overrides, metavar="KEY=VALUE", **many)
     choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
-    p.add_argument(
-        "--weights",
-        choices=choices,
-        default=choices[0],
-        help="auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
-        if auto
-        else "raw (default) or the EMA weights of the checkpoint(s)",
-    )
+    weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema" if auto else ""
+    weights = weights or "raw (default) or the EMA weights of the checkpoint(s)"
+    opt(p, "--weights", choices[0], weights, choices=choices)
     p.add_argument("--ema", dest="weights", action="store_const", const="ema", help="same as --weights ema")
-    p.add_argument(
-        "--random-init",
-        action="store_true",
-        help="build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-        "pretrained weights; checkpoints load as usual; outputs say random-init",
-    )
-    p.add_argument(
-        "--max-params",
-        type=float,
-        metavar="N",
-        help="refuse vit5 models larger than N parameters before building them "
-        f"(default {DEFAULT_MAX_PARAMS:.0e})",
-    )
+    untrained = "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+    untrained += "pretrained weights; checkpoints load as usual; outputs say random-init"
+    opt(p, "--random-init", False, untrained)
+    limit = "refuse vit5 models larger than N parameters before building them"
+    opt(p, "--max-params", float, f"{limit} (default {DEFAULT_MAX_PARAMS:.0e})", metavar="N")
     if device:
-        p.add_argument("--device", default="auto", help=DEVICE_HELP)
+        opt(p, "--device", "auto", DEVICE_HELP)
 
 
 def per_model_args(args: argparse.Namespace) -> list[list[str]]:
@@ -130,8 +131,7 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
 def load_models(
     args: argparse.Namespace, specs: list[str] | None = None, items: list[list[str]] | None = None
 ) -> list[LoadedModel]:
-    """The models of :func:`add_model_options` (or ``specs`` with their ``items``); ``--weights auto``
-    gives raw and EMA weights where a checkpoint directory has both."""
+    """The models of :func:`add_model_options` (or ``specs`` with their ``items``; raw and EMA for auto)."""
     from vit5.eval.common import load_models as load
     from vit5.introspect.spec import parse_model_args, random_init_flags
 
@@ -146,17 +146,16 @@ def load_models(
     ]
 
 
-def from_options(cls: type, args: argparse.Namespace, **values):
-    """The dataclass ``cls`` from the options named like its fields (lists as tuples) and ``values``."""
-    values = {
-        f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)
-    } | values
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
+    """``target`` (a settings dataclass, a function) called with ``values`` and the options named like
+    its parameters (lists as tuples)."""
+    names = inspect.signature(target).parameters
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)} | values
+    return target(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def parse_size(text: str) -> tuple[int, int]:
-    """The input-size syntax of every command (an argparse ``type``): ``"224"`` -> (224, 224),
-    ``"96x128"`` -> (96, 128)."""
+    """The ``--size`` syntax (an argparse ``type``): ``"224"`` -> (224, 224), ``"96x128"`` -> (96, 128)."""
     try:
         values = [int(p) for p in text.lower().split("x")]
     except ValueError:
@@ -166,6 +165,11 @@ def parse_size(text: str) -> tuple[int, int]:
             f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
         )
     return (values[0], values[-1])
+
+
+def size_option(p: Any, note: str | None = None) -> None:
+    """``--size N|HxW`` (:func:`parse_size`); ``note``: what its help says after the syntax (the default)."""
+    opt(p, "--size", parse_size, SIZE_HELP + (note or " (default: the model's own)"), metavar="N|HxW")
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:
@@ -186,9 +190,24 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
+def run_main(parse: Callable[[Any], Any], argv: Sequence[str] | None, work: Callable[[Any], Any]) -> int:
+    """``work(parse(argv))`` (:func:`run_command`, cleaning up a new ``args.out``), with a console that
+    prints any file name (undecodable bytes as ``\\xNN``) and warnings as one line each."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
+    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
+    args = parse(argv)
+    return run_command(lambda: work(args), getattr(args, "out", None))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv, prog)``."""
     from vit5 import __version__
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:], prog=f"vit5 {argv[0]}")
     parser = Parser(
         prog="vit5",
         description="ViT-5 (arXiv 2602.08071): train, evaluate, visualise, benchmark and export.",
@@ -199,17 +218,5 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         sub.add_parser(name, help=summary, add_help=False)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``vit5`` and ``python -m vit5``: dispatch to the subcommand's ``main(argv)``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        build_parser().parse_args(argv[:1])  # --help, or a usage error naming the commands
-        return 2
-    name, rest = argv[0], argv[1:]
-    module = importlib.import_module(COMMANDS[name][0])
-    if name in OWN_PROG:
-        return run_command(lambda: module.main(rest, prog=f"vit5 {name}"))
-    return run_command(lambda: module.main(rest))
+    parser.parse_args(argv[:1])  # --help, --version, or a usage error naming the commands
+    return 2

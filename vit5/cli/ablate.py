@@ -6,8 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import Parser, run_command
-from vit5.errors import safe_console
+from vit5.cli import Parser, opt, run_main
 
 # the keys of vit5.bench.ablate.ABLATIONS and SCALES, named here so --help loads no torch
 ABLATION_NAMES = "full,no_layerscale,no_rope,no_registers,layernorm,no_qk_norm,qkv_bias,swiglu,deit3,vanilla"
@@ -19,19 +18,18 @@ SCALE_HELP = (
 )
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = Parser(prog="vit5 ablate", description=__doc__.split("\n")[0], formatter_class=fmt)
-    p.add_argument("--scale", choices=SCALE_NAMES, default="digits", help=SCALE_HELP)
-    p.add_argument("--config", type=Path, help="base training recipe instead of the scale's")
-    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: the scale's)")
-    p.add_argument("--epochs", type=int, help="epochs per run (default: the scale's)")
-    p.add_argument("--only", help=f"comma-separated ablations (full is always run): {ABLATION_NAMES}")
-    p.add_argument("--out", type=Path, help="output directory (default runs/ablate_<scale>)")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints/")
-    p.add_argument("--list", action="store_true", help="print the ablations and their overrides, then exit")
-    overrides_help = "training-config overrides for every run, e.g. data.batch_size=32"
-    p.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)
+def parse_args(argv: Sequence[str] | None = None, prog: str = "vit5 ablate") -> argparse.Namespace:
+    p = Parser(prog=prog, description=__doc__)
+    opt(p, "--scale", "digits", SCALE_HELP, choices=SCALE_NAMES)
+    opt(p, "--config", Path, "base training recipe instead of the scale's")
+    opt(p, "--seeds", int, "seeds (default: the scale's)", nargs="+")
+    opt(p, "--epochs", int, "epochs per run (default: the scale's)")
+    opt(p, "--only", None, f"comma-separated ablations (full is always run): {ABLATION_NAMES}")
+    opt(p, "--out", Path, "output directory (default runs/ablate_<scale>)")
+    opt(p, "--keep-checkpoints", False, "keep finished runs' checkpoints/")
+    opt(p, "--list", False, "print the ablations and their overrides, then exit")
+    overrides = "training-config overrides for every run, e.g. data.batch_size=32"
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=overrides)
     return p.parse_args(argv)
 
 
@@ -42,11 +40,9 @@ def plan_from_args(args: argparse.Namespace):
     return plan_for(**{k: v for k, v in vars(args).items() if k != "list"})
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 ablate") -> int:
     """Exit status: 0 every run completed, 1 some diverged, 2 bad arguments, config or data."""
-    safe_console()
-    args = parse_args(argv)
-    return run_command(lambda: _ablate(args))
+    return run_main(lambda argv: parse_args(argv, prog), argv, _ablate)
 
 
 def _ablate(args: argparse.Namespace) -> int:

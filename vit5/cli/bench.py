@@ -1,10 +1,5 @@
-"""``vit5 bench``: speed, attention memory, compilation and export, measured side by side.
-
-vit5 bench --quick --out runs/bench_quick          # minutes on 2 idle CPU cores
-vit5 bench --device cuda --dtype bf16 --out runs/bench_gpu
-vit5 bench --quick --only speed,compile
-vit5 bench data-pipeline [--quick]                  # OpenCV + albumentations against torchvision's PIL
-"""
+"""``vit5 bench``: speed, attention memory, compilation and export, measured side by side (``--quick``:
+minutes on 2 idle CPU cores); ``vit5 bench data-pipeline``: OpenCV + albumentations against PIL."""
 
 from __future__ import annotations
 
@@ -14,36 +9,32 @@ import os
 import sys
 from pathlib import Path
 
-from vit5.cli import Parser, run_command
-from vit5.errors import safe_console
+from vit5.cli import Parser, opt, run_main
 
 # the keys of vit5.bench.SECTIONS, named here so --help loads no torch
 SECTIONS = ("speed", "memory", "compile", "export", "depth", "data_index")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "vit5 bench") -> int:
     """Exit status: 0 every section ran, 1 a section failed, 2 bad arguments or an unwritable --out."""
-    safe_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["data-pipeline"]:
         what = "OpenCV + albumentations (vit5.data) against torchvision's PIL pipeline"
-        p = Parser(prog="vit5 bench data-pipeline", description=what)
-        p.add_argument("--quick", action="store_true", help="fewer files, rounds and steps (about a minute)")
-        p.add_argument("--out", type=Path, help="also write the results as JSON")
-        return run_command(lambda: _data_pipeline(p.parse_args(argv[1:])))
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = Parser(prog="vit5 bench", description=__doc__.split("\n")[0], formatter_class=fmt)
+        p = Parser(prog=f"{prog} data-pipeline", description=what)
+        opt(p, "--quick", False, "fewer files, rounds and steps (about a minute)")
+        opt(p, "--out", Path, "also write the results as JSON")
+        return run_main(p.parse_args, argv[1:], _data_pipeline)
+    p = Parser(prog=prog, description=__doc__)
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="few rounds, real model sizes; minutes on a CPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny models; seconds")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/bench_<mode>)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    dtype_help = "fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)"
-    p.add_argument("--dtype", choices=("fp32", "bf16"), help=dtype_help)
-    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: PyTorch's)")
-    p.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
-    args = p.parse_args(argv)
-    return run_command(lambda: _bench(args))
+    opt(mode, "--quick", False, "few rounds, real model sizes; minutes on a CPU")
+    opt(mode, "--smoke", False, "tiny models; seconds")
+    opt(p, "--out", Path, "output directory (default runs/bench_<mode>)")
+    opt(p, "--device", "cpu", "cpu or cuda")
+    dtype = "fp32 or bf16 autocast (default: bf16 on cuda, fp32 on cpu)"
+    opt(p, "--dtype", None, dtype, choices=("fp32", "bf16"))
+    opt(p, "--threads", int, "CPU intra-op threads (default: PyTorch's)")
+    opt(p, "--only", None, f"comma-separated sections: {','.join(SECTIONS)}")
+    return run_main(p.parse_args, argv, _bench)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -7,53 +7,47 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from vit5.cli import Parser, run_command
+from vit5.cli import Parser, opt, run_main
 
 SECTIONS = ("models", "weights", "recipes")
 
 
 def build_parser(prog: str = "vit5 list") -> argparse.ArgumentParser:
+    unknown = "unknown section {!r}: choose from " + ", ".join(SECTIONS)
     parser = Parser(
         prog=prog,
         description="The model presets, the released weights and the packaged training recipes.",
         epilog="example: vit5 list weights",
+        check=lambda args: next((unknown.format(n) for n in args.sections if n not in SECTIONS), None),
     )
-    parser.add_argument(
-        "sections", nargs="*", metavar="SECTION", help=f"{', '.join(SECTIONS)} (default: all)"
-    )
+    opt(parser, "sections", None, f"{', '.join(SECTIONS)} (default: all)", nargs="*", metavar="SECTION")
     return parser
 
 
-def models_table() -> str:
-    from vit5.model.footprint import parameter_count
-    from vit5.model.presets import PRESETS, preset_config
+def _rows(section: str) -> list[tuple[str, ...]]:
+    """The table of one section, its header first."""
+    if section == "models":
+        from vit5.model.footprint import parameter_count
+        from vit5.model.presets import PRESETS, preset_config
 
-    rows = [("preset", "dim", "depth", "heads", "img", "params")]
-    for name in sorted(PRESETS):
-        c = preset_config(name)
-        size = "x".join(map(str, c.img_size))
-        rows.append(
-            (name, *map(str, (c.embed_dim, c.depth, c.num_heads)), size, f"{parameter_count(c) / 1e6:.1f}M")
-        )
-    return _table(rows)
+        rows = [("preset", "dim", "depth", "heads", "img", "params")]
+        for name, c in ((name, preset_config(name)) for name in sorted(PRESETS)):
+            size, params = "x".join(map(str, c.img_size)), f"{parameter_count(c) / 1e6:.1f}M"
+            rows.append((name, *map(str, (c.embed_dim, c.depth, c.num_heads)), size, params))
+        return rows
+    if section == "weights":
+        from vit5.weights.hub import RELEASES
 
-
-def weights_table() -> str:
-    from vit5.weights.hub import RELEASES
-
-    rows = [("released weights", "ImageNet-1k top-1", "Hub repository")]
-    rows += [(r.name, f"{r.top1:.1f}", r.repo) for r in RELEASES.values()]
-    return _table(rows)
-
-
-def recipes_table() -> str:
+        return [("released weights", "ImageNet-1k top-1", "Hub repository")] + [
+            (r.name, f"{r.top1:.1f}", r.repo) for r in RELEASES.values()
+        ]
     from vit5.train.config import DEMO_RECIPE, recipes
 
     rows = [("recipe", "what")]
     for name, path in recipes().items():
         first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
         rows.append((name + (" (default)" if name == DEMO_RECIPE else ""), first.lstrip("# ").strip()))
-    return _table(rows)
+    return rows
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -62,10 +56,8 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    unknown = [name for name in args.sections if name not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
-    tables = {"models": models_table, "weights": weights_table, "recipes": recipes_table}
-    return run_command(lambda: print("\n\n".join(tables[name]() for name in args.sections or SECTIONS)))
+    return run_main(build_parser(prog).parse_args, argv, _print)
+
+
+def _print(args: argparse.Namespace) -> None:
+    print("\n\n".join(_table(_rows(name)) for name in args.sections or SECTIONS))

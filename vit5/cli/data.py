@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import Parser, run_command
+from vit5.cli import Parser, from_options, opt, run_main
 
 FASHION_VAL_SIZE = 5000  # vit5.data.fashion_mnist.DEFAULT_VAL_SIZE, stated here so --help stays light
 FASHION_INSTALL = "apt-get install dataset-fashion-mnist"
@@ -20,10 +21,10 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
     digits = commands.add_parser(
         "digits", help="scikit-learn's digits as ROOT/{train,val}/<digit>/*.png (idempotent)"
     )
-    digits.add_argument("root", help="output folder")
-    digits.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
-    digits.add_argument("--val-fraction", type=float, default=0.2, help="val share (default 0.2)")
-    digits.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    digits.set_defaults(run="vit5.data.digits.export:export_digits_imagefolder")
+    opt(digits, "root", None, "output folder")
+    opt(digits, "--size", 32, "image side in pixels")
+    opt(digits, "--val-fraction", 0.2, "val share")
     fashion = commands.add_parser(
         "fashion-mnist",
         help="Fashion-MNIST as OUT/{train,val,test}/<class>/<index>.png (idempotent, resumable)",
@@ -31,40 +32,29 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
         "seeded, class-stratified hold-out of the 60,000 training images, test the 10,000 test images. "
         f"Source: --source, else the Debian package (`{FASHION_INSTALL}`), else torchvision's download.",
     )
-    fashion.add_argument("out", type=Path, help="output folder")
-    fashion.add_argument("--source", type=Path, default=None, help="folder holding the four IDX files")
-    fashion.add_argument(
-        "--val-size", type=int, default=FASHION_VAL_SIZE, help=f"val images (default {FASHION_VAL_SIZE})"
-    )
-    fashion.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    fashion.set_defaults(run="vit5.data.fashion_mnist:export_fashion_mnist")
+    opt(fashion, "root", Path, "output folder", metavar="OUT")
+    opt(fashion, "--source", Path, "folder holding the four IDX files")
+    opt(fashion, "--val-size", FASHION_VAL_SIZE, "val images")
     shards = commands.add_parser(
         "shards",
         help="an ImageFolder split (SRC/<class>/<image>) as WebDataset shards OUT/<split>-NNNNNN.tar with "
         "classes.txt and _info.json (resumable: rerun after a kill)",
     )
-    shards.add_argument("src", help="the split folder holding one folder per class")
-    shards.add_argument("out", help="output folder (shards of several splits may share it)")
-    shards.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
-    shards.add_argument("--split", default=None, help="split name and shard prefix (default: SRC's name)")
-    shards.add_argument("--seed", type=int, default=0, help="seed of the sample order (default 0)")
+    shards.set_defaults(run="vit5.data.shard_writer:write_shards")
+    opt(shards, "src", None, "the split folder holding one folder per class")
+    opt(shards, "out", None, "output folder (shards of several splits may share it)")
+    opt(shards, "--shard-size", 1000, "samples per shard")
+    opt(shards, "--split", None, "split name and shard prefix (default: SRC's name)")
+    for p, seed in ((digits, "split seed"), (fashion, "split seed"), (shards, "seed of the sample order")):
+        opt(p, "--seed", 0, seed)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
-    args = build_parser(prog).parse_args(argv)
+    return run_main(build_parser(prog).parse_args, argv, _write)
 
-    def work() -> None:
-        if args.command == "shards":
-            from vit5.data.shard_writer import write_shards
 
-            print(write_shards(args.src, args.out, args.shard_size, split=args.split, seed=args.seed))
-        elif args.command == "digits":
-            from vit5.data.digits.export import export_digits_imagefolder
-
-            print(export_digits_imagefolder(args.root, args.size, args.val_fraction, args.seed))
-        else:
-            from vit5.data.fashion_mnist import export_fashion_mnist
-
-            print(export_fashion_mnist(args.out, args.source, val_size=args.val_size, seed=args.seed))
-
-    return run_command(work)
+def _write(args: argparse.Namespace) -> None:
+    module, name = args.run.split(":")  # the writer, called with the options named like its parameters
+    print(from_options(getattr(importlib.import_module(module), name), args))

@@ -12,8 +12,17 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import SIZE_HELP, Parser, add_model_options, from_options, load_models, parse_size, run_command
-from vit5.errors import InputError, one_line_warnings, safe_console
+from vit5.cli import (
+    Parser,
+    add_model_options,
+    from_options,
+    load_models,
+    opt,
+    parse_size,
+    run_main,
+    size_option,
+)
+from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.runtime import resolve_device
 
@@ -26,28 +35,29 @@ def _models(args: argparse.Namespace, device=None) -> list:
 
     models = load_models(args)
     for m in models:
-        m.model.to(device or resolve_device(args.device))
+        m.model.to(device or args.device)
     return distinct_labels(models)
 
 
 def _classify_data(args: argparse.Namespace):
-    """The accelerator (one process of several, or the only one), the split and the models."""
+    """The settings, the accelerator (one process of several, or the only one), the split and the models."""
     from accelerate import Accelerator
 
-    from vit5.eval import open_split
+    from vit5.eval import ClassifySettings, open_split
 
+    settings = from_options(ClassifySettings, args)
     # without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group
-    accelerator = Accelerator(cpu=resolve_device(args.device).type == "cpu")
-    return accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
+    accelerator = Accelerator(cpu=args.device.startswith("cpu"))
+    return settings, accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
-    from vit5.eval import ClassifySettings, evaluate, per_class_table, summary_table
+    """top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split"""
+    from vit5.eval import evaluate, per_class_table, summary_table
     from vit5.eval.classify import plot_confusion
     from vit5.eval.common import write_json
 
-    settings = from_options(ClassifySettings, args)
-    accelerator, dataset, models = _classify_data(args)
+    settings, accelerator, dataset, models = _classify_data(args)
     results = [evaluate(m, dataset, settings, accelerator) for m in models]
     if not accelerator.is_main_process:
         return
@@ -66,19 +76,12 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from vit5.eval import (
-        ClassifySettings,
-        run_sweep,
-        sizes_from_scales,
-        sweep_plot,
-        sweep_records,
-        sweep_table,
-    )
+    """accuracy against input resolution (table + plot) for one or more models"""
+    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
     from vit5.eval.common import write_json
     from vit5.introspect import patch_size_of
 
-    settings = from_options(ClassifySettings, args)
-    accelerator, dataset, models = _classify_data(args)
+    settings, accelerator, dataset, models = _classify_data(args)
     first = models[0]
     sizes = args.sizes or sizes_from_scales(args.scales, first.input_size, patch_size_of(first.model) or 1)
     results = run_sweep(models, dataset, sizes, settings, accelerator)
@@ -89,6 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_features(args: argparse.Namespace) -> None:
+    """dense features of every image in a folder to safetensors + manifest (resumable)"""
     from vit5.eval import FeatureSettings, export_features
 
     settings = from_options(FeatureSettings, args)
@@ -97,19 +101,19 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
+    """kNN and logistic-regression probes on CLS / average-pooled features"""
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
     from vit5.eval.common import write_json
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
-    settings = from_options(
-        ProbeSettings, args, pools=args.pool, knn_k=args.k, knn_temperature=args.temperature, logreg_c=args.C
-    )
+    settings = from_options(ProbeSettings, args)
     rows = [row for m in _models(args) for row in run_probes(m, train, val, settings)]
     print(probe_table(rows, chance=1.0 / len(train.class_names)))
     print(f"\nwrote {write_json(args.out / 'probe.json', [vars(r) for r in rows])}")
 
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
+    """dense linear segmentation probe on patch features: mIoU, pixel accuracy"""
     from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
     from vit5.eval.common import write_json
 
@@ -122,11 +126,11 @@ def cmd_segprobe(args: argparse.Namespace) -> None:
 
 
 def cmd_make_seg(args: argparse.Namespace) -> None:
+    """build the digits segmentation set (images + PNG masks) for segprobe"""
     from vit5.data.digits.segmentation import SegSetConfig, make_digit_segmentation
 
     try:
-        cfg = SegSetConfig(args.train, args.val, args.size, tuple(args.digits), tuple(args.scale), args.seed)
-        info = make_digit_segmentation(args.root, cfg)
+        info = make_digit_segmentation(args.root, from_options(SegSetConfig, args))
     except (ValueError, FileExistsError) as err:
         raise InputError(str(err)) from err
     splits = info["splits"]
@@ -136,183 +140,103 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
     )
 
 
-def _size(p: argparse.ArgumentParser, default: str = "the model's own") -> None:
-    p.add_argument(
-        "--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP} (default: {default})"
-    )
-
-
 def _loader(p: argparse.ArgumentParser, batch_size: int, workers: int | None) -> None:
-    p.add_argument("--batch-size", type=int, default=batch_size, help=f"default {batch_size}")
+    opt(p, "--batch-size", batch_size, "images per batch")
     default = "min(4, CPUs - 1), and torch threads on the CPUs they leave" if workers is None else workers
     text = f"data loader processes (default {default})"
-    p.add_argument("--workers", dest="num_workers", type=int, default=workers, metavar="N", help=text)
+    opt(p, "--workers", workers, text, type=int, dest="num_workers", metavar="N")
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, run, summary: str, out: str | None, several: bool | None = True):
-        p = commands.add_parser(name, help=summary)
+    def command(run, out: str | None, several: bool | None = True) -> argparse.ArgumentParser:
+        name = run.__name__[len("cmd_") :].replace("_", "-")
+        p = commands.add_parser(name, help=run.__doc__)
         p.set_defaults(run=run)
         if out:
-            p.add_argument("--out", type=Path, required=True, help=out)
+            opt(p, "--out", Path, out, required=True)
         if several is not None:
             add_model_options(p, several, auto=several)
-        p.add_argument("--seed", type=int, default=0, help="seeds --random-init models, probes and canvases")
+        opt(p, "--seed", 0, "seeds --random-init models, probes and canvases")
         return p
 
-    for name, run, summary, out in (
-        (
-            "classify",
-            cmd_classify,
-            "top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split",
-            "writes classify.json and confusion_<model>.png here",
-        ),
-        (
-            "sweep",
-            cmd_sweep,
-            "accuracy against input resolution (table + plot) for one or more models",
-            "writes sweep.json and sweep.png here",
-        ),
-    ):
-        p = command(name, run, summary, out)
-        p.add_argument("--data", required=True, help="ImageFolder root holding SPLIT/<class>/<image>")
-        p.add_argument(
-            "--split", default="val", help="split folder (default val; '' when --data is the split itself)"
-        )
-        p.add_argument(
-            "--crop-ratio",
-            type=float,
-            help="resize to size/ratio, centre crop (default: the model's, 1.0 for ViT-5)",
-        )
+    classify = command(cmd_classify, "writes classify.json and confusion_<model>.png here")
+    sweep = command(cmd_sweep, "writes sweep.json and sweep.png here")
+    for p in (classify, sweep):
+        opt(p, "--data", None, "ImageFolder root holding SPLIT/<class>/<image>", required=True)
+        opt(p, "--split", "val", "split folder (default val; '' when --data is the split itself)")
+        ratio = "resize to size/ratio, centre crop (default: the model's, 1.0 for ViT-5)"
+        opt(p, "--crop-ratio", float, ratio)
         _loader(p, 64, None)
-        if name == "classify":
-            _size(p)
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--scales",
-        nargs="+",
-        default=list(DEFAULT_SCALES),
-        metavar="S|SHxSW",
-        help=f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})",
-    )
-    group.add_argument(
-        "--sizes", nargs="+", type=parse_size, metavar="N|HxW", help="absolute sizes instead of --scales"
-    )
+    size_option(classify)
+    group = sweep.add_mutually_exclusive_group()
+    scales = f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})"
+    opt(group, "--scales", list(DEFAULT_SCALES), scales, metavar="S|SHxSW")
+    opt(group, "--sizes", parse_size, "absolute sizes instead of --scales", nargs="+", metavar="N|HxW")
 
-    p = command(
-        "features",
-        cmd_features,
-        "dense features of every image in a folder to safetensors + manifest (resumable)",
-        "output folder: <image path>.safetensors files + manifest.json",
-        several=False,
-    )
-    p.add_argument("--images", required=True, help="image folder (searched recursively) or one image")
-    p.add_argument(
-        "--layers", nargs="+", type=int, default=[-1], help="blocks to save (default -1, the last)"
-    )
+    p = command(cmd_features, "output folder: <image path>.safetensors files + manifest.json", several=False)
+    opt(p, "--images", None, "image folder (searched recursively) or one image", required=True)
+    opt(p, "--layers", [-1], "blocks to save (default -1, the last)")
     size = p.add_mutually_exclusive_group()
-    _size(size, "each image's own size")
-    size.add_argument("--max-side", type=int, help="own size, shrunk so the longer side is at most this")
-    p.add_argument("--norm", action="store_true", help="apply the final norm to each block's output")
-    p.add_argument(
-        "--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="storage dtype"
-    )
-    p.add_argument(
-        "--overwrite", action="store_true", help="recompute all, replacing features from other settings"
-    )
+    size_option(size, " (default: each image's own size)")
+    opt(size, "--max-side", int, "own size, shrunk so the longer side is at most this")
+    opt(p, "--norm", False, "apply the final norm to each block's output")
+    opt(p, "--dtype", "float32", "storage dtype", choices=("float32", "float16", "bfloat16"))
+    opt(p, "--overwrite", False, "recompute all, replacing features from other settings")
     _loader(p, 8, 2)
 
-    summary = "kNN and logistic-regression probes on CLS / average-pooled features"
-    p = command("probe", cmd_probe, summary, "writes probe.json here")
-    p.add_argument("--data", required=True, help="ImageFolder root with train and val splits")
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--val-split", default="val")
-    p.add_argument(
-        "--pool", nargs="+", choices=("cls", "avg"), default=["cls", "avg"], help="global features to probe"
-    )
-    p.add_argument("--k", nargs="+", type=int, default=[10, 20], help="kNN neighbour counts (default 10 20)")
-    p.add_argument("--temperature", type=float, default=0.07, help="kNN weight exp(cos/T) (default 0.07)")
-    p.add_argument(
-        "--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression (default 1)"
-    )
-    p.add_argument("--layer", type=int, default=-1, help="block to probe (default -1)")
-    p.add_argument(
-        "--no-norm", dest="norm", action="store_false", help="raw block outputs instead of final-normed ones"
-    )
-    _size(p)
+    p = command(cmd_probe, "writes probe.json here")
+    opt(p, "--data", None, "ImageFolder root with train and val splits", required=True)
+    opt(p, "--train-split", "train")
+    opt(p, "--val-split", "val")
+    opt(p, "--pool", ["cls", "avg"], "global features to probe", choices=("cls", "avg"), dest="pools")
+    opt(p, "--k", [10, 20], "kNN neighbour counts", dest="knn_k", metavar="K")
+    opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature", metavar="T")
+    opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c", metavar="C")
+    opt(p, "--layer", -1, "block to probe")
+    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
+    size_option(p)
     _loader(p, 64, 2)
 
-    p = command(
-        "segprobe",
-        cmd_segprobe,
-        "dense linear segmentation probe on patch features: mIoU, pixel accuracy",
-        "writes segprobe.json here",
-    )
-    p.add_argument(
-        "--data", required=True, help="root with images/SPLIT/... and annotations/SPLIT/... (PNG class ids)"
-    )
-    p.add_argument(
-        "--splits", nargs=2, metavar=("TRAIN", "VAL"), help="default: train val, or training validation"
-    )
-    p.add_argument("--num-classes", type=int, help="default: from DATA/dataset.json")
-    p.add_argument("--ignore-index", type=int, help="label value to ignore (default 255 or dataset.json's)")
-    p.add_argument(
-        "--reduce-zero-label", action="store_true", help="ADE20K: id 0 is ignored, ids shift down by one"
-    )
-    _size(p)
-    p.add_argument(
-        "--layers", nargs="+", type=int, default=[-1], help="blocks whose patch features are concatenated"
-    )
-    p.add_argument(
-        "--no-norm", dest="norm", action="store_false", help="raw block outputs instead of final-normed ones"
-    )
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--batch-size", type=int, default=16)
+    p = command(cmd_segprobe, "writes segprobe.json here")
+    data = "root with images/SPLIT/... and annotations/SPLIT/... (PNG class ids)"
+    opt(p, "--data", None, data, required=True)
+    opt(p, "--splits", None, "default: train val, or training validation", nargs=2, metavar=("TRAIN", "VAL"))
+    opt(p, "--num-classes", int, "default: from DATA/dataset.json")
+    opt(p, "--ignore-index", int, "label value to ignore (default 255 or dataset.json's)")
+    opt(p, "--reduce-zero-label", False, "ADE20K: id 0 is ignored, ids shift down by one")
+    size_option(p)
+    opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
+    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
+    opt(p, "--epochs", 30)
+    opt(p, "--lr", 0.05)
+    opt(p, "--weight-decay", 1e-4)
+    opt(p, "--batch-size", 16)
 
-    p = command(
-        "make-seg",
-        cmd_make_seg,
-        "build the digits segmentation set (images + PNG masks) for segprobe",
-        None,
-        None,
-    )
-    p.add_argument("root", type=Path, help="output folder")
-    p.add_argument("--train", type=int, default=400, help="train canvases (default 400)")
-    p.add_argument("--val", type=int, default=100, help="val canvases (default 100)")
-    p.add_argument("--size", type=int, default=64, help="canvas side in pixels (default 64)")
-    p.add_argument(
-        "--digits", nargs=2, type=int, default=[2, 4], metavar=("MIN", "MAX"), help="digits per canvas"
-    )
-    p.add_argument(
-        "--scale",
-        nargs=2,
-        type=float,
-        default=[0.3, 0.55],
-        metavar=("MIN", "MAX"),
-        help="digit side as a fraction of the canvas side",
-    )
+    p = command(cmd_make_seg, None, None)
+    opt(p, "root", Path, "output folder")
+    opt(p, "--train", 400, "train canvases", dest="num_train", metavar="N")
+    opt(p, "--val", 100, "val canvases", dest="num_val", metavar="N")
+    opt(p, "--size", 64, "canvas side in pixels")
+    opt(p, "--digits", [2, 4], "digits per canvas", nargs=2, metavar=("MIN", "MAX"), dest="digits_per_image")
+    scale = "digit side as a fraction of the canvas side"
+    opt(p, "--scale", [0.3, 0.55], scale, nargs=2, metavar=("MIN", "MAX"), dest="digit_scale")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 eval") -> int:
     """Entry point of ``vit5 eval``; returns the exit status (2 after one ``error:`` line on bad input)."""
-    safe_console()
-    one_line_warnings()
-    args = build_parser(prog).parse_args(argv)
+    return run_main(build_parser(prog).parse_args, argv, _run)
 
-    def work() -> None:
-        import torch
 
-        torch.manual_seed(args.seed)
-        if hasattr(args, "device"):
-            resolve_device(args.device)  # a bad --device fails before any work
-        if hasattr(args, "out"):
-            check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
-        args.run(args)
+def _run(args: argparse.Namespace) -> None:
+    import torch
 
-    return run_command(work, getattr(args, "out", None))
+    torch.manual_seed(args.seed)
+    if hasattr(args, "device"):
+        args.device = str(resolve_device(args.device))  # a bad --device fails before any work
+    if hasattr(args, "out"):
+        check_output_dir(args.out, "--out")  # so does an --out that is a file or cannot be written
+    args.run(args)

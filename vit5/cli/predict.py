@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import SIZE_HELP, Parser, add_model_options, load_models, parse_size, run_command
-from vit5.errors import InputError, one_line_warnings, safe_console
+from vit5.cli import Parser, add_model_options, from_options, load_models, opt, run_main, size_option
+from vit5.errors import InputError
 from vit5.runtime import resolve_device
 
 
@@ -19,31 +19,22 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
         "(label_names of its config.json), ImageNet's for ImageNet-1k heads (the released weights), "
         "else the output index.",
         epilog="example: vit5 predict --model vit5_small --images photos/ --topk 5 --csv predictions.csv",
+        check=lambda a: a.topk < 1 and f"--topk must be at least 1, got {a.topk}",
     )
     add_model_options(p)
-    p.add_argument("--images", required=True, help="image folder (searched recursively) or one image")
-    p.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
-    p.add_argument(
-        "--csv", type=Path, metavar="OUT", help="also write image, top1_class, top1_index, ... here"
-    )
-    p.add_argument(
-        "--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP} (default: the model's own)"
-    )
-    p.add_argument("--batch-size", type=int, default=32, help="default 32")
-    p.add_argument("--workers", type=int, default=0, help="data loader processes (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    opt(p, "--images", None, "image folder (searched recursively) or one image", required=True)
+    opt(p, "--topk", 5, "classes per image")
+    opt(p, "--csv", Path, "also write image, top1_class, top1_index, ... here", metavar="OUT")
+    size_option(p)
+    opt(p, "--batch-size", 32, "images per batch")
+    opt(p, "--workers", 0, "data loader processes", dest="num_workers", metavar="N")
+    opt(p, "--quiet", True, "no progress bar", dest="progress")
     return p
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
     """Entry point of ``vit5 predict``: 0, or 2 after one ``error:`` line on bad input."""
-    safe_console()
-    one_line_warnings()
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    if args.topk < 1:
-        parser.error(f"--topk must be at least 1, got {args.topk}")
-    return run_command(lambda: _predict(args))
+    return run_main(build_parser(prog).parse_args, argv, _predict)
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -56,9 +47,7 @@ def _predict(args: argparse.Namespace) -> None:
         )
     (loaded,) = load_models(args)
     print(f"model: {loaded.description}")
-    predictions, names = predict(
-        loaded, args.images, args.topk, args.size, args.batch_size, args.workers, device, not args.quiet
-    )
+    predictions, names = from_options(predict, args, loaded=loaded, device=device)
     print(f"classes: {names.source}")
     print(predictions_table(predictions, args.images))
     if args.csv is not None:

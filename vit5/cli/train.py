@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit5.cli import Parser, run_command
-from vit5.errors import safe_console
+from vit5.cli import Parser, opt, run_main
 from vit5.runtime import print_main
 
 if TYPE_CHECKING:
@@ -28,18 +27,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
         description="Train or fine-tune a ViT-5 with Accelerate (no arguments: the built-in digits demo).",
         epilog="example: accelerate launch -m vit5 train --config vit5_small_in1k data.root=/data/imagenet",
     )
-    parser.add_argument(
-        "--config",
-        help=f"a packaged recipe (`vit5 list recipes` names them) or a YAML file (default: {DEMO_RECIPE})",
-    )
-    parser.add_argument(
-        "--resume",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="DIR",
-        help="continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config",
-    )
+    config = f"a packaged recipe (`vit5 list recipes` names them) or a YAML file (default: {DEMO_RECIPE})"
+    opt(parser, "--config", None, config)
+    resume = "continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config"
+    opt(parser, "--resume", None, resume, nargs="?", const="", metavar="DIR")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings, e.g. optim.lr=1e-3")
     args = parser.parse_args(argv)
     if args.resume and "=" in args.resume and not Path(args.resume).exists():  # `--resume key=value`
@@ -50,20 +41,10 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
 
 # settings a checkpoint's state depends on: the architecture, the optimizer's state layout, the
 # number of micro-batches per step and per epoch (the resume position), and what the EMA holds
-FROZEN_ON_RESUME = (
-    "model.name",
-    "model.img_size",
-    "model.num_classes",
-    "model.overrides",
-    "data.dataset",
-    "data.batch_size",
-    "data.train_split",
-    "optim.name",
-    "optim.accum_steps",
-    "ema.enabled",
-    "aug.repeated_aug",
-    "aug.ra_selected_round",
-    "data.class_names",
+FROZEN_ON_RESUME = tuple(
+    "model.name model.img_size model.num_classes model.overrides data.dataset data.batch_size "
+    "data.train_split optim.name optim.accum_steps ema.enabled aug.repeated_aug aug.ra_selected_round "
+    "data.class_names".split()
 )
 
 
@@ -104,32 +85,30 @@ def resolve(
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
-    safe_console()
-    args = parse_args(argv, prog)
+    return run_main(lambda argv: parse_args(argv, prog), argv, _train)
 
-    def work() -> int:
-        from vit5.train.config import ConfigAdjusted
-        from vit5.train.errors import EXIT_DIVERGED, TrainingDiverged, TrainingInterrupted
-        from vit5.train.trainer import Trainer
 
-        with warnings.catch_warnings(record=True) as adjusted:
-            warnings.simplefilter("always", ConfigAdjusted)
-            cfg, checkpoint, notes = resolve(args)
-        for w in adjusted:
-            if issubclass(w.category, ConfigAdjusted):
-                print_main(f"note: {w.message}")
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        for note in notes:
-            print_main(note)
-        try:
-            Trainer(cfg, resume=checkpoint).fit()
-        except TrainingDiverged as e:
-            print_main(f"error: {e}", err=True)
-            return EXIT_DIVERGED
-        except TrainingInterrupted as e:
-            print_main(f"stopped: {e}", err=True)
-            return e.exit_code
-        return 0
+def _train(args: argparse.Namespace) -> int:
+    from vit5.train.config import ConfigAdjusted
+    from vit5.train.errors import EXIT_DIVERGED, TrainingDiverged, TrainingInterrupted
+    from vit5.train.trainer import Trainer
 
-    return run_command(work)
+    with warnings.catch_warnings(record=True) as adjusted:
+        warnings.simplefilter("always", ConfigAdjusted)
+        cfg, checkpoint, notes = resolve(args)
+    for w in adjusted:
+        if issubclass(w.category, ConfigAdjusted):
+            print_main(f"note: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    for note in notes:
+        print_main(note)
+    try:
+        Trainer(cfg, resume=checkpoint).fit()
+    except TrainingDiverged as e:
+        print_main(f"error: {e}", err=True)
+        return EXIT_DIVERGED
+    except TrainingInterrupted as e:
+        print_main(f"stopped: {e}", err=True)
+        return e.exit_code
+    return 0

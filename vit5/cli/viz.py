@@ -1,193 +1,138 @@
 """``vit5 viz COMMAND``: the figures and metrics of :mod:`vit5.viz` for one model, two side by side or
-with test-time registers; the register ablation, the position probe, and the register study
-(:mod:`vit5.cli.study`)."""
+with test-time registers; the register ablation, the position probe, and the register study (vit5.study)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import itertools
 import sys
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit5.cli import (
-    SIZE_HELP,
     Parser,
     add_model_options,
     from_options,
     load_models,
-    parse_size,
+    opt,
     per_model_args,
-    run_command,
+    run_main,
+    size_option,
 )
-from vit5.errors import InputError, one_line_warnings, safe_console
+from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.plotstyle import DPI
 from vit5.runtime import resolve_device
 
 if TYPE_CHECKING:
     from vit5.introspect.spec import LoadedModel
+    from vit5.study.run import StudyConfig
     from vit5.viz import RunConfig
 
-# vit5.viz.register_ablation.METHODS / PLACES, named here so that --help loads no torch (tests: equal)
+# vit5.viz.register_ablation.METHODS / PLACES and the keys of vit5.study.run.PRESETS, named here so that
+# --help loads no torch (tests: equal)
 ABLATION_METHODS = ("zeros", "mean", "shuffle", "noise")
 ABLATION_PLACES = ("input", "blocks")
+STUDY_PRESETS = ("full", "smoke")
 
-SUBCOMMANDS = {  # name -> (the views it draws, None: every view; help)
-    "attention": (
-        {"attention", "registers", "rollout"},
-        "CLS-to-patch maps per head and mean, register maps, rollout",
-    ),
-    "norms": (
-        {"norms", "histograms", "profile", "massive"},
-        "token-norm maps, per-layer norm histograms, layer profile, massive activations",
-    ),
-    "pca": ({"pca"}, "PCA of the patch features as RGB"),
-    "metrics": ({"metrics"}, "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table"),
-    "all": (None, "every figure and the metrics table for one model"),
-    "compare": (set(), "two models side by side with shared colour scales (the garbage-collector figure)"),
-    "ttr": (
-        set(),
-        "test-time registers: find the register neurons, then the model without and with an extra token",
-    ),
+SUBCOMMANDS = {  # name -> help
+    "attention": "CLS-to-patch maps per head and mean, register maps, rollout",
+    "norms": "token-norm maps, per-layer norm histograms, layer profile, massive activations",
+    "pca": "PCA of the patch features as RGB",
+    "metrics": "per-layer artifact metrics with bootstrap intervals: JSON, CSV and a table",
+    "all": "every figure and the metrics table for one model",
+    "compare": "two models side by side with shared colour scales (the garbage-collector figure)",
+    "ttr": "test-time registers: find the register neurons, then the model without and with an extra token",
+    "ablate": "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or "
+    "after every block; change in top-1, kNN accuracy, patch-feature cosine",
+    "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more "
+    "models",
+    "study": "the register study: train twins without / with registers on digit canvases, tracking the "
+    "artifact metrics (resumable; `vit5 viz study --help`)",
 }
-ABLATE_HELP = (
-    "register ablation at inference: zeros / mean / shuffled / noise registers, at the input or after every "
-    "block; change in top-1, kNN accuracy, patch-feature cosine"
-)
-POSITION_HELP = (
-    "position-artifact probe: norm and PCA maps of constant and noise images, for one or more models"
-)
-STUDY_HELP = (
-    "the register study: train twins without / with registers on digit canvases, tracking the artifact "
-    "metrics (resumable; `vit5 viz study --help`)"
+DRAWS = {  # the views a subcommand draws; the others: every view
+    "attention": {"attention", "registers", "rollout"},
+    "norms": {"norms", "histograms", "profile", "massive"},
+    "pca": {"pca"},
+    "metrics": {"metrics"},
+}
+ASPECT_SIZE = (
+    "; images are resized to cover it and centre-cropped. Default: the images' aspect kept, short side = the "
+    "model's (a patch multiple), long side = short x the images' median aspect rounded to a patch multiple"
 )
 
 
-def _outputs(p: argparse.ArgumentParser, batch_size: int, size_help: str, images: str | None) -> None:
-    """The input and output options; ``images``: the help of ``--images`` (None: no such option)."""
+def _label(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name the model: give a non-empty TEXT")
+    return text
+
+
+def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str | None, images: str | None) -> None:
+    """The input and output options; ``size``: what no --size means (None: the model's own size);
+    ``images``: the help of ``--images`` (None: no such option)."""
     if images:
-        p.add_argument("--images", nargs="+", required=True, metavar="PATH", help=images)
-    p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--size", type=parse_size, metavar="N|HxW", help=f"input size, {SIZE_HELP}{size_help}")
-    p.add_argument("--batch-size", type=int, default=batch_size)
-    p.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=("png", "pdf", "svg"))
-    p.add_argument("--dpi", type=int, default=DPI, help=f"PNG resolution (default {DPI})")
-    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+        opt(p, "--images", None, images, nargs="+", required=True, metavar="PATH")
+    opt(p, "--out", Path, "output directory", required=True)
+    size_option(p, size)
+    opt(p, "--batch-size", batch_size)
+    opt(p, "--formats", ["png", "pdf"], choices=("png", "pdf", "svg"))
+    opt(p, "--dpi", DPI, "PNG resolution")
+    opt(p, "--quiet", True, "no progress bar", dest="progress")
 
 
 def _views(p: argparse.ArgumentParser, name: str) -> None:
     add_model_options(p)
-    p.add_argument(
-        "--label",
-        metavar="TEXT",
-        help="name of --model in titles, legends, tables (default: from its spec)",
-    )
+    label = "name of --model in titles, legends, tables (default: from its spec)"
+    opt(p, "--label", _label, label, metavar="TEXT")
     if name == "compare":
-        p.add_argument("--model-b", required=True, help="second model (same spec forms)")
-        p.add_argument(
-            "--model-b-args", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for --model-b"
-        )
-        p.add_argument("--label-b", metavar="TEXT", help="like --label, for --model-b")
-        p.add_argument(
-            "--own-thresholds",
-            dest="reuse_thresholds",
-            action="store_false",
-            help="score --model-b with its own outlier thresholds (default: reuse --model's, for twins)",
-        )
+        opt(p, "--model-b", None, "second model (same spec forms)", required=True)
+        opt(p, "--model-b-args", [], "overrides for --model-b", metavar="KEY=VALUE")
+        opt(p, "--label-b", _label, "like --label, for --model-b", metavar="TEXT")
+        own = "score --model-b with its own outlier thresholds (default: reuse --model's, for twins)"
+        opt(p, "--own-thresholds", True, own, dest="reuse_thresholds")
     if name == "attention":
-        p.add_argument(
-            "--registers",
-            dest="require_registers",
-            action="store_true",
-            help="require register maps (error for a model without registers)",
-        )
-    _outputs(
-        p,
-        8,
-        "; images are resized to cover it and centre-cropped. Default: the images' aspect kept, short side = "
-        "the model's (a patch multiple), long side = short x the images' median aspect rounded to a patch "
-        "multiple",
-        "image files, folders (searched recursively) or 'sklearn-samples' (scikit-learn's two photos)",
-    )
-    p.add_argument(
-        "--layers",
-        nargs="+",
-        type=int,
-        default=[-1],
-        help="blocks drawn in per-image figures (negative counts from the end; default: the last). "
-        "Metrics always cover every block",
-    )
-    p.add_argument(
-        "--max-figures", type=int, default=16, help="per-image figures and summary rows: the first N images"
-    )
+        registers = "require register maps (error for a model without registers)"
+        opt(p, "--registers", False, registers, dest="require_registers")
+    images = "image files, folders (searched recursively) or 'sklearn-samples' (scikit-learn's two photos)"
+    _outputs(p, 8, ASPECT_SIZE, images)
+    layers = "blocks drawn in per-image figures (negative counts from the end; default: the last). Metrics "
+    opt(p, "--layers", [-1], layers + "always cover every block")
+    opt(p, "--max-figures", 16, "per-image figures and summary rows: the first N images")
     g = p.add_argument_group("maps")
-    g.add_argument(
-        "--renorm",
-        dest="renormalise",
-        action="store_true",
-        help="CLS maps renormalised over patches (default: raw, the share of all tokens)",
-    )
-    g.add_argument(
-        "--upsample",
-        choices=("nearest", "bilinear"),
-        default="nearest",
-        help="map upsampling to pixels (default nearest: shows the token grid)",
-    )
-    g.add_argument("--cmap", default="viridis")
-    g.add_argument("--alpha", type=float, default=0.5, help="overlay opacity")
-    g.add_argument(
-        "--clip",
-        dest="clip_percentile",
-        type=float,
-        metavar="PCT",
-        help="clip colour scales at this percentile (stated on the figure; default: no clipping)",
-    )
-    g.add_argument(
-        "--title",
-        metavar="TEXT",
-        help="title of every figure instead of the generated one ('' for none, e.g. for a paper's caption)",
-    )
+    renorm = "CLS maps renormalised over patches (default: raw, the share of all tokens)"
+    opt(g, "--renorm", False, renorm, dest="renormalise")
+    upsample = "map upsampling to pixels (default nearest: shows the token grid)"
+    opt(g, "--upsample", "nearest", upsample, choices=("nearest", "bilinear"))
+    opt(g, "--cmap", "viridis")
+    opt(g, "--alpha", 0.5, "overlay opacity")
+    clip = "clip colour scales at this percentile (stated on the figure; default: no clipping)"
+    opt(g, "--clip", float, clip, dest="clip_percentile", metavar="PCT")
+    title = "title of every figure instead of the generated one ('' for none, e.g. for a paper's caption)"
+    opt(g, "--title", None, title, metavar="TEXT")
     m = p.add_argument_group("metrics")
-    m.add_argument(
-        "--k", type=float, default=5.0, help="outlier threshold: median + k * MAD of log-norms (default 5)"
-    )
-    m.add_argument(
-        "--threshold", type=float, help="explicit outlier norm threshold for every layer (instead of k * MAD)"
-    )
-    m.add_argument(
-        "--threshold-from",
-        type=Path,
-        metavar="METRICS_JSON",
-        help="reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)",
-    )
-    m.add_argument("--eps", type=float, default=0.3, help="sink-rate epsilon (default 0.3)")
-    m.add_argument("--top-k", type=int, help="keys in the top-K sink mass (default: register count, or 4)")
-    m.add_argument(
-        "--bootstrap",
-        dest="n_boot",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="bootstrap resamples over images (default 1000)",
-    )
-    m.add_argument(
-        "--save-raw", choices=("npz", "safetensors"), help="also save raw per-token norms and attention rows"
-    )
+    opt(m, "--k", 5.0, "outlier threshold: median + k * MAD of log-norms")
+    opt(m, "--threshold", float, "explicit outlier norm threshold for every layer (instead of k * MAD)")
+    reuse = "reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)"
+    opt(m, "--threshold-from", Path, reuse, metavar="METRICS_JSON")
+    opt(m, "--eps", 0.3, "sink-rate epsilon")
+    opt(m, "--top-k", int, "keys in the top-K sink mass (default: register count, or 4)")
+    opt(m, "--bootstrap", 1000, "bootstrap resamples over images", dest="n_boot", metavar="N")
+    raw = "also save raw per-token norms and attention rows"
+    opt(m, "--save-raw", None, raw, choices=("npz", "safetensors"))
     k = p.add_argument_group("planted artifacts (a pipeline self-check; every output is labelled PLANTED)")
-    k.add_argument("--plant-layer", type=int, help="block whose output gets planted high-norm tokens")
-    k.add_argument(
-        "--plant-at", nargs=2, type=int, action="append", metavar=("ROW", "COL"), help="patch (repeatable)"
-    )
-    k.add_argument("--plant-scale", type=float, default=20.0, help="planted-token norm factor (default 20)")
+    opt(k, "--plant-layer", int, "block whose output gets planted high-norm tokens")
+    opt(k, "--plant-at", int, "patch (repeatable)", nargs=2, action="append", metavar=("ROW", "COL"))
+    opt(k, "--plant-scale", 20.0, "planted-token norm factor")
     if name == "ttr":
         t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
-        t.add_argument(
-            "--detect-layer", type=int, help="block whose outliers are traced (default: most outliers)"
-        )
-        t.add_argument("--top-layer", type=int, help="search blocks <= this (default: the detect block)")
-        t.add_argument("--neurons", type=int, default=10, help="register neurons to keep (top k; default 10)")
-        t.add_argument("--count", type=int, default=1, help="test-time registers to append (default 1)")
+        opt(t, "--detect-layer", int, "block whose outliers are traced (default: most outliers)")
+        opt(t, "--top-layer", int, "search blocks <= this (default: the detect block)")
+        opt(t, "--neurons", 10, "register neurons to keep (top k)")
+        opt(t, "--count", 1, "test-time registers to append")
 
 
 def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
@@ -199,47 +144,123 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         "sklearn-samples --out runs/viz",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in SUBCOMMANDS.items():
-        _views(sub.add_parser(name, help=help_text, description=help_text), name)
-    p = sub.add_parser("ablate", help=ABLATE_HELP, description=ABLATE_HELP)
-    add_model_options(p)
-    p.add_argument(
-        "--reference",
-        nargs="+",
-        metavar="PATH",
-        help="reference images (register means, kNN bank); default: the first half of --images",
-    )
-    p.add_argument("--folder-labels", action="store_true", help="ImageFolders: label = class subfolder")
-    p.add_argument("--methods", nargs="+", default=list(ABLATION_METHODS), choices=ABLATION_METHODS)
-    p.add_argument("--places", nargs="+", default=list(ABLATION_PLACES), choices=ABLATION_PLACES)
-    p.add_argument("--knn-k", type=int, default=20)
-    p.add_argument("--max-images", type=int, help="at most the first N of --images and of --reference")
-    images = "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
-    _outputs(p, 32, " (default: the model's own)", images)
-    p = sub.add_parser("position", help=POSITION_HELP, description=POSITION_HELP)
-    add_model_options(p, several=True)
-    p.add_argument("--layer", type=int, default=-1, help="block whose output is probed (default: the last)")
-    p.add_argument(
-        "--levels",
-        nargs="+",
-        type=float,
-        default=[0.0, 0.25, 0.5, 0.75, 1.0],
-        help="constant grey levels in [0, 1]",
-    )
-    p.add_argument("--noise-images", type=int, default=16)
-    _outputs(p, 32, " (default: the model's own)", None)
-    sub.add_parser("study", help=STUDY_HELP, add_help=False)  # parsed by vit5.cli.study
+    for name, text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=text, description=text, add_help=name != "study")  # study: its own
+        if name == "ablate":
+            add_model_options(p)
+            reference = "reference images (register means, kNN bank); default: the first half of --images"
+            opt(p, "--reference", None, reference, nargs="+", metavar="PATH")
+            opt(p, "--folder-labels", False, "ImageFolders: label = class subfolder")
+            opt(p, "--methods", list(ABLATION_METHODS), choices=ABLATION_METHODS)
+            opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
+            opt(p, "--knn-k", 20)
+            opt(p, "--max-images", int, "at most the first N of --images and of --reference")
+            images = "images to evaluate: files, folders, digits-val / digits-train (labelled), "
+            _outputs(p, 32, None, images + "sklearn-samples")
+        elif name == "position":
+            add_model_options(p, several=True)
+            opt(p, "--layer", -1, "block whose output is probed (default: the last)")
+            opt(p, "--levels", [0.0, 0.25, 0.5, 0.75, 1.0], "constant grey levels in [0, 1]")
+            opt(p, "--noise-images", 16)
+            _outputs(p, 32, None, None)
+        elif name != "study":
+            _views(p, name)
     return parser
 
 
-def _load(args: argparse.Namespace, specs=None, items=None) -> list[LoadedModel]:
+def study_parser(prog: str = "vit5 viz study") -> argparse.ArgumentParser:
+    p = Parser(
+        prog=prog,
+        description="Train twin models without and with registers on canvases that reward a storage token, "
+        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
+    )
+    opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
+    opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
+    settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
+    opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
+    opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
+    opt(p, "--no-analysis", False, "skip the register ablation / test-time register analyses")
+    analyse = "no training: write the figure, verdict and analyses of the twins as they are now"
+    opt(p, "--analyse-only", False, analyse)
+    opt(p, "--quiet", False, "no progress bar")
+    return p
+
+
+def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
+    """``KEY=VALUE`` overrides of StudyConfig or CanvasConfig fields, or ``model.KEY`` (ViT5Config)."""
+    from vit5.data.digits.canvases import CanvasConfig
+    from vit5.introspect.spec import parse_model_args as parse_overrides
+    from vit5.study.run import StudyConfig
+
+    study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
+    canvas_keys = {f.name for f in fields(CanvasConfig)}
+    study, canvas, model = {}, {}, dict(base.model_args)
+    for key, value in parse_overrides(items).items():
+        if key.startswith("model."):
+            model[key[len("model.") :]] = value
+        elif key in study_keys:
+            study[key] = value
+        elif key in canvas_keys:
+            canvas[key] = value
+        else:
+            close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
+            hint = "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
+            hint = f"did you mean {close[0]!r}?" if close else hint
+            raise InputError(f"unknown study setting {key!r}: {hint}")
+    try:
+        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
+    except TypeError as err:
+        raise InputError(f"bad study setting: {err}") from None
+
+
+def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
+    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:
+        return study_main(argv[1:], f"{prog} study")
+    return run_main(build_parser(prog).parse_args, argv, _run)
+
+
+def study_main(argv: list[str] | None = None, prog: str = "vit5 viz study") -> int:
+    return run_main(study_parser(prog).parse_args, argv, _study)
+
+
+def _study(args: argparse.Namespace) -> None:
+    from vit5.study.run import PRESETS, run_study
+
+    cfg = parse_settings(PRESETS[args.preset], args.settings)
+    analyse, train = not args.no_analysis, not args.analyse_only
+    result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
+    print(f"wrote {len(result.files)} files to {args.out}")
+
+
+def _run(args: argparse.Namespace) -> None:
+    from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
+
+    args.device = str(resolve_device(args.device))  # a bad --device fails before any work
+    check_output_dir(args.out, "--out")
+    if args.command in ("ablate", "position"):
+        return (_ablate if args.command == "ablate" else _position)(args)
+    cfg = _config(args)
+    if args.command == "compare":
+        specs, items = [args.model, args.model_b], [args.model_args, args.model_b_args]
+        run_compare(*_load(args, specs, items, (args.label, args.label_b)), args.images, cfg)
+    elif args.command == "ttr":
+        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
+        run_ttr(*_load(args, labels=(args.label,)), args.images, cfg, search, args.count)
+    else:
+        run_model(*_load(args, labels=(args.label,)), args.images, cfg)
+
+
+def _load(args: argparse.Namespace, specs=None, items=None, labels=()) -> list[LoadedModel]:
+    """The models of the options, each named by its ``labels`` entry (``--label``) where given."""
     from vit5.viz.collect import recordable
 
     models = load_models(args, specs, items)
     for model in models:
         recordable(model.model)  # an architecture whose attention cannot be recorded fails now
         print(f"model: {model.description}")
-    return models
+    return [replace(m, label=label) if label else m for m, label in itertools.zip_longest(models, labels)]
 
 
 def _ablate(args: argparse.Namespace) -> None:
@@ -260,10 +281,9 @@ def _ablate(args: argparse.Namespace) -> None:
         if len(images) < 4:
             raise InputError("give --reference images, or at least 4 --images to split in halves")
         images, reference = images[len(images) // 2 :], images[: len(images) // 2]
-    cfg = from_options(AblationConfig, args, device=str(resolve_device(args.device)))
     label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
-    report = run_ablation(model.model, images, reference, label, cfg, notes)
+    report = run_ablation(model.model, images, reference, label, from_options(AblationConfig, args), notes)
     figure = ablation_figure(report, args.dpi)
     files = report.write(args.out) + save_figure(figure, args.out / "ablation", tuple(args.formats))
     print(report.table())
@@ -271,16 +291,10 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 def _position(args: argparse.Namespace) -> None:
-    from vit5.viz import (
-        MapStyle,
-        PositionProbeConfig,
-        position_figure,
-        run_position_probe,
-        save_figure,
-        write_probes,
-    )
+    from vit5.viz import MapStyle, save_figure
+    from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
 
-    cfg = from_options(PositionProbeConfig, args, device=str(resolve_device(args.device)))
+    cfg, style = from_options(PositionProbeConfig, args), from_options(MapStyle, args)
     overrides = per_model_args(args)
     common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
     probes = []
@@ -293,11 +307,8 @@ def _position(args: argparse.Namespace) -> None:
             f"  block {s['layer']}: constant-image spatial share {s['constant_spatial_share']:.4f}, "
             f"noise-image position share {s['noise_position_share']:.4f}"
         )
-    style = from_options(MapStyle, args)
-    files = [
-        write_probes(probes, args.out),
-        *save_figure(position_figure(probes, style), args.out / "position_probe", style.formats),
-    ]
+    figure = position_figure(probes, style)
+    files = [write_probes(probes, args.out), *save_figure(figure, args.out / "position_probe", style.formats)]
     print(f"wrote {len(files)} files to {args.out}")
 
 
@@ -313,46 +324,8 @@ def _config(args: argparse.Namespace) -> RunConfig:
     return from_options(
         RunConfig,
         args,
-        views=frozenset(SUBCOMMANDS[args.command][0] or VIEWS),
-        device=str(resolve_device(args.device)),
+        views=frozenset(DRAWS.get(args.command, VIEWS)),
         style=from_options(MapStyle, args),
         metrics=from_options(MetricConfig, args, thresholds=thresholds, threshold_source=source),
         plant=plant,
     )
-
-
-def _relabel(model: LoadedModel, label: str | None) -> LoadedModel:
-    if label is not None and not label.strip():
-        raise InputError("--label / --label-b must name the model: give a non-empty TEXT")
-    return model if label is None else replace(model, label=label)
-
-
-def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
-    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
-    safe_console()
-    one_line_warnings()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["study"]:
-        from vit5.cli.study import main as study_main
-
-        return study_main(argv[1:])
-    args = build_parser(prog).parse_args(argv)
-    return run_command(lambda: _run(args), args.out)
-
-
-def _run(args: argparse.Namespace) -> None:
-    from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
-
-    check_output_dir(args.out, "--out")
-    if args.command in ("ablate", "position"):
-        (_ablate if args.command == "ablate" else _position)(args)
-        return
-    cfg = _config(args)
-    if args.command == "compare":
-        model, model_b = _load(args, [args.model, args.model_b], [args.model_args, args.model_b_args])
-        run_compare(_relabel(model, args.label), _relabel(model_b, args.label_b), args.images, cfg)
-    elif args.command == "ttr":
-        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
-        run_ttr(_relabel(*_load(args), args.label), args.images, cfg, search, args.count)
-    else:
-        run_model(_relabel(*_load(args), args.label), args.images, cfg)

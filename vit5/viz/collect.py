@@ -16,8 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vit5.errors import InputError
-from vit5.introspect import describe
-from vit5.introspect.info import ModelInfo
+from vit5.introspect import ModelInfo, describe
 from vit5.model import Recording, TokenLayout, record, take_indices
 from vit5.model.vit import unwrap
 from vit5.viz.images import LoadedImage, to_batch
