@@ -4,7 +4,6 @@ seconds; tests and CI), ``quick`` (real ViT-S/Ti shapes, few rounds; minutes on 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,9 @@ from typing import Any, Literal
 import torch
 
 from vit5.bench.measure import TimingConfig
+from vit5.bench.report import choose
 from vit5.errors import InputError
+from vit5.model.presets import SIZES
 
 
 @dataclass(frozen=True)
@@ -65,35 +66,26 @@ class BenchConfig:
             device = None
         if device is None or device.type not in ("cpu", "cuda"):
             raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
+        if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
             raise InputError(f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu")
         if self.dtype not in ("fp32", "bf16"):
             raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
-        if not self.sizes:
-            raise InputError("sizes must name at least one model size")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads must be at least 1, got {self.threads}")
-        if (
-            not self.index_sizes
-            or min(self.index_sizes) < 1
-            or self.index_rounds < 1
-            or self.decode_images < 8
-        ):
+        if min(self.index_sizes, default=0) < 1 or self.index_rounds < 1 or self.decode_images < 8:
             raise InputError("index_sizes must be positive, index_rounds >= 1 and decode_images >= 8")
+        if not self.sizes:
+            raise InputError("sizes must name at least one model size")
+        choose("model size", (*self.sizes, self.target_size, self.compile_size), SIZES)
 
     @property
     def size_for_targets(self) -> str:
         """The speed targets are for ViT-S; smaller runs check them on their largest size."""
         return self.target_size if self.target_size in self.sizes else self.sizes[-1]
 
-    def replace(self, **changes: Any) -> BenchConfig:
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def profile(cls, name: Literal["smoke", "quick", "full"], **changes: Any) -> BenchConfig:
-        if name not in PROFILES:
-            raise InputError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+        choose("profile", [name], PROFILES)
         return cls(**{**PROFILES[name], **changes})
 
 

@@ -79,12 +79,8 @@ def torchvision_pipelines() -> dict[str, Any]:
         ]
     )
     val = T.Compose([T.Resize(SIZE, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE), *finish])
-    return {"train": lambda p: train(_pil_open(p)), "eval": lambda p: val(_pil_open(p))}
-
-
-def _pil_open(path: Path) -> Image.Image:
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    rgb = lambda path: Image.open(path).convert("RGB")  # noqa: E731 - PIL closes the file once loaded
+    return {"train": lambda p: train(rgb(p)), "eval": lambda p: val(rgb(p))}
 
 
 def measure_pipelines(paths: list[Path], rounds: int) -> dict[str, dict[str, float]]:
@@ -152,6 +148,7 @@ _INDEXERS = {  # how each contender lists a tree ROOT/<class>/<file>; run in a f
     "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F; "
     "count = lambda root: len(F(root))",
 }
+INDEX_COLUMNS = ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision")
 _INDEX_PROBE = """
 import json, sys, time
 {setup}
@@ -177,30 +174,24 @@ def index_cost(sizes: Sequence[int], rounds: int = 3) -> dict[int, dict[str, Any
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix="vit5-index-") as tmp:
             classes = max(1, min(1000, size // 100))
-            for c in range(classes):
-                (Path(tmp) / f"n{c:08d}").mkdir()
             for i in range(size):
+                if i < classes:
+                    os.mkdir(os.path.join(tmp, f"n{i:08d}"))
                 open(os.path.join(tmp, f"n{i % classes:08d}", f"img_{i:08d}.JPEG"), "wb").close()
             sum(len(files) for _, _, files in os.walk(tmp))  # warm the directory cache
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _INDEXERS}
             probes = {n: lambda n=n, r=runs, t=tmp: r[n].append(_probe(_INDEXERS[n], t)) for n in _INDEXERS}
             measure(probes, TimingConfig(warmup=0, rounds=rounds))  # rotating order, fresh process each
-            median = lambda found, key: statistics.median(m[key] for m in found)  # noqa: E731
-            results[size] = {
-                name: dict(
-                    files=found[0]["files"], **{k: median(found, k) for k in ("seconds", "peak_bytes")}
-                )
-                for name, found in runs.items()
-            }
+            for name, found in runs.items():
+                medians = {k: statistics.median(m[k] for m in found) for k in ("seconds", "peak_bytes")}
+                results.setdefault(size, {})[name] = {"files": found[0]["files"], **medians}
     return results
 
 
 def _probe(setup: str, root: str) -> dict[str, Any]:
-    code = _INDEX_PROBE.format(setup=setup)
+    code = [sys.executable, "-c", _INDEX_PROBE.format(setup=setup), root]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, root], capture_output=True, text=True, env=env, check=True
-    )
+    done = subprocess.run(code, capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -231,24 +222,22 @@ def run_data_index(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     ctx.log(f"data_index: indexing trees of {', '.join(f'{n:,}' for n in cfg.index_sizes)} files")
     cost = index_cost(cfg.index_sizes, rounds=cfg.index_rounds)
-    rows = tuple(
-        (
-            f"{size:,}",
-            name,
-            m["files"],
-            f"{m['seconds']:.3f}",
-            f"{m['seconds'] / found['torchvision']['seconds']:.2f}x",
-        )
-        + (
-            f"{m['peak_bytes'] / 2**20:.1f}",
-            f"{m['peak_bytes'] / max(found['torchvision']['peak_bytes'], 1):.2f}x",
-        )
-        for size, found in cost.items()
-        for name, m in found.items()
-    )
+    rows = []
+    for size, found in cost.items():
+        tv = found["torchvision"]
+        for name, m in found.items():
+            t, b = m["seconds"] / tv["seconds"], m["peak_bytes"] / max(tv["peak_bytes"], 1)
+            mib = f"{m['peak_bytes'] / 2**20:.1f}"
+            rows.append((f"{size:,}", name, m["files"], f"{m['seconds']:.3f}", f"{t:.2f}x", mib, f"{b:.2f}x"))
     ctx.log("data_index: decode + 3-Augment, folder against shards")
     rates = folder_vs_shards(cfg.decode_images, rounds=cfg.index_rounds)
-    largest = cost[max(cost)]
+    ours, theirs, at = cost[max(cost)]["vit5"], cost[max(cost)]["torchvision"], f"at {max(cost):,} files"
+    targets = [
+        Target(f"vit5 index {what} {at} vs torchvision", ours[k] / max(theirs[k], 1e-9), 1.2, False)
+        for what, k in (("time", "seconds"), ("peak memory", "peak_bytes"))
+    ]
+    decode = tuple((name, f"{rate:.1f}") for name, rate in rates.items())
+    title = f"Decode + 3-Augment to {SIZE} px, images/s on one core"
     return Section(
         "data_index",
         "Data set indexing and reading: folders against torchvision, timm and shards",
@@ -256,27 +245,10 @@ def run_data_index(ctx: BenchContext) -> Section:
         "warm directory cache, medians), and decode + 3-Augment images/s on one core from a folder and "
         f"from WebDataset shards of the same {cfg.decode_images} JPEGs at ImageNet-like sizes.",
         tables=[
-            Table(
-                "Indexing a tree",
-                ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision"),
-                rows,
-            ),
-            Table(
-                f"Decode + 3-Augment to {SIZE} px, images/s on one core",
-                ("source", "images/s"),
-                tuple((name, f"{rate:.1f}") for name, rate in rates.items()),
-            ),
+            Table("Indexing a tree", INDEX_COLUMNS, tuple(rows)),
+            Table(title, ("source", "images/s"), decode),
         ],
-        targets=[
-            Target(
-                f"vit5 index {what} at {max(cost):,} files vs torchvision",
-                ours / max(theirs, 1e-9),
-                1.2,
-                False,
-            )
-            for what, key in (("time", "seconds"), ("peak memory", "peak_bytes"))
-            for ours, theirs in [(largest["vit5"][key], largest["torchvision"][key])]
-        ],
+        targets=targets,
         notes=[
             "vit5 checks what the others do not: links leading outside the tree, link loops, FIFOs and "
             "devices named like images, two paths to one file",

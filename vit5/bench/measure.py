@@ -6,10 +6,12 @@ memory and forward / training-step throughput."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,20 +34,15 @@ class TimingConfig:
             raise ValueError(f"invalid {self}: need warmup >= 0 and rounds >= 1")
 
 
-@dataclass(frozen=True)
-class Quartiles:
+class Quartiles(NamedTuple):
     median: float
     q1: float
     q3: float
 
     @classmethod
     def of(cls, values) -> Quartiles:
-        q1, med, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
-        return cls(float(med), float(q1), float(q3))
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
+        q1, median, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
+        return cls(float(median), float(q1), float(q3))
 
     def text(self, fmt: str = "{:.2f}x") -> str:
         return f"{fmt.format(self.median)} ({fmt.format(self.q1)}-{fmt.format(self.q3)})"
@@ -82,38 +79,34 @@ def measure(fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device=
     """Time every zero-argument callable in interleaved, rotating rounds; seconds per call by name
     (on CUDA, waiting for the queued kernels before and after each call)."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
-    if not fns:
-        raise ValueError("nothing to measure: pass at least one callable")
-    names = list(fns)
-    for name in names:
+    for fn in fns.values():
         for _ in range(cfg.warmup):
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(cfg.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = deque(fns)
+    for _ in range(cfg.rounds):
+        for name in order:
             sync()
             start = time.perf_counter()
             fns[name]()
             sync()
             times[name].append(time.perf_counter() - start)
-    return {name: Samples(name, tuple(times[name])) for name in names}
+        order.rotate(-1)
+    return {name: Samples(name, tuple(seconds)) for name, seconds in times.items()}
 
 
 @contextmanager
 def num_threads(n: int | None) -> Iterator[int]:
     """Run with ``n`` intra-op CPU threads (None: leave as is); yields the count in effect."""
     before = torch.get_num_threads()
-    if n is not None and n < 1:
-        raise ValueError(f"threads must be >= 1, got {n}")
-    torch.set_num_threads(n or before)
+    torch.set_num_threads(before if n is None else n)  # n < 1: torch raises
     try:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 
 
-@dataclass(frozen=True)
-class MemoryReading:
+class MemoryReading(NamedTuple):
     """``peak``: most tensor bytes alive at once during the work, above what was alive before;
     ``retained``: bytes still alive after it (e.g. a returned cache)."""
 
@@ -149,10 +142,8 @@ def measure_memory(
 
 
 def autocast_context(device: torch.device | str, dtype: str) -> Callable:
-    """A factory of the autocast context for ``dtype`` ("fp32": none, "bf16": bfloat16 autocast)."""
-    return (
-        nullcontext if dtype == "fp32" else partial(torch.autocast, torch.device(device).type, torch.bfloat16)
-    )
+    """A factory of the autocast context for ``dtype`` ("fp32": off, "bf16": bfloat16 autocast)."""
+    return partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
 
 
 def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable[[], None]:
@@ -212,6 +203,11 @@ def measure_throughput(
         model.zero_grad(set_to_none=True)
         model.eval()
     return {"forward": forward, "train": train}
+
+
+def throughput_columns(reference: str) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`."""
+    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
 
 
 def throughput_cells(

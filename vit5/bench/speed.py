@@ -1,11 +1,7 @@
-"""The whole-model sections: ``speed``, ``compile`` and ``export``.
-
-``speed`` times, at equal width, depth, heads and GELU MLP: ``vit5`` (eager), ``vit5_fused``
-(``vit5.fuse_for_inference``), ``vit5_regional`` (``vit5.compile_blocks``); ``timm_eva`` (timm's ``Eva``
-set up as close to ViT-5 as it allows), ``timm_vit`` (plain ``vit_{size}_patch16_224``, the yardstick of
-"free") and ``reference`` (:class:`vit5.reference.OfficialViT5`, the official code's way). Every ratio is
-paired per round (:mod:`vit5.bench.measure`).
-"""
+"""The model sections, every ratio paired per round: ``speed`` (vit5 eager, fused and regionally compiled
+against timm's ``Eva`` built as ViT-5, timm's plain ViT and the official code's way, at equal width, depth,
+heads and GELU MLP), ``memory`` (eager attention's ``[B, heads, n, n]`` scores against SDPA's tiled softmax,
+Dao et al., arXiv 2205.14135), ``compile`` and ``export``."""
 
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ import timm
 import torch
 import torch._functorch.config
 import torch._inductor.config
+import torch.nn.functional as F
 from timm.layers import RmsNorm
 from timm.models.eva import Eva
 from torch import nn
@@ -27,21 +24,22 @@ from vit5.bench.measure import (
     autocast_context,
     forward_step,
     measure,
+    measure_memory,
     measure_throughput,
     random_batch,
     speedup,
     throughput_cells,
+    throughput_columns,
     train_step,
 )
 from vit5.bench.report import Section, Table, Target
-from vit5.errors import InputError
+from vit5.layers import eager_attention
 from vit5.model.presets import SIZES
 from vit5.reference import OfficialViT5
+from vit5.runtime import format_bytes
 
 
 def _dims(size: str, depth: int | None) -> dict[str, int]:
-    if size not in SIZES:
-        raise InputError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
     return {**SIZES[size], **({"depth": depth} if depth else {})}
 
 
@@ -124,17 +122,60 @@ def run_speed(ctx: BenchContext) -> Section:
             if size == target and res == resolution and fast in s and slow in s:
                 label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
                 section.targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
-    columns = ("model", "size@res", "params", "forward img/s (IQR)", "x timm_vit (IQR)", "train img/s (IQR)")
-    section.tables.append(Table("Throughput", (*columns, "x timm_vit (IQR)"), tuple(rows)))
+    columns = ("model", "size@res", "params", *throughput_columns("timm_vit"))
+    section.tables.append(Table("Throughput", columns, tuple(rows)))
     section.data = {"seconds": data}
     return section
 
 
-COMPILE_WAYS: dict[str, Callable[[nn.Module, str], nn.Module]] = {
-    "eager": lambda model, backend: model,
-    "compiled": lambda model, backend: torch.compile(model, backend=backend),
-    "regional": lambda model, backend: vit5.compile_blocks(model, backend=backend),
+def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: float = 0.25) -> Section:
+    """One attention call per sequence length: peak memory of SDPA and eager, and their outputs' largest
+    difference (both are exact). Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated."""
+    cfg = ctx.cfg
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
+    for n in cfg.attn_seq_lens:
+        eager = eager_score_bytes(1, cfg.attn_heads, n, dtype) <= cfg.attn_eager_max_bytes
+        ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
+        g = torch.Generator().manual_seed(n)
+        qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
+        names = ("sdpa", "eager") if eager else ("sdpa",)
+        with torch.inference_mode():  # the outputs stay alive: each reading counts only its own call
+            found = {name: measure_memory(partial(BACKENDS[name], *qkv), cfg.device) for name in names}
+        p = peaks[n] = {name: reading.peak for name, (reading, _) in found.items()}
+        cells = [format_bytes(p["sdpa"]), "skipped", "-", "-"]
+        if eager:
+            diffs[n] = (found["sdpa"][1].float() - found["eager"][1].float()).abs().max().item()
+            cells[1:] = format_bytes(p["eager"]), f"{p['eager'] / p['sdpa']:.1f}x", f"{diffs[n]:.1e}"
+        rows.append((n, *cells))
+    columns = ("tokens", "sdpa peak", "eager peak", "eager / sdpa", "max |sdpa - eager|")
+    section = Section(
+        "memory",
+        "Attention memory against sequence length",
+        f"One attention call, batch 1, {cfg.attn_heads} heads of {cfg.attn_head_dim}, {cfg.dtype}, "
+        f"inference, {cfg.device}: peak tensor memory of fused SDPA and of eager, and their largest "
+        "output difference.",
+        tables=[Table("Attention peak memory", columns, tuple(rows))],
+        data={"peak_bytes": peaks, "max_abs_diff": diffs},
+    )
+    if target_tokens in diffs:
+        fraction = peaks[target_tokens]["sdpa"] / peaks[target_tokens]["eager"]
+        name = f"sdpa peak memory / eager peak at {target_tokens} tokens"
+        section.targets.append(Target(name, fraction, max_sdpa_fraction, higher_is_better=False))
+    else:
+        section.notes.append(f"The {target_tokens}-token target was not measured ({cfg.attn_seq_lens}).")
+    return section
+
+
+BACKENDS = {
+    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    "eager": lambda q, k, v: eager_attention(q, k, v)[0],
 }
+
+
+def eager_score_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of eager's n x n tensors alive at once: the scores and the fp32 probabilities."""
+    return batch * heads * tokens * tokens * (torch.empty((), dtype=dtype).element_size() + 4)
 
 
 def run_compile(ctx: BenchContext) -> Section:
@@ -144,15 +185,20 @@ def run_compile(ctx: BenchContext) -> Section:
     size, backend = cfg.compile_size, cfg.compile_backend
     images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
     amp = autocast_context(cfg.device, cfg.dtype)
+    ways = {
+        "eager": lambda model: model,
+        "compiled": partial(torch.compile, backend=backend),
+        "regional": partial(vit5.compile_blocks, backend=backend),
+    }
     models, first = {}, {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
-        for way, wrap in COMPILE_WAYS.items():
+        for way, wrap in ways.items():
             torch.manual_seed(0)
-            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth), backend).to(cfg.device)
+            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth)).to(cfg.device)
             ctx.log(f"vit5_{size}, {way} ({backend}): first forward and first training step")
             steps = (forward_step(models[way], images, amp), train_step(models[way], images, labels, amp))
             first[way] = [measure({way: s}, TimingConfig(0, 1), cfg.device)[way].median for s in steps]
@@ -165,22 +211,18 @@ def run_compile(ctx: BenchContext) -> Section:
         (way, f"{fwd:.2f}", f"{train:.2f}", *throughput_cells(run, way, "eager", cfg.batch))
         for way, (fwd, train) in first.items()
     )
-    columns = ("way", "first forward s", "first train step s", "forward img/s (IQR)", "x eager")
+    columns = ("way", "first forward s", "first train step s", *throughput_columns("eager"))
     section = Section(
         "compile",
         "torch.compile: whole model against regional (per block)",
         f"vit5_{size}, batch {cfg.batch} at {cfg.img_size}, {cfg.device} {cfg.dtype}, backend {backend!r}: "
         "eager, torch.compile(model) (model.compile=true) and vit5.compile_blocks (model.compile=regional).",
-        tables=[
-            Table(
-                f"Cold start and steady speed (vit5_{size})", (*columns, "train img/s (IQR)", "x eager"), rows
-            )
-        ],
+        tables=[Table(f"Cold start and steady speed (vit5_{size})", columns, rows)],
         notes=["Largest logit difference from eager: " + ", ".join(f"{w} {d:.1e}" for w, d in diffs.items())],
+        data={"cold_start": first, "max_abs_diff": diffs, "seconds": run},
     )
     if backend != "inductor":
         section.notes.append(f"Backend {backend!r} generates no code: the rows exercise the paths only.")
-    section.data = {"cold_start": first, "max_abs_diff": diffs, "seconds": run}
     return section
 
 
@@ -207,6 +249,7 @@ def run_export(ctx: BenchContext) -> Section:
         (k, s.rate(cfg.batch).text("{:.1f}"), speedup(s, samples["torch eager"]).text())
         for k, s in samples.items()
     )
+    mib = sum(f.stat().st_size for f in report.files) / 2**20
     return Section(
         "export",
         "ONNX Runtime against eager torch (CPU)",
@@ -214,7 +257,7 @@ def run_export(ctx: BenchContext) -> Section:
         f"({torch.get_num_threads()} threads), side by side; 'x torch' > 1: faster than eager torch.",
         tables=[Table(f"{name} @ {img}", ("runtime", "images/s (IQR)", "x torch (IQR)"), rows)],
         notes=[
-            f"Export {report.seconds:.0f} s, {sum(f.stat().st_size for f in report.files) / 2**20:.1f} MiB; "
+            f"Export {report.seconds:.0f} s, {mib:.1f} MiB; "
             f"onnxruntime vs torch max |difference| {report.max_abs_diff:.1e}."
         ],
         data={
