@@ -129,9 +129,3 @@ class BenchContext:
     cfg: BenchConfig
     out_dir: Path
     log: Callable[[str], None] = print
-
-    def figure(self, name: str) -> Path:
-        """Path for a figure file under ``<out>/figures``."""
-        path = self.out_dir / "figures" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path

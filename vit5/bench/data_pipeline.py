@@ -69,16 +69,11 @@ def torchvision_pipelines() -> dict[str, Any]:
     """The official DeiT-III / ViT-5 transforms on PIL (``augment.py``; ``datasets.py`` for eval)."""
     finish = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     blur = T.Lambda(lambda im: im.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0))))
-    train = T.Compose(
-        [
-            T.RandomResizedCrop(SIZE, interpolation=T.InterpolationMode.BICUBIC),
-            T.RandomHorizontalFlip(),
-            T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur]),
-            T.ColorJitter(0.3, 0.3, 0.3),
-            *finish,
-        ]
-    )
-    val = T.Compose([T.Resize(SIZE, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE), *finish])
+    bicubic = T.InterpolationMode.BICUBIC
+    three = T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur])  # 3-Augment
+    crop, jitter = T.RandomResizedCrop(SIZE, interpolation=bicubic), T.ColorJitter(0.3, 0.3, 0.3)
+    train = T.Compose([crop, T.RandomHorizontalFlip(), three, jitter, *finish])
+    val = T.Compose([T.Resize(SIZE, interpolation=bicubic), T.CenterCrop(SIZE), *finish])
     rgb = lambda path: Image.open(path).convert("RGB")  # noqa: E731 - PIL closes the file once loaded
     return {"train": lambda p: train(rgb(p)), "eval": lambda p: val(rgb(p))}
 

@@ -23,6 +23,7 @@ from vit5.bench.report import Section, Table, Target
 from vit5.train.checkpointing import TrainState
 from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
 
+DIGITS = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 NO_EXTRAS = dict(layer_scale=None, num_registers=0, rope=False, register_rope=False)
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
@@ -43,9 +44,7 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
 def build_trunk(cfg: DepthAblationConfig, pre_norm: bool) -> nn.Module:
     torch.manual_seed(0)
     dims = dict(embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.heads, pre_norm=pre_norm)
-    return vit5.create_model(
-        "vit5_tiny", img_size=8, patch_size=2, in_chans=1, num_classes=10, **dims, **NO_EXTRAS
-    )
+    return vit5.create_model("vit5_tiny", **DIGITS, **dims, **NO_EXTRAS)
 
 
 def layer_grad_norms(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[float]:
@@ -105,6 +104,7 @@ def line_chart(path: Path, x, series: dict, labels: tuple[str, str, str], logy: 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
@@ -144,9 +144,9 @@ def run(ctx: BenchContext) -> Section:
     ]
     finite = {f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (n, lr), c in curves.items()}
     labels = (f"Gradient norm per block at step 0, depth {cfg.depth}", "block (input -> output)", "||grad||")
-    line_chart(ctx.figure(FIGURES[0]), range(cfg.depth), profiles, labels, logy=True)
+    line_chart(ctx.out_dir / "figures" / FIGURES[0], range(cfg.depth), profiles, labels, logy=True)
     labels = ("Training loss at fixed lr, no warmup", "step", "cross-entropy")
-    line_chart(ctx.figure(FIGURES[1]), range(1, cfg.steps + 1), finite, labels)
+    line_chart(ctx.out_dir / "figures" / FIGURES[1], range(1, cfg.steps + 1), finite, labels)
     return Section(
         "depth",
         f"Pre-norm against post-norm at depth {cfg.depth}",

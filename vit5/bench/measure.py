@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -63,16 +63,12 @@ class Samples:
         return Quartiles.of([items_per_call / s for s in self.seconds])
 
 
-def paired_ratio(numerator: Samples, denominator: Samples) -> Quartiles:
-    """Median (and IQR) over rounds of ``numerator / denominator`` measured in the same round."""
-    if len(numerator.seconds) != len(denominator.seconds):
-        raise ValueError(f"{numerator.name} and {denominator.name} were not measured in the same rounds")
-    return Quartiles.of([a / b for a, b in zip(numerator.seconds, denominator.seconds)])
-
-
 def speedup(fast: Samples, slow: Samples) -> Quartiles:
-    """How many times faster ``fast`` is than ``slow`` (> 1: faster), paired per round."""
-    return paired_ratio(slow, fast)
+    """How many times faster ``fast`` is than ``slow`` (> 1: faster): the median (and IQR) over rounds of
+    ``slow / fast`` measured in the same round."""
+    if len(fast.seconds) != len(slow.seconds):
+        raise ValueError(f"{fast.name} and {slow.name} were not measured in the same rounds")
+    return Quartiles.of([b / a for a, b in zip(fast.seconds, slow.seconds)])
 
 
 def measure(fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device="cpu") -> dict[str, Samples]:
@@ -114,9 +110,7 @@ class MemoryReading(NamedTuple):
     retained: int
 
 
-def measure_memory(
-    fn: Callable[[], object], device: torch.device | str = "cpu"
-) -> tuple[MemoryReading, object]:
+def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[MemoryReading, Any]:
     """Run ``fn()`` once; return (its memory reading, its result; keep it alive to count it as retained).
     CUDA: the allocator's counters; CPU: the profiler's allocation events."""
     device = torch.device(device)
@@ -141,12 +135,7 @@ def measure_memory(
     return MemoryReading(peak=peak, retained=live), result
 
 
-def autocast_context(device: torch.device | str, dtype: str) -> Callable:
-    """A factory of the autocast context for ``dtype`` ("fp32": off, "bf16": bfloat16 autocast)."""
-    return partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
-
-
-def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable[[], None]:
+def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable:
     model.eval()
 
     def step() -> None:
@@ -156,9 +145,7 @@ def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Cal
     return step
 
 
-def train_step(
-    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext
-) -> Callable[[], None]:
+def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
     """One training step: forward, cross-entropy, backward, AdamW."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
@@ -183,18 +170,13 @@ def random_batch(
 
 
 def measure_throughput(
-    models: Mapping[str, nn.Module],
-    img_size: int,
-    batch: int,
-    timing: TimingConfig,
-    device="cpu",
-    dtype="fp32",
+    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
 ) -> dict[str, dict[str, Samples]]:
     """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one random
     batch, side by side. Models fused for inference are timed in the forward rounds only."""
     classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
     images, labels = random_batch(batch, img_size, device, classes)
-    amp = autocast_context(device, dtype)
+    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
     models = {name: m.to(device) for name, m in models.items()}
     trains = {n: m for n, m in models.items() if not getattr(unwrap(m), "fused_for_inference", False)}
     forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)

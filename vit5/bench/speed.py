@@ -21,7 +21,6 @@ import vit5
 from vit5.bench.config import BenchContext
 from vit5.bench.measure import (
     TimingConfig,
-    autocast_context,
     forward_step,
     measure,
     measure_memory,
@@ -30,7 +29,6 @@ from vit5.bench.measure import (
     speedup,
     throughput_cells,
     throughput_columns,
-    train_step,
 )
 from vit5.bench.report import Section, Table, Target
 from vit5.layers import eager_attention
@@ -46,18 +44,10 @@ def _dims(size: str, depth: int | None) -> dict[str, int]:
 def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Module:
     """timm ``Eva`` as close to ViT-5 as its options allow: 2D RoPE (theta 1e4, interleaved pairs), 4
     registers (before the patches, without RoPE), RMSNorm, QK-norm, LayerScale 1e-4, bias-free qkv, APE."""
+    rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
+    blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
     return Eva(
-        img_size=img_size,
-        global_pool="token",
-        qkv_bias=False,
-        qk_norm=True,
-        norm_layer=partial(RmsNorm, eps=1e-6),
-        init_values=1e-4,
-        num_reg_tokens=4,
-        no_embed_class=True,
-        use_rot_pos_emb=True,
-        rope_temperature=10000.0,
-        **_dims(size, depth),
+        img_size=img_size, global_pool="token", num_reg_tokens=4, **rope, **blocks, **_dims(size, depth)
     )
 
 
@@ -183,14 +173,12 @@ def run_compile(ctx: BenchContext) -> Section:
     off, so a rerun is as cold as the first run), then the steady speed side by side."""
     cfg = ctx.cfg
     size, backend = cfg.compile_size, cfg.compile_backend
-    images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
-    amp = autocast_context(cfg.device, cfg.dtype)
     ways = {
         "eager": lambda model: model,
         "compiled": partial(torch.compile, backend=backend),
         "regional": partial(vit5.compile_blocks, backend=backend),
     }
-    models, first = {}, {}
+    models = {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
@@ -198,10 +186,11 @@ def run_compile(ctx: BenchContext) -> Section:
         torch._dynamo.reset()
         for way, wrap in ways.items():
             torch.manual_seed(0)
-            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth)).to(cfg.device)
-            ctx.log(f"vit5_{size}, {way} ({backend}): first forward and first training step")
-            steps = (forward_step(models[way], images, amp), train_step(models[way], images, labels, amp))
-            first[way] = [measure({way: s}, TimingConfig(0, 1), cfg.device)[way].median for s in steps]
+            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth))
+        ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
+        cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
+    first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
+    images = random_batch(cfg.batch, cfg.img_size, cfg.device)[0]
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
     diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
