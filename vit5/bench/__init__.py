@@ -12,9 +12,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vit5.bench import depth
-from vit5.bench.config import BenchConfig, BenchContext
 from vit5.bench.data_pipeline import run_data_index
-from vit5.bench.measure import num_threads
+from vit5.bench.measure import BenchConfig, BenchContext, num_threads
 from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
 from vit5.bench.speed import run_compile, run_export, run_memory, run_speed
 

@@ -24,8 +24,7 @@ from PIL import Image, ImageFilter, ImageOps
 from sklearn.datasets import load_sample_images
 from torchvision import transforms as T
 
-from vit5.bench.config import BenchContext
-from vit5.bench.measure import TimingConfig, measure, num_threads, speedup
+from vit5.bench.measure import BenchContext, TimingConfig, measure, num_threads, speedup
 from vit5.bench.report import Section, Table, Target
 from vit5.data import (
     IMAGENET_MEAN,

@@ -17,8 +17,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
-from vit5.bench.config import BenchContext, DepthAblationConfig
-from vit5.bench.measure import num_threads
+from vit5.bench.measure import BenchContext, DepthAblationConfig, num_threads
 from vit5.bench.report import Section, Table, Target
 from vit5.train.checkpointing import TrainState
 from vit5.train.loop import NonFiniteLoss, StepParts, train_steps

@@ -18,8 +18,8 @@ from timm.models.eva import Eva
 from torch import nn
 
 import vit5
-from vit5.bench.config import BenchContext
 from vit5.bench.measure import (
+    BenchContext,
     TimingConfig,
     forward_step,
     measure,
