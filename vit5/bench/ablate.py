@@ -338,9 +338,8 @@ class AblationResult:
 
 
 def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) -> AblationResult:
-    """Train every run (reusing finished ones), time the trained models side by side, write ``report.md``
-    and ``report.json`` under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` to
-    use instead of the config's."""
+    """Train every run (reusing finished ones), time the trained models side by side, write the report
+    under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
     load_before = load_average()
     records = train_all(plan, datasets, show_progress)
     if not is_main_process():

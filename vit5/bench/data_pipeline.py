@@ -160,10 +160,8 @@ print(json.dumps(dict(files=n, seconds=seconds, peak_bytes=status("VmHWM") - bef
 
 
 def index_cost(sizes: Sequence[int], rounds: int = 3) -> dict[int, dict[str, Any]]:
-    """Seconds and peak memory (resident set above the process's after imports; Linux) to index a deleted
-    afterwards synthetic ImageFolder of ``size`` empty ``.JPEG`` files (up to 1000 classes) with vit5's
-    walker (links, FIFOs and loops checked), torchvision's ``ImageFolder`` and timm's
-    ``ReaderImageFolder``, each in a fresh process after a walk warms the directory cache; medians."""
+    """Median seconds and peak memory (resident set above the process's after imports; Linux) of each of
+    :data:`_INDEXERS`, in a fresh process, on a warm synthetic ImageFolder of ``size`` empty JPEG files."""
     results: dict[int, dict[str, Any]] = {}
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix="vit5-index-") as tmp:
@@ -190,9 +188,8 @@ def _probe(setup: str, root: str) -> dict[str, Any]:
 
 
 def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
-    """Images/s on one core decoding and 3-Augmenting ``count`` photos (:func:`make_jpegs`) from an
-    ImageFolder (:class:`~vit5.data.ImageFolderDataset`) and from WebDataset shards of the same files
-    (:class:`~vit5.data.ShardDataset`, main process, shuffle buffer 256); medians over rounds."""
+    """Images/s on one core decoding and 3-Augmenting ``count`` photos from an ImageFolder and from
+    WebDataset shards of the same files (main process, shuffle buffer 256); medians over rounds."""
     transform = three_augment(SIZE, color_jitter=0.3)
     with tempfile.TemporaryDirectory() as tmp:
         split = Path(tmp) / "train"

@@ -81,14 +81,9 @@ def train_fixed_lr(
     parts = StepParts(model=model, optimizer=optimizer, criterion=F.cross_entropy)
     generator = torch.Generator().manual_seed(1)
     idx = (torch.randint(0, len(images), (batch,), generator=generator) for _ in range(steps))
-    losses: list[float] = []
+    batches, losses = ((images[i], labels[i]) for i in idx), []
     with contextlib.suppress(NonFiniteLoss):
-        train_steps(
-            parts,
-            ((images[i], labels[i]) for i in idx),
-            TrainState(),
-            on_update=lambda x, _: losses.append(x),
-        )
+        train_steps(parts, batches, TrainState(), on_update=lambda loss, _: losses.append(loss))
     return losses + [math.inf] * (steps - len(losses))
 
 

@@ -84,17 +84,9 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 def run_speed(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     target = cfg.size_for_targets
-    section = Section(
-        "speed",
-        "Throughput against timm and the official code's way",
-        "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
-        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
-        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
-        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
-    )
     runs = [(size, cfg.img_size, cfg.batch, tuple(BUILDERS), "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
-    rows, data = [], {}
+    rows, data, targets = [], {}, []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
         models = {}
@@ -111,11 +103,19 @@ def run_speed(ctx: BenchContext) -> Section:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
                 label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
-                section.targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
+                targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
     columns = ("model", "size@res", "params", *throughput_columns("timm_vit"))
-    section.tables.append(Table("Throughput", columns, tuple(rows)))
-    section.data = {"seconds": data}
-    return section
+    return Section(
+        "speed",
+        "Throughput against timm and the official code's way",
+        "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
+        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
+        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
+        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
+        tables=[Table("Throughput", columns, tuple(rows))],
+        targets=targets,
+        data={"seconds": data},
+    )
 
 
 def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: float = 0.25) -> Section:
@@ -230,10 +230,8 @@ def run_export(ctx: BenchContext) -> Section:
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     images = torch.randn(cfg.batch, 3, img, img)
     feed = {session.get_inputs()[0].name: images.numpy()}
-    samples = measure(
-        {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)},
-        cfg.timing,
-    )
+    calls = {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)}
+    samples = measure(calls, cfg.timing)
     rows = tuple(
         (k, s.rate(cfg.batch).text("{:.1f}"), speedup(s, samples["torch eager"]).text())
         for k, s in samples.items()
