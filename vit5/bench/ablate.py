@@ -94,7 +94,9 @@ def delta(variant: Sequence[float], reference: Sequence[float]) -> tuple[float, 
 def delta_text(variant: Sequence[float], reference: Sequence[float]) -> str:
     """The delta ± its SE, marked ``(>2 SE)`` when beyond the spread between seeds."""
     value, se = delta(variant, reference)
-    return f"{value:+.2f}" + ("" if se is None else f" ± {se:.2f}" + " (>2 SE)" * (abs(value) > 2 * se))
+    if se is None:
+        return f"{value:+.2f}"
+    return f"{value:+.2f} ± {se:.2f}" + (" (>2 SE)" if abs(value) > 2 * se else "")
 
 
 @dataclass(frozen=True)
@@ -231,8 +233,7 @@ def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfi
         return RunRecord(name, seed, str(run_dir), "diverged", error=str(e))
     finally:
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op without CUDA
     if not plan.keep_checkpoints and is_main_process():  # fit() ends with every process done with them
         shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
     return RunRecord.of(name, seed, summary, False)

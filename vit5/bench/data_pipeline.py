@@ -24,19 +24,9 @@ from PIL import Image, ImageFilter, ImageOps
 from sklearn.datasets import load_sample_images
 from torchvision import transforms as T
 
+from vit5 import data
 from vit5.bench.measure import BenchContext, TimingConfig, measure, num_threads, speedup
 from vit5.bench.report import Section, Table, Target
-from vit5.data import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    ImageFolderDataset,
-    ShardDataset,
-    decode_image,
-    eval_transform,
-    shard_loader,
-    three_augment,
-    write_shards,
-)
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -60,13 +50,13 @@ def make_jpegs(directory: Path, count: int, seed: int = 0) -> list[Path]:
 
 
 def vit5_pipelines() -> dict[str, Any]:
-    train, val = three_augment(SIZE, color_jitter=0.3), eval_transform(SIZE, crop_ratio=1.0)
-    return {"train": lambda p: train(decode_image(p)), "eval": lambda p: val(decode_image(p))}
+    train, val = data.three_augment(SIZE, color_jitter=0.3), data.eval_transform(SIZE, crop_ratio=1.0)
+    return {"train": lambda p: train(data.decode_image(p)), "eval": lambda p: val(data.decode_image(p))}
 
 
 def torchvision_pipelines() -> dict[str, Any]:
     """The official DeiT-III / ViT-5 transforms on PIL (``augment.py``; ``datasets.py`` for eval)."""
-    finish = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    finish = [T.ToTensor(), T.Normalize(data.IMAGENET_MEAN, data.IMAGENET_STD)]
     blur = T.Lambda(lambda im: im.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0))))
     bicubic = T.InterpolationMode.BICUBIC
     three = T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur])  # 3-Augment
@@ -190,18 +180,20 @@ def _probe(setup: str, root: str) -> dict[str, Any]:
 def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
     """Images/s on one core decoding and 3-Augmenting ``count`` photos from an ImageFolder and from
     WebDataset shards of the same files (main process, shuffle buffer 256); medians over rounds."""
-    transform = three_augment(SIZE, color_jitter=0.3)
+    transform = data.three_augment(SIZE, color_jitter=0.3)
     with tempfile.TemporaryDirectory() as tmp:
         split = Path(tmp) / "train"
         for c in range(4):
             (split / f"c{c}").mkdir(parents=True)
             make_jpegs(split / f"c{c}", count // 4, seed=c)
-        write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
-        folder = ImageFolderDataset(split, transform=transform)
-        shards = ShardDataset(Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256)
+        data.write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
+        folder = data.ImageFolderDataset(split, transform=transform)
+        shards = data.ShardDataset(
+            Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256
+        )
         contenders = {
             "folder": lambda: [folder[i] for i in range(len(folder))],
-            "shards": lambda: list(shard_loader(shards, pin_memory=False)),
+            "shards": lambda: list(data.shard_loader(shards, pin_memory=False)),
         }
         with one_core():
             seconds = measure(contenders, TimingConfig(warmup=1, rounds=rounds))

@@ -196,16 +196,14 @@ def throughput_columns(reference: str) -> tuple[str, ...]:
     return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
 
 
-def throughput_cells(
-    run: Mapping[str, Mapping[str, Samples]], name: str, reference: str, batch: int
-) -> list[str]:
+def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
     """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
     cells = []
     for s in run.values():
-        ok = name in s and reference in s
-        cells += (
-            [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()] if ok else ["-"] * 2
-        )
+        if name in s and reference in s:
+            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
+        else:
+            cells += ["-", "-"]
     return cells
 
 
