@@ -15,14 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from vit5.bench.ablate import (
-    ABLATIONS,
-    AblationPlan,
-    Delta,
-    Spread,
-    run_ablation,
-    select_ablations,
-)
+from vit5.bench.ablate import ABLATIONS, AblationPlan, delta, delta_text, run_ablation, select_ablations
 from vit5.bench.measure import TimingConfig
 from vit5.cli.ablate import main
 from vit5.errors import InputError
@@ -170,14 +163,12 @@ def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, ca
 
 def test_delta_and_its_standard_error_follow_the_formula():
     a, ref = [97.5, 96.9, 98.1], [95.0, 95.3, 94.9]
-    delta = Delta.between(Spread(tuple(a)), Spread(tuple(ref)))
-    se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(ref, ddof=1) / 3)
-    assert delta.value == pytest.approx(np.mean(a) - np.mean(ref)) and delta.se == pytest.approx(se)
-    assert delta.beyond_noise and delta.text() == f"{delta.value:+.2f} ± {se:.2f} (>2 SE)"
-    noisy = Delta.between(Spread((97.0, 95.0, 96.0)), Spread((96.0, 96.5, 95.5)))
-    assert not noisy.beyond_noise
-    single = Delta.between(Spread((97.0,)), Spread((96.0,)))
-    assert single.se is None and not single.beyond_noise and single.text() == "+1.00"
+    value, se = delta(a, ref)
+    expected_se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(ref, ddof=1) / 3)
+    assert value == pytest.approx(np.mean(a) - np.mean(ref)) and se == pytest.approx(expected_se)
+    assert delta_text(a, ref) == f"{value:+.2f} ± {expected_se:.2f} (>2 SE)"  # beyond the noise
+    assert "(>2 SE)" not in delta_text((97.0, 95.0, 96.0), (96.0, 96.5, 95.5))
+    assert delta((97.0,), (96.0,))[1] is None and delta_text((97.0,), (96.0,)) == "+1.00"
 
 
 def _subset(dataset, n: int) -> Subset:

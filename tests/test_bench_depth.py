@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit5.bench.config import DepthAblationConfig
 from vit5.bench.depth import (
     build_trunk,
     digits_tensors,
@@ -15,7 +14,7 @@ from vit5.bench.depth import (
     output_input_ratio,
     train_fixed_lr,
 )
-from vit5.bench.measure import num_threads
+from vit5.bench.measure import DepthAblationConfig, num_threads
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vit5.bench.measure import measure_memory
-from vit5.bench.memory import BACKENDS, eager_score_bytes
+from vit5.bench.speed import BACKENDS, eager_score_bytes
 
 
 def test_cpu_meter_counts_exact_tensor_bytes():

@@ -6,7 +6,6 @@ import cv2
 import pytest
 import torch
 
-from vit5.bench.config import BenchConfig, BenchContext
 from vit5.bench.data_pipeline import (
     IMAGENET_LIKE_SIZES,
     eval_agreement,
@@ -16,6 +15,7 @@ from vit5.bench.data_pipeline import (
     torchvision_pipelines,
     vit5_pipelines,
 )
+from vit5.bench.measure import BenchConfig, BenchContext
 
 
 def test_both_pipelines_turn_the_same_jpegs_into_the_same_tensors(tmp_path):

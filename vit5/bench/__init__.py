@@ -12,16 +12,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vit5.bench import depth
-from vit5.bench.config import BenchConfig, BenchContext
 from vit5.bench.data_pipeline import run_data_index
-from vit5.bench.measure import TimingConfig, measure, measure_memory, num_threads, paired_ratio, speedup
-from vit5.bench.memory import run_memory
-from vit5.bench.report import Section, Table, Target, environment, load_average, write_report
-from vit5.bench.speed import run_compile, run_export, run_speed
-from vit5.errors import InputError
+from vit5.bench.measure import BenchConfig, BenchContext, num_threads
+from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
+from vit5.bench.speed import run_compile, run_export, run_memory, run_speed
 
-__all__ = ["SECTIONS", "BenchConfig", "Section", "Table", "Target", "TimingConfig", "measure"]
-__all__ += ["measure_memory", "paired_ratio", "run_bench", "select_sections", "speedup"]
+__all__ = ["SECTIONS", "BenchConfig", "BenchContext", "Section", "Table", "Target", "run_bench"]
+__all__ += ["select_sections"]
 
 # name -> section (a function of a BenchContext returning a Section), in report order
 SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
@@ -35,13 +32,8 @@ SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
 
 
 def select_sections(only: Sequence[str] | None) -> list[str]:
-    """The section names to run, in report order; unknown names raise with the valid list."""
-    unknown = [name for name in only or () if name not in SECTIONS]
-    if unknown:
-        raise InputError(
-            f"unknown benchmark section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}"
-        )
-    return [name for name in SECTIONS if not only or name in only]
+    """The section names to run, in report order; unknown names raise InputError with the valid list."""
+    return choose("benchmark section", only, SECTIONS)
 
 
 def run_bench(
@@ -49,9 +41,8 @@ def run_bench(
 ) -> tuple[list[Section], Path]:
     """Run the sections (all, or ``only``), write ``report.md`` / ``report.json``; return them and the
     Markdown path. A section that fails is reported as failed and the others still run."""
-    keys = select_sections(only)
     out_dir = Path(out_dir)
-    bar = tqdm(keys, desc="benchmark", unit="section", disable=not show_progress)
+    bar = tqdm(select_sections(only), desc="benchmark", unit="section", disable=not show_progress)
     ctx = BenchContext(cfg, out_dir, log=lambda msg: bar.write(f"  {msg}") if show_progress else None)
     sections: list[Section] = []
     with num_threads(cfg.threads):

@@ -1,13 +1,11 @@
 """``vit5 ablate``: the ViT-5 components removed or swapped one at a time (ViT-5, arXiv 2602.08071,
 Tab. 10) and the DeiT-III and vanilla baselines, each an ordinary training run (:class:`vit5.train.Trainer`)
 on the same data, budget and seeds under ``OUT/runs/<ablation>-seed<S>`` (a rerun reuses finished runs and
-resumes interrupted ones), then timed side by side. Output: ``OUT/report.md`` and ``OUT/report.json``.
-"""
+resumes interrupted ones), then timed side by side. Output: ``OUT/report.md`` and ``OUT/report.json``."""
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 import json
 import math
@@ -22,8 +20,8 @@ import torch
 from tqdm import tqdm
 
 import vit5
-from vit5.bench.measure import TimingConfig, measure_throughput, throughput_cells
-from vit5.bench.report import Section, Table, Target, environment, load_average, write_report
+from vit5.bench.measure import TimingConfig, measure_throughput, throughput_cells, throughput_columns
+from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
 from vit5.errors import InputError
 from vit5.runtime import is_main_process, resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
@@ -40,45 +38,34 @@ class Ablation:
     paper_delta: float | None = None  # ImageNet top-1 change vs the full ViT-5 (UNVERIFIED)
 
 
-def _model(*settings: str) -> tuple[str, ...]:
-    """Overrides of ViT5Config fields, on top of the base config's model."""
-    return tuple(f"model.overrides.{s}" for s in settings)
-
-
-_DEIT3 = _model("norm=layernorm", "qkv_bias=true", "rope=false", "num_registers=0", "qk_norm=false")
+_DEIT3 = "norm=layernorm qkv_bias=true rope=false num_registers=0 qk_norm=false"
 ABLATIONS: dict[str, Ablation] = {
-    a.name: a
-    for a in (
-        Ablation("full", "ViT-5 as configured: every component", ()),
-        Ablation("no_layerscale", "without LayerScale", _model("layer_scale=null"), -0.29),
-        Ablation(
+    name: Ablation(name, what, tuple(f"model.overrides.{s}" for s in settings.split()), paper)
+    for name, what, settings, paper in (  # settings: ViT5Config fields over the base config's model
+        ("full", "ViT-5 as configured: every component", "", None),
+        ("no_layerscale", "without LayerScale", "layer_scale=null", -0.29),
+        (
             "no_rope",
             "without 2D RoPE (patches and registers; APE only)",
-            _model("rope=false", "register_rope=false"),
+            "rope=false register_rope=false",
             -0.24,
         ),
-        Ablation("no_registers", "without the 4 registers", _model("num_registers=0"), -0.17),
-        Ablation(
-            "layernorm",
-            "LayerNorm instead of RMSNorm (blocks, final and QK-norm)",
-            _model("norm=layernorm"),
-            -0.15,
-        ),
-        Ablation("no_qk_norm", "without QK-norm", _model("qk_norm=false"), -0.12),
-        Ablation("qkv_bias", "with a bias on the qkv projection", _model("qkv_bias=true"), -0.06),
-        Ablation(
+        ("no_registers", "without the 4 registers", "num_registers=0", -0.17),
+        ("layernorm", "LayerNorm instead of RMSNorm (blocks, final and QK-norm)", "norm=layernorm", -0.15),
+        ("no_qk_norm", "without QK-norm", "qk_norm=false", -0.12),
+        ("qkv_bias", "with a bias on the qkv projection", "qkv_bias=true", -0.06),
+        (
             "swiglu",
             "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
-            _model("mlp=swiglu"),
+            "mlp=swiglu",
             -0.42,
         ),
-        Ablation(
-            "deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8
-        ),
-        Ablation(
+        ("deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8),
+        (
             "vanilla",
             "the vanilla ViT (2020): the DeiT-III baseline without LayerScale, linear drop-path schedule",
-            (*_DEIT3, *_model("layer_scale=null", "drop_path_schedule=linear")),
+            f"{_DEIT3} layer_scale=null drop_path_schedule=linear",
+            None,
         ),
     )
 }
@@ -86,58 +73,30 @@ REFERENCE = "full"  # every delta is against this one
 
 
 def select_ablations(only: Sequence[str] | None = None) -> list[Ablation]:
-    """All ablations in table order, or ``only`` plus the full model; an unknown name raises InputError
-    naming the closest valid one."""
-    unknown = [name for name in only or () if name not in ABLATIONS]
-    if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, ABLATIONS, n=1)
-            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise InputError(f"unknown ablation {', '.join(hints)}: choose from {', '.join(ABLATIONS)}")
-    return [a for name, a in ABLATIONS.items() if not only or name == REFERENCE or name in only]
+    """All ablations in table order, or ``only`` plus the full model; an unknown name raises InputError."""
+    return [ABLATIONS[name] for name in choose("ablation", only and [*only, REFERENCE], ABLATIONS)]
 
 
-@dataclass(frozen=True)
-class Spread:
-    """Values over seeds: mean and sample standard deviation (None with a single seed)."""
-
-    values: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.values) if len(self.values) > 1 else None
-
-    def text(self) -> str:
-        return f"{self.mean:.2f}" + (f" ± {self.std:.2f}" if self.std is not None else "")
+def spread_text(values: Sequence[float]) -> str:
+    """Mean ± sample standard deviation over seeds (the mean alone with one seed)."""
+    mean = f"{statistics.fmean(values):.2f}"
+    return mean + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
 
 
-@dataclass(frozen=True)
-class Delta:
-    """``mean(variant) - mean(reference)`` and its standard error (None unless both have 2+ seeds);
-    ``beyond_noise``: |delta| > 2 SE."""
+def delta(variant: Sequence[float], reference: Sequence[float]) -> tuple[float, float | None]:
+    """``mean(variant) - mean(reference)`` and its standard error (None unless both have 2+ seeds)."""
+    value = statistics.fmean(variant) - statistics.fmean(reference)
+    if min(len(variant), len(reference)) < 2:
+        return value, None
+    return value, math.sqrt(sum(statistics.variance(v) / len(v) for v in (variant, reference)))
 
-    value: float
-    se: float | None
 
-    @classmethod
-    def between(cls, variant: Spread, reference: Spread) -> Delta:
-        if variant.std is None or reference.std is None:
-            return cls(variant.mean - reference.mean, None)
-        se = math.sqrt(variant.std**2 / len(variant.values) + reference.std**2 / len(reference.values))
-        return cls(variant.mean - reference.mean, se)
-
-    @property
-    def beyond_noise(self) -> bool:
-        return self.se is not None and abs(self.value) > 2 * self.se
-
-    def text(self) -> str:
-        body = f"{self.value:+.2f}" + (f" ± {self.se:.2f}" if self.se is not None else "")
-        return body + (" (>2 SE)" if self.beyond_noise else "")
+def delta_text(variant: Sequence[float], reference: Sequence[float]) -> str:
+    """The delta ± its SE, marked ``(>2 SE)`` when beyond the spread between seeds."""
+    value, se = delta(variant, reference)
+    if se is None:
+        return f"{value:+.2f}"
+    return f"{value:+.2f} ± {se:.2f}" + (" (>2 SE)" if abs(value) > 2 * se else "")
 
 
 @dataclass(frozen=True)
@@ -166,54 +125,34 @@ class RunRecord:
         return cls(ablation, seed, reused=reused, **{k: summary[k] for k in keys})
 
 
-def top1(records: Sequence[RunRecord], key: str) -> tuple[dict[str, Spread], dict[str, Delta]]:
-    """Per ablation, ``key`` ("final_top1" or "ema_top1") over its completed seeds, and the deltas
-    against the full model (none when it has no result)."""
-    values: dict[str, list[float]] = {}
-    for r in records:
-        if r.completed and getattr(r, key) is not None:
-            values.setdefault(r.ablation, []).append(float(getattr(r, key)))
-    spreads = {name: Spread(tuple(v)) for name, v in values.items()}
-    ref = spreads.get(REFERENCE)
-    return spreads, {n: Delta.between(s, ref) for n, s in spreads.items() if ref and n != REFERENCE}
-
-
 @dataclass(frozen=True)
 class Scale:
     """A base recipe and the budget that fits the hardware it is meant for."""
 
-    config: str  # file under configs/
+    config: str  # a packaged recipe
     overrides: tuple[str, ...]
     seeds: tuple[int, ...]
-    epochs: int | None  # None: the recipe's
     timing_batch: int = 64  # the side-by-side timing of the trained models
     timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
 
 
-_NO_BEST = ("checkpoint.save_best=false", "run.progress=false")  # the ablation reads the last epoch
+_LAST = ("checkpoint.save_best=false",)  # the ablation reads the last epoch
+_NO_BEST = (*_LAST, "run.progress=false")
 SCALES: dict[str, Scale] = {
     # the digits demo (vit5_tiny, 32 px, patch 8) at 6 of its 10 epochs: 54 runs, about an hour on 2 cores
-    "digits": Scale("demo_digits.yaml", _NO_BEST, tuple(range(6)), 6),
+    "digits": Scale("demo_digits.yaml", (*_NO_BEST, "schedule.epochs=6"), tuple(range(6))),
     # `vit5 data fashion-mnist DIR` (a 10,000-image train split with --val-size 50000 keeps it near an hour
     # on a CPU), the CPU recipe's patching (28 px, patch 4) on dim 128, depth 4, scored on the test split;
     # pad 4 and random erasing 0.25 as the README's table was measured
     "fashion_mnist": Scale(
         "fashion_mnist_cpu.yaml",
-        (
-            *_NO_BEST,
-            "data.val_split=test",
-            *_model("embed_dim=128", "depth=4", "num_heads=4"),
-            "schedule.warmup_epochs=0.2",
-            "aug.padding=4",
-            "aug.erasing=0.25",
-        ),
+        (*_NO_BEST, "data.val_split=test", "schedule.epochs=2", "schedule.warmup_epochs=0.2", "aug.padding=4")
+        + ("aug.erasing=0.25", "model.overrides.embed_dim=128", "model.overrides.depth=4")
+        + ("model.overrides.num_heads=4",),
         (0, 1, 2),
-        2,
         timing_batch=128,
     ),
-    "imagenet": Scale(
-        "vit5_small_in1k.yaml", ("checkpoint.save_best=false",), (0,), None, 128, TimingConfig(3, 10)
-    ),
+    "imagenet": Scale("vit5_small_in1k.yaml", _LAST, (0,), 128, TimingConfig(3, 10)),
 }
 OWNED_KEYS = ("run.output_dir", "run.name", "run.seed")  # set per run from --out and --seeds
 
@@ -233,18 +172,16 @@ class AblationPlan:
     label: str = ""  # e.g. the scale's name, for the report
 
     def __post_init__(self) -> None:
+        owned = [o for o in self.overrides if o.partition("=")[0].strip() in OWNED_KEYS]
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise InputError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
-        if not any(a.name == REFERENCE for a in self.ablations):
+        if REFERENCE not in {a.name for a in self.ablations}:
             raise InputError(f"the ablations must include {REFERENCE!r}: every delta is against it")
-        owned = [o for o in self.overrides if o.partition("=")[0].strip() in OWNED_KEYS]
         if owned:
             raise InputError(
                 f"{', '.join(owned)}: the runner sets run.output_dir, run.name and run.seed itself; "
                 "use --out DIR and --seeds S ... instead"
             )
-        if self.timing_batch < 1:
-            raise InputError(f"timing_batch must be at least 1, got {self.timing_batch}")
 
     def config(self, ablation: Ablation, seed: int) -> TrainConfig:
         """The training config of one run (validated; a bad override raises TrainConfigError)."""
@@ -253,30 +190,20 @@ class AblationPlan:
 
 
 def plan_for(
-    scale: str = "digits",
-    config: Path | None = None,
-    seeds: Sequence[int] | None = None,
-    epochs: int | None = None,
-    only: str | None = None,
-    out: Path | None = None,
-    overrides: Sequence[str] = (),
-    keep_checkpoints: bool = False,
+    scale, config=None, seeds=None, epochs=None, only=None, out=None, overrides=(), keep_checkpoints=False
 ) -> AblationPlan:
-    """The plan of ``vit5 ablate``: a scale of :data:`SCALES`, its defaults replaced by what is given
-    (``only``: comma-separated ablation names); bad input raises InputError."""
+    """The plan of ``vit5 ablate`` (its options by name): a scale of :data:`SCALES`, its defaults replaced by
+    what is given (``only``: comma-separated ablation names); bad input raises InputError."""
     s = SCALES[scale]
     if epochs is not None and epochs < 1:
         raise InputError(f"--epochs must be at least 1, got {epochs}")
-    epochs = s.epochs if epochs is None else epochs
-    ablations = select_ablations([n.strip() for n in only.split(",") if n.strip()] if only else None)
-    base = recipe_path(s.config) if config is None else Path(config)
-    if not base.is_file():
-        raise InputError(f"config file {base} does not exist: pass --config PATH to a training recipe")
     out_dir = Path(out or Path("runs") / f"ablate_{scale}")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file: give a folder for the runs and the report")
-    overrides = (*s.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *overrides)
-    seeds = tuple(seeds) if seeds is not None else s.seeds
+    ablations = select_ablations([n.strip() for n in only.split(",") if n.strip()] if only else None)
+    overrides = (*s.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *overrides)  # last wins
+    base = recipe_path(s.config if config is None else config)  # a missing file: TrainConfigError
+    seeds = tuple(s.seeds if seeds is None else seeds)
     return AblationPlan(
         base, tuple(ablations), seeds, out_dir, overrides, s.timing_batch, s.timing, keep_checkpoints, scale
     )
@@ -296,7 +223,7 @@ def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfi
         except ResumeError:  # started but never checkpointed: nothing to keep, start again
             if is_main_process():
                 shutil.rmtree(run_dir)
-    train_set, val_set = datasets if datasets is not None else (None, None)
+    train_set, val_set = datasets or (None, None)
     log = plan.out_dir / "logs" / f"{cfg.run.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -306,8 +233,7 @@ def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfi
         return RunRecord(name, seed, str(run_dir), "diverged", error=str(e))
     finally:
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op without CUDA
     if not plan.keep_checkpoints and is_main_process():  # fit() ends with every process done with them
         shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
     return RunRecord.of(name, seed, summary, False)
@@ -330,8 +256,7 @@ def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> 
     show = show_progress and is_main_process()
     records = []
     for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
-        r = train_run(plan, ablation, seed, cfg, datasets)
-        records.append(r)
+        records.append(r := train_run(plan, ablation, seed, cfg, datasets))
         how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
         done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
         if show:
@@ -341,62 +266,69 @@ def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> 
 
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
-    (raw, raw_d), (ema, ema_d) = top1(records, "final_top1"), top1(records, "ema_top1")
+    top1: dict[str, dict[str, list[float]]] = {"final_top1": {}, "ema_top1": {}}  # over completed seeds
+    for r in records:
+        for key, found in top1.items():
+            if r.completed and getattr(r, key) is not None:
+                found.setdefault(r.ablation, []).append(float(getattr(r, key)))
+    raw, ema = top1.values()
+
+    def vs_full(found: dict[str, list[float]], name: str) -> str:
+        ok = name != REFERENCE and name in found and REFERENCE in found
+        return delta_text(found[name], found[REFERENCE]) if ok else "-"
+
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     data = "digits" if cfg.data.dataset == "digits" else str(cfg.data.root)
     setting = f"{cfg.model.name} @ {cfg.model.img_size}px on {data}, {cfg.schedule.epochs} epoch(s)"
-    section = Section(
-        "ablation",
-        "ViT-5 component ablations" + (f" ({plan.label})" if plan.label else ""),
-        f"{setting}, seeds {', '.join(map(str, plan.seeds))}: every config trained with the same data, "
-        "budget and seeds; top-1 after the last epoch.",
-    )
-    text = lambda found, name, missing="-": found[name].text() if name in found else missing  # noqa: E731
-    paper = lambda a: "-" if a.paper_delta is None else f"{a.paper_delta:+.2f}"  # noqa: E731
     rows = tuple(
-        (a.name, a.what, len(raw[a.name].values), raw[a.name].text(), text(raw_d, a.name))
-        + (text(ema, a.name, "n/a"), text(ema_d, a.name), paper(a))
+        (a.name, a.what, len(raw[a.name]), spread_text(raw[a.name]), vs_full(raw, a.name))
+        + (spread_text(ema[a.name]) if a.name in ema else "n/a", vs_full(ema, a.name))
+        + ("-" if a.paper_delta is None else f"{a.paper_delta:+.2f}",)
         for a in plan.ablations
         if a.name in raw
     )
     columns = ("ablation", "change", "seeds", "top-1 % (mean ± std)", "Δ vs full (± SE)", "EMA top-1 %")
-    columns += ("EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)")
-    section.tables.append(Table(f"Top-1: {setting}", columns, rows))
+    tables = [Table(f"Top-1: {setting}", (*columns, "EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)"), rows)]
 
     # the trained models (each ablation's first completed seed), side by side on one random batch
-    finals = {
-        r.ablation: Path(r.run_dir) / FINAL for r in reversed(records) if r.completed
-    }  # first seed wins
+    finals = {r.ablation: Path(r.run_dir) / FINAL for r in reversed(records) if r.completed}
     models = {a.name: vit5.load_model(finals[a.name]) for a in plan.ablations if a.name in finals}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    device = resolve_device("cpu" if cfg.run.cpu else "auto").type
-    dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
-    how = f"batch {plan.timing_batch} at {cfg.model.img_size}px, {device} {dtype}"
+    device, dtype = resolve_device("cpu" if cfg.run.cpu else "auto").type, cfg.run.mixed_precision
+    dtype, batch = "bf16" if dtype == "bf16" else "fp32", plan.timing_batch
+    how = f"batch {batch} at {cfg.model.img_size}px, {device} {dtype}"
     log(f"timing {len(models)} trained models side by side ({how})")
-    batch = plan.timing_batch
     run = measure_throughput(models, cfg.model.img_size, batch, plan.timing, device, dtype) if models else {}
     rows = tuple((n, f"{params[n]:,}", *throughput_cells(run, n, REFERENCE, batch)) for n in models)
-    columns = ("ablation", "parameters", "forward img/s", "vs full (IQR)", "train-step img/s")
-    columns += ("vs full (IQR)",)
-    section.tables.append(Table(f"Parameters and throughput (side by side: {how})", columns, rows))
+    columns = ("ablation", "parameters", *throughput_columns(REFERENCE))
+    tables.append(Table(f"Parameters and throughput (side by side: {how})", columns, rows))
 
     val_images = next((r.val_images for r in records if r.val_images), None)
-    section.notes += [
+    notes = [
         "top-1: validation accuracy after the last epoch (not the best epoch, which would favour the "
         "luckiest run), raw and EMA weights. Δ: difference of the means against the full model, ± SE = "
         "sqrt(s_a²/n_a + s_full²/n_full) over seeds; (>2 SE): beyond the spread between seeds, a screen "
         "with a handful of seeds, not a significance test"
         + (f"; one validation image is {100 / val_images:.2f} points." if val_images else "."),
-        "img/s: the trained models timed side by side (interleaved rounds); 'vs full' is the paired median "
+        "img/s: the trained models timed side by side (interleaved rounds); 'x full' is the paired median "
         "speed ratio (> 1: faster than the full model) with its IQR over rounds.",
         *(f"FAILED run, left out: {r.ablation} seed {r.seed}: {r.error}" for r in records if not r.completed),
     ]
+    targets = []
     if "swiglu" in params and REFERENCE in params:  # the swap is fair only if it keeps the parameters
         off = 100 * abs(params["swiglu"] / params[REFERENCE] - 1)
         name = "SwiGLU model's parameters within 3% of the GELU model's (a fair swap)"
-        section.targets.append(Target(name, off, 3.0, higher_is_better=False, unit="%"))
-    section.data = {"runs": records, "params": params, "throughput": run}
-    return section
+        targets.append(Target(name, off, 3.0, higher_is_better=False, unit="%"))
+    return Section(
+        "ablation",
+        "ViT-5 component ablations" + (f" ({plan.label})" if plan.label else ""),
+        f"{setting}, seeds {', '.join(map(str, plan.seeds))}: every config trained with the same data, "
+        "budget and seeds; top-1 after the last epoch.",
+        tables,
+        targets,
+        notes=notes,
+        data={"runs": records, "params": params, "throughput": run},
+    )
 
 
 @dataclass
@@ -407,9 +339,8 @@ class AblationResult:
 
 
 def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) -> AblationResult:
-    """Train every run (reusing finished ones), time the trained models side by side, write ``report.md``
-    and ``report.json`` under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` to
-    use instead of the config's."""
+    """Train every run (reusing finished ones), time the trained models side by side, write the report
+    under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
     load_before = load_average()
     records = train_all(plan, datasets, show_progress)
     if not is_main_process():
@@ -418,6 +349,5 @@ def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) 
     env = {**environment(), "load_average": load_before, "base_config": str(plan.base)}
     env.update(overrides=" ".join(plan.overrides), load_average_after=load_average())
     env["training_minutes"] = round(sum(r.wall_seconds for r in records if r.completed) / 60, 1)
-    return AblationResult(
-        records, section, write_report([section], plan.out_dir, env, "vit5 ablation report")
-    )
+    report = write_report([section], plan.out_dir, env, "vit5 ablation report")
+    return AblationResult(records, section, report)

@@ -24,20 +24,9 @@ from PIL import Image, ImageFilter, ImageOps
 from sklearn.datasets import load_sample_images
 from torchvision import transforms as T
 
-from vit5.bench.config import BenchContext
-from vit5.bench.measure import TimingConfig, measure, num_threads, speedup
+from vit5 import data
+from vit5.bench.measure import BenchContext, TimingConfig, measure, num_threads, speedup
 from vit5.bench.report import Section, Table, Target
-from vit5.data import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    ImageFolderDataset,
-    ShardDataset,
-    decode_image,
-    eval_transform,
-    shard_loader,
-    three_augment,
-    write_shards,
-)
 
 SIZE = 224
 IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
@@ -61,30 +50,21 @@ def make_jpegs(directory: Path, count: int, seed: int = 0) -> list[Path]:
 
 
 def vit5_pipelines() -> dict[str, Any]:
-    train, val = three_augment(SIZE, color_jitter=0.3), eval_transform(SIZE, crop_ratio=1.0)
-    return {"train": lambda p: train(decode_image(p)), "eval": lambda p: val(decode_image(p))}
+    train, val = data.three_augment(SIZE, color_jitter=0.3), data.eval_transform(SIZE, crop_ratio=1.0)
+    return {"train": lambda p: train(data.decode_image(p)), "eval": lambda p: val(data.decode_image(p))}
 
 
 def torchvision_pipelines() -> dict[str, Any]:
     """The official DeiT-III / ViT-5 transforms on PIL (``augment.py``; ``datasets.py`` for eval)."""
-    finish = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    finish = [T.ToTensor(), T.Normalize(data.IMAGENET_MEAN, data.IMAGENET_STD)]
     blur = T.Lambda(lambda im: im.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0))))
-    train = T.Compose(
-        [
-            T.RandomResizedCrop(SIZE, interpolation=T.InterpolationMode.BICUBIC),
-            T.RandomHorizontalFlip(),
-            T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur]),
-            T.ColorJitter(0.3, 0.3, 0.3),
-            *finish,
-        ]
-    )
-    val = T.Compose([T.Resize(SIZE, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(SIZE), *finish])
-    return {"train": lambda p: train(_pil_open(p)), "eval": lambda p: val(_pil_open(p))}
-
-
-def _pil_open(path: Path) -> Image.Image:
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    bicubic = T.InterpolationMode.BICUBIC
+    three = T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur])  # 3-Augment
+    crop, jitter = T.RandomResizedCrop(SIZE, interpolation=bicubic), T.ColorJitter(0.3, 0.3, 0.3)
+    train = T.Compose([crop, T.RandomHorizontalFlip(), three, jitter, *finish])
+    val = T.Compose([T.Resize(SIZE, interpolation=bicubic), T.CenterCrop(SIZE), *finish])
+    rgb = lambda path: Image.open(path).convert("RGB")  # noqa: E731 - PIL closes the file once loaded
+    return {"train": lambda p: train(rgb(p)), "eval": lambda p: val(rgb(p))}
 
 
 def measure_pipelines(paths: list[Path], rounds: int) -> dict[str, dict[str, float]]:
@@ -152,6 +132,7 @@ _INDEXERS = {  # how each contender lists a tree ROOT/<class>/<file>; run in a f
     "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F; "
     "count = lambda root: len(F(root))",
 }
+INDEX_COLUMNS = ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision")
 _INDEX_PROBE = """
 import json, sys, time
 {setup}
@@ -169,57 +150,50 @@ print(json.dumps(dict(files=n, seconds=seconds, peak_bytes=status("VmHWM") - bef
 
 
 def index_cost(sizes: Sequence[int], rounds: int = 3) -> dict[int, dict[str, Any]]:
-    """Seconds and peak memory (resident set above the process's after imports; Linux) to index a deleted
-    afterwards synthetic ImageFolder of ``size`` empty ``.JPEG`` files (up to 1000 classes) with vit5's
-    walker (links, FIFOs and loops checked), torchvision's ``ImageFolder`` and timm's
-    ``ReaderImageFolder``, each in a fresh process after a walk warms the directory cache; medians."""
+    """Median seconds and peak memory (resident set above the process's after imports; Linux) of each of
+    :data:`_INDEXERS`, in a fresh process, on a warm synthetic ImageFolder of ``size`` empty JPEG files."""
     results: dict[int, dict[str, Any]] = {}
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix="vit5-index-") as tmp:
             classes = max(1, min(1000, size // 100))
-            for c in range(classes):
-                (Path(tmp) / f"n{c:08d}").mkdir()
             for i in range(size):
+                if i < classes:
+                    os.mkdir(os.path.join(tmp, f"n{i:08d}"))
                 open(os.path.join(tmp, f"n{i % classes:08d}", f"img_{i:08d}.JPEG"), "wb").close()
             sum(len(files) for _, _, files in os.walk(tmp))  # warm the directory cache
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _INDEXERS}
             probes = {n: lambda n=n, r=runs, t=tmp: r[n].append(_probe(_INDEXERS[n], t)) for n in _INDEXERS}
             measure(probes, TimingConfig(warmup=0, rounds=rounds))  # rotating order, fresh process each
-            median = lambda found, key: statistics.median(m[key] for m in found)  # noqa: E731
-            results[size] = {
-                name: dict(
-                    files=found[0]["files"], **{k: median(found, k) for k in ("seconds", "peak_bytes")}
-                )
-                for name, found in runs.items()
-            }
+            for name, found in runs.items():
+                medians = {k: statistics.median(m[k] for m in found) for k in ("seconds", "peak_bytes")}
+                results.setdefault(size, {})[name] = {"files": found[0]["files"], **medians}
     return results
 
 
 def _probe(setup: str, root: str) -> dict[str, Any]:
-    code = _INDEX_PROBE.format(setup=setup)
+    code = [sys.executable, "-c", _INDEX_PROBE.format(setup=setup), root]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, root], capture_output=True, text=True, env=env, check=True
-    )
+    done = subprocess.run(code, capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
-    """Images/s on one core decoding and 3-Augmenting ``count`` photos (:func:`make_jpegs`) from an
-    ImageFolder (:class:`~vit5.data.ImageFolderDataset`) and from WebDataset shards of the same files
-    (:class:`~vit5.data.ShardDataset`, main process, shuffle buffer 256); medians over rounds."""
-    transform = three_augment(SIZE, color_jitter=0.3)
+    """Images/s on one core decoding and 3-Augmenting ``count`` photos from an ImageFolder and from
+    WebDataset shards of the same files (main process, shuffle buffer 256); medians over rounds."""
+    transform = data.three_augment(SIZE, color_jitter=0.3)
     with tempfile.TemporaryDirectory() as tmp:
         split = Path(tmp) / "train"
         for c in range(4):
             (split / f"c{c}").mkdir(parents=True)
             make_jpegs(split / f"c{c}", count // 4, seed=c)
-        write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
-        folder = ImageFolderDataset(split, transform=transform)
-        shards = ShardDataset(Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256)
+        data.write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
+        folder = data.ImageFolderDataset(split, transform=transform)
+        shards = data.ShardDataset(
+            Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256
+        )
         contenders = {
             "folder": lambda: [folder[i] for i in range(len(folder))],
-            "shards": lambda: list(shard_loader(shards, pin_memory=False)),
+            "shards": lambda: list(data.shard_loader(shards, pin_memory=False)),
         }
         with one_core():
             seconds = measure(contenders, TimingConfig(warmup=1, rounds=rounds))
@@ -231,24 +205,22 @@ def run_data_index(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     ctx.log(f"data_index: indexing trees of {', '.join(f'{n:,}' for n in cfg.index_sizes)} files")
     cost = index_cost(cfg.index_sizes, rounds=cfg.index_rounds)
-    rows = tuple(
-        (
-            f"{size:,}",
-            name,
-            m["files"],
-            f"{m['seconds']:.3f}",
-            f"{m['seconds'] / found['torchvision']['seconds']:.2f}x",
-        )
-        + (
-            f"{m['peak_bytes'] / 2**20:.1f}",
-            f"{m['peak_bytes'] / max(found['torchvision']['peak_bytes'], 1):.2f}x",
-        )
-        for size, found in cost.items()
-        for name, m in found.items()
-    )
+    rows = []
+    for size, found in cost.items():
+        tv = found["torchvision"]
+        for name, m in found.items():
+            t, b = m["seconds"] / tv["seconds"], m["peak_bytes"] / max(tv["peak_bytes"], 1)
+            mib = f"{m['peak_bytes'] / 2**20:.1f}"
+            rows.append((f"{size:,}", name, m["files"], f"{m['seconds']:.3f}", f"{t:.2f}x", mib, f"{b:.2f}x"))
     ctx.log("data_index: decode + 3-Augment, folder against shards")
     rates = folder_vs_shards(cfg.decode_images, rounds=cfg.index_rounds)
-    largest = cost[max(cost)]
+    ours, theirs, at = cost[max(cost)]["vit5"], cost[max(cost)]["torchvision"], f"at {max(cost):,} files"
+    targets = [
+        Target(f"vit5 index {what} {at} vs torchvision", ours[k] / max(theirs[k], 1e-9), 1.2, False)
+        for what, k in (("time", "seconds"), ("peak memory", "peak_bytes"))
+    ]
+    decode = tuple((name, f"{rate:.1f}") for name, rate in rates.items())
+    title = f"Decode + 3-Augment to {SIZE} px, images/s on one core"
     return Section(
         "data_index",
         "Data set indexing and reading: folders against torchvision, timm and shards",
@@ -256,27 +228,10 @@ def run_data_index(ctx: BenchContext) -> Section:
         "warm directory cache, medians), and decode + 3-Augment images/s on one core from a folder and "
         f"from WebDataset shards of the same {cfg.decode_images} JPEGs at ImageNet-like sizes.",
         tables=[
-            Table(
-                "Indexing a tree",
-                ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision"),
-                rows,
-            ),
-            Table(
-                f"Decode + 3-Augment to {SIZE} px, images/s on one core",
-                ("source", "images/s"),
-                tuple((name, f"{rate:.1f}") for name, rate in rates.items()),
-            ),
+            Table("Indexing a tree", INDEX_COLUMNS, tuple(rows)),
+            Table(title, ("source", "images/s"), decode),
         ],
-        targets=[
-            Target(
-                f"vit5 index {what} at {max(cost):,} files vs torchvision",
-                ours / max(theirs, 1e-9),
-                1.2,
-                False,
-            )
-            for what, key in (("time", "seconds"), ("peak memory", "peak_bytes"))
-            for ours, theirs in [(largest["vit5"][key], largest["torchvision"][key])]
-        ],
+        targets=targets,
         notes=[
             "vit5 checks what the others do not: links leading outside the tree, link loops, FIFOs and "
             "devices named like images, two paths to one file",

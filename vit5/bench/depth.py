@@ -5,27 +5,32 @@ ViT-5 trunk (no LayerScale, registers or RoPE, which would hide the norm's place
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure  # not pyplot: importing vit5.bench leaves the user's backend alone
 from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
-from vit5.bench.config import BenchContext, DepthAblationConfig
-from vit5.bench.measure import num_threads
-from vit5.bench.report import Section, Table, Target, line_chart
+from vit5.bench.measure import BenchContext, DepthAblationConfig, num_threads
+from vit5.bench.report import Section, Table, Target
 from vit5.train.checkpointing import TrainState
 from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
 
+DIGITS = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 NO_EXTRAS = dict(layer_scale=None, num_registers=0, rope=False, register_rope=False)
 PLACEMENTS: dict[str, bool] = {"pre-norm": True, "post-norm": False}
 SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-to-step batch noise
 FLAT_BAND = (2 / 3, 1.5)  # output/input gradient ratio counted as flat (within a factor 1.5)
 GROWING_RATIO = 1.5  # output/input gradient ratio counted as growing toward the output
+FIGURES = ("depth_grad_profile.png", "depth_loss.png")
+GRAD_COLUMNS = ("placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest")
+RUN_COLUMNS = ("placement", "lr", "first loss", "best loss", "final loss (last 10)", "largest spike (nats)")
 
 
 def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,9 +43,7 @@ def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
 def build_trunk(cfg: DepthAblationConfig, pre_norm: bool) -> nn.Module:
     torch.manual_seed(0)
     dims = dict(embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.heads, pre_norm=pre_norm)
-    return vit5.create_model(
-        "vit5_tiny", img_size=8, patch_size=2, in_chans=1, num_classes=10, **dims, **NO_EXTRAS
-    )
+    return vit5.create_model("vit5_tiny", **DIGITS, **dims, **NO_EXTRAS)
 
 
 def layer_grad_norms(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[float]:
@@ -75,24 +78,28 @@ def train_fixed_lr(
     """``steps`` AdamW steps at a constant ``lr`` (no warmup) on seeded random batches. A run whose loss
     turns non-finite has diverged: its remaining steps count as ``inf``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    parts = StepParts(model=model, optimizer=optimizer, criterion=F.cross_entropy)
     generator = torch.Generator().manual_seed(1)
     idx = (torch.randint(0, len(images), (batch,), generator=generator) for _ in range(steps))
-    losses: list[float] = []
-    try:
-        parts = StepParts(model=model, optimizer=optimizer, criterion=F.cross_entropy)
-        train_steps(
-            parts,
-            ((images[i], labels[i]) for i in idx),
-            TrainState(),
-            on_update=lambda x, _: losses.append(x),
-        )
-    except NonFiniteLoss:
-        pass
+    batches, losses = ((images[i], labels[i]) for i in idx), []
+    with contextlib.suppress(NonFiniteLoss):
+        train_steps(parts, batches, TrainState(), on_update=lambda loss, _: losses.append(loss))
     return losses + [math.inf] * (steps - len(losses))
 
 
-def _final(losses: list[float]) -> float:
-    return float(np.mean(losses[-10:]))
+def line_chart(path: Path, x, series: dict, labels: tuple[str, str, str], logy: bool = False) -> None:
+    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
+    title, x label, y label."""
+    ax = (fig := Figure(figsize=(5.5, 3.6))).subplots()
+    for name, ys in series.items():
+        if points := [(a, b) for a, b in zip(x, ys) if b is not None]:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=name)
+    ax.set(title=labels[0], xlabel=labels[1], ylabel=labels[2], yscale="log" if logy else "linear")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def run(ctx: BenchContext) -> Section:
@@ -109,68 +116,49 @@ def run(ctx: BenchContext) -> Section:
                 model = build_trunk(cfg, pre_norm)
                 curves[(name, lr)] = train_fixed_lr(model, images, labels, cfg.steps, lr, cfg.batch)
     ratios = {name: output_input_ratio(p) for name, p in profiles.items()}
+    final = {key: float(np.mean(c[-10:])) for key, c in curves.items()}
     grads = tuple(
         (name, f"{ratios[name]:.2f}", f"{p[0] / p[1]:.1f}", f"{min(p):.3g}", f"{max(p):.3g}")
         for name, p in profiles.items()
     )
     runs = tuple(
-        (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{_final(c):.3f}", f"{largest_spike(c):.3f}")
+        (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{final[name, lr]:.3f}", f"{largest_spike(c):.3f}")
         for (name, lr), c in curves.items()
     )
-    top, ratio = max(cfg.lrs), ratios["pre-norm"]
-    flat = "pre-norm gradient profile flat: last/first-quarter ratio"
-    loss_columns = ("final loss (last 10)", "largest spike (nats)")
-    post, pre = curves[("post-norm", top)], curves[("pre-norm", top)]
-    section = Section(
+    top, flat = max(cfg.lrs), "pre-norm gradient profile flat: last/first-quarter ratio"
+    grows = "post-norm gradient grows toward the output: last/first-quarter ratio"
+    spikes = f"post-norm spikes at lr {top:g}: largest rise above its best loss"
+    worse = f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap"
+    targets = [  # name, measured, threshold, higher is better, unit
+        (f"{flat}, lower bound", ratios["pre-norm"], FLAT_BAND[0], True, "x"),
+        (f"{flat}, upper bound", ratios["pre-norm"], FLAT_BAND[1], False, "x"),
+        (grows, ratios["post-norm"], GROWING_RATIO, True, "x"),
+        (spikes, largest_spike(curves["post-norm", top]), SPIKE_NATS, True, "nats"),
+        (worse, final["post-norm", top] - final["pre-norm", top], SPIKE_NATS, True, "nats"),
+    ]
+    finite = {f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (n, lr), c in curves.items()}
+    labels = (f"Gradient norm per block at step 0, depth {cfg.depth}", "block (input -> output)", "||grad||")
+    line_chart(ctx.out_dir / "figures" / FIGURES[0], range(cfg.depth), profiles, labels, logy=True)
+    labels = ("Training loss at fixed lr, no warmup", "step", "cross-entropy")
+    line_chart(ctx.out_dir / "figures" / FIGURES[1], range(1, cfg.steps + 1), finite, labels)
+    return Section(
         "depth",
         f"Pre-norm against post-norm at depth {cfg.depth}",
         f"Width {cfg.width}, {cfg.heads} heads, no LayerScale/registers/RoPE, 8x8 digits. Gradient norm "
         f"of each block's parameters at step 0 (batch {cfg.grad_batch}); then {cfg.steps} AdamW steps at "
         f"each fixed lr without warmup (batch {cfg.batch}).",
         tables=[
-            Table(
-                "Gradient profile at step 0",
-                ("placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest"),
-                grads,
-            ),
-            Table("Fixed-lr runs", ("placement", "lr", "first loss", "best loss", *loss_columns), runs),
+            Table("Gradient profile at step 0", GRAD_COLUMNS, grads),
+            Table("Fixed-lr runs", RUN_COLUMNS, runs),
         ],
-        targets=[
-            Target(f"{flat}, lower bound", ratio, FLAT_BAND[0]),
-            Target(f"{flat}, upper bound", ratio, FLAT_BAND[1], higher_is_better=False),
-            Target(
-                "post-norm gradient grows toward the output: last/first-quarter ratio",
-                ratios["post-norm"],
-                GROWING_RATIO,
-            ),
-            Target(
-                f"post-norm spikes at lr {top:g}: largest rise above its best loss",
-                largest_spike(post),
-                SPIKE_NATS,
-                unit="nats",
-            ),
-            Target(
-                f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap",
-                _final(post) - _final(pre),
-                SPIKE_NATS,
-                unit="nats",
-            ),
-        ],
+        targets=[Target(*t) for t in targets],
+        figures=[f"figures/{file}" for file in FIGURES],
         notes=[
             "Pre-norm gradients falling toward the output match NormFormer's measurement (Shleifer et al., "
             "2021, Fig. 2). If post-norm trains fine here, the model is too shallow or the LR too low to "
             "test the claim; at this width the model may also be too narrow (Xiong et al. analyse d = 512)."
         ],
-        data={
-            "grad_norms": profiles,
-            "losses": {f"{n}@{lr:g}": c for (n, lr), c in curves.items()},
-            "config": dataclasses.asdict(cfg),
-        },
+        data=dict(
+            grad_norms=profiles, losses={f"{n}@{lr:g}": c for (n, lr), c in curves.items()}, config=cfg
+        ),
     )
-    labels = (f"Gradient norm per block at step 0, depth {cfg.depth}", "block (input -> output)", "||grad||")
-    line_chart(ctx.figure("depth_grad_profile.png"), range(cfg.depth), profiles, labels, logy=True)
-    finite = {f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (n, lr), c in curves.items()}
-    labels = ("Training loss at fixed lr, no warmup", "step", "cross-entropy")
-    line_chart(ctx.figure("depth_loss.png"), range(1, cfg.steps + 1), finite, labels)
-    section.figures += ["figures/depth_grad_profile.png", "figures/depth_loss.png"]
-    return section

@@ -1,15 +1,18 @@
 """How the benchmark measures on a noisy, shared machine: contenders are timed side by side (every round
 runs each once, in an order rotating between rounds) and compared by the median over rounds of the
-per-round ratio, so slow drift in the background load cancels; times report median and IQR. Also peak
-memory and forward / training-step throughput."""
+per-round ratio, so slow drift in the background load cancels; also peak memory and throughput. What it
+measures: :class:`BenchConfig`, profiles ``smoke`` (seconds), ``quick`` (minutes on a CPU) and ``full``."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -17,6 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from vit5.bench.report import choose
+from vit5.errors import InputError
+from vit5.model.presets import SIZES
 from vit5.model.vit import unwrap
 
 
@@ -32,20 +38,15 @@ class TimingConfig:
             raise ValueError(f"invalid {self}: need warmup >= 0 and rounds >= 1")
 
 
-@dataclass(frozen=True)
-class Quartiles:
+class Quartiles(NamedTuple):
     median: float
     q1: float
     q3: float
 
     @classmethod
     def of(cls, values) -> Quartiles:
-        q1, med, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
-        return cls(float(med), float(q1), float(q3))
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
+        q1, median, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
+        return cls(float(median), float(q1), float(q3))
 
     def text(self, fmt: str = "{:.2f}x") -> str:
         return f"{fmt.format(self.median)} ({fmt.format(self.q1)}-{fmt.format(self.q3)})"
@@ -66,54 +67,46 @@ class Samples:
         return Quartiles.of([items_per_call / s for s in self.seconds])
 
 
-def paired_ratio(numerator: Samples, denominator: Samples) -> Quartiles:
-    """Median (and IQR) over rounds of ``numerator / denominator`` measured in the same round."""
-    if len(numerator.seconds) != len(denominator.seconds):
-        raise ValueError(f"{numerator.name} and {denominator.name} were not measured in the same rounds")
-    return Quartiles.of([a / b for a, b in zip(numerator.seconds, denominator.seconds)])
-
-
 def speedup(fast: Samples, slow: Samples) -> Quartiles:
-    """How many times faster ``fast`` is than ``slow`` (> 1: faster), paired per round."""
-    return paired_ratio(slow, fast)
+    """How many times faster ``fast`` is than ``slow`` (> 1: faster): the median (and IQR) over rounds of
+    ``slow / fast`` measured in the same round."""
+    if len(fast.seconds) != len(slow.seconds):
+        raise ValueError(f"{fast.name} and {slow.name} were not measured in the same rounds")
+    return Quartiles.of([b / a for a, b in zip(fast.seconds, slow.seconds)])
 
 
 def measure(fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device="cpu") -> dict[str, Samples]:
     """Time every zero-argument callable in interleaved, rotating rounds; seconds per call by name
     (on CUDA, waiting for the queued kernels before and after each call)."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
-    if not fns:
-        raise ValueError("nothing to measure: pass at least one callable")
-    names = list(fns)
-    for name in names:
+    for fn in fns.values():
         for _ in range(cfg.warmup):
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(cfg.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = deque(fns)
+    for _ in range(cfg.rounds):
+        for name in order:
             sync()
             start = time.perf_counter()
             fns[name]()
             sync()
             times[name].append(time.perf_counter() - start)
-    return {name: Samples(name, tuple(times[name])) for name in names}
+        order.rotate(-1)
+    return {name: Samples(name, tuple(seconds)) for name, seconds in times.items()}
 
 
 @contextmanager
 def num_threads(n: int | None) -> Iterator[int]:
     """Run with ``n`` intra-op CPU threads (None: leave as is); yields the count in effect."""
     before = torch.get_num_threads()
-    if n is not None and n < 1:
-        raise ValueError(f"threads must be >= 1, got {n}")
-    torch.set_num_threads(n or before)
+    torch.set_num_threads(before if n is None else n)  # n < 1: torch raises
     try:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 
 
-@dataclass(frozen=True)
-class MemoryReading:
+class MemoryReading(NamedTuple):
     """``peak``: most tensor bytes alive at once during the work, above what was alive before;
     ``retained``: bytes still alive after it (e.g. a returned cache)."""
 
@@ -121,9 +114,7 @@ class MemoryReading:
     retained: int
 
 
-def measure_memory(
-    fn: Callable[[], object], device: torch.device | str = "cpu"
-) -> tuple[MemoryReading, object]:
+def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[MemoryReading, Any]:
     """Run ``fn()`` once; return (its memory reading, its result; keep it alive to count it as retained).
     CUDA: the allocator's counters; CPU: the profiler's allocation events."""
     device = torch.device(device)
@@ -148,14 +139,7 @@ def measure_memory(
     return MemoryReading(peak=peak, retained=live), result
 
 
-def autocast_context(device: torch.device | str, dtype: str) -> Callable:
-    """A factory of the autocast context for ``dtype`` ("fp32": none, "bf16": bfloat16 autocast)."""
-    return (
-        nullcontext if dtype == "fp32" else partial(torch.autocast, torch.device(device).type, torch.bfloat16)
-    )
-
-
-def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable[[], None]:
+def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable:
     model.eval()
 
     def step() -> None:
@@ -165,9 +149,7 @@ def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Cal
     return step
 
 
-def train_step(
-    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext
-) -> Callable[[], None]:
+def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
     """One training step: forward, cross-entropy, backward, AdamW."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
@@ -192,18 +174,13 @@ def random_batch(
 
 
 def measure_throughput(
-    models: Mapping[str, nn.Module],
-    img_size: int,
-    batch: int,
-    timing: TimingConfig,
-    device="cpu",
-    dtype="fp32",
+    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
 ) -> dict[str, dict[str, Samples]]:
     """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one random
     batch, side by side."""
     classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
     images, labels = random_batch(batch, img_size, device, classes)
-    amp = autocast_context(device, dtype)
+    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
     models = {name: m.to(device) for name, m in models.items()}
     forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
     train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
@@ -213,14 +190,131 @@ def measure_throughput(
     return {"forward": forward, "train": train}
 
 
-def throughput_cells(
-    run: Mapping[str, Mapping[str, Samples]], name: str, reference: str, batch: int
-) -> list[str]:
+def throughput_columns(reference: str) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`."""
+    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
+
+
+def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
     """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
     cells = []
     for s in run.values():
-        ok = name in s and reference in s
-        cells += (
-            [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()] if ok else ["-"] * 2
-        )
+        if name in s and reference in s:
+            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
+        else:
+            cells += ["-", "-"]
     return cells
+
+
+@dataclass(frozen=True)
+class DepthAblationConfig:
+    """Pre-norm vs post-norm at depth: a narrow model so it runs in seconds on a CPU."""
+
+    depth: int = 24
+    width: int = 64
+    heads: int = 4
+    steps: int = 100
+    lrs: tuple[float, ...] = (1e-3, 2e-3)  # fixed learning rates, no warmup
+    batch: int = 64
+    grad_batch: int = 128
+
+    def __post_init__(self) -> None:
+        if self.depth < 2 or self.steps < 1 or not self.lrs or min(self.lrs) <= 0 or self.width % self.heads:
+            raise InputError(f"invalid depth-ablation config {self}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    threads: int | None = None  # CPU intra-op threads; None: torch's default
+    timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
+    sizes: tuple[str, ...] = ("tiny", "small")  # speed: every size at img_size
+    target_size: str = "small"  # the size the speed targets are stated for (and measured at hires)
+    depth: int | None = None  # override every model's depth (smoke runs)
+    img_size: int = 224
+    batch: int = 8
+    hires_img_size: int = 448
+    hires_batch: int = 2
+    attn_seq_lens: tuple[int, ...] = (256, 1024, 2048, 4096, 8192)
+    attn_heads: int = 2
+    attn_head_dim: int = 64
+    attn_eager_max_bytes: int = 4 * 2**30  # skip eager where its n x n tensors would exceed this
+    compile_size: str = "tiny"
+    compile_backend: str = "inductor"
+    depth_ablation: DepthAblationConfig = field(default_factory=DepthAblationConfig)
+    # data_index: synthetic ImageFolder trees indexed, and photos decoded from a folder and from shards
+    index_sizes: tuple[int, ...] = (10_000, 100_000)
+    index_rounds: int = 3
+    decode_images: int = 64
+
+    def __post_init__(self) -> None:
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
+        if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+            raise InputError(f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu")
+        if self.dtype not in ("fp32", "bf16"):
+            raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise InputError(f"threads must be at least 1, got {self.threads}")
+        if min(self.index_sizes, default=0) < 1 or self.index_rounds < 1 or self.decode_images < 8:
+            raise InputError("index_sizes must be positive, index_rounds >= 1 and decode_images >= 8")
+        if not self.sizes:
+            raise InputError("sizes must name at least one model size")
+        choose("model size", (*self.sizes, self.target_size, self.compile_size), SIZES)
+
+    @property
+    def size_for_targets(self) -> str:
+        """The speed targets are for ViT-S; smaller runs check them on their largest size."""
+        return self.target_size if self.target_size in self.sizes else self.sizes[-1]
+
+    @classmethod
+    def profile(cls, name: Literal["smoke", "quick", "full"], **changes: Any) -> BenchConfig:
+        choose("profile", [name], PROFILES)
+        return cls(**{**PROFILES[name], **changes})
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": dict(
+        threads=1,  # tiny ops: a second thread only adds synchronisation stalls on a busy machine
+        timing=TimingConfig(warmup=1, rounds=2),
+        sizes=("tiny",),
+        depth=2,
+        img_size=32,
+        batch=2,
+        hires_img_size=64,
+        hires_batch=1,
+        attn_seq_lens=(64, 256),
+        attn_heads=1,
+        compile_backend="eager",
+        depth_ablation=DepthAblationConfig(
+            depth=8, width=32, heads=2, steps=4, lrs=(1e-3,), batch=32, grad_batch=32
+        ),
+        index_sizes=(200,),
+        index_rounds=1,
+        decode_images=8,
+    ),
+    "quick": dict(),
+    "full": dict(
+        timing=TimingConfig(warmup=3, rounds=15),
+        batch=64,
+        hires_batch=16,
+        attn_seq_lens=(256, 512, 1024, 2048, 4096, 8192, 16384),
+        attn_heads=6,
+        attn_eager_max_bytes=32 * 2**30,
+        compile_size="small",
+        depth_ablation=DepthAblationConfig(width=256, steps=300, lrs=(5e-4, 1e-3, 2e-3)),
+        index_sizes=(10_000, 100_000, 1_000_000),
+    ),
+}
+
+
+@dataclass
+class BenchContext:
+    cfg: BenchConfig
+    out_dir: Path
+    log: Callable[[str], None] = print

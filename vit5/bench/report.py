@@ -3,20 +3,33 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import platform
+import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import timm
 import torch
-from matplotlib.figure import Figure  # not pyplot: importing vit5.bench leaves the user's backend alone
 
+from vit5.errors import InputError
 from vit5.files import atomic_write_text
+
+
+def choose(kind: str, names: Iterable[str] | None, valid: Iterable[str]) -> list[str]:
+    """``names`` (all when none) in ``valid``'s order; unknown names raise InputError with the closest."""
+    valid = list(valid)
+    unknown = [name for name in names or () if name not in valid]
+    if unknown:
+        close = lambda name: difflib.get_close_matches(name, valid, n=1)  # noqa: E731
+        hints = ", ".join(f"{n!r}" + "".join(f" (did you mean {c!r}?)" for c in close(n)) for n in unknown)
+        raise InputError(f"unknown {kind} {hints}: choose from {', '.join(valid)}")
+    return [name for name in valid if not names or name in names]
 
 
 @dataclass(frozen=True)
@@ -67,13 +80,7 @@ class Section:
 
 def format_value(value: float, unit: str = "") -> str:
     """``x`` ratios with 2 decimals, ``%`` with 1, others 3 digits and the unit."""
-    return (
-        f"{value:.2f}x"
-        if unit == "x"
-        else f"{value:.1f}%"
-        if unit == "%"
-        else f"{value:.3g}{unit and ' ' + unit}"
-    )
+    return {"x": f"{value:.2f}x", "%": f"{value:.1f}%"}.get(unit, f"{value:.3g}{unit and ' ' + unit}")
 
 
 NOISE_NOTE = (
@@ -93,25 +100,21 @@ def render_markdown(
     sections: Sequence[Section], env: Mapping[str, Any], title: str = "vit5 benchmark"
 ) -> str:
     targets = [(s.key, t) for s in sections for t in s.targets]
-    parts = [f"# {title}", "", *(f"- {k}: {v}" for k, v in env.items()), "", NOISE_NOTE, ""]
+    parts = [f"# {title}", "", *(f"- {k}: {v}" for k, v in env.items()), "", NOISE_NOTE]
     if targets:
         rows = tuple(
             (key, t.name, format_value(t.measured, t.unit), t.rule, "met" if t.met else "**MISSED**")
             for key, t in targets
         )
         table = Table("Targets", ("section", "target", "measured", "needed", "result"), rows)
-        parts += [
-            f"## Targets: {sum(t.met for _, t in targets)} of {len(targets)} met",
-            "",
-            markdown_table(table),
-            "",
-        ]
+        parts += ["", f"## Targets: {sum(t.met for _, t in targets)} of {len(targets)} met", ""]
+        parts.append(markdown_table(table))
     for s in sections:
-        parts += [f"## {s.title}", "", f"*{s.what}* ({s.seconds:.0f} s)", ""]
-        parts += [part for table in s.tables for part in (markdown_table(table), "")]
-        parts += [f"- {note}" for note in s.notes] + ([""] if s.notes else [])
-        parts += [f"![{Path(fig).stem}]({fig})" for fig in s.figures] + ([""] if s.figures else [])
-    return "\n".join(parts)
+        parts += ["", f"## {s.title}", "", f"*{s.what}* ({s.seconds:.0f} s)"]
+        parts += [part for table in s.tables for part in ("", markdown_table(table))]
+        parts += ([""] if s.notes else []) + [f"- {note}" for note in s.notes]
+        parts += ([""] if s.figures else []) + [f"![{Path(fig).stem}]({fig})" for fig in s.figures]
+    return "\n".join(parts) + "\n"
 
 
 def write_report(
@@ -121,26 +124,20 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", render_markdown(sections, env, title))
     targets = [t for s in sections for t in s.targets]
-    payload = {
-        "environment": dict(env),
-        "targets_met": sum(t.met for t in targets),
-        "targets_total": len(targets),
-        "sections": [
-            {**asdict(s), "targets": [{**asdict(t), "met": t.met, "rule": t.rule} for t in s.targets]}
-            for s in sections
-        ],
-    }
-    atomic_write_text(
-        out_dir / "report.json",
-        json.dumps(payload, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)),
-    )
+    payload = dict(environment=dict(env), targets_met=sum(t.met for t in targets), targets_total=len(targets))
+    payload["sections"] = [
+        {**asdict(s), "targets": [{**asdict(t), "met": t.met, "rule": t.rule} for t in s.targets]}
+        for s in sections
+    ]
+    default = lambda v: v.item() if hasattr(v, "item") else str(v)  # noqa: E731 - numpy scalars, paths
+    atomic_write_text(out_dir / "report.json", json.dumps(payload, indent=1, default=default))
     return out_dir / "report.md"
 
 
 def environment(device: str = "cpu", dtype: str = "fp32") -> dict[str, Any]:
     """Versions, hardware, threads and the machine's load (a busy machine makes absolute times unreliable)."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
     env: dict[str, Any] = dict(python=sys.version.split()[0], torch=torch.__version__, timm=timm.__version__)
     env.update(platform=platform.platform(), cpu=names[0] if names else platform.processor() or "unknown")
     env.update(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), device=device, dtype=dtype)
@@ -151,20 +148,3 @@ def environment(device: str = "cpu", dtype: str = "fp32") -> dict[str, Any]:
 
 def load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-def line_chart(path: Path, x, series, labels: tuple[str, str, str], logy=False) -> None:
-    """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
-    title, x label, y label."""
-    fig = Figure(figsize=(5.5, 3.6))
-    ax = fig.subplots()
-    for name, ys in series.items():
-        points = [(a, b) for a, b in zip(x, ys) if b is not None]
-        if points:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=name)
-    ax.set(title=labels[0], xlabel=labels[1], ylabel=labels[2], yscale="log" if logy else "linear")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

@@ -1,11 +1,7 @@
-"""The whole-model sections: ``speed``, ``compile`` and ``export``.
-
-``speed`` times, at equal width, depth, heads and GELU MLP: ``vit5`` (eager), ``vit5_regional``
-(``vit5.compile_blocks``); ``timm_eva`` (timm's ``Eva``
-set up as close to ViT-5 as it allows), ``timm_vit`` (plain ``vit_{size}_patch16_224``, the yardstick of
-"free") and ``reference`` (:class:`vit5.reference.OfficialViT5`, the official code's way). Every ratio is
-paired per round (:mod:`vit5.bench.measure`).
-"""
+"""The model sections, every ratio paired per round: ``speed`` (vit5 eager and regionally compiled against
+timm's ``Eva`` built as ViT-5, timm's plain ViT and the official code's way, at equal width, depth, heads and
+GELU MLP), ``memory`` (eager attention's ``[B, heads, n, n]`` scores against SDPA's tiled softmax, Dao et al.,
+arXiv 2205.14135), ``compile`` and ``export``."""
 
 from __future__ import annotations
 
@@ -16,50 +12,42 @@ import timm
 import torch
 import torch._functorch.config
 import torch._inductor.config
+import torch.nn.functional as F
 from timm.layers import RmsNorm
 from timm.models.eva import Eva
 from torch import nn
 
 import vit5
-from vit5.bench.config import BenchContext
 from vit5.bench.measure import (
+    BenchContext,
     TimingConfig,
-    autocast_context,
     forward_step,
     measure,
+    measure_memory,
     measure_throughput,
     random_batch,
     speedup,
     throughput_cells,
-    train_step,
+    throughput_columns,
 )
 from vit5.bench.report import Section, Table, Target
-from vit5.errors import InputError
+from vit5.layers import eager_attention
 from vit5.model.presets import SIZES
 from vit5.reference import OfficialViT5
+from vit5.runtime import format_bytes
 
 
 def _dims(size: str, depth: int | None) -> dict[str, int]:
-    if size not in SIZES:
-        raise InputError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
     return {**SIZES[size], **({"depth": depth} if depth else {})}
 
 
 def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Module:
     """timm ``Eva`` as close to ViT-5 as its options allow: 2D RoPE (theta 1e4, interleaved pairs), 4
     registers (before the patches, without RoPE), RMSNorm, QK-norm, LayerScale 1e-4, bias-free qkv, APE."""
+    rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
+    blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
     return Eva(
-        img_size=img_size,
-        global_pool="token",
-        qkv_bias=False,
-        qk_norm=True,
-        norm_layer=partial(RmsNorm, eps=1e-6),
-        init_values=1e-4,
-        num_reg_tokens=4,
-        no_embed_class=True,
-        use_rot_pos_emb=True,
-        rope_temperature=10000.0,
-        **_dims(size, depth),
+        img_size=img_size, global_pool="token", num_reg_tokens=4, **rope, **blocks, **_dims(size, depth)
     )
 
 
@@ -95,17 +83,9 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 def run_speed(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     target = cfg.size_for_targets
-    section = Section(
-        "speed",
-        "Throughput against timm and the official code's way",
-        "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
-        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
-        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
-        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
-    )
     runs = [(size, cfg.img_size, cfg.batch, tuple(BUILDERS), "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
-    rows, data = [], {}
+    rows, data, targets = [], {}, []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
         models = {}
@@ -122,18 +102,69 @@ def run_speed(ctx: BenchContext) -> Section:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
                 label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
-                section.targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
-    columns = ("model", "size@res", "params", "forward img/s (IQR)", "x timm_vit (IQR)", "train img/s (IQR)")
-    section.tables.append(Table("Throughput", (*columns, "x timm_vit (IQR)"), tuple(rows)))
-    section.data = {"seconds": data}
+                targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
+    columns = ("model", "size@res", "params", *throughput_columns("timm_vit"))
+    return Section(
+        "speed",
+        "Throughput against timm and the official code's way",
+        "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
+        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
+        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
+        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
+        tables=[Table("Throughput", columns, tuple(rows))],
+        targets=targets,
+        data={"seconds": data},
+    )
+
+
+def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: float = 0.25) -> Section:
+    """One attention call per sequence length: peak memory of SDPA and eager, and their outputs' largest
+    difference (both are exact). Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated."""
+    cfg = ctx.cfg
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
+    for n in cfg.attn_seq_lens:
+        eager = eager_score_bytes(1, cfg.attn_heads, n, dtype) <= cfg.attn_eager_max_bytes
+        ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
+        g = torch.Generator().manual_seed(n)
+        qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
+        names = ("sdpa", "eager") if eager else ("sdpa",)
+        with torch.inference_mode():  # the outputs stay alive: each reading counts only its own call
+            found = {name: measure_memory(partial(BACKENDS[name], *qkv), cfg.device) for name in names}
+        p = peaks[n] = {name: reading.peak for name, (reading, _) in found.items()}
+        cells = [format_bytes(p["sdpa"]), "skipped", "-", "-"]
+        if eager:
+            diffs[n] = (found["sdpa"][1].float() - found["eager"][1].float()).abs().max().item()
+            cells[1:] = format_bytes(p["eager"]), f"{p['eager'] / p['sdpa']:.1f}x", f"{diffs[n]:.1e}"
+        rows.append((n, *cells))
+    columns = ("tokens", "sdpa peak", "eager peak", "eager / sdpa", "max |sdpa - eager|")
+    section = Section(
+        "memory",
+        "Attention memory against sequence length",
+        f"One attention call, batch 1, {cfg.attn_heads} heads of {cfg.attn_head_dim}, {cfg.dtype}, "
+        f"inference, {cfg.device}: peak tensor memory of fused SDPA and of eager, and their largest "
+        "output difference.",
+        tables=[Table("Attention peak memory", columns, tuple(rows))],
+        data={"peak_bytes": peaks, "max_abs_diff": diffs},
+    )
+    if target_tokens in diffs:
+        fraction = peaks[target_tokens]["sdpa"] / peaks[target_tokens]["eager"]
+        name = f"sdpa peak memory / eager peak at {target_tokens} tokens"
+        section.targets.append(Target(name, fraction, max_sdpa_fraction, higher_is_better=False))
+    else:
+        section.notes.append(f"The {target_tokens}-token target was not measured ({cfg.attn_seq_lens}).")
     return section
 
 
-COMPILE_WAYS: dict[str, Callable[[nn.Module, str], nn.Module]] = {
-    "eager": lambda model, backend: model,
-    "compiled": lambda model, backend: torch.compile(model, backend=backend),
-    "regional": lambda model, backend: vit5.compile_blocks(model, backend=backend),
+BACKENDS = {
+    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    "eager": lambda q, k, v: eager_attention(q, k, v)[0],
 }
+
+
+def eager_score_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of eager's n x n tensors alive at once: the scores and the fp32 probabilities."""
+    return batch * heads * tokens * tokens * (torch.empty((), dtype=dtype).element_size() + 4)
 
 
 def run_compile(ctx: BenchContext) -> Section:
@@ -141,20 +172,24 @@ def run_compile(ctx: BenchContext) -> Section:
     off, so a rerun is as cold as the first run), then the steady speed side by side."""
     cfg = ctx.cfg
     size, backend = cfg.compile_size, cfg.compile_backend
-    images, labels = random_batch(cfg.batch, cfg.img_size, cfg.device)
-    amp = autocast_context(cfg.device, cfg.dtype)
-    models, first = {}, {}
+    ways = {
+        "eager": lambda model: model,
+        "compiled": partial(torch.compile, backend=backend),
+        "regional": partial(vit5.compile_blocks, backend=backend),
+    }
+    models = {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
-        for way, wrap in COMPILE_WAYS.items():
+        for way, wrap in ways.items():
             torch.manual_seed(0)
-            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth), backend).to(cfg.device)
-            ctx.log(f"vit5_{size}, {way} ({backend}): first forward and first training step")
-            steps = (forward_step(models[way], images, amp), train_step(models[way], images, labels, amp))
-            first[way] = [measure({way: s}, TimingConfig(0, 1), cfg.device)[way].median for s in steps]
+            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth))
+        ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
+        cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
+    first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
+    images = random_batch(cfg.batch, cfg.img_size, cfg.device)[0]
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
     diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
@@ -164,22 +199,18 @@ def run_compile(ctx: BenchContext) -> Section:
         (way, f"{fwd:.2f}", f"{train:.2f}", *throughput_cells(run, way, "eager", cfg.batch))
         for way, (fwd, train) in first.items()
     )
-    columns = ("way", "first forward s", "first train step s", "forward img/s (IQR)", "x eager")
+    columns = ("way", "first forward s", "first train step s", *throughput_columns("eager"))
     section = Section(
         "compile",
         "torch.compile: whole model against regional (per block)",
         f"vit5_{size}, batch {cfg.batch} at {cfg.img_size}, {cfg.device} {cfg.dtype}, backend {backend!r}: "
         "eager, torch.compile(model) (model.compile=true) and vit5.compile_blocks (model.compile=regional).",
-        tables=[
-            Table(
-                f"Cold start and steady speed (vit5_{size})", (*columns, "train img/s (IQR)", "x eager"), rows
-            )
-        ],
+        tables=[Table(f"Cold start and steady speed (vit5_{size})", columns, rows)],
         notes=["Largest logit difference from eager: " + ", ".join(f"{w} {d:.1e}" for w, d in diffs.items())],
+        data={"cold_start": first, "max_abs_diff": diffs, "seconds": run},
     )
     if backend != "inductor":
         section.notes.append(f"Backend {backend!r} generates no code: the rows exercise the paths only.")
-    section.data = {"cold_start": first, "max_abs_diff": diffs, "seconds": run}
     return section
 
 
@@ -198,14 +229,13 @@ def run_export(ctx: BenchContext) -> Section:
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     images = torch.randn(cfg.batch, 3, img, img)
     feed = {session.get_inputs()[0].name: images.numpy()}
-    samples = measure(
-        {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)},
-        cfg.timing,
-    )
+    calls = {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)}
+    samples = measure(calls, cfg.timing)
     rows = tuple(
         (k, s.rate(cfg.batch).text("{:.1f}"), speedup(s, samples["torch eager"]).text())
         for k, s in samples.items()
     )
+    mib = sum(f.stat().st_size for f in report.files) / 2**20
     return Section(
         "export",
         "ONNX Runtime against eager torch (CPU)",
@@ -213,7 +243,7 @@ def run_export(ctx: BenchContext) -> Section:
         f"({torch.get_num_threads()} threads), side by side; 'x torch' > 1: faster than eager torch.",
         tables=[Table(f"{name} @ {img}", ("runtime", "images/s (IQR)", "x torch (IQR)"), rows)],
         notes=[
-            f"Export {report.seconds:.0f} s, {sum(f.stat().st_size for f in report.files) / 2**20:.1f} MiB; "
+            f"Export {report.seconds:.0f} s, {mib:.1f} MiB; "
             f"onnxruntime vs torch max |difference| {report.max_abs_diff:.1e}."
         ],
         data={
