@@ -55,11 +55,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
 
     def work() -> None:
         if args.command == "shards":
-            from vit5.data.shard_writer import write_shards
+            from vit5.data.shards import write_shards
 
             print(write_shards(args.src, args.out, args.shard_size, split=args.split, seed=args.seed))
         elif args.command == "digits":
-            from vit5.data.digits.export import export_digits_imagefolder
+            from vit5.data.digits import export_digits_imagefolder
 
             print(export_digits_imagefolder(args.root, args.size, args.val_fraction, args.seed))
         else:

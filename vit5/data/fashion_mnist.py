@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from vit5.data.digits.export import ExportReport, write_image_tree
+from vit5.data.digits import ExportReport, write_image_tree
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
 

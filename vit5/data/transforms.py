@@ -4,10 +4,8 @@ Resampling is bicubic as in the official recipe; with ``antialias=True`` (defaul
 ``INTER_AREA``, much closer than OpenCV's bicubic (which does not low-pass) to PIL's antialiased bicubic.
 """
 
-from __future__ import annotations
-
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import albumentations as A
@@ -15,8 +13,8 @@ import cv2
 import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
-
-from vit5.data.randaug import TimmRandAugment
+from PIL import Image
+from timm.data import auto_augment, rand_augment_transform
 
 # timm.data's IMAGENET_DEFAULT_MEAN/STD (vit5.model uses those): vit5.data imports no timm, to stay light
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -25,6 +23,29 @@ DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 
 TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
 Size = int | tuple[int, int]
+_PROBABILITY = (lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "hflip": _PROBABILITY,
+    "erasing": _PROBABILITY,
+    "color_jitter": (lambda v: v >= 0, ">= 0 (0 disables it)"),
+    "padding": (lambda v: v >= 0, ">= 0 pixels"),
+    "crop_ratio": (lambda v: 0 < v <= 1, "in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic)"),
+    "scale": (lambda v: 0 < v[0] <= v[1] <= 1, "(min, max) with 0 < min <= max <= 1"),
+    "ratio": (lambda v: 0 < v[0] <= v[1], "(min, max) with 0 < min <= max"),
+    "policy": (
+        lambda v: v.startswith("rand-"),
+        f"a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}",
+    ),
+    "mean": (lambda v: len(v) == 3, "one value per RGB channel"),
+    "std": (lambda v: len(v) == 3 and min(v) > 0, "one value > 0 per RGB channel"),
+}
+
+
+def _check(**values: Any) -> None:
+    for name, value in values.items():
+        test, want = _RULES[name]
+        if not test(value):
+            raise ValueError(f"{name} must be {want}, got {value!r}")
 
 
 class ImageTransform:
@@ -36,15 +57,11 @@ class ImageTransform:
     """
 
     def __init__(
-        self,
-        steps: Sequence[A.BasicTransform | A.BaseCompose],
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        self, steps: Sequence[Any], mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
     ) -> None:
-        mean, std = _mean_std(mean, std)
-        self.pipeline = A.Compose(
-            [*steps, A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
-        )
+        _check(mean=mean, std=std)
+        normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
+        self.pipeline = A.Compose([*steps, normalize, ToTensorV2()])
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         seed = int(torch.empty((), dtype=torch.int64).random_())
@@ -53,6 +70,39 @@ class ImageTransform:
 
     def __repr__(self) -> str:
         return f"ImageTransform({self.pipeline!r})"
+
+
+class TimmRandAugment(A.ImageOnlyTransform):
+    """``timm.data.rand_augment_transform(policy)`` unchanged (through PIL), with timm ``create_transform``'s
+    hyper-parameters: translation ``0.45 * min(size)`` px, fill = the normalisation mean, bicubic. It draws
+    from Python's ``random`` and NumPy's global RNG (seeded per worker)."""
+
+    def __init__(self, policy: str, size: tuple[int, int], mean: Sequence[float], p: float = 1.0) -> None:
+        super().__init__(p=p)
+        self.policy, self.size, self.mean = policy, size, mean
+        hparams = {
+            "translate_const": int(min(size) * 0.45),
+            "img_mean": tuple(min(255, round(255 * m)) for m in mean),
+            "interpolation": Image.BICUBIC,
+        }
+        self._randaugment = rand_augment_transform(policy, hparams)
+        for op in self._randaugment.ops:
+            if op.aug_fn is auto_augment.posterize:
+                op.aug_fn = posterize
+
+    def apply(self, img: np.ndarray, **params: Any) -> np.ndarray:
+        return np.asarray(self._randaugment(Image.fromarray(img)))
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("policy", "size", "mean")
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize, keeping 0 bits as Pillow < 13 did (a black image) where Pillow 13 raises ``bits
+    must be between or equal to 1 and 8`` (RandAugment's increasing posterize at magnitude 10)."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
 
 
 def three_augment(
@@ -74,9 +124,8 @@ def three_augment(
     crop) + flip, then one of {grayscale, solarize (v >= 128, as PIL), Gaussian blur (sigma ~ U(0.1, 2))},
     then ColorJitter(brightness, contrast, saturation = ``color_jitter``, no hue; none when 0).
     """
+    _check(color_jitter=color_jitter)
     height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
-    if color_jitter < 0:
-        raise ValueError(f"color_jitter must be >= 0 (0 disables it), got {color_jitter}")
     if simple_random_crop:
         crop_flip[0:1] = [
             A.SmallestMaxSize(max_size_hw=(height, width), p=1.0, **_interpolation(antialias)),
@@ -107,14 +156,10 @@ def randaug_transform(
     std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """ViT-5 fine-tuning: RRC + flip + timm RandAugment ``policy`` (as timm's ``create_transform`` with
-    ``auto_augment``: no colour jitter, no random erasing); see :mod:`vit5.data.randaug`."""
+    ``auto_augment``: no colour jitter, no random erasing)."""
+    _check(policy=policy, mean=mean)
     height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
-    if not policy.startswith("rand-"):
-        raise ValueError(
-            f"policy must be a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}, got {policy!r}"
-        )
-    mean, std = _mean_std(mean, std)
-    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), mean, p=1.0)], mean, std)
+    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), mean)], mean, std)
 
 
 def pad_crop_transform(
@@ -131,10 +176,7 @@ def pad_crop_transform(
     random erasing with probability ``erasing`` (Zhong et al., arXiv 1708.04896: area 2-33 %, aspect 0.3-3.3,
     random noise as their RE-R). No colour changes: grey intensity carries the class."""
     height, width = _size_hw(size)
-    _check_probability("hflip", hflip)
-    _check_probability("erasing", erasing)
-    if padding < 0:
-        raise ValueError(f"padding must be >= 0 pixels, got {padding}")
+    _check(hflip=hflip, erasing=erasing, padding=padding)
     steps: list[A.BasicTransform] = [A.Resize(height, width, **_interpolation(antialias))]
     if padding:
         steps += [A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101), A.RandomCrop(height, width)]
@@ -156,16 +198,10 @@ def eval_transform(
     keeping aspect, to the smallest image covering ``(int(h / crop_ratio), int(w / crop_ratio))``; centre
     crop."""
     height, width = _size_hw(size)
-    if not 0.0 < crop_ratio <= 1.0:
-        raise ValueError(
-            f"crop_ratio must be in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic), got {crop_ratio}"
-        )
+    _check(crop_ratio=crop_ratio)
     cover = (int(height / crop_ratio), int(width / crop_ratio))
-    steps = [
-        A.SmallestMaxSize(max_size_hw=cover, p=1.0, **_interpolation(antialias)),
-        A.CenterCrop(height, width),
-    ]
-    return ImageTransform(steps, mean, std)
+    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **_interpolation(antialias))
+    return ImageTransform([resize, A.CenterCrop(height, width)], mean, std)
 
 
 def resize_transform(
@@ -176,8 +212,7 @@ def resize_transform(
     std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """No augmentation: resize to exactly ``size`` (aspect not kept), for already framed data (digits)."""
-    height, width = _size_hw(size)
-    return ImageTransform([A.Resize(height, width, **_interpolation(antialias))], mean, std)
+    return ImageTransform([A.Resize(*_size_hw(size), **_interpolation(antialias))], mean, std)
 
 
 _BUILDERS = {
@@ -190,18 +225,10 @@ _BUILDERS = {
 
 
 def build_transform(kind: TransformKind, size: Size, **options: Any) -> ImageTransform:
-    """The builder of ``kind`` (``"none"``: :func:`resize_transform`) called with ``options``; an option it
-    does not take is an error."""
+    """The builder of ``kind`` (``"none"``: :func:`resize_transform`) called with ``options``."""
     if kind not in _BUILDERS:
         raise ValueError(f"unknown transform kind {kind!r}; choose one of {list(get_args(TransformKind))}")
-    builder = _BUILDERS[kind]
-    accepted = set(builder.__kwdefaults__ or {})
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        raise TypeError(
-            f"build_transform(kind={kind!r}) got unknown option(s) {unknown}; it accepts {sorted(accepted)}"
-        )
-    return builder(size, **options)
+    return _BUILDERS[kind](size, **options)
 
 
 def _size_hw(size: Size) -> tuple[int, int]:
@@ -213,20 +240,6 @@ def _size_hw(size: Size) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _mean_std(mean: Sequence[float], std: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    if len(mean_t) != 3 or len(std_t) != 3:
-        raise ValueError(f"mean and std need one value per RGB channel, got mean={mean!r}, std={std!r}")
-    if min(std_t) <= 0:
-        raise ValueError(f"std values must be > 0, got {std!r}")
-    return mean_t, std_t
-
-
-def _check_probability(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} is a probability in [0, 1], got {value}")
-
-
 def _interpolation(antialias: bool) -> dict[str, Any]:
     return {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image" if antialias else None}
 
@@ -236,10 +249,7 @@ def _crop_flip(
 ) -> tuple[int, int, list[A.BasicTransform]]:
     """``(height, width, [RandomResizedCrop(scale, ratio, bicubic), HorizontalFlip(hflip)])``, checked."""
     height, width = _size_hw(size)
-    for name, (lo, hi), high in (("scale", scale, 1.0), ("ratio", ratio, float("inf"))):
-        if not 0.0 < lo <= hi <= high:
-            raise ValueError(f"{name} must satisfy 0 < min <= max <= {high}, got {(lo, hi)!r}")
-    _check_probability("hflip", hflip)
+    _check(scale=scale, ratio=ratio, hflip=hflip)
     rrc = A.RandomResizedCrop(
         size=(height, width), scale=scale, ratio=ratio, p=1.0, **_interpolation(antialias)
     )

@@ -6,8 +6,6 @@ neighbours; here most patches are background (``flat`` grey, ``noise`` or both) 
 ``(seed, stream, index)``; train canvases use the train digits, held-out ones the val digits.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -38,28 +36,24 @@ class CanvasConfig:
     def __post_init__(self) -> None:
         for name in ("size", "digits", "digit_side"):
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
-        h, w = self.size
-        p = self.patch_size
-        if p < 1 or h % p or w % p:
-            raise InputError(f"canvas size {h}x{w} is not a multiple of patch_size {p}: use multiples of {p}")
-        lo, hi = self.digits
-        if not 1 <= lo <= hi:
-            raise InputError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
-        s_lo, s_hi = self.digit_side
-        if not 4 <= s_lo <= s_hi <= min(h, w):
-            raise InputError(
-                f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}"
-            )
-        if self.background not in BACKGROUNDS:
-            raise InputError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
-        if self.task not in TASKS:
-            raise InputError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
-        if self.noise_std < 0:
-            raise InputError(f"noise_std must be >= 0, got {self.noise_std}")
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.size[0] // self.patch_size, self.size[1] // self.patch_size
+        (h, w), p, (lo, hi), (s_lo, s_hi) = self.size, self.patch_size, self.digits, self.digit_side
+        checks = (
+            (p >= 1 and not h % p and not w % p, f"canvas size {h}x{w} must be a multiple of patch_size {p}"),
+            (1 <= lo <= hi, f"digits per canvas must be a range 1 <= min <= max, got {self.digits}"),
+            (
+                4 <= s_lo <= s_hi <= min(h, w),
+                f"digit side must be 4 <= min <= max <= {min(h, w)}, got {self.digit_side}",
+            ),
+            (
+                self.background in BACKGROUNDS,
+                f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}",
+            ),
+            (self.task in TASKS, f"task must be one of {', '.join(TASKS)}, got {self.task!r}"),
+            (self.noise_std >= 0, f"noise_std must be >= 0, got {self.noise_std}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise InputError(message)
 
     @property
     def num_outputs(self) -> int:
@@ -77,14 +71,10 @@ class CanvasBatch:
 
 def label_of(digits: tuple[int, ...], task: Task) -> int | np.ndarray:
     """The label of a canvas holding ``digits`` under ``task``."""
-    if task == "sum":
-        return sum(digits)
-    if task == "summod":
-        return sum(digits) % 10
-    if task == "count":
-        return len(digits)
-    if task == "max":
-        return max(digits)
+    if task != "multilabel":
+        return {"sum": sum(digits), "summod": sum(digits) % 10, "count": len(digits), "max": max(digits)}[
+            task
+        ]
     present = np.zeros(10, dtype=np.float32)
     present[list(digits)] = 1.0
     return present
@@ -136,8 +126,7 @@ class CanvasSource:
             chosen.append(int(self.targets[pick]))
         gray = np.rint(canvas).clip(0, 255)
         p = cfg.patch_size
-        gh, gw = cfg.grid
-        touched = (gray != base).reshape(gh, p, gw, p).any(axis=(1, 3))
+        touched = (gray != base).reshape(h // p, p, w // p, p).any(axis=(1, 3))
         digits = tuple(chosen)
         rgb = np.repeat(gray.astype(np.uint8)[..., None], 3, axis=2)
         return rgb, label_of(digits, cfg.task), ~touched, digits
