@@ -5,8 +5,6 @@ Grey, palette and 16-bit (``round(v / 257)``) images are converted, alpha is dro
 file is a :class:`BadImageError`. Decompression bombs are refused from the header before any decoding.
 """
 
-from __future__ import annotations
-
 import io
 import os
 import re
@@ -28,17 +26,13 @@ def max_image_pixels() -> int:
     raw = os.environ.get(MAX_PIXELS_ENV, "").strip().replace("_", "")
     if not raw:
         return DEFAULT_MAX_IMAGE_PIXELS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not raw.isdecimal() or int(raw) < 1:
         raise InputError(
             f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a positive whole number of pixels "
             f"(e.g. {MAX_PIXELS_ENV}=400000000 for 20000x20000 images); unset it for the default "
             f"{DEFAULT_MAX_IMAGE_PIXELS:,}"
         )
-    return value
+    return int(raw)
 
 
 def _opencv_limit() -> None:
@@ -71,9 +65,7 @@ class BadImageError(Vit5Error):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
-    def __reduce__(self) -> tuple[type[BadImageError], tuple[str, str]]:
-        # Default exception pickling replays ``self.args`` (one string) into __init__, which takes
-        # two; DataLoader workers and multiprocessing need the real constructor arguments.
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled by DataLoader workers: both arguments
         return type(self), (self.path, self.reason)
 
 
@@ -85,7 +77,15 @@ def decode_image(
     ``alpha_background``: RGB colour to composite transparent images over (``None``: drop alpha); that
     needs OpenCV's ``IMREAD_UNCHANGED``, which ignores EXIF orientation, so such files are not rotated.
     """
-    return decode_bytes(_read_bytes(path), path, alpha_background)
+    try:  # O_NONBLOCK: a FIFO named *.png must not wait forever for a writer (no change for regular files)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
+            data = f.read()
+    except OSError as e:
+        raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e
+    return decode_bytes(data, path, alpha_background)
 
 
 def decode_bytes(
@@ -101,39 +101,7 @@ def decode_bytes(
     if data.startswith(_JPEG_SOI) and data.rfind(_JPEG_EOI) < data.rfind(_JPEG_SOS):
         # OpenCV < 5 returns truncated JPEGs grey-filled instead of failing
         raise BadImageError(path, "truncated JPEG (no end-of-image marker after the last scan)")
-    _check_declared_size(data, path)
-    if alpha_background is not None and not data.startswith(_JPEG_SOI):
-        raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
-        if raw.ndim == 3 and raw.shape[2] == 4:
-            return _composite(raw, alpha_background)
-    image = _imdecode(data, _ORIENTED_ANY_DEPTH, path)
-    if image.dtype == np.uint16:
-        image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
-    if image.ndim == 2:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-    if image.shape[2] == 3:
-        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
-
-
-def _read_bytes(path: str | os.PathLike[str]) -> bytes:
-    try:
-        # O_NONBLOCK: opening a FIFO named *.png must not wait forever for a writer; it is then
-        # refused as not a regular file (the flag changes nothing for regular files)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
-            data = f.read()
-    except OSError as e:
-        raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e
-    return data
-
-
-def _check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Refuse an image whose header declares over :func:`max_image_pixels` (data PIL cannot parse is left to
-    OpenCV's own limit)."""
-    limit = max_image_pixels()
+    limit = max_image_pixels()  # refused from the header; data PIL cannot parse is left to OpenCV's limit
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
         Image.MAX_IMAGE_PIXELS = limit  # a raised limit applies to PIL too (it refuses at twice this)
     try:
@@ -147,8 +115,20 @@ def _check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:
             raise BadImageError(path, f"{err} (not decoded; {MAX_PIXELS_ENV} raises the limit)") from err
         raise _too_many(path, int(declared.group(1)), limit, "") from err
     except Exception:  # not parsable by PIL: OpenCV decides, under its own limit
-        return
+        width = height = 0
     check_pixels(path, width, height, limit)
+    if alpha_background is not None and not data.startswith(_JPEG_SOI):
+        raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
+        if raw.ndim == 3 and raw.shape[2] == 4:
+            return _composite(raw, alpha_background)
+    image = _imdecode(data, _ORIENTED_ANY_DEPTH, path)
+    if image.dtype == np.uint16:
+        image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
+    if image.ndim == 2:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
+    if image.shape[2] == 3:
+        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
 
 
 def check_pixels(path: str | os.PathLike[str], width: int, height: int, limit: int | None = None) -> None:
