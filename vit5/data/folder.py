@@ -4,8 +4,6 @@ A bad file is **replaced** by the next readable index (batches keep their size: 
 batches) and flagged in a shared-memory mask that DataLoader workers write too; the first flag warns once.
 """
 
-from __future__ import annotations
-
 import os
 import stat
 import warnings
@@ -66,15 +64,9 @@ class BadSamples:
 
 class ImageFolderDataset(BadSamples, Dataset):
     """Classification images laid out as ``root/<split>/<class>/**/<image>`` (``split=None``: ``root`` is the
-    split). Classes: the sorted non-hidden sub-folders; images: collected by :func:`image_files`.
-
-    Args:
-        transform: maps the decoded RGB uint8 (H, W, 3) array to the returned image; ``None`` returns it.
-        class_names: fix the class -> index mapping (the train set's, for val); the split must have exactly
-            these class folders.
-        extensions: accepted file suffixes, compared case-insensitively.
-        alpha_background: see :func:`~vit5.data.decode.decode_image`; ``None`` drops alpha.
-    """
+    split). Classes: the sorted non-hidden sub-folders, or ``class_names`` (the train set's, for val: the
+    split must have exactly these); images: :func:`image_files` with ``extensions`` (any case). ``transform``
+    maps the decoded RGB uint8 array (:func:`~vit5.data.decode.decode_image`) to the returned image."""
 
     def __init__(
         self,
@@ -184,20 +176,12 @@ def _split_dir(root: Path, split: str | None) -> Path:
 
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
-    try:
-        with os.scandir(split_dir) as listing:
-            folders = [e for e in listing if not e.name.startswith(".") and e.is_dir()]
-    except OSError as err:
-        raise ImageFolderError(
-            f"cannot read folder {split_dir}: {(err.strerror or str(err)).lower()}; fix its permissions"
-        ) from err
+    folders = [e for e in _listing(str(split_dir), str(split_dir.parent), set(), []) if e.is_dir()]
     found = sorted(e.name for e in folders)
-    split_real = os.path.realpath(split_dir)
-    for name in sorted(e.name for e in folders if e.is_symlink()):
-        # a class folder that links to the split (or above) would hold every class
-        if _inside(split_real, os.path.realpath(split_dir / name)):
+    for entry in folders:  # a class folder that links to the split (or above) would hold every class
+        if entry.is_symlink() and _inside(os.path.realpath(split_dir), os.path.realpath(entry.path)):
             raise ImageFolderError(
-                f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
+                f"class folder {entry.path} is a link to {os.path.realpath(entry.path)}, which "
                 f"contains {split_dir} itself: remove the link"
             )
     if not found:
@@ -358,10 +342,5 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a file")
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device"}
+    return {**kinds, stat.S_IFBLK: "a block device"}.get(stat.S_IFMT(mode), "not a file")
