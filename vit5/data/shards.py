@@ -469,9 +469,13 @@ def _write_shard(
             except (BadImageError, OSError) as err:
                 skipped.append(str(err))
                 continue
-            key = f"{position:09d}"
-            _add(tar, f"{key}.{ext}", data)
-            _add(tar, f"{key}.cls", str(label).encode("ascii"))
+            for name, member in (
+                (f"{position:09d}.{ext}", data),
+                (f"{position:09d}.cls", str(label).encode()),
+            ):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(member), int(time.time()), 0o644
+                tar.addfile(info, io.BytesIO(member))
             count += 1
         tar.close()
         stream.flush()
@@ -490,39 +494,27 @@ def _image_bytes(file: str) -> tuple[bytes, str]:
     return encoded.tobytes(), "png"
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
 def _check_classes(path: Path, names: list[str]) -> None:
-    if path.exists():
-        found = _lines(path)
-        if found != names:
-            raise ShardError(
-                f"{path} lists other classes ({len(found)}) than the source ({len(names)}): write the shards "
-                "of a data set with other classes to another folder"
-            )
-        return
-    if any("\n" in n for n in names):
-        raise ShardError("a class folder name contains a line break; rename it")
-    atomic_write_text(path, "".join(f"{n}\n" for n in names))
+    if not path.exists():
+        if any("\n" in n for n in names):
+            raise ShardError("a class folder name contains a line break; rename it")
+        atomic_write_text(path, "".join(f"{n}\n" for n in names))
+    elif (found := _lines(path)) != names:
+        raise ShardError(
+            f"{path} lists other classes ({len(found)}) than the source ({len(names)}): write the shards "
+            "of a data set with other classes to another folder"
+        )
 
 
 def _check_plan(path: Path, plan: dict[str, object]) -> None:
-    if path.exists():
-        before = json.loads(path.read_text())
-        if before != plan:
-            changed = ", ".join(
-                f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v
-            )
-            raise ShardError(
-                f"{path.parent} holds shards written with another plan ({changed}); "
-                "use a new output folder, or delete the old shards and the plan file to start over"
-            )
-        return
-    atomic_write_json(path, plan)
+    if not path.exists():
+        atomic_write_json(path, plan)
+    elif (before := json.loads(path.read_text())) != plan:
+        changed = ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v)
+        raise ShardError(
+            f"{path.parent} holds shards written with another plan ({changed}); "
+            "use a new output folder, or delete the old shards and the plan file to start over"
+        )
 
 
 def _update_info(path: Path, split: str, names: list[str], lengths: list[int]) -> None:
