@@ -1,9 +1,6 @@
-"""Decode an image file with OpenCV into RGB ``uint8`` HxWx3, whatever its storage format.
-
-Grey, palette and 16-bit (``round(v / 257)``) images are converted, alpha is dropped (as PIL's
-``convert("RGB")`` in the loaders that trained ViT-5) or composited, EXIF orientation is applied; a bad
-file is a :class:`BadImageError`. Decompression bombs are refused from the header before any decoding.
-"""
+"""Decode an image file with OpenCV into RGB ``uint8`` HxWx3: grey, palette and 16-bit (``round(v / 257)``)
+converted, alpha dropped (as PIL's ``convert("RGB")`` that trained ViT-5) or composited, EXIF orientation
+applied; a bad file is a :class:`BadImageError`; decompression bombs are refused from the header."""
 
 import io
 import os
@@ -72,11 +69,8 @@ class BadImageError(Vit5Error):
 def decode_image(
     path: str | os.PathLike[str], alpha_background: tuple[int, int, int] | None = None
 ) -> np.ndarray:
-    """Read ``path`` (any format OpenCV decodes) into a contiguous RGB ``uint8`` (H, W, 3) array.
-
-    ``alpha_background``: RGB colour to composite transparent images over (``None``: drop alpha); that
-    needs OpenCV's ``IMREAD_UNCHANGED``, which ignores EXIF orientation, so such files are not rotated.
-    """
+    """``path`` (any format OpenCV decodes) as a contiguous RGB ``uint8`` (H, W, 3) array.
+    ``alpha_background``: the RGB colour to composite transparency on (``None``: drop alpha; not rotated)."""
     try:  # O_NONBLOCK: a FIFO named *.png must not wait forever for a writer (no change for regular files)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with open(fd, "rb") as f:

@@ -1,10 +1,6 @@
-"""Fashion-MNIST (Xiao, Rasul and Vollgraf, arXiv 1708.07747) as an ImageFolder tree of PNG files.
-
-``vit5 data fashion-mnist OUT`` writes ``OUT/{train,val,test}/<class>/<index in its IDX file>.png``: ``val`` a
-seeded, class-stratified hold-out of the 60,000 training images, ``train`` the rest, ``test`` the 10,000 test
-images. The gzipped IDX files (github.com/zalandoresearch/fashion-mnist) come from ``--source DIR``, else the
-Debian package ``dataset-fashion-mnist``, else torchvision's download; the export is idempotent (as digits').
-"""
+"""Fashion-MNIST (arXiv 1708.07747) as ``OUT/{train,val,test}/<class>/<index in its IDX file>.png``: ``val`` a
+seeded, stratified hold-out of the training images. The IDX files (github.com/zalandoresearch/fashion-mnist)
+come from ``--source DIR``, else the Debian package, else torchvision's download; the export is idempotent."""
 
 import gzip
 import os

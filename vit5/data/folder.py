@@ -1,8 +1,5 @@
-"""ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files.
-
-A bad file is **replaced** by the next readable index (batches keep their size: timm ``Mixup`` needs even
-batches) and flagged in a shared-memory mask that DataLoader workers write too; the first flag warns once.
-"""
+"""ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files: a bad file is replaced
+by the next readable index (timm ``Mixup`` needs even batches) and flagged in shared memory (workers too)."""
 
 import os
 import stat
@@ -221,12 +218,9 @@ def image_files(
     *,
     follow_outside: bool = False,
 ) -> list[Path]:
-    """Every image file under ``folder``, recursively, each file once, sorted by path.
-
-    Links are followed, but each folder is entered once (link loops are skipped) and a link leading outside
-    ``folder`` is skipped unless ``follow_outside``; only regular files are listed (a FIFO named ``*.png``
-    would block forever); hidden entries are skipped. Skips are summarised in one :class:`BadImageWarning`.
-    """
+    """Every image file under ``folder``, each once, sorted by path: links followed, each folder entered once,
+    links outside ``folder`` skipped unless ``follow_outside``, only regular files, no hidden entries; skips
+    summarised in one :class:`BadImageWarning`."""
     return [Path(p) for p in _image_paths(folder, extensions, follow_outside, stacklevel=3)]
 
 

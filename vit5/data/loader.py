@@ -21,14 +21,10 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 
 
 class RepeatAugSampler(Sampler[Any]):
-    """Indices for one process: shuffle (seed + epoch), repeat each ``num_repeats`` times in a row, and give
-    rank ``r`` of ``W`` the global positions ``r, r + W, ...``, keeping ``floor(N / selected_round) *
-    selected_round / W`` of them (as DeiT; ``ceil(N / W)`` when ``selected_round=0`` or ``num_repeats=1``,
-    a plain epoch-seeded ``DistributedSampler``). Position ``p`` holds ``repeated[p % len(repeated)]``,
-    whatever the world size. It shards by ``rank`` itself: do **not** pass its loader to
-    ``accelerator.prepare``. ``seeded=True`` yields ``(index, sample_seed)`` pairs for
-    :class:`SeededSamples`, so augmentations depend neither on workers nor on the world size.
-    """
+    """Shuffle (seed + epoch), repeat each index ``num_repeats`` times, give rank ``r`` of ``W`` the global
+    positions ``r, r + W, ...``: ``floor(N / selected_round) * selected_round / W`` of them as DeiT
+    (``ceil(N / W)`` when ``selected_round=0`` or ``num_repeats=1``). Shards by ``rank`` itself: not for
+    ``accelerator.prepare``. ``seeded=True`` yields ``(index, seed)`` pairs for :class:`SeededSamples`."""
 
     def __init__(
         self,

@@ -1,8 +1,6 @@
-"""Image + label-mask pairs in the ADE20K-style layout ``root/{images,annotations}/<split>/**/<name>``, each
-mask (a PNG of class ids, 8/16-bit grey or palette) checked: one channel, its image's size, ids below
-``num_classes`` or ``ignore_index``, else an :class:`InputError` naming the file. ``root/dataset.json`` (from
-``make-seg``) may give class count and names; ``reduce_zero_label`` (ADE20K) ignores id 0, shifts the rest.
-"""
+"""Image + mask pairs in the ADE20K layout ``root/{images,annotations}/<split>/**/<name>``, each mask (PNG of
+class ids) checked, else an :class:`InputError` naming the file; ``root/dataset.json`` may give class count
+and names; ``reduce_zero_label`` (ADE20K) ignores id 0 and shifts the rest."""
 
 import os
 from dataclasses import dataclass

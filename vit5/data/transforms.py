@@ -1,8 +1,6 @@
 """Train and eval transforms (albumentations): RGB uint8 HxWx3 array in, normalised float32 CHW tensor out.
-
-Resampling is bicubic as in the official recipe; with ``antialias=True`` (default) downscaling uses
-``INTER_AREA``, much closer than OpenCV's bicubic (which does not low-pass) to PIL's antialiased bicubic.
-"""
+Bicubic as the official recipe; ``antialias=True`` downscales with ``INTER_AREA`` (close to PIL's antialiased
+bicubic; OpenCV's bicubic does not low-pass)."""
 
 import random
 from collections.abc import Callable, Sequence
@@ -49,12 +47,9 @@ def _check(**values: Any) -> None:
 
 
 class ImageTransform:
-    """Callable ``(H, W, 3) uint8 RGB array -> (3, h, w) float32 tensor``: ``steps``, normalise, to tensor.
-
-    Each call seeds one generator pair, shared by all steps, from torch's global RNG (so DataLoader workers
-    differ and follow the loader seed); albumentations 2.0 alone would give forked workers identical states
-    and every step the *same* seed, moving their draws in lockstep.
-    """
+    """``(H, W, 3) uint8 RGB -> (3, h, w) float32``: ``steps``, normalise, to tensor. Each call seeds the
+    steps from torch's global RNG (workers differ and follow the loader seed; albumentations 2.0 alone gives
+    forked workers identical states and every step the same seed)."""
 
     def __init__(
         self, steps: Sequence[Any], mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
@@ -117,13 +112,9 @@ def three_augment(
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
-    """DeiT-III 3-Augment (arXiv 2204.07118), the ViT-5 pre-training augmentation (official ``augment.py:90``
-    ``new_data_aug_generator`` at github.com/wangf3014/ViT-5 commit b7b0796).
-
-    RandomResizedCrop (or, ``simple_random_crop``, DeiT-III's ``--src``: resize, reflect-pad 4 px, random
-    crop) + flip, then one of {grayscale, solarize (v >= 128, as PIL), Gaussian blur (sigma ~ U(0.1, 2))},
-    then ColorJitter(brightness, contrast, saturation = ``color_jitter``, no hue; none when 0).
-    """
+    """DeiT-III 3-Augment (arXiv 2204.07118; official ``augment.py:90``, github.com/wangf3014/ViT-5 b7b0796):
+    RandomResizedCrop (``simple_random_crop``: DeiT-III's ``--src`` resize, reflect-pad 4, crop) + flip, one
+    of {grayscale, solarize, Gaussian blur sigma ~ U(0.1, 2)}, ColorJitter(``color_jitter``, no hue)."""
     _check(color_jitter=color_jitter)
     height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
     if simple_random_crop:

@@ -1,10 +1,6 @@
-"""Canvases that reward a storage token: a few scikit-learn digits on a large uninformative background.
-
-Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches redundant with their
-neighbours; here most patches are background (``flat`` grey, ``noise`` or both) and the label (``sum``,
-``summod`` = sum mod 10, ``count``, ``max``, ``multilabel``) needs every digit. Batches are pure functions of
-``(seed, stream, index)``; train canvases use the train digits, held-out ones the val digits.
-"""
+"""Canvases that reward a storage token (Darcet et al., arXiv 2309.16588, section 2.1: outlier tokens on
+redundant patches): a few scikit-learn digits on a large background; the label needs every digit. Batches
+are pure functions of ``(seed, stream, index)``; train canvases use the train digits, held-out ones val's."""
 
 from dataclasses import dataclass
 from typing import Literal, get_args

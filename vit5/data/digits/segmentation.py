@@ -1,9 +1,6 @@
-"""A real-pixel semantic-segmentation set: scikit-learn digits alpha-blended onto smooth random canvases.
-
-Mask = digit class + 1 where the topmost digit's alpha >= 0.5, else 0; train canvases use only train digits,
-val only val digits. Written as ``root/{images,annotations}/{train,val}/00000.png`` + ``root/dataset.json``
-(the layout :mod:`vit5.data.segmentation` reads); the same arguments always give the same bytes.
-"""
+"""A segmentation set: scikit-learn digits alpha-blended onto smooth random canvases, mask = class + 1 where
+the topmost digit's alpha >= 0.5, else 0 (train canvases from train digits only), written in the layout
+:mod:`vit5.data.segmentation` reads; the same arguments always give the same bytes."""
 
 import os
 from dataclasses import asdict, dataclass
