@@ -140,14 +140,12 @@ def build_loader(
     *,
     pin_memory: bool | None = None,
     persistent_workers: bool | None = None,
-    drop_last: bool | None = None,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
     seeded: bool = False,
     worker_init_fn: Callable[[int], None] | None = None,
 ) -> DataLoader:
     """A DataLoader for ``dataset``; ``train`` shuffles (when ``sampler`` is None: an epoch-seeded
-    :class:`RepeatAugSampler`, ``loader.sampler.set_epoch(epoch)``) and drops the last incomplete batch by
-    default (timm ``Mixup`` needs full, even batches). ``seed`` seeds that sampler and the worker seeds;
+    :class:`RepeatAugSampler`, ``loader.sampler.set_epoch(epoch)``) and drops the last incomplete batch
+    (timm ``Mixup`` needs full, even batches). ``seed`` seeds that sampler and the worker seeds;
     ``seeded`` wraps ``dataset`` in :class:`SeededSamples` (a mid-epoch resume then draws the same
     augmentations; a given sampler must be built ``seeded=True``)."""
     if sampler is None and train:
@@ -161,9 +159,8 @@ def build_loader(
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
-        collate_fn=collate_fn,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        drop_last=train if drop_last is None else drop_last,
+        drop_last=train,
         persistent_workers=num_workers > 0 if persistent_workers is None else persistent_workers,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=worker_init_fn,

@@ -449,7 +449,11 @@ def write_shards(
         written += 1
     for stale in out.glob(f"{split}-*.tar.tmp"):
         stale.unlink()
-    _update_info(out / INFO_FILE, split, names, lengths)
+    info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
+    info.setdefault("splits", {})[split] = dict(
+        name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
+    )
+    atomic_write_json(out / INFO_FILE, info)
     return ShardReport(out, split, len(names), written, kept, sum(lengths), skipped)
 
 
@@ -464,8 +468,15 @@ def _write_shard(
     ):
         for position, index in enumerate(indices, start=first):
             file, label = source.samples[index]
+            ext = _STORED_AS_IS.get(os.path.splitext(file)[1].lower())
             try:
-                data, ext = _image_bytes(file)
+                if ext is not None:
+                    data = Path(file).read_bytes()
+                else:
+                    ok, encoded = cv2.imencode(".png", cv2.cvtColor(decode_image(file), cv2.COLOR_RGB2BGR))
+                    if not ok:
+                        raise BadImageError(file, "cannot be re-encoded as PNG")
+                    data, ext = encoded.tobytes(), "png"
             except (BadImageError, OSError) as err:
                 skipped.append(str(err))
                 continue
@@ -482,16 +493,6 @@ def _write_shard(
         os.fsync(stream.fileno())
     os.replace(temporary, path)
     return count, skipped
-
-
-def _image_bytes(file: str) -> tuple[bytes, str]:
-    ext = _STORED_AS_IS.get(os.path.splitext(file)[1].lower())
-    if ext is not None:
-        return Path(file).read_bytes(), ext
-    ok, encoded = cv2.imencode(".png", cv2.cvtColor(decode_image(file), cv2.COLOR_RGB2BGR))
-    if not ok:
-        raise BadImageError(file, "cannot be re-encoded as PNG")
-    return encoded.tobytes(), "png"
 
 
 def _check_classes(path: Path, names: list[str]) -> None:
@@ -515,14 +516,6 @@ def _check_plan(path: Path, plan: dict[str, object]) -> None:
             f"{path.parent} holds shards written with another plan ({changed}); "
             "use a new output folder, or delete the old shards and the plan file to start over"
         )
-
-
-def _update_info(path: Path, split: str, names: list[str], lengths: list[int]) -> None:
-    info = json.loads(path.read_text()) if path.exists() else {}
-    info.setdefault("splits", {})[split] = dict(
-        name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
-    )
-    atomic_write_json(path, info)
 
 
 def _lines(path: Path) -> list[str]:
