@@ -32,17 +32,11 @@ def max_image_pixels() -> int:
     return int(raw)
 
 
-def _opencv_limit() -> None:
-    """Make OpenCV's own limit at least ours; it takes effect only when this runs before cv2 loads."""
-    try:
-        limit = max_image_pixels()
-    except InputError:
-        return  # reported at the first decode
-    if limit > 2**30:
-        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(limit))
-
-
-_opencv_limit()
+try:  # OpenCV's own limit at least ours: it takes effect only when set before cv2 loads
+    if max_image_pixels() > 2**30:
+        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(max_image_pixels()))
+except InputError:
+    pass  # reported at the first decode
 import cv2  # noqa: E402 (after its limit is set)
 
 # OpenCV's thread pool is not fork-safe (a forked DataLoader worker can hang); loading uses worker processes.
@@ -114,7 +108,12 @@ def decode_bytes(
     if alpha_background is not None and not data.startswith(_JPEG_SOI):
         raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
         if raw.ndim == 3 and raw.shape[2] == 4:
-            return _composite(raw, alpha_background)
+            rgba = cv2.cvtColor(raw, cv2.COLOR_BGRA2RGBA).astype(np.float32) * (
+                255.0 / np.iinfo(raw.dtype).max
+            )
+            alpha = rgba[..., 3:] / 255.0
+            out = rgba[..., :3] * alpha + np.asarray(alpha_background, dtype=np.float32) * (1.0 - alpha)
+            return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))
     image = _imdecode(data, _ORIENTED_ANY_DEPTH, path)
     if image.dtype == np.uint16:
         image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
@@ -153,11 +152,3 @@ def _imdecode(data: bytes, flags: int, path: str | os.PathLike[str]) -> np.ndarr
     if image.dtype not in (np.uint8, np.uint16):
         raise BadImageError(path, f"unsupported sample type {image.dtype}; convert the file to 8 or 16 bit")
     return image
-
-
-def _composite(bgra: np.ndarray, background: tuple[int, int, int]) -> np.ndarray:
-    max_value = float(np.iinfo(bgra.dtype).max)
-    rgb = cv2.cvtColor(bgra, cv2.COLOR_BGRA2RGBA).astype(np.float32) * (255.0 / max_value)
-    alpha = rgb[..., 3:] / 255.0
-    out = rgb[..., :3] * alpha + np.asarray(background, dtype=np.float32) * (1.0 - alpha)
-    return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))

@@ -37,9 +37,6 @@ class BadSamples:
     """Per-sample "unreadable" flags in shared memory (set by DataLoader workers too), for a data set with
     ``sample_name(index)``. Under multi-process training reduce :attr:`bad_mask` across ranks with max."""
 
-    def _init_bad(self, count: int) -> None:
-        self._bad = torch.zeros(count, dtype=torch.bool).share_memory_()
-
     @property
     def bad_mask(self) -> torch.Tensor:
         return self._bad.clone()
@@ -91,7 +88,7 @@ class ImageFolderDataset(BadSamples, Dataset):
                 )
             self.samples.extend(zip(files, repeat(self.class_to_idx[name])))
         self.targets = [target for _, target in self.samples]
-        self._init_bad(len(self.samples))
+        self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -177,7 +177,7 @@ class ShardDataset(BadSamples, IterableDataset):
             per_slot = math.ceil(math.ceil(self.num_samples / slots) / batch_size)
             self.batches = per_slot * max(num_workers, 1)
             self.dropped = 0
-        self._init_bad(self.num_samples)
+        self._bad = torch.zeros(self.num_samples, dtype=torch.bool).share_memory_()
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
 
     def __len__(self) -> int:
