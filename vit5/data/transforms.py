@@ -21,6 +21,8 @@ DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 
 TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
 Size = int | tuple[int, int]
+_BICUBIC: dict[str, Any] = {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image"}
+_ALIASED = {"area_for_downscale": None}  # eval with antialias=False: OpenCV's bicubic downscaling too
 _PROBABILITY = (lambda v: 0 <= v <= 1, "a probability in [0, 1]")
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hflip": _PROBABILITY,
@@ -108,18 +110,15 @@ def three_augment(
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: float = 0.5,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """DeiT-III 3-Augment (arXiv 2204.07118; official ``augment.py:90``, github.com/wangf3014/ViT-5 b7b0796):
     RandomResizedCrop (``simple_random_crop``: DeiT-III's ``--src`` resize, reflect-pad 4, crop) + flip, one
     of {grayscale, solarize, Gaussian blur sigma ~ U(0.1, 2)}, ColorJitter(``color_jitter``, no hue)."""
     _check(color_jitter=color_jitter)
-    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
+    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip)
     if simple_random_crop:
         crop_flip[0:1] = [
-            A.SmallestMaxSize(max_size_hw=(height, width), p=1.0, **_interpolation(antialias)),
+            A.SmallestMaxSize(max_size_hw=(height, width), p=1.0, **_BICUBIC),
             A.Pad(padding=4, border_mode=cv2.BORDER_REFLECT_101),
             A.RandomCrop(height, width),
         ]
@@ -132,7 +131,7 @@ def three_augment(
     if color_jitter > 0:
         c = color_jitter
         steps.append(A.ColorJitter(brightness=c, contrast=c, saturation=c, hue=0.0, p=1.0))
-    return ImageTransform(steps, mean, std)
+    return ImageTransform(steps)
 
 
 def randaug_transform(
@@ -140,17 +139,13 @@ def randaug_transform(
     *,
     policy: str = DEFAULT_RANDAUG_POLICY,
     scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: float = 0.5,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """ViT-5 fine-tuning: RRC + flip + timm RandAugment ``policy`` (as timm's ``create_transform`` with
     ``auto_augment``: no colour jitter, no random erasing)."""
-    _check(policy=policy, mean=mean)
-    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
-    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), mean)], mean, std)
+    _check(policy=policy)
+    height, width, crop_flip = _crop_flip(size, scale, (3 / 4, 4 / 3), hflip)
+    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), IMAGENET_MEAN)])
 
 
 def pad_crop_transform(
@@ -159,22 +154,19 @@ def pad_crop_transform(
     padding: int = 4,
     hflip: float = 0.5,
     erasing: float = 0.25,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """Small framed images (Fashion-MNIST, CIFAR): resize, reflect-pad ``padding`` px, random crop, flip, then
     random erasing with probability ``erasing`` (Zhong et al., arXiv 1708.04896: area 2-33 %, aspect 0.3-3.3,
     random noise as their RE-R). No colour changes: grey intensity carries the class."""
     height, width = _size_hw(size)
     _check(hflip=hflip, erasing=erasing, padding=padding)
-    steps: list[A.BasicTransform] = [A.Resize(height, width, **_interpolation(antialias))]
+    steps: list[A.BasicTransform] = [A.Resize(height, width, **_BICUBIC)]
     if padding:
         steps += [A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101), A.RandomCrop(height, width)]
     steps.append(A.HorizontalFlip(p=hflip))
     if erasing > 0:
         steps.append(A.Erasing(scale=(0.02, 0.33), ratio=(0.3, 3.3), fill="random", p=erasing))
-    return ImageTransform(steps, mean, std)
+    return ImageTransform(steps)
 
 
 def eval_transform(
@@ -191,19 +183,15 @@ def eval_transform(
     height, width = _size_hw(size)
     _check(crop_ratio=crop_ratio)
     cover = (int(height / crop_ratio), int(width / crop_ratio))
-    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **_interpolation(antialias))
+    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **{**_BICUBIC, **({} if antialias else _ALIASED)})
     return ImageTransform([resize, A.CenterCrop(height, width)], mean, std)
 
 
 def resize_transform(
-    size: Size,
-    *,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
+    size: Size, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
 ) -> ImageTransform:
     """No augmentation: resize to exactly ``size`` (aspect not kept), for already framed data (digits)."""
-    return ImageTransform([A.Resize(*_size_hw(size), **_interpolation(antialias))], mean, std)
+    return ImageTransform([A.Resize(*_size_hw(size), **_BICUBIC)], mean, std)
 
 
 _BUILDERS = {
@@ -231,17 +219,11 @@ def _size_hw(size: Size) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _interpolation(antialias: bool) -> dict[str, Any]:
-    return {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image" if antialias else None}
-
-
 def _crop_flip(
-    size: Size, scale: tuple[float, float], ratio: tuple[float, float], hflip: float, antialias: bool
+    size: Size, scale: tuple[float, float], ratio: tuple[float, float], hflip: float
 ) -> tuple[int, int, list[A.BasicTransform]]:
     """``(height, width, [RandomResizedCrop(scale, ratio, bicubic), HorizontalFlip(hflip)])``, checked."""
     height, width = _size_hw(size)
     _check(scale=scale, ratio=ratio, hflip=hflip)
-    rrc = A.RandomResizedCrop(
-        size=(height, width), scale=scale, ratio=ratio, p=1.0, **_interpolation(antialias)
-    )
+    rrc = A.RandomResizedCrop(size=(height, width), scale=scale, ratio=ratio, p=1.0, **_BICUBIC)
     return height, width, [rrc, A.HorizontalFlip(p=hflip)]
