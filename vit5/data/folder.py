@@ -8,7 +8,6 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
-from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -228,7 +227,7 @@ def _image_paths(
     cache their kind and inode); sorted visiting (a folder sorts as ``name/``) yields sorted paths."""
     suffixes = tuple({e.lower() for e in extensions})
     top = os.fspath(folder)
-    root = ""  # the folder's real path, found when a link needs it
+    root = os.path.realpath(top)
     visited: set[tuple[int, int]] = set()
     files: list[str] = []
     inodes = array("Q")  # of each file listed, in order: 8 bytes a file, no Python objects
@@ -247,7 +246,6 @@ def _image_paths(
                 continue
             info = None
             if entry.is_symlink():
-                root = root or os.path.realpath(top)
                 target = os.path.realpath(entry.path)
                 if not follow_outside and not _inside(target, root):
                     skipped.append(f"{entry.path} (a link to {target}, outside {folder})")
@@ -314,10 +312,7 @@ def _listing(
             f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
             f"(e.g. chmod a+rx) or move it out of {top}"
         ) from err
-    entries.sort(key=attrgetter("name"))
-    if any(map(methodcaller("is_dir"), entries)):  # sub-folders: sort them as "name/"
-        entries.sort(key=_path_order)
-    return entries
+    return sorted(entries, key=_path_order)
 
 
 def _path_order(entry: os.DirEntry[str]) -> str:
