@@ -33,23 +33,16 @@ class CanvasConfig:
         for name in ("size", "digits", "digit_side"):
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         (h, w), p, (lo, hi), (s_lo, s_hi) = self.size, self.patch_size, self.digits, self.digit_side
-        checks = (
-            (p >= 1 and not h % p and not w % p, f"canvas size {h}x{w} must be a multiple of patch_size {p}"),
-            (1 <= lo <= hi, f"digits per canvas must be a range 1 <= min <= max, got {self.digits}"),
-            (
-                4 <= s_lo <= s_hi <= min(h, w),
-                f"digit side must be 4 <= min <= max <= {min(h, w)}, got {self.digit_side}",
-            ),
-            (
-                self.background in BACKGROUNDS,
-                f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}",
-            ),
-            (self.task in TASKS, f"task must be one of {', '.join(TASKS)}, got {self.task!r}"),
-            (self.noise_std >= 0, f"noise_std must be >= 0, got {self.noise_std}"),
-        )
-        for ok, message in checks:
+        for name, ok, want in (
+            ("size", p >= 1 and not h % p and not w % p, f"a multiple of patch_size {p}"),
+            ("digits", 1 <= lo <= hi, "a range 1 <= min <= max"),
+            ("digit_side", 4 <= s_lo <= s_hi <= min(h, w), f"a range 4 <= min <= max <= {min(h, w)} pixels"),
+            ("background", self.background in BACKGROUNDS, f"one of {', '.join(BACKGROUNDS)}"),
+            ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
+            ("noise_std", self.noise_std >= 0, ">= 0"),
+        ):
             if not ok:
-                raise InputError(message)
+                raise InputError(f"canvas {name} must be {want}, got {getattr(self, name)!r}")
 
     @property
     def num_outputs(self) -> int:

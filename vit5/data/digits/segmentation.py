@@ -54,18 +54,20 @@ class SegSetConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "digits_per_image", tuple(self.digits_per_image))
         object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
-        if self.num_train < 1 or self.num_val < 1:
-            raise InputError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
-        if self.size < 16:
-            raise InputError(f"size must be >= 16 pixels, got {self.size}")
-        if not 1 <= self.digits_per_image[0] <= self.digits_per_image[1]:
-            raise InputError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
-        s_lo, s_hi = self.digit_scale
-        if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
-            raise InputError(
-                "digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got "
-                f"{self.digit_scale} at size {self.size}"
-            )
+        (lo, hi), (s_lo, s_hi) = self.digits_per_image, self.digit_scale
+        for name, ok, want in (
+            ("num_train", self.num_train >= 1, ">= 1"),
+            ("num_val", self.num_val >= 1, ">= 1"),
+            ("size", self.size >= 16, ">= 16 pixels"),
+            ("digits_per_image", 1 <= lo <= hi, "a range 1 <= min <= max"),
+            (
+                "digit_scale",
+                0 < s_lo <= s_hi <= 1 and round(s_lo * self.size) >= 8,
+                f"a range 0 < min <= max <= 1 giving digits of at least 8 px at size {self.size}",
+            ),
+        ):
+            if not ok:
+                raise InputError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
 
 def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
