@@ -123,13 +123,9 @@ def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str
 
 class ShardDataset(BadSamples, IterableDataset):
     """Batches of ``(images, labels)`` for process ``rank`` of ``num_replicas``, each of its ``num_workers``
-    DataLoader workers (:func:`shard_loader`) reading its part of the epoch's stream (the shards in an order
-    drawn from ``seed + epoch``, sorted for validation), mixed in a seeded ``shuffle_buffer`` in training.
-    Training yields ``N // (P * B)`` full batches per process (the rest :attr:`dropped`); validation every
-    sample once, batches padded with label ``-1``. :meth:`set_epoch` resumes exactly for the same ``P`` and
-    workers. A bad sample is flagged and warned about and replaced by the worker's next good one (validation:
-    by padding). ``transform`` maps the decoded RGB uint8 array to a tensor.
-    """
+    workers (:func:`shard_loader`) reading its part of the epoch's stream: training ``N // (P * B)`` full
+    batches (the rest :attr:`dropped`), validation every sample once (padding labelled ``-1``); bad samples
+    flagged and replaced. The layout: docs/training.md, "What a process reads"."""
 
     def __init__(
         self,
