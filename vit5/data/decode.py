@@ -45,7 +45,6 @@ cv2.setNumThreads(0)
 _JPEG_SOI = b"\xff\xd8"
 _JPEG_SOS = b"\xff\xda"
 _JPEG_EOI = b"\xff\xd9"
-_ORIENTED_ANY_DEPTH = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
 
 
 class BadImageError(Vit5Error):
@@ -114,7 +113,7 @@ def decode_bytes(
             alpha = rgba[..., 3:] / 255.0
             out = rgba[..., :3] * alpha + np.asarray(alpha_background, dtype=np.float32) * (1.0 - alpha)
             return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))
-    image = _imdecode(data, _ORIENTED_ANY_DEPTH, path)
+    image = _imdecode(data, cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR, path)  # EXIF-oriented
     if image.dtype == np.uint16:
         image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
     if image.ndim == 2:

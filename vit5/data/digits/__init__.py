@@ -76,7 +76,6 @@ class DigitsDataset(Dataset):
         data = load_digits_split(split, size=size, val_fraction=val_fraction, seed=seed)
         self.split, self.transform, self.images = split, transform, data.images
         self.targets: list[int] = data.targets.tolist()
-        self.source_indices = data.source_indices
         self.class_names = list(DIGIT_CLASSES)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
 

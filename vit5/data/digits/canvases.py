@@ -16,7 +16,6 @@ Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
 TASKS: tuple[str, ...] = get_args(Task)
 BACKGROUNDS: tuple[str, ...] = get_args(Background)
-_SPOT_TRIES = 30
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def _free_spot(
 ) -> tuple[int, int]:
     """A random top-left corner overlapping no earlier digit's square, if one of a few draws allows."""
     best, best_overlap = (0, 0), np.inf
-    for _ in range(_SPOT_TRIES):
+    for _ in range(30):
         top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))
         overlap = sum(
             max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, x + s) - max(left, x))
