@@ -18,7 +18,8 @@ from data_images import (
 )
 from PIL import Image, ImageOps
 
-from vit5.data import MAX_PIXELS_ENV, BadImageError, decode_image, max_image_pixels
+from vit5.data import BadImageError, decode_image
+from vit5.data.decode import MAX_PIXELS_ENV, max_image_pixels
 from vit5.errors import InputError
 
 

@@ -10,7 +10,6 @@ from sklearn.datasets import load_digits
 
 from vit5.cli import main as cli_main
 from vit5.data import (
-    DIGIT_CLASSES,
     IMAGENET_MEAN,
     IMAGENET_STD,
     DigitsDataset,
@@ -20,6 +19,7 @@ from vit5.data import (
     export_digits_imagefolder,
     load_digits_split,
 )
+from vit5.data.digits import DIGIT_CLASSES
 
 
 def run_cli(*args: str) -> int:

@@ -58,7 +58,7 @@ def test_resume_skips_exactly_the_batches_already_seen():
     loader.sampler.set_epoch(3)
     epoch = flat(loader)
     resumed = build_loader(Indices(50), 4, train=True, seed=0)
-    resumed.sampler.set_epoch(3, start_index=5 * 4)
+    resumed.sampler.set_epoch(3, consumed=5 * 4)
     assert flat(resumed) == epoch[5:] and len(resumed) == len(epoch) - 5
     loader.sampler.set_epoch(4)
     assert flat(loader) != epoch
@@ -111,7 +111,7 @@ def test_seeded_augmentations_do_not_depend_on_workers_or_a_mid_epoch_restart():
 
     def epoch(workers: int, skip: int = 0) -> list[torch.Tensor]:
         loader = build_loader(SameImage(12), 2, train=True, num_workers=workers, seed=7, seeded=True)
-        loader.sampler.set_epoch(1, start_index=skip * 2)
+        loader.sampler.set_epoch(1, consumed=skip * 2)
         return list(loader)
 
     torch.manual_seed(123)

@@ -80,16 +80,16 @@ def test_epochs_and_seeds_change_the_order_deterministically():
     assert list(RepeatAugSampler(4, num_repeats=2, shuffle=False, selected_round=0)) == [0, 0, 1, 1]
 
 
-def test_start_index_resumes_mid_epoch():
+def test_consumed_resumes_mid_epoch():
     sampler = RepeatAugSampler(1000, num_replicas=2, rank=1)
     sampler.set_epoch(4)
     full = list(sampler)
-    sampler.set_epoch(4, start_index=96)
+    sampler.set_epoch(4, consumed=96 * 2)  # 96 samples of each of the 2 ranks
     assert list(sampler) == full[96:] and len(sampler) == len(full) - 96
     sampler.set_epoch(5)
     assert len(sampler) == len(full)
-    with pytest.raises(ValueError, match="start_index"):
-        sampler.set_epoch(5, start_index=len(full) + 1)
+    with pytest.raises(ValueError, match="consumed"):
+        sampler.set_epoch(5, consumed=-1)
 
 
 @pytest.mark.parametrize(
@@ -144,12 +144,12 @@ def test_the_global_order_does_not_depend_on_the_world_size(num_repeats):
             )
 
 
-def test_start_index_is_consumed_samples_of_this_world():
-    a = RepeatAugSampler(100, num_replicas=2, rank=1, num_repeats=1, selected_round=0)
+def test_consumed_counts_the_samples_of_all_ranks():
     b = RepeatAugSampler(100, num_replicas=2, rank=1, num_repeats=1, selected_round=0)
-    a.set_epoch(1, start_index=8)
+    b.set_epoch(1)
+    full = list(b)
     b.set_epoch(1, consumed=16)
-    assert list(a) == list(b) and len(a) == 50 - 8 and a.start_index == 8
+    assert list(b) == full[8:] and len(b) == 50 - 8
 
 
 def test_seeded_samples_carry_a_seed_per_global_position():

@@ -13,9 +13,9 @@ import pytest
 import torch
 from shard_support import IndexTransform, index_of, write_indexed_folder
 
-from vit5.data import BadImageWarning, ShardDataset, ShardError, expand_shards, shard_loader, write_shards
+from vit5.data import BadImageWarning, ShardDataset, ShardError, shard_loader, write_shards
 from vit5.data.decode import decode_bytes
-from vit5.data.shards import INFO_FILE, count_samples
+from vit5.data.shards import INFO_FILE, count_samples, expand_shards
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
     digits = commands.add_parser(
         "digits", help="scikit-learn's digits as ROOT/{train,val}/<digit>/*.png (idempotent)"
     )
-    digits.set_defaults(run="vit5.data.digits.export:export_digits_imagefolder")
+    digits.set_defaults(run="vit5.data.digits:export_digits_imagefolder")
     opt(digits, "root", None, "output folder")
     opt(digits, "--size", 32, "image side in pixels")
     opt(digits, "--val-fraction", 0.2, "val share")
@@ -41,7 +41,7 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
         help="an ImageFolder split (SRC/<class>/<image>) as WebDataset shards OUT/<split>-NNNNNN.tar with "
         "classes.txt and _info.json (resumable: rerun after a kill)",
     )
-    shards.set_defaults(run="vit5.data.shard_writer:write_shards")
+    shards.set_defaults(run="vit5.data.shards:write_shards")
     opt(shards, "src", None, "the split folder holding one folder per class")
     opt(shards, "out", None, "output folder (shards of several splits may share it)")
     opt(shards, "--shard-size", 1000, "samples per shard")

@@ -1,11 +1,6 @@
-"""Decode an image file with OpenCV into RGB ``uint8`` HxWx3, whatever its storage format.
-
-Grey, palette and 16-bit (``round(v / 257)``) images are converted, alpha is dropped (as PIL's
-``convert("RGB")`` in the loaders that trained ViT-5) or composited, EXIF orientation is applied; a bad
-file is a :class:`BadImageError`. Decompression bombs are refused from the header before any decoding.
-"""
-
-from __future__ import annotations
+"""Decode an image file with OpenCV into RGB ``uint8`` HxWx3: grey, palette and 16-bit (``round(v / 257)``)
+converted, alpha dropped (as PIL's ``convert("RGB")`` that trained ViT-5) or composited, EXIF orientation
+applied; a bad file is a :class:`BadImageError`; decompression bombs are refused from the header."""
 
 import io
 import os
@@ -28,30 +23,20 @@ def max_image_pixels() -> int:
     raw = os.environ.get(MAX_PIXELS_ENV, "").strip().replace("_", "")
     if not raw:
         return DEFAULT_MAX_IMAGE_PIXELS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not raw.isdecimal() or int(raw) < 1:
         raise InputError(
             f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a positive whole number of pixels "
             f"(e.g. {MAX_PIXELS_ENV}=400000000 for 20000x20000 images); unset it for the default "
             f"{DEFAULT_MAX_IMAGE_PIXELS:,}"
         )
-    return value
+    return int(raw)
 
 
-def _opencv_limit() -> None:
-    """Make OpenCV's own limit at least ours; it takes effect only when this runs before cv2 loads."""
-    try:
-        limit = max_image_pixels()
-    except InputError:
-        return  # reported at the first decode
-    if limit > 2**30:
-        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(limit))
-
-
-_opencv_limit()
+try:  # OpenCV's own limit at least ours: it takes effect only when set before cv2 loads
+    if max_image_pixels() > 2**30:
+        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(max_image_pixels()))
+except InputError:
+    pass  # reported at the first decode
 import cv2  # noqa: E402 (after its limit is set)
 
 # OpenCV's thread pool is not fork-safe (a forked DataLoader worker can hang); loading uses worker processes.
@@ -60,7 +45,6 @@ cv2.setNumThreads(0)
 _JPEG_SOI = b"\xff\xd8"
 _JPEG_SOS = b"\xff\xda"
 _JPEG_EOI = b"\xff\xd9"
-_ORIENTED_ANY_DEPTH = cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR
 
 
 class BadImageError(Vit5Error):
@@ -71,21 +55,24 @@ class BadImageError(Vit5Error):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
-    def __reduce__(self) -> tuple[type[BadImageError], tuple[str, str]]:
-        # Default exception pickling replays ``self.args`` (one string) into __init__, which takes
-        # two; DataLoader workers and multiprocessing need the real constructor arguments.
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled by DataLoader workers: both arguments
         return type(self), (self.path, self.reason)
 
 
 def decode_image(
     path: str | os.PathLike[str], alpha_background: tuple[int, int, int] | None = None
 ) -> np.ndarray:
-    """Read ``path`` (any format OpenCV decodes) into a contiguous RGB ``uint8`` (H, W, 3) array.
-
-    ``alpha_background``: RGB colour to composite transparent images over (``None``: drop alpha); that
-    needs OpenCV's ``IMREAD_UNCHANGED``, which ignores EXIF orientation, so such files are not rotated.
-    """
-    return decode_bytes(_read_bytes(path), path, alpha_background)
+    """``path`` (any format OpenCV decodes) as a contiguous RGB ``uint8`` (H, W, 3) array.
+    ``alpha_background``: the RGB colour to composite transparency on (``None``: drop alpha; not rotated)."""
+    try:  # O_NONBLOCK: a FIFO named *.png must not wait forever for a writer (no change for regular files)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
+            data = f.read()
+    except OSError as e:
+        raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e
+    return decode_bytes(data, path, alpha_background)
 
 
 def decode_bytes(
@@ -101,39 +88,7 @@ def decode_bytes(
     if data.startswith(_JPEG_SOI) and data.rfind(_JPEG_EOI) < data.rfind(_JPEG_SOS):
         # OpenCV < 5 returns truncated JPEGs grey-filled instead of failing
         raise BadImageError(path, "truncated JPEG (no end-of-image marker after the last scan)")
-    _check_declared_size(data, path)
-    if alpha_background is not None and not data.startswith(_JPEG_SOI):
-        raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
-        if raw.ndim == 3 and raw.shape[2] == 4:
-            return _composite(raw, alpha_background)
-    image = _imdecode(data, _ORIENTED_ANY_DEPTH, path)
-    if image.dtype == np.uint16:
-        image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
-    if image.ndim == 2:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-    if image.shape[2] == 3:
-        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
-
-
-def _read_bytes(path: str | os.PathLike[str]) -> bytes:
-    try:
-        # O_NONBLOCK: opening a FIFO named *.png must not wait forever for a writer; it is then
-        # refused as not a regular file (the flag changes nothing for regular files)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
-            data = f.read()
-    except OSError as e:
-        raise BadImageError(path, f"cannot read file ({e.strerror or e})") from e
-    return data
-
-
-def _check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Refuse an image whose header declares over :func:`max_image_pixels` (data PIL cannot parse is left to
-    OpenCV's own limit)."""
-    limit = max_image_pixels()
+    limit = max_image_pixels()  # refused from the header; data PIL cannot parse is left to OpenCV's limit
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
         Image.MAX_IMAGE_PIXELS = limit  # a raised limit applies to PIL too (it refuses at twice this)
     try:
@@ -147,8 +102,25 @@ def _check_declared_size(data: bytes, path: str | os.PathLike[str]) -> None:
             raise BadImageError(path, f"{err} (not decoded; {MAX_PIXELS_ENV} raises the limit)") from err
         raise _too_many(path, int(declared.group(1)), limit, "") from err
     except Exception:  # not parsable by PIL: OpenCV decides, under its own limit
-        return
+        width = height = 0
     check_pixels(path, width, height, limit)
+    if alpha_background is not None and not data.startswith(_JPEG_SOI):
+        raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
+        if raw.ndim == 3 and raw.shape[2] == 4:
+            rgba = cv2.cvtColor(raw, cv2.COLOR_BGRA2RGBA).astype(np.float32) * (
+                255.0 / np.iinfo(raw.dtype).max
+            )
+            alpha = rgba[..., 3:] / 255.0
+            out = rgba[..., :3] * alpha + np.asarray(alpha_background, dtype=np.float32) * (1.0 - alpha)
+            return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))
+    image = _imdecode(data, cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR, path)  # EXIF-oriented
+    if image.dtype == np.uint16:
+        image = cv2.convertScaleAbs(image, alpha=1.0 / 257.0)
+    if image.ndim == 2:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
+    if image.shape[2] == 3:
+        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
 
 
 def check_pixels(path: str | os.PathLike[str], width: int, height: int, limit: int | None = None) -> None:
@@ -179,11 +151,3 @@ def _imdecode(data: bytes, flags: int, path: str | os.PathLike[str]) -> np.ndarr
     if image.dtype not in (np.uint8, np.uint16):
         raise BadImageError(path, f"unsupported sample type {image.dtype}; convert the file to 8 or 16 bit")
     return image
-
-
-def _composite(bgra: np.ndarray, background: tuple[int, int, int]) -> np.ndarray:
-    max_value = float(np.iinfo(bgra.dtype).max)
-    rgb = cv2.cvtColor(bgra, cv2.COLOR_BGRA2RGBA).astype(np.float32) * (255.0 / max_value)
-    alpha = rgb[..., 3:] / 255.0
-    out = rgb[..., :3] * alpha + np.asarray(background, dtype=np.float32) * (1.0 - alpha)
-    return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))

@@ -1,15 +1,8 @@
-"""Fashion-MNIST (Xiao, Rasul and Vollgraf, arXiv 1708.07747) as an ImageFolder tree of PNG files.
-
-``vit5 data fashion-mnist OUT`` writes ``OUT/{train,val,test}/<class>/<index in its IDX file>.png``: ``val`` a
-seeded, class-stratified hold-out of the 60,000 training images, ``train`` the rest, ``test`` the 10,000 test
-images. The gzipped IDX files (github.com/zalandoresearch/fashion-mnist) come from ``--source DIR``, else the
-Debian package ``dataset-fashion-mnist``, else torchvision's download; the export is idempotent (as digits').
-"""
-
-from __future__ import annotations
+"""Fashion-MNIST (arXiv 1708.07747) as ``OUT/{train,val,test}/<class>/<index in its IDX file>.png``: ``val`` a
+seeded, stratified hold-out of the training images. The IDX files (github.com/zalandoresearch/fashion-mnist)
+come from ``--source DIR``, else the Debian package, else torchvision's download; the export is idempotent."""
 
 import gzip
-import json
 import os
 import zlib
 from collections.abc import Callable
@@ -18,22 +11,12 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from vit5.data.digits.export import ExportReport, write_image_tree
+from vit5.data.digits import ExportReport, write_image_tree
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
 
 #: Class names in label order (0..9), as folder names: the data set's labels, lower-case, ``_`` for ``/``.
-FASHION_MNIST_CLASSES: tuple[str, ...] = (
-    "t_shirt_top",
-    "trouser",
-    "pullover",
-    "dress",
-    "coat",
-    "sandal",
-    "shirt",
-    "sneaker",
-    "bag",
-    "ankle_boot",
+FASHION_MNIST_CLASSES: tuple[str, ...] = tuple(
+    "t_shirt_top trouser pullover dress coat sandal shirt sneaker bag ankle_boot".split()
 )
 #: Source part -> (images file, labels file), without the ``.gz`` the published files carry.
 IDX_FILES: dict[str, tuple[str, str]] = {
@@ -43,7 +26,6 @@ IDX_FILES: dict[str, tuple[str, str]] = {
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 INSTALL_HINT = "apt-get install dataset-fashion-mnist"
 DEFAULT_VAL_SIZE = 5000
-MANIFEST = "fashion_mnist.json"
 _REFETCH = f"replace it (e.g. `{INSTALL_HINT} --reinstall`, or delete it and download again)"
 _WHERE = f"give --source DIR holding the four IDX files of Fashion-MNIST, or `{INSTALL_HINT}`"
 # IDX element types (the third byte of the magic number) -> numpy dtype, big-endian as the format says.
@@ -54,7 +36,6 @@ class FashionMnistError(InputError):
     """The Fashion-MNIST source files are missing, damaged or inconsistent (the message names the fix)."""
 
 
-# --------------------------------------------------------------------------------------- reading
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """One IDX file (yann.lecun.com/exdb/mnist: magic number with element type and ndim, big-endian int32
     dims, data), gzipped or raw, as an array; a damaged file is a :class:`FashionMnistError`."""
@@ -88,24 +69,23 @@ def load_part(source: Path, part: str) -> tuple[np.ndarray, np.ndarray]:
     """The checked ``(images (N, H, W) uint8, labels (N,) int64 in 0..9)`` of ``part`` ("train"/"test")."""
     images_path, labels_path = (_idx_path(source, stem) for stem in IDX_FILES[part])
     images, labels = read_idx(images_path), read_idx(labels_path)
-    if images.ndim != 3 or images.dtype != np.uint8:
-        raise FashionMnistError(
-            f"{images_path}: expected (N, height, width) unsigned bytes, got shape {images.shape} of "
-            f"{images.dtype}; is it an image file?"
-        )
-    if labels.ndim != 1 or labels.dtype != np.uint8:
-        raise FashionMnistError(
-            f"{labels_path}: expected (N,) unsigned bytes, got shape {labels.shape} of {labels.dtype}; "
-            f"is it a label file?"
-        )
+    for path, array, ndim, shape, kind in (
+        (images_path, images, 3, "(N, height, width)", "an image"),
+        (labels_path, labels, 1, "(N,)", "a label"),
+    ):
+        if array.ndim != ndim or array.dtype != np.uint8:
+            raise FashionMnistError(
+                f"{path}: expected {shape} unsigned bytes, got shape {array.shape} of {array.dtype}; "
+                f"is it {kind} file?"
+            )
     if len(images) != len(labels):
         raise FashionMnistError(
             f"{images_path} holds {len(images)} images but {labels_path} {len(labels)} labels; "
             f"the two files are from different releases or one is damaged: {_REFETCH}"
         )
-    if labels.size and int(labels.max()) >= len(FASHION_MNIST_CLASSES):
+    if labels.max(initial=0) >= len(FASHION_MNIST_CLASSES):
         raise FashionMnistError(
-            f"{labels_path} holds label {int(labels.max())}, Fashion-MNIST has 0..9; {_REFETCH}"
+            f"{labels_path} holds label {labels.max()}, Fashion-MNIST has 0..9; {_REFETCH}"
         )
     return images, labels.astype(np.int64)
 
@@ -115,7 +95,6 @@ def _idx_path(source: Path, stem: str) -> Path | None:
 
 
 def _missing(folder: Path) -> list[str]:
-    """The IDX files (gzipped or raw) ``folder`` lacks."""
     return [stem for stems in IDX_FILES.values() for stem in stems if _idx_path(folder, stem) is None]
 
 
@@ -124,12 +103,10 @@ def torchvision_download(cache: Path) -> Path:
     (no torchvision, no network) raises ``OSError``."""
     try:
         from torchvision.datasets import FashionMNIST
-    except ImportError as e:
-        raise OSError(f"torchvision is not installed ({e})") from e
-    try:
+
         FashionMNIST(str(cache), train=True, download=True)
         FashionMNIST(str(cache), train=False, download=True)
-    except Exception as e:  # URLError, timeouts, checksum RuntimeError: all mean "not downloadable here"
+    except Exception as e:  # ImportError, URLError, timeouts, checksum RuntimeError: "not downloadable here"
         raise OSError(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
     return cache / "FashionMNIST" / "raw"
 
@@ -171,23 +148,6 @@ def resolve_source(
     )
 
 
-def split_indices(labels: np.ndarray, val_size: int = DEFAULT_VAL_SIZE, seed: int = 0) -> np.ndarray:
-    """Sorted indices of the val hold-out: ``val_size`` of ``labels``, class-stratified, fixed by ``seed``."""
-    classes = len(np.unique(labels))
-    if (
-        isinstance(val_size, bool)
-        or not isinstance(val_size, int)
-        or not classes <= val_size <= len(labels) - classes
-    ):
-        raise FashionMnistError(
-            f"--val-size {val_size} must be an integer from {classes} to {len(labels) - classes} "
-            f"(each split needs every class) for {len(labels)} training images"
-        )
-    _, val = train_test_split(np.arange(len(labels)), test_size=val_size, stratify=labels, random_state=seed)
-    return np.sort(val)
-
-
-# ----------------------------------------------------------------------------------------- export
 def export_fashion_mnist(
     root: str | os.PathLike[str],
     source: str | os.PathLike[str] | None = None,
@@ -199,45 +159,36 @@ def export_fashion_mnist(
     cache: Path | None = None,
 ) -> ExportReport:
     """Write the train / val / test tree under ``root`` (grey PNGs; see the module docstring) from the
-    source :func:`resolve_source` finds; ``root/fashion_mnist.json`` records the split.
-
-    Raises:
-        FashionMnistError: no usable source, a damaged file or a bad ``val_size``.
-        FileExistsError: ``root`` holds an export with another seed or val size.
-    """
-    root = Path(root)
+    source :func:`resolve_source` finds; ``val_size`` images of the training part, class-stratified and
+    fixed by ``seed``, form val. A tree from an export with other arguments is a ``FileExistsError``."""
     folder = resolve_source(source, debian_dir=debian_dir, download=download, cache=cache)
     (train_images, train_labels), (test_images, test_labels) = (
         load_part(folder, "train"),
         load_part(folder, "test"),
     )
-    val_idx = split_indices(train_labels, val_size, seed)
+    classes, count = len(np.unique(train_labels)), len(train_labels)
+    if (
+        isinstance(val_size, bool)
+        or not isinstance(val_size, int)
+        or not classes <= val_size <= count - classes
+    ):
+        raise FashionMnistError(
+            f"--val-size {val_size} must be an integer from {classes} to {count - classes} "
+            f"(each split needs every class) for {count} training images"
+        )
+    train_idx, val_idx = (
+        np.sort(part)
+        for part in train_test_split(
+            np.arange(count), test_size=val_size, stratify=train_labels, random_state=seed
+        )
+    )
     parts = {
-        "train": (train_images, train_labels, np.setdiff1d(np.arange(len(train_labels)), val_idx)),
+        "train": (train_images, train_labels, train_idx),
         "val": (train_images, train_labels, val_idx),
         "test": (test_images, test_labels, np.arange(len(test_labels))),
     }
-    manifest = {
-        "dataset": "fashion-mnist",
-        "seed": seed,
-        "val_size": val_size,
-        "counts": {split: len(indices) for split, (_, _, indices) in parts.items()},
-    }
-    try:
-        previous = json.loads((root / MANIFEST).read_text())
-    except (OSError, ValueError):  # none, or unreadable: write_image_tree still refuses a foreign tree
-        previous = manifest
-    differs = [k for k in ("seed", "val_size") if previous.get(k) != manifest[k]]
-    if differs:
-        was = ", ".join(f"{k}={previous.get(k)}" for k in differs)
-        now = ", ".join(f"{k}={manifest[k]}" for k in differs)
-        raise FileExistsError(
-            f"{root} holds an export with {was} (asked: {now}); delete {root} or export to another folder"
-        )
     splits = {
         split: zip(indices.tolist(), labels[indices].tolist(), images[indices])
         for split, (images, labels, indices) in parts.items()
     }
-    report = write_image_tree(root, splits, FASHION_MNIST_CLASSES, 5, f"fashion-mnist ({folder})")
-    atomic_write_json(root / MANIFEST, manifest)
-    return report
+    return write_image_tree(Path(root), splits, FASHION_MNIST_CLASSES, 5, f"fashion-mnist ({folder})")

@@ -1,10 +1,5 @@
-"""ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files.
-
-A bad file is **replaced** by the next readable index (batches keep their size: timm ``Mixup`` needs even
-batches) and flagged in a shared-memory mask that DataLoader workers write too; the first flag warns once.
-"""
-
-from __future__ import annotations
+"""ImageFolder data set (``root/<split>/<class>/**/<image>``) that survives bad files: a bad file is replaced
+by the next readable index (timm ``Mixup`` needs even batches) and flagged in shared memory (workers too)."""
 
 import os
 import stat
@@ -13,7 +8,6 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
-from operator import attrgetter, methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +36,6 @@ class BadSamples:
     """Per-sample "unreadable" flags in shared memory (set by DataLoader workers too), for a data set with
     ``sample_name(index)``. Under multi-process training reduce :attr:`bad_mask` across ranks with max."""
 
-    def _init_bad(self, count: int) -> None:
-        self._bad = torch.zeros(count, dtype=torch.bool).share_memory_()
-
     @property
     def bad_mask(self) -> torch.Tensor:
         return self._bad.clone()
@@ -66,15 +57,9 @@ class BadSamples:
 
 class ImageFolderDataset(BadSamples, Dataset):
     """Classification images laid out as ``root/<split>/<class>/**/<image>`` (``split=None``: ``root`` is the
-    split). Classes: the sorted non-hidden sub-folders; images: collected by :func:`image_files`.
-
-    Args:
-        transform: maps the decoded RGB uint8 (H, W, 3) array to the returned image; ``None`` returns it.
-        class_names: fix the class -> index mapping (the train set's, for val); the split must have exactly
-            these class folders.
-        extensions: accepted file suffixes, compared case-insensitively.
-        alpha_background: see :func:`~vit5.data.decode.decode_image`; ``None`` drops alpha.
-    """
+    split). Classes: the sorted non-hidden sub-folders, or ``class_names`` (the train set's, for val: the
+    split must have exactly these); images: :func:`image_files` with ``extensions`` (any case). ``transform``
+    maps the decoded RGB uint8 array (:func:`~vit5.data.decode.decode_image`) to the returned image."""
 
     def __init__(
         self,
@@ -102,7 +87,7 @@ class ImageFolderDataset(BadSamples, Dataset):
                 )
             self.samples.extend(zip(files, repeat(self.class_to_idx[name])))
         self.targets = [target for _, target in self.samples]
-        self._init_bad(len(self.samples))
+        self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -184,20 +169,12 @@ def _split_dir(root: Path, split: str | None) -> Path:
 
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
-    try:
-        with os.scandir(split_dir) as listing:
-            folders = [e for e in listing if not e.name.startswith(".") and e.is_dir()]
-    except OSError as err:
-        raise ImageFolderError(
-            f"cannot read folder {split_dir}: {(err.strerror or str(err)).lower()}; fix its permissions"
-        ) from err
+    folders = [e for e in _listing(str(split_dir), str(split_dir.parent), set(), []) if e.is_dir()]
     found = sorted(e.name for e in folders)
-    split_real = os.path.realpath(split_dir)
-    for name in sorted(e.name for e in folders if e.is_symlink()):
-        # a class folder that links to the split (or above) would hold every class
-        if _inside(split_real, os.path.realpath(split_dir / name)):
+    for entry in folders:  # a class folder that links to the split (or above) would hold every class
+        if entry.is_symlink() and _inside(os.path.realpath(split_dir), os.path.realpath(entry.path)):
             raise ImageFolderError(
-                f"class folder {split_dir / name} is a link to {os.path.realpath(split_dir / name)}, which "
+                f"class folder {entry.path} is a link to {os.path.realpath(entry.path)}, which "
                 f"contains {split_dir} itself: remove the link"
             )
     if not found:
@@ -237,12 +214,9 @@ def image_files(
     *,
     follow_outside: bool = False,
 ) -> list[Path]:
-    """Every image file under ``folder``, recursively, each file once, sorted by path.
-
-    Links are followed, but each folder is entered once (link loops are skipped) and a link leading outside
-    ``folder`` is skipped unless ``follow_outside``; only regular files are listed (a FIFO named ``*.png``
-    would block forever); hidden entries are skipped. Skips are summarised in one :class:`BadImageWarning`.
-    """
+    """Every image file under ``folder``, each once, sorted by path: links followed, each folder entered once,
+    links outside ``folder`` skipped unless ``follow_outside``, only regular files, no hidden entries; skips
+    summarised in one :class:`BadImageWarning`."""
     return [Path(p) for p in _image_paths(folder, extensions, follow_outside, stacklevel=3)]
 
 
@@ -253,7 +227,7 @@ def _image_paths(
     cache their kind and inode); sorted visiting (a folder sorts as ``name/``) yields sorted paths."""
     suffixes = tuple({e.lower() for e in extensions})
     top = os.fspath(folder)
-    root = ""  # the folder's real path, found when a link needs it
+    root = os.path.realpath(top)
     visited: set[tuple[int, int]] = set()
     files: list[str] = []
     inodes = array("Q")  # of each file listed, in order: 8 bytes a file, no Python objects
@@ -272,7 +246,6 @@ def _image_paths(
                 continue
             info = None
             if entry.is_symlink():
-                root = root or os.path.realpath(top)
                 target = os.path.realpath(entry.path)
                 if not follow_outside and not _inside(target, root):
                     skipped.append(f"{entry.path} (a link to {target}, outside {folder})")
@@ -339,10 +312,7 @@ def _listing(
             f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
             f"(e.g. chmod a+rx) or move it out of {top}"
         ) from err
-    entries.sort(key=attrgetter("name"))
-    if any(map(methodcaller("is_dir"), entries)):  # sub-folders: sort them as "name/"
-        entries.sort(key=_path_order)
-    return entries
+    return sorted(entries, key=_path_order)
 
 
 def _path_order(entry: os.DirEntry[str]) -> str:
@@ -358,10 +328,5 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a file")
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device"}
+    return {**kinds, stat.S_IFBLK: "a block device"}.get(stat.S_IFMT(mode), "not a file")

@@ -1,10 +1,6 @@
-"""Image + label-mask pairs in the ADE20K-style layout ``root/{images,annotations}/<split>/**/<name>``, each
-mask (a PNG of class ids, 8/16-bit grey or palette) checked: one channel, its image's size, ids below
-``num_classes`` or ``ignore_index``, else an :class:`InputError` naming the file. ``root/dataset.json`` (from
-``make-seg``) may give class count and names; ``reduce_zero_label`` (ADE20K) ignores id 0, shifts the rest.
-"""
-
-from __future__ import annotations
+"""Image + mask pairs in the ADE20K layout ``root/{images,annotations}/<split>/**/<name>``, each mask (PNG of
+class ids) checked, else an :class:`InputError` naming the file; ``root/dataset.json`` may give class count
+and names; ``reduce_zero_label`` (ADE20K) ignores id 0 and shifts the rest."""
 
 import os
 from dataclasses import dataclass
@@ -41,62 +37,55 @@ def default_splits(root: str | os.PathLike[str]) -> tuple[str, str]:
     )
 
 
+MAX_CLASSES = 65_536  # class ids are the values of an 8- or 16-bit mask PNG
+
+
+def _whole(value: Any, low: int) -> bool:
+    return type(value) is int and low <= value <= MAX_CLASSES
+
+
 def dataset_info(
     root: str | os.PathLike[str],
     num_classes: int | None = None,
     ignore_index: int | None = None,
     reduce_zero_label: bool = False,
 ) -> SegDatasetInfo:
-    """Class count and names from the arguments, else from ``root/dataset.json``."""
+    """Class count and names from the arguments, else from ``root/dataset.json`` (each field checked)."""
     meta_path = Path(root) / "dataset.json"
-    meta = _checked_meta(read_json(meta_path), meta_path) if meta_path.is_file() else {}
-    num_classes = num_classes or meta.get("num_classes")
+    meta = read_json(meta_path) if meta_path.is_file() else {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{meta_path} holds a {type(meta).__name__}, not an object of dataset fields")
+    count, names = meta.get("num_classes"), meta.get("class_names")
+    rules = (
+        ("num_classes", _whole(count, 2), f"a whole number from 2 to {MAX_CLASSES:,}"),
+        (
+            "class_names",
+            isinstance(names, list)
+            and all(isinstance(n, str) for n in names)
+            and count in (None, len(names)),
+            f"a list of {count or 'N'} names",
+        ),
+        ("ignore_index", _whole(meta.get("ignore_index"), -1), f"a whole number from -1 to {MAX_CLASSES:,}"),
+    )
+    for field, ok, want in rules:
+        if meta.get(field) is not None and not ok:
+            shown = meta[field] if len(str(meta[field])) < 80 else "..."
+            raise InputError(f"{meta_path}: {field} is {shown!r}, but must be {want}; fix or delete the file")
+    num_classes = num_classes or count
     if not num_classes:
         raise InputError(f"give the number of classes (>= 2); {meta_path} does not say it")
-    if type(num_classes) is not int or not 2 <= num_classes <= MAX_CLASSES:
+    if not _whole(num_classes, 2):
         raise InputError(
             f"{num_classes!r} classes: the number of classes must be a whole number from 2 to "
             f"{MAX_CLASSES:,} (masks hold 8- or 16-bit class ids)"
         )
-    names = meta.get("class_names") if meta.get("num_classes") == num_classes else None
     ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
     if 0 <= ignore_index < num_classes:
         raise InputError(
             f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1"
         )
-    return SegDatasetInfo(
-        num_classes=num_classes,
-        class_names=tuple(names or (str(i) for i in range(num_classes))),
-        ignore_index=ignore_index,
-        reduce_zero_label=reduce_zero_label,
-    )
-
-
-MAX_CLASSES = 65_536  # class ids are the values of an 8- or 16-bit mask PNG
-
-
-def _checked_meta(meta: Any, path: Path) -> dict[str, Any]:
-    """The fields of a ``dataset.json``, each range-checked: one error naming the file and the field."""
-
-    def bad(field: str, value: Any, want: str) -> InputError:
-        return InputError(f"{path}: {field} is {value!r}, but must be {want}; fix or delete the file")
-
-    if not isinstance(meta, dict):
-        raise InputError(f"{path} holds a {type(meta).__name__}, not an object of dataset fields")
-    count = meta.get("num_classes")
-    if count is not None and (type(count) is not int or not 2 <= count <= MAX_CLASSES):
-        raise bad("num_classes", count, f"a whole number from 2 to {MAX_CLASSES:,}")
-    names = meta.get("class_names")
-    if names is not None and (
-        not isinstance(names, list)
-        or not all(isinstance(n, str) for n in names)
-        or (count is not None and len(names) != count)
-    ):
-        raise bad("class_names", names if len(str(names)) < 80 else "...", f"a list of {count or 'N'} names")
-    ignore = meta.get("ignore_index")
-    if ignore is not None and (type(ignore) is not int or not -1 <= ignore <= MAX_CLASSES):
-        raise bad("ignore_index", ignore, f"a whole number from -1 to {MAX_CLASSES:,}")
-    return meta
+    names = tuple((names if count == num_classes else None) or (str(i) for i in range(num_classes)))
+    return SegDatasetInfo(num_classes, names, ignore_index, reduce_zero_label)
 
 
 def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Path]]:

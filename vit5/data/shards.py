@@ -1,29 +1,32 @@
-"""WebDataset shards (tar files, https://github.com/webdataset/webdataset#the-webdataset-format) for
-training and validation, each sample read exactly once per epoch. Beside the shards, ``classes.txt`` names the
-classes and timm's ``_info.json`` gives the shard lengths (else the tar headers are counted);
-:func:`~vit5.data.shard_writer.write_shards` writes both.
-"""
+"""WebDataset shards (tar files, https://github.com/webdataset/webdataset#the-webdataset-format): the reader
+(:class:`ShardDataset`, each sample read exactly once per epoch) and the writer (:func:`write_shards`). Beside
+the shards, ``classes.txt`` names the classes and timm's ``_info.json`` gives the shard lengths (else the tar
+headers are counted). Process, worker and resume layout: docs/training.md, "WebDataset shards"."""
 
-from __future__ import annotations
-
+import io
 import json
 import math
 import os
 import tarfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from vit5.data.decode import BadImageError, decode_bytes
-from vit5.data.folder import BadImageWarning, BadSamples
+from vit5.data.decode import BadImageError, decode_bytes, decode_image
+from vit5.data.folder import BadImageWarning, BadSamples, ImageFolderDataset
 from vit5.errors import InputError
+from vit5.files import atomic_write_json, atomic_write_text
 
 SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+_STORED_AS_IS = {f".{k}": k for k in SHARD_IMAGE_KEYS} | {".jpe": "jpg"}
 CLASSES_FILE = "classes.txt"
 INFO_FILE = "_info.json"
 PAD_LABEL = -1  # validation padding: not counted
@@ -105,7 +108,7 @@ def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str
     """Class names from ``classes.txt`` beside the first shard, else ``"0" .. str(num_classes - 1)``."""
     path = os.path.join(os.path.dirname(shards[0]), CLASSES_FILE)
     if os.path.isfile(path):
-        names = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+        names = _lines(Path(path))
         if num_classes is not None and num_classes != len(names):
             raise ShardError(
                 f"data.num_classes={num_classes} but {path} names {len(names)} classes; drop one of the two"
@@ -120,22 +123,9 @@ def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str
 
 class ShardDataset(BadSamples, IterableDataset):
     """Batches of ``(images, labels)`` for process ``rank`` of ``num_replicas``, each of its ``num_workers``
-    DataLoader workers (:func:`shard_loader`) reading its part of the epoch's stream: the shards in an
-    order drawn from ``seed + epoch`` (training; sorted for validation), their samples concatenated.
-
-    * training: ``K = N // (P * B)`` batches per process; process ``r`` takes stream positions
-      ``[r*K*B, (r+1)*K*B)``, its worker ``w`` the batches ``i % W == w`` as one contiguous run, mixed in
-      a ``shuffle_buffer`` seeded by ``(seed, epoch, r, w)``; the last ``N - K*P*B`` are :attr:`dropped`.
-    * validation: every sample once, unshuffled, in near-equal ranges; batches are padded to ``B`` with label
-      ``-1`` (not counted by :func:`vit5.train.evaluate.evaluate`).
-    * resume: :meth:`set_epoch` ``(epoch, consumed)`` is exact for the same ``P`` and ``W`` (consumed samples
-      re-read as bytes and discarded, the worker turn rotated), approximate otherwise.
-    * bad samples (undecodable, no image, no or a bad label, truncated shard) are flagged and warned about;
-      in training the worker's next good sample takes their place, in validation padding.
-
-    ``transform`` maps the decoded RGB uint8 array to a tensor; ``class_names`` or ``num_classes`` as in
-    :func:`read_class_names`; ``alpha_background`` as in :func:`~vit5.data.decode.decode_image`.
-    """
+    workers (:func:`shard_loader`) reading its part of the epoch's stream: training ``N // (P * B)`` full
+    batches (the rest :attr:`dropped`), validation every sample once (padding labelled ``-1``); bad samples
+    flagged and replaced. The layout: docs/training.md, "What a process reads"."""
 
     def __init__(
         self,
@@ -183,7 +173,7 @@ class ShardDataset(BadSamples, IterableDataset):
             per_slot = math.ceil(math.ceil(self.num_samples / slots) / batch_size)
             self.batches = per_slot * max(num_workers, 1)
             self.dropped = 0
-        self._init_bad(self.num_samples)
+        self._bad = torch.zeros(self.num_samples, dtype=torch.bool).share_memory_()
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
 
     def __len__(self) -> int:
@@ -224,11 +214,6 @@ class ShardDataset(BadSamples, IterableDataset):
         else:
             yield from self._val_batches(workers, loader_worker)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if not self.train:
-            return np.arange(len(self.shards))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
-
     def _train_batches(
         self, epoch: int, skip: int, workers: int, loader_worker: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -238,7 +223,7 @@ class ShardDataset(BadSamples, IterableDataset):
         taken = len(range(worker, done, workers))
         first = self.rank * self.batches + sum(counts[:worker])  # in batches of the epoch's stream
         start, stop = first * self.batch_size, (first + counts[worker]) * self.batch_size
-        order = self._order(epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
         stream = self._shuffled(self._read(order, start, stop), (self.seed, epoch, self.rank, worker))
         for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
             next(stream)
@@ -248,7 +233,7 @@ class ShardDataset(BadSamples, IterableDataset):
     def _val_batches(self, workers: int, loader_worker: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         slots, slot = self.num_replicas * workers, self.rank * workers + loader_worker
         start, stop = self.num_samples * slot // slots, self.num_samples * (slot + 1) // slots
-        order = self._order(0)
+        order = np.arange(len(self.shards))
         wanted = self.batches // workers * self.batch_size
         batch: list[tuple[torch.Tensor, int]] = []
         pad: torch.Tensor | None = None
@@ -399,3 +384,135 @@ def shard_loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         persistent_workers=workers > 0 if persistent_workers is None else persistent_workers and workers > 0,
     )
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    out: Path
+    split: str
+    shards: int  # shards of the split in OUT now
+    written: int  # shards written by this call
+    kept: int  # complete shards found from an earlier call
+    samples: int
+    skipped: list[str]  # source files that could not be stored (unreadable, not re-encodable)
+
+    def __str__(self) -> str:
+        skipped = (
+            f"; skipped {len(self.skipped)} unreadable file(s), e.g. {self.skipped[0]}"
+            if self.skipped
+            else ""
+        )
+        return (
+            f"{self.split}: {self.samples} samples in {self.shards} shards under {self.out} "
+            f"({self.written} written, {self.kept} kept from an earlier run){skipped}"
+        )
+
+
+def write_shards(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    shard_size: int,
+    *,
+    split: str | None = None,
+    seed: int = 0,
+) -> ShardReport:
+    """Write the ImageFolder split ``src`` as shards ``out/<split>-000000.tar``, ...: files in a seeded order,
+    ``<key>.<ext>`` (bytes as stored; other formats than jpg/png/webp as PNG) + ``<key>.cls``. Resumable: each
+    shard is renamed into place when complete; ``out/.<split>-plan.json`` refuses a rerun with another source,
+    shard size or seed. ``split`` (default ``src``'s folder name) names the ``_info.json`` split."""
+    if shard_size < 1:
+        raise ShardError(f"--shard-size must be >= 1, got {shard_size}")
+    source = ImageFolderDataset(src)
+    split = split or Path(os.path.abspath(src)).name
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    _check_classes(out / CLASSES_FILE, source.class_names)
+    plan = dict(source=os.path.abspath(src), files=len(source), shard_size=shard_size, seed=seed)
+    _check_plan(out / f".{split}-plan.json", plan)
+    order = np.random.default_rng(seed).permutation(len(source)).tolist()
+    names, lengths, skipped = [], [], []
+    written = kept = 0
+    for number, first in enumerate(range(0, len(order), shard_size)):
+        path = out / f"{split}-{number:06d}.tar"
+        names.append(path.name)
+        if path.exists():
+            lengths.append(count_samples(str(path)))
+            kept += 1
+            continue
+        count, bad = _write_shard(path, source, order[first : first + shard_size], first)
+        lengths.append(count)
+        skipped.extend(bad)
+        written += 1
+    for stale in out.glob(f"{split}-*.tar.tmp"):
+        stale.unlink()
+    info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
+    info.setdefault("splits", {})[split] = dict(
+        name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
+    )
+    atomic_write_json(out / INFO_FILE, info)
+    return ShardReport(out, split, len(names), written, kept, sum(lengths), skipped)
+
+
+def _write_shard(
+    path: Path, source: ImageFolderDataset, indices: list[int], first: int
+) -> tuple[int, list[str]]:
+    temporary = path.with_name(path.name + ".tmp")
+    count, skipped = 0, []
+    with (
+        open(temporary, "wb") as stream,
+        tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for position, index in enumerate(indices, start=first):
+            file, label = source.samples[index]
+            ext = _STORED_AS_IS.get(os.path.splitext(file)[1].lower())
+            try:
+                if ext is not None:
+                    data = Path(file).read_bytes()
+                else:
+                    ok, encoded = cv2.imencode(".png", cv2.cvtColor(decode_image(file), cv2.COLOR_RGB2BGR))
+                    if not ok:
+                        raise BadImageError(file, "cannot be re-encoded as PNG")
+                    data, ext = encoded.tobytes(), "png"
+            except (BadImageError, OSError) as err:
+                skipped.append(str(err))
+                continue
+            for name, member in (
+                (f"{position:09d}.{ext}", data),
+                (f"{position:09d}.cls", str(label).encode()),
+            ):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(member), int(time.time()), 0o644
+                tar.addfile(info, io.BytesIO(member))
+            count += 1
+        tar.close()
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
+    return count, skipped
+
+
+def _check_classes(path: Path, names: list[str]) -> None:
+    if not path.exists():
+        if any("\n" in n for n in names):
+            raise ShardError("a class folder name contains a line break; rename it")
+        atomic_write_text(path, "".join(f"{n}\n" for n in names))
+    elif (found := _lines(path)) != names:
+        raise ShardError(
+            f"{path} lists other classes ({len(found)}) than the source ({len(names)}): write the shards "
+            "of a data set with other classes to another folder"
+        )
+
+
+def _check_plan(path: Path, plan: dict[str, object]) -> None:
+    if not path.exists():
+        atomic_write_json(path, plan)
+    elif (before := json.loads(path.read_text())) != plan:
+        changed = ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v)
+        raise ShardError(
+            f"{path.parent} holds shards written with another plan ({changed}); "
+            "use a new output folder, or delete the old shards and the plan file to start over"
+        )
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line]

@@ -1,13 +1,9 @@
 """Train and eval transforms (albumentations): RGB uint8 HxWx3 array in, normalised float32 CHW tensor out.
-
-Resampling is bicubic as in the official recipe; with ``antialias=True`` (default) downscaling uses
-``INTER_AREA``, much closer than OpenCV's bicubic (which does not low-pass) to PIL's antialiased bicubic.
-"""
-
-from __future__ import annotations
+Bicubic as the official recipe; ``antialias=True`` downscales with ``INTER_AREA`` (close to PIL's antialiased
+bicubic; OpenCV's bicubic does not low-pass)."""
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import albumentations as A
@@ -15,8 +11,8 @@ import cv2
 import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
-
-from vit5.data.randaug import TimmRandAugment
+from PIL import Image
+from timm.data import auto_augment, rand_augment_transform
 
 # timm.data's IMAGENET_DEFAULT_MEAN/STD (vit5.model uses those): vit5.data imports no timm, to stay light
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -25,26 +21,44 @@ DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 
 TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
 Size = int | tuple[int, int]
+_BICUBIC: dict[str, Any] = {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image"}
+_ALIASED = {"area_for_downscale": None}  # eval with antialias=False: OpenCV's bicubic downscaling too
+_PROBABILITY = (lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "hflip": _PROBABILITY,
+    "erasing": _PROBABILITY,
+    "color_jitter": (lambda v: v >= 0, ">= 0 (0 disables it)"),
+    "padding": (lambda v: v >= 0, ">= 0 pixels"),
+    "crop_ratio": (lambda v: 0 < v <= 1, "in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic)"),
+    "scale": (lambda v: 0 < v[0] <= v[1] <= 1, "(min, max) with 0 < min <= max <= 1"),
+    "ratio": (lambda v: 0 < v[0] <= v[1], "(min, max) with 0 < min <= max"),
+    "policy": (
+        lambda v: v.startswith("rand-"),
+        f"a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}",
+    ),
+    "mean": (lambda v: len(v) == 3, "one value per RGB channel"),
+    "std": (lambda v: len(v) == 3 and min(v) > 0, "one value > 0 per RGB channel"),
+}
+
+
+def _check(**values: Any) -> None:
+    for name, value in values.items():
+        test, want = _RULES[name]
+        if not test(value):
+            raise ValueError(f"{name} must be {want}, got {value!r}")
 
 
 class ImageTransform:
-    """Callable ``(H, W, 3) uint8 RGB array -> (3, h, w) float32 tensor``: ``steps``, normalise, to tensor.
-
-    Each call seeds one generator pair, shared by all steps, from torch's global RNG (so DataLoader workers
-    differ and follow the loader seed); albumentations 2.0 alone would give forked workers identical states
-    and every step the *same* seed, moving their draws in lockstep.
-    """
+    """``(H, W, 3) uint8 RGB -> (3, h, w) float32``: ``steps``, normalise, to tensor. Each call seeds the
+    steps from torch's global RNG (workers differ and follow the loader seed; albumentations 2.0 alone gives
+    forked workers identical states and every step the same seed)."""
 
     def __init__(
-        self,
-        steps: Sequence[A.BasicTransform | A.BaseCompose],
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        self, steps: Sequence[Any], mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
     ) -> None:
-        mean, std = _mean_std(mean, std)
-        self.pipeline = A.Compose(
-            [*steps, A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
-        )
+        _check(mean=mean, std=std)
+        normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
+        self.pipeline = A.Compose([*steps, normalize, ToTensorV2()])
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         seed = int(torch.empty((), dtype=torch.int64).random_())
@@ -55,6 +69,39 @@ class ImageTransform:
         return f"ImageTransform({self.pipeline!r})"
 
 
+class TimmRandAugment(A.ImageOnlyTransform):
+    """``timm.data.rand_augment_transform(policy)`` unchanged (through PIL), with timm ``create_transform``'s
+    hyper-parameters: translation ``0.45 * min(size)`` px, fill = the normalisation mean, bicubic. It draws
+    from Python's ``random`` and NumPy's global RNG (seeded per worker)."""
+
+    def __init__(self, policy: str, size: tuple[int, int], mean: Sequence[float], p: float = 1.0) -> None:
+        super().__init__(p=p)
+        self.policy, self.size, self.mean = policy, size, mean
+        hparams = {
+            "translate_const": int(min(size) * 0.45),
+            "img_mean": tuple(min(255, round(255 * m)) for m in mean),
+            "interpolation": Image.BICUBIC,
+        }
+        self._randaugment = rand_augment_transform(policy, hparams)
+        for op in self._randaugment.ops:
+            if op.aug_fn is auto_augment.posterize:
+                op.aug_fn = posterize
+
+    def apply(self, img: np.ndarray, **params: Any) -> np.ndarray:
+        return np.asarray(self._randaugment(Image.fromarray(img)))
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("policy", "size", "mean")
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize, keeping 0 bits as Pillow < 13 did (a black image) where Pillow 13 raises ``bits
+    must be between or equal to 1 and 8`` (RandAugment's increasing posterize at magnitude 10)."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
 def three_augment(
     size: Size,
     *,
@@ -63,23 +110,15 @@ def three_augment(
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: float = 0.5,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
-    """DeiT-III 3-Augment (arXiv 2204.07118), the ViT-5 pre-training augmentation (official ``augment.py:90``
-    ``new_data_aug_generator`` at github.com/wangf3014/ViT-5 commit b7b0796).
-
-    RandomResizedCrop (or, ``simple_random_crop``, DeiT-III's ``--src``: resize, reflect-pad 4 px, random
-    crop) + flip, then one of {grayscale, solarize (v >= 128, as PIL), Gaussian blur (sigma ~ U(0.1, 2))},
-    then ColorJitter(brightness, contrast, saturation = ``color_jitter``, no hue; none when 0).
-    """
-    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
-    if color_jitter < 0:
-        raise ValueError(f"color_jitter must be >= 0 (0 disables it), got {color_jitter}")
+    """DeiT-III 3-Augment (arXiv 2204.07118; official ``augment.py:90``, github.com/wangf3014/ViT-5 b7b0796):
+    RandomResizedCrop (``simple_random_crop``: DeiT-III's ``--src`` resize, reflect-pad 4, crop) + flip, one
+    of {grayscale, solarize, Gaussian blur sigma ~ U(0.1, 2)}, ColorJitter(``color_jitter``, no hue)."""
+    _check(color_jitter=color_jitter)
+    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip)
     if simple_random_crop:
         crop_flip[0:1] = [
-            A.SmallestMaxSize(max_size_hw=(height, width), p=1.0, **_interpolation(antialias)),
+            A.SmallestMaxSize(max_size_hw=(height, width), p=1.0, **_BICUBIC),
             A.Pad(padding=4, border_mode=cv2.BORDER_REFLECT_101),
             A.RandomCrop(height, width),
         ]
@@ -92,7 +131,7 @@ def three_augment(
     if color_jitter > 0:
         c = color_jitter
         steps.append(A.ColorJitter(brightness=c, contrast=c, saturation=c, hue=0.0, p=1.0))
-    return ImageTransform(steps, mean, std)
+    return ImageTransform(steps)
 
 
 def randaug_transform(
@@ -100,21 +139,13 @@ def randaug_transform(
     *,
     policy: str = DEFAULT_RANDAUG_POLICY,
     scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: float = 0.5,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """ViT-5 fine-tuning: RRC + flip + timm RandAugment ``policy`` (as timm's ``create_transform`` with
-    ``auto_augment``: no colour jitter, no random erasing); see :mod:`vit5.data.randaug`."""
-    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip, antialias)
-    if not policy.startswith("rand-"):
-        raise ValueError(
-            f"policy must be a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}, got {policy!r}"
-        )
-    mean, std = _mean_std(mean, std)
-    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), mean, p=1.0)], mean, std)
+    ``auto_augment``: no colour jitter, no random erasing)."""
+    _check(policy=policy)
+    height, width, crop_flip = _crop_flip(size, scale, (3 / 4, 4 / 3), hflip)
+    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), IMAGENET_MEAN)])
 
 
 def pad_crop_transform(
@@ -123,25 +154,19 @@ def pad_crop_transform(
     padding: int = 4,
     hflip: float = 0.5,
     erasing: float = 0.25,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
 ) -> ImageTransform:
     """Small framed images (Fashion-MNIST, CIFAR): resize, reflect-pad ``padding`` px, random crop, flip, then
     random erasing with probability ``erasing`` (Zhong et al., arXiv 1708.04896: area 2-33 %, aspect 0.3-3.3,
     random noise as their RE-R). No colour changes: grey intensity carries the class."""
     height, width = _size_hw(size)
-    _check_probability("hflip", hflip)
-    _check_probability("erasing", erasing)
-    if padding < 0:
-        raise ValueError(f"padding must be >= 0 pixels, got {padding}")
-    steps: list[A.BasicTransform] = [A.Resize(height, width, **_interpolation(antialias))]
+    _check(hflip=hflip, erasing=erasing, padding=padding)
+    steps: list[A.BasicTransform] = [A.Resize(height, width, **_BICUBIC)]
     if padding:
         steps += [A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101), A.RandomCrop(height, width)]
     steps.append(A.HorizontalFlip(p=hflip))
     if erasing > 0:
         steps.append(A.Erasing(scale=(0.02, 0.33), ratio=(0.3, 3.3), fill="random", p=erasing))
-    return ImageTransform(steps, mean, std)
+    return ImageTransform(steps)
 
 
 def eval_transform(
@@ -156,28 +181,17 @@ def eval_transform(
     keeping aspect, to the smallest image covering ``(int(h / crop_ratio), int(w / crop_ratio))``; centre
     crop."""
     height, width = _size_hw(size)
-    if not 0.0 < crop_ratio <= 1.0:
-        raise ValueError(
-            f"crop_ratio must be in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic), got {crop_ratio}"
-        )
+    _check(crop_ratio=crop_ratio)
     cover = (int(height / crop_ratio), int(width / crop_ratio))
-    steps = [
-        A.SmallestMaxSize(max_size_hw=cover, p=1.0, **_interpolation(antialias)),
-        A.CenterCrop(height, width),
-    ]
-    return ImageTransform(steps, mean, std)
+    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **{**_BICUBIC, **({} if antialias else _ALIASED)})
+    return ImageTransform([resize, A.CenterCrop(height, width)], mean, std)
 
 
 def resize_transform(
-    size: Size,
-    *,
-    antialias: bool = True,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
+    size: Size, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
 ) -> ImageTransform:
     """No augmentation: resize to exactly ``size`` (aspect not kept), for already framed data (digits)."""
-    height, width = _size_hw(size)
-    return ImageTransform([A.Resize(height, width, **_interpolation(antialias))], mean, std)
+    return ImageTransform([A.Resize(*_size_hw(size), **_BICUBIC)], mean, std)
 
 
 _BUILDERS = {
@@ -190,18 +204,10 @@ _BUILDERS = {
 
 
 def build_transform(kind: TransformKind, size: Size, **options: Any) -> ImageTransform:
-    """The builder of ``kind`` (``"none"``: :func:`resize_transform`) called with ``options``; an option it
-    does not take is an error."""
+    """The builder of ``kind`` (``"none"``: :func:`resize_transform`) called with ``options``."""
     if kind not in _BUILDERS:
         raise ValueError(f"unknown transform kind {kind!r}; choose one of {list(get_args(TransformKind))}")
-    builder = _BUILDERS[kind]
-    accepted = set(builder.__kwdefaults__ or {})
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        raise TypeError(
-            f"build_transform(kind={kind!r}) got unknown option(s) {unknown}; it accepts {sorted(accepted)}"
-        )
-    return builder(size, **options)
+    return _BUILDERS[kind](size, **options)
 
 
 def _size_hw(size: Size) -> tuple[int, int]:
@@ -213,34 +219,11 @@ def _size_hw(size: Size) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _mean_std(mean: Sequence[float], std: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    mean_t, std_t = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    if len(mean_t) != 3 or len(std_t) != 3:
-        raise ValueError(f"mean and std need one value per RGB channel, got mean={mean!r}, std={std!r}")
-    if min(std_t) <= 0:
-        raise ValueError(f"std values must be > 0, got {std!r}")
-    return mean_t, std_t
-
-
-def _check_probability(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} is a probability in [0, 1], got {value}")
-
-
-def _interpolation(antialias: bool) -> dict[str, Any]:
-    return {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image" if antialias else None}
-
-
 def _crop_flip(
-    size: Size, scale: tuple[float, float], ratio: tuple[float, float], hflip: float, antialias: bool
+    size: Size, scale: tuple[float, float], ratio: tuple[float, float], hflip: float
 ) -> tuple[int, int, list[A.BasicTransform]]:
     """``(height, width, [RandomResizedCrop(scale, ratio, bicubic), HorizontalFlip(hflip)])``, checked."""
     height, width = _size_hw(size)
-    for name, (lo, hi), high in (("scale", scale, 1.0), ("ratio", ratio, float("inf"))):
-        if not 0.0 < lo <= hi <= high:
-            raise ValueError(f"{name} must satisfy 0 < min <= max <= {high}, got {(lo, hi)!r}")
-    _check_probability("hflip", hflip)
-    rrc = A.RandomResizedCrop(
-        size=(height, width), scale=scale, ratio=ratio, p=1.0, **_interpolation(antialias)
-    )
+    _check(scale=scale, ratio=ratio, hflip=hflip)
+    rrc = A.RandomResizedCrop(size=(height, width), scale=scale, ratio=ratio, p=1.0, **_BICUBIC)
     return height, width, [rrc, A.HorizontalFlip(p=hflip)]

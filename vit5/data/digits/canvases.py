@@ -1,12 +1,6 @@
-"""Canvases that reward a storage token: a few scikit-learn digits on a large uninformative background.
-
-Darcet et al. (arXiv 2309.16588, section 2.1) find high-norm outlier tokens on patches redundant with their
-neighbours; here most patches are background (``flat`` grey, ``noise`` or both) and the label (``sum``,
-``summod`` = sum mod 10, ``count``, ``max``, ``multilabel``) needs every digit. Batches are pure functions of
-``(seed, stream, index)``; train canvases use the train digits, held-out ones the val digits.
-"""
-
-from __future__ import annotations
+"""Canvases that reward a storage token (Darcet et al., arXiv 2309.16588, section 2.1: outlier tokens on
+redundant patches): a few scikit-learn digits on a large background; the label needs every digit. Batches
+are pure functions of ``(seed, stream, index)``; train canvases use the train digits, held-out ones val's."""
 
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -22,7 +16,6 @@ Task = Literal["sum", "summod", "count", "max", "multilabel"]
 Background = Literal["flat", "noise", "flat+noise"]
 TASKS: tuple[str, ...] = get_args(Task)
 BACKGROUNDS: tuple[str, ...] = get_args(Background)
-_SPOT_TRIES = 30
 
 
 @dataclass(frozen=True)
@@ -38,28 +31,17 @@ class CanvasConfig:
     def __post_init__(self) -> None:
         for name in ("size", "digits", "digit_side"):
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
-        h, w = self.size
-        p = self.patch_size
-        if p < 1 or h % p or w % p:
-            raise InputError(f"canvas size {h}x{w} is not a multiple of patch_size {p}: use multiples of {p}")
-        lo, hi = self.digits
-        if not 1 <= lo <= hi:
-            raise InputError(f"digits per canvas must be a range 1 <= min <= max, got {self.digits}")
-        s_lo, s_hi = self.digit_side
-        if not 4 <= s_lo <= s_hi <= min(h, w):
-            raise InputError(
-                f"digit side must be a range 4 <= min <= max <= {min(h, w)} pixels, got {self.digit_side}"
-            )
-        if self.background not in BACKGROUNDS:
-            raise InputError(f"background must be one of {', '.join(BACKGROUNDS)}, got {self.background!r}")
-        if self.task not in TASKS:
-            raise InputError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
-        if self.noise_std < 0:
-            raise InputError(f"noise_std must be >= 0, got {self.noise_std}")
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.size[0] // self.patch_size, self.size[1] // self.patch_size
+        (h, w), p, (lo, hi), (s_lo, s_hi) = self.size, self.patch_size, self.digits, self.digit_side
+        for name, ok, want in (
+            ("size", p >= 1 and not h % p and not w % p, f"a multiple of patch_size {p}"),
+            ("digits", 1 <= lo <= hi, "a range 1 <= min <= max"),
+            ("digit_side", 4 <= s_lo <= s_hi <= min(h, w), f"a range 4 <= min <= max <= {min(h, w)} pixels"),
+            ("background", self.background in BACKGROUNDS, f"one of {', '.join(BACKGROUNDS)}"),
+            ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
+            ("noise_std", self.noise_std >= 0, ">= 0"),
+        ):
+            if not ok:
+                raise InputError(f"canvas {name} must be {want}, got {getattr(self, name)!r}")
 
     @property
     def num_outputs(self) -> int:
@@ -77,14 +59,10 @@ class CanvasBatch:
 
 def label_of(digits: tuple[int, ...], task: Task) -> int | np.ndarray:
     """The label of a canvas holding ``digits`` under ``task``."""
-    if task == "sum":
-        return sum(digits)
-    if task == "summod":
-        return sum(digits) % 10
-    if task == "count":
-        return len(digits)
-    if task == "max":
-        return max(digits)
+    if task != "multilabel":
+        return {"sum": sum(digits), "summod": sum(digits) % 10, "count": len(digits), "max": max(digits)}[
+            task
+        ]
     present = np.zeros(10, dtype=np.float32)
     present[list(digits)] = 1.0
     return present
@@ -136,8 +114,7 @@ class CanvasSource:
             chosen.append(int(self.targets[pick]))
         gray = np.rint(canvas).clip(0, 255)
         p = cfg.patch_size
-        gh, gw = cfg.grid
-        touched = (gray != base).reshape(gh, p, gw, p).any(axis=(1, 3))
+        touched = (gray != base).reshape(h // p, p, w // p, p).any(axis=(1, 3))
         digits = tuple(chosen)
         rgb = np.repeat(gray.astype(np.uint8)[..., None], 3, axis=2)
         return rgb, label_of(digits, cfg.task), ~touched, digits
@@ -148,7 +125,7 @@ def _free_spot(
 ) -> tuple[int, int]:
     """A random top-left corner overlapping no earlier digit's square, if one of a few draws allows."""
     best, best_overlap = (0, 0), np.inf
-    for _ in range(_SPOT_TRIES):
+    for _ in range(30):
         top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))
         overlap = sum(
             max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, x + s) - max(left, x))

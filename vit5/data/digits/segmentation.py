@@ -1,13 +1,7 @@
-"""A real-pixel semantic-segmentation set: scikit-learn digits alpha-blended onto smooth random canvases.
+"""A segmentation set: scikit-learn digits alpha-blended onto smooth random canvases, mask = class + 1 where
+the topmost digit's alpha >= 0.5, else 0 (train canvases from train digits only), written in the layout
+:mod:`vit5.data.segmentation` reads; the same arguments always give the same bytes."""
 
-Mask = digit class + 1 where the topmost digit's alpha >= 0.5, else 0; train canvases use only train digits,
-val only val digits. Written as ``root/{images,annotations}/{train,val}/00000.png`` + ``root/dataset.json``
-(the layout :mod:`vit5.data.segmentation` reads); the same arguments always give the same bytes.
-"""
-
-from __future__ import annotations
-
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,9 +10,9 @@ import cv2
 import numpy as np
 from sklearn.datasets import load_digits
 
-from vit5.data.digits import load_digits_split
+from vit5.data.digits import load_digits_split, write_pngs
 from vit5.errors import InputError
-from vit5.files import atomic_write_bytes, atomic_write_json, read_json
+from vit5.files import atomic_write_json
 
 SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
 IGNORE_INDEX = 255
@@ -60,18 +54,20 @@ class SegSetConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "digits_per_image", tuple(self.digits_per_image))
         object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
-        if self.num_train < 1 or self.num_val < 1:
-            raise InputError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
-        if self.size < 16:
-            raise InputError(f"size must be >= 16 pixels, got {self.size}")
-        if not 1 <= self.digits_per_image[0] <= self.digits_per_image[1]:
-            raise InputError(f"digits_per_image must be a range 1 <= min <= max, got {self.digits_per_image}")
-        s_lo, s_hi = self.digit_scale
-        if not 0 < s_lo <= s_hi <= 1 or round(s_lo * self.size) < 8:
-            raise InputError(
-                "digit_scale must satisfy 0 < min <= max <= 1 with digits of at least 8 px, got "
-                f"{self.digit_scale} at size {self.size}"
-            )
+        (lo, hi), (s_lo, s_hi) = self.digits_per_image, self.digit_scale
+        for name, ok, want in (
+            ("num_train", self.num_train >= 1, ">= 1"),
+            ("num_val", self.num_val >= 1, ">= 1"),
+            ("size", self.size >= 16, ">= 16 pixels"),
+            ("digits_per_image", 1 <= lo <= hi, "a range 1 <= min <= max"),
+            (
+                "digit_scale",
+                0 < s_lo <= s_hi <= 1 and round(s_lo * self.size) >= 8,
+                f"a range 0 < min <= max <= 1 giving digits of at least 8 px at size {self.size}",
+            ),
+        ):
+            if not ok:
+                raise InputError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
 
 def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
@@ -83,8 +79,7 @@ def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
 def compose(
     rng: np.random.Generator, digits: np.ndarray, targets: np.ndarray, sources: np.ndarray, cfg: SegSetConfig
 ) -> SegSample:
-    """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``; a digit is placed
-    where its square covers at most 15 % of an earlier one's when a random spot allows."""
+    """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``."""
     size = cfg.size
     coarse = rng.random((max(2, size // 16), max(2, size // 16), 3)).astype(np.float32)
     canvas = 0.0 + 60.0 * cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC).clip(0, 1)
@@ -100,8 +95,7 @@ def compose(
         window[:] = window * (1.0 - alpha) + colour * alpha
         mask[top : top + side, left : left + side][alpha[..., 0] >= _ALPHA_THRESHOLD] = targets[pick] + 1
         placements.append(Placement(int(targets[pick]), int(sources[pick]), top, left, side))
-    image = np.rint(canvas).clip(0, 255).astype(np.uint8)
-    return SegSample(image, mask, tuple(placements))
+    return SegSample(np.rint(canvas).clip(0, 255).astype(np.uint8), mask, tuple(placements))
 
 
 def _free_spot(rng: np.random.Generator, size: int, side: int, placed: list[Placement]) -> tuple[int, int]:
@@ -136,10 +130,15 @@ def digit_seg_samples(split: str, cfg: SegSetConfig = SegSetConfig()) -> list[Se
 
 
 def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = SegSetConfig()) -> dict:
-    """Write the set under ``root`` (atomically per file) and return the ``dataset.json`` content; a set made
-    with other arguments is refused (``FileExistsError``: stale files would mix in)."""
+    """Write the set under ``root`` (:func:`~vit5.data.digits.write_pngs`: idempotent, a set with other
+    arguments refused) and return the ``dataset.json`` content."""
     root = Path(root)
-    info_path = root / "dataset.json"
+    plan = {}
+    for split in SPLITS:
+        for i, sample in enumerate(digit_seg_samples(split, cfg)):
+            plan[root / "images" / split / f"{i:05d}.png"] = sample.image
+            plan[root / "annotations" / split / f"{i:05d}.png"] = sample.mask
+    write_pngs(root, plan, 5)
     info = {
         "name": "digits-seg",
         "num_classes": len(SEG_CLASSES),
@@ -148,27 +147,5 @@ def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = Se
         "config": asdict(cfg),
         "splits": {"train": cfg.num_train, "val": cfg.num_val},
     }
-    if info_path.is_file():
-        stored = read_json(info_path)
-        old = stored.get("config") if isinstance(stored, dict) else stored
-        if old != json.loads(json.dumps(asdict(cfg))):
-            raise FileExistsError(
-                f"{root} holds a digits-seg set made with other arguments ({old}): delete it or use another "
-                "folder"
-            )
-    for split in SPLITS:
-        for i, sample in enumerate(digit_seg_samples(split, cfg)):
-            _write_png(
-                root / "images" / split / f"{i:05d}.png", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR)
-            )
-            _write_png(root / "annotations" / split / f"{i:05d}.png", sample.mask)
-    atomic_write_json(info_path, info)
+    atomic_write_json(root / "dataset.json", info)
     return info
-
-
-def _write_png(path: Path, array: np.ndarray) -> None:
-    ok, buffer = cv2.imencode(".png", array)
-    if not ok:
-        raise RuntimeError(f"OpenCV failed to encode {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buffer.tobytes(), durable=False)
