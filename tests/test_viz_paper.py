@@ -251,8 +251,9 @@ def test_title_label_and_default_size_from_the_command_line(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "2 images at 32x48" in printed  # 427 x 640 photos keep their aspect on a 32 px model
     assert json.loads((out / "metrics.json").read_text())["model"] == "ViT-5 demo"
-    assert main([*args[:-2], "--label", " ", "--out", str(tmp_path / "o2")]) == 2
-    assert "--label" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # an empty label is a usage error: exit 2, one line naming it
+        main([*args[:-2], "--label", " ", "--out", str(tmp_path / "o2")])
+    assert usage.value.code == 2 and "--label" in capsys.readouterr().err
 
 
 def test_a_given_title_replaces_every_generated_one(recorded):
