@@ -127,7 +127,7 @@ class ShardDataset(BadSamples, IterableDataset):
       ``[r*K*B, (r+1)*K*B)``, its worker ``w`` the batches ``i % W == w`` as one contiguous run, mixed in
       a ``shuffle_buffer`` seeded by ``(seed, epoch, r, w)``; the last ``N - K*P*B`` are :attr:`dropped`.
     * validation: every sample once, unshuffled, in near-equal ranges; batches are padded to ``B`` with label
-      ``-1`` (not counted by :func:`vit5.train.evaluate.evaluate`).
+      ``-1`` (not counted by :func:`vit5.train.loop.evaluate`).
     * resume: :meth:`set_epoch` ``(epoch, consumed)`` is exact for the same ``P`` and ``W`` (consumed samples
       re-read as bytes and discarded, the worker turn rotated), approximate otherwise.
     * bad samples (undecodable, no image, no or a bad label, truncated shard) are flagged and warned about;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.resources
+import importlib.util
 import math
 import os
 import typing
@@ -31,7 +32,7 @@ from vit5.weights import hub
 
 @dataclass
 class LoraSection:
-    """LoRA adapters (arXiv 2106.09685) through the peft library; see :mod:`vit5.train.lora`."""
+    """LoRA adapters (arXiv 2106.09685) through the peft library; see :mod:`vit5.train.modeling`."""
 
     enabled: bool = False  # true: train only low-rank adapters on the blocks' linears, and the head
     r: int = 8  # rank of each adapter
@@ -162,13 +163,11 @@ class RunSection:
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
-    # experiment trackers through Accelerate (vit5.train.tracking): tensorboard, wandb, mlflow, ...;
+    # experiment trackers through Accelerate (vit5.train.trainer): tensorboard, wandb, mlflow, ...;
     # several comma-separated (tensorboard,wandb); null: none
     log_with: str | None = None
     log_every_steps: int = 1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
-    tracker_project: str = (
-        "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard folder)
-    )
+    tracker_project: str = "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
 
 
 @dataclass
@@ -186,9 +185,6 @@ class TrainConfig:
 
 def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
     """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    from vit5.train.lora import check_lora
-    from vit5.train.tracking import check_trackers
-
     problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained_name(cfg)
     problems += check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
     problems += _check_paths(cfg) if check_paths else []
@@ -196,57 +192,48 @@ def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
+# (settings, check, rule): the rule is the message; a setting that may be null passes as null
+_RULES: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model.img_size model.max_params optim.lr optim.eps model.lora.alpha", lambda v: v > 0, "> 0"),
+    ("model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"),
+    ("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
+    ("model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"),
+    ("checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+    ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+    ("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
+    ("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
+    ("data.shuffle_buffer aug.mixup aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("data.digits_val_fraction ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
+    (
+        "aug.hflip aug.erasing aug.mixup_prob aug.mixup_switch_prob",
+        lambda v: 0 <= v <= 1,
+        "a probability in [0, 1]",
+    ),
+    ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+    ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
+    ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
+    ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+    ("optim.layer_decay", lambda v: 0 < v <= 1, "in (0, 1] or null"),
+    ("optim.clip_grad", lambda v: v > 0, "> 0 or null"),
+    ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
+    # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
+    ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+]
+
+
 def _ranges(cfg: TrainConfig) -> list[str]:
-    flat, epochs = flatten_config(cfg), cfg.schedule.epochs
-    rules: list[tuple[str, Callable[[Any], bool], str]] = [
-        ("model.img_size", lambda v: v > 0, "> 0"),
-        ("model.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("model.drop_path_rate", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("model.max_params", lambda v: v > 0, "> 0"),
-        ("data.batch_size", lambda v: v >= 1, ">= 1"),
-        ("data.eval_batch_size", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.num_workers", lambda v: v >= 0, ">= 0"),
-        ("data.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.shuffle_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("data.digits_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-        ("aug.color_jitter", lambda v: v >= 0, ">= 0"),
-        ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
-        ("aug.hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
-        ("aug.erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
-        ("aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
-        ("aug.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("loss.smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("optim.lr", lambda v: v > 0, "> 0"),
-        ("optim.lr_base_batch", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
-        ("optim.eps", lambda v: v > 0, "> 0"),
-        ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
-        ("optim.layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
-        ("optim.clip_grad", lambda v: v is None or v > 0, "> 0 or null"),
-        ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
-        ("schedule.epochs", lambda v: v >= 1, ">= 1"),
-        ("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)"),
-        ("schedule.warmup_lr", lambda v: v >= 0, ">= 0"),
-        ("schedule.min_lr", lambda v: v >= 0, ">= 0"),
-        ("ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
-        ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
-        ("checkpoint.every_epochs", lambda v: v >= 1, ">= 1"),
-        ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
-        ("run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
-        ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
-        ("model.lora.r", lambda v: v >= 1, ">= 1"),
-        ("model.lora.alpha", lambda v: v > 0, "> 0"),
-        ("model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-        # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
-        ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    flat = flatten_config(cfg)
+    rules = [(key, ok, rule) for keys, ok, rule in _RULES for key in keys.split()]
+    rules.append(
+        ("schedule.warmup_epochs", lambda v: 0 <= v < cfg.schedule.epochs, "in [0, schedule.epochs)")
+    )
+    problems = [
+        f"{key}={shorten(flat[key])} must be {rule}"
+        for key, ok, rule in rules
+        if not (ok(flat[key]) if flat[key] is not None else rule.endswith("or null"))
     ]
-    problems = [f"{key}={shorten(flat[key])} must be {rule}" for key, ok, rule in rules if not ok(flat[key])]
     return _finite(flat) + problems
 
 
@@ -361,6 +348,62 @@ def _combinations(cfg: TrainConfig) -> list[str]:
         )
     if cfg.model.compile and cfg.model.grad_checkpointing:
         problems.append("model.compile and model.grad_checkpointing together are not supported; pick one")
+    return problems
+
+
+# the names in model.lora.targets, and the module of every block they stand for
+LORA_TARGETS = {"qkv": r"attn\.qkv", "proj": r"attn\.proj", "fc1": r"mlp\.fc1", "fc2": r"mlp\.fc2"}
+
+
+def check_lora(cfg: LoraSection, pretrained: str | None) -> list[str]:
+    if not cfg.enabled:
+        return []
+    problems = []
+    unknown = [t for t in cfg.targets if t not in LORA_TARGETS]
+    if unknown or not cfg.targets:
+        problems.append(
+            f"model.lora.targets={list(cfg.targets)}: give a non-empty list of {', '.join(LORA_TARGETS)} "
+            f"(the linears of every block{'; not ' + ', '.join(unknown) if unknown else ''})"
+        )
+    if pretrained is None:
+        problems.append(
+            "model.lora.enabled=true freezes every pretrained weight, but model.pretrained is not set, so "
+            "the frozen weights would stay random; set model.pretrained=... or model.lora.enabled=false"
+        )
+    if importlib.util.find_spec("peft") is None:
+        problems.append(
+            "model.lora.enabled=true needs the peft library, which is not installed: "
+            "pip install 'vit5[peft]' (or pip install peft)"
+        )
+    return problems
+
+
+def tracker_names(log_with: str | None) -> list[str]:
+    return [name.strip() for name in (log_with or "").split(",") if name.strip()]
+
+
+def check_trackers(log_with: str | None) -> list[str]:
+    """Unknown names and trackers whose package is not installed (which Accelerate would drop silently)."""
+    names = tracker_names(log_with)
+    if not names:
+        return []
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    known, available = sorted(LOGGER_TYPE_TO_CLASS), {str(t) for t in get_available_trackers()}
+    problems = []
+    for name in names:
+        if name not in LOGGER_TYPE_TO_CLASS:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            problems.append(
+                f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
+            )
+        elif name not in available:
+            package = {"comet_ml": "comet-ml"}.get(name, name)  # a tracker whose package is named otherwise
+            problems.append(
+                f"run.log_with: the {name} tracker needs the {package} package, which is not installed: "
+                f"pip install {package}"
+            )
     return problems
 
 
@@ -561,11 +604,6 @@ def config_record(cfg: TrainConfig) -> dict[str, Any]:
             node = node[section]
         node[last] = text
     return record
-
-
-def is_from_env(cfg: TrainConfig, key: str) -> bool:
-    """Whether setting ``key`` (``"run.name"``) was read from the environment."""
-    return key in cfg.__dict__.get("_from_env", {})
 
 
 def config_to_yaml(cfg: TrainConfig) -> str:

@@ -1,22 +1,28 @@
-"""The model of a run: a fresh preset, or pretrained weights (released, ``hf-hub:``, an official
-``.pth``, a timm file, one of our runs) loaded strictly except for the official fine-tune recipe's two
-reported changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head when the classes
-differ (``model.new_head``) and the position embedding resampled for another ``model.img_size``.
-"""
+"""The model of a run: a preset, or pretrained weights loaded strictly but for the official fine-tune's two
+changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head for other classes, the position
+embedding resampled. LoRA (arXiv 2106.09685) through peft: one adapter on the fused ``qkv``, as peft does
+(the paper adapts ``W_q``, ``W_v``, Section 7.1); ``best/`` / ``final/`` hold the merged weights."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from timm.utils import ModelEmaV3
 
 import vit5
-from vit5 import ViT5, create_model
+from vit5 import ViT5, ViT5Config, create_model
 from vit5.model.presets import closest_preset
-from vit5.train.config import ModelSection
+from vit5.train.config import LORA_TARGETS, LoraSection, ModelSection
 from vit5.train.errors import TrainConfigError
 from vit5.weights import hub
 from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
 from vit5.weights.convert import HeadMismatchError
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
@@ -117,3 +123,59 @@ def _same_architecture(built: vit5.ViT5Config, name: str) -> bool:
     """Whether ``built`` is the architecture of preset ``name`` (sizes and the ViT-5 switches)."""
     named = vit5.preset_config(name)
     return all(getattr(built, f) == getattr(named, f) for f in (*_SHAPE_FIELDS, "num_registers"))
+
+
+# ---------------------------------------------------------------------------------- LoRA
+def lora_config(cfg: LoraSection) -> LoraConfig:
+    """The peft ``LoraConfig`` of ``model.lora``; the anchored pattern leaves out ``patch_embed.proj``."""
+    from peft import LoraConfig
+
+    modules = "|".join(LORA_TARGETS[t] for t in cfg.targets)
+    return LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=rf"blocks\.\d+\.({modules})",  # a string: peft full-matches it to module names
+        modules_to_save=["head"],
+        bias="none",
+    )
+
+
+def add_lora(model: ViT5, cfg: LoraSection) -> ViT5:
+    """Inject the adapters into ``model`` in place and freeze the rest; return ``model``."""
+    from peft import get_peft_model
+
+    get_peft_model(model, lora_config(cfg))  # the wrapper is not kept: the ViT5 inside is adapted in place
+    return model
+
+
+def merge_lora(state_dict: dict[str, torch.Tensor], model_cfg: ViT5Config, cfg: LoraSection) -> ViT5:
+    """A plain :class:`~vit5.ViT5` (CPU) from an adapted model's ``state_dict``, adapters folded in."""
+    from peft import get_peft_model
+
+    shell = get_peft_model(ViT5(model_cfg), lora_config(cfg))
+    shell.get_base_model().load_state_dict(state_dict)  # strict: the same adapters, names and shapes
+    merged = shell.merge_and_unload()
+    assert isinstance(merged, ViT5)
+    return merged.eval()
+
+
+def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
+    """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained (21.7%)``;
+    the total leaves out the head's frozen original, which peft keeps and the merge drops."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for name, p in model.named_parameters() if "head.original_module." not in name)
+    return (
+        f"LoRA r={cfg.r} alpha={cfg.alpha:g} on {', '.join(cfg.targets)} + full head: "
+        f"{trainable:,} of {total:,} parameters trained ({100 * trainable / total:.1f}%)"
+    )
+
+
+def merged_for_export(
+    model: ViT5, ema: ModelEmaV3 | None, cfg: LoraSection
+) -> tuple[ViT5, ModelEmaV3 | None]:
+    """The raw and EMA weights of an adapted run as plain ViT-5 models (for ``best/`` and ``final/``)."""
+    merged = merge_lora(model.state_dict(), model.cfg, cfg)
+    if ema is None:
+        return merged, None
+    return merged, ModelEmaV3(merge_lora(ema.module.state_dict(), model.cfg, cfg), decay=ema.decay)

@@ -1,9 +1,7 @@
-"""The training run: config, data, model, optimizer, schedule, EMA and checkpoints wired under
-Accelerate; only the main process prints and writes, every collective runs on all processes. A
-non-finite loss or weight raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those
-weights); SIGTERM / SIGINT / SIGUSR1 checkpoint the exact position and raise
-:class:`~vit5.train.TrainingInterrupted` (a second signal exits at once). See docs/training.md.
-"""
+"""The training run under Accelerate: only the main process prints and writes. A non-finite loss or weight
+raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those weights); SIGTERM / SIGINT /
+SIGUSR1 checkpoint the exact position and raise :class:`~vit5.train.TrainingInterrupted` (a second signal
+exits at once). See docs/training.md."""
 
 from __future__ import annotations
 
@@ -44,24 +42,27 @@ from vit5.train.checkpointing import (
     raise_agreed,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig, config_record, is_from_env
+from vit5.train.config import RunSection, TrainConfig, config_record, flatten_config, tracker_names
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
-from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
+    EvalResult,
     LoopParts,
+    LRSchedule,
     NonFiniteLoss,
+    build_ema,
     build_loss,
+    build_optimizer,
+    ema_horizon_warning,
+    evaluate,
+    peak_lr,
     reduce_sums,
     schedule_clock,
     target_mixer,
     train_one_epoch,
 )
-from vit5.train.lora import add_lora, describe, merged_for_export
-from vit5.train.modeling import build_model
-from vit5.train.optim import LRSchedule, build_ema, build_optimizer, ema_horizon_warning, peak_lr
+from vit5.train.modeling import add_lora, build_model, describe, merged_for_export
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
-from vit5.train.tracking import Tracking
 
 
 class Trainer:
@@ -124,7 +125,7 @@ class Trainer:
         self.resumed_from, self.forked_from = resume, None
         self.resume_exact: bool | None = None
         self.resume_warning = ""
-        self.resumed_elastic: int | None = None  # the process count that wrote an elastic resume's checkpoint
+        self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
         self.lock: FolderLock | None = None
         self.last_checkpoint: Path | None = None  # the newest complete checkpoint of this run directory
         self.pending: Path | None = None  # a checkpoint whose weights have not yet given a finite loss
@@ -133,14 +134,12 @@ class Trainer:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
-        epoch_samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
-        layout = EpochLayout(
-            cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, epoch_samples
-        )
+        samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
+        layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
-        directory = self.run_dir / rundir.CHECKPOINTS
+        keep, record = cfg.checkpoint.keep_last, config_record(cfg)
         self.checkpoints = CheckpointManager(
-            acc, directory, cfg.checkpoint.keep_last, parts, config_record(cfg), layout
+            acc, self.run_dir / rundir.CHECKPOINTS, keep, parts, record, layout
         )
         try:
             if resume is not None:
@@ -163,7 +162,6 @@ class Trainer:
             ema=self.ema,
             loader=self.data.train_loader,
             batch_size=cfg.data.batch_size,
-            accum_steps=cfg.optim.accum_steps,
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
@@ -174,7 +172,7 @@ class Trainer:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact, self.resume_warning = restored.exact, restored.warning
-        self.resumed_elastic = restored.written_by if restored.elastic else None
+        self.resumed_elastic = restored.elastic_from
         # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
         # this run's peak lr); the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
@@ -381,7 +379,12 @@ class Trainer:
             f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
             f"{num_images(data.val_set)} val images, {len(data.class_names)} classes, "
             + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
-            + _dropped_note(data.train_set, acc.num_processes * cfg.data.batch_size),
+            + (
+                f"; each epoch trains on all but {dropped} samples (less than one batch of "
+                f"{acc.num_processes * cfg.data.batch_size} over all processes), the last of its shard order"
+                if (dropped := getattr(data.train_set, "dropped", 0))
+                else ""
+            ),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
@@ -407,9 +410,8 @@ class Trainer:
         model, ema = self.model, self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        run = (
-            config_record(self.cfg)["run"]["name"] if is_from_env(self.cfg, "run.name") else self.run_dir.name
-        )
+        recorded = config_record(self.cfg)["run"]["name"]  # a name read from the environment: its ${oc.env:}
+        run = recorded if recorded != self.cfg.run.name else self.run_dir.name
         extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
         extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
         save_model_dir(self.accelerator, model, ema, directory, extra)
@@ -472,6 +474,71 @@ class Trainer:
         )
 
 
+class Tracking:
+    """The trackers of one run through Accelerate (no-ops without ``run.log_with``; called on every process;
+    huggingface.co/docs/accelerate/usage_guides/tracking): the config, ``train/loss`` and ``train/lr``
+    every ``run.log_every_steps`` steps, each epoch's row as ``epoch/<column>``; logs under ``RUN/logs/``.
+    Not ``accelerator.end_training``: it destroys the process group, which the Trainer's caller owns."""
+
+    def __init__(self, accelerator: Accelerator, cfg: RunSection) -> None:
+        self.accelerator = accelerator
+        self.names = tracker_names(cfg.log_with)
+        self.project = cfg.tracker_project
+        self.every = cfg.log_every_steps
+        self.started = False
+        self._losses: list[float] = []
+
+    @staticmethod
+    def accelerator_kwargs(cfg: RunSection) -> dict[str, Any]:
+        """``Accelerator(...)`` arguments: the trackers and the logging directory TensorBoard needs up front
+        (:meth:`start` points it at the run directory)."""
+        names = tracker_names(cfg.log_with)
+        return dict(log_with=names, project_dir=cfg.output_dir) if names else {}
+
+    def start(self, run_dir: Path, config: TrainConfig) -> None:
+        if not self.names or self.started:
+            return
+        logs = run_dir / "logs"
+        self.accelerator.project_configuration.logging_dir = str(logs)
+        init_kwargs = {
+            "wandb": {"name": run_dir.name, "dir": str(logs)},
+            "mlflow": {"run_name": run_dir.name},
+        }
+        if self.accelerator.is_main_process:
+            logs.mkdir(parents=True, exist_ok=True)
+        hparams = {
+            k: v if isinstance(v, (bool, int, float, str)) else str(v)
+            for k, v in flatten_config(config).items()
+        }
+        self.accelerator.init_trackers(self.project, config=hparams, init_kwargs=init_kwargs)
+        self.started = True
+
+    def step(self, num_updates: int, loss: float, lr: float) -> None:
+        if not self.started:
+            return
+        self._losses.append(loss)
+        if num_updates % self.every == 0:
+            mean = math.fsum(self._losses) / len(self._losses)
+            self.accelerator.log({"train/loss": mean, "train/lr": lr}, step=num_updates)
+            self._losses.clear()
+
+    def epoch(self, row: dict[str, Any], num_updates: int) -> None:
+        if not self.started:
+            return
+        values = {
+            f"epoch/{k}": v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.accelerator.log(values, step=num_updates)
+
+    def finish(self) -> None:
+        if not self.started:
+            return
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers.clear()
+        self.started = False
+
+
 @contextmanager
 def _generators_kept() -> Iterator[None]:
     """Restore torch's (CPU and CUDA), NumPy's and Python's global generators on exit."""
@@ -488,15 +555,6 @@ def _stop_workers(loader: DataLoader) -> None:
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
     loader._iterator = None  # type: ignore[attr-defined]
-
-
-def _dropped_note(train_set: Dataset, global_batch: int) -> str:
-    if not (dropped := getattr(train_set, "dropped", 0)):
-        return ""
-    return (
-        f"; each epoch trains on all but {dropped} samples (less than one batch of {global_batch} "
-        "over all processes), the last of that epoch's shard order"
-    )
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
