@@ -185,7 +185,7 @@ class TrainConfig:
 
 def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
     """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained_name(cfg)
+    problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained(cfg, check_paths)
     problems += check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
     problems += _check_paths(cfg) if check_paths else []
     if problems:
@@ -258,8 +258,7 @@ def _names(cfg: TrainConfig) -> list[str]:
     problems = []
     presets = vit5.list_presets()
     if cfg.model.name not in presets:
-        close = difflib.get_close_matches(cfg.model.name, presets, n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
+        hint = _did_you_mean(cfg.model.name, presets)
         problems.append(
             f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
         )
@@ -393,8 +392,7 @@ def check_trackers(log_with: str | None) -> list[str]:
     problems = []
     for name in names:
         if name not in LOGGER_TYPE_TO_CLASS:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
+            hint = _did_you_mean(name, known)
             problems.append(
                 f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
             )
@@ -425,16 +423,6 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
                         f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
                         f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
                     )
-    pretrained = cfg.model.pretrained
-    if (
-        pretrained is not None
-        and not _names_weights(pretrained)
-        and not _probe(Path(pretrained).expanduser().exists)
-    ):
-        problems.append(
-            f"model.pretrained={shorten(pretrained)[1:-1]} does not exist; check the path, or name released "
-            f"weights ({', '.join(hub.RELEASES)}; true: those of model.name) or hf-hub:USER/REPO"
-        )
     return problems
 
 
@@ -446,36 +434,38 @@ def _probe(test: Callable[[], bool]) -> bool:
         return False
 
 
-def _names_weights(pretrained: str) -> bool:
-    """Whether ``model.pretrained`` names weights (``true``, a release, ``hf-hub:``), not a path."""
-    if pretrained in ("true", "True") or pretrained.startswith(hub.HF_HUB_PREFIX):
-        return True
-    path = Path(pretrained)
-    return hub.is_weights_name(pretrained) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists)
-
-
 _WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_patch16_224.pth is a path
 
 
-def _pretrained_name(cfg: TrainConfig) -> list[str]:
-    pretrained = cfg.model.pretrained
-    if pretrained is None or not _names_weights(pretrained) or pretrained.startswith(hub.HF_HUB_PREFIX):
+def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
+    """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a path."""
+    text, released = cfg.model.pretrained, ", ".join(hub.RELEASES)
+    if text is None or text.startswith(hub.HF_HUB_PREFIX):
         return []
-    if pretrained in ("true", "True"):
+    if text in ("true", "True"):
         if cfg.model.name in vit5.list_presets() and hub.default_release(cfg.model.name) is None:
             return [
-                f"model.pretrained=true: {cfg.model.name} has no released weights (released: "
-                f"{', '.join(hub.RELEASES)}); name released weights or give a checkpoint path"
+                f"model.pretrained=true: {cfg.model.name} has no released weights (released: {released}); "
+                "name released weights or give a checkpoint path"
             ]
         return []
-    if pretrained not in hub.RELEASES:
-        close = difflib.get_close_matches(pretrained, list(hub.RELEASES), n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
+    path = Path(text)
+    if hub.is_weights_name(text) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists):
+        if text in hub.RELEASES:
+            return []
+        hint = _did_you_mean(text, list(hub.RELEASES))
+        return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
+    if check_paths and not _probe(path.expanduser().exists):
         return [
-            f"model.pretrained={pretrained} is neither a file nor released weights; {hint}"
-            f"released: {', '.join(hub.RELEASES)}"
+            f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name released "
+            f"weights ({released}; true: those of model.name) or hf-hub:USER/REPO"
         ]
     return []
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
@@ -553,7 +543,8 @@ def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
         ConfigAdjusted,
         stacklevel=3,
     )
-    return replace_sections(cfg, schedule=dataclasses.replace(schedule, warmup_epochs=warmup))
+    schedule.warmup_epochs = warmup  # cfg was just built for this call
+    return cfg
 
 
 def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
@@ -568,9 +559,6 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
 
 
 # ---------------------------------------------------------------------------------- environment values
-_ENV = "${oc.env:"
-
-
 def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     """The typed config; settings read from ``${oc.env:VAR}`` keep their text (:func:`config_record`)."""
     raw = _flatten(typing.cast(dict, OmegaConf.to_container(merged, resolve=False)))
@@ -579,18 +567,9 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     except OmegaConfBaseException as e:
         key, reason = getattr(e, "full_key", None) or "a setting", _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
-    from_env = {k: v for k, v in raw.items() if isinstance(v, str) and _ENV in v}
-    return _with_env(cfg, from_env)
-
-
-def _with_env(cfg: TrainConfig, from_env: Mapping[str, str]) -> TrainConfig:
-    cfg.__dict__["_from_env"] = dict(from_env)  # not a setting: asdict and OmegaConf never see it
+    # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
+    cfg.__dict__["_from_env"] = {k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v}
     return cfg
-
-
-def replace_sections(cfg: TrainConfig, **sections: Any) -> TrainConfig:
-    """``dataclasses.replace`` that keeps what :func:`config_record` needs to know."""
-    return _with_env(dataclasses.replace(cfg, **sections), cfg.__dict__.get("_from_env", {}))
 
 
 def config_record(cfg: TrainConfig) -> dict[str, Any]:

@@ -7,6 +7,7 @@ of processes. Val: prepared by Accelerate (padding dropped by ``gather_for_metri
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from vit5.data import (
 from vit5.errors import name_list
 from vit5.runtime import fit_workers
 from vit5.train.checkpointing import checkpoint_config
-from vit5.train.config import TrainConfig, replace_sections
+from vit5.train.config import TrainConfig
 from vit5.train.errors import ResumeError, TrainConfigError
 
 
@@ -107,12 +108,6 @@ def build_run_data(
         worker_init_fn=ignore_stop_signals,
         **common,
     )
-    if len(train_loader) < cfg.optim.accum_steps:
-        raise TrainConfigError(
-            f"each process gets {len(train_loader)} full batches of data.batch_size={cfg.data.batch_size} "
-            f"per epoch ({len(sampler)} samples), fewer than optim.accum_steps={cfg.optim.accum_steps}; "
-            f"lower data.batch_size"
-        )
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
     val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
     return RunData(train_set, val_set, class_names, train_loader, val_loader, [note] if note else [])
@@ -141,7 +136,9 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
             )
     recorded = cfg.data.class_names
     if recorded is None:
-        return replace_sections(cfg, data=dataclasses.replace(cfg.data, class_names=list(class_names)))
+        cfg = copy.copy(cfg)  # with what config_record knows of settings read from the environment
+        cfg.data = dataclasses.replace(cfg.data, class_names=list(class_names))
+        return cfg
     if list(recorded) == list(class_names):
         return cfg
     change = class_names_change(recorded, class_names)
@@ -198,11 +195,6 @@ def _shard_run_data(
     if train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
         raise TrainConfigError(
             f"the given ShardDataset's batch_size differs from data.batch_size={data.batch_size}"
-        )
-    if len(train_set) < cfg.optim.accum_steps:  # type: ignore[arg-type]
-        raise TrainConfigError(
-            f"each process gets {len(train_set)} batches of data.batch_size={data.batch_size} per epoch, "  # type: ignore[arg-type]
-            f"fewer than optim.accum_steps={cfg.optim.accum_steps}; lower data.batch_size"
         )
     options = dict(pin_memory=data.pin_memory, persistent_workers=data.persistent_workers)
     return RunData(

@@ -33,9 +33,7 @@ from vit5.train.data import start_epoch
 # ---------------------------------------------------------------------------------- update rule
 def peak_lr(cfg: OptimSection, global_batch: int) -> float:
     """``cfg.lr`` (official ``--unscale-lr``), or scaled by ``global_batch / lr_base_batch`` when set."""
-    if cfg.lr_base_batch is None:
-        return cfg.lr
-    return cfg.lr * global_batch / cfg.lr_base_batch
+    return cfg.lr if cfg.lr_base_batch is None else cfg.lr * global_batch / cfg.lr_base_batch
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
@@ -87,12 +85,6 @@ class LRSchedule:
     def lr(self) -> float:
         """The lr of the group with the largest ``lr_scale`` (the head's under layer decay)."""
         return max(g["lr"] for g in self.optimizer.param_groups)
-
-
-def build_ema(model: nn.Module, cfg: EmaSection) -> ModelEmaV3 | None:
-    if not cfg.enabled:
-        return None
-    return ModelEmaV3(model, decay=cfg.decay, use_warmup=cfg.warmup)
 
 
 def ema_horizon_warning(cfg: EmaSection, total_updates: int) -> str:

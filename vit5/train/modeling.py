@@ -52,26 +52,16 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
 
 
 def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
-    """``(preset to build, weights for vit5.create_model, note)`` of ``model.pretrained``: released
-    weights build their own architecture (the note says when it is not ``model.name``); a path is
-    read as ``model.name``."""
+    """``(preset, weights for vit5.create_model, note)`` of a validated ``model.pretrained``: released
+    weights build their own architecture (the note says when not ``model.name``), a path ``model.name``."""
     text = str(cfg.pretrained)
     if text in PRETRAINED_TRUE:
-        release = hub.default_release(cfg.name)
-        if release is None:
-            raise TrainConfigError(
-                f"model.pretrained=true: {cfg.name} has no released weights (released: "
-                f"{', '.join(hub.RELEASES)}); name one of them, or give a checkpoint path"
-            )
-        return cfg.name, release.name, ""
+        return cfg.name, hub.default_release(cfg.name).name, ""  # type: ignore[union-attr]
     if text.startswith(hub.HF_HUB_PREFIX):
         return cfg.name, text, ""
     path = Path(text).expanduser()
     if hub.is_weights_name(text) and not path.exists():
-        try:
-            release = hub.release(text)
-        except vit5.CheckpointError as e:
-            raise TrainConfigError(f"model.pretrained={text}: {e}") from e
+        release = hub.release(text)
         same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
         return release.arch, text, "" if same else f"{release.arch} (its weights), not model.name={cfg.name}"
     return cfg.name, path, ""

@@ -30,7 +30,7 @@ from vit5.files import (
     replace_dir,
     staging_dir,
 )
-from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE, checkpoint_number, list_checkpoints
+from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE
 from vit5.train.config import TrainConfig, config_to_yaml
 
 CONFIG_FILE = "config.yaml"
@@ -80,13 +80,6 @@ def fork_run_dir(
 
     new_dir, lock = _on_main(accelerator, fork)
     return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
-
-
-def newer_checkpoints(checkpoint: Path) -> list[Path]:
-    """The checkpoints of ``checkpoint``'s run written after it (a later timeline)."""
-    return [
-        c for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > checkpoint_number(checkpoint)
-    ]
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:

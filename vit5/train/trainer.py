@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
+from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader, Dataset
 
 from vit5 import compile_blocks
@@ -38,19 +39,18 @@ from vit5.train.checkpointing import (
     TrainState,
     checkpoint_number,
     is_verified,
+    list_checkpoints,
     newest_good,
     raise_agreed,
     save_model_dir,
 )
-from vit5.train.config import RunSection, TrainConfig, config_record, flatten_config, tracker_names
+from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.loop import (
-    EvalResult,
     LoopParts,
     LRSchedule,
     NonFiniteLoss,
-    build_ema,
     build_loss,
     build_optimizer,
     ema_horizon_warning,
@@ -77,16 +77,17 @@ class Trainer:
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
             # Accelerate sets up multi-CPU (gloo) only with cpu=True
             cpu=cfg.run.cpu or not torch.cuda.is_available(),
-            **Tracking.accelerator_kwargs(cfg.run),
+            # the trackers, and the logging folder TensorBoard needs up front (_start_tracking moves it)
+            **(dict(log_with=trackers, project_dir=cfg.run.output_dir) if trackers else {}),
         )
-        self.tracking = Tracking(acc, cfg.run)
+        self.tracking, self._step_losses = False, []  # trackers started; losses since the last logged step
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
@@ -107,9 +108,14 @@ class Trainer:
             self.model_description += f"; {describe(model, cfg.model.lora)}"
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
-        self.raw_model = model.to(acc.device)
-        self.ema = build_ema(self.raw_model, cfg.ema)
+        self.raw_model, ema = model.to(acc.device), cfg.ema
+        self.ema = ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup) if ema.enabled else None
         micro = len(self.data.train_loader)
+        if micro < cfg.optim.accum_steps:
+            raise TrainConfigError(
+                f"each process gets {micro} full batches of data.batch_size={cfg.data.batch_size} per epoch, "
+                f"fewer than optim.accum_steps={cfg.optim.accum_steps}; lower data.batch_size"
+            )
         self.batches_per_epoch = micro // cfg.optim.accum_steps * cfg.optim.accum_steps
         self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
@@ -122,7 +128,7 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumed_from, self.forked_from = resume, None
+        self.resumed_from, self.forked_from, self.fork_note = resume, None, ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
         self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
@@ -145,7 +151,7 @@ class Trainer:
             if resume is not None:
                 self._restore(resume)  # the original: errors name it and the last good one of its run
             if acc.is_main_process:
-                rundir.write_config(self.run_dir, cfg, note=self._fork_note())
+                rundir.write_config(self.run_dir, cfg, note=self.fork_note)
         except BaseException:
             self.close()
             if self.forked_from is not None and acc.is_main_process:  # a fork that never started
@@ -177,32 +183,26 @@ class Trainer:
         # this run's peak lr); the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
-        self.schedule.start(
-            schedule_clock(self.state, self.updates_per_epoch, self.global_batch), self.state.epoch
-        )
+        clock = schedule_clock(self.state, self.updates_per_epoch, self.global_batch)
+        self.schedule.start(clock, self.state.epoch)
         if not is_verified(checkpoint):  # its weights are checked by the first step's loss
             self.pending = self.last_checkpoint
 
     def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
         """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
         run_dir, acc = checkpoint.parent.parent, self.accelerator
-        newer = rundir.newer_checkpoints(checkpoint)
+        number = checkpoint_number(checkpoint)
+        newer = [c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number]
         if not newer:
             self.lock = rundir.lock_run_dir(acc, run_dir)
             return run_dir, checkpoint
         new_dir, copy, self.lock = rundir.fork_run_dir(acc, run_dir, checkpoint)
-        self.forked_from = (checkpoint, [c.name for c in newer])
-        return new_dir, copy
-
-    def _fork_note(self) -> str:
-        if self.forked_from is None:
-            return ""
-        checkpoint, newer = self.forked_from
-        return (
-            f"forked from {checkpoint}: {checkpoint.parent.parent} has newer checkpoints "
-            f"({', '.join(newer)}),\n"
-            f"which stay untouched; this run continues from {checkpoint.name} in {self.run_dir}"
+        self.forked_from = checkpoint
+        self.fork_note = (
+            f"forked from {checkpoint}: {run_dir} has newer checkpoints ({', '.join(newer)}),\n"
+            f"which stay untouched; this run continues from {checkpoint.name} in {new_dir}"
         )
+        return new_dir, copy
 
     def close(self) -> None:
         """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
@@ -219,12 +219,32 @@ class Trainer:
         ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached)."""
         self._print_header()
         try:
-            self.tracking.start(self.run_dir, self.cfg)
+            self._start_tracking()
             with self._stop_signals():
                 return self._train()
         finally:
-            self.tracking.finish()
+            if self.tracking:  # not accelerator.end_training: it destroys the caller's process group
+                for tracker in self.accelerator.trackers:
+                    tracker.finish()
+                self.accelerator.trackers.clear()
+                self.tracking = False
             self.close()
+
+    def _start_tracking(self) -> None:
+        """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking): the config,
+        ``train/loss`` and ``train/lr`` every ``run.log_every_steps`` steps, each epoch's row as
+        ``epoch/<column>``; logs under ``RUN/logs/``."""
+        acc, logs, name = self.accelerator, self.run_dir / "logs", self.run_dir.name
+        if not acc.log_with or self.tracking:
+            return
+        acc.project_configuration.logging_dir = str(logs)
+        if acc.is_main_process:
+            logs.mkdir(parents=True, exist_ok=True)
+        flat = flatten_config(self.cfg)
+        hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flat.items()}
+        init_kwargs = {"wandb": {"name": name, "dir": str(logs)}, "mlflow": {"run_name": name}}
+        acc.init_trackers(self.cfg.run.tracker_project, config=hparams, init_kwargs=init_kwargs)
+        self.tracking = True
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
@@ -283,7 +303,7 @@ class Trainer:
                 val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
             )
             if self.ema is not None:
-                ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+                ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
                 out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
         if bad:
@@ -307,7 +327,9 @@ class Trainer:
                 title=f"{self.run_dir.name}: {self.model_description}",
             )
             acc.print(epoch_line(row, cfg.schedule.epochs))
-        self.tracking.epoch(row, state.num_updates)
+        if self.tracking:
+            numbers = {f"epoch/{k}": v for k, v in row.items() if isinstance(v, (int, float))}
+            acc.log({k: v for k, v in numbers.items() if not isinstance(v, bool)}, step=state.num_updates)
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
@@ -315,7 +337,11 @@ class Trainer:
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
         """After each optimizer step: the trackers; the finite losses vouch for the pending checkpoint;
         then a mid-epoch checkpoint and a requested stop."""
-        self.tracking.step(self.state.num_updates, loss, lr)
+        self._step_losses += [loss] if self.tracking else []
+        if self.tracking and self.state.num_updates % self.cfg.run.log_every_steps == 0:
+            mean = math.fsum(self._step_losses) / len(self._step_losses)
+            self.accelerator.log({"train/loss": mean, "train/lr": lr}, step=self.state.num_updates)
+            self._step_losses.clear()
         if self.pending is not None:
             self.checkpoints.confirm(
                 self.pending, f"finite training loss at optimizer step {self.state.num_updates}"
@@ -398,8 +424,8 @@ class Trainer:
         if self.resumed_from is not None:
             where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
             lines.append(f"resumed        from {self.resumed_from} ({where})")
-        if self.forked_from is not None:
-            lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
+        if self.fork_note:
+            lines.append("forked         " + self.fork_note.replace("\n", "\n               "))
         lines += [f"note           {note}" for note in data.notes]
         lines += [self.resume_warning, ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs)]
         if state.epoch >= epochs:
@@ -443,7 +469,7 @@ class Trainer:
             train_images_per_s=state.images_seen / max(state.train_seconds, 1e-9),
             num_processes=acc.num_processes,
             resumed_from=str(self.resumed_from) if self.resumed_from is not None else None,
-            forked_from=str(self.forked_from[0]) if self.forked_from is not None else None,
+            forked_from=str(self.forked_from) if self.forked_from is not None else None,
             resume_exact=self.resume_exact,
             resume_note=self.resume_warning or None,
             resumed_from_processes=self.resumed_elastic,
@@ -472,71 +498,6 @@ class Trainer:
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
         )
-
-
-class Tracking:
-    """The trackers of one run through Accelerate (no-ops without ``run.log_with``; called on every process;
-    huggingface.co/docs/accelerate/usage_guides/tracking): the config, ``train/loss`` and ``train/lr``
-    every ``run.log_every_steps`` steps, each epoch's row as ``epoch/<column>``; logs under ``RUN/logs/``.
-    Not ``accelerator.end_training``: it destroys the process group, which the Trainer's caller owns."""
-
-    def __init__(self, accelerator: Accelerator, cfg: RunSection) -> None:
-        self.accelerator = accelerator
-        self.names = tracker_names(cfg.log_with)
-        self.project = cfg.tracker_project
-        self.every = cfg.log_every_steps
-        self.started = False
-        self._losses: list[float] = []
-
-    @staticmethod
-    def accelerator_kwargs(cfg: RunSection) -> dict[str, Any]:
-        """``Accelerator(...)`` arguments: the trackers and the logging directory TensorBoard needs up front
-        (:meth:`start` points it at the run directory)."""
-        names = tracker_names(cfg.log_with)
-        return dict(log_with=names, project_dir=cfg.output_dir) if names else {}
-
-    def start(self, run_dir: Path, config: TrainConfig) -> None:
-        if not self.names or self.started:
-            return
-        logs = run_dir / "logs"
-        self.accelerator.project_configuration.logging_dir = str(logs)
-        init_kwargs = {
-            "wandb": {"name": run_dir.name, "dir": str(logs)},
-            "mlflow": {"run_name": run_dir.name},
-        }
-        if self.accelerator.is_main_process:
-            logs.mkdir(parents=True, exist_ok=True)
-        hparams = {
-            k: v if isinstance(v, (bool, int, float, str)) else str(v)
-            for k, v in flatten_config(config).items()
-        }
-        self.accelerator.init_trackers(self.project, config=hparams, init_kwargs=init_kwargs)
-        self.started = True
-
-    def step(self, num_updates: int, loss: float, lr: float) -> None:
-        if not self.started:
-            return
-        self._losses.append(loss)
-        if num_updates % self.every == 0:
-            mean = math.fsum(self._losses) / len(self._losses)
-            self.accelerator.log({"train/loss": mean, "train/lr": lr}, step=num_updates)
-            self._losses.clear()
-
-    def epoch(self, row: dict[str, Any], num_updates: int) -> None:
-        if not self.started:
-            return
-        values = {
-            f"epoch/{k}": v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        self.accelerator.log(values, step=num_updates)
-
-    def finish(self) -> None:
-        if not self.started:
-            return
-        for tracker in self.accelerator.trackers:
-            tracker.finish()
-        self.accelerator.trackers.clear()
-        self.started = False
 
 
 @contextmanager
