@@ -706,10 +706,7 @@ def _encode(tensor: torch.Tensor) -> str:
 
 
 def _decode(text: Any, size: int, what: str) -> torch.Tensor:
-    try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (ValueError, UnicodeEncodeError, AttributeError):
-        raise ValueError(f"the {what} generator state is not base64 text") from None
+    raw = base64.b64decode(text.encode("ascii"), validate=True)  # ValueError: not base64 text
     if len(raw) != size:
         raise ValueError(f"the {what} generator state has {len(raw)} bytes, not {size}")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()

@@ -13,7 +13,7 @@ import torch
 from timm.utils import ModelEmaV3
 
 import vit5
-from vit5 import ViT5, ViT5Config, create_model
+from vit5 import ViT5, create_model
 from vit5.model.presets import closest_preset
 from vit5.train.config import LORA_TARGETS, LoraSection, ModelSection
 from vit5.train.errors import TrainConfigError
@@ -139,17 +139,6 @@ def add_lora(model: ViT5, cfg: LoraSection) -> ViT5:
     return model
 
 
-def merge_lora(state_dict: dict[str, torch.Tensor], model_cfg: ViT5Config, cfg: LoraSection) -> ViT5:
-    """A plain :class:`~vit5.ViT5` (CPU) from an adapted model's ``state_dict``, adapters folded in."""
-    from peft import get_peft_model
-
-    shell = get_peft_model(ViT5(model_cfg), lora_config(cfg))
-    shell.get_base_model().load_state_dict(state_dict)  # strict: the same adapters, names and shapes
-    merged = shell.merge_and_unload()
-    assert isinstance(merged, ViT5)
-    return merged.eval()
-
-
 def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
     """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained (21.7%)``;
     the total leaves out the head's frozen original, which peft keeps and the merge drops."""
@@ -164,8 +153,12 @@ def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
 def merged_for_export(
     model: ViT5, ema: ModelEmaV3 | None, cfg: LoraSection
 ) -> tuple[ViT5, ModelEmaV3 | None]:
-    """The raw and EMA weights of an adapted run as plain ViT-5 models (for ``best/`` and ``final/``)."""
-    merged = merge_lora(model.state_dict(), model.cfg, cfg)
-    if ema is None:
-        return merged, None
-    return merged, ModelEmaV3(merge_lora(ema.module.state_dict(), model.cfg, cfg), decay=ema.decay)
+    """The raw and EMA weights of an adapted run as plain CPU ViT-5 models, the adapters folded in."""
+    from peft import get_peft_model
+
+    def merged(module: torch.nn.Module) -> ViT5:
+        shell = get_peft_model(ViT5(model.cfg), lora_config(cfg))
+        shell.get_base_model().load_state_dict(module.state_dict())  # strict: the same adapters and shapes
+        return shell.merge_and_unload().eval()
+
+    return merged(model), ModelEmaV3(merged(ema.module), decay=ema.decay) if ema is not None else None

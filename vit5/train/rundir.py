@@ -1,8 +1,7 @@
 """The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/, metrics.csv,
-curves.png, summary.{txt,json} and logs/. A new run never writes into a non-empty directory (it takes
-``NAME-2``, ...); the main process holds ``RUN/.lock`` for the whole run; resuming from an older
-checkpoint forks a new directory and never changes the original. See docs/training.md.
-"""
+curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it takes ``NAME-2``);
+the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new directory. See
+docs/training.md."""
 
 from __future__ import annotations
 
@@ -55,10 +54,8 @@ def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
 
     def take() -> tuple[Path, FolderLock]:
         lock = FolderLock(run_dir, "training").acquire()
-        for name in (BEST, FINAL):
+        for name in (BEST, FINAL):  # a checkpoint's staging folder goes at the next save
             recover_dir(run_dir / name)
-        for stale in (run_dir / CHECKPOINTS).glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
         return run_dir, lock
 
     return _on_main(accelerator, take)[1]

@@ -164,7 +164,7 @@ class Trainer:
             optimizer=self.optimizer,
             schedule=self.schedule,
             criterion=build_loss(cfg.loss),
-            mixer=target_mixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
+            mixer=target_mixer(cfg.aug, len(class_names), cfg.loss.smoothing),
             ema=self.ema,
             loader=self.data.train_loader,
             batch_size=cfg.data.batch_size,
@@ -403,7 +403,7 @@ class Trainer:
             f"model          {self.model_description}",
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
             f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
-            f"{num_images(data.val_set)} val images, {len(data.class_names)} classes, "
+            f"{num_images(data.val_set)} val images, {self.raw_model.num_classes} classes, "
             + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
             + (
                 f"; each epoch trains on all but {dropped} samples (less than one batch of "
