@@ -287,7 +287,9 @@ def last_good_hint(damaged: Path) -> str:
     for candidate in reversed(checkpoints):
         try:
             if candidate != damaged:
-                verify_checkpoint(candidate)
+                manifest = read_manifest(candidate)
+                for name in manifest["files"]:  # every file against its recorded size and SHA-256
+                    _verified(candidate, name, manifest)
                 break
         except ResumeError:
             pass
@@ -313,10 +315,6 @@ def is_verified(path: Path) -> bool:
     return (path / VERIFIED_FILE).is_file()
 
 
-def newest_good(directory: Path) -> Path | None:
-    return next((c for c in reversed(list_checkpoints(directory)) if is_verified(c)), None)
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     """The ``checkpoint.json`` of ``path``, checked for shape (not the files it lists); else ResumeError."""
     manifest_path = path / MANIFEST
@@ -339,15 +337,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
     if unsafe:
         raise _Damaged(f"{manifest_path} lists files outside the checkpoint folder ({unsafe[0]!r}); refused")
-    return manifest
-
-
-def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Check every file of ``path`` against its recorded size and SHA-256 (ResumeError naming the first
-    bad one); return the manifest."""
-    manifest = read_manifest(path)
-    for name in manifest["files"]:
-        _verified(path, name, manifest)
     return manifest
 
 

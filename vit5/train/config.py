@@ -1,8 +1,6 @@
-"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet
-recipe of github.com/wangf3014/ViT-5 main.py), read from a YAML recipe plus dotted ``key=value``
-overrides by OmegaConf (:func:`load_config`), then checked at once with a fix for every problem
-(:func:`validate_config`).
-"""
+"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet recipe of
+github.com/wangf3014/ViT-5 main.py), read from YAML plus dotted ``key=value`` overrides by OmegaConf
+(:func:`load_config`) and checked at once with a fix for every problem (:func:`validate_config`)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import os
 import typing
 import unicodedata
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,8 +52,7 @@ class ModelSection:
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
-    # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
-    max_params: float = 2e9
+    max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200)
     compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
     lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
@@ -132,8 +129,7 @@ class ScheduleSection:
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    # epoch: official per-epoch stepping (one-epoch lag); update: per step
-    interval: Literal["update", "epoch"] = "epoch"
+    interval: Literal["update", "epoch"] = "epoch"  # epoch: official per-epoch stepping (one-epoch lag)
 
 
 @dataclass
@@ -163,9 +159,7 @@ class RunSection:
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
-    # experiment trackers through Accelerate (vit5.train.trainer): tensorboard, wandb, mlflow, ...;
-    # several comma-separated (tensorboard,wandb); null: none
-    log_with: str | None = None
+    log_with: str | None = None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), comma-separated
     log_every_steps: int = 1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
     tracker_project: str = "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
 
@@ -185,8 +179,8 @@ class TrainConfig:
 
 def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
     """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained(cfg, check_paths)
-    problems += check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
+    problems = [*_ranges(cfg), *_names(cfg), *_combinations(cfg), *_pretrained(cfg, check_paths)]
+    problems += [*check_lora(cfg.model.lora, cfg.model.pretrained), *check_trackers(cfg.run.log_with)]
     problems += _check_paths(cfg) if check_paths else []
     if problems:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
@@ -234,55 +228,47 @@ def _ranges(cfg: TrainConfig) -> list[str]:
         for key, ok, rule in rules
         if not (ok(flat[key]) if flat[key] is not None else rule.endswith("or null"))
     ]
-    return _finite(flat) + problems
+    return [*_finite(flat), *problems]
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
 
 
-def _finite(flat: Mapping[str, Any]) -> list[str]:
+def _finite(flat: Mapping[str, Any]) -> Iterator[str]:
     """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
-    problems = []
     for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX) for n in numbers):
-            problems.append(
-                f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
-            )
-    return problems
+            yield f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
 
 
-def _names(cfg: TrainConfig) -> list[str]:
+def _names(cfg: TrainConfig) -> Iterator[str]:
     from timm.optim import list_optimizers
 
-    problems = []
     presets = vit5.list_presets()
     if cfg.model.name not in presets:
         hint = _did_you_mean(cfg.model.name, presets)
-        problems.append(
-            f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
-        )
+        yield f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
     else:
-        problems.extend(_model_overrides(cfg))
+        yield from _model_overrides(cfg)
     optimizers = list_optimizers()
     if cfg.optim.name not in optimizers:
         close = difflib.get_close_matches(cfg.optim.name, optimizers, n=3)
-        problems.append(
+        yield (
             f"optim.name={shorten(cfg.optim.name)} is not a timm optimizer "
             f"(closest: {', '.join(close) or 'none'}); "
             f"this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
         )
     if not cfg.aug.randaug.startswith("rand-"):
-        problems.append(
+        yield (
             f"aug.randaug={shorten(cfg.aug.randaug)} must be a timm RandAugment string like "
             "'rand-m9-mstd0.5-inc1'"
         )
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
-        problems.append(
+        yield (
             f"run.name={shorten(cfg.run.name)} must be a plain folder name "
             "(the run goes to run.output_dir/run.name)"
         )
-    return problems
 
 
 def _model_overrides(cfg: TrainConfig) -> list[str]:
@@ -308,109 +294,100 @@ def _model_overrides(cfg: TrainConfig) -> list[str]:
     return []
 
 
-def _combinations(cfg: TrainConfig) -> list[str]:
-    problems = []
+def _combinations(cfg: TrainConfig) -> Iterator[str]:
     if cfg.aug.mixing and cfg.data.batch_size % 2:
-        problems.append(
+        yield (
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
     threshold, smoothing = cfg.loss.bce_target_threshold, cfg.loss.smoothing
     if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
-        problems.append(
+        yield (
             f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
             f"loss.bce_target_threshold={threshold}, so binarising makes all targets 1; "
             f"set loss.smoothing=0 (official) or loss.bce_target_threshold=null"
         )
     if cfg.data.dataset == "folder" and cfg.data.root is None:
-        problems.append(
+        yield (
             "data.root is not set: pass data.root=/path/to/dataset "
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
         )
     if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
-        problems.append(
+        yield (
             f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
             "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
         )
     for key in ("train_shards", "val_shards") if cfg.data.dataset == "wds" else ():
         value = getattr(cfg.data, key)
         if not value or not isinstance(value, (str, list)):
-            problems.append(
+            yield (
                 f"data.{key}={value!r}: data.dataset=wds needs a brace pattern "
                 "(/data/train-{000000..000127}.tar), a list of shards or a folder of *.tar"
             )
     if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
-        problems.append(
+        yield (
             f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
             "regional (compile one block, shared by all: faster first step) or false"
         )
     if cfg.model.compile and cfg.model.grad_checkpointing:
-        problems.append("model.compile and model.grad_checkpointing together are not supported; pick one")
-    return problems
+        yield "model.compile and model.grad_checkpointing together are not supported; pick one"
 
 
 # the names in model.lora.targets, and the module of every block they stand for
 LORA_TARGETS = {"qkv": r"attn\.qkv", "proj": r"attn\.proj", "fc1": r"mlp\.fc1", "fc2": r"mlp\.fc2"}
 
 
-def check_lora(cfg: LoraSection, pretrained: str | None) -> list[str]:
+def check_lora(cfg: LoraSection, pretrained: str | None) -> Iterator[str]:
     if not cfg.enabled:
-        return []
-    problems = []
+        return
     unknown = [t for t in cfg.targets if t not in LORA_TARGETS]
     if unknown or not cfg.targets:
-        problems.append(
+        yield (
             f"model.lora.targets={list(cfg.targets)}: give a non-empty list of {', '.join(LORA_TARGETS)} "
             f"(the linears of every block{'; not ' + ', '.join(unknown) if unknown else ''})"
         )
     if pretrained is None:
-        problems.append(
+        yield (
             "model.lora.enabled=true freezes every pretrained weight, but model.pretrained is not set, so "
             "the frozen weights would stay random; set model.pretrained=... or model.lora.enabled=false"
         )
     if importlib.util.find_spec("peft") is None:
-        problems.append(
+        yield (
             "model.lora.enabled=true needs the peft library, which is not installed: "
             "pip install 'vit5[peft]' (or pip install peft)"
         )
-    return problems
 
 
 def tracker_names(log_with: str | None) -> list[str]:
     return [name.strip() for name in (log_with or "").split(",") if name.strip()]
 
 
-def check_trackers(log_with: str | None) -> list[str]:
+def check_trackers(log_with: str | None) -> Iterator[str]:
     """Unknown names and trackers whose package is not installed (which Accelerate would drop silently)."""
     names = tracker_names(log_with)
     if not names:
-        return []
+        return
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
     known, available = sorted(LOGGER_TYPE_TO_CLASS), {str(t) for t in get_available_trackers()}
-    problems = []
     for name in names:
         if name not in LOGGER_TYPE_TO_CLASS:
             hint = _did_you_mean(name, known)
-            problems.append(
-                f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
-            )
+            yield f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
         elif name not in available:
             package = {"comet_ml": "comet-ml"}.get(name, name)  # a tracker whose package is named otherwise
-            problems.append(
+            yield (
                 f"run.log_with: the {name} tracker needs the {package} package, which is not installed: "
                 f"pip install {package}"
             )
-    return problems
 
 
-def _check_paths(cfg: TrainConfig) -> list[str]:
-    problems = []
+def _check_paths(cfg: TrainConfig) -> Iterator[str]:
     if cfg.data.dataset == "folder" and cfg.data.root is not None:
         root = Path(cfg.data.root).expanduser()
         if not _probe(root.is_dir):
-            problems.append(
+            yield (
                 f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
             )
         else:
@@ -419,11 +396,10 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
                     found = sorted(
                         p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                     )
-                    problems.append(
+                    yield (
                         f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
                         f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
                     )
-    return problems
 
 
 def _probe(test: Callable[[], bool]) -> bool:
@@ -678,13 +654,9 @@ def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
 
 
 def _expected_type(full_key: str) -> str:
-    schema: Any = TrainConfig
-    hint: Any = None
-    for part in full_key.split("."):
-        if not dataclasses.is_dataclass(schema):
-            break
-        hint = typing.get_type_hints(schema).get(part)
-        schema = hint
+    hint: Any = TrainConfig
+    for part in full_key.split("."):  # inside a free-form dict: the dict's type
+        hint = typing.get_type_hints(hint).get(part) if dataclasses.is_dataclass(hint) else hint
     if hint is None:
         return "see vit5/train/config.py"
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from timm.utils import ModelEmaV3
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from vit5 import compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
@@ -40,7 +40,6 @@ from vit5.train.checkpointing import (
     checkpoint_number,
     is_verified,
     list_checkpoints,
-    newest_good,
     raise_agreed,
     save_model_dir,
 )
@@ -143,10 +142,8 @@ class Trainer:
         samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
         layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
-        keep, record = cfg.checkpoint.keep_last, config_record(cfg)
-        self.checkpoints = CheckpointManager(
-            acc, self.run_dir / rundir.CHECKPOINTS, keep, parts, record, layout
-        )
+        folder, keep, record = self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, config_record(cfg)
+        self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
             if resume is not None:
                 self._restore(resume)  # the original: errors name it and the last good one of its run
@@ -207,9 +204,12 @@ class Trainer:
     def close(self) -> None:
         """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
         the run directory; :meth:`fit` ends with it, call it for a Trainer never fitted."""
-        if hasattr(self, "data"):
+        if hasattr(self, "data"):  # the next iteration of a loader starts new workers
             for loader in (self.data.train_loader, self.data.val_loader):
-                _stop_workers(loader)
+                iterator = getattr(loader, "_iterator", None)
+                if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                    iterator._shutdown_workers()
+                loader._iterator = None  # type: ignore[attr-defined]
         if self.lock is not None:
             self.lock.release()
 
@@ -491,7 +491,8 @@ class Trainer:
             aside = self.checkpoints.set_aside(self.pending)
             moved = f" {self.pending.name} (written from these weights) was moved to {aside}."
             self.pending = None
-        good = newest_good(self.run_dir / rundir.CHECKPOINTS)
+        checkpoints = list_checkpoints(self.run_dir / rundir.CHECKPOINTS)
+        good = next((c for c in reversed(checkpoints) if is_verified(c)), None)
         keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
         keep = keep if good is not None else "No checkpoint of this run is known good, so start it again"
         return TrainingDiverged(
@@ -508,14 +509,6 @@ def _generators_kept() -> Iterator[None]:
         yield
     np.random.set_state(saved[0])
     random.setstate(saved[1])
-
-
-def _stop_workers(loader: DataLoader) -> None:
-    """Shut down a DataLoader's (persistent) workers now; the next iteration starts new ones."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None  # type: ignore[attr-defined]
 
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
