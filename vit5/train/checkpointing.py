@@ -143,7 +143,7 @@ class CheckpointManager:
         acc, parts = self.accelerator, self.parts
         final = self.directory / f"ckpt-{num_updates:09d}"
         tmp = final.with_name(f".tmp-{final.name}")  # what staging_dir makes
-        self._on_main(lambda: staging_dir(final))
+        on_main(acc, lambda: staging_dir(final))
         files: dict[str, bytes] = {}
         if acc.is_main_process:
             scaler = getattr(acc, "scaler", None)
@@ -187,10 +187,6 @@ class CheckpointManager:
             if old != good:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _on_main(self, action: Callable[[], Any]) -> None:
-        """``action`` on the main process; its error raised on every process."""
-        raise_agreed(self.accelerator, _attempt(action) if self.accelerator.is_main_process else None)
-
     def confirm(self, path: Path, how: str) -> None:
         """Record that ``path``'s weights gave a finite loss (``how``); prune what that makes redundant."""
 
@@ -199,7 +195,7 @@ class CheckpointManager:
             if self.newest_saved >= 0:
                 self._prune(self.newest_saved)
 
-        self._on_main(mark)
+        on_main(self.accelerator, mark)
 
     def set_aside(self, path: Path) -> Path:
         """Move a checkpoint whose weights diverged out of ``--resume``'s way (``ckpt-N.diverged``)."""
@@ -209,7 +205,7 @@ class CheckpointManager:
             shutil.rmtree(target, ignore_errors=True)
             path.rename(target)
 
-        self._on_main(move)
+        on_main(self.accelerator, move)
         return target
 
     def load(self, path: Path, allow_inexact: bool = False) -> Restored:
@@ -403,7 +399,7 @@ def save_model_dir(
         finally:  # a failed write leaves no staging folder (replace_dir consumed it on success)
             shutil.rmtree(staged, ignore_errors=True)
 
-    raise_agreed(accelerator, _attempt(write) if accelerator.is_main_process else None)
+    on_main(accelerator, write)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -454,6 +450,11 @@ def _first_error(acc: Accelerator, error: str | None) -> str | None:
     """The first error of any process (collective)."""
     errors = gather_object([error]) if acc.num_processes > 1 else [error]
     return next((e for e in errors if e), None)
+
+
+def on_main(acc: Accelerator, action: Callable[[], Any]) -> None:
+    """``action`` on the main process; its user error raised on every process (``StorageError``)."""
+    raise_agreed(acc, _attempt(action) if acc.is_main_process else None)
 
 
 def raise_agreed(acc: Accelerator, error: str | None, kind: type[Exception] = StorageError) -> None:

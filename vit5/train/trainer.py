@@ -27,7 +27,6 @@ from torch.utils.data import Dataset
 
 from vit5 import compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
-from vit5.errors import StorageError
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
 from vit5.runtime import check_fits
@@ -40,7 +39,7 @@ from vit5.train.checkpointing import (
     checkpoint_number,
     is_verified,
     list_checkpoints,
-    raise_agreed,
+    on_main,
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
@@ -526,15 +525,8 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
 
 def _check_writable(acc: Accelerator, folder: Path) -> None:
     """Fail before any work when the run's folder cannot be written (read-only, a file, disk full)."""
-    message = None
-    if acc.is_main_process:
-        try:
-            check_output_dir(
-                folder, "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
-            )
-        except StorageError as err:
-            message = str(err)
-    raise_agreed(acc, message)
+    option = "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
+    on_main(acc, lambda: check_output_dir(folder, option))
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
