@@ -458,8 +458,7 @@ def on_main(acc: Accelerator, action: Callable[[], Any]) -> None:
 
 
 def raise_agreed(acc: Accelerator, error: str | None, kind: type[Exception] = StorageError) -> None:
-    """Raise ``kind`` on every process when any failed (none waits at a barrier for a peer that gave
-    up); otherwise a barrier."""
+    """Raise ``kind`` on every process when any failed (no peer waits at a barrier); else a barrier."""
     first = _first_error(acc, error)
     if first is not None:
         raise kind(first)
@@ -521,8 +520,7 @@ def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -
 def _read_state(
     path: Path, data: bytes, manifest: dict[str, Any], layout: EpochLayout, acc: Accelerator
 ) -> tuple[TrainState, int]:
-    """``train_state.json``: the state (typed, in range, consistent), the accelerator step, the scaler
-    restored; ``_Damaged`` naming the first bad field."""
+    """``train_state.json`` typed, in range and consistent, the scaler restored; else ``_Damaged``."""
     try:
         record = json.loads(data)
         if not isinstance(record, dict):

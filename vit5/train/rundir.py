@@ -121,8 +121,7 @@ def _on_main(accelerator: Accelerator, action: Any) -> tuple[Path, FolderLock | 
 
 
 def _link_tree(source: Path, target: Path) -> None:
-    """Copy the folder ``source`` to ``target`` through a staging folder, with hard links where possible
-    (files are never modified in place)."""
+    """Copy folder ``source`` to ``target`` via a staging folder, hard-linking where possible."""
     staged = staging_dir(target)
     try:
         for item in source.iterdir():

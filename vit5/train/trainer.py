@@ -334,8 +334,7 @@ class Trainer:
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each optimizer step: the trackers; the finite losses vouch for the pending checkpoint;
-        then a mid-epoch checkpoint and a requested stop."""
+        """After each step: trackers, confirm the pending checkpoint, a mid-epoch save, a requested stop."""
         self._step_losses += [loss] if self.tracking else []
         if self.tracking and self.state.num_updates % self.cfg.run.log_every_steps == 0:
             mean = math.fsum(self._step_losses) / len(self._step_losses)
@@ -354,8 +353,7 @@ class Trainer:
         self._stop_if_requested()
 
     def _save_checkpoint(self, validated: str | None = None) -> None:
-        """A checkpoint from finite weights: good at once when ``validated`` (how), else pending until the
-        next step's loss."""
+        """A checkpoint of finite weights: good at once if ``validated`` (how), else pending the next loss."""
         self._check_weights()
         self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
         self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
