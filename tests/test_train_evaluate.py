@@ -7,7 +7,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vit5.train.evaluate import evaluate
+from vit5.train.loop import evaluate
 
 
 @pytest.mark.parametrize("classes", [3, 10])

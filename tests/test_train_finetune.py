@@ -179,7 +179,7 @@ def test_one_class_is_refused_with_the_fix(tmp_path):
 
 def test_an_ema_that_cannot_move_in_the_run_is_a_warning_in_the_header(tmp_path, capsys):
     from vit5.train.config import EmaSection
-    from vit5.train.optim import ema_horizon_warning
+    from vit5.train.loop import ema_horizon_warning
 
     assert ema_horizon_warning(EmaSection(decay=0.99996), 44).startswith(
         "WARNING: ema.decay=0.99996 averages over ~25,000 updates"

@@ -12,8 +12,7 @@ from torch import nn
 
 from vit5.train.checkpointing import TrainState
 from vit5.train.config import ScheduleSection
-from vit5.train.loop import NonFiniteLoss, StepParts, train_step, train_steps
-from vit5.train.optim import LRSchedule
+from vit5.train.loop import LRSchedule, NonFiniteLoss, StepParts, train_step, train_steps
 
 SCHEDULE = ScheduleSection(epochs=4, warmup_epochs=1, warmup_lr=1e-3, min_lr=1e-4, interval="update")
 

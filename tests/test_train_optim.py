@@ -7,7 +7,7 @@ from timm.optim import Lamb
 
 import vit5
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.optim import LRSchedule, build_optimizer, peak_lr
+from vit5.train.loop import LRSchedule, build_optimizer, peak_lr
 
 
 def tiny_model():

@@ -19,7 +19,7 @@ from test_train_support import REPO, TINY, single_thread, tiny_config  # noqa: F
 from vit5.cli import train as cli
 from vit5.train import Trainer, TrainingInterrupted
 from vit5.train.checkpointing import list_checkpoints
-from vit5.train.optim import LRSchedule
+from vit5.train.loop import LRSchedule
 from vit5.train.rundir import read_csv
 
 STEPS = 1438 // 32  # 44 optimizer steps per epoch

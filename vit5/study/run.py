@@ -27,8 +27,7 @@ from vit5.files import atomic_write_json, atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
 from vit5.train.checkpointing import Resumable, TrainState, load_single, save_single
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
-from vit5.train.optim import LRSchedule, build_optimizer
+from vit5.train.loop import LRSchedule, NonFiniteLoss, StepParts, build_optimizer, train_steps
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import save_figure
@@ -236,8 +235,8 @@ def _num(x: float | None) -> float | None:
 
 
 class Twin:
-    """One twin in training: AdamW with the cosine schedule of :mod:`vit5.train.optim`, the step of
-    :mod:`vit5.train.loop`, and its :class:`TrainState` checkpointed under ``<folder>/state``."""
+    """One twin in training: AdamW with the cosine schedule and the step of :mod:`vit5.train.loop`,
+    and its :class:`TrainState` checkpointed under ``<folder>/state``."""
 
     def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
         self.name, self.model, self.cfg, self.folder = name, model, cfg, folder

@@ -1,9 +1,7 @@
-"""Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model directories
-``best/`` and ``final/``. Nothing is unpickled: safetensors, JSON and ``torch.load(weights_only=True)``
-(Accelerate's ``save_state`` pickles, so it is not used). A checkpoint is staged in ``.tmp-ckpt-N`` and
-renamed into place once ``checkpoint.json`` (every file's size and SHA-256) is written; loading verifies
-every file and range-checks ``train_state.json`` before restoring anything. See docs/training.md.
-"""
+"""Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model folders ``best/`` and
+``final/``, pickle-free (safetensors, JSON, ``torch.load(weights_only=True)``; Accelerate's ``save_state``
+pickles). A checkpoint is staged in ``.tmp-ckpt-N`` and renamed into place once ``checkpoint.json`` (each
+file's size and SHA-256) is written; loading verifies every file first. See docs/training.md."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -25,16 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import gather_object, set_seed
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from timm.utils import ModelEmaV3
 from torch import nn
 
 import vit5
-from vit5 import ViT5
 from vit5.errors import StorageError, Vit5Error, storage_error, user_message
-from vit5.files import atomic_write_bytes, atomic_write_json, replace_dir, staging_dir
+from vit5.files import atomic_write_bytes, atomic_write_json, fsync_file, replace_dir, staging_dir
 from vit5.train.errors import ResumeError
 from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
@@ -46,29 +42,12 @@ OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.json"
 VERIFIED_FILE = "verified.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
-_TMP_PREFIX = ".tmp-"
 # the columns of a metrics row (metrics.csv); the first six and bad_files are always set
-HISTORY_FIELDS = (
-    "epoch",
-    "updates",
-    "lr",
-    "train_loss",
-    "train_images_per_s",
-    "epoch_seconds",
-    "val_loss",
-    "val_top1",
-    "val_top5",
-    "val_images",
-    "ema_val_loss",
-    "ema_top1",
-    "ema_top5",
-    "bad_files",
+HISTORY_FIELDS = tuple(
+    "epoch updates lr train_loss train_images_per_s epoch_seconds val_loss val_top1 val_top5 val_images "
+    "ema_val_loss ema_top1 ema_top5 bad_files".split()
 )
 _REQUIRED_ROW_FIELDS = (*HISTORY_FIELDS[:6], "bad_files")
-
-
-def checkpoint_name(num_updates: int) -> str:
-    return f"ckpt-{num_updates:09d}"
 
 
 def checkpoint_number(path: Path) -> int:
@@ -109,24 +88,6 @@ class TrainState:
     images_seen: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
-    def state_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def load_state_dict(self, state: Any) -> None:
-        """Restore from :meth:`state_dict` output; ``ValueError`` unless exactly these fields and types."""
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        if not isinstance(state, dict) or set(state) != set(fields):
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"expected the fields {sorted(fields)}, got {got}")
-        for name, value in state.items():
-            kind = {"int": int, "float": (int, float), "list[dict[str, Any]]": list}[str(fields[name].type)]
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise ValueError(f"{name}={value!r} is not of type {fields[name].type}")
-            if name == "history" and not all(isinstance(row, dict) for row in value):
-                raise ValueError("history must be a list of metric rows")
-        for name, value in state.items():
-            setattr(self, name, value)
-
 
 @dataclass
 class Resumable:
@@ -141,21 +102,15 @@ class Resumable:
 class _Damaged(ResumeError):
     """A checkpoint file is missing, damaged or refused; the message gains the last good checkpoint."""
 
-    def __init__(self, message: str, alternative: str = "") -> None:
-        super().__init__(message)
-        self.alternative = alternative
-
 
 @dataclass(frozen=True)
 class Restored:
     """How a load went: not ``exact`` when random states were missing and allowed to be, or re-derived
-    for another number of processes (``elastic``); ``warning`` says what was not exact."""
+    for another number of processes (``elastic_from``: the processes that wrote it); ``warning`` says how."""
 
-    path: Path
     exact: bool
     warning: str = ""
-    written_by: int = 1  # processes that wrote the checkpoint
-    elastic: bool = False
+    elastic_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,9 +141,9 @@ class CheckpointManager:
         """Write the full training state atomically and prune old ones; ``StorageError`` on every process
         when any cannot write (earlier checkpoints intact, the partial folder removed)."""
         acc, parts = self.accelerator, self.parts
-        final = self.directory / checkpoint_name(num_updates)
-        tmp = self.directory / f"{_TMP_PREFIX}{final.name}"
-        raise_agreed(acc, _attempt(lambda: staging_dir(final)) if acc.is_main_process else None)
+        final = self.directory / f"ckpt-{num_updates:09d}"
+        tmp = final.with_name(f".tmp-{final.name}")  # what staging_dir makes
+        on_main(acc, lambda: staging_dir(final))
         files: dict[str, bytes] = {}
         if acc.is_main_process:
             scaler = getattr(acc, "scaler", None)
@@ -199,8 +154,7 @@ class CheckpointManager:
         )
         first = _first_error(acc, error)  # every process's files are written before the manifest
         if acc.is_main_process:
-            if first is None:
-                first = _attempt(lambda: self._publish(tmp, final, files))
+            first = first or _attempt(lambda: self._publish(tmp, final, files))
             if first is None:
                 self.newest_saved = num_updates
             else:
@@ -216,37 +170,22 @@ class CheckpointManager:
         for rank in range(1, self.accelerator.num_processes):  # written by the other processes
             listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
         for name in listed:  # flushed to disk before the manifest that vouches for them
-            fd = os.open(tmp / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        state = self.parts.state
+            fsync_file(tmp / name)
         atomic_write_json(
-            tmp / MANIFEST, _manifest(state, self.accelerator.num_processes, self.config, listed)
+            tmp / MANIFEST, _manifest(self.parts.state, self.accelerator.num_processes, self.config, listed)
         )
-        if final.exists():  # the same update count saved again: swap, never a moment without one
-            replace_dir(tmp, final)
-        else:
-            try:
-                tmp.rename(final)
-            except OSError as err:
-                raise storage_error(err, final) from err
-        self._prune(state.num_updates)
+        replace_dir(tmp, final)  # the same update count saved again: swapped, never a moment without one
+        self._prune(self.parts.state.num_updates)
 
     def _prune(self, newest: int) -> None:
         """Keep ``keep_last`` checkpoints up to ``newest`` (this session's) and the newest good one."""
-        for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
+        for stale in self.directory.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         mine_or_older = [c for c in list_checkpoints(self.directory) if checkpoint_number(c) <= newest]
         good = next((c for c in reversed(mine_or_older) if is_verified(c)), None)
         for old in mine_or_older[: -self.keep_last]:
             if old != good:
                 shutil.rmtree(old, ignore_errors=True)
-
-    def _on_main(self, action: Callable[[], Any]) -> None:
-        """``action`` on the main process; its error raised on every process."""
-        raise_agreed(self.accelerator, _attempt(action) if self.accelerator.is_main_process else None)
 
     def confirm(self, path: Path, how: str) -> None:
         """Record that ``path``'s weights gave a finite loss (``how``); prune what that makes redundant."""
@@ -256,7 +195,7 @@ class CheckpointManager:
             if self.newest_saved >= 0:
                 self._prune(self.newest_saved)
 
-        self._on_main(mark)
+        on_main(self.accelerator, mark)
 
     def set_aside(self, path: Path) -> Path:
         """Move a checkpoint whose weights diverged out of ``--resume``'s way (``ckpt-N.diverged``)."""
@@ -266,7 +205,7 @@ class CheckpointManager:
             shutil.rmtree(target, ignore_errors=True)
             path.rename(target)
 
-        self._on_main(move)
+        on_main(self.accelerator, move)
         return target
 
     def load(self, path: Path, allow_inexact: bool = False) -> Restored:
@@ -277,7 +216,7 @@ class CheckpointManager:
         try:
             restored = self._restore(path, allow_inexact)
         except _Damaged as err:
-            error = f"{err}. {last_good_hint(path)}{err.alternative}"
+            error = f"{err}. {last_good_hint(path)}"
         except (Vit5Error, OSError) as err:
             error = user_message(err)
         raise_agreed(self.accelerator, error, ResumeError)
@@ -287,13 +226,15 @@ class CheckpointManager:
     def _restore(self, path: Path, allow_inexact: bool) -> Restored:
         acc, parts = self.accelerator, self.parts
         manifest, data = _read_shared(path, parts.ema is not None)
+        written_by = manifest["num_processes"]
         # the state first: a crafted position is refused before anything is loaded
-        _load_train_state(path, data[STATE_FILE], parts.state, acc, manifest, self.layout)
+        state, step = _read_state(path, data[STATE_FILE], manifest, self.layout, acc)
         _load_weights(path, MODEL_FILE, data[MODEL_FILE], parts.model)
         if parts.ema is not None:
             _load_weights(path, EMA_FILE, data[EMA_FILE], parts.ema.module)
         _load_optimizer(path, data[OPTIMIZER_FILE], parts.optimizer)
-        written_by = manifest["num_processes"]
+        vars(parts.state).update(vars(state))
+        acc.step = step
         if written_by != acc.num_processes:
             return self._elastic(path, written_by)
         name = rng_file(acc.process_index)
@@ -304,18 +245,16 @@ class CheckpointManager:
             if not allow_inexact:
                 raise _Damaged(
                     f"{reason}: without this process's random state the resumed run would not continue "
-                    "exactly (other augmentations, drop-path masks and Mixup pairs)",
-                    alternative="; or accept an inexact resume with checkpoint.allow_inexact_resume=true",
+                    "exactly (other augmentations, drop-path masks and Mixup pairs); to accept an inexact "
+                    "resume, set checkpoint.allow_inexact_resume=true"
                 ) from err
             return Restored(
-                path,
                 exact=False,
                 warning=f"WARNING: {reason}; continuing WITHOUT restoring the random generators "
                 "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and the summary "
                 "records resume_exact=false",
-                written_by=written_by,
             )
-        return Restored(path, exact=True, written_by=written_by)
+        return Restored(exact=True)
 
     def _elastic(self, path: Path, written_by: int) -> Restored:
         """A checkpoint of ``written_by`` processes on this run's number: the position in samples carries
@@ -335,7 +274,7 @@ class CheckpointManager:
             f"({old_batch} -> {new_batch}; {layout.batches_per_epoch // layout.accum_steps} optimizer steps "
             f"per epoch from now on, the lr schedule continues from the same fraction of the run)"
         )
-        return Restored(path, exact=False, warning=warning, written_by=written_by, elastic=True)
+        return Restored(exact=False, warning=warning, elastic_from=written_by)
 
 
 def last_good_hint(damaged: Path) -> str:
@@ -344,7 +283,9 @@ def last_good_hint(damaged: Path) -> str:
     for candidate in reversed(checkpoints):
         try:
             if candidate != damaged:
-                verify_checkpoint(candidate)
+                manifest = read_manifest(candidate)
+                for name in manifest["files"]:  # every file against its recorded size and SHA-256
+                    _verified(candidate, name, manifest)
                 break
         except ResumeError:
             pass
@@ -370,10 +311,6 @@ def is_verified(path: Path) -> bool:
     return (path / VERIFIED_FILE).is_file()
 
 
-def newest_good(directory: Path) -> Path | None:
-    return next((c for c in reversed(list_checkpoints(directory)) if is_verified(c)), None)
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     """The ``checkpoint.json`` of ``path``, checked for shape (not the files it lists); else ResumeError."""
     manifest_path = path / MANIFEST
@@ -385,26 +322,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise _Damaged(f"{manifest_path} is damaged (not readable JSON: {err})") from err
     get = manifest.get if isinstance(manifest, dict) else lambda key: None
     files, processes = get("files"), get("num_processes")
-    ok = (
-        get("format") == FORMAT
-        and isinstance(get("config"), dict)
-        and _is_count(processes)
-        and processes >= 1
+    digests = isinstance(files, dict) and all(
+        isinstance(d, dict) and isinstance(d.get("sha256"), str) and _is_count(d.get("bytes"))
+        for d in files.values()
     )
-    if not ok or not isinstance(files, dict) or not all(_is_digest(v) for v in files.values()):
+    if not (
+        get("format") == FORMAT and isinstance(get("config"), dict) and digests and _is_count(processes, 1)
+    ):
         raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
     unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
     if unsafe:
         raise _Damaged(f"{manifest_path} lists files outside the checkpoint folder ({unsafe[0]!r}); refused")
-    return manifest
-
-
-def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Check every file of ``path`` against its recorded size and SHA-256 (ResumeError naming the first
-    bad one); return the manifest."""
-    manifest = read_manifest(path)
-    for name in manifest["files"]:
-        _verified(path, name, manifest)
     return manifest
 
 
@@ -434,8 +362,6 @@ def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
 def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> None:
     """The checkpoint of a one-process run without Accelerate nor EMA (the register study): the files and
     manifest of :meth:`CheckpointManager.save` without random states, swapped into place in one step."""
-    if parts.ema is not None:
-        raise ValueError("save_single writes no EMA weights: use CheckpointManager")
     files = _state_files(parts, 0, None)
     staged = staging_dir(directory)
     for name, data in files.items():
@@ -452,7 +378,7 @@ def load_single(directory: Path, parts: Resumable) -> None:
     _load_weights(directory, MODEL_FILE, data[MODEL_FILE], parts.model)
     _load_optimizer(directory, data[OPTIMIZER_FILE], parts.optimizer)
     try:
-        parts.state.load_state_dict(json.loads(data[STATE_FILE])["train_state"])
+        vars(parts.state).update(vars(_typed_state(json.loads(data[STATE_FILE])["train_state"])))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise _Damaged(f"{directory / STATE_FILE} is damaged ({err})") from err
 
@@ -461,26 +387,19 @@ def save_model_dir(
     accelerator: Accelerator, model: nn.Module, ema: ModelEmaV3 | None, directory: Path, extra: dict[str, Any]
 ) -> None:
     """Export raw (and EMA) weights as our safetensors directory, swapped into place in one step;
-    collective, the main process writes."""
-    state = accelerator.get_state_dict(model)  # gathers sharded (FSDP / ZeRO-3) weights on the main process
-    error = None
-    if accelerator.is_main_process:
-        unwrapped: ViT5 = accelerator.unwrap_model(model, keep_torch_compile=False)
-        if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-            unwrapped = ViT5(unwrapped.cfg)
-            unwrapped.load_state_dict({k: v.float().cpu() for k, v in state.items()})
-        ema_state = ema.module.state_dict() if ema is not None else None
+    collective, the main process writes (the Trainer refuses sharded FSDP / DeepSpeed states)."""
 
-        def write() -> None:
-            staged = staging_dir(directory)
-            try:
-                vit5.save_pretrained(unwrapped, staged, ema_state_dict=ema_state, extra=extra)
-                replace_dir(staged, directory)
-            finally:  # a failed write leaves no staging folder (replace_dir consumed it on success)
-                shutil.rmtree(staged, ignore_errors=True)
+    def write() -> None:
+        staged = staging_dir(directory)
+        try:
+            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+            ema_state = ema.module.state_dict() if ema is not None else None
+            vit5.save_pretrained(unwrapped, staged, ema_state_dict=ema_state, extra=extra)
+            replace_dir(staged, directory)
+        finally:  # a failed write leaves no staging folder (replace_dir consumed it on success)
+            shutil.rmtree(staged, ignore_errors=True)
 
-        error = _attempt(write)
-    raise_agreed(accelerator, error)
+    on_main(accelerator, write)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -492,16 +411,8 @@ def _digest(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_digest(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("sha256"), str)
-        and isinstance(value.get("bytes"), int)
-    )
+def _is_count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> dict[str, bytes]:
@@ -511,17 +422,14 @@ def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> 
     files = {MODEL_FILE: safetensors_bytes(parts.model.state_dict())}
     if parts.ema is not None:
         files[EMA_FILE] = safetensors_bytes(parts.ema.module.state_dict())
-    record = {"train_state": parts.state.state_dict(), "accelerator_step": step, "grad_scaler": scaler}
+    record = {"train_state": dataclasses.asdict(parts.state), "accelerator_step": step, "grad_scaler": scaler}
     return files | {OPTIMIZER_FILE: buffer.getvalue(), STATE_FILE: _json_bytes(record)}
 
 
 def _manifest(state: TrainState, processes: int, config: dict[str, Any], files: dict[str, Any]) -> dict:
     return {
         "format": FORMAT,
-        "num_updates": state.num_updates,
-        "epoch": state.epoch,
-        "batch": state.batch,
-        "epoch_samples": state.epoch_samples,
+        **{k: getattr(state, k) for k in ("num_updates", "epoch", "batch", "epoch_samples")},
         "num_processes": processes,
         "ema": EMA_FILE in files,
         "config": config,
@@ -544,9 +452,13 @@ def _first_error(acc: Accelerator, error: str | None) -> str | None:
     return next((e for e in errors if e), None)
 
 
+def on_main(acc: Accelerator, action: Callable[[], Any]) -> None:
+    """``action`` on the main process; its user error raised on every process (``StorageError``)."""
+    raise_agreed(acc, _attempt(action) if acc.is_main_process else None)
+
+
 def raise_agreed(acc: Accelerator, error: str | None, kind: type[Exception] = StorageError) -> None:
-    """Raise ``kind`` on every process when any failed (none waits at a barrier for a peer that gave
-    up); otherwise a barrier."""
+    """Raise ``kind`` on every process when any failed (no peer waits at a barrier); else a barrier."""
     first = _first_error(acc, error)
     if first is not None:
         raise kind(first)
@@ -564,7 +476,7 @@ def _verified(path: Path, name: str, manifest: dict[str, Any]) -> bytes:
         raise _Damaged(f"{path / name} is missing") from None
     except OSError as err:
         raise _Damaged(f"{path / name} cannot be read ({err.strerror or err})") from err
-    if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+    if _digest(data) != {"bytes": expected["bytes"], "sha256": expected["sha256"]}:
         raise _Damaged(
             f"{path / name} is damaged: {len(data)} bytes that do not match the {expected['bytes']} "
             "bytes and SHA-256 recorded when it was written (truncated, emptied or modified)"
@@ -605,110 +517,107 @@ def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -
         ) from err
 
 
-def _load_train_state(
-    path: Path,
-    data: bytes,
-    state: TrainState,
-    acc: Accelerator,
-    manifest: dict[str, Any],
-    layout: EpochLayout,
-) -> None:
+def _read_state(
+    path: Path, data: bytes, manifest: dict[str, Any], layout: EpochLayout, acc: Accelerator
+) -> tuple[TrainState, int]:
+    """``train_state.json`` typed, in range and consistent, the scaler restored; else ``_Damaged``."""
     try:
         record = json.loads(data)
         if not isinstance(record, dict):
             raise ValueError("not a JSON object")
-        loaded = TrainState()
-        loaded.load_state_dict(record["train_state"])
-        _check_position(
-            loaded, path, manifest, layout, elastic=manifest["num_processes"] != acc.num_processes
-        )
-        step = record["accelerator_step"]
-        if not _is_count(step) or step < 0:
+        state = _typed_state(record["train_state"])
+        _check_position(state, path, manifest, layout, elastic=manifest["num_processes"] != acc.num_processes)
+        step, scaler = record["accelerator_step"], getattr(acc, "scaler", None)
+        if not _is_count(step):
             raise ValueError(f"accelerator_step={step!r} must be a non-negative integer")
-        scaler_state, scaler = record["grad_scaler"], getattr(acc, "scaler", None)
-        if (scaler_state is None) != (scaler is None):
+        if (record["grad_scaler"] is None) != (scaler is None):
             raise ValueError("the fp16 gradient scaler state does not match run.mixed_precision")
         if scaler is not None:
-            scaler.load_state_dict(scaler_state)
-    except KeyError as err:
-        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 (no field {err})") from err
-    except (ValueError, TypeError, UnicodeDecodeError) as err:
-        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 ({err})") from err
-    state.load_state_dict(loaded.state_dict())
-    acc.step = step
+            scaler.load_state_dict(record["grad_scaler"])
+        return state, step
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError) as err:
+        detail = f"no field {err}" if isinstance(err, KeyError) else err
+        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 ({detail})") from err
+
+
+def _typed_state(record: Any) -> TrainState:
+    """A :class:`TrainState` from its ``asdict`` form; ``ValueError`` unless exactly its fields and types."""
+    kinds = {"int": int, "float": (int, float), "list[dict[str, Any]]": list}
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainState)}
+    if not isinstance(record, dict) or set(record) != set(types):
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"expected the fields {sorted(types)}, got {got}")
+    for name, value in record.items():
+        if not isinstance(value, kinds[types[name]]) or isinstance(value, bool):
+            raise ValueError(f"train_state.{name}={value!r} is not of type {types[name]}")
+    if not all(isinstance(row, dict) for row in record["history"]):
+        raise ValueError("history must be a list of metric rows")
+    return TrainState(**record)
+
+
+_COUNTS = ("epoch", "batch", "num_updates", "images_seen", "epoch_samples")
+_TIMES = ("train_seconds", "wall_seconds")
 
 
 def _check_position(
     state: TrainState, path: Path, manifest: dict[str, Any], layout: EpochLayout, elastic: bool
 ) -> None:
     """Every field of a loaded :class:`TrainState` in range and consistent (``ValueError`` naming it)."""
-    written_by, step_samples = manifest["num_processes"], layout.batch_size * layout.accum_steps
-    per_batch, best = state.batch * layout.batch_size * written_by, state.best_epoch
-    best_row = state.history[best - 1] if 1 <= best <= len(state.history) else {}
-    for i, row in enumerate(state.history):
+    s, written_by, step_samples = state, manifest["num_processes"], layout.batch_size * layout.accum_steps
+    per_batch, best = s.batch * layout.batch_size * written_by, s.best_epoch
+    best_row = s.history[best - 1] if 1 <= best <= len(s.history) else {}
+    for i, row in enumerate(s.history):
         _check_row(row, i)
-    rules = [
-        (getattr(state, n) >= 0, n, "must be >= 0") for n in ("epoch", "batch", "num_updates", "images_seen")
-    ]
-    rules += [(state.epoch_samples >= 0, "epoch_samples", "must be >= 0")]
+    rules = [(getattr(s, n) >= 0, n, "must be >= 0") for n in _COUNTS]
     rules += [
-        (math.isfinite(getattr(state, n)) and getattr(state, n) >= 0, n, "must be a finite number >= 0")
-        for n in ("train_seconds", "wall_seconds")
+        (math.isfinite(getattr(s, n)) and getattr(s, n) >= 0, n, "must be a finite number >= 0")
+        for n in _TIMES
     ]
     rules += [
-        (getattr(state, n) == manifest.get(n), n, f"does not match {MANIFEST} ({n} {manifest.get(n)})")
+        (getattr(s, n) == manifest.get(n), n, f"does not match {MANIFEST} ({n} {manifest.get(n)})")
         for n in ("epoch", "num_updates", "batch")
     ]
     rules += [
         (
-            checkpoint_number(path) in (-1, state.num_updates),
+            checkpoint_number(path) in (-1, s.num_updates),
             "num_updates",
             f"does not match the folder {path.name}",
         ),
         (
-            state.batch % layout.accum_steps == 0,
+            s.batch % layout.accum_steps == 0,
             "batch",
             f"must be a multiple of optim.accum_steps={layout.accum_steps} (checkpoints fall on optimizer "
             "steps)",
         ),
         (
-            state.epoch_samples % step_samples == 0
-            and state.epoch_samples <= layout.epoch_samples + written_by,
+            s.epoch_samples % step_samples == 0 and s.epoch_samples <= layout.epoch_samples + written_by,
             "epoch_samples",
             f"must be a multiple of data.batch_size x optim.accum_steps = {step_samples} and at most the "
             f"{layout.epoch_samples} samples of an epoch",
         ),
         (
-            elastic or state.batch <= layout.batches_per_epoch,
+            elastic or s.batch <= layout.batches_per_epoch,
             "batch",
             f"must be at most the {layout.batches_per_epoch} micro-batches of an epoch of this run",
         ),
         (
-            elastic or state.epoch_samples == per_batch,
+            elastic or s.epoch_samples == per_batch,
             "epoch_samples",
             f"must be batch x data.batch_size x {written_by} process(es) = {per_batch}",
         ),
+        (s.num_updates >= s.epoch, "num_updates", f"must be at least one per finished epoch ({s.epoch})"),
+        (len(s.history) == s.epoch, "history", f"must have one row per finished epoch ({s.epoch})"),
+        (best != -1 or s.best_top1 == -1.0, "best_top1", "must be -1 while best_epoch is -1"),
+        (best == -1 or 1 <= best <= s.epoch, "best_epoch", f"must be -1 or in [1, {s.epoch}]"),
         (
-            state.num_updates >= state.epoch,
-            "num_updates",
-            f"must be at least one per finished epoch ({state.epoch})",
-        ),
-        (
-            len(state.history) == state.epoch,
-            "history",
-            f"must have one row per finished epoch ({state.epoch})",
-        ),
-        (best != -1 or state.best_top1 == -1.0, "best_top1", "must be -1 while best_epoch is -1"),
-        (best == -1 or 1 <= best <= state.epoch, "best_epoch", f"must be -1 or in [1, {state.epoch}]"),
-        (
-            best == -1 or best_row.get("val_top1") == state.best_top1,
+            best == -1 or best_row.get("val_top1") == s.best_top1,
             "best_top1",
             f"must equal val_top1 of history row {best} ({best_row.get('val_top1')!r})",
         ),
     ]
     for ok, name, rule in rules:
         if not ok:
-            raise ValueError(f"train_state.{name}={getattr(state, name)!r}: {rule}")
+            raise ValueError(f"train_state.{name}={getattr(s, name)!r}: {rule}")
 
 
 def _check_row(row: dict[str, Any], index: int) -> None:
@@ -725,7 +634,7 @@ def _check_row(row: dict[str, Any], index: int) -> None:
             raise ValueError(f"{where}.{key}={value!r} is not a number")
     if row["epoch"] != index + 1:
         raise ValueError(f"{where}.epoch={row['epoch']!r} must be {index + 1}")
-    if not isinstance(row["updates"], int) or row["updates"] < 0:
+    if not _is_count(row["updates"]):
         raise ValueError(f"{where}.updates={row['updates']!r} must be a non-negative integer")
 
 
@@ -785,10 +694,7 @@ def _encode(tensor: torch.Tensor) -> str:
 
 
 def _decode(text: Any, size: int, what: str) -> torch.Tensor:
-    try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (ValueError, UnicodeEncodeError, AttributeError):
-        raise ValueError(f"the {what} generator state is not base64 text") from None
+    raw = base64.b64decode(text.encode("ascii"), validate=True)  # ValueError: not base64 text
     if len(raw) != size:
         raise ValueError(f"the {what} generator state has {len(raw)} bytes, not {size}")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()

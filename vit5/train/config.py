@@ -1,20 +1,19 @@
-"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet
-recipe of github.com/wangf3014/ViT-5 main.py), read from a YAML recipe plus dotted ``key=value``
-overrides by OmegaConf (:func:`load_config`), then checked at once with a fix for every problem
-(:func:`validate_config`).
-"""
+"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet recipe of
+github.com/wangf3014/ViT-5 main.py), read from YAML plus dotted ``key=value`` overrides by OmegaConf
+(:func:`load_config`) and checked at once with a fix for every problem (:func:`validate_config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import importlib.resources
+import importlib.util
 import math
 import os
 import typing
 import unicodedata
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +30,7 @@ from vit5.weights import hub
 
 @dataclass
 class LoraSection:
-    """LoRA adapters (arXiv 2106.09685) through the peft library; see :mod:`vit5.train.lora`."""
+    """LoRA adapters (arXiv 2106.09685) through the peft library; see :mod:`vit5.train.modeling`."""
 
     enabled: bool = False  # true: train only low-rank adapters on the blocks' linears, and the head
     r: int = 8  # rank of each adapter
@@ -53,8 +52,7 @@ class ModelSection:
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
     new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
-    # refuse a larger model before allocating it (a typo like depth=1200); raise it if meant
-    max_params: float = 2e9
+    max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200)
     compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
     lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
@@ -131,8 +129,7 @@ class ScheduleSection:
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    # epoch: official per-epoch stepping (one-epoch lag); update: per step
-    interval: Literal["update", "epoch"] = "epoch"
+    interval: Literal["update", "epoch"] = "epoch"  # epoch: official per-epoch stepping (one-epoch lag)
 
 
 @dataclass
@@ -162,13 +159,9 @@ class RunSection:
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
-    # experiment trackers through Accelerate (vit5.train.tracking): tensorboard, wandb, mlflow, ...;
-    # several comma-separated (tensorboard,wandb); null: none
-    log_with: str | None = None
+    log_with: str | None = None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), comma-separated
     log_every_steps: int = 1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
-    tracker_project: str = (
-        "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard folder)
-    )
+    tracker_project: str = "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
 
 
 @dataclass
@@ -186,117 +179,96 @@ class TrainConfig:
 
 def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
     """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    from vit5.train.lora import check_lora
-    from vit5.train.tracking import check_trackers
-
-    problems = _ranges(cfg) + _names(cfg) + _combinations(cfg) + _pretrained_name(cfg)
-    problems += check_lora(cfg.model.lora, cfg.model.pretrained) + check_trackers(cfg.run.log_with)
+    problems = [*_ranges(cfg), *_names(cfg), *_combinations(cfg), *_pretrained(cfg, check_paths)]
+    problems += [*check_lora(cfg.model.lora, cfg.model.pretrained), *check_trackers(cfg.run.log_with)]
     problems += _check_paths(cfg) if check_paths else []
     if problems:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
+# (settings, check, rule): the rule is the message; a setting that may be null passes as null
+_RULES: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("model.img_size model.max_params optim.lr optim.eps model.lora.alpha", lambda v: v > 0, "> 0"),
+    ("model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"),
+    ("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
+    ("model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"),
+    ("checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+    ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+    ("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
+    ("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
+    ("data.shuffle_buffer aug.mixup aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("data.digits_val_fraction ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
+    (
+        "aug.hflip aug.erasing aug.mixup_prob aug.mixup_switch_prob",
+        lambda v: 0 <= v <= 1,
+        "a probability in [0, 1]",
+    ),
+    ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+    ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
+    ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
+    ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+    ("optim.layer_decay", lambda v: 0 < v <= 1, "in (0, 1] or null"),
+    ("optim.clip_grad", lambda v: v > 0, "> 0 or null"),
+    ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
+    # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
+    ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+]
+
+
 def _ranges(cfg: TrainConfig) -> list[str]:
-    flat, epochs = flatten_config(cfg), cfg.schedule.epochs
-    rules: list[tuple[str, Callable[[Any], bool], str]] = [
-        ("model.img_size", lambda v: v > 0, "> 0"),
-        ("model.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("model.drop_path_rate", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("model.max_params", lambda v: v > 0, "> 0"),
-        ("data.batch_size", lambda v: v >= 1, ">= 1"),
-        ("data.eval_batch_size", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.num_workers", lambda v: v >= 0, ">= 0"),
-        ("data.num_classes", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("data.shuffle_buffer", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("data.digits_val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-        ("aug.color_jitter", lambda v: v >= 0, ">= 0"),
-        ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
-        ("aug.hflip", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
-        ("aug.erasing", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
-        ("aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
-        ("aug.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
-        ("aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
-        ("loss.smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("optim.lr", lambda v: v > 0, "> 0"),
-        ("optim.lr_base_batch", lambda v: v is None or v >= 1, ">= 1 or null"),
-        ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
-        ("optim.eps", lambda v: v > 0, "> 0"),
-        ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
-        ("optim.layer_decay", lambda v: v is None or 0 < v <= 1, "in (0, 1] or null"),
-        ("optim.clip_grad", lambda v: v is None or v > 0, "> 0 or null"),
-        ("optim.accum_steps", lambda v: v >= 1, ">= 1"),
-        ("schedule.epochs", lambda v: v >= 1, ">= 1"),
-        ("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)"),
-        ("schedule.warmup_lr", lambda v: v >= 0, ">= 0"),
-        ("schedule.min_lr", lambda v: v >= 0, ">= 0"),
-        ("ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
-        ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
-        ("checkpoint.every_epochs", lambda v: v >= 1, ">= 1"),
-        ("checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
-        ("run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
-        ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
-        ("model.lora.r", lambda v: v >= 1, ">= 1"),
-        ("model.lora.alpha", lambda v: v > 0, "> 0"),
-        ("model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-        # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
-        ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    flat = flatten_config(cfg)
+    rules = [(key, ok, rule) for keys, ok, rule in _RULES for key in keys.split()]
+    rules.append(
+        ("schedule.warmup_epochs", lambda v: 0 <= v < cfg.schedule.epochs, "in [0, schedule.epochs)")
+    )
+    problems = [
+        f"{key}={shorten(flat[key])} must be {rule}"
+        for key, ok, rule in rules
+        if not (ok(flat[key]) if flat[key] is not None else rule.endswith("or null"))
     ]
-    problems = [f"{key}={shorten(flat[key])} must be {rule}" for key, ok, rule in rules if not ok(flat[key])]
-    return _finite(flat) + problems
+    return [*_finite(flat), *problems]
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
 
 
-def _finite(flat: Mapping[str, Any]) -> list[str]:
+def _finite(flat: Mapping[str, Any]) -> Iterator[str]:
     """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
-    problems = []
     for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX) for n in numbers):
-            problems.append(
-                f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
-            )
-    return problems
+            yield f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
 
 
-def _names(cfg: TrainConfig) -> list[str]:
+def _names(cfg: TrainConfig) -> Iterator[str]:
     from timm.optim import list_optimizers
 
-    problems = []
     presets = vit5.list_presets()
     if cfg.model.name not in presets:
-        close = difflib.get_close_matches(cfg.model.name, presets, n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
-        problems.append(
-            f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
-        )
+        hint = _did_you_mean(cfg.model.name, presets)
+        yield f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
     else:
-        problems.extend(_model_overrides(cfg))
+        yield from _model_overrides(cfg)
     optimizers = list_optimizers()
     if cfg.optim.name not in optimizers:
         close = difflib.get_close_matches(cfg.optim.name, optimizers, n=3)
-        problems.append(
+        yield (
             f"optim.name={shorten(cfg.optim.name)} is not a timm optimizer "
             f"(closest: {', '.join(close) or 'none'}); "
             f"this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
         )
     if not cfg.aug.randaug.startswith("rand-"):
-        problems.append(
+        yield (
             f"aug.randaug={shorten(cfg.aug.randaug)} must be a timm RandAugment string like "
             "'rand-m9-mstd0.5-inc1'"
         )
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
-        problems.append(
+        yield (
             f"run.name={shorten(cfg.run.name)} must be a plain folder name "
             "(the run goes to run.output_dir/run.name)"
         )
-    return problems
 
 
 def _model_overrides(cfg: TrainConfig) -> list[str]:
@@ -322,54 +294,100 @@ def _model_overrides(cfg: TrainConfig) -> list[str]:
     return []
 
 
-def _combinations(cfg: TrainConfig) -> list[str]:
-    problems = []
+def _combinations(cfg: TrainConfig) -> Iterator[str]:
     if cfg.aug.mixing and cfg.data.batch_size % 2:
-        problems.append(
+        yield (
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
     threshold, smoothing = cfg.loss.bce_target_threshold, cfg.loss.smoothing
     if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
-        problems.append(
+        yield (
             f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
             f"loss.bce_target_threshold={threshold}, so binarising makes all targets 1; "
             f"set loss.smoothing=0 (official) or loss.bce_target_threshold=null"
         )
     if cfg.data.dataset == "folder" and cfg.data.root is None:
-        problems.append(
+        yield (
             "data.root is not set: pass data.root=/path/to/dataset "
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
         )
     if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
-        problems.append(
+        yield (
             f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
             "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
         )
     for key in ("train_shards", "val_shards") if cfg.data.dataset == "wds" else ():
         value = getattr(cfg.data, key)
         if not value or not isinstance(value, (str, list)):
-            problems.append(
+            yield (
                 f"data.{key}={value!r}: data.dataset=wds needs a brace pattern "
                 "(/data/train-{000000..000127}.tar), a list of shards or a folder of *.tar"
             )
     if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
-        problems.append(
+        yield (
             f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
             "regional (compile one block, shared by all: faster first step) or false"
         )
     if cfg.model.compile and cfg.model.grad_checkpointing:
-        problems.append("model.compile and model.grad_checkpointing together are not supported; pick one")
-    return problems
+        yield "model.compile and model.grad_checkpointing together are not supported; pick one"
 
 
-def _check_paths(cfg: TrainConfig) -> list[str]:
-    problems = []
+# the names in model.lora.targets, and the module of every block they stand for
+LORA_TARGETS = {"qkv": r"attn\.qkv", "proj": r"attn\.proj", "fc1": r"mlp\.fc1", "fc2": r"mlp\.fc2"}
+
+
+def check_lora(cfg: LoraSection, pretrained: str | None) -> Iterator[str]:
+    if not cfg.enabled:
+        return
+    unknown = [t for t in cfg.targets if t not in LORA_TARGETS]
+    if unknown or not cfg.targets:
+        yield (
+            f"model.lora.targets={list(cfg.targets)}: give a non-empty list of {', '.join(LORA_TARGETS)} "
+            f"(the linears of every block{'; not ' + ', '.join(unknown) if unknown else ''})"
+        )
+    if pretrained is None:
+        yield (
+            "model.lora.enabled=true freezes every pretrained weight, but model.pretrained is not set, so "
+            "the frozen weights would stay random; set model.pretrained=... or model.lora.enabled=false"
+        )
+    if importlib.util.find_spec("peft") is None:
+        yield (
+            "model.lora.enabled=true needs the peft library, which is not installed: "
+            "pip install 'vit5[peft]' (or pip install peft)"
+        )
+
+
+def tracker_names(log_with: str | None) -> list[str]:
+    return [name.strip() for name in (log_with or "").split(",") if name.strip()]
+
+
+def check_trackers(log_with: str | None) -> Iterator[str]:
+    """Unknown names and trackers whose package is not installed (which Accelerate would drop silently)."""
+    names = tracker_names(log_with)
+    if not names:
+        return
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    known, available = sorted(LOGGER_TYPE_TO_CLASS), {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name not in LOGGER_TYPE_TO_CLASS:
+            hint = _did_you_mean(name, known)
+            yield f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
+        elif name not in available:
+            package = {"comet_ml": "comet-ml"}.get(name, name)  # a tracker whose package is named otherwise
+            yield (
+                f"run.log_with: the {name} tracker needs the {package} package, which is not installed: "
+                f"pip install {package}"
+            )
+
+
+def _check_paths(cfg: TrainConfig) -> Iterator[str]:
     if cfg.data.dataset == "folder" and cfg.data.root is not None:
         root = Path(cfg.data.root).expanduser()
         if not _probe(root.is_dir):
-            problems.append(
+            yield (
                 f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
             )
         else:
@@ -378,21 +396,10 @@ def _check_paths(cfg: TrainConfig) -> list[str]:
                     found = sorted(
                         p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                     )
-                    problems.append(
+                    yield (
                         f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
                         f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
                     )
-    pretrained = cfg.model.pretrained
-    if (
-        pretrained is not None
-        and not _names_weights(pretrained)
-        and not _probe(Path(pretrained).expanduser().exists)
-    ):
-        problems.append(
-            f"model.pretrained={shorten(pretrained)[1:-1]} does not exist; check the path, or name released "
-            f"weights ({', '.join(hub.RELEASES)}; true: those of model.name) or hf-hub:USER/REPO"
-        )
-    return problems
 
 
 def _probe(test: Callable[[], bool]) -> bool:
@@ -403,36 +410,38 @@ def _probe(test: Callable[[], bool]) -> bool:
         return False
 
 
-def _names_weights(pretrained: str) -> bool:
-    """Whether ``model.pretrained`` names weights (``true``, a release, ``hf-hub:``), not a path."""
-    if pretrained in ("true", "True") or pretrained.startswith(hub.HF_HUB_PREFIX):
-        return True
-    path = Path(pretrained)
-    return hub.is_weights_name(pretrained) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists)
-
-
 _WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_patch16_224.pth is a path
 
 
-def _pretrained_name(cfg: TrainConfig) -> list[str]:
-    pretrained = cfg.model.pretrained
-    if pretrained is None or not _names_weights(pretrained) or pretrained.startswith(hub.HF_HUB_PREFIX):
+def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
+    """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a path."""
+    text, released = cfg.model.pretrained, ", ".join(hub.RELEASES)
+    if text is None or text.startswith(hub.HF_HUB_PREFIX):
         return []
-    if pretrained in ("true", "True"):
+    if text in ("true", "True"):
         if cfg.model.name in vit5.list_presets() and hub.default_release(cfg.model.name) is None:
             return [
-                f"model.pretrained=true: {cfg.model.name} has no released weights (released: "
-                f"{', '.join(hub.RELEASES)}); name released weights or give a checkpoint path"
+                f"model.pretrained=true: {cfg.model.name} has no released weights (released: {released}); "
+                "name released weights or give a checkpoint path"
             ]
         return []
-    if pretrained not in hub.RELEASES:
-        close = difflib.get_close_matches(pretrained, list(hub.RELEASES), n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
+    path = Path(text)
+    if hub.is_weights_name(text) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists):
+        if text in hub.RELEASES:
+            return []
+        hint = _did_you_mean(text, list(hub.RELEASES))
+        return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
+    if check_paths and not _probe(path.expanduser().exists):
         return [
-            f"model.pretrained={pretrained} is neither a file nor released weights; {hint}"
-            f"released: {', '.join(hub.RELEASES)}"
+            f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name released "
+            f"weights ({released}; true: those of model.name) or hf-hub:USER/REPO"
         ]
     return []
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 _FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
@@ -510,7 +519,8 @@ def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
         ConfigAdjusted,
         stacklevel=3,
     )
-    return replace_sections(cfg, schedule=dataclasses.replace(schedule, warmup_epochs=warmup))
+    schedule.warmup_epochs = warmup  # cfg was just built for this call
+    return cfg
 
 
 def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
@@ -525,9 +535,6 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
 
 
 # ---------------------------------------------------------------------------------- environment values
-_ENV = "${oc.env:"
-
-
 def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     """The typed config; settings read from ``${oc.env:VAR}`` keep their text (:func:`config_record`)."""
     raw = _flatten(typing.cast(dict, OmegaConf.to_container(merged, resolve=False)))
@@ -536,18 +543,9 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     except OmegaConfBaseException as e:
         key, reason = getattr(e, "full_key", None) or "a setting", _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
-    from_env = {k: v for k, v in raw.items() if isinstance(v, str) and _ENV in v}
-    return _with_env(cfg, from_env)
-
-
-def _with_env(cfg: TrainConfig, from_env: Mapping[str, str]) -> TrainConfig:
-    cfg.__dict__["_from_env"] = dict(from_env)  # not a setting: asdict and OmegaConf never see it
+    # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
+    cfg.__dict__["_from_env"] = {k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v}
     return cfg
-
-
-def replace_sections(cfg: TrainConfig, **sections: Any) -> TrainConfig:
-    """``dataclasses.replace`` that keeps what :func:`config_record` needs to know."""
-    return _with_env(dataclasses.replace(cfg, **sections), cfg.__dict__.get("_from_env", {}))
 
 
 def config_record(cfg: TrainConfig) -> dict[str, Any]:
@@ -561,11 +559,6 @@ def config_record(cfg: TrainConfig) -> dict[str, Any]:
             node = node[section]
         node[last] = text
     return record
-
-
-def is_from_env(cfg: TrainConfig, key: str) -> bool:
-    """Whether setting ``key`` (``"run.name"``) was read from the environment."""
-    return key in cfg.__dict__.get("_from_env", {})
 
 
 def config_to_yaml(cfg: TrainConfig) -> str:
@@ -661,13 +654,9 @@ def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
 
 
 def _expected_type(full_key: str) -> str:
-    schema: Any = TrainConfig
-    hint: Any = None
-    for part in full_key.split("."):
-        if not dataclasses.is_dataclass(schema):
-            break
-        hint = typing.get_type_hints(schema).get(part)
-        schema = hint
+    hint: Any = TrainConfig
+    for part in full_key.split("."):  # inside a free-form dict: the dict's type
+        hint = typing.get_type_hints(hint).get(part) if dataclasses.is_dataclass(hint) else hint
     if hint is None:
         return "see vit5/train/config.py"
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

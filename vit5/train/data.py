@@ -1,12 +1,11 @@
-"""Data sets and loaders of a run on top of :mod:`vit5.data`. Train: a rank-aware, seeded
-:class:`~vit5.data.RepeatAugSampler` (not prepared by Accelerate), whose epoch order depends on seed
-and epoch only, so :func:`start_epoch` resumes after the samples all processes consumed, on any number
-of processes. Val: prepared by Accelerate (padding dropped by ``gather_for_metrics``). WebDataset shards
-(``data.dataset=wds``) split by process and worker themselves and pad validation with label ``-1``.
-"""
+"""Data sets and loaders of a run on :mod:`vit5.data`. Train: a seeded, rank-aware ``RepeatAugSampler`` (not
+prepared by Accelerate) whose order depends on seed and epoch only, so :func:`start_epoch` resumes on any
+number of processes. Val: prepared by Accelerate. WebDataset shards split by process and worker themselves
+and pad validation with label ``-1``."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from vit5.data import (
 from vit5.errors import name_list
 from vit5.runtime import fit_workers
 from vit5.train.checkpointing import checkpoint_config
-from vit5.train.config import TrainConfig, replace_sections
+from vit5.train.config import TrainConfig
 from vit5.train.errors import ResumeError, TrainConfigError
 
 
@@ -39,7 +38,6 @@ from vit5.train.errors import ResumeError, TrainConfigError
 class RunData:
     train_set: Dataset
     val_set: Dataset
-    class_names: list[str]
     train_loader: DataLoader
     val_loader: DataLoader
     notes: list[str] = dataclasses.field(default_factory=list)  # settings adapted to the machine
@@ -76,7 +74,6 @@ def build_run_data(
     """This process's loaders of the run's data sets."""
     if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
-    class_names = list(train_set.class_names)  # type: ignore[attr-defined]
     world, rank = accelerator.num_processes, accelerator.process_index
     try:
         sampler = RepeatAugSampler(
@@ -107,15 +104,9 @@ def build_run_data(
         worker_init_fn=ignore_stop_signals,
         **common,
     )
-    if len(train_loader) < cfg.optim.accum_steps:
-        raise TrainConfigError(
-            f"each process gets {len(train_loader)} full batches of data.batch_size={cfg.data.batch_size} "
-            f"per epoch ({len(sampler)} samples), fewer than optim.accum_steps={cfg.optim.accum_steps}; "
-            f"lower data.batch_size"
-        )
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
     val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
-    return RunData(train_set, val_set, class_names, train_loader, val_loader, [note] if note else [])
+    return RunData(train_set, val_set, train_loader, val_loader, [note] if note else [])
 
 
 def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | None) -> TrainConfig:
@@ -141,7 +132,9 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
             )
     recorded = cfg.data.class_names
     if recorded is None:
-        return replace_sections(cfg, data=dataclasses.replace(cfg.data, class_names=list(class_names)))
+        cfg = copy.copy(cfg)  # with what config_record knows of settings read from the environment
+        cfg.data = dataclasses.replace(cfg.data, class_names=list(class_names))
+        return cfg
     if list(recorded) == list(class_names):
         return cfg
     change = class_names_change(recorded, class_names)
@@ -186,40 +179,24 @@ def _shard_run_data(
 ) -> RunData:
     data = cfg.data
     mine = (accelerator.num_processes, accelerator.process_index, data.num_workers)
-    for dataset in (train_set, val_set):
-        if (
-            not isinstance(dataset, ShardDataset)
-            or (dataset.num_replicas, dataset.rank, dataset.num_workers) != mine
-        ):
-            raise TrainConfigError(
-                "given shard data sets must both be ShardDatasets built for this process "
-                f"(num_replicas={mine[0]}, rank={mine[1]}, num_workers=data.num_workers={mine[2]})"
-            )
-    if train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
+    given = [
+        (d.num_replicas, d.rank, d.num_workers) for d in (train_set, val_set) if isinstance(d, ShardDataset)
+    ]
+    if given != [mine, mine] or train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
         raise TrainConfigError(
-            f"the given ShardDataset's batch_size differs from data.batch_size={data.batch_size}"
-        )
-    if len(train_set) < cfg.optim.accum_steps:  # type: ignore[arg-type]
-        raise TrainConfigError(
-            f"each process gets {len(train_set)} batches of data.batch_size={data.batch_size} per epoch, "  # type: ignore[arg-type]
-            f"fewer than optim.accum_steps={cfg.optim.accum_steps}; lower data.batch_size"
+            "given shard data sets must both be ShardDatasets built for this process (num_replicas="
+            f"{mine[0]}, rank={mine[1]}, num_workers=data.num_workers={mine[2]}; the train set's "
+            f"batch_size=data.batch_size={data.batch_size})"
         )
     options = dict(pin_memory=data.pin_memory, persistent_workers=data.persistent_workers)
-    return RunData(
-        train_set,
-        val_set,
-        list(train_set.class_names),  # type: ignore[attr-defined]
-        shard_loader(train_set, **options),  # type: ignore[arg-type]
-        shard_loader(val_set, **options),  # type: ignore[arg-type]
-    )
+    loaders = [shard_loader(d, **options) for d in (train_set, val_set)]  # type: ignore[arg-type]
+    return RunData(train_set, val_set, *loaders)
 
 
 def start_epoch(loader: DataLoader, epoch: int, consumed: int) -> None:
     """Position the training data at ``epoch`` after its first ``consumed`` samples (all processes):
     through ``set_epoch(epoch, consumed=...)`` of the loader's sampler, or of its iterable data set."""
     source = loader.sampler if hasattr(loader.sampler, "set_epoch") else loader.dataset
-    if not hasattr(source, "set_epoch"):
-        raise TypeError(f"{type(source).__name__} has no set_epoch(epoch, consumed=...): it cannot resume")
     source.set_epoch(epoch, consumed=consumed)
 
 
@@ -242,10 +219,8 @@ def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
 
 def _train_options(cfg: TrainConfig) -> dict[str, Any]:
     aug = cfg.aug
-    if aug.train == "three_augment":
-        return dict(color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip)
-    if aug.train == "randaug":
-        return dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip)
-    if aug.train == "pad_crop":
-        return dict(padding=aug.padding, hflip=aug.hflip, erasing=aug.erasing)
-    return {}
+    return {
+        "three_augment": dict(color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip),
+        "randaug": dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip),
+        "pad_crop": dict(padding=aug.padding, hflip=aug.hflip, erasing=aug.erasing),
+    }.get(aug.train, {})

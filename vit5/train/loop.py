@@ -1,9 +1,7 @@
-"""The training step and loop shared by ``vit5 train`` (under Accelerate), the register study and the
-benchmark's depth ablation. A micro-batch's loss is checked finite before backward; under Accelerate
-the optimizer, lr schedule, EMA and update count only advance when ``accelerator.sync_gradients``.
-Targets are always soft ``[B, classes]`` (timm Mixup / CutMix, or smoothed one-hot rows); the ``bce``
-loss binarises them like the official ``targets.gt(0)`` (engine.py:47-48 of github.com/wangf3014/ViT-5).
-"""
+"""The training step and loop of ``vit5 train``, the register study and the depth ablation, with the update
+rule (timm optimizer, cosine schedule, ``ModelEmaV3``) and validation; a loss is checked finite before
+backward. Targets are soft ``[B, classes]``; ``bce`` binarises them like the official ``targets.gt(0)``
+(github.com/wangf3014/ViT-5 engine.py:47-48, main.py)."""
 
 from __future__ import annotations
 
@@ -15,20 +13,97 @@ from dataclasses import dataclass
 from itertools import islice
 
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from vit5.train.checkpointing import TrainState
-from vit5.train.config import AugSection, LossSection
+from vit5.train.config import AugSection, EmaSection, LossSection, OptimSection, ScheduleSection
 from vit5.train.data import start_epoch
-from vit5.train.optim import LRSchedule
 
+
+# ---------------------------------------------------------------------------------- update rule
+def peak_lr(cfg: OptimSection, global_batch: int) -> float:
+    """``cfg.lr`` (official ``--unscale-lr``), or scaled by ``global_batch / lr_base_batch`` when set."""
+    return cfg.lr if cfg.lr_base_batch is None else cfg.lr * global_batch / cfg.lr_base_batch
+
+
+def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
+    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``)."""
+    return create_optimizer_v2(
+        model,
+        opt=cfg.name,
+        lr=lr,
+        weight_decay=cfg.weight_decay,
+        layer_decay=cfg.layer_decay,
+        filter_bias_and_bn=True,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+    )
+
+
+class LRSchedule:
+    """Cosine lr with linear warmup (timm ``CosineLRScheduler``), set per update or per epoch
+    (``schedule.interval``; epoch keeps the one-epoch lag of main.py's ``lr_scheduler.step(epoch)``); timm
+    ignores the calls of the other interval."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: ScheduleSection, updates_per_epoch: int):
+        self.scheduler, _ = create_scheduler_v2(
+            optimizer,
+            sched="cosine",
+            num_epochs=cfg.epochs,
+            warmup_epochs=cfg.warmup_epochs,
+            warmup_lr=cfg.warmup_lr,
+            min_lr=cfg.min_lr,
+            warmup_prefix=False,
+            step_on_epochs=cfg.interval == "epoch",
+            updates_per_epoch=updates_per_epoch,
+        )
+        self.optimizer = optimizer
+        self.start(num_updates=0, epoch=0)
+
+    def start(self, num_updates: float, epoch: int) -> None:
+        """Set the lr for a run at ``epoch`` that has made ``num_updates`` updates (its schedule clock)."""
+        self.scheduler.step_update(num_updates)
+        self.scheduler.step(max(epoch - 1, 0))
+
+    def after_update(self, num_updates: float) -> None:
+        self.scheduler.step_update(num_updates)
+
+    def after_epoch(self, epoch: int) -> None:
+        self.scheduler.step(epoch)
+
+    @property
+    def lr(self) -> float:
+        """The lr of the group with the largest ``lr_scale`` (the head's under layer decay)."""
+        return max(g["lr"] for g in self.optimizer.param_groups)
+
+
+def ema_horizon_warning(cfg: EmaSection, total_updates: int) -> str:
+    """A warning when the EMA (averaging over ``1 / (1 - decay)`` updates) cannot move in this run."""
+    if not cfg.enabled or cfg.warmup:  # timm's warmup shortens the horizon early on by itself
+        return ""
+    horizon = 1.0 / (1.0 - cfg.decay)
+    if horizon <= total_updates:
+        return ""
+    suggested = 1.0 - 10.0 / max(total_updates, 20)
+    return (
+        f"WARNING: ema.decay={cfg.decay:g} averages over ~{horizon:,.0f} updates (1 / (1 - decay)) but this "
+        f"run makes {total_updates:,} in all, so the EMA weights barely move from the starting ones and "
+        f"their scores mean little; for this run set ema.decay={suggested:.4g} (a tenth of the run), "
+        "ema.warmup=true, or ema.enabled=false"
+    )
+
+
+# ---------------------------------------------------------------------------------- training
 Mixer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -126,7 +201,6 @@ class LoopParts(StepParts):
     mixer: Mixer
     loader: DataLoader
     batch_size: int  # per process
-    accum_steps: int
     progress: bool
 
 
@@ -143,7 +217,8 @@ def train_one_epoch(
     acc = parts.accelerator
     assert acc is not None
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
-    end = state.batch + len(parts.loader) // parts.accum_steps * parts.accum_steps
+    accum = acc.gradient_accumulation_steps
+    end = state.batch + len(parts.loader) // accum * accum
     sizes: list[int] = []
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -215,3 +290,42 @@ def build_loss(cfg: LossSection) -> nn.Module:
     if cfg.name == "bce":
         return BinaryCrossEntropy(smoothing=0.0, target_threshold=cfg.bce_target_threshold)
     return SoftTargetCrossEntropy()
+
+
+# ---------------------------------------------------------------------------------- validation
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean cross-entropy
+    top1: float  # percent
+    top5: float  # percent (top-k with k = min(5, classes))
+    count: int  # images evaluated over all processes
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
+    """Loss, top-1 / top-5 of ``model`` over every process: a prepared ``loader``'s padding is dropped by
+    ``gather_for_metrics`` (huggingface.co/docs/accelerate/quicktour#distributed-evaluation), a shard
+    loader's label ``-1`` counts for nothing; a plain loader is evaluated whole on each process."""
+    was_training = model.training
+    model.eval()
+    # running sums stay on the device: one host sync for the whole pass, not three per batch
+    sums = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, top-1, top-5, count
+    for images, labels in loader:
+        images = images.to(accelerator.device, non_blocking=True)
+        labels = labels.to(accelerator.device, non_blocking=True)
+        with accelerator.autocast():
+            logits = model(images).float()
+        valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
+        labels = labels.clamp(min=0)
+        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None]).float()
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        per_image = (
+            torch.stack([loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)], 1) * valid[:, None]
+        )
+        per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
+        sums += per_image.sum(dim=0).double()
+    model.train(was_training)
+    loss_sum, correct1, correct5, count = sums.tolist()
+    if count == 0:
+        raise RuntimeError("the validation set is empty on every process")
+    return EvalResult(loss_sum / count, 100 * correct1 / count, 100 * correct5 / count, int(count))

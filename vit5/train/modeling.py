@@ -1,22 +1,28 @@
-"""The model of a run: a fresh preset, or pretrained weights (released, ``hf-hub:``, an official
-``.pth``, a timm file, one of our runs) loaded strictly except for the official fine-tune recipe's two
-reported changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head when the classes
-differ (``model.new_head``) and the position embedding resampled for another ``model.img_size``.
-"""
+"""The model of a run: a preset, or pretrained weights loaded strictly but for the official fine-tune's two
+changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head for other classes, the position
+embedding resampled. LoRA (arXiv 2106.09685) through peft: one adapter on the fused ``qkv``, as peft does
+(the paper adapts ``W_q``, ``W_v``, Section 7.1); ``best/`` / ``final/`` hold the merged weights."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from timm.utils import ModelEmaV3
 
 import vit5
 from vit5 import ViT5, create_model
 from vit5.model.presets import closest_preset
-from vit5.train.config import ModelSection
+from vit5.train.config import LORA_TARGETS, LoraSection, ModelSection
 from vit5.train.errors import TrainConfigError
 from vit5.weights import hub
 from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
 from vit5.weights.convert import HeadMismatchError
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
@@ -46,26 +52,16 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
 
 
 def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
-    """``(preset to build, weights for vit5.create_model, note)`` of ``model.pretrained``: released
-    weights build their own architecture (the note says when it is not ``model.name``); a path is
-    read as ``model.name``."""
+    """``(preset, weights for vit5.create_model, note)`` of a validated ``model.pretrained``: released
+    weights build their own architecture (the note says when not ``model.name``), a path ``model.name``."""
     text = str(cfg.pretrained)
     if text in PRETRAINED_TRUE:
-        release = hub.default_release(cfg.name)
-        if release is None:
-            raise TrainConfigError(
-                f"model.pretrained=true: {cfg.name} has no released weights (released: "
-                f"{', '.join(hub.RELEASES)}); name one of them, or give a checkpoint path"
-            )
-        return cfg.name, release.name, ""
+        return cfg.name, hub.default_release(cfg.name).name, ""  # type: ignore[union-attr]
     if text.startswith(hub.HF_HUB_PREFIX):
         return cfg.name, text, ""
     path = Path(text).expanduser()
     if hub.is_weights_name(text) and not path.exists():
-        try:
-            release = hub.release(text)
-        except vit5.CheckpointError as e:
-            raise TrainConfigError(f"model.pretrained={text}: {e}") from e
+        release = hub.release(text)
         same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
         return release.arch, text, "" if same else f"{release.arch} (its weights), not model.name={cfg.name}"
     return cfg.name, path, ""
@@ -117,3 +113,52 @@ def _same_architecture(built: vit5.ViT5Config, name: str) -> bool:
     """Whether ``built`` is the architecture of preset ``name`` (sizes and the ViT-5 switches)."""
     named = vit5.preset_config(name)
     return all(getattr(built, f) == getattr(named, f) for f in (*_SHAPE_FIELDS, "num_registers"))
+
+
+# ---------------------------------------------------------------------------------- LoRA
+def lora_config(cfg: LoraSection) -> LoraConfig:
+    """The peft ``LoraConfig`` of ``model.lora``; the anchored pattern leaves out ``patch_embed.proj``."""
+    from peft import LoraConfig
+
+    modules = "|".join(LORA_TARGETS[t] for t in cfg.targets)
+    return LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=rf"blocks\.\d+\.({modules})",  # a string: peft full-matches it to module names
+        modules_to_save=["head"],
+        bias="none",
+    )
+
+
+def add_lora(model: ViT5, cfg: LoraSection) -> ViT5:
+    """Inject the adapters into ``model`` in place and freeze the rest; return ``model``."""
+    from peft import get_peft_model
+
+    get_peft_model(model, lora_config(cfg))  # the wrapper is not kept: the ViT5 inside is adapted in place
+    return model
+
+
+def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
+    """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained (21.7%)``;
+    the total leaves out the head's frozen original, which peft keeps and the merge drops."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for name, p in model.named_parameters() if "head.original_module." not in name)
+    return (
+        f"LoRA r={cfg.r} alpha={cfg.alpha:g} on {', '.join(cfg.targets)} + full head: "
+        f"{trainable:,} of {total:,} parameters trained ({100 * trainable / total:.1f}%)"
+    )
+
+
+def merged_for_export(
+    model: ViT5, ema: ModelEmaV3 | None, cfg: LoraSection
+) -> tuple[ViT5, ModelEmaV3 | None]:
+    """The raw and EMA weights of an adapted run as plain CPU ViT-5 models, the adapters folded in."""
+    from peft import get_peft_model
+
+    def merged(module: torch.nn.Module) -> ViT5:
+        shell = get_peft_model(ViT5(model.cfg), lora_config(cfg))
+        shell.get_base_model().load_state_dict(module.state_dict())  # strict: the same adapters and shapes
+        return shell.merge_and_unload().eval()
+
+    return merged(model), ModelEmaV3(merged(ema.module), decay=ema.decay) if ema is not None else None

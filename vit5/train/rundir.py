@@ -1,8 +1,7 @@
 """The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/, metrics.csv,
-curves.png, summary.{txt,json} and logs/. A new run never writes into a non-empty directory (it takes
-``NAME-2``, ...); the main process holds ``RUN/.lock`` for the whole run; resuming from an older
-checkpoint forks a new directory and never changes the original. See docs/training.md.
-"""
+curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it takes ``NAME-2``);
+the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new directory. See
+docs/training.md."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ from vit5.files import (
     replace_dir,
     staging_dir,
 )
-from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE, checkpoint_number, list_checkpoints
+from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE
 from vit5.train.config import TrainConfig, config_to_yaml
 
 CONFIG_FILE = "config.yaml"
@@ -55,10 +54,8 @@ def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
 
     def take() -> tuple[Path, FolderLock]:
         lock = FolderLock(run_dir, "training").acquire()
-        for name in (BEST, FINAL):
+        for name in (BEST, FINAL):  # a checkpoint's staging folder goes at the next save
             recover_dir(run_dir / name)
-        for stale in (run_dir / CHECKPOINTS).glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
         return run_dir, lock
 
     return _on_main(accelerator, take)[1]
@@ -80,13 +77,6 @@ def fork_run_dir(
 
     new_dir, lock = _on_main(accelerator, fork)
     return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
-
-
-def newer_checkpoints(checkpoint: Path) -> list[Path]:
-    """The checkpoints of ``checkpoint``'s run written after it (a later timeline)."""
-    return [
-        c for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > checkpoint_number(checkpoint)
-    ]
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
@@ -131,8 +121,7 @@ def _on_main(accelerator: Accelerator, action: Any) -> tuple[Path, FolderLock | 
 
 
 def _link_tree(source: Path, target: Path) -> None:
-    """Copy the folder ``source`` to ``target`` through a staging folder, with hard links where possible
-    (files are never modified in place)."""
+    """Copy folder ``source`` to ``target`` via a staging folder, hard-linking where possible."""
     staged = staging_dir(target)
     try:
         for item in source.iterdir():

@@ -1,9 +1,7 @@
-"""The training run: config, data, model, optimizer, schedule, EMA and checkpoints wired under
-Accelerate; only the main process prints and writes, every collective runs on all processes. A
-non-finite loss or weight raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those
-weights); SIGTERM / SIGINT / SIGUSR1 checkpoint the exact position and raise
-:class:`~vit5.train.TrainingInterrupted` (a second signal exits at once). See docs/training.md.
-"""
+"""The training run under Accelerate: only the main process prints and writes. A non-finite loss or weight
+raises :class:`~vit5.train.TrainingDiverged` (nothing is written from those weights); SIGTERM / SIGINT /
+SIGUSR1 checkpoint the exact position and raise :class:`~vit5.train.TrainingInterrupted` (a second signal
+exits at once). See docs/training.md."""
 
 from __future__ import annotations
 
@@ -24,11 +22,11 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
-from torch.utils.data import DataLoader, Dataset
+from timm.utils import ModelEmaV3
+from torch.utils.data import Dataset
 
 from vit5 import compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
-from vit5.errors import StorageError
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
 from vit5.runtime import check_fits
@@ -40,28 +38,29 @@ from vit5.train.checkpointing import (
     TrainState,
     checkpoint_number,
     is_verified,
-    newest_good,
-    raise_agreed,
+    list_checkpoints,
+    on_main,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig, config_record, is_from_env
+from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
-from vit5.train.evaluate import EvalResult, evaluate
 from vit5.train.loop import (
     LoopParts,
+    LRSchedule,
     NonFiniteLoss,
     build_loss,
+    build_optimizer,
+    ema_horizon_warning,
+    evaluate,
+    peak_lr,
     reduce_sums,
     schedule_clock,
     target_mixer,
     train_one_epoch,
 )
-from vit5.train.lora import add_lora, describe, merged_for_export
-from vit5.train.modeling import build_model
-from vit5.train.optim import LRSchedule, build_ema, build_optimizer, ema_horizon_warning, peak_lr
+from vit5.train.modeling import add_lora, build_model, describe, merged_for_export
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
-from vit5.train.tracking import Tracking
 
 
 class Trainer:
@@ -76,16 +75,17 @@ class Trainer:
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
             # Accelerate sets up multi-CPU (gloo) only with cpu=True
             cpu=cfg.run.cpu or not torch.cuda.is_available(),
-            **Tracking.accelerator_kwargs(cfg.run),
+            # the trackers, and the logging folder TensorBoard needs up front (_start_tracking moves it)
+            **(dict(log_with=trackers, project_dir=cfg.run.output_dir) if trackers else {}),
         )
-        self.tracking = Tracking(acc, cfg.run)
+        self.tracking, self._step_losses = False, []  # trackers started; losses since the last logged step
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
@@ -106,9 +106,14 @@ class Trainer:
             self.model_description += f"; {describe(model, cfg.model.lora)}"
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
-        self.raw_model = model.to(acc.device)
-        self.ema = build_ema(self.raw_model, cfg.ema)
+        self.raw_model, ema = model.to(acc.device), cfg.ema
+        self.ema = ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup) if ema.enabled else None
         micro = len(self.data.train_loader)
+        if micro < cfg.optim.accum_steps:
+            raise TrainConfigError(
+                f"each process gets {micro} full batches of data.batch_size={cfg.data.batch_size} per epoch, "
+                f"fewer than optim.accum_steps={cfg.optim.accum_steps}; lower data.batch_size"
+            )
         self.batches_per_epoch = micro // cfg.optim.accum_steps * cfg.optim.accum_steps
         self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
@@ -121,10 +126,10 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumed_from, self.forked_from = resume, None
+        self.resumed_from, self.forked_from, self.fork_note = resume, None, ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
-        self.resumed_elastic: int | None = None  # the process count that wrote an elastic resume's checkpoint
+        self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
         self.lock: FolderLock | None = None
         self.last_checkpoint: Path | None = None  # the newest complete checkpoint of this run directory
         self.pending: Path | None = None  # a checkpoint whose weights have not yet given a finite loss
@@ -133,20 +138,16 @@ class Trainer:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
-        epoch_samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
-        layout = EpochLayout(
-            cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, epoch_samples
-        )
+        samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
+        layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
-        directory = self.run_dir / rundir.CHECKPOINTS
-        self.checkpoints = CheckpointManager(
-            acc, directory, cfg.checkpoint.keep_last, parts, config_record(cfg), layout
-        )
+        folder, keep, record = self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, config_record(cfg)
+        self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
             if resume is not None:
                 self._restore(resume)  # the original: errors name it and the last good one of its run
             if acc.is_main_process:
-                rundir.write_config(self.run_dir, cfg, note=self._fork_note())
+                rundir.write_config(self.run_dir, cfg, note=self.fork_note)
         except BaseException:
             self.close()
             if self.forked_from is not None and acc.is_main_process:  # a fork that never started
@@ -159,11 +160,10 @@ class Trainer:
             optimizer=self.optimizer,
             schedule=self.schedule,
             criterion=build_loss(cfg.loss),
-            mixer=target_mixer(cfg.aug, len(self.data.class_names), cfg.loss.smoothing),
+            mixer=target_mixer(cfg.aug, len(class_names), cfg.loss.smoothing),
             ema=self.ema,
             loader=self.data.train_loader,
             batch_size=cfg.data.batch_size,
-            accum_steps=cfg.optim.accum_steps,
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
@@ -174,44 +174,41 @@ class Trainer:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact, self.resume_warning = restored.exact, restored.warning
-        self.resumed_elastic = restored.written_by if restored.elastic else None
+        self.resumed_elastic = restored.elastic_from
         # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
         # this run's peak lr); the moments are kept
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
-        self.schedule.start(
-            schedule_clock(self.state, self.updates_per_epoch, self.global_batch), self.state.epoch
-        )
+        clock = schedule_clock(self.state, self.updates_per_epoch, self.global_batch)
+        self.schedule.start(clock, self.state.epoch)
         if not is_verified(checkpoint):  # its weights are checked by the first step's loss
             self.pending = self.last_checkpoint
 
     def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
         """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
         run_dir, acc = checkpoint.parent.parent, self.accelerator
-        newer = rundir.newer_checkpoints(checkpoint)
+        number = checkpoint_number(checkpoint)
+        newer = [c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number]
         if not newer:
             self.lock = rundir.lock_run_dir(acc, run_dir)
             return run_dir, checkpoint
         new_dir, copy, self.lock = rundir.fork_run_dir(acc, run_dir, checkpoint)
-        self.forked_from = (checkpoint, [c.name for c in newer])
-        return new_dir, copy
-
-    def _fork_note(self) -> str:
-        if self.forked_from is None:
-            return ""
-        checkpoint, newer = self.forked_from
-        return (
-            f"forked from {checkpoint}: {checkpoint.parent.parent} has newer checkpoints "
-            f"({', '.join(newer)}),\n"
-            f"which stay untouched; this run continues from {checkpoint.name} in {self.run_dir}"
+        self.forked_from = checkpoint
+        self.fork_note = (
+            f"forked from {checkpoint}: {run_dir} has newer checkpoints ({', '.join(newer)}),\n"
+            f"which stay untouched; this run continues from {checkpoint.name} in {new_dir}"
         )
+        return new_dir, copy
 
     def close(self) -> None:
         """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
         the run directory; :meth:`fit` ends with it, call it for a Trainer never fitted."""
-        if hasattr(self, "data"):
+        if hasattr(self, "data"):  # the next iteration of a loader starts new workers
             for loader in (self.data.train_loader, self.data.val_loader):
-                _stop_workers(loader)
+                iterator = getattr(loader, "_iterator", None)
+                if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                    iterator._shutdown_workers()
+                loader._iterator = None  # type: ignore[attr-defined]
         if self.lock is not None:
             self.lock.release()
 
@@ -221,12 +218,32 @@ class Trainer:
         ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached)."""
         self._print_header()
         try:
-            self.tracking.start(self.run_dir, self.cfg)
+            self._start_tracking()
             with self._stop_signals():
                 return self._train()
         finally:
-            self.tracking.finish()
+            if self.tracking:  # not accelerator.end_training: it destroys the caller's process group
+                for tracker in self.accelerator.trackers:
+                    tracker.finish()
+                self.accelerator.trackers.clear()
+                self.tracking = False
             self.close()
+
+    def _start_tracking(self) -> None:
+        """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking): the config,
+        ``train/loss`` and ``train/lr`` every ``run.log_every_steps`` steps, each epoch's row as
+        ``epoch/<column>``; logs under ``RUN/logs/``."""
+        acc, logs, name = self.accelerator, self.run_dir / "logs", self.run_dir.name
+        if not acc.log_with or self.tracking:
+            return
+        acc.project_configuration.logging_dir = str(logs)
+        if acc.is_main_process:
+            logs.mkdir(parents=True, exist_ok=True)
+        flat = flatten_config(self.cfg)
+        hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flat.items()}
+        init_kwargs = {"wandb": {"name": name, "dir": str(logs)}, "mlflow": {"run_name": name}}
+        acc.init_trackers(self.cfg.run.tracker_project, config=hparams, init_kwargs=init_kwargs)
+        self.tracking = True
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
@@ -285,7 +302,7 @@ class Trainer:
                 val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
             )
             if self.ema is not None:
-                ema: EvalResult = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+                ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
                 out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
         if bad:
@@ -309,15 +326,20 @@ class Trainer:
                 title=f"{self.run_dir.name}: {self.model_description}",
             )
             acc.print(epoch_line(row, cfg.schedule.epochs))
-        self.tracking.epoch(row, state.num_updates)
+        if self.tracking:
+            numbers = {f"epoch/{k}": v for k, v in row.items() if isinstance(v, (int, float))}
+            acc.log({k: v for k, v in numbers.items() if not isinstance(v, bool)}, step=state.num_updates)
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each optimizer step: the trackers; the finite losses vouch for the pending checkpoint;
-        then a mid-epoch checkpoint and a requested stop."""
-        self.tracking.step(self.state.num_updates, loss, lr)
+        """After each step: trackers, confirm the pending checkpoint, a mid-epoch save, a requested stop."""
+        self._step_losses += [loss] if self.tracking else []
+        if self.tracking and self.state.num_updates % self.cfg.run.log_every_steps == 0:
+            mean = math.fsum(self._step_losses) / len(self._step_losses)
+            self.accelerator.log({"train/loss": mean, "train/lr": lr}, step=self.state.num_updates)
+            self._step_losses.clear()
         if self.pending is not None:
             self.checkpoints.confirm(
                 self.pending, f"finite training loss at optimizer step {self.state.num_updates}"
@@ -331,8 +353,7 @@ class Trainer:
         self._stop_if_requested()
 
     def _save_checkpoint(self, validated: str | None = None) -> None:
-        """A checkpoint from finite weights: good at once when ``validated`` (how), else pending until the
-        next step's loss."""
+        """A checkpoint of finite weights: good at once if ``validated`` (how), else pending the next loss."""
         self._check_weights()
         self.state.wall_seconds = self._wall_base + time.perf_counter() - self.session_start
         self.last_checkpoint = self.checkpoints.save(self.state.num_updates)
@@ -379,9 +400,14 @@ class Trainer:
             f"model          {self.model_description}",
             *([f"pretrained     {self.load_report}"] if self.load_report else []),
             f"data           {cfg.data.dataset}: {num_images(data.train_set)} train / "
-            f"{num_images(data.val_set)} val images, {len(data.class_names)} classes, "
+            f"{num_images(data.val_set)} val images, {self.raw_model.num_classes} classes, "
             + ("no augmentation" if cfg.aug.train == "none" else f"{cfg.aug.train} augmentation")
-            + _dropped_note(data.train_set, acc.num_processes * cfg.data.batch_size),
+            + (
+                f"; each epoch trains on all but {dropped} samples (less than one batch of "
+                f"{acc.num_processes * cfg.data.batch_size} over all processes), the last of its shard order"
+                if (dropped := getattr(data.train_set, "dropped", 0))
+                else ""
+            ),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
             + f", mixed precision {cfg.run.mixed_precision}",
@@ -395,8 +421,8 @@ class Trainer:
         if self.resumed_from is not None:
             where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
             lines.append(f"resumed        from {self.resumed_from} ({where})")
-        if self.forked_from is not None:
-            lines.append("forked         " + self._fork_note().replace("\n", "\n               "))
+        if self.fork_note:
+            lines.append("forked         " + self.fork_note.replace("\n", "\n               "))
         lines += [f"note           {note}" for note in data.notes]
         lines += [self.resume_warning, ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs)]
         if state.epoch >= epochs:
@@ -407,9 +433,8 @@ class Trainer:
         model, ema = self.model, self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        run = (
-            config_record(self.cfg)["run"]["name"] if is_from_env(self.cfg, "run.name") else self.run_dir.name
-        )
+        recorded = config_record(self.cfg)["run"]["name"]  # a name read from the environment: its ${oc.env:}
+        run = recorded if recorded != self.cfg.run.name else self.run_dir.name
         extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
         extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
         save_model_dir(self.accelerator, model, ema, directory, extra)
@@ -441,7 +466,7 @@ class Trainer:
             train_images_per_s=state.images_seen / max(state.train_seconds, 1e-9),
             num_processes=acc.num_processes,
             resumed_from=str(self.resumed_from) if self.resumed_from is not None else None,
-            forked_from=str(self.forked_from[0]) if self.forked_from is not None else None,
+            forked_from=str(self.forked_from) if self.forked_from is not None else None,
             resume_exact=self.resume_exact,
             resume_note=self.resume_warning or None,
             resumed_from_processes=self.resumed_elastic,
@@ -463,7 +488,8 @@ class Trainer:
             aside = self.checkpoints.set_aside(self.pending)
             moved = f" {self.pending.name} (written from these weights) was moved to {aside}."
             self.pending = None
-        good = newest_good(self.run_dir / rundir.CHECKPOINTS)
+        checkpoints = list_checkpoints(self.run_dir / rundir.CHECKPOINTS)
+        good = next((c for c in reversed(checkpoints) if is_verified(c)), None)
         keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
         keep = keep if good is not None else "No checkpoint of this run is known good, so start it again"
         return TrainingDiverged(
@@ -482,23 +508,6 @@ def _generators_kept() -> Iterator[None]:
     random.setstate(saved[1])
 
 
-def _stop_workers(loader: DataLoader) -> None:
-    """Shut down a DataLoader's (persistent) workers now; the next iteration starts new ones."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None  # type: ignore[attr-defined]
-
-
-def _dropped_note(train_set: Dataset, global_batch: int) -> str:
-    if not (dropped := getattr(train_set, "dropped", 0)):
-        return ""
-    return (
-        f"; each epoch trains on all but {dropped} samples (less than one batch of {global_batch} "
-        "over all processes), the last of that epoch's shard order"
-    )
-
-
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
     bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
@@ -514,15 +523,8 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
 
 def _check_writable(acc: Accelerator, folder: Path) -> None:
     """Fail before any work when the run's folder cannot be written (read-only, a file, disk full)."""
-    message = None
-    if acc.is_main_process:
-        try:
-            check_output_dir(
-                folder, "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
-            )
-        except StorageError as err:
-            message = str(err)
-    raise_agreed(acc, message)
+    option = "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
+    on_main(acc, lambda: check_output_dir(folder, option))
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
