@@ -82,8 +82,9 @@ def accelerate_command(script: Path, *args: str) -> tuple[list[str], dict[str, s
 
 
 def launch_two(script: Path, worker: str, *args: str) -> subprocess.CompletedProcess:
-    """Write ``worker`` to ``script``, run it on 2 CPU processes and require success."""
-    script.write_text(worker)
+    """Write ``worker`` to ``script``, run it on 2 CPU processes and require success. The worker ends by
+    destroying its process group, as ``vit5 train`` does: one left to the interpreter's exit can abort it."""
+    script.write_text(worker + "\ntorch.distributed.destroy_process_group()\n")
     command, env = accelerate_command(script, *args)
     result = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
