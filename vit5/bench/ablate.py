@@ -190,7 +190,14 @@ class AblationPlan:
 
 
 def plan_for(
-    scale, config=None, seeds=None, epochs=None, only=None, out=None, overrides=(), keep_checkpoints=False
+    scale: str,
+    config: str | None = None,
+    seeds: Sequence[int] | None = None,
+    epochs: int | None = None,
+    only: str | None = None,
+    out: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    keep_checkpoints: bool = False,
 ) -> AblationPlan:
     """The plan of ``vit5 ablate`` (its options by name): a scale of :data:`SCALES`, its defaults replaced by
     what is given (``only``: comma-separated ablation names); bad input raises InputError."""
@@ -209,7 +216,9 @@ def plan_for(
     )
 
 
-def train_run(plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfig, datasets) -> RunRecord:
+def train_run(
+    plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfig, datasets: tuple | None
+) -> RunRecord:
     """Train one run to the end (its output to ``OUT/logs``), reuse it when finished before, or resume it."""
     run_dir, name = Path(cfg.run.output_dir) / cfg.run.name, ablation.name
     if (run_dir / SUMMARY_JSON).is_file():
