@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from test_layers_attention import reference_attention  # fp32 explicit softmax, K/V repeated for GQA
 
 import vit5
-from vit5.layers import Attention, AttentionConfig, Rope2D, RopeTable, rope_cos_sin
+from vit5.bench.measure import measure_memory
+from vit5.layers import Attention, AttentionConfig, KVCache, Rope2D, RopeTable, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -94,6 +95,17 @@ def test_training_steps_in_bf16_reduce_the_loss():
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.5 * losses[0]  # 16 fixed images: memorised within 30 steps
+
+
+@pytest.mark.parametrize("kv_heads", [6, 3, 1])
+def test_kv_cache_allocates_exactly_the_formula_on_cuda(kv_heads):
+    layers, batch, head_dim, tokens = 12, 2, 64, 256
+    reading, cache = measure_memory(
+        lambda: KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE),
+        DEVICE,
+    )
+    # both tensors' sizes are multiples of the allocator's 512-byte blocks, so nothing is rounded
+    assert reading.retained == cache.nbytes == 2 * layers * kv_heads * head_dim * tokens * batch * 2
 
 
 def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():

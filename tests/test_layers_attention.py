@@ -1,4 +1,4 @@
-"""Attention against an explicit reference: QK-Norm before RoPE, V unrotated, GQA, backends."""
+"""Attention against an explicit reference: QK-Norm before RoPE, V unrotated, GQA, backends, KV cache."""
 
 import pytest
 import torch
@@ -8,6 +8,9 @@ import vit5
 from vit5.layers import (
     Attention,
     AttentionConfig,
+    Block,
+    BlockConfig,
+    KVCache,
     Rope2D,
     RopeTable,
     apply_rope,
@@ -15,7 +18,7 @@ from vit5.layers import (
 )
 
 
-def reference_attention(attn: Attention, x, rope=None):
+def reference_attention(attn: Attention, x, rope=None, causal=False):
     """softmax(q k^T / sqrt(d)) v written out, with K/V heads repeated explicitly for GQA."""
     b, n, c = x.shape
     h, h_kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
@@ -28,6 +31,8 @@ def reference_attention(attn: Attention, x, rope=None):
         q, k = apply_rope(q, *rope, "interleaved"), apply_rope(k, *rope, "interleaved")
     k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
     scores = q @ k.transpose(-1, -2) / d**0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     out = scores.softmax(-1) @ v
     return out.transpose(1, 2).reshape(b, n, c) @ attn.proj.weight.T + attn.proj.bias
 
@@ -58,12 +63,16 @@ def test_matches_explicit_reference_mha_gqa_mqa(backend, kv_heads):
     assert attn.qkv.weight.shape == ((4 + 2 * kv_heads) * 16, 64)  # GQA shrinks the K/V projections
 
 
-def test_backends_agree():
+def test_backends_agree_and_causal_agrees():
     torch.manual_seed(1)
     eager, sdpa = make("eager", kv_heads=2), make("sdpa", kv_heads=2)
     sdpa.load_state_dict(eager.state_dict())
     x, rope = torch.randn(2, 15, 64), rope_for()
     torch.testing.assert_close(sdpa(x, rope), eager(x, rope), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sdpa(x, rope, causal=True), eager(x, rope, causal=True), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        sdpa(x, rope, causal=True), reference_attention(sdpa, x, rope, causal=True), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_qk_norm_comes_before_rope_and_v_is_not_rotated():
@@ -97,6 +106,52 @@ def test_config_validation():
         AttentionConfig(dim=64, num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):
         AttentionConfig(dim=64, num_heads=4, backend="xformers")
+
+
+def decoder_stack(depth=3, kv_heads=2, backend="sdpa"):
+    cfg = BlockConfig(
+        attn=AttentionConfig(dim=64, num_heads=4, num_kv_heads=kv_heads, backend=backend), layer_scale=None
+    )
+    return torch.nn.ModuleList(Block(cfg) for _ in range(depth)).eval()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_kv_cache_decoding_equals_one_causal_pass(backend):
+    blocks, n = decoder_stack(backend=backend), 12
+    x = torch.randn(2, n, 64)
+    cos, sin = rope_for((3, 4))
+    full = x
+    for blk in blocks:
+        full = blk(full, (cos, sin), causal=True)
+    cache = KVCache(len(blocks), batch_size=2, num_kv_heads=2, head_dim=16, max_tokens=n)
+    prefill = 5  # a multi-token chunk first, then one token at a time
+    steps = [slice(0, prefill)] + [slice(t, t + 1) for t in range(prefill, n)]
+    outs = []
+    for s in steps:
+        h = x[:, s]
+        for i, blk in enumerate(blocks):
+            h = blk(h, (cos[s], sin[s]), causal=True, kv_cache=cache.layers[i])
+        outs.append(h)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=1e-4, atol=1e-5)
+    assert cache.length == n
+
+
+@pytest.mark.parametrize("kv_heads", [8, 4, 2, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_cache_size_is_the_formula(kv_heads, dtype):
+    layers, batch, head_dim, tokens = 3, 2, 16, 40
+    cache = KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=dtype)
+    element = 4 if dtype == torch.float32 else 2
+    assert cache.nbytes == 2 * layers * kv_heads * head_dim * tokens * batch * element
+
+
+def test_kv_cache_overflow_and_non_causal_use_fail_clearly():
+    blocks = decoder_stack(depth=1)
+    cache = KVCache(1, 1, 2, 16, max_tokens=2)
+    with pytest.raises(RuntimeError, match="KV cache is full"):
+        blocks[0](torch.randn(1, 3, 64), causal=True, kv_cache=cache.layers[0])
+    with pytest.raises(ValueError, match="causal=True"):
+        blocks[0](torch.randn(1, 1, 64), kv_cache=KVCache(1, 1, 2, 16, 4).layers[0])
 
 
 def test_sdpa_gqa_does_not_repeat_kv():
@@ -207,11 +262,12 @@ def test_attention_forward_makes_no_copies_of_q_k_v_or_its_output(qk_norm):
     assert not copies
 
 
-def test_rope_table_rotates_token_major_layouts():
+def test_rope_table_rotates_token_major_layouts_and_selects_rows():
     table = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "interleaved")
     x = torch.randn(2, 15, 4, 16)  # [B, N, heads, d]
     by_heads = table.rotate(x.transpose(1, 2)).transpose(1, 2)
     torch.testing.assert_close(table.rotate(x, token_dim=-3), by_heads)
+    torch.testing.assert_close(table.rows(slice(5, 7)).rotate(x[:, 5:7], token_dim=-3), by_heads[:, 5:7])
     with pytest.raises(ValueError, match="cannot rotate a tensor of shape"):
         table.rotate(x)  # tokens are not on dim -2 here
     half = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "half")

@@ -1,23 +1,25 @@
 """Multi-head self-attention: fused bias-free qkv, QK-Norm (Henry et al., 2020) before RoPE on q and k only,
 grouped-query heads (Ainslie et al., 2023; K/V never repeated in memory), the ``"sdpa"``, ``"flash_attn"`` and
-``"eager"`` kernels; q, k and v stay views of the projection. Set ``recorder`` to a callable to get
-``[B, heads, N, N]`` probabilities (explicit fp32 path)."""
+``"eager"`` kernels, an optional causal mode with a KV cache. q, k and v stay views of the projection (no
+copy). Set ``recorder`` to a callable to get ``[B, heads, N, N]`` probabilities (explicit fp32 path).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit5.layers.kv_cache import LayerKVCache
 from vit5.layers.norm import NormKind, make_norm
 from vit5.layers.rope import RopeLayout, RopeTable
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
-ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
+ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "flash_attn", "eager")
 Rope = RopeTable | tuple[torch.Tensor, torch.Tensor] | None  # a table, or per-token (cos, sin)
 
 
@@ -53,13 +55,24 @@ class AttentionConfig:
         return self.dim // self.num_heads
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean mask, True = attend: the queries are the last ``num_queries`` of ``num_keys`` tokens."""
+    offset = num_keys - num_queries
+    rows = torch.arange(num_queries, device=device)[:, None] + offset
+    return torch.arange(num_keys, device=device)[None, :] <= rows
+
+
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Explicit ``softmax(q k^T / sqrt(d)) v`` (fp32 softmax) of ``q [B, H, N, d]``, ``k, v [B, H_kv, M, d]``,
     query head ``h`` reading kv head ``h // (H / H_kv)`` as SDPA's ``enable_gqa``; (output, probs)."""
     b, h, n, d = q.shape
     h_kv, m = k.shape[1], k.shape[2]
     qg = q.reshape(b, h_kv, h // h_kv, n, d)
     scores = (qg * d**-0.5) @ k.unsqueeze(2).transpose(-2, -1)  # [B, H_kv, G, N, M]
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
     probs = scores.float().softmax(dim=-1).to(q.dtype)
     return (probs @ v.unsqueeze(2)).reshape(b, h, n, d), probs.reshape(b, h, n, m)
 
@@ -81,7 +94,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.recorder: Callable[[torch.Tensor], None] | None = None
 
-    def forward(self, x: torch.Tensor, rope: Rope = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: Rope = None, causal: bool = False, kv_cache: LayerKVCache | None = None
+    ) -> torch.Tensor:
         """``x [B, N, C]``; ``rope``: a :class:`RopeTable` of N tokens, per-token ``(cos, sin)``, or None."""
         b, n, c = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
@@ -97,20 +112,30 @@ class Attention(nn.Module):
                 )
             q, k = rope.rotate(q, token_dim=-3), rope.rotate(k, token_dim=-3)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, N, d]
-        return self.proj(self._attend(q, k, v).transpose(1, 2).reshape(b, n, c))
+        if kv_cache is not None:
+            if not causal:
+                raise ValueError("a KV cache only makes sense for causal attention: pass causal=True")
+            k, v = kv_cache.append(k, v)
+        return self.proj(self._attend(q, k, v, causal).transpose(1, 2).reshape(b, n, c))
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.recorder is not None:
-            out, probs = eager_attention(q.float(), k.float(), v.float())
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        n, m = q.shape[-2], k.shape[-2]
+        needs_mask = causal and n > 1
+        if self.recorder is not None or self.backend == "eager":
+            mask = causal_mask(n, m, q.device) if needs_mask else None
+            if self.recorder is None:
+                return eager_attention(q, k, v, mask)[0]
+            out, probs = eager_attention(q.float(), k.float(), v.float(), mask)
             self.recorder(probs)
             return out.to(v.dtype)
-        if self.backend == "eager":
-            return eager_attention(q, k, v)[0]
         if self.backend == "flash_attn":
-            return self._flash(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.num_kv_heads != self.num_heads)
+            return self._flash(q, k, v, causal)
+        gqa = self.num_kv_heads != self.num_heads
+        if needs_mask and n != m:
+            return F.scaled_dot_product_attention(q, k, v, causal_mask(n, m, q.device), enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=needs_mask, enable_gqa=gqa)
 
-    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         try:
             from flash_attn import flash_attn_func
         except ImportError as err:
@@ -124,4 +149,6 @@ class Attention(nn.Module):
                 f"attention backend 'flash_attn' runs on CUDA in fp16/bf16, got {q.dtype} on {q.device}: "
                 "use autocast(dtype=torch.bfloat16) on a GPU, or backend 'sdpa'"
             )
-        return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        return flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal
+        ).transpose(1, 2)

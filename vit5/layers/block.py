@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -103,9 +103,10 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
         self.drop_path2 = DropPath(cfg.drop_path)
 
-    def forward(self, x: torch.Tensor, rope: Rope = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope = None, **attn_kwargs: Any) -> torch.Tensor:
+        """``rope``, ``attn_kwargs`` (``causal``, ``kv_cache``): those of :meth:`Attention.forward`."""
         if self.pre_norm:
-            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope)))
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, **attn_kwargs)))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope))))
+        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope, **attn_kwargs))))
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

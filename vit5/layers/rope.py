@@ -104,6 +104,10 @@ class RopeTable:
         """The table for per-pair angles ``[n, head_dim/2]`` (see :func:`rope_angles_2d`)."""
         return cls(*rope_cos_sin(pair_angles, layout), layout)
 
+    def rows(self, tokens: slice | torch.Tensor) -> RopeTable:
+        """The table of some tokens only (e.g. the new ones of a decoding step)."""
+        return RopeTable(self.cos[tokens], self.sin[tokens], self.layout)
+
     @property
     def num_tokens(self) -> int:
         return self.cos.shape[0]
