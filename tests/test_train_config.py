@@ -348,3 +348,16 @@ def test_the_command_line_prints_the_warmup_note(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "note: schedule.warmup_epochs=1 of the recipe does not fit schedule.epochs=1" in captured.out
     assert "error: stopped with warmup 0.1" in captured.err
+
+
+def test_a_hand_built_config_is_checked_by_the_trainer(tmp_path):
+    """A TrainConfig changed in Python (not through load_config) gets the same one error, before any work."""
+    from dataclasses import replace
+
+    from vit5.train import Trainer
+
+    cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}"])
+    bad = replace(cfg, model=replace(cfg.model, name="vit5_tiny", pretrained="true"))
+    with pytest.raises(TrainConfigError, match="vit5_tiny has no released weights"):
+        Trainer(bad)
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made

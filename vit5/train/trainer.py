@@ -42,7 +42,7 @@ from vit5.train.checkpointing import (
     on_main,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
+from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names, validate_config
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.loop import (
@@ -64,9 +64,9 @@ from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, wr
 
 
 class Trainer:
-    """One training run of a validated ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/
-    ckpt-*``) or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the
-    config's data."""
+    """One training run of ``cfg`` (checked here too, so a hand-built config gets the same one error as a
+    loaded one), continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``) or in a new run
+    directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's data."""
 
     def __init__(
         self,
@@ -75,6 +75,7 @@ class Trainer:
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
     ) -> None:
+        validate_config(cfg, check_paths=False)  # paths: the data readers (train_set may replace them)
         self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
