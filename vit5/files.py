@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
     path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+        with open(partial, "wb") as file:
+            file.write(data)
+            file.flush()
             if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+                os.fsync(file.fileno())
         os.replace(partial, path)
     except OSError as err:
         partial.unlink(missing_ok=True)
@@ -142,9 +139,7 @@ def check_output_dir(path: str | os.PathLike[str], option: str = "the output fol
         raise StorageError(f"{option} {path} is a file, not a folder: give a folder path")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        tempfile.TemporaryFile(dir=path).close()  # proves files can be created there
     except OSError as err:
         raise StorageError(f"{option} {path} cannot be written: {os_error_reason(err)}") from err
     return path

@@ -215,11 +215,13 @@ def check_keys(values: dict[str, Any], cls: type) -> None:
 def _check_types(cfg: Any) -> None:
     hints = typing.get_type_hints(type(cfg))
     for field in dataclasses.fields(cfg):
-        value = getattr(cfg, field.name)
-        if not _matches(value, hints[field.name]):
+        value, hint = getattr(cfg, field.name), hints[field.name]
+        if not _matches(value, hint):
+            expected = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            if typing.get_origin(hint) is Literal:
+                expected = "one of " + ", ".join(map(repr, typing.get_args(hint)))
             raise ConfigError(
-                f"{type(cfg).__name__}.{field.name} = {value!r} has the wrong type: expected "
-                f"{_describe(hints[field.name])}"
+                f"{type(cfg).__name__}.{field.name} = {value!r} has the wrong type: expected {expected}"
             )
 
 
@@ -237,14 +239,3 @@ def _matches(value: Any, hint: Any) -> bool:
     if hint in (int, float):  # an int is a float, a bool is neither
         return isinstance(value, (int, hint)) and not isinstance(value, bool)
     return isinstance(value, hint)
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(hint))
-    if origin is tuple:
-        return "a pair (" + ", ".join(_describe(a) for a in typing.get_args(hint)) + ")"
-    return "None" if hint is type(None) else hint.__name__

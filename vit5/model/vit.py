@@ -287,9 +287,7 @@ class ViT5(nn.Module):
         both values first (e.g. ``"token"`` without a CLS token), so the saved config rebuilds this model."""
         if global_pool not in (None, "token", "avg", ""):
             raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
-        pool = (
-            {"global_pool": global_pool} if global_pool else {}
-        )  # '' (timm's "no pooling") is no config value
+        pool = {"global_pool": global_pool} if global_pool else {}  # '' (no pooling) is no config value
         self.cfg = self.cfg.replace(num_classes=num_classes, **pool)
         if global_pool is not None:
             self.global_pool = global_pool

@@ -32,6 +32,7 @@ from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.figures import save_figure
 from vit5.viz.images import LoadedImage, to_batch
+from vit5.viz.register_ablation import AblationConfig, ablation_figure, model_outputs, run_ablation
 from vit5.viz.stats import TokenStats
 from vit5.weights import save_pretrained
 
@@ -86,14 +87,12 @@ class StudyConfig:
 
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
-        c, registers = self.canvas, 0 if twin == TWINS[0] else self.registers
+        c = self.canvas
         fixed = dict(img_size=c.size, patch_size=c.patch_size, num_classes=c.num_outputs, class_token=False)
-        fixed.update(global_pool="avg", num_registers=registers)
-        sizes = dict(
-            embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads, **dict(self.model_args)
-        )
+        fixed.update(global_pool="avg", num_registers=0 if twin == TWINS[0] else self.registers)
+        sizes = dict(embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads)
         try:
-            return preset_config(self.preset, **sizes, **fixed)
+            return preset_config(self.preset, **sizes, **dict(self.model_args), **fixed)
         except ConfigError as err:
             raise InputError(f"study model: {err}") from None
 
@@ -160,18 +159,12 @@ def labelled(cfg: StudyConfig, batch: CanvasBatch, name: str) -> list[LoadedImag
     return [LoadedImage(f"{name}_{i:03d}", rgb, y) for i, (rgb, y) in enumerate(zip(batch.images, labels))]
 
 
-@torch.no_grad()
-def accuracy(model: ViT5, batch: CanvasBatch, task: str, chunk: int = 128) -> float:
+def accuracy(model: ViT5, batch: CanvasBatch, task: str) -> float:
     """Share of correct canvases: the class, or (multilabel) every one of the ten presence bits."""
-    model.eval()
-    hits = []
-    for start in range(0, len(batch.labels), chunk):
-        logits = model(normalise(batch.images[start : start + chunk], model))
-        labels = torch.from_numpy(batch.labels[start : start + chunk])
-        hits.append(
-            ((logits > 0).float() == labels).all(-1) if task == "multilabel" else logits.argmax(-1) == labels
-        )
-    return float(torch.cat(hits).float().mean())
+    logits = model_outputs(model, [LoadedImage("", rgb) for rgb in batch.images], 128, "cpu").logits
+    labels = torch.from_numpy(batch.labels)
+    hits = ((logits > 0).float() == labels).all(-1) if task == "multilabel" else logits.argmax(-1) == labels
+    return float(hits.float().mean())
 
 
 def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, list[float | None]]:
@@ -453,7 +446,6 @@ def analyse_twins(
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from vit5.viz.register_ablation import AblationConfig, ablation_figure, run_ablation
     from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
     from vit5.viz.ttr import NeuronSearch
 
