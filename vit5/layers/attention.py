@@ -57,9 +57,7 @@ class AttentionConfig:
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> torch.Tensor:
     """Boolean mask, True = attend: the queries are the last ``num_queries`` of ``num_keys`` tokens."""
-    offset = num_keys - num_queries
-    rows = torch.arange(num_queries, device=device)[:, None] + offset
-    return torch.arange(num_keys, device=device)[None, :] <= rows
+    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
 
 
 def eager_attention(

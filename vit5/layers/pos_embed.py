@@ -9,12 +9,10 @@ import torch.nn.functional as F
 def resample_pos_embed(
     pos_embed: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]
 ) -> torch.Tensor:
-    """Resample a patch-only APE ``[1, h*w, C]`` to ``new_grid`` in fp32 (bicubic, as the official code).
-
-    Antialiased only when shrinking (else the stripes of Darcet et al. 2023, App. A); timm's
-    ``resample_abs_pos_embed`` antialiases when enlarging too, unlike the official resize. Under
-    ``torch.export`` with a symbolic grid the plain interpolation is taken (exact at the stored grid).
-    """
+    """Resample a patch-only APE ``[1, h*w, C]`` to ``new_grid`` in fp32 (bicubic, as the official code),
+    antialiased only when shrinking (else the stripes of Darcet et al. 2023, App. A; timm's
+    ``resample_abs_pos_embed`` antialiases when enlarging too, unlike the official resize). Under
+    ``torch.export`` with a symbolic grid the plain interpolation is taken (exact at the stored grid)."""
     h, w = old_grid
     symbolic = torch.compiler.is_exporting() and any(isinstance(s, torch.SymInt) for s in new_grid)
     if not symbolic and tuple(old_grid) == tuple(new_grid):

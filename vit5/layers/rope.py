@@ -1,14 +1,10 @@
 """Axial 2D rotary position embedding (RoPE) with explicit conventions (EVA-02, ViT-5): half the channel
-pairs of q and k rotate by the row position, half by the column, ``angle = position * frequency``.
-
-Four conventions must match a checkpoint exactly:
-
-- ``layout``: ``"interleaved"`` pairs ``(2i, 2i+1)`` (official ViT-5, EVA-02, timm); ``"half"`` pairs
-  ``(i, i + head_dim/2)`` (GPT-NeoX, DINOv3).
-- ``axis_order``: ``"yx"`` gives the first ``head_dim/4`` pairs the row angle (official); ``"xy"`` swaps.
-- ``theta``: the frequency base; bands are ``theta ** (-4i / head_dim)`` for ``i < head_dim/4``.
-- ``positions``: ``"integer"`` 0..n-1 per axis (official: new resolutions extrapolate); ``"rescaled"``
-  maps the grid onto a reference grid, ``t = i * ref / n`` (EVA-02-style interpolation).
+pairs of q and k rotate by the row position, half by the column, ``angle = position * frequency``. Four
+conventions must match a checkpoint exactly: ``layout`` (``"interleaved"`` pairs ``(2i, 2i+1)``: official
+ViT-5, EVA-02, timm; ``"half"`` ``(i, i + head_dim/2)``: GPT-NeoX, DINOv3), ``axis_order`` (``"yx"``: the
+first ``head_dim/4`` pairs take the row angle, official), ``theta`` (bands ``theta ** (-4i / head_dim)``,
+``i < head_dim/4``) and ``positions`` (``"integer"`` 0..n-1 per axis, official, new resolutions extrapolate;
+``"rescaled"`` ``t = i * ref / n`` onto a reference grid, EVA-02-style interpolation).
 """
 
 from __future__ import annotations

@@ -154,12 +154,9 @@ class ViT5(nn.Module):
         x = x.flatten(2).transpose(1, 2)
         if self.pos_embed is not None:
             x = x + resample_pos_embed(self.pos_embed, self.cfg.grid_size, grid)
-        parts = [x]
-        if self.cls_token is not None:
-            parts.insert(0, self.cls_token.expand(x.shape[0], -1, -1))
-        if self.reg_token is not None:
-            parts.append(self.reg_token.expand(x.shape[0], -1, -1))
-        return torch.cat(parts, dim=1), grid
+        cls = [] if self.cls_token is None else [self.cls_token.expand(x.shape[0], -1, -1)]
+        registers = [] if self.reg_token is None else [self.reg_token.expand(x.shape[0], -1, -1)]
+        return torch.cat([*cls, x, *registers], dim=1), grid
 
     def _run_block(self, block: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
