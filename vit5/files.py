@@ -36,11 +36,15 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
     path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        with open(partial, "wb") as file:
-            file.write(data)
-            file.flush()
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                os.fsync(file.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(partial, path)
     except OSError as err:
         partial.unlink(missing_ok=True)
