@@ -163,15 +163,10 @@ def export_fashion_mnist(
     fixed by ``seed``, form val. A tree from an export with other arguments is a ``FileExistsError``."""
     folder = resolve_source(source, debian_dir=debian_dir, download=download, cache=cache)
     (train_images, train_labels), (test_images, test_labels) = (
-        load_part(folder, "train"),
-        load_part(folder, "test"),
+        load_part(folder, p) for p in ("train", "test")
     )
     classes, count = len(np.unique(train_labels)), len(train_labels)
-    if (
-        isinstance(val_size, bool)
-        or not isinstance(val_size, int)
-        or not classes <= val_size <= count - classes
-    ):
+    if type(val_size) is not int or not classes <= val_size <= count - classes:
         raise FashionMnistError(
             f"--val-size {val_size} must be an integer from {classes} to {count - classes} "
             f"(each split needs every class) for {count} training images"

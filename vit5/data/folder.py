@@ -157,11 +157,8 @@ def _split_dir(root: Path, split: str | None) -> Path:
     split_dir = root / split
     if not split_dir.is_dir():
         available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        shown = ", ".join(available[:8]) + (
-            f", ... ({len(available) - 8} more)" if len(available) > 8 else ""
-        )
         raise ImageFolderError(
-            f"split folder {split_dir} does not exist (sub-folders of {root}: {shown or 'none'}). "
+            f"split folder {split_dir} does not exist (sub-folders of {root}: {name_list(available, 8)}). "
             f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that holds "
             f"'{split}/' (if {root} is itself a split, use its parent, or split=None from Python)."
         )
