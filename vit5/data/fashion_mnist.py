@@ -9,9 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
-from vit5.data.digits import ExportReport, write_image_tree
+from vit5.data.digits import ExportReport, stratified_split, write_image_tree
 from vit5.errors import InputError
 
 #: Class names in label order (0..9), as folder names: the data set's labels, lower-case, ``_`` for ``/``.
@@ -171,12 +170,7 @@ def export_fashion_mnist(
             f"--val-size {val_size} must be an integer from {classes} to {count - classes} "
             f"(each split needs every class) for {count} training images"
         )
-    train_idx, val_idx = (
-        np.sort(part)
-        for part in train_test_split(
-            np.arange(count), test_size=val_size, stratify=train_labels, random_state=seed
-        )
-    )
+    train_idx, val_idx = stratified_split(train_labels, val_size, seed)
     parts = {
         "train": (train_images, train_labels, train_idx),
         "val": (train_images, train_labels, val_idx),

@@ -278,17 +278,15 @@ def _image_paths(
 def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
     """``files`` without later paths to a file listed before; only shared inode numbers are ``stat``-ed."""
     numbers = np.frombuffer(inodes, dtype=np.uint64) if len(inodes) else np.zeros(0, np.uint64)
-    ordered = np.sort(numbers)
-    shared = ordered[1:][ordered[1:] == ordered[:-1]]
-    if not len(shared):
+    values, counts = np.unique(numbers, return_counts=True)
+    if counts.max(initial=0) < 2:
         return files
     keep = np.ones(len(files), dtype=bool)
     seen: set[tuple[int, int]] = set()
-    for index in np.flatnonzero(np.isin(numbers, shared)).tolist():
+    for index in np.flatnonzero(np.isin(numbers, values[counts > 1])).tolist():
         info = os.stat(files[index])
-        key = (info.st_dev, info.st_ino)
-        keep[index] = key not in seen
-        seen.add(key)
+        keep[index] = (info.st_dev, info.st_ino) not in seen
+        seen.add((info.st_dev, info.st_ino))
     return [path for path, kept in zip(files, keep.tolist()) if kept]
 
 

@@ -411,18 +411,17 @@ def write_shards(
     _check_plan(out / f".{split}-plan.json", plan)
     order = np.random.default_rng(seed).permutation(len(source)).tolist()
     names, lengths, skipped = [], [], []
-    written = kept = 0
+    kept = 0
     for number, first in enumerate(range(0, len(order), shard_size)):
         path = out / f"{split}-{number:06d}.tar"
         names.append(path.name)
         if path.exists():
             lengths.append(count_samples(str(path)))
             kept += 1
-            continue
-        count, bad = _write_shard(path, source, order[first : first + shard_size], first)
-        lengths.append(count)
-        skipped.extend(bad)
-        written += 1
+        else:
+            count, bad = _write_shard(path, source, order[first : first + shard_size], first)
+            lengths.append(count)
+            skipped.extend(bad)
     for stale in out.glob(f"{split}-*.tar.tmp"):
         stale.unlink()
     info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
@@ -430,7 +429,7 @@ def write_shards(
         name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
     )
     atomic_write_json(out / INFO_FILE, info)
-    return ShardReport(out, split, len(names), written, kept, sum(lengths), skipped)
+    return ShardReport(out, split, len(names), len(names) - kept, kept, sum(lengths), skipped)
 
 
 def _write_shard(
