@@ -72,8 +72,7 @@ class ImageFolderDataset(BadSamples, Dataset):
         alpha_background: tuple[int, int, int] | None = None,
     ) -> None:
         self.root = _split_dir(Path(root), split)
-        self.transform = transform
-        self.alpha_background = alpha_background
+        self.transform, self.alpha_background = transform, alpha_background
         self.extensions = tuple(sorted({f".{e.lower().lstrip('.')}" for e in extensions}))
         self.class_names = _class_names(self.root, split, class_names)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
