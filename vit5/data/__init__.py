@@ -1,5 +1,6 @@
 """Data pipeline for ViT-5: OpenCV decoding, ImageFolder, WebDataset shards (``vit5[wds]``), DeiT-III
 transforms, digits, RA sampler. Stands alone: imports no other ``vit5`` subpackage."""
+# ruff: noqa: F401 (the re-exports are the public names)
 
 from vit5.data.decode import BadImageError, decode_image
 from vit5.data.digits import DigitsDataset, export_digits_imagefolder, load_digits_split
@@ -23,33 +24,3 @@ from vit5.data.transforms import (
     resize_transform,
     three_augment,
 )
-
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "IMAGE_EXTENSIONS",
-    "STOP_SIGNALS",
-    "BadImageError",
-    "BadImageWarning",
-    "DigitsDataset",
-    "ImageFolderDataset",
-    "ImageFolderError",
-    "RepeatAugSampler",
-    "ShardDataset",
-    "ShardError",
-    "build_loader",
-    "build_transform",
-    "class_names_change",
-    "decode_image",
-    "eval_transform",
-    "export_digits_imagefolder",
-    "ignore_stop_signals",
-    "image_files",
-    "load_digits_split",
-    "pad_crop_transform",
-    "randaug_transform",
-    "resize_transform",
-    "shard_loader",
-    "three_augment",
-    "write_shards",
-]

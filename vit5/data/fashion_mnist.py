@@ -9,9 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
-from vit5.data.digits import ExportReport, write_image_tree
+from vit5.data.digits import ExportReport, stratified_split, write_image_tree
 from vit5.errors import InputError
 
 #: Class names in label order (0..9), as folder names: the data set's labels, lower-case, ``_`` for ``/``.
@@ -163,25 +162,15 @@ def export_fashion_mnist(
     fixed by ``seed``, form val. A tree from an export with other arguments is a ``FileExistsError``."""
     folder = resolve_source(source, debian_dir=debian_dir, download=download, cache=cache)
     (train_images, train_labels), (test_images, test_labels) = (
-        load_part(folder, "train"),
-        load_part(folder, "test"),
+        load_part(folder, p) for p in ("train", "test")
     )
     classes, count = len(np.unique(train_labels)), len(train_labels)
-    if (
-        isinstance(val_size, bool)
-        or not isinstance(val_size, int)
-        or not classes <= val_size <= count - classes
-    ):
+    if type(val_size) is not int or not classes <= val_size <= count - classes:
         raise FashionMnistError(
             f"--val-size {val_size} must be an integer from {classes} to {count - classes} "
             f"(each split needs every class) for {count} training images"
         )
-    train_idx, val_idx = (
-        np.sort(part)
-        for part in train_test_split(
-            np.arange(count), test_size=val_size, stratify=train_labels, random_state=seed
-        )
-    )
+    train_idx, val_idx = stratified_split(train_labels, val_size, seed)
     parts = {
         "train": (train_images, train_labels, train_idx),
         "val": (train_images, train_labels, val_idx),

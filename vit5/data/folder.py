@@ -72,8 +72,7 @@ class ImageFolderDataset(BadSamples, Dataset):
         alpha_background: tuple[int, int, int] | None = None,
     ) -> None:
         self.root = _split_dir(Path(root), split)
-        self.transform = transform
-        self.alpha_background = alpha_background
+        self.transform, self.alpha_background = transform, alpha_background
         self.extensions = tuple(sorted({f".{e.lower().lstrip('.')}" for e in extensions}))
         self.class_names = _class_names(self.root, split, class_names)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
@@ -157,11 +156,8 @@ def _split_dir(root: Path, split: str | None) -> Path:
     split_dir = root / split
     if not split_dir.is_dir():
         available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        shown = ", ".join(available[:8]) + (
-            f", ... ({len(available) - 8} more)" if len(available) > 8 else ""
-        )
         raise ImageFolderError(
-            f"split folder {split_dir} does not exist (sub-folders of {root}: {shown or 'none'}). "
+            f"split folder {split_dir} does not exist (sub-folders of {root}: {name_list(available, 8)}). "
             f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that holds "
             f"'{split}/' (if {root} is itself a split, use its parent, or split=None from Python)."
         )
@@ -281,17 +277,15 @@ def _image_paths(
 def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
     """``files`` without later paths to a file listed before; only shared inode numbers are ``stat``-ed."""
     numbers = np.frombuffer(inodes, dtype=np.uint64) if len(inodes) else np.zeros(0, np.uint64)
-    ordered = np.sort(numbers)
-    shared = ordered[1:][ordered[1:] == ordered[:-1]]
-    if not len(shared):
+    values, counts = np.unique(numbers, return_counts=True)
+    if counts.max(initial=0) < 2:
         return files
     keep = np.ones(len(files), dtype=bool)
     seen: set[tuple[int, int]] = set()
-    for index in np.flatnonzero(np.isin(numbers, shared)).tolist():
+    for index in np.flatnonzero(np.isin(numbers, values[counts > 1])).tolist():
         info = os.stat(files[index])
-        key = (info.st_dev, info.st_ino)
-        keep[index] = key not in seen
-        seen.add(key)
+        keep[index] = (info.st_dev, info.st_ino) not in seen
+        seen.add((info.st_dev, info.st_ino))
     return [path for path, kept in zip(files, keep.tolist()) if kept]
 
 

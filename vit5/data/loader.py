@@ -73,12 +73,10 @@ class RepeatAugSampler(Sampler[Any]):
         self.epoch, self.consumed = epoch, consumed
 
     def __iter__(self) -> Iterator[Any]:
-        if self.shuffle:
-            order = torch.randperm(
-                self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch)
-            )
-        else:
-            order = torch.arange(self.length)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = (
+            torch.randperm(self.length, generator=generator) if self.shuffle else torch.arange(self.length)
+        )
         repeated = torch.repeat_interleave(order, self.num_repeats).tolist()
         first = self.consumed + self.rank
         positions = range(first, first + len(self) * self.num_replicas, self.num_replicas)

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import random
 import tarfile
 import time
 import warnings
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from vit5.data.decode import BadImageError, decode_bytes, decode_image
 from vit5.data.folder import BadImageWarning, BadSamples, ImageFolderDataset
 from vit5.errors import InputError
-from vit5.files import atomic_write_json, atomic_write_text
+from vit5.files import atomic_write_json, atomic_write_text, fsync_file
 
 SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 _STORED_AS_IS = {f".{k}": k for k in SHARD_IMAGE_KEYS} | {".jpe": "jpg"}
@@ -158,7 +159,6 @@ class ShardDataset(BadSamples, IterableDataset):
         self.batch_size, self.train = batch_size, train
         self.num_replicas, self.rank, self.num_workers = num_replicas, rank, num_workers
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        slots = num_replicas * max(num_workers, 1)
         if train:
             self.batches = self.num_samples // (num_replicas * batch_size)
             if self.batches == 0:
@@ -170,6 +170,7 @@ class ShardDataset(BadSamples, IterableDataset):
         else:
             if self.num_samples == 0:
                 raise ShardError(f"the validation shards {self.shards[0]} ... hold no samples")
+            slots = num_replicas * max(num_workers, 1)
             per_slot = math.ceil(math.ceil(self.num_samples / slots) / batch_size)
             self.batches = per_slot * max(num_workers, 1)
             self.dropped = 0
@@ -224,7 +225,9 @@ class ShardDataset(BadSamples, IterableDataset):
         first = self.rank * self.batches + sum(counts[:worker])  # in batches of the epoch's stream
         start, stop = first * self.batch_size, (first + counts[worker]) * self.batch_size
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
-        stream = self._shuffled(self._read(order, start, stop), (self.seed, epoch, self.rank, worker))
+        rng = random.Random(f"{self.seed}-{epoch}-{self.rank}-{worker}")
+        size = self.shuffle_buffer
+        stream = _webdataset().filters.shuffle(size, size, rng=rng)(self._read(order, start, stop))
         for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
             next(stream)
         for batch in zip(*[self._good(stream)] * self.batch_size):  # full batches (all are)
@@ -289,33 +292,14 @@ class ShardDataset(BadSamples, IterableDataset):
         except OSError as err:
             errors.append(err)
         if errors:  # a truncated or corrupt tar: the rest of the shard is unreadable
-            err = errors[0]
-            reason = (
-                f"shard unreadable from sample {index} on ({type(err).__name__}: {str(err).split(' @ ')[0]})"
-            )
+            name, text = type(errors[0]).__name__, str(errors[0]).split(" @ ")[0]
+            reason = f"shard unreadable from sample {index} on ({name}: {text})"
         else:
             reason = f"the shard ended after {index} samples, its index says {self.lengths[shard]}"
         warnings.warn(f"{url}: {reason}", BadImageWarning, stacklevel=3)
         for i in range(max(index, lo), hi):
             self._bad[base + i] = True
             yield base + i, None
-
-    def _shuffled(self, stream: Iterator[Any], key: tuple[int, ...]) -> Iterator[Any]:
-        size = self.shuffle_buffer
-        if size <= 1:
-            yield from stream
-            return
-        rng = np.random.default_rng(list(key))
-        buffer: list[Any] = []
-        for item in stream:
-            if len(buffer) < size:
-                buffer.append(item)
-                continue
-            j = int(rng.integers(size))
-            yield buffer[j]
-            buffer[j] = item
-        for j in rng.permutation(len(buffer)).tolist():
-            yield buffer[j]
 
     def _good(
         self, stream: Iterator[tuple[int, dict[str, Any] | None]]
@@ -397,14 +381,10 @@ class ShardReport:
     skipped: list[str]  # source files that could not be stored (unreadable, not re-encodable)
 
     def __str__(self) -> str:
-        skipped = (
-            f"; skipped {len(self.skipped)} unreadable file(s), e.g. {self.skipped[0]}"
-            if self.skipped
-            else ""
-        )
+        skipped = self.skipped and f"; skipped {len(self.skipped)} unreadable file(s), e.g. {self.skipped[0]}"
         return (
             f"{self.split}: {self.samples} samples in {self.shards} shards under {self.out} "
-            f"({self.written} written, {self.kept} kept from an earlier run){skipped}"
+            f"({self.written} written, {self.kept} kept from an earlier run){skipped or ''}"
         )
 
 
@@ -431,18 +411,17 @@ def write_shards(
     _check_plan(out / f".{split}-plan.json", plan)
     order = np.random.default_rng(seed).permutation(len(source)).tolist()
     names, lengths, skipped = [], [], []
-    written = kept = 0
+    kept = 0
     for number, first in enumerate(range(0, len(order), shard_size)):
         path = out / f"{split}-{number:06d}.tar"
         names.append(path.name)
         if path.exists():
             lengths.append(count_samples(str(path)))
             kept += 1
-            continue
-        count, bad = _write_shard(path, source, order[first : first + shard_size], first)
-        lengths.append(count)
-        skipped.extend(bad)
-        written += 1
+        else:
+            count, bad = _write_shard(path, source, order[first : first + shard_size], first)
+            lengths.append(count)
+            skipped.extend(bad)
     for stale in out.glob(f"{split}-*.tar.tmp"):
         stale.unlink()
     info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
@@ -450,7 +429,7 @@ def write_shards(
         name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
     )
     atomic_write_json(out / INFO_FILE, info)
-    return ShardReport(out, split, len(names), written, kept, sum(lengths), skipped)
+    return ShardReport(out, split, len(names), len(names) - kept, kept, sum(lengths), skipped)
 
 
 def _write_shard(
@@ -458,10 +437,7 @@ def _write_shard(
 ) -> tuple[int, list[str]]:
     temporary = path.with_name(path.name + ".tmp")
     count, skipped = 0, []
-    with (
-        open(temporary, "wb") as stream,
-        tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
+    with tarfile.open(temporary, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for position, index in enumerate(indices, start=first):
             file, label = source.samples[index]
             ext = _STORED_AS_IS.get(os.path.splitext(file)[1].lower())
@@ -476,17 +452,12 @@ def _write_shard(
             except (BadImageError, OSError) as err:
                 skipped.append(str(err))
                 continue
-            for name, member in (
-                (f"{position:09d}.{ext}", data),
-                (f"{position:09d}.cls", str(label).encode()),
-            ):
-                info = tarfile.TarInfo(name)
+            for suffix, member in ((ext, data), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{position:09d}.{suffix}")
                 info.size, info.mtime, info.mode = len(member), int(time.time()), 0o644
                 tar.addfile(info, io.BytesIO(member))
             count += 1
-        tar.close()
-        stream.flush()
-        os.fsync(stream.fileno())
+    fsync_file(temporary)
     os.replace(temporary, path)
     return count, skipped
 

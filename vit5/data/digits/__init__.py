@@ -50,14 +50,17 @@ def load_digits_split(
             f"val_fraction={val_fraction} puts {num_val} of {len(targets)} images in val; "
             f"each split needs at least one image per class ({len(DIGIT_CLASSES)})"
         )
-    train_idx, val_idx = train_test_split(
-        np.arange(len(targets)), test_size=num_val, stratify=targets, random_state=seed
-    )
-    chosen = np.sort(train_idx if split == "train" else val_idx)
+    chosen = stratified_split(targets, num_val, seed)[split == "val"]
     scaled = (digits.images[chosen] * (255.0 / 16.0)).astype(np.float32)
     resized = np.stack([cv2.resize(d, (size, size), interpolation=cv2.INTER_CUBIC) for d in scaled])
     gray = np.rint(resized).clip(0, 255).astype(np.uint8)
     return DigitsSplit(np.repeat(gray[..., None], 3, axis=3), targets[chosen], chosen)
+
+
+def stratified_split(targets: np.ndarray, num_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted train and val positions of ``targets``, ``num_val`` in val, class-stratified, fixed by seed."""
+    parts = train_test_split(np.arange(len(targets)), test_size=num_val, stratify=targets, random_state=seed)
+    return np.sort(parts[0]), np.sort(parts[1])
 
 
 class DigitsDataset(Dataset):
