@@ -64,11 +64,7 @@ class ClassifySettings:
         check_fields(
             self,
             ("size", lambda v: v is None or (len(v) == 2 and min(v) > 0), "a positive (height, width) pair"),
-            (
-                "crop_ratio",
-                lambda v: v is None or 0 < v <= 1,
-                "in (0, 1] (1.0 = ViT-5 eval, 0.875 = classic)",
-            ),
+            ("crop_ratio", lambda v: v is None or 0 < v <= 1, "in (0, 1] (1 = ViT-5 eval, 0.875 = classic)"),
             ("batch_size", lambda v: v >= 1, ">= 1"),
             ("num_workers", lambda v: v is None or v >= 0, ">= 0"),
         )
@@ -86,8 +82,7 @@ class ClassificationScores:
     def per_class_accuracy(self) -> np.ndarray:
         """Recall of each class; NaN for a class with no images."""
         counts = self.confusion.sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(counts > 0, np.diag(self.confusion) / counts, np.nan)
+        return np.diag(self.confusion) / np.where(counts > 0, counts, np.nan)
 
 
 class ClassificationMeter:
@@ -108,9 +103,8 @@ class ClassificationMeter:
     def compute(self) -> ClassificationScores:
         count = int(self.confusion.sum())
         n, top1 = max(count, 1), int(self.confusion.trace())
-        return ClassificationScores(
-            count, top1 / n, self.topk / n, self.loss_sum / n, self.confusion.numpy().copy()
-        )
+        confusion = self.confusion.numpy().copy()
+        return ClassificationScores(count, top1 / n, self.topk / n, self.loss_sum / n, confusion)
 
 
 @dataclass
@@ -178,11 +172,8 @@ def evaluate(
     model = loaded.model.to(accelerator.device).eval()
     meter, bad = ClassificationMeter(len(class_names)), []
     start = time.perf_counter()
-    bar = tqdm(
-        loader,
-        desc=f"{loaded.label} @ {size[0]}x{size[1]}",
-        disable=not (progress and accelerator.is_main_process),
-    )
+    desc = f"{loaded.label} @ {size[0]}x{size[1]}"
+    bar = tqdm(loader, desc=desc, disable=not (progress and accelerator.is_main_process))
     with torch.inference_mode():
         for batch, targets, indices, ok in bar:
             logits, targets, indices, ok = accelerator.gather_for_metrics(
@@ -192,7 +183,6 @@ def evaluate(
             meter.update(logits[ok], labels[targets[ok].cpu()])
             bad += indices[~ok].tolist()
     accelerator.wait_for_everyone()
-    seconds = time.perf_counter() - start
     paths = [dataset.samples[i][0] for i in sorted(set(bad))]
     return ClassifyResult(
         model=loaded.label,
@@ -202,7 +192,7 @@ def evaluate(
         crop_ratio=crop,
         class_names=class_names,
         scores=meter.compute(),
-        seconds=seconds,
+        seconds=time.perf_counter() - start,  # before the bad files are decoded again for their reasons
         num_processes=accelerator.num_processes,
         skipped=[{"path": p, "reason": bad_file_reason(p)} for p in paths],
         note=note,
@@ -231,11 +221,9 @@ def label_map(loaded: LoadedModel, dataset: ImageFolderDataset) -> tuple[torch.T
             "would be scored against other classes: evaluate on class folders named as the model's "
             "(label_names in its config.json)"
         )
-    how = (
-        "the model's classes in another order"
-        if len(folders) == len(names)
-        else f"{len(folders)} of the model's {len(names)} classes"
-    )
+    how = f"{len(folders)} of the model's {len(names)} classes"
+    if len(folders) == len(names):
+        how = "the model's classes in another order"
     note = f"{loaded.label}: the class folders of {dataset.root} are {how}; labels mapped by class name"
     return torch.tensor([index[n] for n in folders]), list(names), note
 
@@ -268,9 +256,7 @@ def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
     order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
     rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
     worst = f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
-    return format_table(
-        ("class", "images", "accuracy %"), rows, title=f"per-class accuracy, {result.model}{worst}"
-    )
+    return format_table(("class", "images", "accuracy %"), rows, f"per-class accuracy, {result.model}{worst}")
 
 
 def parse_scale(text: str) -> tuple[float, float]:
@@ -313,10 +299,8 @@ def sweep_table(results: Sequence[ClassifyResult], metric: str = "top1") -> str:
     """Rows: input sizes; columns: models; cells: top-1 (or top-5) in %."""
     labels = list(dict.fromkeys(r.model for r in results))
     cell = {(r.model, r.size): 100 * getattr(r.scores, metric) for r in results}
-    rows = [
-        (f"{h}x{w}", *(cell.get((m, (h, w))) for m in labels))
-        for h, w in dict.fromkeys(r.size for r in results)
-    ]
+    sizes = dict.fromkeys(r.size for r in results)
+    rows = [(f"{h}x{w}", *(cell.get((m, (h, w))) for m in labels)) for h, w in sizes]
     return format_table(("size", *labels), rows, title=f"{metric} % against input size")
 
 
@@ -346,9 +330,8 @@ def plot_confusion(
         if value:
             colour = "white" if normalised[i, j] > 0.5 else "black"
             ax.text(j, i, int(value), ha="center", va="center", fontsize=7, color=colour)
-    S.style_axes(
-        ax, title or "confusion matrix (counts; colour = row fraction)", "predicted class", "true class"
-    )
+    title = title or "confusion matrix (counts; colour = row fraction)"
+    S.style_axes(ax, title, "predicted class", "true class")
     ax.grid(False)
     return _save(fig, path)
 
@@ -364,9 +347,8 @@ def sweep_plot(
     for index, model in enumerate(dict.fromkeys(r.model for r in results)):
         points = [(r.size, 100 * r.scores.top1) for r in results if r.model == model]
         square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
-        line = ax.plot(
-            [x for x, _ in square], [v for _, v in square], label=model, **S.line_kwargs(index, 0)
-        )[0]
+        xs, ys = [x for x, _ in square], [v for _, v in square]
+        (line,) = ax.plot(xs, ys, label=model, **S.line_kwargs(index, 0))
         for (h, w), value in points:
             if h == w:
                 continue
@@ -377,12 +359,8 @@ def sweep_plot(
                 ax.annotate(f"{h}x{w}", xy, textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
     if train_size is not None:
         ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
-    S.style_axes(
-        ax,
-        "accuracy against input resolution",
-        "input side sqrt(H x W) in pixels (hollow: non-square)",
-        "top-1 %",
-    )
+    xlabel = "input side sqrt(H x W) in pixels (hollow: non-square)"
+    S.style_axes(ax, "accuracy against input resolution", xlabel, "top-1 %")
     S.legend(ax)
     return _save(fig, path)
 
@@ -491,7 +469,5 @@ def write_csv(
 
 def _shown(path: Path, root: str | os.PathLike[str]) -> str:
     """``path`` relative to the folder ``root`` (or to the folder of the file ``root``)."""
-    try:
-        return str(path.relative_to(Path(root) if Path(root).is_dir() else Path(root).parent))
-    except ValueError:
-        return str(path)
+    folder = Path(root) if Path(root).is_dir() else Path(root).parent
+    return str(path.relative_to(folder) if path.is_relative_to(folder) else path)

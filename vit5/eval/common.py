@@ -92,9 +92,8 @@ def labelled_loader(
     """Batches of :class:`LabelledImages` in the eval preprocessing of ``loaded`` (its crop by default)."""
     crop = crop_ratio or loaded.crop_pct
     transform = eval_transform(size, crop_ratio=crop, mean=loaded.mean, std=loaded.std)
-    return build_loader(
-        LabelledImages(samples, transform, size), batch_size, train=False, num_workers=workers
-    )
+    dataset = LabelledImages(samples, transform, size)
+    return build_loader(dataset, batch_size, train=False, num_workers=workers)
 
 
 def bad_file_reason(path: str | os.PathLike[str]) -> str:
@@ -132,6 +131,10 @@ def check_forward_memory(patch_size: int, width: int, batch: int, size: Size, de
         warnings.warn(message, LargeInputWarning, stacklevel=3)
 
 
+# timm's forward_intermediates: per block (patch grid NCHW, [CLS | registers]), no head, stop at the last
+_INTERMEDIATES = dict(return_prefix_tokens=True, stop_early=True, output_fmt="NCHW", intermediates_only=True)
+
+
 def feature_names(info: ModelInfo, blocks: Sequence[int]) -> list[str]:
     kinds = [k for k, n in (("patches", 1), ("cls", info.num_cls), ("registers", info.num_registers)) if n]
     return [f"blocks.{b}.{kind}" for b in blocks for kind in kinds]
@@ -147,15 +150,7 @@ def dense_features(
     size = tuple(images.shape[-2:])
     info.grid(size, EVAL_FIX)
     check_forward_memory(info.patch_size, info.embed_dim, images.shape[0], size, images.device)
-    outputs = model.forward_intermediates(
-        images,
-        indices=list(blocks),
-        return_prefix_tokens=True,
-        norm=norm,
-        stop_early=True,
-        output_fmt="NCHW",
-        intermediates_only=True,
-    )
+    outputs = model.forward_intermediates(images, indices=list(blocks), norm=norm, **_INTERMEDIATES)
     features = {}
     for b, (spatial, prefix) in zip(blocks, outputs):
         features[f"blocks.{b}.patches"] = spatial
@@ -173,36 +168,30 @@ def confusion_matrix(targets: torch.Tensor, preds: torch.Tensor, num_classes: in
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
-    """A fixed-width table; floats with 4 decimals, None/NaN as '-'."""
+    """A fixed-width table (first column left-aligned); floats with 4 decimals, None/NaN as '-'."""
+    cells = [[str(h) for h in headers], *([_cell(v) for v in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    cells.insert(1, ["-" * w for w in widths])
+    lines = [
+        "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells
+    ]
+    return "\n".join([title, *lines] if title else lines)
 
-    def cell(v: Any) -> str:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        return f"{v:.4f}" if isinstance(v, (float, np.floating)) else str(v)
 
-    cells = [[cell(v) for v in row] for row in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[Any]) -> str:
-        return "  ".join(
-            str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(values, widths))
-        )
-
-    return "\n".join(
-        [*([title] if title else []), line(headers), "  ".join("-" * w for w in widths), *map(line, cells)]
-    )
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.4f}" if isinstance(v, (float, np.floating)) else str(v)
 
 
 def to_jsonable(obj: Any) -> Any:
     """Numpy arrays/scalars, tuples and paths to JSON types; NaN/inf to None."""
-    if isinstance(obj, np.ndarray):
-        obj = obj.tolist()
+    if isinstance(obj, (np.ndarray, np.generic)):
+        obj = obj.tolist()  # nested lists of Python scalars, or one scalar
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return os.fspath(obj) if isinstance(obj, os.PathLike) else obj

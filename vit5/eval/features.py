@@ -54,12 +54,7 @@ MANIFEST_FIELDS = (
     ("num_images", 0, lambda v: type(v) is int and v >= 0, "a count"),
     ("source_root", None, lambda v: isinstance(v, str), "a str"),
     ("images", None, lambda v: isinstance(v, list), "a list"),
-    (
-        "failed",
-        [],
-        lambda v: isinstance(v, list) and all(isinstance(f, dict) for f in v),
-        "a list of entries",
-    ),
+    ("failed", [], lambda v: isinstance(v, list) and all(type(f) is dict for f in v), "a list of entries"),
 )
 
 
@@ -107,17 +102,15 @@ class FailedImage:
     reason: str
 
 
+@dataclass
 class _ResizedImages(Dataset):
     """``index -> (index, image or None, (H, W) or None, why it failed)``."""
 
-    def __init__(self, paths: Sequence[Path], settings: FeatureSettings, patch_size: int, mean, std) -> None:
-        self.paths, self.settings, self.patch_size, self.mean, self.std = (
-            paths,
-            settings,
-            patch_size,
-            mean,
-            std,
-        )
+    paths: Sequence[Path]
+    settings: FeatureSettings
+    patch_size: int
+    mean: tuple
+    std: tuple
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -140,17 +133,12 @@ def prepare(
     model: nn.Module | LoadedModel, settings: FeatureSettings
 ) -> tuple[nn.Module, tuple, tuple, ModelInfo, list[int]]:
     """``(module, mean, std, info, absolute blocks)``; a bad size or block index fails here, first."""
-    if isinstance(model, LoadedModel):
-        module, mean, std = model.model, tuple(model.mean), tuple(model.std)
-    else:
-        from timm.data import resolve_model_data_config
-
-        data = resolve_model_data_config(model)
-        module, mean, std = model, tuple(data["mean"]), tuple(data["std"])
+    module = model.model if isinstance(model, LoadedModel) else model
     info = describe(module)
     if settings.size is not None:
         info.grid(settings.size, EVAL_FIX)
-    return module, mean, std, info, take_indices(info.depth, settings.layers, unique=True)
+    mean, std = (model.mean, model.std) if isinstance(model, LoadedModel) else (info.mean, info.std)
+    return module, tuple(mean), tuple(std), info, take_indices(info.depth, settings.layers, unique=True)
 
 
 def extract(
@@ -254,9 +242,8 @@ def export_features(
     module, mean, std, info, blocks = prepare(model, settings)  # a bad size leaves no manifest behind
     chosen = {k: v for k, v in asdict(settings).items() if k not in ("batch_size", "num_workers")}
     chosen["layers"] = blocks  # absolute: -1 and 11 are the same run
-    identity = to_jsonable(
-        {"model_fingerprint": model_fingerprint(module), "settings": chosen, "mean": mean, "std": std}
-    )
+    fingerprint = model_fingerprint(module)
+    identity = to_jsonable({"model_fingerprint": fingerprint, "settings": chosen, "mean": mean, "std": std})
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     header = {
         "format": FORMAT,
@@ -265,10 +252,7 @@ def export_features(
         "run_id": run_id,
         "blocks": blocks,
         "features": feature_names(info, blocks),
-        "patch_size": info.patch_size,
-        "embed_dim": info.embed_dim,
-        "has_cls": bool(info.num_cls),
-        "num_registers": info.num_registers,
+        **{k: getattr(info, k) for k in ("patch_size", "embed_dim", "has_cls", "num_registers")},
         "dtype": settings.dtype,
         "source_root": str(root.resolve()),
     }
@@ -288,38 +272,27 @@ def export_features(
         skipped, failed = len(entries), []
 
         def write_manifest(complete: bool) -> None:
-            bad = [{"path": _relative(root, f.path), "reason": f.reason} for f in failed]
+            bad = [{"path": f.path.relative_to(root).as_posix(), "reason": f.reason} for f in failed]
             images = [entries[k] for k in sorted(entries)]
-            doc = {
-                **header,
-                "complete": complete,
-                "num_images": len(entries),
-                "images": images,
-                "failed": bad,
-            }
+            doc = dict(header, complete=complete, num_images=len(entries), images=images, failed=bad)
             write_json(out_dir / MANIFEST, doc)
 
         write_manifest(complete=False)
         last_manifest = time.monotonic()
-        bar = tqdm(total=len(todo), desc="features", unit="img", disable=not progress)
-        for item in extract(model, todo, settings):
+        items = extract(model, todo, settings)
+        bar = tqdm(items, total=len(todo), desc="features", unit="img", disable=not progress)
+        for item in bar:
             if isinstance(item, FailedImage):
                 failed.append(item)
             else:
                 entry = _write_image(out_dir, root, item, run_id, info.patch_size)
                 entries[entry["path"]] = entry
-            bar.update(1)
             bar.set_postfix(failed=len(failed), refresh=False)
             if time.monotonic() - last_manifest > manifest_every_s:
                 write_manifest(complete=False)
                 last_manifest = time.monotonic()
-        bar.close()
         write_manifest(complete=True)
     return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
-
-
-def _relative(root: Path, path: Path) -> str:
-    return path.relative_to(root).as_posix()
 
 
 def _source_stat(path: Path) -> dict[str, int]:
@@ -328,7 +301,7 @@ def _source_stat(path: Path) -> dict[str, int]:
 
 
 def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch: int) -> dict[str, Any]:
-    (h, w), rel = item.input_size, _relative(root, item.path)
+    (h, w), rel = item.input_size, item.path.relative_to(root).as_posix()
     sizes = {"image_size": list(item.image_size), "input_size": [h, w], "grid": [h // patch, w // patch]}
     entry = {"path": rel, "file": rel + SUFFIX, **sizes}
     target = out_dir / entry["file"]
@@ -342,16 +315,12 @@ def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, pa
 def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
     """The manifest entry of an image whose feature file is complete and current, else None."""
     try:
-        with safe_open(str(out_dir / (_relative(root, path) + SUFFIX)), framework="pt") as f:
+        with safe_open(str(out_dir / (path.relative_to(root).as_posix() + SUFFIX)), framework="pt") as f:
             meta = json.loads((f.metadata() or {})[_META_KEY])
     except Exception:  # missing, unreadable or foreign file: compute it
         return None
     current = {"run_id": run_id, **_source_stat(path)}
-    if (
-        not isinstance(meta, dict)
-        or _entry_problem(meta)
-        or any(meta.get(k) != v for k, v in current.items())
-    ):
+    if _entry_problem(meta) or any(meta.get(k) != v for k, v in current.items()):
         return None  # foreign, crafted, of another run or of a changed source: recompute it
     return {k: meta[k] for k in ENTRY_KEYS}
 

@@ -26,7 +26,6 @@ from vit5.data import ImageFolderDataset
 from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
 from vit5.errors import InputError
 from vit5.eval.common import (
-    EVAL_FIX,
     LoadedModel,
     check_fields,
     confusion_matrix,
@@ -34,7 +33,7 @@ from vit5.eval.common import (
     format_table,
     labelled_loader,
 )
-from vit5.eval.features import FailedImage, FeatureSettings, extract
+from vit5.eval.features import FailedImage, FeatureSettings, extract, prepare
 from vit5.introspect import describe
 from vit5.model import take_indices
 
@@ -95,10 +94,8 @@ def encode(
         loader, desc=f"encode {loaded.label}", disable=not progress, leave=False
     ):
         feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
-        views = {
-            "cls": feats.get(f"blocks.{block}.cls"),
-            "avg": feats[f"blocks.{block}.patches"].mean((-2, -1)),
-        }
+        cls, patches = feats.get(f"blocks.{block}.cls"), feats[f"blocks.{block}.patches"]
+        views = {"cls": cls, "avg": patches.mean((-2, -1))}
         for pool in settings.pools:
             pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
@@ -155,8 +152,7 @@ def run_probes(
         )
         for method, probe in probes.items():
             start = time.perf_counter()
-            accuracy = probe()
-            rows.append(ProbeRow(loaded.label, pool, method, accuracy, time.perf_counter() - start))
+            rows.append(ProbeRow(loaded.label, pool, method, probe(), time.perf_counter() - start))
     return rows
 
 
@@ -164,10 +160,8 @@ def probe_table(rows: Sequence[ProbeRow], chance: float | None = None) -> str:
     """Rows: (model, pool); columns: methods; cells: val top-1 in %."""
     methods = list(dict.fromkeys(r.method for r in rows))
     cell = {(r.model, r.pool, r.method): 100 * r.accuracy for r in rows}
-    table_rows = [
-        (m, p, *(cell.get((m, p, x)) for x in methods))
-        for m, p in dict.fromkeys((r.model, r.pool) for r in rows)
-    ]
+    keys = dict.fromkeys((r.model, r.pool) for r in rows)
+    table_rows = [(m, p, *(cell.get((m, p, x)) for x in methods)) for m, p in keys]
     title = "probe val top-1 %" + (f" (chance {100 * chance:.1f} %)" if chance else "")
     return format_table(("model", "pool", *methods), table_rows, title=title)
 
@@ -206,14 +200,10 @@ def segmentation_scores(confusion: np.ndarray) -> SegmentationScores:
     confusion = np.asarray(confusion, dtype=np.float64)
     tp, total = np.diag(confusion), confusion.sum()
     union = confusion.sum(axis=0) + confusion.sum(axis=1) - tp
-    with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(union > 0, tp / union, np.nan)
-    return SegmentationScores(
-        miou=float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan"),
-        pixel_accuracy=float(tp.sum() / total) if total else float("nan"),
-        iou=iou,
-        confusion=confusion.astype(np.int64),
-    )
+    iou = tp / np.where(union > 0, union, np.nan)
+    miou = float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")  # nanmean warns on all-NaN
+    pixel_accuracy = float(tp.sum() / total) if total else float("nan")
+    return SegmentationScores(miou, pixel_accuracy, iou, confusion.astype(np.int64))
 
 
 @dataclass
@@ -233,45 +223,14 @@ class SegProbeResult:
     def to_dict(self) -> dict:
         s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("class_names", "scores")}
         iou = dict(zip(self.class_names, s.iou.tolist()))
-        return {
-            **doc,
-            "miou": s.miou,
-            "pixel_accuracy": s.pixel_accuracy,
-            "iou": iou,
-            "confusion_matrix": s.confusion,
-        }
+        return dict(doc, miou=s.miou, pixel_accuracy=s.pixel_accuracy, iou=iou, confusion_matrix=s.confusion)
 
 
 @dataclass
 class EncodedSplit:
-    """Frozen patch features of one split and its checked masks."""
-
     features: torch.Tensor  # [N, C, h, w] float16
     masks: list[np.ndarray]  # full-resolution checked masks
     skipped: list[dict[str, str]]
-
-
-def _encode(
-    loaded: LoadedModel,
-    split: str,
-    root: str,
-    info: SegDatasetInfo,
-    features: FeatureSettings,
-    progress: bool,
-) -> EncodedSplit:
-    """The frozen patch features of ``split`` (images resized to ``features.size``) and its masks."""
-    masks_of = {Path(image): mask for image, mask in list_pairs(root, split)}
-    chunks, masks, skipped = [], [], []
-    items = extract(loaded, list(masks_of), features)
-    for item in tqdm(items, total=len(masks_of), desc=f"features {split}", disable=not progress, leave=False):
-        if isinstance(item, FailedImage):
-            skipped.append({"path": str(item.path), "reason": item.reason})
-            continue
-        masks.append(read_mask(masks_of[item.path], item.image_size, info))
-        chunks.append(torch.cat([item.features[f"blocks.{b}.patches"] for b in features.layers]))
-    if not masks:
-        raise InputError(f"none of the {len(masks_of)} images of this split can be read (e.g. {skipped[0]})")
-    return EncodedSplit(torch.stack(chunks), masks, skipped)
 
 
 @dataclass
@@ -331,9 +290,8 @@ def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo)
     confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
     device = head.conv.weight.device
     for feats, mask in zip(val.features, val.masks):
-        logits = F.interpolate(
-            head(feats[None].to(device)), size=mask.shape, mode="bilinear", align_corners=False
-        )
+        logits = head(feats[None].to(device))
+        logits = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
         pred, target = logits.argmax(dim=1)[0].cpu(), torch.from_numpy(mask)
         valid = target != info.ignore_index
         confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
@@ -349,19 +307,34 @@ def run_segmentation_probe(
     progress: bool = True,
 ) -> SegProbeResult:
     """Train the dense linear probe on ``splits[0]`` and score it on ``splits[1]``."""
-    backbone = describe(loaded.model)
-    blocks = take_indices(backbone.depth, settings.layers, unique=True)
     size = tuple(settings.size or loaded.input_size)
-    backbone.grid(size, EVAL_FIX)
     features = FeatureSettings(
-        blocks, size, norm=settings.norm, dtype="float16", batch_size=settings.batch_size
+        settings.layers, size, norm=settings.norm, dtype="float16", batch_size=settings.batch_size
     )
+    blocks = prepare(loaded, features)[-1]  # a bad size or block index fails here, before any work
+
+    def encode(split: str) -> EncodedSplit:
+        masks_of = {Path(image): mask for image, mask in list_pairs(root, split)}
+        chunks, masks, skipped = [], [], []
+        items = extract(loaded, list(masks_of), features)
+        for item in tqdm(
+            items, total=len(masks_of), desc=f"features {split}", disable=not progress, leave=False
+        ):
+            if isinstance(item, FailedImage):
+                skipped.append({"path": str(item.path), "reason": item.reason})
+                continue
+            masks.append(read_mask(masks_of[item.path], item.image_size, info))
+            chunks.append(torch.cat([item.features[f"blocks.{b}.patches"] for b in blocks]))
+        if not masks:
+            raise InputError(
+                f"none of the {len(masks_of)} images of split {split} can be read (e.g. {skipped[0]})"
+            )
+        return EncodedSplit(torch.stack(chunks), masks, skipped)
+
     start = time.perf_counter()
-    train, val = (_encode(loaded, split, root, info, features, progress) for split in splits)
-    seconds_features = time.perf_counter() - start
-    start = time.perf_counter()
+    train, val = map(encode, splits)
+    encoded = time.perf_counter()
     head = train_linear_head(train, info, size, settings, device=next(loaded.model.parameters()).device)
-    seconds_train = time.perf_counter() - start
     return SegProbeResult(
         model=loaded.label,
         size=size,
@@ -370,8 +343,8 @@ def run_segmentation_probe(
         scores=score_linear_head(head, val, info),
         num_train=len(train.masks),
         num_val=len(val.masks),
-        seconds_features=seconds_features,
-        seconds_train=seconds_train,
+        seconds_features=encoded - start,
+        seconds_train=time.perf_counter() - encoded,
         final_train_loss=head.final_loss,
         skipped=train.skipped + val.skipped,
     )
@@ -396,8 +369,6 @@ def seg_tables(results: Sequence[SegProbeResult]) -> str:
     per_class = [
         (name, *(100 * r.scores.iou[i] for r in results)) for i, name in enumerate(results[0].class_names)
     ]
-    return (
-        format_table(headers, rows, title="segmentation linear probe")
-        + "\n\n"
-        + format_table(("class", *(r.model for r in results)), per_class, title="IoU % per class")
-    )
+    summary = format_table(headers, rows, "segmentation linear probe")
+    ious = format_table(("class", *(r.model for r in results)), per_class, "IoU % per class")
+    return f"{summary}\n\n{ious}"
