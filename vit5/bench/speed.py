@@ -1,11 +1,12 @@
 """The model sections, every ratio paired per round: ``speed`` (vit5 eager and regionally compiled against
 timm's ``Eva`` built as ViT-5, timm's plain ViT and the official code's way, at equal width, depth, heads and
 GELU MLP), ``memory`` (eager attention's ``[B, heads, n, n]`` scores against SDPA's tiled softmax, Dao et al.,
-arXiv 2205.14135), ``compile`` and ``export``."""
+arXiv 2205.14135), ``compile`` and ``export``; :func:`measure_throughput` also times the ablations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 
 import timm
@@ -18,23 +19,71 @@ from timm.models.eva import Eva
 from torch import nn
 
 import vit5
-from vit5.bench.measure import (
-    BenchContext,
-    TimingConfig,
-    forward_step,
-    measure,
-    measure_memory,
-    measure_throughput,
-    random_batch,
-    speedup,
-    throughput_cells,
-    throughput_columns,
-)
+from vit5.bench.measure import BenchContext, Samples, TimingConfig, measure, measure_memory, speedup
 from vit5.bench.report import Section, Table, Target
 from vit5.layers import eager_attention
+from vit5.model.footprint import attention_bytes
 from vit5.model.presets import SIZES
+from vit5.model.vit import unwrap
 from vit5.reference import OfficialViT5
 from vit5.runtime import format_bytes
+
+
+def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable:
+    model.eval()
+
+    def step() -> None:
+        with torch.no_grad(), amp():
+            model(images)
+
+    return step
+
+
+def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
+    """One training step: forward, cross-entropy, backward, AdamW."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
+
+    def step() -> None:
+        with amp():
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure_throughput(
+    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
+) -> dict[str, dict[str, Samples]]:
+    """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one seeded
+    random batch, side by side."""
+    classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
+    labels = torch.randint(0, classes, (batch,), generator=generator).to(device)
+    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
+    models = {name: m.to(device) for name, m in models.items()}
+    forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
+    train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
+    return {"forward": forward, "train": train}
+
+
+def throughput_columns(reference: str) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`."""
+    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
+
+
+def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
+    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
+    cells = []
+    for s in run.values():
+        if name in s and reference in s:
+            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
+        else:
+            cells += ["-", "-"]
+    return cells
 
 
 def _dims(size: str, depth: int | None) -> dict[str, int]:
@@ -51,8 +100,8 @@ def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Mod
     )
 
 
-def build_vit5(size: str, img_size: int, depth: int | None = None, **overrides) -> nn.Module:
-    return vit5.create_model(f"vit5_{size}", img_size=img_size, **{**_dims(size, depth), **overrides})
+def build_vit5(size: str, img_size: int, depth: int | None = None) -> nn.Module:
+    return vit5.create_model(f"vit5_{size}", img_size=img_size, **_dims(size, depth))
 
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
@@ -124,7 +173,7 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
     for n in cfg.attn_seq_lens:
-        eager = eager_score_bytes(1, cfg.attn_heads, n, dtype) <= cfg.attn_eager_max_bytes
+        eager = attention_bytes(1, cfg.attn_heads, n, dtype.itemsize) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
         g = torch.Generator().manual_seed(n)
         qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
@@ -162,11 +211,6 @@ BACKENDS = {
 }
 
 
-def eager_score_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype) -> int:
-    """Bytes of eager's n x n tensors alive at once: the scores and the fp32 probabilities."""
-    return batch * heads * tokens * tokens * (torch.empty((), dtype=dtype).element_size() + 4)
-
-
 def run_compile(ctx: BenchContext) -> Section:
     """Eager, ``torch.compile(model)`` and ``vit5.compile_blocks``: the first calls (compile caches
     off, so a rerun is as cold as the first run), then the steady speed side by side."""
@@ -189,7 +233,7 @@ def run_compile(ctx: BenchContext) -> Section:
         ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
         cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
     first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
-    images = random_batch(cfg.batch, cfg.img_size, cfg.device)[0]
+    images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, device=cfg.device)
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
     diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
@@ -231,10 +275,7 @@ def run_export(ctx: BenchContext) -> Section:
     feed = {session.get_inputs()[0].name: images.numpy()}
     calls = {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)}
     samples = measure(calls, cfg.timing)
-    rows = tuple(
-        (k, s.rate(cfg.batch).text("{:.1f}"), speedup(s, samples["torch eager"]).text())
-        for k, s in samples.items()
-    )
+    rows = tuple((k, *throughput_cells({"forward": samples}, k, "torch eager", cfg.batch)) for k in samples)
     mib = sum(f.stat().st_size for f in report.files) / 2**20
     return Section(
         "export",
