@@ -86,34 +86,27 @@ def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: s
     return cells
 
 
-def _dims(size: str, depth: int | None) -> dict[str, int]:
-    return {**SIZES[size], **({"depth": depth} if depth else {})}
+def build(name: str, size: str, img: int, depth: int | None = None, backend: str = "inductor") -> nn.Module:
+    """Contender ``name`` of :data:`CONTENDERS` at ``size`` (``depth`` blocks when given), seeded so that
+    every one starts from the same draw. ``timm_eva``: timm's ``Eva`` as close to ViT-5 as its options
+    allow: 2D RoPE (theta 1e4, interleaved pairs), 4 registers (before the patches, without RoPE), RMSNorm,
+    QK-norm, LayerScale 1e-4, bias-free qkv, APE; ``vit5_regional``: compiled with ``backend``."""
+    torch.manual_seed(0)
+    dims = {**SIZES[size], **({"depth": depth} if depth else {})}
+    if name == "timm_eva":
+        rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
+        blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
+        return Eva(img_size=img, global_pool="token", num_reg_tokens=4, **rope, **blocks, **dims)
+    if name == "timm_vit":
+        return timm.create_model(f"vit_{size}_patch16_224", img_size=img, **dims)
+    if name == "reference":
+        return OfficialViT5(img_size=img, **dims)
+    model = vit5.create_model(f"vit5_{size}", img_size=img, **dims)
+    return vit5.compile_blocks(model, backend=backend) if name == "vit5_regional" else model
 
 
-def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Module:
-    """timm ``Eva`` as close to ViT-5 as its options allow: 2D RoPE (theta 1e4, interleaved pairs), 4
-    registers (before the patches, without RoPE), RMSNorm, QK-norm, LayerScale 1e-4, bias-free qkv, APE."""
-    rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
-    blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
-    return Eva(
-        img_size=img_size, global_pool="token", num_reg_tokens=4, **rope, **blocks, **_dims(size, depth)
-    )
-
-
-def build_vit5(size: str, img_size: int, depth: int | None = None) -> nn.Module:
-    return vit5.create_model(f"vit5_{size}", img_size=img_size, **_dims(size, depth))
-
-
-BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "vit5": build_vit5,
-    "vit5_regional": lambda *a, backend="inductor": vit5.compile_blocks(build_vit5(*a), backend=backend),
-    "timm_eva": build_timm_eva,
-    "timm_vit": lambda size, img, depth=None: timm.create_model(
-        f"vit_{size}_patch16_224", img_size=img, **({"depth": depth} if depth else {})
-    ),
-    "reference": lambda size, img, depth=None: OfficialViT5(img_size=img, **_dims(size, depth)),
-}
-EAGER: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")
+CONTENDERS = ("vit5", "vit5_regional", "timm_eva", "timm_vit", "reference")
+EAGER = tuple(name for name in CONTENDERS if name != "vit5_regional")
 
 
 # (resolution, mode, fast, slow, threshold): ``fast`` at least ``threshold`` times as fast as ``slow``
@@ -132,16 +125,12 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 def run_speed(ctx: BenchContext) -> Section:
     cfg = ctx.cfg
     target = cfg.size_for_targets
-    runs = [(size, cfg.img_size, cfg.batch, tuple(BUILDERS), "base") for size in cfg.sizes]
+    runs = [(size, cfg.img_size, cfg.batch, CONTENDERS, "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
     rows, data, targets = [], {}, []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
-        models = {}
-        for name in names:
-            torch.manual_seed(0)
-            extra = {"backend": cfg.compile_backend} if name == "vit5_regional" else {}
-            models[name] = BUILDERS[name](size, img, cfg.depth, **extra).eval()
+        models = {name: build(name, size, img, cfg.depth, cfg.compile_backend) for name in names}
         run = measure_throughput(models, img, batch, cfg.timing, cfg.device, cfg.dtype)
         data[f"{size}@{img}"] = run
         for name, model in models.items():
@@ -221,15 +210,12 @@ def run_compile(ctx: BenchContext) -> Section:
         "compiled": partial(torch.compile, backend=backend),
         "regional": partial(vit5.compile_blocks, backend=backend),
     }
-    models = {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
-        for way, wrap in ways.items():
-            torch.manual_seed(0)
-            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth))
+        models = {way: wrap(build("vit5", size, cfg.img_size, cfg.depth)) for way, wrap in ways.items()}
         ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
         cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
     first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
@@ -264,7 +250,7 @@ def run_export(ctx: BenchContext) -> Section:
 
     cfg = ctx.cfg
     size, img, name = cfg.size_for_targets, cfg.img_size, f"vit5_{cfg.size_for_targets}"
-    model = build_vit5(size, img, cfg.depth).eval()
+    model = build("vit5", size, img, cfg.depth).eval()
     ctx.log(f"exporting {name} @ {img} to ONNX (and checking it with onnxruntime)")
     path = ctx.out_dir / "export" / f"{name}_{img}.onnx"
     report = vit5.export_onnx(model, path, size=(img, img), batch=cfg.batch)
