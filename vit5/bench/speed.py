@@ -194,10 +194,7 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     return section
 
 
-BACKENDS = {
-    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-    "eager": lambda q, k, v: eager_attention(q, k, v)[0],
-}
+BACKENDS = {"sdpa": F.scaled_dot_product_attention, "eager": lambda q, k, v: eager_attention(q, k, v)[0]}
 
 
 def run_compile(ctx: BenchContext) -> Section:
