@@ -255,21 +255,6 @@ def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
         )
 
 
-def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> list[RunRecord]:
-    """Every ablation x seed, seed by seed (load drift on a shared machine hits every config alike, and
-    a partial run already compares all configs); every config is checked before the first trains."""
-    jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
-    show = show_progress and is_main_process()
-    records = []
-    for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
-        records.append(r := train_run(plan, ablation, seed, cfg, datasets))
-        how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
-        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
-        if show:
-            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
-    return records
-
-
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
     top1: dict[str, dict[str, list[float]]] = {"final_top1": {}, "ema_top1": {}}  # over completed seeds
@@ -345,10 +330,20 @@ class AblationResult:
 
 
 def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) -> AblationResult:
-    """Train every run (reusing finished ones), time the trained models side by side, write the report
-    under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
+    """Train every ablation x seed (reusing finished runs), seed by seed: load drift on a shared machine hits
+    every config alike, and a partial run already compares all configs; every config is checked before the
+    first trains. Then time the trained models side by side and write the report under ``plan.out_dir``.
+    ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
     load_before = load_average()
-    records = train_all(plan, datasets, show_progress)
+    jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
+    show = show_progress and is_main_process()
+    records = []
+    for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
+        records.append(r := train_run(plan, ablation, seed, cfg, datasets))
+        how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
+        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
+        if show:
+            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
     if not is_main_process():
         return AblationResult(records)
     section = ablation_section(plan, records, log=print if show_progress else lambda _: None)
