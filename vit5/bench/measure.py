@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -127,13 +128,10 @@ def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu")
         raise ValueError(f"memory measurement supports cpu and cuda devices, got {device}")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        if event.device_type() == torch.autograd.DeviceType.CPU:
-            live += event.nbytes()
-            peak = max(peak, live)
-    return MemoryReading(peak=peak, retained=live), result
+    events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
+    cpu = (e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    live = [0, *accumulate(e.nbytes() for e in cpu)]  # tensor bytes alive after each allocation or free
+    return MemoryReading(peak=max(live), retained=live[-1]), result
 
 
 @dataclass(frozen=True)
