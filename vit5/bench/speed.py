@@ -123,8 +123,7 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 
 
 def run_speed(ctx: BenchContext) -> Section:
-    cfg = ctx.cfg
-    target = cfg.size_for_targets
+    cfg, target = ctx.cfg, ctx.cfg.size_for_targets
     runs = [(size, cfg.img_size, cfg.batch, CONTENDERS, "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
     rows, data, targets = [], {}, []
