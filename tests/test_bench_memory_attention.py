@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from vit5.bench.measure import measure_memory
-from vit5.bench.speed import BACKENDS, eager_score_bytes
+from vit5.bench.speed import BACKENDS
+from vit5.model.footprint import attention_bytes
 
 
 def test_cpu_meter_counts_exact_tensor_bytes():
@@ -42,6 +43,6 @@ def test_eager_holds_n_squared_and_sdpa_does_not():
         eager, _ = measure_memory(lambda: BACKENDS["eager"](q, k, v))
         sdpa, _ = measure_memory(lambda: BACKENDS["sdpa"](q, k, v))
     scores = heads * n * n * 4
-    assert eager_score_bytes(1, heads, n, torch.float32) == 2 * scores
+    assert attention_bytes(1, heads, n, torch.float32.itemsize) == 2 * scores  # the skip rule's estimate
     assert eager.peak >= 2 * scores  # scores and probabilities alive together
     assert sdpa.peak < scores / 4

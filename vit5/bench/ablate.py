@@ -20,8 +20,9 @@ import torch
 from tqdm import tqdm
 
 import vit5
-from vit5.bench.measure import TimingConfig, measure_throughput, throughput_cells, throughput_columns
+from vit5.bench.measure import TimingConfig
 from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
+from vit5.bench.speed import measure_throughput, throughput_cells, throughput_columns
 from vit5.errors import InputError
 from vit5.runtime import is_main_process, resolve_device
 from vit5.train import ResumeError, TrainConfig, Trainer, TrainingDiverged, load_config
@@ -39,35 +40,31 @@ class Ablation:
 
 
 _DEIT3 = "norm=layernorm qkv_bias=true rope=false num_registers=0 qk_norm=false"
+_TABLE = (  # name, what, ViT5Config settings over the base config's model, paper_delta
+    ("full", "ViT-5 as configured: every component", "", None),
+    ("no_layerscale", "without LayerScale", "layer_scale=null", -0.29),
+    ("no_rope", "without 2D RoPE (patches and registers; APE only)", "rope=false register_rope=false", -0.24),
+    ("no_registers", "without the 4 registers", "num_registers=0", -0.17),
+    ("layernorm", "LayerNorm instead of RMSNorm (blocks, final and QK-norm)", "norm=layernorm", -0.15),
+    ("no_qk_norm", "without QK-norm", "qk_norm=false", -0.12),
+    ("qkv_bias", "with a bias on the qkv projection", "qkv_bias=true", -0.06),
+    (
+        "swiglu",
+        "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
+        "mlp=swiglu",
+        -0.42,
+    ),
+    ("deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8),
+    (
+        "vanilla",
+        "the vanilla ViT (2020): the DeiT-III baseline without LayerScale, linear drop-path schedule",
+        f"{_DEIT3} layer_scale=null drop_path_schedule=linear",
+        None,
+    ),
+)
 ABLATIONS: dict[str, Ablation] = {
     name: Ablation(name, what, tuple(f"model.overrides.{s}" for s in settings.split()), paper)
-    for name, what, settings, paper in (  # settings: ViT5Config fields over the base config's model
-        ("full", "ViT-5 as configured: every component", "", None),
-        ("no_layerscale", "without LayerScale", "layer_scale=null", -0.29),
-        (
-            "no_rope",
-            "without 2D RoPE (patches and registers; APE only)",
-            "rope=false register_rope=false",
-            -0.24,
-        ),
-        ("no_registers", "without the 4 registers", "num_registers=0", -0.17),
-        ("layernorm", "LayerNorm instead of RMSNorm (blocks, final and QK-norm)", "norm=layernorm", -0.15),
-        ("no_qk_norm", "without QK-norm", "qk_norm=false", -0.12),
-        ("qkv_bias", "with a bias on the qkv projection", "qkv_bias=true", -0.06),
-        (
-            "swiglu",
-            "SwiGLU (hidden 8d/3, parameter-matched) instead of the GELU MLP: over-gating",
-            "mlp=swiglu",
-            -0.42,
-        ),
-        ("deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8),
-        (
-            "vanilla",
-            "the vanilla ViT (2020): the DeiT-III baseline without LayerScale, linear drop-path schedule",
-            f"{_DEIT3} layer_scale=null drop_path_schedule=linear",
-            None,
-        ),
-    )
+    for name, what, settings, paper in _TABLE
 }
 REFERENCE = "full"  # every delta is against this one
 
@@ -258,21 +255,6 @@ def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
         )
 
 
-def train_all(plan: AblationPlan, datasets=None, show_progress: bool = True) -> list[RunRecord]:
-    """Every ablation x seed, seed by seed (load drift on a shared machine hits every config alike, and
-    a partial run already compares all configs); every config is checked before the first trains."""
-    jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
-    show = show_progress and is_main_process()
-    records = []
-    for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
-        records.append(r := train_run(plan, ablation, seed, cfg, datasets))
-        how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
-        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
-        if show:
-            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
-    return records
-
-
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
     top1: dict[str, dict[str, list[float]]] = {"final_top1": {}, "ema_top1": {}}  # over completed seeds
@@ -348,10 +330,20 @@ class AblationResult:
 
 
 def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) -> AblationResult:
-    """Train every run (reusing finished ones), time the trained models side by side, write the report
-    under ``plan.out_dir``. ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
+    """Train every ablation x seed (reusing finished runs), seed by seed: load drift on a shared machine hits
+    every config alike, and a partial run already compares all configs; every config is checked before the
+    first trains. Then time the trained models side by side and write the report under ``plan.out_dir``.
+    ``datasets``: (train, val) sets with ``class_names`` instead of the config's."""
     load_before = load_average()
-    records = train_all(plan, datasets, show_progress)
+    jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
+    show = show_progress and is_main_process()
+    records = []
+    for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
+        records.append(r := train_run(plan, ablation, seed, cfg, datasets))
+        how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
+        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
+        if show:
+            tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
     if not is_main_process():
         return AblationResult(records)
     section = ablation_section(plan, records, log=print if show_progress else lambda _: None)

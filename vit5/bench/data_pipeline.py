@@ -5,7 +5,6 @@ by side; and the ``data_index`` section of ``vit5 bench``: indexing trees and re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -14,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from sklearn.datasets import load_sample_images
 from torchvision import transforms as T
 
 from vit5 import data
-from vit5.bench.measure import BenchContext, TimingConfig, measure, num_threads, speedup
+from vit5.bench.measure import BenchContext, Samples, TimingConfig, measure, num_threads, speedup
 from vit5.bench.report import Section, Table, Target
 
 SIZE = 224
@@ -72,23 +71,21 @@ def measure_pipelines(paths: list[Path], rounds: int) -> dict[str, dict[str, flo
     OpenCV + albumentations (median of per-round ratios)."""
     sides = dict(zip(CONTENDERS, (vit5_pipelines(), torchvision_pipelines())))
     results = {}
-    with one_core():
-        for kind in ("train", "eval"):
-            calls = {name: (lambda f=side[kind]: [f(p) for p in paths]) for name, side in sides.items()}
-            s = measure(calls, TimingConfig(warmup=1, rounds=rounds))
-            results[kind] = {name: len(paths) / s[name].median for name in CONTENDERS}
-            results[kind]["speedup"] = speedup(s[CONTENDERS[0]], s[CONTENDERS[1]]).median
+    for kind in ("train", "eval"):
+        calls = {name: (lambda f=side[kind]: [f(p) for p in paths]) for name, side in sides.items()}
+        s = measure_one_core(calls, rounds)
+        results[kind] = {name: len(paths) / s[name].median for name in CONTENDERS}
+        results[kind]["speedup"] = speedup(s[CONTENDERS[0]], s[CONTENDERS[1]]).median
     return results
 
 
-@contextlib.contextmanager
-def one_core() -> Iterator[None]:
-    """OpenCV and torch on one thread each."""
+def measure_one_core(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, Samples]:
+    """:func:`~vit5.bench.measure.measure` with OpenCV and torch on one thread each."""
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         with num_threads(1):
-            yield
+            return measure(calls, TimingConfig(warmup=1, rounds=rounds))
     finally:
         cv2.setNumThreads(threads)
 
@@ -126,11 +123,10 @@ def run(quick: bool = False) -> Section:
     )
 
 
-_INDEXERS = {  # how each contender lists a tree ROOT/<class>/<file>; run in a fresh process
-    "vit5": "from vit5.data import ImageFolderDataset as F; count = lambda root: len(F(root))",
-    "torchvision": "from torchvision.datasets import ImageFolder as F; count = lambda root: len(F(root))",
-    "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F; "
-    "count = lambda root: len(F(root))",
+_INDEXERS = {  # the class each contender lists a tree ROOT/<class>/<file> with; run in a fresh process
+    "vit5": "from vit5.data import ImageFolderDataset as F",
+    "torchvision": "from torchvision.datasets import ImageFolder as F",
+    "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F",
 }
 INDEX_COLUMNS = ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision")
 _INDEX_PROBE = """
@@ -143,7 +139,7 @@ before = status("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak (VmHWM) to the current size: imports do not count
 start = time.perf_counter()
-n = count(sys.argv[1])
+n = len(F(sys.argv[1]))
 seconds = time.perf_counter() - start
 print(json.dumps(dict(files=n, seconds=seconds, peak_bytes=status("VmHWM") - before)))
 """
@@ -182,21 +178,18 @@ def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
     WebDataset shards of the same files (main process, shuffle buffer 256); medians over rounds."""
     transform = data.three_augment(SIZE, color_jitter=0.3)
     with tempfile.TemporaryDirectory() as tmp:
-        split = Path(tmp) / "train"
+        split, shard_dir = Path(tmp) / "train", Path(tmp) / "shards"
         for c in range(4):
             (split / f"c{c}").mkdir(parents=True)
             make_jpegs(split / f"c{c}", count // 4, seed=c)
-        data.write_shards(split, Path(tmp) / "shards", shard_size=max(1, count // 8), split="train")
+        data.write_shards(split, shard_dir, shard_size=max(1, count // 8), split="train")
         folder = data.ImageFolderDataset(split, transform=transform)
-        shards = data.ShardDataset(
-            Path(tmp) / "shards", transform, batch_size=1, train=True, shuffle_buffer=256
-        )
+        shards = data.ShardDataset(shard_dir, transform, batch_size=1, train=True, shuffle_buffer=256)
         contenders = {
             "folder": lambda: [folder[i] for i in range(len(folder))],
             "shards": lambda: list(data.shard_loader(shards, pin_memory=False)),
         }
-        with one_core():
-            seconds = measure(contenders, TimingConfig(warmup=1, rounds=rounds))
+        seconds = measure_one_core(contenders, rounds)
     return {name: len(folder) / s.median for name, s in seconds.items()}
 
 

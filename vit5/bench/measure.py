@@ -1,29 +1,27 @@
 """How the benchmark measures on a noisy, shared machine: contenders are timed side by side (every round
 runs each once, in an order rotating between rounds) and compared by the median over rounds of the
-per-round ratio, so slow drift in the background load cancels; also peak memory and throughput. What it
+per-round ratio, so slow drift in the background load cancels; also peak memory. What it
 measures: :class:`BenchConfig`, profiles ``smoke`` (seconds), ``quick`` (minutes on a CPU) and ``full``."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from vit5.bench.report import choose
 from vit5.errors import InputError
 from vit5.model.presets import SIZES
-from vit5.model.vit import unwrap
 
 
 @dataclass(frozen=True)
@@ -130,80 +128,10 @@ def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu")
         raise ValueError(f"memory measurement supports cpu and cuda devices, got {device}")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        if event.device_type() == torch.autograd.DeviceType.CPU:
-            live += event.nbytes()
-            peak = max(peak, live)
-    return MemoryReading(peak=peak, retained=live), result
-
-
-def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable:
-    model.eval()
-
-    def step() -> None:
-        with torch.no_grad(), amp():
-            model(images)
-
-    return step
-
-
-def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
-    """One training step: forward, cross-entropy, backward, AdamW."""
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
-
-    def step() -> None:
-        with amp():
-            loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def random_batch(
-    batch: int, img_size: int, device="cpu", classes: int = 1000
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded random images ``[batch, 3, img_size, img_size]`` and labels, the same in every section."""
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
-    return images, torch.randint(0, classes, (batch,), generator=generator).to(device)
-
-
-def measure_throughput(
-    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
-) -> dict[str, dict[str, Samples]]:
-    """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one random
-    batch, side by side."""
-    classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
-    images, labels = random_batch(batch, img_size, device, classes)
-    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
-    models = {name: m.to(device) for name, m in models.items()}
-    forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
-    train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
-    for model in models.values():
-        model.zero_grad(set_to_none=True)
-        model.eval()
-    return {"forward": forward, "train": train}
-
-
-def throughput_columns(reference: str) -> tuple[str, ...]:
-    """The names of the :func:`throughput_cells`."""
-    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
-
-
-def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
-    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
-    cells = []
-    for s in run.values():
-        if name in s and reference in s:
-            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
-        else:
-            cells += ["-", "-"]
-    return cells
+    events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
+    cpu = (e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    live = [0, *accumulate(e.nbytes() for e in cpu)]  # tensor bytes alive after each allocation or free
+    return MemoryReading(peak=max(live), retained=live[-1]), result
 
 
 @dataclass(frozen=True)
@@ -249,13 +177,9 @@ class BenchConfig:
     decode_images: int = 64
 
     def __post_init__(self) -> None:
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            device = None
-        if device is None or device.type not in ("cpu", "cuda"):
+        if not (found := re.fullmatch(r"(cpu|cuda)(?::(\d+))?", self.device)):
             raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
-        if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        if found[1] == "cuda" and int(found[2] or 0) >= (count := torch.cuda.device_count()):
             raise InputError(f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu")
         if self.dtype not in ("fp32", "bf16"):
             raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")

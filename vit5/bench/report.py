@@ -58,9 +58,8 @@ class Table:
     rows: tuple[tuple[Any, ...], ...]
 
     def __post_init__(self) -> None:
-        for row in self.rows:
-            if len(row) != len(self.columns):
-                raise ValueError(f"table {self.title!r}: row {row} does not match columns {self.columns}")
+        if bad := [row for row in self.rows if len(row) != len(self.columns)]:
+            raise ValueError(f"table {self.title!r}: row {bad[0]} does not match columns {self.columns}")
 
 
 @dataclass

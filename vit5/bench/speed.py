@@ -1,11 +1,12 @@
 """The model sections, every ratio paired per round: ``speed`` (vit5 eager and regionally compiled against
 timm's ``Eva`` built as ViT-5, timm's plain ViT and the official code's way, at equal width, depth, heads and
 GELU MLP), ``memory`` (eager attention's ``[B, heads, n, n]`` scores against SDPA's tiled softmax, Dao et al.,
-arXiv 2205.14135), ``compile`` and ``export``."""
+arXiv 2205.14135), ``compile`` and ``export``; :func:`measure_throughput` also times the ablations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 
 import timm
@@ -18,53 +19,94 @@ from timm.models.eva import Eva
 from torch import nn
 
 import vit5
-from vit5.bench.measure import (
-    BenchContext,
-    TimingConfig,
-    forward_step,
-    measure,
-    measure_memory,
-    measure_throughput,
-    random_batch,
-    speedup,
-    throughput_cells,
-    throughput_columns,
-)
+from vit5.bench.measure import BenchContext, Samples, TimingConfig, measure, measure_memory, speedup
 from vit5.bench.report import Section, Table, Target
 from vit5.layers import eager_attention
+from vit5.model.footprint import attention_bytes
 from vit5.model.presets import SIZES
+from vit5.model.vit import unwrap
 from vit5.reference import OfficialViT5
 from vit5.runtime import format_bytes
 
 
-def _dims(size: str, depth: int | None) -> dict[str, int]:
-    return {**SIZES[size], **({"depth": depth} if depth else {})}
+def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Callable:
+    model.eval()
+
+    def step() -> None:
+        with torch.no_grad(), amp():
+            model(images)
+
+    return step
 
 
-def build_timm_eva(size: str, img_size: int, depth: int | None = None) -> nn.Module:
-    """timm ``Eva`` as close to ViT-5 as its options allow: 2D RoPE (theta 1e4, interleaved pairs), 4
-    registers (before the patches, without RoPE), RMSNorm, QK-norm, LayerScale 1e-4, bias-free qkv, APE."""
-    rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
-    blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
-    return Eva(
-        img_size=img_size, global_pool="token", num_reg_tokens=4, **rope, **blocks, **_dims(size, depth)
-    )
+def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
+    """One training step: forward, cross-entropy, backward, AdamW."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
+
+    def step() -> None:
+        with amp():
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
-def build_vit5(size: str, img_size: int, depth: int | None = None, **overrides) -> nn.Module:
-    return vit5.create_model(f"vit5_{size}", img_size=img_size, **{**_dims(size, depth), **overrides})
+def measure_throughput(
+    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
+) -> dict[str, dict[str, Samples]]:
+    """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one seeded
+    random batch, side by side."""
+    classes = min(getattr(unwrap(m), "num_classes", 1000) for m in models.values())
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
+    labels = torch.randint(0, classes, (batch,), generator=generator).to(device)
+    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
+    models = {name: m.to(device) for name, m in models.items()}
+    forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
+    train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
+    return {"forward": forward, "train": train}
 
 
-BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "vit5": build_vit5,
-    "vit5_regional": lambda *a, backend="inductor": vit5.compile_blocks(build_vit5(*a), backend=backend),
-    "timm_eva": build_timm_eva,
-    "timm_vit": lambda size, img, depth=None: timm.create_model(
-        f"vit_{size}_patch16_224", img_size=img, **({"depth": depth} if depth else {})
-    ),
-    "reference": lambda size, img, depth=None: OfficialViT5(img_size=img, **_dims(size, depth)),
-}
-EAGER: tuple[str, ...] = ("vit5", "timm_eva", "timm_vit", "reference")
+def throughput_columns(reference: str) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`."""
+    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
+
+
+def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
+    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
+    cells = []
+    for s in run.values():
+        if name in s and reference in s:
+            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
+        else:
+            cells += ["-", "-"]
+    return cells
+
+
+def build(name: str, size: str, img: int, depth: int | None = None, backend: str = "inductor") -> nn.Module:
+    """Contender ``name`` of :data:`CONTENDERS` at ``size`` (``depth`` blocks when given), seeded so that
+    every one starts from the same draw. ``timm_eva``: timm's ``Eva`` as close to ViT-5 as its options
+    allow: 2D RoPE (theta 1e4, interleaved pairs), 4 registers (before the patches, without RoPE), RMSNorm,
+    QK-norm, LayerScale 1e-4, bias-free qkv, APE; ``vit5_regional``: compiled with ``backend``."""
+    torch.manual_seed(0)
+    dims = {**SIZES[size], **({"depth": depth} if depth else {})}
+    if name == "timm_eva":
+        rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
+        blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
+        return Eva(img_size=img, global_pool="token", num_reg_tokens=4, **rope, **blocks, **dims)
+    if name == "timm_vit":
+        return timm.create_model(f"vit_{size}_patch16_224", img_size=img, **dims)
+    if name == "reference":
+        return OfficialViT5(img_size=img, **dims)
+    model = vit5.create_model(f"vit5_{size}", img_size=img, **dims)
+    return vit5.compile_blocks(model, backend=backend) if name == "vit5_regional" else model
+
+
+CONTENDERS = ("vit5", "vit5_regional", "timm_eva", "timm_vit", "reference")
+EAGER = tuple(name for name in CONTENDERS if name != "vit5_regional")
 
 
 # (resolution, mode, fast, slow, threshold): ``fast`` at least ``threshold`` times as fast as ``slow``
@@ -81,18 +123,13 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 
 
 def run_speed(ctx: BenchContext) -> Section:
-    cfg = ctx.cfg
-    target = cfg.size_for_targets
-    runs = [(size, cfg.img_size, cfg.batch, tuple(BUILDERS), "base") for size in cfg.sizes]
+    cfg, target = ctx.cfg, ctx.cfg.size_for_targets
+    runs = [(size, cfg.img_size, cfg.batch, CONTENDERS, "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
     rows, data, targets = [], {}, []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
-        models = {}
-        for name in names:
-            torch.manual_seed(0)
-            extra = {"backend": cfg.compile_backend} if name == "vit5_regional" else {}
-            models[name] = BUILDERS[name](size, img, cfg.depth, **extra).eval()
+        models = {name: build(name, size, img, cfg.depth, cfg.compile_backend) for name in names}
         run = measure_throughput(models, img, batch, cfg.timing, cfg.device, cfg.dtype)
         data[f"{size}@{img}"] = run
         for name, model in models.items():
@@ -124,7 +161,7 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
     peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
     for n in cfg.attn_seq_lens:
-        eager = eager_score_bytes(1, cfg.attn_heads, n, dtype) <= cfg.attn_eager_max_bytes
+        eager = attention_bytes(1, cfg.attn_heads, n, dtype.itemsize) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
         g = torch.Generator().manual_seed(n)
         qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
@@ -156,15 +193,7 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     return section
 
 
-BACKENDS = {
-    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-    "eager": lambda q, k, v: eager_attention(q, k, v)[0],
-}
-
-
-def eager_score_bytes(batch: int, heads: int, tokens: int, dtype: torch.dtype) -> int:
-    """Bytes of eager's n x n tensors alive at once: the scores and the fp32 probabilities."""
-    return batch * heads * tokens * tokens * (torch.empty((), dtype=dtype).element_size() + 4)
+BACKENDS = {"sdpa": F.scaled_dot_product_attention, "eager": lambda q, k, v: eager_attention(q, k, v)[0]}
 
 
 def run_compile(ctx: BenchContext) -> Section:
@@ -177,19 +206,16 @@ def run_compile(ctx: BenchContext) -> Section:
         "compiled": partial(torch.compile, backend=backend),
         "regional": partial(vit5.compile_blocks, backend=backend),
     }
-    models = {}
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
-        for way, wrap in ways.items():
-            torch.manual_seed(0)
-            models[way] = wrap(build_vit5(size, cfg.img_size, cfg.depth))
+        models = {way: wrap(build("vit5", size, cfg.img_size, cfg.depth)) for way, wrap in ways.items()}
         ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
         cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
     first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
-    images = random_batch(cfg.batch, cfg.img_size, cfg.device)[0]
+    images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, device=cfg.device)
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
     diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
@@ -220,7 +246,7 @@ def run_export(ctx: BenchContext) -> Section:
 
     cfg = ctx.cfg
     size, img, name = cfg.size_for_targets, cfg.img_size, f"vit5_{cfg.size_for_targets}"
-    model = build_vit5(size, img, cfg.depth).eval()
+    model = build("vit5", size, img, cfg.depth).eval()
     ctx.log(f"exporting {name} @ {img} to ONNX (and checking it with onnxruntime)")
     path = ctx.out_dir / "export" / f"{name}_{img}.onnx"
     report = vit5.export_onnx(model, path, size=(img, img), batch=cfg.batch)
@@ -231,10 +257,7 @@ def run_export(ctx: BenchContext) -> Section:
     feed = {session.get_inputs()[0].name: images.numpy()}
     calls = {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)}
     samples = measure(calls, cfg.timing)
-    rows = tuple(
-        (k, s.rate(cfg.batch).text("{:.1f}"), speedup(s, samples["torch eager"]).text())
-        for k, s in samples.items()
-    )
+    rows = tuple((k, *throughput_cells({"forward": samples}, k, "torch eager", cfg.batch)) for k in samples)
     mib = sum(f.stat().st_size for f in report.files) / 2**20
     return Section(
         "export",
