@@ -567,6 +567,7 @@ def _check_position(
     s, written_by, step_samples = state, manifest["num_processes"], layout.batch_size * layout.accum_steps
     per_batch, best = s.batch * layout.batch_size * written_by, s.best_epoch
     best_row = s.history[best - 1] if 1 <= best <= len(s.history) else {}
+    folder = checkpoint_number(path)  # -1: a folder not named ckpt-<updates>
     for i, row in enumerate(s.history):
         _check_row(row, i)
     rules = [(getattr(s, n) >= 0, n, "must be >= 0") for n in _COUNTS]
@@ -579,11 +580,7 @@ def _check_position(
         for n in ("epoch", "num_updates", "batch")
     ]
     rules += [
-        (
-            checkpoint_number(path) in (-1, s.num_updates),
-            "num_updates",
-            f"does not match the folder {path.name}",
-        ),
+        (folder in (-1, s.num_updates), "num_updates", f"does not match the folder {path.name}"),
         (
             s.batch % layout.accum_steps == 0,
             "batch",
