@@ -212,15 +212,12 @@ class CheckpointManager:
         """Verify every file of ``path``, then restore weights, EMA, optimizer, progress and random states.
         ``ResumeError`` names a missing, damaged or refused file and the last good checkpoint, or says
         the checkpoint was written for another model, optimizer or EMA setting."""
-        restored, error = None, None
+        restored, error = Restored(exact=False), None
         try:
             restored = self._restore(path, allow_inexact)
-        except _Damaged as err:
-            error = f"{err}. {last_good_hint(path)}"
         except (Vit5Error, OSError) as err:
-            error = user_message(err)
+            error = _with_last_good(err, path)
         raise_agreed(self.accelerator, error, ResumeError)
-        assert restored is not None
         return restored
 
     def _restore(self, path: Path, allow_inexact: bool) -> Restored:
@@ -277,33 +274,37 @@ class CheckpointManager:
         return Restored(exact=False, warning=warning, elastic_from=written_by)
 
 
-def last_good_hint(damaged: Path) -> str:
-    """``"The last good checkpoint of this run is ...: resume with --resume ..."`` (or what to do)."""
+def _with_last_good(err: BaseException, damaged: Path) -> str | None:
+    """The message of ``err``; a damaged file's names the last good checkpoint of the run (or what to do)."""
+    if not isinstance(err, _Damaged):
+        return user_message(err)
     checkpoints = list_checkpoints(damaged.parent)
-    for candidate in reversed(checkpoints):
-        try:
-            if candidate != damaged:
-                manifest = read_manifest(candidate)
-                for name in manifest["files"]:  # every file against its recorded size and SHA-256
-                    _verified(candidate, name, manifest)
-                break
-        except ResumeError:
-            pass
-    else:
+    good = next((c for c in reversed(checkpoints) if c != damaged and _intact(c)), None)
+    if good is None:
         run_dir = damaged.parent.parent
         return (
-            f"This run has no other intact checkpoint: start it again, or fine-tune from its weights "
+            f"{err}. This run has no other intact checkpoint: start it again, or fine-tune from its weights "
             f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
         )
-    hint = (
-        f"The last good checkpoint of this run is {candidate}: resume with `vit5 train --resume {candidate}`"
+    newer = (
+        f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} first "
+        "to continue in place)"
     )
-    if candidate != checkpoints[-1]:
-        hint += (
-            f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} first "
-            "to continue in place)"
-        )
-    return hint
+    return (
+        f"{err}. The last good checkpoint of this run is {good}: resume with `vit5 train --resume {good}`"
+        + (newer if good != checkpoints[-1] else "")
+    )
+
+
+def _intact(path: Path) -> bool:
+    """Whether every file of checkpoint ``path`` matches its recorded size and SHA-256."""
+    try:
+        manifest = read_manifest(path)
+        for name in manifest["files"]:
+            _verified(path, name, manifest)
+    except ResumeError:
+        return False
+    return True
 
 
 def is_verified(path: Path) -> bool:
@@ -356,7 +357,7 @@ def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
     try:
         return read_manifest(checkpoint)["config"]
     except _Damaged as err:
-        raise ResumeError(f"{err}. {last_good_hint(checkpoint)}") from err
+        raise ResumeError(_with_last_good(err, checkpoint)) from err
 
 
 def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> None:
@@ -566,6 +567,7 @@ def _check_position(
     s, written_by, step_samples = state, manifest["num_processes"], layout.batch_size * layout.accum_steps
     per_batch, best = s.batch * layout.batch_size * written_by, s.best_epoch
     best_row = s.history[best - 1] if 1 <= best <= len(s.history) else {}
+    folder = checkpoint_number(path)  # -1: a folder not named ckpt-<updates>
     for i, row in enumerate(s.history):
         _check_row(row, i)
     rules = [(getattr(s, n) >= 0, n, "must be >= 0") for n in _COUNTS]
@@ -578,11 +580,7 @@ def _check_position(
         for n in ("epoch", "num_updates", "batch")
     ]
     rules += [
-        (
-            checkpoint_number(path) in (-1, s.num_updates),
-            "num_updates",
-            f"does not match the folder {path.name}",
-        ),
+        (folder in (-1, s.num_updates), "num_updates", f"does not match the folder {path.name}"),
         (
             s.batch % layout.accum_steps == 0,
             "batch",

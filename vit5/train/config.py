@@ -411,6 +411,7 @@ def _probe(test: Callable[[], bool]) -> bool:
 
 
 _WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_patch16_224.pth is a path
+PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
 
 def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
@@ -418,7 +419,7 @@ def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
     text, released = cfg.model.pretrained, ", ".join(hub.RELEASES)
     if text is None or text.startswith(hub.HF_HUB_PREFIX):
         return []
-    if text in ("true", "True"):
+    if text in PRETRAINED_TRUE:
         if cfg.model.name in vit5.list_presets() and hub.default_release(cfg.model.name) is None:
             return [
                 f"model.pretrained=true: {cfg.model.name} has no released weights (released: {released}); "

@@ -215,7 +215,6 @@ def train_one_epoch(
     prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step. Returns the mean loss
     and the images over all processes, and the seconds taken."""
     acc = parts.accelerator
-    assert acc is not None
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
     accum = acc.gradient_accumulation_steps
     end = state.batch + len(parts.loader) // accum * accum

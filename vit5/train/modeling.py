@@ -15,7 +15,7 @@ from timm.utils import ModelEmaV3
 import vit5
 from vit5 import ViT5, create_model
 from vit5.model.presets import closest_preset
-from vit5.train.config import LORA_TARGETS, LoraSection, ModelSection
+from vit5.train.config import LORA_TARGETS, PRETRAINED_TRUE, LoraSection, ModelSection
 from vit5.train.errors import TrainConfigError
 from vit5.weights import hub
 from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
@@ -23,8 +23,6 @@ from vit5.weights.convert import HeadMismatchError
 
 if TYPE_CHECKING:
     from peft import LoraConfig
-
-PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
 
 def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | None]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import shutil
 import signal
 import threading
@@ -18,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
@@ -36,10 +34,12 @@ from vit5.train.checkpointing import (
     EpochLayout,
     Resumable,
     TrainState,
+    capture_rng,
     checkpoint_number,
     is_verified,
     list_checkpoints,
     on_main,
+    restore_rng,
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names, validate_config
@@ -90,9 +90,10 @@ class Trainer:
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
-        _check_writable(
-            acc, resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser()
-        )
+        # fail before any work when the run's folder cannot be written (read-only, a file, disk full)
+        folder = resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser()
+        option = "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
+        on_main(acc, lambda: check_output_dir(folder, option))
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
 
         if train_set is None or val_set is None:
@@ -231,9 +232,8 @@ class Trainer:
             self.close()
 
     def _start_tracking(self) -> None:
-        """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking): the config,
-        ``train/loss`` and ``train/lr`` every ``run.log_every_steps`` steps, each epoch's row as
-        ``epoch/<column>``; logs under ``RUN/logs/``."""
+        """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking) logging under
+        ``RUN/logs/``: the config, ``train/loss``, ``train/lr`` and each epoch's row as ``epoch/<column>``."""
         acc, logs, name = self.accelerator, self.run_dir / "logs", self.run_dir.name
         if not acc.log_with or self.tracking:
             return
@@ -248,8 +248,7 @@ class Trainer:
 
     @contextmanager
     def _stop_signals(self) -> Iterator[None]:
-        """The first stop signal is a request acted on after the optimizer step; a second one ends the
-        process at once."""
+        """The first stop signal is acted on after the optimizer step; a second one ends the process."""
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be set from the main thread
             return
@@ -297,14 +296,15 @@ class Trainer:
     def _evaluate_both(self) -> dict[str, Any]:
         """Validate raw and EMA weights (a non-finite loss is a divergence), leaving the random generators
         as they were, so training draws the same whether it validates or not."""
-        with _generators_kept():
-            raw = evaluate(self.model, self.data.val_loader, self.accelerator)
-            out: dict[str, Any] = dict(
-                val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
-            )
-            if self.ema is not None:
-                ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
-                out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        generators = capture_rng()
+        raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+        out: dict[str, Any] = dict(
+            val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
+        )
+        if self.ema is not None:
+            ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
+            out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
+        restore_rng(generators)
         bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
         if bad:
             where = f"after epoch {self.state.epoch + 1} (optimizer step {self.state.num_updates})"
@@ -499,16 +499,6 @@ class Trainer:
         )
 
 
-@contextmanager
-def _generators_kept() -> Iterator[None]:
-    """Restore torch's (CPU and CUDA), NumPy's and Python's global generators on exit."""
-    saved = np.random.get_state(), random.getstate()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
-        yield
-    np.random.set_state(saved[0])
-    random.setstate(saved[1])
-
-
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
     bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
@@ -520,12 +510,6 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
         f"with data.batch_size={batch}",
         "lower data.batch_size or model.img_size, set model.grad_checkpointing=true, or use a smaller model",
     )
-
-
-def _check_writable(acc: Accelerator, folder: Path) -> None:
-    """Fail before any work when the run's folder cannot be written (read-only, a file, disk full)."""
-    option = "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
-    on_main(acc, lambda: check_output_dir(folder, option))
 
 
 def _check_distributed(acc: Accelerator, cfg: TrainConfig) -> None:
