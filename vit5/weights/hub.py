@@ -139,10 +139,7 @@ def cached_path(
     repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> Path | None:
     """Where ``filename`` of ``repo_id`` sits in the cache, if it does (no network)."""
-    try:
-        found = hf.try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
-    except ValueError:  # a malformed repo id: the download says so
-        return None
+    found = hf.try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
     return Path(found) if isinstance(found, str) else None
 
 
@@ -179,6 +176,7 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
         reasons = (  # the first match: subclasses before their bases
             (errors.LocalEntryNotFoundError, f"it is not in the cache {cache} and {offline}; {by_hand}"),
             (errors.RevisionNotFoundError, f"the repo has no revision {revision!r}"),
+            (errors.HFValidationError, str(err)),  # a malformed repo id or revision
             (
                 errors.RepositoryNotFoundError,
                 "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)",
