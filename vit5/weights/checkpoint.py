@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
+from timm.models import clean_state_dict
 
 from vit5.errors import InputError, shorten, storage_error
 from vit5.files import atomic_write_bytes, atomic_write_json
@@ -37,6 +38,7 @@ WEIGHTS_NAME = "model.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 HEAD_KEYS = ("head.weight", "head.bias")
 ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")  # stored, verified, rebuilt at run time: not parameters
+_CORRUPT = "{} is corrupt or truncated, not a readable safetensors file ({})"
 Pretrained = str | os.PathLike | bool | None
 
 
@@ -161,9 +163,7 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
             pass
         return load_file(str(path))
     except (SafetensorError, OSError, RuntimeError) as err:  # RuntimeError: the file could not be mapped
-        raise CheckpointError(
-            f"{path} is corrupt or truncated, not a readable safetensors file ({err})"
-        ) from err
+        raise CheckpointError(_CORRUPT.format(path, err)) from err
 
 
 def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
@@ -202,8 +202,7 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
 
 
 def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
-    """The number of values of each tensor of a safetensors file, from its header alone (format:
-    huggingface.co/docs/safetensors); its offsets are checked by safetensors before anything is loaded."""
+    """Each tensor's number of values, from the header alone (safetensors checks the offsets on loading)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -213,18 +212,13 @@ def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
                 raise ValueError(f"it declares a header of {length:,} bytes in a file of {size:,}")
             header = json.loads(f.read(length))
         shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+        for name, shape in shapes.items():
+            if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+                raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")
     except OSError as err:
         raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from err
     except (ValueError, TypeError, KeyError, AttributeError) as err:  # not JSON, not an object of objects
-        raise CheckpointError(
-            f"{path} is corrupt or truncated, not a readable safetensors file ({err})"
-        ) from err
-    for name, shape in shapes.items():
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {shape!r}, not a list of non-negative integers: "
-                "corrupt or crafted file, not loaded"
-            )
+        raise CheckpointError(_CORRUPT.format(path, err)) from err
     return {name: math.prod(shape) for name, shape in shapes.items()}
 
 
@@ -326,9 +320,7 @@ def _unwrap(obj: Any, use_ema: bool, path: Path | str) -> dict[str, torch.Tensor
         obj = found
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a state dict of tensors")
-    if all(k.startswith("module.") for k in obj):
-        obj = {k.removeprefix("module."): v for k, v in obj.items()}
-    return obj
+    return clean_state_dict(obj)  # DDP's "module." prefix removed
 
 
 def load_weights(model: ViT5, ckpt: Checkpoint, ignore_head: bool = False) -> LoadReport:

@@ -95,15 +95,12 @@ def export_onnx(
     ]
     if missing:
         raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'vit5[export]'")
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise storage_error(err, path.parent, "create") from err
+    path = Path(path)  # its folder is created with the staging folder beside it
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
     if external_data is None:
         external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
     staged, start = staging_dir(path), time.perf_counter()
+    onnx_file = staged / path.name
     try:
         with _exporting(model, "ONNX export", example, path):
             program = torch.onnx.export(
@@ -117,18 +114,16 @@ def export_onnx(
                 verbose=False,
             )
             program.model.metadata_props.update(onnx_metadata(model))
-            program.save(str(staged / path.name), external_data=external_data)
+            program.save(str(onnx_file), external_data=external_data)
         seconds, diff = time.perf_counter() - start, None
         if check:  # largest |onnxruntime - eager torch| on the example images (CPU, fp32)
             import onnxruntime
 
-            session = onnxruntime.InferenceSession(
-                str(staged / path.name), providers=["CPUExecutionProvider"]
-            )
+            session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
             (onnx_out,) = session.run(None, {"images": example.detach().float().cpu().numpy()})
             with _exporting(model), torch.no_grad():
                 diff = float((torch.from_numpy(onnx_out) - model(example).float().cpu()).abs().max())
-        _put_in_place(staged / path.name, path)
+        _put_in_place(onnx_file, path)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     hw = ("height", "width") if dynamic_size else tuple(example.shape[2:])
@@ -144,8 +139,7 @@ def export_onnx(
 
 
 def _put_in_place(staged: Path, path: Path) -> None:
-    """Rename a complete staged export over ``path``: its weights file first, the graph last, so an old graph
-    never meets new weights."""
+    """Rename a staged export over ``path``, weights first, graph last: no old graph meets new weights."""
     data, target_data = staged.with_name(path.name + ".data"), path.with_name(path.name + ".data")
     has_data = data.exists()
     try:
@@ -197,11 +191,8 @@ def _example_and_shapes(
             dims[axis] = patch * torch.export.Dim(name, min=max(stored, 2), max=max(4 * stored, 64))
         grid = tuple(max(g, s) for g, s in zip(grid, cfg.grid_size))  # trace inside the range
         size = (grid[0] * patch, grid[1] * patch)
-    return torch.randn(batch, in_chans, *size, device=_device(model)), (dims,)
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return torch.randn(batch, in_chans, *size, device=device), (dims,)
 
 
 @contextmanager

@@ -109,8 +109,7 @@ def load_model(
 def _read_pretrained(
     pretrained: str | os.PathLike, overrides: dict, use_ema: bool, source: Source | None, max_params: float
 ) -> Checkpoint:
-    """Read the weights ``pretrained`` names (``revision=``, ``cache_dir=`` taken from ``overrides`` for the
-    download); a damaged download says which cached file to delete."""
+    """Read the weights ``pretrained`` names (``revision=``, ``cache_dir=`` popped from ``overrides``)."""
     text = os.fspath(pretrained)
     revision, cache_dir = overrides.pop("revision", None), overrides.pop("cache_dir", None)
     if text.startswith(hub.HF_HUB_PREFIX):
@@ -185,7 +184,6 @@ default_cfgs = generate_default_cfgs(  # read by timm's register_model (same mod
             default_pretrained_cfg(r.img_size),
             hf_hub_id=r.repo,
             hf_hub_filename=r.filename,
-            num_classes=1000,
             paper_ids=hub.PAPER_ID,
             paper_name=hub.PAPER_NAME,
             origin_url="https://github.com/wangf3014/ViT-5",
@@ -262,8 +260,13 @@ def _read_download(path: Path, label: str = "", use_ema: bool = False, **kwargs:
         return read_checkpoint(path, use_ema=use_ema, **kwargs)
     except CheckpointError as err:
         bad = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME) if path.is_dir() else path
-        advice = f"\n  {hub.cached_copy_advice(bad)}" if str(bad) in str(err) else ""
-        raise CheckpointError(f"{label}{err}{advice}") from err
+        blob = Path(os.path.realpath(bad))  # a cache's snapshot entries link to its blobs
+        files = f"{bad}" + (f" and the blob it points to, {blob}" if blob != bad else "")
+        advice = (
+            f"\n  {bad} is a cached download from the Hugging Face Hub; if it is damaged (an interrupted or "
+            f"altered download), delete {files}, then load again to fetch a fresh copy"
+        )
+        raise CheckpointError(f"{label}{err}{advice if str(bad) in str(err) else ''}") from err
 
 
 def pretrained_overlay(cfg: Any, overlay: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -139,10 +139,7 @@ def cached_path(
     repo_id: str, filename: str, revision: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> Path | None:
     """Where ``filename`` of ``repo_id`` sits in the cache, if it does (no network)."""
-    try:
-        found = hf.try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
-    except ValueError:  # a malformed repo id: the download says so
-        return None
+    found = hf.try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=revision)
     return Path(found) if isinstance(found, str) else None
 
 
@@ -165,16 +162,12 @@ def _why(err: BaseException) -> str:
 @contextmanager
 def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub's download errors into one :class:`CheckpointError` with the fix."""
-    where = f"{filename} of the Hugging Face Hub repo {repo_id}" + (
-        f" (revision {revision})" if revision else ""
-    )
     first, cache = filename.split(" or ")[0], hf.constants.HF_HUB_CACHE
+    pin, flag = (f" (revision {revision})", f" --revision {revision}") if revision else ("", "")
     by_hand = (
-        f"fetch it by hand where there is network: `hf download {repo_id} {first}"
-        + (f" --revision {revision}" if revision else "")
-        + f"` (then copy the cache folder {cache} here), or download "
-        + f"https://huggingface.co/{repo_id}/resolve/{revision or 'main'}/{first} and pass its path as "
-        + LOCAL_FORM
+        f"fetch it by hand where there is network: `hf download {repo_id} {first}{flag}` (then copy the "
+        f"cache folder {cache} here), or download https://huggingface.co/{repo_id}/resolve/"
+        f"{revision or 'main'}/{first} and pass its path as {LOCAL_FORM}"
     )
     try:
         yield
@@ -183,6 +176,7 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
         reasons = (  # the first match: subclasses before their bases
             (errors.LocalEntryNotFoundError, f"it is not in the cache {cache} and {offline}; {by_hand}"),
             (errors.RevisionNotFoundError, f"the repo has no revision {revision!r}"),
+            (errors.HFValidationError, str(err)),  # a malformed repo id or revision
             (
                 errors.RepositoryNotFoundError,
                 "the repo does not exist or is private (log in with `hf auth login` or set HF_TOKEN)",
@@ -197,17 +191,9 @@ def clear_hub_errors(repo_id: str, filename: str, revision: str | None = None) -
         why = next((text for kind, text in reasons if isinstance(err, kind)), None)
         if why is None:
             raise
-        raise CheckpointError(f"cannot load {where}: {why}") from err
-
-
-def cached_copy_advice(path: Path) -> str:
-    """What to do with a cached download that cannot be read: delete it so it is fetched again."""
-    blob = Path(os.path.realpath(path))
-    files = f"{path}" + (f" and the blob it points to, {blob}" if blob != Path(path) else "")
-    return (
-        f"{path} is a cached download from the Hugging Face Hub; if it is damaged (an interrupted or "
-        f"altered download), delete {files}, then load again to fetch a fresh copy"
-    )
+        raise CheckpointError(
+            f"cannot load {filename} of the Hugging Face Hub repo {repo_id}{pin}: {why}"
+        ) from err
 
 
 def push_to_hub(
