@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import entropy
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
@@ -121,16 +122,13 @@ class MetricReport:
     threshold_source: str
     config: MetricConfig
     per_image: dict[str, np.ndarray]  # name -> [B, L]
-    summary: dict[str, dict[str, np.ndarray]] = field(
-        default_factory=dict
-    )  # name -> value/ci_low/ci_high [L]
+    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value/ci_low/ci_high
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
     placement: list[dict] | None = None  # per layer: artifact-like / content-like outliers
 
     @property
     def intervals(self) -> bool:
-        """Whether bootstrap intervals were computed (at least MIN_BOOTSTRAP_IMAGES images)."""
         return self.num_images >= MIN_BOOTSTRAP_IMAGES
 
     def interval_note(self) -> str:
@@ -155,7 +153,8 @@ class MetricReport:
             for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers)
         ]
 
-    def write_json(self, path: str | Path) -> Path:
+    def write(self, base: str | Path) -> list[Path]:
+        """``base.json`` (every number, the config and the rules) and ``base.csv`` (:meth:`rows`)."""
         doc = dict(
             model=self.model,
             num_images=self.num_images,
@@ -171,10 +170,10 @@ class MetricReport:
             outlier_placement=self.placement,
             placement_rule=PLACEMENT_RULE,
         )
-        return atomic_write_json(Path(path), doc)
-
-    def write_csv(self, path: str | Path) -> Path:
-        return write_rows_csv(Path(path), self.rows())
+        return [
+            atomic_write_json(Path(f"{base}.json"), doc),
+            write_rows_csv(Path(f"{base}.csv"), self.rows()),
+        ]
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
@@ -266,23 +265,17 @@ def excess_kurtosis(patch_norms: np.ndarray) -> np.ndarray:
         return np.where(m2 > 0, m4 / m2**2 - 3.0, np.nan)
 
 
-def _entropy(cls_to_patches: np.ndarray) -> np.ndarray:
-    """Entropy ``[B, L, H]`` of CLS attention renormalised over the patches."""
-    p = cls_to_patches / cls_to_patches.sum(axis=-1, keepdims=True)
-    return -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
-
-
 def cls_entropy(cls_to_patches: np.ndarray) -> np.ndarray:
     """M5: ``[B, L, H, P] -> [B, L]`` entropy of the renormalised CLS attention / ``log P``, head mean
     (1 = uniform over patches, 0 = one patch)."""
     if cls_to_patches.shape[-1] < 2:
         return np.full(cls_to_patches.shape[:2], np.nan)
-    return (_entropy(cls_to_patches) / np.log(cls_to_patches.shape[-1])).mean(axis=-1)
+    return (entropy(cls_to_patches, axis=-1) / np.log(cls_to_patches.shape[-1])).mean(axis=-1)
 
 
 def cls_effective_tokens(cls_to_patches: np.ndarray) -> np.ndarray:
     """M5 companion: ``exp(entropy)`` of the renormalised CLS attention, averaged over heads."""
-    return np.exp(_entropy(cls_to_patches)).mean(axis=-1)
+    return np.exp(entropy(cls_to_patches, axis=-1)).mean(axis=-1)
 
 
 def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarray) -> np.ndarray:
@@ -331,16 +324,13 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
         ref = np.asarray(cfg.thresholds, dtype=np.float64)
         if ref.size == num_layers:
             return ref, cfg.threshold_source or "reused from a reference model"
-        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(
-            int
-        )  # another depth: same relative depth
+        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)  # the same relative depth
         source = cfg.threshold_source or "reference model"
         return ref[at], f"{source} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
         return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
-    return layer_thresholds(
-        stats.patch_values(stats.norms), cfg.k
-    ), f"log-norm median + {cfg.k:g} MAD of this model"
+    thresholds = layer_thresholds(stats.patch_values(stats.norms), cfg.k)
+    return thresholds, f"log-norm median + {cfg.k:g} MAD of this model"
 
 
 def per_image_metrics(
@@ -415,19 +405,8 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
         ]
     content = stats.content
     placement = classify_outliers(outliers, content, list(stats.layers)) if content is not None else None
-    return MetricReport(
-        stats.model,
-        stats.num_images,
-        stats.layers,
-        thresholds,
-        source,
-        cfg,
-        values,
-        summary,
-        outliers,
-        massive,
-        placement,
-    )
+    head = stats.model, stats.num_images, stats.layers, thresholds, source, cfg
+    return MetricReport(*head, values, summary, outliers, massive, placement)
 
 
 def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:

@@ -122,7 +122,6 @@ def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, d
 def run_position_probe(
     model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(), notes: Sequence[str] = ()
 ) -> PositionProbe:
-    """Probe one model (see the module docstring)."""
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
     info.grid(size)
@@ -134,19 +133,10 @@ def run_position_probe(
     grid = info.layout(size).grid
     constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
     norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
-    return PositionProbe(
-        label,
-        layer,
-        grid,
-        info.patch_size,
-        tuple(cfg.levels),
-        norms,
-        constant_pca,
-        np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid),
-        float(constant_spatial_share(f_const).mean()),
-        position_share(f_noise),
-        tuple(notes),
-    )
+    noise_norms = np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid)
+    maps = (grid, info.patch_size, tuple(cfg.levels), norms, constant_pca, noise_norms)
+    shares = float(constant_spatial_share(f_const).mean()), position_share(f_noise)
+    return PositionProbe(label, layer, *maps, *shares, tuple(notes))
 
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:

@@ -35,8 +35,7 @@ TABLE_HEADER = tuple(
 
 @contextmanager
 def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
-    """Call ``edit(position, registers [B, R, C]) -> registers or None`` where :func:`edit_tokens` edits
-    tokens; a returned tensor replaces the registers."""
+    """:func:`edit_tokens` on the registers: ``edit(position, registers [B, R, C])`` may return new ones."""
     info = describe(model)
     if info.num_registers == 0:
         raise InputError(
@@ -99,9 +98,7 @@ def ablate_registers(
         if method == "mean":
             return reference[position].to(registers).expand_as(registers)
         noise = torch.randn(registers.shape, generator=generator).to(registers)
-        return noise * (
-            registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        )
+        return F.normalize(noise, dim=-1, eps=1e-12) * registers.norm(dim=-1, keepdim=True)
 
     with _register_hooks(model, edit):
         yield
@@ -137,16 +134,14 @@ class Outputs:
 
 @torch.no_grad()
 def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int, device: str) -> Outputs:
-    net = unwrap(model).eval().to(device)
-    layout = describe(net).layout(images[0].rgb.shape[:2])
+    net, info = unwrap(model).eval().to(device), describe(model)
+    layout, has_head = info.layout(images[0].rgb.shape[:2]), getattr(net, "num_classes", 0) > 0
     patches, pooled, logits = [], [], []
-    has_head = getattr(net, "num_classes", 0) > 0
-    for x in batches(images, describe(net), batch_size, device):
+    for x in batches(images, info, batch_size, device):
         tokens = net.forward_features(x)
         patches.append(layout.patches(tokens).float().cpu())
         pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
-        if has_head:
-            logits.append(net.forward_head(tokens).float().cpu())
+        logits += [net.forward_head(tokens).float().cpu()] if has_head else []
     return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
 
 
