@@ -86,17 +86,10 @@ METRICS: dict[str, str] = {
         "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like"
     ),
 }
-TABLE_COLUMNS = {
-    "outlier_ratio": "OTR",
-    "max_median_ratio": "max/med",
-    "norm_kurtosis": "kurt",
-    "cls_entropy": "CLS H",
-    "cls_outlier_mass": "CLS>out",
-    "cls_register_mass": "CLS>reg",
-    "patch_register_mass": "patch>reg",
-    "sink_rate": "sink",
-    "massive_ratio": "MA top/med",
-}
+# the metrics of the printed table and their column heads
+TABLE_COLUMNS = {"outlier_ratio": "OTR", "max_median_ratio": "max/med", "norm_kurtosis": "kurt"}
+TABLE_COLUMNS |= {"cls_entropy": "CLS H", "cls_outlier_mass": "CLS>out", "cls_register_mass": "CLS>reg"}
+TABLE_COLUMNS |= {"patch_register_mass": "patch>reg", "sink_rate": "sink", "massive_ratio": "MA top/med"}
 
 
 def aligned(lines: list[list[str]]) -> str:
@@ -170,19 +163,15 @@ class MetricReport:
             outlier_placement=self.placement,
             placement_rule=PLACEMENT_RULE,
         )
-        return [
-            atomic_write_json(Path(f"{base}.json"), doc),
-            write_rows_csv(Path(f"{base}.csv"), self.rows()),
-        ]
+        json_path, csv_path = Path(f"{base}.json"), Path(f"{base}.csv")
+        return [atomic_write_json(json_path, doc), write_rows_csv(csv_path, self.rows())]
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
         are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
-        lines = [
-            ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
-            + ["outliers art/cont"] * bool(self.placement)
-        ]
+        header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
+        lines = [header + ["outliers art/cont"] * bool(self.placement)]
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:

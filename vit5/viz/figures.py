@@ -26,15 +26,7 @@ from vit5.errors import InputError
 from vit5.plotstyle import metric_label
 from vit5.viz.artifacts import MetricReport
 from vit5.viz.images import LoadedImage
-from vit5.viz.stats import (
-    TokenStats,
-    cls_maps,
-    norm_map,
-    outlier_map,
-    received_map,
-    register_maps,
-    rollout_map,
-)
+from vit5.viz.stats import TokenStats, cls_maps, norm_map, received_map, register_maps, rollout_map
 
 PCA_CLIP = (1.0, 99.0)  # percentiles each PCA component is scaled between (and clipped at)
 RAW = "raw: share of all tokens, so CLS and registers hold the rest"
@@ -194,10 +186,8 @@ def panel_grid(
                 continue
             left = margin + j * cell_w + _PAD
             ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
-            cax = None
-            if panel.values is not None:
-                cax_left = left + map_w + _CBAR_GAP
-                cax = fig.add_axes((cax_left / width, bottom / height, _CBAR_W / width, map_h / height))
+            bar = ((left + map_w + _CBAR_GAP) / width, bottom / height, _CBAR_W / width, map_h / height)
+            cax = fig.add_axes(bar) if panel.values is not None else None  # the colorbar's axes
             _draw(fig, ax, cax, panel, style, limits.get(panel.group))
     if title:
         fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
@@ -223,15 +213,12 @@ def _draw(
         norm = Normalize(limits[0], limits[1])
         values = upsample(panel.values, patch, style.upsample)
         ax.imshow(values, extent=extent, cmap=style.cmap, norm=norm, alpha=alpha, interpolation="nearest")
-        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax)
+        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax, ticks=MaxNLocator(4))
         colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
-        colorbar.locator = MaxNLocator(4)
-        colorbar.update_ticks()
     for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
         for r, c in zip(*np.nonzero(marks)) if marks is not None else ():
-            ax.add_patch(
-                Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
-            )
+            box = Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
+            ax.add_patch(box)
     ax.set(xlim=(0, w), ylim=(h, 0), aspect="auto")  # the axes box already has the map's aspect
     ax.set_axis_off()
     ax.set_title(panel.title, fontsize=S.FONT, pad=3)
@@ -299,9 +286,10 @@ def image_figure(
         artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
         for layer in layers:
             marks = second = None
-            title = f"block {stats.layers[stats.layer_position(layer)]}"
+            pos = stats.layer_position(layer)
+            title = f"block {stats.layers[pos]}"
             if outliers is not None:
-                found = outlier_map(outliers, stats, index, layer)
+                found = stats.to_grid(outliers[index, pos])
                 marks, second = (
                     (found & artifact_cells, found & ~artifact_cells) if content else (found, None)
                 )
@@ -319,13 +307,7 @@ def image_figure(
 
 
 def _view(
-    stats: TokenStats,
-    view: str,
-    index: int,
-    image: LoadedImage,
-    layer: int,
-    renormalise: bool,
-    prefix: str = "",
+    stats: TokenStats, view: str, index: int, image: LoadedImage, layer: int, renormalise: bool, prefix: str
 ) -> Panel:
     """A summary or comparison map: ``rollout``, ``norms`` or ``attention`` at block ``layer`` (CLS head
     mean, or the attention each patch receives without CLS; Darcet et al. 2023, Fig. 1 and 7)."""
@@ -442,12 +424,12 @@ def outlier_frequency_figure(
 
 
 def norm_histogram_figure(
-    stats: TokenStats, thresholds: np.ndarray, style: MapStyle, columns: int = 4, notes: Sequence[str] = ()
+    stats: TokenStats, thresholds: np.ndarray, style: MapStyle, notes: Sequence[str] = ()
 ) -> Figure:
-    """Small multiples, one per layer: norms of patch, register and CLS tokens over all images; linear norm
-    axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
+    """Small multiples, one per layer, four to a row: norms of patch, register and CLS tokens over all images;
+    linear norm axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
     num = len(stats.layers)
-    cols, rows = min(columns, num), math.ceil(num / min(columns, num))
+    cols, rows = min(4, num), math.ceil(num / min(4, num))
     width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
     fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)

@@ -94,15 +94,13 @@ def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
     return unique
 
 
-def default_size(
-    sources: Sequence[str], model_size: tuple[int, int], patch: int, max_images: int | None = None
-) -> tuple[int, int]:
+def default_size(sources: Sequence[str], model_size: tuple[int, int], patch: int) -> tuple[int, int]:
     """(height, width) keeping the images' aspect, so 640x427 photos on a 224 px model are read at 224x336:
     the short side is ``min(model_size)`` rounded to a patch multiple, the long side the short side times
     the images' median long / short ratio (sizes read from the file headers) rounded to a patch multiple,
     in the majority's orientation. Unreadable files are left to :func:`load_images`."""
     short = max(patch, round(min(model_size) / patch) * patch)
-    shapes = [s for s in (_shape(src) for src in list_sources(sources)[:max_images]) if s]
+    shapes = [s for s in map(_shape, list_sources(sources)) if s]
     if not shapes:
         return short, short
     ratios = np.array([max(h, w) / min(h, w) for h, w in shapes])

@@ -150,13 +150,9 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
         name = f"{textwrap.fill(p.model, 42)}\n{constant}: norms"
         pca = f"{constant}: PCA (share {p.constant_spatial_share:.2f})"
         noise = f"noise: mean norms (position share {p.noise_position_share:.2f})"
-        rows.append(
-            [
-                Panel(name, p.constant_norms[i], group="constant norms", patch=patch),
-                Panel(pca, rgb=p.constant_pca[i], patch=patch),
-                Panel(noise, p.noise_norms, group="noise norms", patch=patch),
-            ]
-        )
+        norms = Panel(name, p.constant_norms[i], group="constant norms", patch=patch)
+        noise_norms = Panel(noise, p.noise_norms, group="noise norms", patch=patch)
+        rows.append([norms, Panel(pca, rgb=p.constant_pca[i], patch=patch), noise_norms])
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
     notes = sorted({n for p in probes for n in p.notes})
     notes.append(
@@ -164,9 +160,8 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
         "feature variance over noise images due to position (intraclass correlation); PCA: one per map, "
         f"grey = the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
     )
-    return panel_grid(
-        rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes
-    )
+    title = f"Position-artifact probe: block {layer} outputs for inputs without content"
+    return panel_grid(rows, style, title, notes)
 
 
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:

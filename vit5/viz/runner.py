@@ -25,18 +25,12 @@ from vit5.model import TokenLayout, take_indices
 from vit5.model.footprint import attention_bytes
 from vit5.runtime import check_fits
 from vit5.viz import figures as F
+from vit5.viz import ttr
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect, edit_tokens, recordable
 from vit5.viz.figures import MapStyle
 from vit5.viz.images import LoadedImage, default_size, load_images
 from vit5.viz.stats import TokenStats
-from vit5.viz.ttr import (
-    NeuronSearch,
-    NeuronSearchResult,
-    check_test_time_registers,
-    find_register_neurons,
-    use_test_time_registers,
-)
 
 
 @dataclass(frozen=True)
@@ -214,7 +208,7 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
         )
         save(fig, "summary_grid")
     if "histograms" in views:
-        save(F.norm_histogram_figure(stats, report.thresholds, style, notes=notes), "norm_histograms")
+        save(F.norm_histogram_figure(stats, report.thresholds, style, notes), "norm_histograms")
         save(F.outlier_frequency_figure(stats, report, layers, style, notes), "outlier_frequency")
     if "profile" in views:
         save(F.layer_profile_figure({stats.model: report}, style, notes), "layer_profile")
@@ -250,51 +244,47 @@ def run_compare(
         model_b = replace(model_b, label=f"{model_b.label} (B)")
     stats = [_record(model, images, cfg) for model in (model_a, model_b)]
     notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
-    return _write_comparison(*stats, images, cfg, notes, Path(cfg.out) / "compare")
+    return _write_comparison(stats, images, cfg, notes, Path(cfg.out) / "compare")
 
 
 def run_ttr(
     loaded: LoadedModel,
     sources: Sequence[str],
     cfg: RunConfig,
-    search: NeuronSearch | None = None,
+    search: ttr.NeuronSearch | None = None,
     count: int = 1,
-) -> tuple[NeuronSearchResult, RunResult, RunResult]:
+) -> tuple[ttr.NeuronSearchResult, RunResult, RunResult]:
     """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
-    check_test_time_registers(loaded.model)  # before the neuron search, not after it
+    ttr.check_test_time_registers(loaded.model)  # before the neuron search, not after it
     _, images, _ = _prepare([loaded], cfg, sources)
-    search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
-    found = find_register_neurons(loaded.model, images, search)
+    search = replace(search or ttr.NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
+    found = ttr.find_register_neurons(loaded.model, images, search)
     cfg.log(found.describe())
     before = _record(loaded, images, cfg)
-    with use_test_time_registers(loaded.model, found.neurons, count):
+    with ttr.use_test_time_registers(loaded.model, found.neurons, count):
         after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg)
     out = Path(cfg.out) / "ttr"
     ttr_note = (
         f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
         f"blocks <= {found.top_layer} (Jiang et al. 2025)"
     )
-    result = _write_comparison(before, after, images, cfg, [*_notes(loaded, cfg), ttr_note], out)
+    result = _write_comparison([before, after], images, cfg, [*_notes(loaded, cfg), ttr_note], out)
     result[0].files.append(atomic_write_json(out / "register_neurons.json", asdict(found)))
     return found, *result
 
 
 def _write_comparison(
-    stats_a: TokenStats,
-    stats_b: TokenStats,
-    images: list[LoadedImage],
-    cfg: RunConfig,
-    notes: list[str],
-    out: Path,
+    both: list[TokenStats], images: list[LoadedImage], cfg: RunConfig, notes: list[str], out: Path
 ) -> tuple[RunResult, RunResult]:
+    stats_a, stats_b = both
     report_a = compute_metrics(stats_a, cfg.metrics)
     own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
     reuse = dict(thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
     report_b = compute_metrics(stats_b, cfg.metrics if own else replace(cfg.metrics, **reuse))
     results = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    style, files, layer, both = cfg.style, results[0].files, cfg.layers[-1], [stats_a, stats_b]
+    style, files, layer = cfg.style, results[0].files, cfg.layers[-1]
     save, shown = _saver(out, style, files), images[: cfg.max_figures]
     for i, image in enumerate(shown):
         save(F.compare_figure(both, i, image, layer, style, cfg.renormalise, notes), image.name)

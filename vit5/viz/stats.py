@@ -85,21 +85,16 @@ class TokenStats:
 
     @property
     def content(self) -> PatchContent | None:
-        """The :class:`PatchContent` of the images, or None when not recorded."""
         if self.pixel_variance is None:
             return None
         return PatchContent(self.pixel_variance, self.variance_percentile, self.neighbour_cosine)
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in fields(self)[5:] if getattr(self, f.name) is not None}
-
     def save(self, path: str | Path) -> Path:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
         path = Path(path)
-        arrays = {name: np.ascontiguousarray(a) for name, a in self.arrays().items()}
-        meta = {
-            f.name: getattr(self, f.name) for f in fields(self)[:5]
-        }  # model, layout, layers, names, patch
+        arrays = {f.name: getattr(self, f.name) for f in fields(self)[5:]}  # the fields after patch_size
+        arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items() if a is not None}
+        meta = {f.name: getattr(self, f.name) for f in fields(self)[:5]}  # model to patch_size
         meta = json.dumps(meta | {"layout": asdict(self.layout)})
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":

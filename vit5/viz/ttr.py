@@ -187,13 +187,10 @@ def use_test_time_registers(
         if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
             return (x, *args[1:])
         if state.get("rope_in") is not rope:  # vit5: unrotated rows for the new tokens, one table per forward
-            cos, sin = rope.cos, rope.sin
-            padded = RopeTable(
-                torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
-                torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
-                rope.layout,
-            )
-            state["rope_in"], state["rope_out"] = rope, padded
+            width = rope.cos.shape[1]
+            cos = torch.cat([rope.cos, rope.cos.new_ones(count, width)])
+            sin = torch.cat([rope.sin, rope.sin.new_zeros(count, width)])
+            state["rope_in"], state["rope_out"] = rope, RopeTable(cos, sin, rope.layout)
         return (x, state["rope_out"], *args[2:])
 
     def drop(module, args):
