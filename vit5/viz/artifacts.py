@@ -134,35 +134,22 @@ class MetricReport:
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
-        return [
-            dict(
-                metric=name,
-                layer=layer,
-                **{key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")},
-                statistic="median" if name in MEDIAN_OVER_IMAGES else "mean",
-                n_images=self.num_images,
-            )
-            for name, values in self.summary.items()
-            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers)
-        ]
+        rows, n = [], self.num_images
+        for name, values in self.summary.items():
+            statistic = "median" if name in MEDIAN_OVER_IMAGES else "mean"
+            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
+                cells = {key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")}
+                rows.append({"metric": name, "layer": layer, **cells, "statistic": statistic, "n_images": n})
+        return rows
 
     def write(self, base: str | Path) -> list[Path]:
         """``base.json`` (every number, the config and the rules) and ``base.csv`` (:meth:`rows`)."""
-        doc = dict(
-            model=self.model,
-            num_images=self.num_images,
-            layers=self.layers,
-            thresholds=[_num(t) for t in self.thresholds],
-            threshold_source=self.threshold_source,
-            confidence=self.config.ci,
-            config=asdict(self.config),
-            descriptions={name: METRICS[name] for name in self.summary},
-            metrics=self.rows(),
-            massive_activations=self.massive,
-            intervals=self.interval_note(),
-            outlier_placement=self.placement,
-            placement_rule=PLACEMENT_RULE,
-        )
+        doc = dict(model=self.model, num_images=self.num_images, layers=self.layers)
+        doc |= dict(thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source)
+        doc |= dict(confidence=self.config.ci, config=asdict(self.config))
+        doc |= dict(descriptions={name: METRICS[name] for name in self.summary}, metrics=self.rows())
+        doc |= dict(massive_activations=self.massive, intervals=self.interval_note())
+        doc |= dict(outlier_placement=self.placement, placement_rule=PLACEMENT_RULE)
         json_path, csv_path = Path(f"{base}.json"), Path(f"{base}.csv")
         return [atomic_write_json(json_path, doc), write_rows_csv(csv_path, self.rows())]
 

@@ -283,25 +283,22 @@ def image_figure(
         what, before = "attention rollout", f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
     else:
         rows, what, before, drawn, content = [[]], "patch-token norms", NORM_KIND, set(), stats.content
-        artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
+        artifact_like = stats.to_grid(content.artifact_like[index]) if content is not None else None
         for layer in layers:
             marks = second = None
             pos = stats.layer_position(layer)
             title = f"block {stats.layers[pos]}"
             if outliers is not None:
                 found = stats.to_grid(outliers[index, pos])
-                marks, second = (
-                    (found & artifact_cells, found & ~artifact_cells) if content else (found, None)
-                )
+                marks, second = (found & artifact_like, found & ~artifact_like) if content else (found, None)
                 n = int(found.sum())
                 title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
                 title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
-                drawn |= {"artifact"} if marks.any() else set()
-                drawn |= {"content"} if second is not None and second.any() else set()
+                drawn |= {k for k, m in zip(MARK_CAPTIONS, (marks, second)) if m is not None and m.any()}
             norms = norm_map(stats, index, layer)
             rows[0].append(_on(stats, image, title, norms, group(layer), marks=marks, second_marks=second))
         after = [MARK_CAPTIONS[key] for key in MARK_CAPTIONS if key in drawn]
-        if "artifact" in drawn and artifact_cells is None:
+        if "artifact" in drawn and artifact_like is None:
             after = ["red: tokens above the outlier threshold of their block"]
     return panel_grid(rows, style, _title(stats, image, what), [before, *notes, *after])
 

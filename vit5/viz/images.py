@@ -41,15 +41,13 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
     ``digits-train`` and ``digits-val``; with ``folder_labels``, folders are labelled ImageFolders."""
     found: list[ImageSource] = []
     for source in sources:
+        path = Path(source)
         if source == SKLEARN_SAMPLES:
             from sklearn.datasets import load_sample_images
 
             samples = load_sample_images()
-            found += [
-                ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)
-            ]
-            continue
-        if source in DIGITS_SOURCES:
+            found += [ImageSource(Path(f).stem, array=a) for f, a in zip(samples.filenames, samples.images)]
+        elif source in DIGITS_SOURCES:
             from vit5.data import load_digits_split
 
             split = load_digits_split(source.removeprefix("digits-"), size=32)
@@ -57,9 +55,7 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
                 for i, img, t in zip(split.source_indices, split.images, split.targets)
             ]
-            continue
-        path = Path(source)
-        if path.is_dir():
+        elif path.is_dir():
             files = image_files(path)
             if not files:
                 raise InputError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")

@@ -85,8 +85,7 @@ def position_share(features: np.ndarray) -> float:
     m, p = f.shape[:2]
     means = f.mean(axis=0)  # [P, C]
     within = ((f - means) ** 2).sum() / (p * (m - 1))
-    position = ((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m
-    position = max(position, 0.0)
+    position = max(((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m, 0.0)
     return float(position / (position + within)) if position + within > 0 else 0.0
 
 

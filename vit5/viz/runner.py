@@ -109,8 +109,7 @@ class RunConfig:
     log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
-        unknown = set(self.views) - set(VIEWS)
-        if unknown:
+        if unknown := set(self.views) - set(VIEWS):
             raise InputError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
         if self.save_raw not in (None, "npz", "safetensors"):
             raise InputError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
@@ -183,8 +182,7 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     report = compute_metrics(stats, cfg.metrics)
     result = RunResult(stats, report, images)
     notes, style, out, views = _notes(loaded, cfg), cfg.style, Path(cfg.out), cfg.views
-    save = _saver(out, style, result.files)
-    shown = images[: cfg.max_figures]
+    save, shown, renorm = _saver(out, style, result.files), images[: cfg.max_figures], cfg.renormalise
     pca, variance = (None, None) if stats.features is None else F.pca_rgb(stats.features, stats.layout.grid)
     has_cls = stats.cls_attn is not None
     if "attention" in views and not has_cls:
@@ -194,18 +192,14 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     for i, image in enumerate(shown):
         folder = f"images/{image.name}/"
         for view in per_image:
-            fig = F.image_figure(
-                view, stats, i, image, layers, style, cfg.renormalise, report.outliers, notes
-            )
+            fig = F.image_figure(view, stats, i, image, layers, style, renorm, report.outliers, notes)
             save(fig, folder + F.IMAGE_FIGURES[view])
         if pca is not None:
             save(F.pca_figure(stats, image, pca[i], variance, style, notes), folder + "pca")
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
-        fig = F.summary_figure(
-            [stats], shown, grid_views, layers[-1], style, pca, cfg.renormalise, grid_notes
-        )
+        fig = F.summary_figure([stats], shown, grid_views, layers[-1], style, pca, renorm, grid_notes)
         save(fig, "summary_grid")
     if "histograms" in views:
         save(F.norm_histogram_figure(stats, report.thresholds, style, notes), "norm_histograms")
