@@ -306,8 +306,8 @@ def image_figure(
 def _view(
     stats: TokenStats, view: str, index: int, image: LoadedImage, layer: int, renormalise: bool, prefix: str
 ) -> Panel:
-    """A summary or comparison map: ``rollout``, ``norms`` or ``attention`` at block ``layer`` (CLS head
-    mean, or the attention each patch receives without CLS; Darcet et al. 2023, Fig. 1 and 7)."""
+    """A summary or comparison map at ``layer``: rollout, norms or attention (CLS head mean; without CLS,
+    the attention each patch receives, where sinks show: Darcet et al. 2023, Fig. 1 and 7)."""
     at = stats.layers[stats.layer_position(layer)]
     if view == "rollout":
         return _on(stats, image, prefix + "rollout", rollout_map(stats, index), "rollout")

@@ -76,17 +76,12 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
                 f"or {' / '.join(DIGITS_SOURCES)}"
             )
-    return _unique_names(found)
-
-
-def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # names made safe for files and unique: a repeated one gets _2, _3, ...
     unique = []
-    for src in sources:
+    for src in found:
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
         seen[base] = seen.get(base, 0) + 1
-        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        unique.append(replace(src, name=name))
+        unique.append(replace(src, name=base if seen[base] == 1 else f"{base}_{seen[base]}"))
     return unique
 
 

@@ -128,8 +128,7 @@ class RunResult:
 def _prepare(
     models: Sequence[LoadedModel], cfg: RunConfig, sources: Sequence[str], size=None, patch: int | None = None
 ) -> tuple[ModelInfo, list[LoadedImage], list[int]]:
-    """Check every model at the run's size before any image is decoded at it, then load the images; returns
-    the last model's description, the images and the drawn layers."""
+    """Check every model at the run's size before any image is decoded at it, then load the images."""
     for loaded in models:
         info = describe(loaded.model)
         size = tuple(size or cfg.size or default_size(sources, info.img_size, info.patch_size))

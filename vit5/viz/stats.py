@@ -125,8 +125,7 @@ class TokenStats:
 
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
-    """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over
-    patches."""
+    """CLS-to-patch attention per head ``[H, h, w]``: raw (a share of *all* tokens) or renormalised."""
     if stats.cls_attn is None:
         raise InputError(
             f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"
@@ -194,8 +193,7 @@ def patch_content(rgb: np.ndarray, patch: int) -> PatchContent:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, na: np.ndarray, nb: np.ndarray) -> np.ndarray:
-    """Cosine of centred pixel vectors; two patches both at the mean colour are identical (1), one at the
-    mean and one not are unrelated (0)."""
+    """Cosine of centred pixel vectors; both at the mean colour: identical (1), one of them: unrelated (0)."""
     flat_a, flat_b = na < _EPS, nb < _EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = (a * b).sum(axis=-1) / (na * nb)
