@@ -164,12 +164,12 @@ def test_compare_suggests_a_size_both_patch_sizes_divide(tmp_path, capsys):
 
 
 def test_ttr_refuses_a_model_with_registers_before_its_neuron_search(tmp_path, capsys, monkeypatch):
-    import vit5.viz.runner as runner
+    import vit5.viz.ttr as ttr  # the runner calls ttr.find_register_neurons
 
     def searched(*args, **kwargs):
         raise AssertionError("the neuron search ran")
 
-    monkeypatch.setattr(runner, "find_register_neurons", searched)
+    monkeypatch.setattr(ttr, "find_register_neurons", searched)
     argv = ["viz", "ttr", "--model", "vit5_tiny", "--random-init", "--model-args", *TINY, "num_registers=4"]
     code, _, err = run([*argv, "--images", "sklearn-samples", "--out", str(tmp_path / "t")], capsys)
     assert code == 2 and "already has 4 trained registers" in err

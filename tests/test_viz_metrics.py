@@ -65,7 +65,7 @@ def test_about_zero_outliers_without_the_hook(clean_and_planted):
 def test_reference_thresholds_are_reused_for_the_twin(clean_and_planted, tmp_path):
     clean, planted = clean_and_planted
     reference = compute_metrics(clean, MetricConfig(n_boot=50))
-    thresholds, source = load_thresholds(reference.write_json(tmp_path / "metrics.json"))
+    thresholds, source = load_thresholds(reference.write(tmp_path / "metrics")[0])
     reused = compute_metrics(planted, MetricConfig(thresholds=thresholds, threshold_source=source, n_boot=50))
     np.testing.assert_allclose(reused.thresholds, reference.thresholds)
     assert "reused from clean" in reused.threshold_source

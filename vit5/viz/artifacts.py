@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import entropy
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
@@ -85,17 +86,10 @@ METRICS: dict[str, str] = {
         "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like"
     ),
 }
-TABLE_COLUMNS = {
-    "outlier_ratio": "OTR",
-    "max_median_ratio": "max/med",
-    "norm_kurtosis": "kurt",
-    "cls_entropy": "CLS H",
-    "cls_outlier_mass": "CLS>out",
-    "cls_register_mass": "CLS>reg",
-    "patch_register_mass": "patch>reg",
-    "sink_rate": "sink",
-    "massive_ratio": "MA top/med",
-}
+# the metrics of the printed table and their column heads
+TABLE_COLUMNS = {"outlier_ratio": "OTR", "max_median_ratio": "max/med", "norm_kurtosis": "kurt"}
+TABLE_COLUMNS |= {"cls_entropy": "CLS H", "cls_outlier_mass": "CLS>out", "cls_register_mass": "CLS>reg"}
+TABLE_COLUMNS |= {"patch_register_mass": "patch>reg", "sink_rate": "sink", "massive_ratio": "MA top/med"}
 
 
 def aligned(lines: list[list[str]]) -> str:
@@ -121,16 +115,13 @@ class MetricReport:
     threshold_source: str
     config: MetricConfig
     per_image: dict[str, np.ndarray]  # name -> [B, L]
-    summary: dict[str, dict[str, np.ndarray]] = field(
-        default_factory=dict
-    )  # name -> value/ci_low/ci_high [L]
+    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value/ci_low/ci_high
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
     massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
     placement: list[dict] | None = None  # per layer: artifact-like / content-like outliers
 
     @property
     def intervals(self) -> bool:
-        """Whether bootstrap intervals were computed (at least MIN_BOOTSTRAP_IMAGES images)."""
         return self.num_images >= MIN_BOOTSTRAP_IMAGES
 
     def interval_note(self) -> str:
@@ -143,47 +134,31 @@ class MetricReport:
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
-        return [
-            dict(
-                metric=name,
-                layer=layer,
-                **{key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")},
-                statistic="median" if name in MEDIAN_OVER_IMAGES else "mean",
-                n_images=self.num_images,
-            )
-            for name, values in self.summary.items()
-            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers)
-        ]
+        rows, n = [], self.num_images
+        for name, values in self.summary.items():
+            statistic = "median" if name in MEDIAN_OVER_IMAGES else "mean"
+            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
+                cells = {key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")}
+                rows.append({"metric": name, "layer": layer, **cells, "statistic": statistic, "n_images": n})
+        return rows
 
-    def write_json(self, path: str | Path) -> Path:
-        doc = dict(
-            model=self.model,
-            num_images=self.num_images,
-            layers=self.layers,
-            thresholds=[_num(t) for t in self.thresholds],
-            threshold_source=self.threshold_source,
-            confidence=self.config.ci,
-            config=asdict(self.config),
-            descriptions={name: METRICS[name] for name in self.summary},
-            metrics=self.rows(),
-            massive_activations=self.massive,
-            intervals=self.interval_note(),
-            outlier_placement=self.placement,
-            placement_rule=PLACEMENT_RULE,
-        )
-        return atomic_write_json(Path(path), doc)
-
-    def write_csv(self, path: str | Path) -> Path:
-        return write_rows_csv(Path(path), self.rows())
+    def write(self, base: str | Path) -> list[Path]:
+        """``base.json`` (every number, the config and the rules) and ``base.csv`` (:meth:`rows`)."""
+        doc = dict(model=self.model, num_images=self.num_images, layers=self.layers)
+        doc |= dict(thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source)
+        doc |= dict(confidence=self.config.ci, config=asdict(self.config))
+        doc |= dict(descriptions={name: METRICS[name] for name in self.summary}, metrics=self.rows())
+        doc |= dict(massive_activations=self.massive, intervals=self.interval_note())
+        doc |= dict(outlier_placement=self.placement, placement_rule=PLACEMENT_RULE)
+        json_path, csv_path = Path(f"{base}.json"), Path(f"{base}.csv")
+        return [atomic_write_json(json_path, doc), write_rows_csv(csv_path, self.rows())]
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
         are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
-        lines = [
-            ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
-            + ["outliers art/cont"] * bool(self.placement)
-        ]
+        header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
+        lines = [header + ["outliers art/cont"] * bool(self.placement)]
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:
@@ -266,23 +241,17 @@ def excess_kurtosis(patch_norms: np.ndarray) -> np.ndarray:
         return np.where(m2 > 0, m4 / m2**2 - 3.0, np.nan)
 
 
-def _entropy(cls_to_patches: np.ndarray) -> np.ndarray:
-    """Entropy ``[B, L, H]`` of CLS attention renormalised over the patches."""
-    p = cls_to_patches / cls_to_patches.sum(axis=-1, keepdims=True)
-    return -(p * np.log(np.clip(p, 1e-30, None))).sum(axis=-1)
-
-
 def cls_entropy(cls_to_patches: np.ndarray) -> np.ndarray:
     """M5: ``[B, L, H, P] -> [B, L]`` entropy of the renormalised CLS attention / ``log P``, head mean
     (1 = uniform over patches, 0 = one patch)."""
     if cls_to_patches.shape[-1] < 2:
         return np.full(cls_to_patches.shape[:2], np.nan)
-    return (_entropy(cls_to_patches) / np.log(cls_to_patches.shape[-1])).mean(axis=-1)
+    return (entropy(cls_to_patches, axis=-1) / np.log(cls_to_patches.shape[-1])).mean(axis=-1)
 
 
 def cls_effective_tokens(cls_to_patches: np.ndarray) -> np.ndarray:
     """M5 companion: ``exp(entropy)`` of the renormalised CLS attention, averaged over heads."""
-    return np.exp(_entropy(cls_to_patches)).mean(axis=-1)
+    return np.exp(entropy(cls_to_patches, axis=-1)).mean(axis=-1)
 
 
 def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarray) -> np.ndarray:
@@ -331,16 +300,13 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
         ref = np.asarray(cfg.thresholds, dtype=np.float64)
         if ref.size == num_layers:
             return ref, cfg.threshold_source or "reused from a reference model"
-        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(
-            int
-        )  # another depth: same relative depth
+        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)  # the same relative depth
         source = cfg.threshold_source or "reference model"
         return ref[at], f"{source} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
         return np.full(num_layers, cfg.threshold), f"explicit norm {cfg.threshold:g}"
-    return layer_thresholds(
-        stats.patch_values(stats.norms), cfg.k
-    ), f"log-norm median + {cfg.k:g} MAD of this model"
+    thresholds = layer_thresholds(stats.patch_values(stats.norms), cfg.k)
+    return thresholds, f"log-norm median + {cfg.k:g} MAD of this model"
 
 
 def per_image_metrics(
@@ -415,19 +381,8 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
         ]
     content = stats.content
     placement = classify_outliers(outliers, content, list(stats.layers)) if content is not None else None
-    return MetricReport(
-        stats.model,
-        stats.num_images,
-        stats.layers,
-        thresholds,
-        source,
-        cfg,
-        values,
-        summary,
-        outliers,
-        massive,
-        placement,
-    )
+    head = stats.model, stats.num_images, stats.layers, thresholds, source, cfg
+    return MetricReport(*head, values, summary, outliers, massive, placement)
 
 
 def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:

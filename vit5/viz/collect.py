@@ -60,9 +60,7 @@ def capture(
     with ExitStack() as stack:
 
         def hook(module: nn.Module, fn: Callable) -> None:
-            """``fn(inputs, output)`` after ``module`` runs; what it returns is dropped."""
-
-            def run(module, inputs, output) -> None:
+            def run(module, inputs, output) -> None:  # fn's result is dropped: it must not replace output
                 fn(inputs, output)
 
             stack.callback(module.register_forward_hook(run).remove)
@@ -161,10 +159,8 @@ def collect(
         rows.clear()
         rollout = None
         x = to_batch(batch, info.mean, info.std).to(cfg.device)
-        with torch.no_grad(), capture(net, on_layer=reduce) as rec:
+        with torch.no_grad(), capture(net, on_layer=reduce):
             out = net.forward_features(x)
-        if rec.layout != layout:
-            raise RuntimeError(f"recorded layout {rec.layout} differs from the expected {layout}")
         kept = max(0, min(len(batch), cfg.keep_features - start))
         if layout.cls_index is not None:  # the rollout row of CLS, or the mean of the patch rows
             rollout = rollout[:, layout.cls_index]

@@ -26,16 +26,7 @@ from vit5.errors import InputError
 from vit5.plotstyle import metric_label
 from vit5.viz.artifacts import MetricReport
 from vit5.viz.images import LoadedImage
-from vit5.viz.stats import (
-    TokenStats,
-    classify_outliers,
-    cls_maps,
-    norm_map,
-    outlier_map,
-    received_map,
-    register_maps,
-    rollout_map,
-)
+from vit5.viz.stats import TokenStats, cls_maps, norm_map, received_map, register_maps, rollout_map
 
 PCA_CLIP = (1.0, 99.0)  # percentiles each PCA component is scaled between (and clipped at)
 RAW = "raw: share of all tokens, so CLS and registers hold the rest"
@@ -72,7 +63,6 @@ class MapStyle:
             raise InputError(f"figure formats are png, pdf or svg, got {list(self.formats)}")
 
     def title_or(self, default: str) -> str:
-        """The title a figure gets: ``title`` when set (also ``""``), else its own."""
         return default if self.title is None else self.title
 
     def suptitle(self, fig: Figure, default: str) -> None:
@@ -103,17 +93,14 @@ class Panel:
 
 def upsample(values: np.ndarray, patch: int, mode: str = "nearest") -> np.ndarray:
     """Per-patch ``[h, w]`` to per-pixel ``[h * patch, w * patch]``."""
-    if mode == "nearest":
-        return np.repeat(np.repeat(values, patch, axis=0), patch, axis=1)
-    h, w = values.shape
-    return cv2.resize(values.astype(np.float32), (w * patch, h * patch), interpolation=cv2.INTER_LINEAR)
+    flag = cv2.INTER_NEAREST if mode == "nearest" else cv2.INTER_LINEAR  # nearest: each value p x p times
+    return cv2.resize(values.astype(np.float32), None, fx=patch, fy=patch, interpolation=flag)
 
 
 def color_limits(
     arrays: Sequence[np.ndarray], clip_percentile: float | None, label: str = ""
 ) -> tuple[float, float, str]:
-    """One colour scale ``(vmin, vmax, note)`` for all ``arrays``; clipped at a percentile only when asked,
-    and then noted."""
+    """One colour scale ``(vmin, vmax, note)`` for all ``arrays``, clipped at a percentile only when asked."""
     values = np.concatenate([np.ravel(a) for a in arrays]).astype(np.float64)
     values = values[np.isfinite(values)]
     if values.size == 0:
@@ -146,16 +133,15 @@ def _header_height(title_lines: int) -> float:
 
 
 def map_inches(cols: int, style: MapStyle) -> float:
-    """Width of one map in a row of ``cols`` panels: ``style.panel_inches``, or less so the row fits the
-    text width, but never under an inch."""
+    """One map's width in a row of ``cols``: ``style.panel_inches``, less to fit the text width, >= 1 inch."""
     return max(_MIN_MAP, min(style.panel_inches, S.TEXT_WIDTH / cols - _CELL_EXTRA))
 
 
 def figure_size(
     rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0, title_lines: int = 1
 ) -> tuple[float, float]:
-    """Inches of a grid of panels showing maps of width / height ``aspect`` (plus colorbars, titles, notes),
-    at least :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
+    """Inches of a grid of maps of width / height ``aspect`` with colorbars, titles and notes, at least
+    :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
     map_w = map_inches(cols, style)
     width = max(cols * (map_w + _CELL_EXTRA), S.MIN_WIDTH)
     height = rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines)
@@ -171,9 +157,8 @@ def panel_grid(
     notes: Sequence[str] = (),
     fixed_limits: Mapping[str, tuple[float, float]] | None = None,
 ) -> Figure:
-    """Draw panels row by row (``None`` leaves a cell empty) on a computed grid of exactly
-    :func:`figure_size`, every map filling its axes. Panels of one group share a colour scale: their joint
-    range, or ``fixed_limits[group]``."""
+    """Draw panels row by row (``None``: an empty cell) on a grid of exactly :func:`figure_size`; panels of
+    one group share a colour scale: their joint range, or ``fixed_limits[group]``."""
     cols = max(len(r) for r in rows)
     panels = [p for r in rows for p in r if p is not None]
     h_px, w_px = panels[0].shape
@@ -201,10 +186,8 @@ def panel_grid(
                 continue
             left = margin + j * cell_w + _PAD
             ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
-            cax = None
-            if panel.values is not None:
-                cax_left = left + map_w + _CBAR_GAP
-                cax = fig.add_axes((cax_left / width, bottom / height, _CBAR_W / width, map_h / height))
+            bar = ((left + map_w + _CBAR_GAP) / width, bottom / height, _CBAR_W / width, map_h / height)
+            cax = fig.add_axes(bar) if panel.values is not None else None  # the colorbar's axes
             _draw(fig, ax, cax, panel, style, limits.get(panel.group))
     if title:
         fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
@@ -230,15 +213,12 @@ def _draw(
         norm = Normalize(limits[0], limits[1])
         values = upsample(panel.values, patch, style.upsample)
         ax.imshow(values, extent=extent, cmap=style.cmap, norm=norm, alpha=alpha, interpolation="nearest")
-        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax)
+        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax, ticks=MaxNLocator(4))
         colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
-        colorbar.locator = MaxNLocator(4)
-        colorbar.update_ticks()
     for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
         for r, c in zip(*np.nonzero(marks)) if marks is not None else ():
-            ax.add_patch(
-                Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
-            )
+            box = Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
+            ax.add_patch(box)
     ax.set(xlim=(0, w), ylim=(h, 0), aspect="auto")  # the axes box already has the map's aspect
     ax.set_axis_off()
     ax.set_title(panel.title, fontsize=S.FONT, pad=3)
@@ -246,9 +226,8 @@ def _draw(
 
 def save_figure(fig: Figure, base: str | Path, formats: Sequence[str]) -> list[Path]:
     """Write ``base.<fmt>`` for each format; returns the paths."""
-    base = Path(base)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    paths = [base.parent / f"{base.name}.{fmt}" for fmt in formats]
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    paths = [Path(f"{base}.{fmt}") for fmt in formats]
     for path, fmt in zip(paths, formats):
         fig.savefig(path, format=fmt, dpi=fig.dpi)
     return paths
@@ -259,7 +238,6 @@ def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
 
 
 def _on(stats: TokenStats, image: LoadedImage, title: str, values: np.ndarray, group: str, **marks) -> Panel:
-    """A map of ``stats`` over ``image``."""
     return Panel(title, values, image.rgb, group=group, patch=stats.patch_size, **marks)
 
 
@@ -299,48 +277,37 @@ def image_figure(
             rows.append([_on(stats, image, f"layer {layer} register {r}", m, group(layer)) for r, m in maps])
         what, before = "register-to-patch attention (head mean)", RAW
     elif view == "rollout":
-        values, source = (
-            rollout_map(stats, index),
-            "CLS" if stats.layout.cls_index is not None else "mean patch",
-        )
+        values, source = rollout_map(stats, index), "CLS" if stats.cls_attn is not None else "mean patch"
         alone = Panel("map", values, group="rollout", patch=stats.patch_size)
         rows = [[_on(stats, image, "on the image", values, "rollout"), alone]]
         what, before = "attention rollout", f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
     else:
         rows, what, before, drawn, content = [[]], "patch-token norms", NORM_KIND, set(), stats.content
-        artifact_cells = stats.to_grid(content.artifact_like[index]) if content is not None else None
+        artifact_like = stats.to_grid(content.artifact_like[index]) if content is not None else None
         for layer in layers:
             marks = second = None
-            title = f"block {stats.layers[stats.layer_position(layer)]}"
+            pos = stats.layer_position(layer)
+            title = f"block {stats.layers[pos]}"
             if outliers is not None:
-                found = outlier_map(outliers, stats, index, layer)
-                marks, second = (
-                    (found & artifact_cells, found & ~artifact_cells) if content else (found, None)
-                )
+                found = stats.to_grid(outliers[index, pos])
+                marks, second = (found & artifact_like, found & ~artifact_like) if content else (found, None)
                 n = int(found.sum())
                 title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
                 title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
-                drawn |= {"artifact"} if marks.any() else set()
-                drawn |= {"content"} if second is not None and second.any() else set()
+                drawn |= {k for k, m in zip(MARK_CAPTIONS, (marks, second)) if m is not None and m.any()}
             norms = norm_map(stats, index, layer)
             rows[0].append(_on(stats, image, title, norms, group(layer), marks=marks, second_marks=second))
         after = [MARK_CAPTIONS[key] for key in MARK_CAPTIONS if key in drawn]
-        if "artifact" in drawn and artifact_cells is None:
+        if "artifact" in drawn and artifact_like is None:
             after = ["red: tokens above the outlier threshold of their block"]
     return panel_grid(rows, style, _title(stats, image, what), [before, *notes, *after])
 
 
 def _view(
-    stats: TokenStats,
-    view: str,
-    index: int,
-    image: LoadedImage,
-    layer: int,
-    renormalise: bool,
-    prefix: str = "",
+    stats: TokenStats, view: str, index: int, image: LoadedImage, layer: int, renormalise: bool, prefix: str
 ) -> Panel:
-    """A summary or comparison map: ``rollout``, ``norms`` or ``attention`` at block ``layer`` (CLS head
-    mean, or the attention each patch receives without CLS; Darcet et al. 2023, Fig. 1 and 7)."""
+    """A summary or comparison map at ``layer``: rollout, norms or attention (CLS head mean; without CLS,
+    the attention each patch receives, where sinks show: Darcet et al. 2023, Fig. 1 and 7)."""
     at = stats.layers[stats.layer_position(layer)]
     if view == "rollout":
         return _on(stats, image, prefix + "rollout", rollout_map(stats, index), "rollout")
@@ -404,8 +371,6 @@ def pca_rgb(features: np.ndarray, grid: tuple[int, int]) -> tuple[np.ndarray, np
     colour means the same direction in each: RGB maps ``[B, h, w, 3]`` in [0, 1] (each component scaled
     between its :data:`PCA_CLIP` percentiles and clipped) and the explained variance ratios ``[3]``."""
     b, p, c = features.shape
-    if p != grid[0] * grid[1]:
-        raise InputError(f"{p} patch features do not fill a {grid[0]}x{grid[1]} grid")
     if b * p < 3 or c < 3:
         raise InputError(
             f"PCA to RGB needs at least 3 patch tokens and 3 channels, got {b * p} tokens of {c} channels"
@@ -429,53 +394,39 @@ def pca_note(variance: np.ndarray) -> str:
 def pca_figure(
     stats: TokenStats, image: LoadedImage, rgb: np.ndarray, variance: np.ndarray, style: MapStyle, notes=()
 ) -> Figure:
-    panels = [
-        Panel("image", image=image.rgb, patch=stats.patch_size),
-        Panel("PCA of patch features", rgb=rgb, patch=stats.patch_size),
-    ]
-    return panel_grid(
-        [panels], style, _title(stats, image, "PCA of dense features"), [*notes, pca_note(variance)]
-    )
+    p, title = stats.patch_size, _title(stats, image, "PCA of dense features")
+    panels = [Panel("image", image=image.rgb, patch=p), Panel("PCA of patch features", rgb=rgb, patch=p)]
+    return panel_grid([panels], style, title, [*notes, pca_note(variance)])
 
 
 def outlier_frequency_figure(
-    stats: TokenStats, outliers: np.ndarray, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
+    stats: TokenStats, report: MetricReport, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
 ) -> Figure:
     """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10; shows border
     bias and stripes from position-embedding interpolation); one scale, 0 to 1, and the outliers'
-    placement when the images' content was recorded."""
+    placement (``report.placement``) when the images' content was recorded."""
     positions = [stats.layer_position(layer) for layer in layers]
-    panels = [
-        Panel(
-            f"layer {layer}",
-            stats.to_grid(outliers[:, pos].mean(axis=0)),
-            group="share",
-            patch=stats.patch_size,
-        )
-        for layer, pos in zip(layers, positions)
-    ]
+    shares = [stats.to_grid(report.outliers[:, pos].mean(axis=0)) for pos in positions]
+    panels = [Panel(f"layer {n}", s, group="share", patch=stats.patch_size) for n, s in zip(layers, shares)]
     title = f"{stats.model}: images with an outlier token at each position ({stats.num_images} images)"
     placement = []
-    if stats.content is not None:
-        for e in classify_outliers(
-            outliers[:, positions], stats.content, [stats.layers[p] for p in positions]
-        ):
-            n = e["outliers"]
-            where = (
-                f"{e['artifact_like']} of {n} outliers artifact-like (flat, like their neighbours), "
-                f"{e['content_like']} content-like"
-            )
-            placement.append(f"block {e['layer']}: {where if n else 'no outliers'}")
+    for e in [report.placement[pos] for pos in positions] if report.placement else []:
+        n = e["outliers"]
+        where = (
+            f"{e['artifact_like']} of {n} outliers artifact-like (flat, like their neighbours), "
+            f"{e['content_like']} content-like"
+        )
+        placement.append(f"block {e['layer']}: {where if n else 'no outliers'}")
     return panel_grid([panels], style, title, [*notes, *placement], fixed_limits={"share": (0.0, 1.0)})
 
 
 def norm_histogram_figure(
-    stats: TokenStats, thresholds: np.ndarray, style: MapStyle, columns: int = 4, notes: Sequence[str] = ()
+    stats: TokenStats, thresholds: np.ndarray, style: MapStyle, notes: Sequence[str] = ()
 ) -> Figure:
-    """Small multiples, one per layer: norms of patch, register and CLS tokens over all images; linear norm
-    axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
+    """Small multiples, one per layer, four to a row: norms of patch, register and CLS tokens over all images;
+    linear norm axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
     num = len(stats.layers)
-    cols, rows = min(columns, num), math.ceil(num / min(columns, num))
+    cols, rows = min(4, num), math.ceil(num / min(4, num))
     width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
     fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
@@ -538,8 +489,7 @@ def layer_profile_figure(
     first = next(iter(reports.values()))
     style.suptitle(fig, f"Layer profile: {', '.join(reports)}")
     bands = f"bands: {int(first.config.ci * 100)}% bootstrap over images" if first.intervals else None
-    bands = bands or first.interval_note()
-    S.finish(fig, [bands, *notes], axes, ncol=2 if several else 3)
+    S.finish(fig, [bands or first.interval_note(), *notes], axes, ncol=2 if several else 3)
     return fig
 
 
@@ -563,8 +513,7 @@ def massive_activation_figure(
         ax.plot(layers, stats.massive_median.mean(axis=0), label="median", **S.line_kwargs(0, 3, "#555555"))
         previous = None
         for where, y in zip(report.massive or [], top[:, 0]):
-            text = _massive_tag(where)
-            if text == previous:
+            if (text := _massive_tag(where)) == previous:
                 continue
             previous = text
             late = where["layer"] > (layers[0] + layers[-1]) / 2

@@ -41,15 +41,13 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
     ``digits-train`` and ``digits-val``; with ``folder_labels``, folders are labelled ImageFolders."""
     found: list[ImageSource] = []
     for source in sources:
+        path = Path(source)
         if source == SKLEARN_SAMPLES:
             from sklearn.datasets import load_sample_images
 
             samples = load_sample_images()
-            found += [
-                ImageSource(Path(f).stem, array=img) for f, img in zip(samples.filenames, samples.images)
-            ]
-            continue
-        if source in DIGITS_SOURCES:
+            found += [ImageSource(Path(f).stem, array=a) for f, a in zip(samples.filenames, samples.images)]
+        elif source in DIGITS_SOURCES:
             from vit5.data import load_digits_split
 
             split = load_digits_split(source.removeprefix("digits-"), size=32)
@@ -57,9 +55,7 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
                 for i, img, t in zip(split.source_indices, split.images, split.targets)
             ]
-            continue
-        path = Path(source)
-        if path.is_dir():
+        elif path.is_dir():
             files = image_files(path)
             if not files:
                 raise InputError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
@@ -80,29 +76,22 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                 f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
                 f"or {' / '.join(DIGITS_SOURCES)}"
             )
-    return _unique_names(found)
-
-
-def _unique_names(sources: list[ImageSource]) -> list[ImageSource]:
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # names made safe for files and unique: a repeated one gets _2, _3, ...
     unique = []
-    for src in sources:
+    for src in found:
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
         seen[base] = seen.get(base, 0) + 1
-        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-        unique.append(replace(src, name=name))
+        unique.append(replace(src, name=base if seen[base] == 1 else f"{base}_{seen[base]}"))
     return unique
 
 
-def default_size(
-    sources: Sequence[str], model_size: tuple[int, int], patch: int, max_images: int | None = None
-) -> tuple[int, int]:
+def default_size(sources: Sequence[str], model_size: tuple[int, int], patch: int) -> tuple[int, int]:
     """(height, width) keeping the images' aspect, so 640x427 photos on a 224 px model are read at 224x336:
     the short side is ``min(model_size)`` rounded to a patch multiple, the long side the short side times
     the images' median long / short ratio (sizes read from the file headers) rounded to a patch multiple,
     in the majority's orientation. Unreadable files are left to :func:`load_images`."""
     short = max(patch, round(min(model_size) / patch) * patch)
-    shapes = [s for s in (_shape(src) for src in list_sources(sources)[:max_images]) if s]
+    shapes = [s for s in map(_shape, list_sources(sources)) if s]
     if not shapes:
         return short, short
     ratios = np.array([max(h, w) / min(h, w) for h, w in shapes])

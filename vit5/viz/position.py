@@ -85,8 +85,7 @@ def position_share(features: np.ndarray) -> float:
     m, p = f.shape[:2]
     means = f.mean(axis=0)  # [P, C]
     within = ((f - means) ** 2).sum() / (p * (m - 1))
-    position = ((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m
-    position = max(position, 0.0)
+    position = max(((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m, 0.0)
     return float(position / (position + within)) if position + within > 0 else 0.0
 
 
@@ -122,7 +121,6 @@ def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, d
 def run_position_probe(
     model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(), notes: Sequence[str] = ()
 ) -> PositionProbe:
-    """Probe one model (see the module docstring)."""
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
     info.grid(size)
@@ -134,19 +132,10 @@ def run_position_probe(
     grid = info.layout(size).grid
     constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
     norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
-    return PositionProbe(
-        label,
-        layer,
-        grid,
-        info.patch_size,
-        tuple(cfg.levels),
-        norms,
-        constant_pca,
-        np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid),
-        float(constant_spatial_share(f_const).mean()),
-        position_share(f_noise),
-        tuple(notes),
-    )
+    noise_norms = np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid)
+    maps = (grid, info.patch_size, tuple(cfg.levels), norms, constant_pca, noise_norms)
+    shares = float(constant_spatial_share(f_const).mean()), position_share(f_noise)
+    return PositionProbe(label, layer, *maps, *shares, tuple(notes))
 
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
@@ -160,13 +149,9 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
         name = f"{textwrap.fill(p.model, 42)}\n{constant}: norms"
         pca = f"{constant}: PCA (share {p.constant_spatial_share:.2f})"
         noise = f"noise: mean norms (position share {p.noise_position_share:.2f})"
-        rows.append(
-            [
-                Panel(name, p.constant_norms[i], group="constant norms", patch=patch),
-                Panel(pca, rgb=p.constant_pca[i], patch=patch),
-                Panel(noise, p.noise_norms, group="noise norms", patch=patch),
-            ]
-        )
+        norms = Panel(name, p.constant_norms[i], group="constant norms", patch=patch)
+        noise_norms = Panel(noise, p.noise_norms, group="noise norms", patch=patch)
+        rows.append([norms, Panel(pca, rgb=p.constant_pca[i], patch=patch), noise_norms])
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
     notes = sorted({n for p in probes for n in p.notes})
     notes.append(
@@ -174,9 +159,8 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
         "feature variance over noise images due to position (intraclass correlation); PCA: one per map, "
         f"grey = the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
     )
-    return panel_grid(
-        rows, style, f"Position-artifact probe: block {layer} outputs for inputs without content", notes
-    )
+    title = f"Position-artifact probe: block {layer} outputs for inputs without content"
+    return panel_grid(rows, style, title, notes)
 
 
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:

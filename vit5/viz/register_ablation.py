@@ -35,8 +35,7 @@ TABLE_HEADER = tuple(
 
 @contextmanager
 def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
-    """Call ``edit(position, registers [B, R, C]) -> registers or None`` where :func:`edit_tokens` edits
-    tokens; a returned tensor replaces the registers."""
+    """:func:`edit_tokens` on the registers: ``edit(position, registers [B, R, C])`` may return new ones."""
     info = describe(model)
     if info.num_registers == 0:
         raise InputError(
@@ -99,9 +98,7 @@ def ablate_registers(
         if method == "mean":
             return reference[position].to(registers).expand_as(registers)
         noise = torch.randn(registers.shape, generator=generator).to(registers)
-        return noise * (
-            registers.norm(dim=-1, keepdim=True) / noise.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        )
+        return F.normalize(noise, dim=-1, eps=1e-12) * registers.norm(dim=-1, keepdim=True)
 
     with _register_hooks(model, edit):
         yield
@@ -137,16 +134,14 @@ class Outputs:
 
 @torch.no_grad()
 def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int, device: str) -> Outputs:
-    net = unwrap(model).eval().to(device)
-    layout = describe(net).layout(images[0].rgb.shape[:2])
+    net, info = unwrap(model).eval().to(device), describe(model)
+    layout, has_head = info.layout(images[0].rgb.shape[:2]), getattr(net, "num_classes", 0) > 0
     patches, pooled, logits = [], [], []
-    has_head = getattr(net, "num_classes", 0) > 0
-    for x in batches(images, describe(net), batch_size, device):
+    for x in batches(images, info, batch_size, device):
         tokens = net.forward_features(x)
         patches.append(layout.patches(tokens).float().cpu())
         pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
-        if has_head:
-            logits.append(net.forward_head(tokens).float().cpu())
+        logits += [net.forward_head(tokens).float().cpu()] if has_head else []
     return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
 
 
@@ -268,9 +263,9 @@ def run_ablation(
     return AblationReport(label, len(images), len(reference), cfg, rows, list(notes))
 
 
-ABLATION_PANELS = (
-    ("change in top-1 (pp)", "top1"),
-    ("change in kNN accuracy (pp)", "knn"),
+ABLATION_PANELS = (  # title, key of AblationReport.records()
+    ("change in top-1 (pp)", "top1_change_pp"),
+    ("change in kNN accuracy (pp)", "knn_change_pp"),
     ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
     ("kNN overlap with unablated", "knn_overlap"),
 )
@@ -282,28 +277,23 @@ def ablation_figure(report: AblationReport, dpi: int = S.DPI) -> Figure:
     fig = Figure(figsize=(S.TEXT_WIDTH, 5.0), dpi=dpi, layout="constrained")
     axes = list(fig.subplots(2, 2).flat)
     places, methods = list(report.config.places), list(report.config.methods)
-    rows = {(r.method, r.place): r for r in report.rows}
+    records = {(r["method"], r["place"]): r for r in report.records()}
+    ticks = ["at the input" if p == "input" else "after every block" for p in places]
     width = 0.8 / len(methods)
-    for ax, (name, metric) in zip(axes, ABLATION_PANELS):
+    for ax, (name, key) in zip(axes, ABLATION_PANELS):
         for m, method in enumerate(methods):
-            values = []
-            for place in places:
-                row = rows[method, place]
-                value = report.change(row, metric) if metric in ("top1", "knn") else getattr(row, metric)
-                value = 1.0 - value if metric == "patch_cosine" else value
-                values.append(np.nan if value is None else value)
+            values = [records[method, place][key] for place in places]
+            values = [1.0 - v if key == "patch_cosine" else np.nan if v is None else v for v in values]
             xs = np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width
             bars = ax.bar(xs, values, width, label=method, color=S.model_colour(m))
             ax.bar_label(bars, fmt="%.2g", fontsize=S.FONT_SMALL, padding=1)
-        if all(getattr(r, metric) is None for r in report.rows):
+        if all(r[key] is None for r in records.values()):
             ax.text(0.5, 0.5, "needs labels", ha="center", va="center", transform=ax.transAxes)
-        if metric != "patch_cosine":
-            ax.axhline(0 if metric in ("top1", "knn") else 1, color="black", linewidth=0.6)
+        if key != "patch_cosine":
+            ax.axhline(1 if key == "knn_overlap" else 0, color="black", linewidth=0.6)
         elif any(1.0 - r.patch_cosine > 0 for r in report.rows):
             ax.set_yscale("log")
-        ax.set_xticks(
-            range(len(places)), ["at the input" if p == "input" else "after every block" for p in places]
-        )
+        ax.set_xticks(range(len(places)), ticks)
         S.style_axes(ax, name)
         ax.margins(y=0.15)
     title = (

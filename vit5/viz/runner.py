@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from matplotlib.figure import Figure
 from torch import nn
 
 from vit5.errors import InputError
@@ -24,18 +25,12 @@ from vit5.model import TokenLayout, take_indices
 from vit5.model.footprint import attention_bytes
 from vit5.runtime import check_fits
 from vit5.viz import figures as F
+from vit5.viz import ttr
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect, edit_tokens, recordable
 from vit5.viz.figures import MapStyle
 from vit5.viz.images import LoadedImage, default_size, load_images
 from vit5.viz.stats import TokenStats
-from vit5.viz.ttr import (
-    NeuronSearch,
-    NeuronSearchResult,
-    check_test_time_registers,
-    find_register_neurons,
-    use_test_time_registers,
-)
 
 
 @dataclass(frozen=True)
@@ -114,8 +109,7 @@ class RunConfig:
     log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
-        unknown = set(self.views) - set(VIEWS)
-        if unknown:
+        if unknown := set(self.views) - set(VIEWS):
             raise InputError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
         if self.save_raw not in (None, "npz", "safetensors"):
             raise InputError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
@@ -132,28 +126,26 @@ class RunResult:
 
 
 def _prepare(
-    loaded: LoadedModel, cfg: RunConfig, sources: Sequence[str], size: tuple[int, int] | None = None
-) -> tuple[ModelInfo, tuple[int, int], list[int]]:
-    info = describe(loaded.model)
-    size = tuple(size or cfg.size or default_size(sources, info.img_size, info.patch_size))
-    info.grid(size)
-    check_recording_memory(info, size, 1, cfg.device)  # before any image is decoded at that size
-    layers = take_indices(info.depth, list(cfg.layers), unique=True)
-    if cfg.require_registers and info.num_registers == 0:
-        raise InputError(
-            f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "
-            "--registers, or pick a model with registers (vit5_* presets, timm *_reg4_* models)"
-        )
-    return info, size, layers
-
-
-def _load(sources: Sequence[str], size: tuple[int, int], patch: int, cfg: RunConfig) -> list[LoadedImage]:
-    images, skipped = load_images(sources, size, patch)
+    models: Sequence[LoadedModel], cfg: RunConfig, sources: Sequence[str], size=None, patch: int | None = None
+) -> tuple[ModelInfo, list[LoadedImage], list[int]]:
+    """Check every model at the run's size before any image is decoded at it, then load the images."""
+    for loaded in models:
+        info = describe(loaded.model)
+        size = tuple(size or cfg.size or default_size(sources, info.img_size, info.patch_size))
+        info.grid(size)
+        check_recording_memory(info, size, 1, cfg.device)
+        layers = take_indices(info.depth, list(cfg.layers), unique=True)
+        if cfg.require_registers and info.num_registers == 0:
+            raise InputError(
+                f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "
+                "--registers, or pick a model with registers (vit5_* presets, timm *_reg4_* models)"
+            )
+    images, skipped = load_images(sources, size, patch or info.patch_size)
     for line in skipped:
         cfg.log(f"warning: skipped {line}")
     note = f" ({len(skipped)} skipped)" if skipped else ""
     cfg.log(f"{len(images)} images at {size[0]}x{size[1]}{note}")
-    return images
+    return info, images, layers
 
 
 def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
@@ -169,10 +161,9 @@ def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, d
     )
 
 
-def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int) -> TokenStats:
-    check_recording_memory(
-        describe(loaded.model), images[0].rgb.shape[:2], min(cfg.batch_size, len(images)), cfg.device
-    )
+def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int = 0) -> TokenStats:
+    batch = min(cfg.batch_size, len(images))
+    check_recording_memory(describe(loaded.model), images[0].rgb.shape[:2], batch, cfg.device)
     collect_cfg = CollectConfig(cfg.batch_size, cfg.device, keep_features=features, progress=cfg.progress)
     with plant_artifacts(loaded.model, cfg.plant) if cfg.plant else nullcontext():
         return collect(loaded.model, images, loaded.label, collect_cfg)
@@ -185,55 +176,50 @@ def _notes(loaded: LoadedModel, cfg: RunConfig) -> list[str]:
 
 def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> RunResult:
     """Record ``loaded`` on ``sources`` and write the views of ``cfg``; returns the arrays and metrics."""
-    info, size, layers = _prepare(loaded, cfg, sources)
-    images = _load(sources, size, info.patch_size, cfg)
+    info, images, layers = _prepare([loaded], cfg, sources)
     stats = _record(loaded, images, cfg, features=cfg.max_figures if "pca" in cfg.views else 0)
     report = compute_metrics(stats, cfg.metrics)
     result = RunResult(stats, report, images)
     notes, style, out, views = _notes(loaded, cfg), cfg.style, Path(cfg.out), cfg.views
-    out.mkdir(parents=True, exist_ok=True)
-
-    def save(fig, name: str) -> None:
-        result.files.extend(F.save_figure(fig, out / name, style.formats))
-
-    shown = images[: cfg.max_figures]
+    save, shown, renorm = _saver(out, style, result.files), images[: cfg.max_figures], cfg.renormalise
     pca, variance = (None, None) if stats.features is None else F.pca_rgb(stats.features, stats.layout.grid)
     has_cls = stats.cls_attn is not None
     if "attention" in views and not has_cls:
         cfg.log(f"{stats.model} has no CLS token: no CLS maps; rollout reads the mean patch row")
-
     available = {"attention": has_cls, "registers": info.num_registers > 0}
     per_image = [v for v in F.IMAGE_FIGURES if v in views and available.get(v, True)]
     for i, image in enumerate(shown):
+        folder = f"images/{image.name}/"
         for view in per_image:
-            fig = F.image_figure(
-                view, stats, i, image, layers, style, cfg.renormalise, report.outliers, notes
-            )
-            save(fig, f"images/{image.name}/{F.IMAGE_FIGURES[view]}")
+            fig = F.image_figure(view, stats, i, image, layers, style, renorm, report.outliers, notes)
+            save(fig, folder + F.IMAGE_FIGURES[view])
         if pca is not None:
-            save(F.pca_figure(stats, image, pca[i], variance, style, notes), f"images/{image.name}/pca")
+            save(F.pca_figure(stats, image, pca[i], variance, style, notes), folder + "pca")
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
-        at = layers[-1]
-        save(
-            F.summary_figure([stats], shown, grid_views, at, style, pca, cfg.renormalise, grid_notes),
-            "summary_grid",
-        )
+        fig = F.summary_figure([stats], shown, grid_views, layers[-1], style, pca, renorm, grid_notes)
+        save(fig, "summary_grid")
     if "histograms" in views:
-        save(F.norm_histogram_figure(stats, report.thresholds, style, notes=notes), "norm_histograms")
-        save(F.outlier_frequency_figure(stats, report.outliers, layers, style, notes), "outlier_frequency")
+        save(F.norm_histogram_figure(stats, report.thresholds, style, notes), "norm_histograms")
+        save(F.outlier_frequency_figure(stats, report, layers, style, notes), "outlier_frequency")
     if "profile" in views:
         save(F.layer_profile_figure({stats.model: report}, style, notes), "layer_profile")
     if "massive" in views:
         save(F.massive_activation_figure({stats.model: (stats, report)}, style, notes), "massive_activations")
     if "metrics" in views:
-        result.files += [report.write_json(out / "metrics.json"), report.write_csv(out / "metrics.csv")]
+        result.files += report.write(out / "metrics")
         cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
     if cfg.save_raw:
         result.files.append(stats.save(out / f"token_stats.{cfg.save_raw}"))
     cfg.log(f"wrote {len(result.files)} files to {out}")
     return result
+
+
+def _saver(out: Path, style: MapStyle, files: list[Path]) -> Callable[[Figure, str], None]:
+    """``save(figure, name)``: ``out/name.<format>`` for each of ``style.formats``, added to ``files``."""
+    out.mkdir(parents=True, exist_ok=True)
+    return lambda fig, name: files.extend(F.save_figure(fig, out / name, style.formats))
 
 
 def run_compare(
@@ -246,82 +232,66 @@ def run_compare(
     size = tuple(cfg.size or default_size(sources, describe(model_a.model).img_size, patch))
     fix = "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})"
     grid_of(size, patch, fix)  # one size for both: the hint is a multiple of both patch sizes
-    _prepare(model_a, cfg, sources, size)
-    _prepare(model_b, cfg, sources, size)
+    _, images, _ = _prepare([model_a, model_b], cfg, sources, size, patch)
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
-    images = _load(sources, size, patch, cfg)
-    stats = [_record(model, images, cfg, features=0) for model in (model_a, model_b)]
+    stats = [_record(model, images, cfg) for model in (model_a, model_b)]
     notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
-    return _write_comparison(*stats, images, cfg, notes, Path(cfg.out) / "compare")
+    return _write_comparison(stats, images, cfg, notes, Path(cfg.out) / "compare")
 
 
 def run_ttr(
     loaded: LoadedModel,
     sources: Sequence[str],
     cfg: RunConfig,
-    search: NeuronSearch | None = None,
+    search: ttr.NeuronSearch | None = None,
     count: int = 1,
-) -> tuple[NeuronSearchResult, RunResult, RunResult]:
+) -> tuple[ttr.NeuronSearchResult, RunResult, RunResult]:
     """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
     compare the model without and with ``count`` test-time registers (figures and metrics, the second with
     the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
-    check_test_time_registers(loaded.model)  # before the neuron search, not after it
-    info, size, _ = _prepare(loaded, cfg, sources)
-    images = _load(sources, size, info.patch_size, cfg)
-    search = replace(search or NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
-    found = find_register_neurons(loaded.model, images, search)
+    ttr.check_test_time_registers(loaded.model)  # before the neuron search, not after it
+    _, images, _ = _prepare([loaded], cfg, sources)
+    search = replace(search or ttr.NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
+    found = ttr.find_register_neurons(loaded.model, images, search)
     cfg.log(found.describe())
-    before = _record(loaded, images, cfg, features=0)
-    with use_test_time_registers(loaded.model, found.neurons, count):
-        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg, 0)
+    before = _record(loaded, images, cfg)
+    with ttr.use_test_time_registers(loaded.model, found.neurons, count):
+        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg)
     out = Path(cfg.out) / "ttr"
     ttr_note = (
         f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
         f"blocks <= {found.top_layer} (Jiang et al. 2025)"
     )
-    result = _write_comparison(before, after, images, cfg, [*_notes(loaded, cfg), ttr_note], out)
+    result = _write_comparison([before, after], images, cfg, [*_notes(loaded, cfg), ttr_note], out)
     result[0].files.append(atomic_write_json(out / "register_neurons.json", asdict(found)))
     return found, *result
 
 
 def _write_comparison(
-    stats_a: TokenStats,
-    stats_b: TokenStats,
-    images: list[LoadedImage],
-    cfg: RunConfig,
-    notes: list[str],
-    out: Path,
+    both: list[TokenStats], images: list[LoadedImage], cfg: RunConfig, notes: list[str], out: Path
 ) -> tuple[RunResult, RunResult]:
+    stats_a, stats_b = both
     report_a = compute_metrics(stats_a, cfg.metrics)
     own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
     reuse = dict(thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
     report_b = compute_metrics(stats_b, cfg.metrics if own else replace(cfg.metrics, **reuse))
-    out.mkdir(parents=True, exist_ok=True)
     results = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    style, files, layer, both = cfg.style, results[0].files, cfg.layers[-1], [stats_a, stats_b]
-    shown = images[: cfg.max_figures]
+    style, files, layer = cfg.style, results[0].files, cfg.layers[-1]
+    save, shown = _saver(out, style, files), images[: cfg.max_figures]
     for i, image in enumerate(shown):
-        fig = F.compare_figure(both, i, image, layer, style, cfg.renormalise, notes)
-        files += F.save_figure(fig, out / image.name, style.formats)
-    views, models = ("attention", "norms"), {r.stats.model: (r.stats, r.report) for r in results}
-    figures = {}
+        save(F.compare_figure(both, i, image, layer, style, cfg.renormalise, notes), image.name)
     if shown:
-        figures["summary_grid"] = F.summary_figure(
-            both, shown, views, layer, style, None, cfg.renormalise, notes
-        )
-    figures["layer_profile"] = F.layer_profile_figure({m: r for m, (_, r) in models.items()}, style, notes)
-    figures["massive_activations"] = F.massive_activation_figure(models, style, notes)
-    for name, fig in figures.items():
-        files += F.save_figure(fig, out / name, style.formats)
+        views = ("attention", "norms")
+        save(F.summary_figure(both, shown, views, layer, style, None, cfg.renormalise, notes), "summary_grid")
+    save(F.layer_profile_figure({r.stats.model: r.report for r in results}, style, notes), "layer_profile")
+    models = {r.stats.model: (r.stats, r.report) for r in results}
+    save(F.massive_activation_figure(models, style, notes), "massive_activations")
     if notes:
         cfg.log("\n".join(notes))
     for r in results:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in r.stats.model)
-        files += [
-            r.report.write_json(out / f"metrics_{safe}.json"),
-            r.report.write_csv(out / f"metrics_{safe}.csv"),
-        ]
+        files += r.report.write(out / f"metrics_{safe}")
         if cfg.save_raw:
             files.append(r.stats.save(out / f"token_stats_{safe}.{cfg.save_raw}"))
         cfg.log(r.report.table())

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import rankdata
 
 from vit5.errors import InputError
 from vit5.model import TokenLayout
@@ -84,21 +85,16 @@ class TokenStats:
 
     @property
     def content(self) -> PatchContent | None:
-        """The :class:`PatchContent` of the images, or None when not recorded."""
         if self.pixel_variance is None:
             return None
         return PatchContent(self.pixel_variance, self.variance_percentile, self.neighbour_cosine)
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in fields(self)[5:] if getattr(self, f.name) is not None}
-
     def save(self, path: str | Path) -> Path:
         """Write all arrays to ``.npz`` or ``.safetensors`` (chosen by the suffix) with the metadata."""
         path = Path(path)
-        arrays = {name: np.ascontiguousarray(a) for name, a in self.arrays().items()}
-        meta = {
-            f.name: getattr(self, f.name) for f in fields(self)[:5]
-        }  # model, layout, layers, names, patch
+        arrays = {f.name: getattr(self, f.name) for f in fields(self)[5:]}  # the fields after patch_size
+        arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items() if a is not None}
+        meta = {f.name: getattr(self, f.name) for f in fields(self)[:5]}  # model to patch_size
         meta = json.dumps(meta | {"layout": asdict(self.layout)})
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
@@ -129,8 +125,7 @@ class TokenStats:
 
 
 def cls_maps(stats: TokenStats, image: int, layer: int, renormalise: bool = False) -> np.ndarray:
-    """CLS-to-patch attention per head ``[H, h, w]``: raw (the share of *all* tokens) or renormalised over
-    patches."""
+    """CLS-to-patch attention per head ``[H, h, w]``: raw (a share of *all* tokens) or renormalised."""
     if stats.cls_attn is None:
         raise InputError(
             f"{stats.model} has no CLS token, so there is no CLS attention to show (use rollout or norms)"
@@ -182,38 +177,27 @@ def patch_content(rgb: np.ndarray, patch: int) -> PatchContent:
     variance = patches.var(axis=-1)  # [B, h, w]
     flat = np.round(variance.reshape(b, -1), 12)  # float noise of constant patches is a tie, not an order
     # percentile rank, 0 for the flattest, 1 for the most varied; ties at their mean (a constant image: 0.5)
-    percentile = np.stack([_mean_ranks(v) for v in flat]) / max(1, flat.shape[1] - 1)
+    percentile = (rankdata(flat, axis=1) - 1) / max(1, flat.shape[1] - 1)
     mean_colour = x.mean(axis=(1, 2))[:, None, None, :]  # [B, 1, 1, 3]; a patch vector is (row, col, rgb)
     centred = patches - np.tile(mean_colour, (1, 1, 1, patch * patch))
     norms = np.linalg.norm(centred, axis=-1)
+    pad = ((0, 0), (1, 1), (1, 1))  # a zero border: the neighbours of edge patches that do not exist
+    padded, padded_norms = np.pad(centred, (*pad, (0, 0))), np.pad(norms, pad)
+    inside = np.pad(np.ones((1, h, w)), pad)
     cosine_sum, count = np.zeros((b, h, w)), np.zeros((1, h, w))
-    for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1)):
-        rows = slice(max(0, -dr), h - max(0, dr))
-        cols = slice(max(0, -dc), w - max(0, dc))
-        nrows = slice(max(0, dr), h - max(0, -dr))
-        ncols = slice(max(0, dc), w - max(0, -dc))
-        cosine_sum[:, rows, cols] += _cosine(
-            centred[:, rows, cols], centred[:, nrows, ncols], norms[:, rows, cols], norms[:, nrows, ncols]
-        )
-        count[:, rows, cols] += 1
-    cosine = cosine_sum / np.maximum(count, 1)
-    return PatchContent(flat, percentile, cosine.reshape(b, -1))
-
-
-def _mean_ranks(values: np.ndarray) -> np.ndarray:
-    """0-based ranks of ``values [P]``, equal values sharing their mean rank."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return (np.cumsum(counts) - (counts + 1) / 2)[inverse]
+    for dr, dc in ((0, 1), (2, 1), (1, 0), (1, 2)):  # offsets in the padded grid: above, below, left, right
+        at = np.s_[:, dr : dr + h, dc : dc + w]
+        cosine_sum += inside[at] * _cosine(centred, padded[at], norms, padded_norms[at])
+        count += inside[at]
+    return PatchContent(flat, percentile, (cosine_sum / np.maximum(count, 1)).reshape(b, -1))
 
 
 def _cosine(a: np.ndarray, b: np.ndarray, na: np.ndarray, nb: np.ndarray) -> np.ndarray:
-    """Cosine of centred pixel vectors; two patches both at the mean colour are identical (1), one at the
-    mean and one not are unrelated (0)."""
-    both_flat = (na < _EPS) & (nb < _EPS)
+    """Cosine of centred pixel vectors; both at the mean colour: identical (1), one of them: unrelated (0)."""
+    flat_a, flat_b = na < _EPS, nb < _EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = (a * b).sum(axis=-1) / (na * nb)
-    cos = np.where((na < _EPS) | (nb < _EPS), 0.0, cos)
-    return np.where(both_flat, 1.0, cos)
+    return np.where(flat_a | flat_b, (flat_a & flat_b).astype(np.float64), cos)
 
 
 def classify_outliers(outliers: np.ndarray, content: PatchContent, layers: list[int]) -> list[dict]:

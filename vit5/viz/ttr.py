@@ -113,22 +113,18 @@ def find_register_neurons(
     detect = take_indices(info.depth, [detect])[0]
     top = take_indices(info.depth, [detect if search.top_layer is None else search.top_layer])[0]
     tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)  # a threshold is positive
-    scores, used, start = None, 0, 0  # scores [L, H]: summed over the images with outliers
+    scores, used, start = 0.0, 0, 0  # scores [L, H]: summed over the images with outliers
     hidden: dict[int, torch.Tensor] = {}
     for x in inputs:
-        hidden.clear()
         with ExitStack() as stack:
-            _mlp_input_hooks(
-                stack, net, range(top + 1), lambda layer, h: hidden.update({layer: h.float().abs()})
-            )
+            _mlp_input_hooks(stack, net, range(top + 1), lambda layer, h: hidden.update({layer: h.abs()}))
             net.forward_features(x)
         outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
         start += len(x)
-        for b in (b for b in range(len(x)) if outliers[b].any()):
-            at = layout.patch_slice.start + torch.nonzero(outliers[b]).flatten()
-            image_scores = torch.stack([hidden[layer][b, at].mean(dim=0) for layer in range(top + 1)])
-            scores = image_scores if scores is None else scores + image_scores
-            used += 1
+        weights = (outliers / outliers.sum(dim=1, keepdim=True).clamp_min(1)).unsqueeze(1)  # [b, 1, P]
+        per_image = [(weights @ layout.patches(hidden[layer]).float())[:, 0] for layer in range(top + 1)]
+        scores = scores + torch.stack(per_image, dim=1).sum(dim=0)  # images without outliers add zeros
+        used += int(outliers.any(dim=1).sum())
     if used == 0:
         raise InputError(
             f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
@@ -191,13 +187,10 @@ def use_test_time_registers(
         if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
             return (x, *args[1:])
         if state.get("rope_in") is not rope:  # vit5: unrotated rows for the new tokens, one table per forward
-            cos, sin = rope.cos, rope.sin
-            padded = RopeTable(
-                torch.cat([cos, cos.new_ones(count, cos.shape[1])]),
-                torch.cat([sin, sin.new_zeros(count, sin.shape[1])]),
-                rope.layout,
-            )
-            state["rope_in"], state["rope_out"] = rope, padded
+            width = rope.cos.shape[1]
+            cos = torch.cat([rope.cos, rope.cos.new_ones(count, width)])
+            sin = torch.cat([rope.sin, rope.sin.new_zeros(count, width)])
+            state["rope_in"], state["rope_out"] = rope, RopeTable(cos, sin, rope.layout)
         return (x, state["rope_out"], *args[2:])
 
     def drop(module, args):
