@@ -137,13 +137,9 @@ def load_models(
 
     specs = specs or (args.model if isinstance(args.model, list) else [args.model])
     limit = {} if args.max_params is None else {"max_params": args.max_params}
-    return [
-        m
-        for spec, model_args, untrained in zip(
-            specs, items or per_model_args(args), random_init_flags(specs, args.random_init)
-        )
-        for m in load(spec, args.weights, untrained, **parse_model_args(model_args), **limit)
-    ]
+    overrides = [parse_model_args(i) for i in items or per_model_args(args)]
+    untrained = random_init_flags(specs, args.random_init)
+    return [m for s, o, u in zip(specs, overrides, untrained) for m in load(s, args.weights, u, **o, **limit)]
 
 
 def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
@@ -156,15 +152,12 @@ def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> A
 
 def parse_size(text: str) -> tuple[int, int]:
     """The ``--size`` syntax (an argparse ``type``): ``"224"`` -> (224, 224), ``"96x128"`` -> (96, 128)."""
-    try:
-        values = [int(p) for p in text.lower().split("x")]
-    except ValueError:
-        values = []
-    if len(values) not in (1, 2) or min(values, default=0) <= 0:
+    parts = text.lower().split("x")
+    if len(parts) > 2 or not all(p.isdecimal() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
             f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
         )
-    return (values[0], values[-1])
+    return (int(parts[0]), int(parts[-1]))
 
 
 def size_option(p: Any, note: str | None = None) -> None:
