@@ -44,23 +44,13 @@ MODEL_HELP = (
 )
 
 
-class Help(argparse.HelpFormatter):
-    """Help that states the default of every option whose help text does not."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text, value = action.help or "", action.default
-        if "default" in text or value in (None, [], argparse.SUPPRESS) or isinstance(value, bool):
-            return text
-        return f"{text} (default {' '.join(map(str, value)) if isinstance(value, list) else value})"
-
-
 class Parser(argparse.ArgumentParser):
     """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions is
     dropped), whose subcommands report their own unknown options with their usage (argparse leaves them
     to the top parser), and whose ``check(args)`` names a usage error of the parsed options, if any."""
 
-    def __init__(self, *args: Any, check: Callable = lambda args: None, formatter_class=Help, **kwargs: Any):
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+    def __init__(self, *args: Any, check: Callable = lambda args: None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.check = check
 
     def parse_known_args(self, args=None, namespace=None):
@@ -76,7 +66,8 @@ class Parser(argparse.ArgumentParser):
 
 def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
     """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
-    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value."""
+    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value;
+    a help that does not mention the default gets it appended."""
     if callable(default):
         default, kwargs["type"] = None, kwargs.get("type", default)
     elif isinstance(default, bool):
@@ -87,6 +78,8 @@ def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwarg
             kwargs.setdefault("type", type(default[0]))
     elif isinstance(default, (int, float)):
         kwargs.setdefault("type", type(default))
+    if help and "default" not in help and default not in (None, []) and not isinstance(default, bool):
+        help += f" (default {' '.join(map(str, default)) if isinstance(default, list) else default})"
     p.add_argument(flag, default=default, help=help, **kwargs)
 
 
