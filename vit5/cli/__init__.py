@@ -1,5 +1,7 @@
-"""The ``vit5`` command: one module per subcommand, imported only when asked for, with parsers built from the
-standard library alone (``--help`` and argument errors answer without loading torch), and what they share."""
+"""The ``vit5`` command: one module per subcommand, imported only when asked for, whose ``main(argv, prog)``
+returns the exit status (:func:`run_main`: 2 after one ``error:`` line on bad input), with parsers built
+from the standard library alone (``--help`` and argument errors answer without loading torch), and what
+they share."""
 
 from __future__ import annotations
 
@@ -111,14 +113,12 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
     if not isinstance(args.model, list):
         return [args.model_args]
     items = args.model_args or [[]]
-    if len(items) == 1:
-        items = items * len(args.model)
-    if len(items) != len(args.model):
+    if len(items) not in (1, len(args.model)):
         raise InputError(
             f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once (for every "
             "model) or once per --model in order (an empty --model-args for a model without overrides)"
         )
-    return items
+    return items * len(args.model) if len(items) == 1 else items
 
 
 def load_models(

@@ -202,10 +202,8 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     size_option(p)
     opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
     opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
-    opt(p, "--epochs", 30)
-    opt(p, "--lr", 0.05)
-    opt(p, "--weight-decay", 1e-4)
-    opt(p, "--batch-size", 16)
+    for flag, default in (("--epochs", 30), ("--lr", 0.05), ("--weight-decay", 1e-4), ("--batch-size", 16)):
+        opt(p, flag, default)
 
     p = command(cmd_make_seg, None, None)
     opt(p, "root", Path, "output folder")
@@ -219,7 +217,6 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 eval") -> int:
-    """Entry point of ``vit5 eval``; returns the exit status (2 after one ``error:`` line on bad input)."""
     return run_main(build_parser(prog).parse_args, argv, _run)
 
 

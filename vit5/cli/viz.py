@@ -198,7 +198,6 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 viz") -> int:
-    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
     return run_main(build_parser(prog).parse_args, argv, _run)
 
 
