@@ -45,9 +45,8 @@ def _classify_data(args: argparse.Namespace):
 
 def cmd_classify(args: argparse.Namespace) -> None:
     """top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split"""
-    from vit5.eval import evaluate, per_class_table, summary_table
+    from vit5.eval import evaluate, per_class_table, summary_table, write_json
     from vit5.eval.classify import plot_confusion
-    from vit5.eval.common import write_json
 
     settings, accelerator, dataset, models = _classify_data(args)
     results = [evaluate(m, dataset, settings, accelerator) for m in models]
@@ -69,8 +68,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """accuracy against input resolution (table + plot) for one or more models"""
-    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
-    from vit5.eval.common import write_json
+    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table, write_json
     from vit5.introspect import patch_size_of
 
     settings, accelerator, dataset, models = _classify_data(args)
@@ -94,8 +92,7 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> None:
     """kNN and logistic-regression probes on CLS / average-pooled features"""
-    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
-    from vit5.eval.common import write_json
+    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes, write_json
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
     settings = from_options(ProbeSettings, args)

@@ -40,13 +40,9 @@ SUBCOMMANDS = {  # name -> help
     "after every block; change in top-1, kNN accuracy, patch-feature cosine",
     "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more "
     "models",
-    "study": "the register study: train twins without / with registers on digit canvases, tracking the "
-    "artifact metrics (resumable; `vit5 viz study --help`)",
+    "study": "the register study: train twins without / with registers on digit canvases that reward a "
+    "storage token, tracking the artifact metrics through training (resumable: rerun the same command)",
 }
-STUDY = (
-    "Train twin models without and with registers on canvases that reward a storage token, tracking the "
-    "artifact metrics through training (resumable: rerun the same command to continue)."
-)
 DRAWS = {  # the views a subcommand draws; the others: every view
     "attention": {"attention", "registers", "rollout"},
     "norms": {"norms", "histograms", "profile", "massive"},
@@ -139,7 +135,7 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     )
     sub, parsers = parser.add_subparsers(dest="command", required=True), {}
     for name, text in SUBCOMMANDS.items():
-        parsers[name] = p = sub.add_parser(name, help=text, description=STUDY if name == "study" else text)
+        parsers[name] = p = sub.add_parser(name, help=text, description=text)
         if name not in ("ablate", "position", "study"):
             _views(p, name)
     p = parsers["ablate"]
