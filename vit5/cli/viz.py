@@ -289,11 +289,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
     from vit5.viz import VIEWS, MapStyle, MetricConfig, PlantSpec, RunConfig, load_thresholds
 
     thresholds, source = load_thresholds(args.threshold_from) if args.threshold_from else (None, "")
-    plant = None
-    if args.plant_layer is not None or args.plant_at:
-        if args.plant_layer is None or not args.plant_at:
-            raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
-        plant = PlantSpec(args.plant_layer, tuple(tuple(rc) for rc in args.plant_at), args.plant_scale)
+    if (args.plant_layer is not None) != bool(args.plant_at):  # one given without the other
+        raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
+    at = tuple(map(tuple, args.plant_at or ()))
+    plant = PlantSpec(args.plant_layer, at, args.plant_scale) if at else None
     return from_options(
         RunConfig,
         args,
