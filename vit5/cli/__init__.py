@@ -131,8 +131,8 @@ def load_models(
     specs = specs or (args.model if isinstance(args.model, list) else [args.model])
     limit = {} if args.max_params is None else {"max_params": args.max_params}
     overrides = [parse_model_args(i) for i in items or per_model_args(args)]
-    untrained = random_init_flags(specs, args.random_init)
-    return [m for s, o, u in zip(specs, overrides, untrained) for m in load(s, args.weights, u, **o, **limit)]
+    models = zip(specs, overrides, random_init_flags(specs, args.random_init))
+    return [m for spec, kw, untrained in models for m in load(spec, args.weights, untrained, **kw, **limit)]
 
 
 def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
