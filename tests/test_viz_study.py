@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vit5.cli.viz import main as viz_main
 from vit5.cli.viz import parse_settings
-from vit5.cli.viz import study_main as main
 from vit5.data.digits.canvases import CanvasConfig, CanvasSource, label_of
 from vit5.errors import InputError
 from vit5.study.run import (
@@ -22,6 +22,11 @@ from vit5.study.run import (
     run_study,
     verdict,
 )
+
+
+def main(argv: list[str]) -> int:
+    """``vit5 viz study ARGV``."""
+    return viz_main(["study", *argv])
 
 
 def test_labels_by_hand():

@@ -1,5 +1,7 @@
-"""The ``vit5`` command: one module per subcommand, imported only when asked for, with parsers built from the
-standard library alone (``--help`` and argument errors answer without loading torch), and what they share."""
+"""The ``vit5`` command: one module per subcommand, imported only when asked for, whose ``main(argv, prog)``
+returns the exit status (:func:`run_main`: 2 after one ``error:`` line on bad input), with parsers built
+from the standard library alone (``--help`` and argument errors answer without loading torch), and what
+they share."""
 
 from __future__ import annotations
 
@@ -44,23 +46,13 @@ MODEL_HELP = (
 )
 
 
-class Help(argparse.HelpFormatter):
-    """Help that states the default of every option whose help text does not."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text, value = action.help or "", action.default
-        if "default" in text or value in (None, [], argparse.SUPPRESS) or isinstance(value, bool):
-            return text
-        return f"{text} (default {' '.join(map(str, value)) if isinstance(value, list) else value})"
-
-
 class Parser(argparse.ArgumentParser):
     """An argument parser whose help is plain text (the reST markup of docstrings used as descriptions is
     dropped), whose subcommands report their own unknown options with their usage (argparse leaves them
     to the top parser), and whose ``check(args)`` names a usage error of the parsed options, if any."""
 
-    def __init__(self, *args: Any, check: Callable = lambda args: None, formatter_class=Help, **kwargs: Any):
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+    def __init__(self, *args: Any, check: Callable = lambda args: None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.check = check
 
     def parse_known_args(self, args=None, namespace=None):
@@ -76,7 +68,8 @@ class Parser(argparse.ArgumentParser):
 
 def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
     """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
-    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value."""
+    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value;
+    a help that does not mention the default gets it appended."""
     if callable(default):
         default, kwargs["type"] = None, kwargs.get("type", default)
     elif isinstance(default, bool):
@@ -87,6 +80,8 @@ def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwarg
             kwargs.setdefault("type", type(default[0]))
     elif isinstance(default, (int, float)):
         kwargs.setdefault("type", type(default))
+    if help and "default" not in help and default not in (None, []) and not isinstance(default, bool):
+        help += f" (default {' '.join(map(str, default)) if isinstance(default, list) else default})"
     p.add_argument(flag, default=default, help=help, **kwargs)
 
 
@@ -118,14 +113,12 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
     if not isinstance(args.model, list):
         return [args.model_args]
     items = args.model_args or [[]]
-    if len(items) == 1:
-        items = items * len(args.model)
-    if len(items) != len(args.model):
+    if len(items) not in (1, len(args.model)):
         raise InputError(
             f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once (for every "
             "model) or once per --model in order (an empty --model-args for a model without overrides)"
         )
-    return items
+    return items * len(args.model) if len(items) == 1 else items
 
 
 def load_models(
@@ -137,13 +130,9 @@ def load_models(
 
     specs = specs or (args.model if isinstance(args.model, list) else [args.model])
     limit = {} if args.max_params is None else {"max_params": args.max_params}
-    return [
-        m
-        for spec, model_args, untrained in zip(
-            specs, items or per_model_args(args), random_init_flags(specs, args.random_init)
-        )
-        for m in load(spec, args.weights, untrained, **parse_model_args(model_args), **limit)
-    ]
+    overrides = [parse_model_args(i) for i in items or per_model_args(args)]
+    models = zip(specs, overrides, random_init_flags(specs, args.random_init))
+    return [m for spec, kw, untrained in models for m in load(spec, args.weights, untrained, **kw, **limit)]
 
 
 def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
@@ -156,15 +145,12 @@ def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> A
 
 def parse_size(text: str) -> tuple[int, int]:
     """The ``--size`` syntax (an argparse ``type``): ``"224"`` -> (224, 224), ``"96x128"`` -> (96, 128)."""
-    try:
-        values = [int(p) for p in text.lower().split("x")]
-    except ValueError:
-        values = []
-    if len(values) not in (1, 2) or min(values, default=0) <= 0:
+    parts = text.lower().split("x")
+    if len(parts) > 2 or not all(p.isdecimal() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
             f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
         )
-    return (values[0], values[-1])
+    return (int(parts[0]), int(parts[-1]))
 
 
 def size_option(p: Any, note: str | None = None) -> None:

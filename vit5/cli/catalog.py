@@ -12,7 +12,7 @@ from vit5.cli import Parser, opt, run_main
 SECTIONS = ("models", "weights", "recipes")
 
 
-def build_parser(prog: str = "vit5 list") -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
     unknown = "unknown section {!r}: choose from " + ", ".join(SECTIONS)
     parser = Parser(
         prog=prog,
@@ -21,7 +21,7 @@ def build_parser(prog: str = "vit5 list") -> argparse.ArgumentParser:
         check=lambda args: next((unknown.format(n) for n in args.sections if n not in SECTIONS), None),
     )
     opt(parser, "sections", None, f"{', '.join(SECTIONS)} (default: all)", nargs="*", metavar="SECTION")
-    return parser
+    return run_main(parser.parse_args, argv, _print)
 
 
 def _rows(section: str) -> list[tuple[str, ...]]:
@@ -53,10 +53,6 @@ def _rows(section: str) -> list[tuple[str, ...]]:
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
-    return run_main(build_parser(prog).parse_args, argv, _print)
 
 
 def _print(args: argparse.Namespace) -> None:

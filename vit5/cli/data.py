@@ -15,7 +15,7 @@ FASHION_VAL_SIZE = 5000  # vit5.data.fashion_mnist.DEFAULT_VAL_SIZE, stated here
 FASHION_INSTALL = "apt-get install dataset-fashion-mnist"
 
 
-def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
     parser = Parser(prog=prog, description=__doc__.split("\n")[0].strip("`"))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     digits = commands.add_parser(
@@ -48,11 +48,7 @@ def build_parser(prog: str = "vit5 data") -> argparse.ArgumentParser:
     opt(shards, "--split", None, "split name and shard prefix (default: SRC's name)")
     for p, seed in ((digits, "split seed"), (fashion, "split seed"), (shards, "seed of the sample order")):
         opt(p, "--seed", 0, seed)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
-    return run_main(build_parser(prog).parse_args, argv, _write)
+    return run_main(parser.parse_args, argv, _write)
 
 
 def _write(args: argparse.Namespace) -> None:

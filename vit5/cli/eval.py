@@ -12,16 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import (
-    Parser,
-    add_model_options,
-    from_options,
-    load_models,
-    opt,
-    parse_size,
-    run_main,
-    size_option,
-)
+from vit5.cli import Parser, add_model_options, from_options, opt, parse_size, run_main, size_option
 from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.runtime import resolve_device
@@ -31,6 +22,7 @@ DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
 
 def _models(args: argparse.Namespace, device=None) -> list:
+    from vit5.cli import load_models
     from vit5.introspect.spec import distinct_labels
 
     models = load_models(args)
@@ -53,9 +45,8 @@ def _classify_data(args: argparse.Namespace):
 
 def cmd_classify(args: argparse.Namespace) -> None:
     """top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split"""
-    from vit5.eval import evaluate, per_class_table, summary_table
+    from vit5.eval import evaluate, per_class_table, summary_table, write_json
     from vit5.eval.classify import plot_confusion
-    from vit5.eval.common import write_json
 
     settings, accelerator, dataset, models = _classify_data(args)
     results = [evaluate(m, dataset, settings, accelerator) for m in models]
@@ -77,8 +68,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """accuracy against input resolution (table + plot) for one or more models"""
-    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
-    from vit5.eval.common import write_json
+    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table, write_json
     from vit5.introspect import patch_size_of
 
     settings, accelerator, dataset, models = _classify_data(args)
@@ -102,8 +92,7 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> None:
     """kNN and logistic-regression probes on CLS / average-pooled features"""
-    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
-    from vit5.eval.common import write_json
+    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes, write_json
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
     settings = from_options(ProbeSettings, args)
@@ -210,10 +199,8 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     size_option(p)
     opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
     opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
-    opt(p, "--epochs", 30)
-    opt(p, "--lr", 0.05)
-    opt(p, "--weight-decay", 1e-4)
-    opt(p, "--batch-size", 16)
+    for flag, default in (("--epochs", 30), ("--lr", 0.05), ("--weight-decay", 1e-4), ("--batch-size", 16)):
+        opt(p, flag, default)
 
     p = command(cmd_make_seg, None, None)
     opt(p, "root", Path, "output folder")
@@ -227,7 +214,6 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 eval") -> int:
-    """Entry point of ``vit5 eval``; returns the exit status (2 after one ``error:`` line on bad input)."""
     return run_main(build_parser(prog).parse_args, argv, _run)
 
 

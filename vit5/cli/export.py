@@ -37,7 +37,6 @@ def build_parser(prog: str = "vit5 export") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 export") -> int:
-    """``vit5 export``: returns 0, or 2 after one ``error:`` line on bad input."""
     return run_main(build_parser(prog).parse_args, argv, _export)
 
 

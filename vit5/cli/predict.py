@@ -33,7 +33,6 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
-    """Entry point of ``vit5 predict``: 0, or 2 after one ``error:`` line on bad input."""
     return run_main(build_parser(prog).parse_args, argv, _predict)
 
 

@@ -6,22 +6,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import itertools
-import sys
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit5.cli import (
-    Parser,
-    add_model_options,
-    from_options,
-    load_models,
-    opt,
-    per_model_args,
-    run_main,
-    size_option,
-)
+from vit5.cli import Parser, add_model_options, from_options, load_models, opt, run_main, size_option
 from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.plotstyle import DPI
@@ -50,8 +40,8 @@ SUBCOMMANDS = {  # name -> help
     "after every block; change in top-1, kNN accuracy, patch-feature cosine",
     "position": "position-artifact probe: norm and PCA maps of constant and noise images, for one or more "
     "models",
-    "study": "the register study: train twins without / with registers on digit canvases, tracking the "
-    "artifact metrics (resumable; `vit5 viz study --help`)",
+    "study": "the register study: train twins without / with registers on digit canvases that reward a "
+    "storage token, tracking the artifact metrics through training (resumable: rerun the same command)",
 }
 DRAWS = {  # the views a subcommand draws; the others: every view
     "attention": {"attention", "registers", "rollout"},
@@ -143,47 +133,39 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         epilog="Example: vit5 viz all --model vit5_tiny --random-init --model-args depth=4 --images "
         "sklearn-samples --out runs/viz",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub, parsers = parser.add_subparsers(dest="command", required=True), {}
     for name, text in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=text, description=text, add_help=name != "study")  # study: its own
-        if name == "ablate":
-            add_model_options(p)
-            reference = "reference images (register means, kNN bank); default: the first half of --images"
-            opt(p, "--reference", None, reference, nargs="+", metavar="PATH")
-            opt(p, "--folder-labels", False, "ImageFolders: label = class subfolder")
-            opt(p, "--methods", list(ABLATION_METHODS), choices=ABLATION_METHODS)
-            opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
-            opt(p, "--knn-k", 20)
-            opt(p, "--max-images", int, "at most the first N of --images and of --reference")
-            images = "images to evaluate: files, folders, digits-val / digits-train (labelled), "
-            _outputs(p, 32, None, images + "sklearn-samples")
-        elif name == "position":
-            add_model_options(p, several=True)
-            opt(p, "--layer", -1, "block whose output is probed (default: the last)")
-            opt(p, "--levels", [0.0, 0.25, 0.5, 0.75, 1.0], "constant grey levels in [0, 1]")
-            opt(p, "--noise-images", 16)
-            _outputs(p, 32, None, None)
-        elif name != "study":
+        parsers[name] = p = sub.add_parser(name, help=text, description=text)
+        if name not in ("ablate", "position", "study"):
             _views(p, name)
-    return parser
-
-
-def study_parser(prog: str = "vit5 viz study") -> argparse.ArgumentParser:
-    p = Parser(
-        prog=prog,
-        description="Train twin models without and with registers on canvases that reward a storage token, "
-        "tracking the artifact metrics through training (resumable: rerun the same command to continue).",
-    )
+    p = parsers["ablate"]
+    add_model_options(p)
+    reference = "reference images (register means, kNN bank); default: the first half of --images"
+    opt(p, "--reference", None, reference, nargs="+", metavar="PATH")
+    opt(p, "--folder-labels", False, "ImageFolders: label = class subfolder")
+    opt(p, "--methods", list(ABLATION_METHODS), choices=ABLATION_METHODS)
+    opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
+    opt(p, "--knn-k", 20)
+    opt(p, "--max-images", int, "at most the first N of --images and of --reference")
+    images = "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
+    _outputs(p, 32, None, images)
+    p = parsers["position"]
+    add_model_options(p, several=True)
+    opt(p, "--layer", -1, "block whose output is probed (default: the last)")
+    opt(p, "--levels", [0.0, 0.25, 0.5, 0.75, 1.0], "constant grey levels in [0, 1]")
+    opt(p, "--noise-images", 16)
+    _outputs(p, 32, None, None)
+    p = parsers["study"]
     opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
     opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
     settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
     opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
     opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
-    opt(p, "--no-analysis", False, "skip the register ablation / test-time register analyses")
+    opt(p, "--no-analysis", True, "skip the register ablation / test-time register analyses", dest="analyse")
     analyse = "no training: write the figure, verdict and analyses of the twins as they are now"
-    opt(p, "--analyse-only", False, analyse)
-    opt(p, "--quiet", False, "no progress bar")
-    return p
+    opt(p, "--analyse-only", True, analyse, dest="train")
+    opt(p, "--quiet", True, "no progress bar", dest="progress")
+    return parser
 
 
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
@@ -198,10 +180,8 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     for key, value in parse_overrides(items).items():
         if key.startswith("model."):
             model[key[len("model.") :]] = value
-        elif key in study_keys:
-            study[key] = value
-        elif key in canvas_keys:
-            canvas[key] = value
+        elif key in study_keys | canvas_keys:
+            (study if key in study_keys else canvas)[key] = value
         else:
             close = difflib.get_close_matches(key, sorted(study_keys | canvas_keys), n=1)
             hint = "use a StudyConfig or CanvasConfig field, or model.<ViT5Config field>"
@@ -213,30 +193,22 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
         raise InputError(f"bad study setting: {err}") from None
 
 
-def main(argv: list[str] | None = None, prog: str = "vit5 viz") -> int:
-    """Entry point of ``vit5 viz``; returns the exit status (2 after one ``error:`` line on bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["study"]:
-        return study_main(argv[1:], f"{prog} study")
+def main(argv: Sequence[str] | None = None, prog: str = "vit5 viz") -> int:
     return run_main(build_parser(prog).parse_args, argv, _run)
-
-
-def study_main(argv: list[str] | None = None, prog: str = "vit5 viz study") -> int:
-    return run_main(study_parser(prog).parse_args, argv, _study)
 
 
 def _study(args: argparse.Namespace) -> None:
     from vit5.study.run import PRESETS, run_study
 
-    cfg = parse_settings(PRESETS[args.preset], args.settings)
-    analyse, train = not args.no_analysis, not args.analyse_only
-    result = run_study(cfg, args.out, args.max_minutes, not args.quiet, analyse=analyse, train=train)
+    result = from_options(run_study, args, cfg=parse_settings(PRESETS[args.preset], args.settings))
     print(f"wrote {len(result.files)} files to {args.out}")
 
 
 def _run(args: argparse.Namespace) -> None:
     from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
 
+    if args.command == "study":
+        return _study(args)
     args.device = str(resolve_device(args.device))  # a bad --device fails before any work
     check_output_dir(args.out, "--out")
     if args.command in ("ablate", "position"):
@@ -291,6 +263,7 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 def _position(args: argparse.Namespace) -> None:
+    from vit5.cli import per_model_args
     from vit5.viz import MapStyle, save_figure
     from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
 
@@ -316,11 +289,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
     from vit5.viz import VIEWS, MapStyle, MetricConfig, PlantSpec, RunConfig, load_thresholds
 
     thresholds, source = load_thresholds(args.threshold_from) if args.threshold_from else (None, "")
-    plant = None
-    if args.plant_layer is not None or args.plant_at:
-        if args.plant_layer is None or not args.plant_at:
-            raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
-        plant = PlantSpec(args.plant_layer, tuple(tuple(rc) for rc in args.plant_at), args.plant_scale)
+    if (args.plant_layer is not None) != bool(args.plant_at):  # one given without the other
+        raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
+    at = tuple(map(tuple, args.plant_at or ()))
+    plant = PlantSpec(args.plant_layer, at, args.plant_scale) if at else None
     return from_options(
         RunConfig,
         args,
