@@ -141,9 +141,9 @@ def test_the_fashion_mnist_scale_scores_the_test_split_of_its_data_root(tmp_path
         parse_args(["--scale", "fashion_mnist", "--out", str(tmp_path), f"data.root={root}"])
     )
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
-    assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 2
+    assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 1
     assert cfg.data.root == str(root) and cfg.data.val_split == "test" and not cfg.checkpoint.save_best
-    assert cfg.model.img_size == 28 and cfg.model.overrides["patch_size"] == 4 and cfg.aug.train == "pad_crop"
+    assert cfg.model.img_size == 28 and cfg.model.overrides["patch_size"] == 7 and cfg.aug.train == "pad_crop"
 
 
 def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, capsys):
