@@ -12,7 +12,16 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import Parser, add_model_options, from_options, opt, parse_size, run_main, size_option
+from vit5.cli import (
+    Parser,
+    add_model_options,
+    from_options,
+    load_models,
+    opt,
+    parse_size,
+    run_main,
+    size_option,
+)
 from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.runtime import resolve_device
@@ -22,7 +31,6 @@ DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
 
 def _models(args: argparse.Namespace, device=None) -> list:
-    from vit5.cli import load_models
     from vit5.introspect.spec import distinct_labels
 
     models = load_models(args)

@@ -11,7 +11,16 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit5.cli import Parser, add_model_options, from_options, load_models, opt, run_main, size_option
+from vit5.cli import (
+    Parser,
+    add_model_options,
+    from_options,
+    load_models,
+    opt,
+    per_model_args,
+    run_main,
+    size_option,
+)
 from vit5.errors import InputError
 from vit5.files import check_output_dir
 from vit5.plotstyle import DPI
@@ -263,7 +272,6 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 def _position(args: argparse.Namespace) -> None:
-    from vit5.cli import per_model_args
     from vit5.viz import MapStyle, save_figure
     from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
 

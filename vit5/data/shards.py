@@ -381,10 +381,12 @@ class ShardReport:
     skipped: list[str]  # source files that could not be stored (unreadable, not re-encodable)
 
     def __str__(self) -> str:
-        skipped = self.skipped and f"; skipped {len(self.skipped)} unreadable file(s), e.g. {self.skipped[0]}"
+        skipped = ""
+        if self.skipped:
+            skipped = f"; skipped {len(self.skipped)} unreadable file(s), e.g. {self.skipped[0]}"
         return (
             f"{self.split}: {self.samples} samples in {self.shards} shards under {self.out} "
-            f"({self.written} written, {self.kept} kept from an earlier run){skipped or ''}"
+            f"({self.written} written, {self.kept} kept from an earlier run){skipped}"
         )
 
 

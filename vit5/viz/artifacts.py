@@ -86,10 +86,17 @@ METRICS: dict[str, str] = {
         "4-neighbours (Darcet et al. 2023, sec. 2.1); the rest are content-like"
     ),
 }
-# the metrics of the printed table and their column heads
-TABLE_COLUMNS = {"outlier_ratio": "OTR", "max_median_ratio": "max/med", "norm_kurtosis": "kurt"}
-TABLE_COLUMNS |= {"cls_entropy": "CLS H", "cls_outlier_mass": "CLS>out", "cls_register_mass": "CLS>reg"}
-TABLE_COLUMNS |= {"patch_register_mass": "patch>reg", "sink_rate": "sink", "massive_ratio": "MA top/med"}
+TABLE_COLUMNS = {  # the metrics of the printed table and their column heads
+    "outlier_ratio": "OTR",
+    "max_median_ratio": "max/med",
+    "norm_kurtosis": "kurt",
+    "cls_entropy": "CLS H",
+    "cls_outlier_mass": "CLS>out",
+    "cls_register_mass": "CLS>reg",
+    "patch_register_mass": "patch>reg",
+    "sink_rate": "sink",
+    "massive_ratio": "MA top/med",
+}
 
 
 def aligned(lines: list[list[str]]) -> str:

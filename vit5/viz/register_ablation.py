@@ -141,7 +141,8 @@ def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: i
         tokens = net.forward_features(x)
         patches.append(layout.patches(tokens).float().cpu())
         pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
-        logits += [net.forward_head(tokens).float().cpu()] if has_head else []
+        if has_head:
+            logits.append(net.forward_head(tokens).float().cpu())
     return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
 
 

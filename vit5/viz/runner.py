@@ -126,7 +126,11 @@ class RunResult:
 
 
 def _prepare(
-    models: Sequence[LoadedModel], cfg: RunConfig, sources: Sequence[str], size=None, patch: int | None = None
+    models: Sequence[LoadedModel],
+    cfg: RunConfig,
+    sources: Sequence[str],
+    size: tuple[int, int] | None = None,
+    patch: int | None = None,
 ) -> tuple[ModelInfo, list[LoadedImage], list[int]]:
     """Check every model at the run's size before any image is decoded at it, then load the images."""
     for loaded in models:
