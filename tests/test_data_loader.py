@@ -9,6 +9,7 @@ from data_images import random_rgb
 from torch.utils.data import Dataset
 
 from vit5.data import RepeatAugSampler, build_loader, build_transform
+from vit5.data.loader import SeededSamples
 
 
 class Indices(Dataset):
@@ -123,6 +124,23 @@ def test_seeded_augmentations_do_not_depend_on_workers_or_a_mid_epoch_restart():
         assert len(other) == len(without) and all(
             torch.equal(a, b) for a, b in zip(other, without, strict=True)
         )
+
+
+def test_seeded_samples_seed_only_the_cpu_generator(monkeypatch):
+    """Per sample, ``torch.manual_seed`` would also queue lazy CUDA/XPU/MTIA seeds, each with a formatted
+    stack trace (most of a 28 px sample's cost); the draws must still equal ``torch.manual_seed``'s."""
+    reference = []
+    for index, seed in [(0, 11), (1, 12)]:
+        torch.manual_seed(seed)
+        reference.append(SameImage()[index])
+    for accelerator in ("cuda", "xpu", "mtia"):
+
+        def refuse(seed: int, name: str = accelerator) -> None:
+            raise AssertionError(f"a per-sample seed reached torch.{name}")
+
+        monkeypatch.setattr(getattr(torch, accelerator), "manual_seed_all", refuse)
+    samples = SeededSamples(SameImage())
+    assert all(torch.equal(samples[key], ref) for key, ref in zip([(0, 11), (1, 12)], reference))
 
 
 def test_a_seeded_loader_over_a_subset_takes_its_keys_one_by_one():
