@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -188,3 +189,28 @@ def test_transform_output_is_returned(messy_root):
     ds = ImageFolderDataset(messy_root, "train", transform=build_transform("eval", (8, 12)))
     image, target = ds[0]
     assert isinstance(image, torch.Tensor) and image.shape == (3, 8, 12) and target == 0
+
+
+def test_preload_reads_each_file_once_and_keeps_the_same_samples(messy_root, tmp_path):
+    """After ``verify(keep=True)`` the files can be gone: the samples (bad ones replaced) are unchanged."""
+    copy = tmp_path / "copy"
+    shutil.copytree(messy_root, copy)
+    reference = ImageFolderDataset(messy_root, "train")
+    with pytest.warns(BadImageWarning, match="3 of 11 files"):
+        reference.verify(num_threads=2)
+    preloaded = ImageFolderDataset(copy, "train")
+    with pytest.warns(BadImageWarning, match="3 of 11 files"):
+        errors = preloaded.verify(num_threads=2, keep=True)
+    assert len(errors) == 3 and preloaded.num_bad == 3
+    shutil.rmtree(copy)
+    for i in range(len(reference)):
+        (want, want_target), (got, got_target) = reference[i], preloaded[i]
+        assert got_target == want_target and np.array_equal(got, want)
+        assert not got.flags.writeable  # a transform writing in place would fail, not change later epochs
+
+
+def test_preload_beyond_half_the_memory_is_refused(messy_root, monkeypatch):
+    monkeypatch.setattr("vit5.data.folder._physical_memory", lambda: 200)
+    ds = ImageFolderDataset(messy_root, "train")
+    with pytest.raises(ImageFolderError, match=r"half of this machine's memory.*data.preload=false"):
+        ds.verify(keep=True)

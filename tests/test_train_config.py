@@ -28,6 +28,7 @@ DIGITS = ["data.dataset=digits"]
         (["model.overrides.dept=2"], r"unknown ViT5Config key 'dept': did you mean 'depth'\?"),
         (["model.overrides.img_size=64"], r"model\.overrides\.img_size duplicates model\.img_size"),
         (["optim.name=lamm"], r"optim\.name='lamm' is not a timm optimizer \(closest: lamb"),
+        (["data.preload=true"], r"data\.dataset=digits has none .*set data\.preload=false"),
         (["data.batch_size=7"], r"data\.batch_size=7 is odd, but timm Mixup/CutMix needs an even batch"),
         (
             ["loss.smoothing=0.1"],

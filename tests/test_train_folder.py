@@ -21,11 +21,14 @@ def plant_bad_files(root: Path) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore::vit5.data.BadImageWarning")  # expected: planted
-def test_folder_training_end_to_end_skips_and_counts_bad_files(tmp_path):
+@pytest.mark.parametrize("preload", [False, True])
+def test_folder_training_end_to_end_skips_and_counts_bad_files(tmp_path, preload):
     root = tmp_path / "digits"
     export_digits_imagefolder(root, size=16)
     planted = plant_bad_files(root)
-    cfg = tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}", "schedule.epochs=2")
+    cfg = tiny_config(
+        tmp_path, "data.dataset=folder", f"data.root={root}", "schedule.epochs=2", f"data.preload={preload}"
+    )
     summary = Trainer(cfg).fit()
 
     assert summary["status"] == "completed" and summary["final_top1"] > 25  # it learned despite the bad files

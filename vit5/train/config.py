@@ -73,6 +73,7 @@ class DataSection:
     pin_memory: bool | None = None  # None: on when CUDA is available
     persistent_workers: bool = True  # only with num_workers > 0
     verify: bool = False  # decode every file once before training (bad files found up front)
+    preload: bool = False  # verify, and keep the decoded images in memory: no file read after that
     digits_val_fraction: float = 0.2
     # the training classes in label order; null: the train split's class folders, recorded here when a
     # run starts (config.yaml, every checkpoint), so --resume on renamed folders is refused
@@ -312,6 +313,12 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
             "data.root is not set: pass data.root=/path/to/dataset "
             "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
             "or data.dataset=digits for the built-in digits"
+        )
+    if cfg.data.preload and cfg.data.dataset != "folder":
+        yield (
+            f"data.preload=true keeps an image folder's decoded files in memory; data.dataset="
+            f"{cfg.data.dataset} has none (digits are in memory already, shards stream): "
+            "set data.preload=false"
         )
     if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
         yield (

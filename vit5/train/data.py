@@ -62,9 +62,10 @@ def build_datasets(
         root = Path(str(cfg.data.root)).expanduser()
         train_set = ImageFolderDataset(root, cfg.data.train_split, train_tf)
         val_set = ImageFolderDataset(root, cfg.data.val_split, val_tf, class_names=train_set.class_names)
-        if cfg.data.verify:
-            train_set.verify()
-            val_set.verify()
+        if cfg.data.verify or cfg.data.preload:
+            show = cfg.run.progress and (accelerator is None or accelerator.is_main_process)
+            train_set.verify(keep=cfg.data.preload, progress=show)
+            val_set.verify(keep=cfg.data.preload, progress=show)
     return train_set, val_set, list(train_set.class_names)
 
 
