@@ -18,6 +18,7 @@ ALLOWED_THIRD_PARTY = {
     "sklearn",
     "PIL",
     "webdataset",
+    "tqdm",  # progress of a long preload
 }
 
 
