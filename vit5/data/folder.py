@@ -119,7 +119,7 @@ class ImageFolderDataset(BadSamples, Dataset):
         flag and return the failures (one summary warning). ``keep`` holds the decoded images in memory
         (``data.preload``), so no later epoch reads a file: for small data sets on slow or network disks,
         where a cold 28 px PNG costs more than training on it. Refused beyond half the machine's memory."""
-        budget = _physical_memory() // 2 if keep else None
+        budget = _physical_memory() // 2
 
         def decode(path: str) -> np.ndarray | BadImageError | None:
             try:
@@ -144,7 +144,7 @@ class ImageFolderDataset(BadSamples, Dataset):
                 held.append(result)
                 if isinstance(result, np.ndarray):
                     kept += result.nbytes
-                    if budget is not None and kept > budget:
+                    if kept > budget:
                         pool.shutdown(cancel_futures=True)
                         raise ImageFolderError(
                             f"the decoded images under {self.root} pass half of this machine's memory "
