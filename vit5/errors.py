@@ -6,6 +6,8 @@ from __future__ import annotations
 import codecs
 import errno
 import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -60,6 +62,36 @@ def name_list(names: Any, limit: int = 6) -> str:
     names = [str(n) for n in names]
     shown = ", ".join(n if len(n) <= 40 else f"{n[:37]}..." for n in names[:limit])
     return shown + (f", ... (+{len(names) - limit} more)" if len(names) > limit else "") or "none"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validation rule as data: the settings it covers (space-separated names), the check each value
+    must pass, and what the value must be, said in the message. A rule whose ``must`` ends in "or null"
+    lets ``None`` pass."""
+
+    names: str
+    check: Callable[[Any], bool]
+    must: str
+
+    def problems(self, values: Mapping[str, Any]) -> list[str]:
+        """``"name=value must be ..."`` for each covered value that fails (one line each)."""
+        found = []
+        for name in self.names.split():
+            value = values[name]
+            if value is None:
+                passes = self.must.endswith("or null")
+            else:
+                passes = self.check(value)
+            if not passes:
+                found.append(f"{name}={shorten(value)} must be {self.must}")
+        return found
+
+
+def rule_problems(values: Mapping[str, Any], rules: Iterable[Rule]) -> list[str]:
+    """The one rule engine of vit5 (model, training and tool settings): every problem of ``values``
+    under ``rules``, in rule order; the caller raises its own error with the first or with all."""
+    return [problem for rule in rules for problem in rule.problems(values)]
 
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
