@@ -25,9 +25,9 @@ def max_image_pixels() -> int:
         return DEFAULT_MAX_IMAGE_PIXELS
     if not raw.isdecimal() or int(raw) < 1:
         raise InputError(
-            f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a positive whole number of pixels "
-            f"(e.g. {MAX_PIXELS_ENV}=400000000 for 20000x20000 images); unset it for the default "
-            f"{DEFAULT_MAX_IMAGE_PIXELS:,}"
+            f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a positive whole number "
+            f"of pixels (e.g. {MAX_PIXELS_ENV}=400000000 for 20000x20000 images); unset it "
+            f"for the default {DEFAULT_MAX_IMAGE_PIXELS:,}"
         )
     return int(raw)
 
@@ -39,7 +39,8 @@ except InputError:
     pass  # reported at the first decode
 import cv2  # noqa: E402 (after its limit is set)
 
-# OpenCV's thread pool is not fork-safe (a forked DataLoader worker can hang); loading uses worker processes.
+# OpenCV's thread pool is not fork-safe (a forked DataLoader worker can hang);
+# loading uses worker processes.
 cv2.setNumThreads(0)
 
 _JPEG_SOI = b"\xff\xd8"
@@ -55,7 +56,8 @@ class BadImageError(Vit5Error):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled by DataLoader workers: both arguments
+    # pickled by DataLoader workers: both arguments
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return type(self), (self.path, self.reason)
 
 
@@ -64,8 +66,10 @@ def decode_image(
 ) -> np.ndarray:
     """``path`` (any format OpenCV decodes) as a contiguous RGB ``uint8`` (H, W, 3) array.
     ``alpha_background``: the RGB colour to composite transparency on (``None``: drop alpha; not rotated)."""
-    try:  # O_NONBLOCK: a FIFO named *.png must not wait forever for a writer (no change for regular files)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    # O_NONBLOCK: a FIFO named *.png must not wait forever for a writer (no change for regular files)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
         with open(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise BadImageError(path, "not a regular file (a FIFO, socket or device)")
@@ -82,15 +86,19 @@ def decode_bytes(
     if alpha_background is not None and (
         len(alpha_background) != 3 or not all(0 <= c <= 255 for c in alpha_background)
     ):
-        raise ValueError(f"alpha_background must be an (R, G, B) triple in 0..255, got {alpha_background!r}")
+        raise ValueError(
+            f"alpha_background must be an (R, G, B) triple in 0..255, got {alpha_background!r}",
+        )
     if not data:
         raise BadImageError(path, "empty file (0 bytes)")
     if data.startswith(_JPEG_SOI) and data.rfind(_JPEG_EOI) < data.rfind(_JPEG_SOS):
         # OpenCV < 5 returns truncated JPEGs grey-filled instead of failing
         raise BadImageError(path, "truncated JPEG (no end-of-image marker after the last scan)")
-    limit = max_image_pixels()  # refused from the header; data PIL cannot parse is left to OpenCV's limit
+    # refused from the header; data PIL cannot parse is left to OpenCV's limit
+    limit = max_image_pixels()
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < limit:
-        Image.MAX_IMAGE_PIXELS = limit  # a raised limit applies to PIL too (it refuses at twice this)
+        # a raised limit applies to PIL too (it refuses at twice this)
+        Image.MAX_IMAGE_PIXELS = limit
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -99,7 +107,8 @@ def decode_bytes(
     except Image.DecompressionBombError as err:  # PIL's own limit, twice its MAX_IMAGE_PIXELS
         declared = re.search(r"\((\d+) pixels\)", str(err))
         if declared is None:
-            raise BadImageError(path, f"{err} (not decoded; {MAX_PIXELS_ENV} raises the limit)") from err
+            reason = f"{err} (not decoded; {MAX_PIXELS_ENV} raises the limit)"
+            raise BadImageError(path, reason) from err
         raise _too_many(path, int(declared.group(1)), limit, "") from err
     except Exception:  # not parsable by PIL: OpenCV decides, under its own limit
         width = height = 0
@@ -107,11 +116,11 @@ def decode_bytes(
     if alpha_background is not None and not data.startswith(_JPEG_SOI):
         raw = _imdecode(data, cv2.IMREAD_UNCHANGED, path)
         if raw.ndim == 3 and raw.shape[2] == 4:
-            rgba = cv2.cvtColor(raw, cv2.COLOR_BGRA2RGBA).astype(np.float32) * (
-                255.0 / np.iinfo(raw.dtype).max
-            )
+            scale = 255.0 / np.iinfo(raw.dtype).max
+            rgba = cv2.cvtColor(raw, cv2.COLOR_BGRA2RGBA).astype(np.float32) * scale
             alpha = rgba[..., 3:] / 255.0
-            out = rgba[..., :3] * alpha + np.asarray(alpha_background, dtype=np.float32) * (1.0 - alpha)
+            background = np.asarray(alpha_background, dtype=np.float32)
+            out = rgba[..., :3] * alpha + background * (1.0 - alpha)
             return np.ascontiguousarray(np.rint(out).clip(0, 255).astype(np.uint8))
     image = _imdecode(data, cv2.IMREAD_ANYDEPTH | cv2.IMREAD_ANYCOLOR, path)  # EXIF-oriented
     if image.dtype == np.uint16:
@@ -123,7 +132,12 @@ def decode_bytes(
     raise BadImageError(path, f"unsupported channel count {image.shape[2]} (expected 1, 3 or 4)")
 
 
-def check_pixels(path: str | os.PathLike[str], width: int, height: int, limit: int | None = None) -> None:
+def check_pixels(
+    path: str | os.PathLike[str],
+    width: int,
+    height: int,
+    limit: int | None = None,
+) -> None:
     """Refuse a ``width`` x ``height`` image over the pixel limit (:func:`max_image_pixels`)."""
     limit = max_image_pixels() if limit is None else limit
     if width * height > limit:
@@ -133,9 +147,9 @@ def check_pixels(path: str | os.PathLike[str], width: int, height: int, limit: i
 def _too_many(path: str | os.PathLike[str], pixels: int, limit: int, dims: str) -> BadImageError:
     return BadImageError(
         path,
-        f"declares {dims}{pixels:,} pixels ({3 * pixels / 2**30:.1f} GiB decoded), over the limit of "
-        f"{limit:,}: not decoded (a decompression bomb, or a genuinely huge image: to allow it, set the "
-        f"environment variable {MAX_PIXELS_ENV}={pixels})",
+        f"declares {dims}{pixels:,} pixels ({3 * pixels / 2**30:.1f} GiB decoded), "
+        f"over the limit of {limit:,}: not decoded (a decompression bomb, or a genuinely "
+        f"huge image: to allow it, set the environment variable {MAX_PIXELS_ENV}={pixels})",
     )
 
 
@@ -146,8 +160,12 @@ def _imdecode(data: bytes, flags: int, path: str | os.PathLike[str]) -> np.ndarr
         raise BadImageError(path, f"OpenCV error while decoding: {str(e).strip()}") from e
     if image is None or image.size == 0:
         raise BadImageError(
-            path, "OpenCV cannot decode it (not an image, an unsupported format, or corrupt/truncated data)"
+            path,
+            "OpenCV cannot decode it (not an image, an unsupported format, or corrupt/truncated data)",
         )
     if image.dtype not in (np.uint8, np.uint16):
-        raise BadImageError(path, f"unsupported sample type {image.dtype}; convert the file to 8 or 16 bit")
+        raise BadImageError(
+            path,
+            f"unsupported sample type {image.dtype}; convert the file to 8 or 16 bit",
+        )
     return image

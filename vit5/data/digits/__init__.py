@@ -59,7 +59,8 @@ def load_digits_split(
 
 def stratified_split(targets: np.ndarray, num_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted train and val positions of ``targets``, ``num_val`` in val, class-stratified, fixed by seed."""
-    parts = train_test_split(np.arange(len(targets)), test_size=num_val, stratify=targets, random_state=seed)
+    positions = np.arange(len(targets))
+    parts = train_test_split(positions, test_size=num_val, stratify=targets, random_state=seed)
     return np.sort(parts[0]), np.sort(parts[1])
 
 
@@ -77,7 +78,9 @@ class DigitsDataset(Dataset):
         seed: int = 0,
     ) -> None:
         data = load_digits_split(split, size=size, val_fraction=val_fraction, seed=seed)
-        self.split, self.transform, self.images = split, transform, data.images
+        self.split = split
+        self.transform = transform
+        self.images = data.images
         self.targets: list[int] = data.targets.tolist()
         self.class_names = list(DIGIT_CLASSES)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
@@ -87,7 +90,8 @@ class DigitsDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image = self.images[index]
-        return (self.transform(image) if self.transform is not None else image.copy()), self.targets[index]
+        sample = self.transform(image) if self.transform is not None else image.copy()
+        return sample, self.targets[index]
 
     def __repr__(self) -> str:
         size = self.images.shape[1]
@@ -106,9 +110,8 @@ class ExportReport:
 
     def __str__(self) -> str:
         totals = ", ".join(f"{split} {sum(c.values())}" for split, c in self.counts.items())
-        return (
-            f"{self.name} -> {self.root}: {totals} images; {self.written} written, {self.unchanged} unchanged"
-        )
+        files = f"{self.written} written, {self.unchanged} unchanged"
+        return f"{self.name} -> {self.root}: {totals} images; {files}"
 
 
 def write_pngs(root: Path, plan: dict[Path, np.ndarray], digits: int) -> int:
@@ -117,11 +120,12 @@ def write_pngs(root: Path, plan: dict[Path, np.ndarray], digits: int) -> int:
     planned folder that ``plan`` lacks is a ``FileExistsError``: an export with other arguments."""
     exported = re.compile(rf"^\d{{{digits}}}\.png$")
     folders = {path.parent for path in plan if path.parent.is_dir()}
-    stale = sorted(p for d in folders for p in d.iterdir() if exported.match(p.name) and p not in plan)
+    present = (p for d in folders for p in d.iterdir())
+    stale = sorted(p for p in present if exported.match(p.name) and p not in plan)
     if stale:
         raise FileExistsError(
-            f"{root} holds {len(stale)} image(s) this export would not write (e.g. {stale[0]}): an export "
-            f"with other arguments; delete {root} or export to another folder"
+            f"{root} holds {len(stale)} image(s) this export would not write (e.g. {stale[0]}): "
+            f"an export with other arguments; delete {root} or export to another folder"
         )
     written = 0
     for path, image in plan.items():

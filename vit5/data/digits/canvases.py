@@ -31,11 +31,19 @@ class CanvasConfig:
     def __post_init__(self) -> None:
         for name in ("size", "digits", "digit_side"):
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
-        (h, w), p, (lo, hi), (s_lo, s_hi) = self.size, self.patch_size, self.digits, self.digit_side
+        h, w = self.size
+        p = self.patch_size
+        lo, hi = self.digits
+        s_lo, s_hi = self.digit_side
+        side_max = min(h, w)
         for name, ok, want in (
             ("size", p >= 1 and not h % p and not w % p, f"a multiple of patch_size {p}"),
             ("digits", 1 <= lo <= hi, "a range 1 <= min <= max"),
-            ("digit_side", 4 <= s_lo <= s_hi <= min(h, w), f"a range 4 <= min <= max <= {min(h, w)} pixels"),
+            (
+                "digit_side",
+                4 <= s_lo <= s_hi <= side_max,
+                f"a range 4 <= min <= max <= {side_max} pixels",
+            ),
             ("background", self.background in BACKGROUNDS, f"one of {', '.join(BACKGROUNDS)}"),
             ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
             ("noise_std", self.noise_std >= 0, ">= 0"),
@@ -60,9 +68,13 @@ class CanvasBatch:
 def label_of(digits: tuple[int, ...], task: Task) -> int | np.ndarray:
     """The label of a canvas holding ``digits`` under ``task``."""
     if task != "multilabel":
-        return {"sum": sum(digits), "summod": sum(digits) % 10, "count": len(digits), "max": max(digits)}[
-            task
-        ]
+        labels = {
+            "sum": sum(digits),
+            "summod": sum(digits) % 10,
+            "count": len(digits),
+            "max": max(digits),
+        }
+        return labels[task]
     present = np.zeros(10, dtype=np.float32)
     present[list(digits)] = 1.0
     return present
@@ -76,7 +88,8 @@ class CanvasSource:
         self.seed = seed
         self.split_id = 0 if split == "train" else 1
         data = load_digits_split(split, size=8, seed=0)
-        self.pool = load_digits().images[data.source_indices].astype(np.float32)  # exact 0..16 intensities
+        # exact 0..16 intensities
+        self.pool = load_digits().images[data.source_indices].astype(np.float32)
         self.targets = data.targets
 
     def batch(self, index: int, size: int) -> CanvasBatch:
@@ -124,15 +137,20 @@ def _free_spot(
     rng: np.random.Generator, size: tuple[int, int], side: int, boxes: list[tuple[int, int, int]]
 ) -> tuple[int, int]:
     """A random top-left corner overlapping no earlier digit's square, if one of a few draws allows."""
-    best, best_overlap = (0, 0), np.inf
+    best = (0, 0)
+    best_overlap = np.inf
     for _ in range(30):
-        top, left = int(rng.integers(0, size[0] - side + 1)), int(rng.integers(0, size[1] - side + 1))
-        overlap = sum(
-            max(0, min(top + side, t + s) - max(top, t)) * max(0, min(left + side, x + s) - max(left, x))
-            for t, x, s in boxes
-        )
+        top = int(rng.integers(0, size[0] - side + 1))
+        left = int(rng.integers(0, size[1] - side + 1))
+        overlap = sum(_shared(top, t, side, s) * _shared(left, x, side, s) for t, x, s in boxes)
         if overlap == 0:
             return top, left
         if overlap < best_overlap:
-            best, best_overlap = (top, left), overlap
+            best = (top, left)
+            best_overlap = overlap
     return best
+
+
+def _shared(start: int, other: int, side: int, other_side: int) -> int:
+    """Pixels shared on one axis by ``[start, start + side)`` and ``[other, other + other_side)``."""
+    return max(0, min(start + side, other + other_side) - max(start, other))

@@ -54,7 +54,8 @@ class SegSetConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "digits_per_image", tuple(self.digits_per_image))
         object.__setattr__(self, "digit_scale", tuple(self.digit_scale))
-        (lo, hi), (s_lo, s_hi) = self.digits_per_image, self.digit_scale
+        lo, hi = self.digits_per_image
+        s_lo, s_hi = self.digit_scale
         for name, ok, want in (
             ("num_train", self.num_train >= 1, ">= 1"),
             ("num_val", self.num_val >= 1, ">= 1"),
@@ -72,12 +73,17 @@ class SegSetConfig:
 
 def digit_alpha(digit_8x8: np.ndarray, side: int) -> np.ndarray:
     """The 0..16 digit as a float32 alpha matte in [0, 1] of ``side`` x ``side`` (bilinear)."""
-    alpha = cv2.resize(digit_8x8.astype(np.float32) / 16.0, (side, side), interpolation=cv2.INTER_LINEAR)
+    scaled = digit_8x8.astype(np.float32) / 16.0
+    alpha = cv2.resize(scaled, (side, side), interpolation=cv2.INTER_LINEAR)
     return np.clip(alpha, 0.0, 1.0)
 
 
 def compose(
-    rng: np.random.Generator, digits: np.ndarray, targets: np.ndarray, sources: np.ndarray, cfg: SegSetConfig
+    rng: np.random.Generator,
+    digits: np.ndarray,
+    targets: np.ndarray,
+    sources: np.ndarray,
+    cfg: SegSetConfig,
 ) -> SegSample:
     """One canvas from the pool ``digits`` (N, 8, 8) in 0..16 with classes ``targets``."""
     size = cfg.size
@@ -87,28 +93,38 @@ def compose(
     placements = []
     for _ in range(int(rng.integers(cfg.digits_per_image[0], cfg.digits_per_image[1] + 1))):
         pick = int(rng.integers(len(targets)))
-        side = int(rng.integers(round(cfg.digit_scale[0] * size), round(cfg.digit_scale[1] * size) + 1))
+        smallest = round(cfg.digit_scale[0] * size)
+        largest = round(cfg.digit_scale[1] * size)
+        side = int(rng.integers(smallest, largest + 1))
         top, left = _free_spot(rng, size, side, placements)
         colour = (rng.uniform(200.0, 255.0) + rng.uniform(-20, 0, size=3)).astype(np.float32)
         alpha = digit_alpha(digits[pick], side)[..., None]
         window = canvas[top : top + side, left : left + side]
         window[:] = window * (1.0 - alpha) + colour * alpha
-        mask[top : top + side, left : left + side][alpha[..., 0] >= _ALPHA_THRESHOLD] = targets[pick] + 1
+        inked = alpha[..., 0] >= _ALPHA_THRESHOLD
+        mask[top : top + side, left : left + side][inked] = targets[pick] + 1
         placements.append(Placement(int(targets[pick]), int(sources[pick]), top, left, side))
     return SegSample(np.rint(canvas).clip(0, 255).astype(np.uint8), mask, tuple(placements))
 
 
-def _free_spot(rng: np.random.Generator, size: int, side: int, placed: list[Placement]) -> tuple[int, int]:
+def _free_spot(
+    rng: np.random.Generator,
+    size: int,
+    side: int,
+    placed: list[Placement],
+) -> tuple[int, int]:
     """A random top-left corner; of up to ``_SPOT_TRIES`` draws, the first whose square covers at
     most ``_MAX_COVER`` of an earlier digit's square, else the least covering one."""
-    best, best_cover = (0, 0), np.inf
+    best = (0, 0)
+    best_cover = np.inf
     for _ in range(_SPOT_TRIES):
         top, left = (int(v) for v in rng.integers(0, size - side + 1, size=2))
         cover = max((_overlap(top, left, side, p) / p.side**2 for p in placed), default=0.0)
         if cover <= _MAX_COVER:
             return top, left
         if cover < best_cover:
-            best, best_cover = (top, left), cover
+            best = (top, left)
+            best_cover = cover
     return best
 
 
@@ -129,7 +145,10 @@ def digit_seg_samples(split: str, cfg: SegSetConfig = SegSetConfig()) -> list[Se
     return [compose(rng, digits, data.targets, data.source_indices, cfg) for _ in range(count)]
 
 
-def make_digit_segmentation(root: str | os.PathLike[str], cfg: SegSetConfig = SegSetConfig()) -> dict:
+def make_digit_segmentation(
+    root: str | os.PathLike[str],
+    cfg: SegSetConfig = SegSetConfig(),
+) -> dict:
     """Write the set under ``root`` (:func:`~vit5.data.digits.write_pngs`: idempotent, a set with other
     arguments refused) and return the ``dataset.json`` content."""
     root = Path(root)
