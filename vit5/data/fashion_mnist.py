@@ -44,12 +44,14 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
         if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise FashionMnistError(f"{path} is a truncated or corrupt gzip file ({e}); {_REFETCH}") from e
+        reason = f"{path} is a truncated or corrupt gzip file ({e})"
+        raise FashionMnistError(f"{reason}; {_REFETCH}") from e
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_TYPES or data[3] == 0:
         raise FashionMnistError(
             f"{path} is not an IDX file (magic number {data[:4].hex() or 'missing'}); {_REFETCH}"
         )
-    dtype, ndim = np.dtype(_IDX_TYPES[data[2]]), data[3]
+    dtype = np.dtype(_IDX_TYPES[data[2]])
+    ndim = data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
         raise FashionMnistError(f"{path} is truncated inside its IDX header; {_REFETCH}")
@@ -58,24 +60,26 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     if len(data) - header != expected:
         state = "truncated" if len(data) - header < expected else "longer than its header says"
         raise FashionMnistError(
-            f"{path} is {state}: its IDX header gives shape {dims} ({expected} data bytes) but it holds "
-            f"{len(data) - header}; {_REFETCH}"
+            f"{path} is {state}: its IDX header gives shape {dims} ({expected} data bytes) "
+            f"but it holds {len(data) - header}; {_REFETCH}"
         )
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    return array.astype(dtype.newbyteorder("="))
 
 
 def load_part(source: Path, part: str) -> tuple[np.ndarray, np.ndarray]:
     """The checked ``(images (N, H, W) uint8, labels (N,) int64 in 0..9)`` of ``part`` ("train"/"test")."""
     images_path, labels_path = (_idx_path(source, stem) for stem in IDX_FILES[part])
-    images, labels = read_idx(images_path), read_idx(labels_path)
+    images = read_idx(images_path)
+    labels = read_idx(labels_path)
     for path, array, ndim, shape, kind in (
         (images_path, images, 3, "(N, height, width)", "an image"),
         (labels_path, labels, 1, "(N,)", "a label"),
     ):
         if array.ndim != ndim or array.dtype != np.uint8:
             raise FashionMnistError(
-                f"{path}: expected {shape} unsigned bytes, got shape {array.shape} of {array.dtype}; "
-                f"is it {kind} file?"
+                f"{path}: expected {shape} unsigned bytes, "
+                f"got shape {array.shape} of {array.dtype}; is it {kind} file?"
             )
     if len(images) != len(labels):
         raise FashionMnistError(
@@ -94,7 +98,8 @@ def _idx_path(source: Path, stem: str) -> Path | None:
 
 
 def _missing(folder: Path) -> list[str]:
-    return [stem for stems in IDX_FILES.values() for stem in stems if _idx_path(folder, stem) is None]
+    stems = [stem for pair in IDX_FILES.values() for stem in pair]
+    return [stem for stem in stems if _idx_path(folder, stem) is None]
 
 
 def torchvision_download(cache: Path) -> Path:
@@ -105,7 +110,8 @@ def torchvision_download(cache: Path) -> Path:
 
         FashionMNIST(str(cache), train=True, download=True)
         FashionMNIST(str(cache), train=False, download=True)
-    except Exception as e:  # ImportError, URLError, timeouts, checksum RuntimeError: "not downloadable here"
+    # ImportError, URLError, timeouts, checksum RuntimeError: all mean "not downloadable here"
+    except Exception as e:
         raise OSError(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
     return cache / "FashionMNIST" / "raw"
 
@@ -123,12 +129,13 @@ def resolve_source(
         folder = Path(source).expanduser()
         if not folder.is_dir():
             raise FashionMnistError(f"--source {folder} is not a folder; {_WHERE}")
-        if _missing(folder):
-            raise FashionMnistError(f"--source {folder} lacks {', '.join(_missing(folder))} (.gz); {_WHERE}")
+        missing = _missing(folder)
+        if missing:
+            raise FashionMnistError(f"--source {folder} lacks {', '.join(missing)} (.gz); {_WHERE}")
         return folder
-    cache = (
-        cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vit5" / "fashion-mnist"
-    )
+    if cache is None:
+        cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        cache = Path(cache_home) / "vit5" / "fashion-mnist"
     for folder in (debian_dir, cache / "FashionMNIST" / "raw"):
         if not _missing(folder):
             return folder
@@ -161,10 +168,10 @@ def export_fashion_mnist(
     source :func:`resolve_source` finds; ``val_size`` images of the training part, class-stratified and
     fixed by ``seed``, form val. A tree from an export with other arguments is a ``FileExistsError``."""
     folder = resolve_source(source, debian_dir=debian_dir, download=download, cache=cache)
-    (train_images, train_labels), (test_images, test_labels) = (
-        load_part(folder, p) for p in ("train", "test")
-    )
-    classes, count = len(np.unique(train_labels)), len(train_labels)
+    train_images, train_labels = load_part(folder, "train")
+    test_images, test_labels = load_part(folder, "test")
+    classes = len(np.unique(train_labels))
+    count = len(train_labels)
     if type(val_size) is not int or not classes <= val_size <= count - classes:
         raise FashionMnistError(
             f"--val-size {val_size} must be an integer from {classes} to {count - classes} "
@@ -180,4 +187,5 @@ def export_fashion_mnist(
         split: zip(indices.tolist(), labels[indices].tolist(), images[indices])
         for split, (images, labels, indices) in parts.items()
     }
-    return write_image_tree(Path(root), splits, FASHION_MNIST_CLASSES, 5, f"fashion-mnist ({folder})")
+    name = f"fashion-mnist ({folder})"
+    return write_image_tree(Path(root), splits, FASHION_MNIST_CLASSES, 5, name)

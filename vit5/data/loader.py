@@ -46,17 +46,25 @@ class RepeatAugSampler(Sampler[Any]):
         if num_repeats < 1:
             raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
         if selected_round < 0:
-            raise ValueError(f"selected_round must be >= 0 (0 disables rounding), got {selected_round}")
-        self.length, self.num_replicas, self.rank, self.num_repeats = length, num_replicas, rank, num_repeats
-        self.shuffle, self.seed, self.seeded = shuffle, seed, seeded
+            raise ValueError(
+                f"selected_round must be >= 0 (0 disables rounding), got {selected_round}",
+            )
+        self.length = length
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.num_repeats = num_repeats
+        self.shuffle = shuffle
+        self.seed = seed
+        self.seeded = seeded
         if selected_round and num_repeats > 1:
             self.num_selected = length // selected_round * selected_round // num_replicas
         else:
             self.num_selected = math.ceil(length / num_replicas)
         if self.num_selected == 0:
             raise ValueError(
-                f"a data set of {length} samples over {num_replicas} process(es) with selected_round="
-                f"{selected_round} yields 0 samples per epoch; pass selected_round=0 for small data sets"
+                f"a data set of {length} samples over {num_replicas} process(es) with "
+                f"selected_round={selected_round} yields 0 samples per epoch; "
+                "pass selected_round=0 for small data sets"
             )
         self.epoch = self.consumed = 0
 
@@ -70,21 +78,23 @@ class RepeatAugSampler(Sampler[Any]):
         together): exact on any world size."""
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
-        self.epoch, self.consumed = epoch, consumed
+        self.epoch = epoch
+        self.consumed = consumed
 
     def __iter__(self) -> Iterator[Any]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = (
-            torch.randperm(self.length, generator=generator) if self.shuffle else torch.arange(self.length)
-        )
+        if self.shuffle:
+            order = torch.randperm(self.length, generator=generator)
+        else:
+            order = torch.arange(self.length)
         repeated = torch.repeat_interleave(order, self.num_repeats).tolist()
         first = self.consumed + self.rank
         positions = range(first, first + len(self) * self.num_replicas, self.num_replicas)
+        indices = [repeated[p % len(repeated)] for p in positions]
         if self.seeded:
-            return iter(
-                [(repeated[p % len(repeated)], sample_seed(self.seed, self.epoch, p)) for p in positions]
-            )
-        return iter([repeated[p % len(repeated)] for p in positions])
+            seeds = [sample_seed(self.seed, self.epoch, p) for p in positions]
+            return iter(list(zip(indices, seeds)))
+        return iter(indices)
 
     def __len__(self) -> int:
         """Samples of this rank still to come in the epoch (the same on every rank)."""
@@ -151,10 +161,18 @@ def build_loader(
     ``seeded`` wraps ``dataset`` in :class:`SeededSamples` (a mid-epoch resume then draws the same
     augmentations; a given sampler must be built ``seeded=True``)."""
     if sampler is None and train:
-        sampler = RepeatAugSampler(dataset, num_repeats=1, seed=seed, selected_round=0, seeded=seeded)
+        sampler = RepeatAugSampler(
+            dataset,
+            num_repeats=1,
+            seed=seed,
+            selected_round=0,
+            seeded=seeded,
+        )
     if seeded:
         if not getattr(sampler, "seeded", False):
-            raise ValueError("seeded=True needs a RepeatAugSampler(..., seeded=True) (or sampler=None)")
+            raise ValueError(
+                "seeded=True needs a RepeatAugSampler(..., seeded=True) (or sampler=None)",
+            )
         dataset = SeededSamples(dataset)
     return DataLoader(
         dataset,

@@ -32,9 +32,8 @@ def default_splits(root: str | os.PathLike[str]) -> tuple[str, str]:
         if all((Path(root) / "images" / s).is_dir() for s in pair):
             return pair
     found = sorted(p.name for p in (Path(root) / "images").glob("*") if p.is_dir())
-    raise InputError(
-        f"{root}/images has no train/val (or training/validation) folders (found {found}); name the splits"
-    )
+    wanted = "train/val (or training/validation) folders"
+    raise InputError(f"{root}/images has no {wanted} (found {found}); name the splits")
 
 
 MAX_CLASSES = 65_536  # class ids are the values of an 8- or 16-bit mask PNG
@@ -54,8 +53,10 @@ def dataset_info(
     meta_path = Path(root) / "dataset.json"
     meta = read_json(meta_path) if meta_path.is_file() else {}
     if not isinstance(meta, dict):
-        raise InputError(f"{meta_path} holds a {type(meta).__name__}, not an object of dataset fields")
-    count, names = meta.get("num_classes"), meta.get("class_names")
+        kind = type(meta).__name__
+        raise InputError(f"{meta_path} holds a {kind}, not an object of dataset fields")
+    count = meta.get("num_classes")
+    names = meta.get("class_names")
     rules = (
         ("num_classes", _whole(count, 2), f"a whole number from 2 to {MAX_CLASSES:,}"),
         (
@@ -65,12 +66,18 @@ def dataset_info(
             and count in (None, len(names)),
             f"a list of {count or 'N'} names",
         ),
-        ("ignore_index", _whole(meta.get("ignore_index"), -1), f"a whole number from -1 to {MAX_CLASSES:,}"),
+        (
+            "ignore_index",
+            _whole(meta.get("ignore_index"), -1),
+            f"a whole number from -1 to {MAX_CLASSES:,}",
+        ),
     )
     for field, ok, want in rules:
         if meta.get(field) is not None and not ok:
             shown = meta[field] if len(str(meta[field])) < 80 else "..."
-            raise InputError(f"{meta_path}: {field} is {shown!r}, but must be {want}; fix or delete the file")
+            raise InputError(
+                f"{meta_path}: {field} is {shown!r}, but must be {want}; fix or delete the file",
+            )
     num_classes = num_classes or count
     if not num_classes:
         raise InputError(f"give the number of classes (>= 2); {meta_path} does not say it")
@@ -81,21 +88,27 @@ def dataset_info(
         )
     ignore_index = ignore_index if ignore_index is not None else meta.get("ignore_index", 255)
     if 0 <= ignore_index < num_classes:
-        raise InputError(
-            f"ignore_index {ignore_index} is a class id (0..{num_classes - 1}); choose e.g. 255 or -1"
-        )
-    names = tuple((names if count == num_classes else None) or (str(i) for i in range(num_classes)))
-    return SegDatasetInfo(num_classes, names, ignore_index, reduce_zero_label)
+        problem = f"ignore_index {ignore_index} is a class id (0..{num_classes - 1})"
+        raise InputError(f"{problem}; choose e.g. 255 or -1")
+    if count != num_classes or not names:
+        # the file's names describe another class count: number the classes instead
+        names = [str(i) for i in range(num_classes)]
+    return SegDatasetInfo(
+        num_classes=num_classes,
+        class_names=tuple(names),
+        ignore_index=ignore_index,
+        reduce_zero_label=reduce_zero_label,
+    )
 
 
 def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Path]]:
     """``(image, mask)`` paths of ``split``, sorted; a missing mask is an error naming the image."""
-    image_dir, mask_dir = Path(root) / "images" / split, Path(root) / "annotations" / split
+    image_dir = Path(root) / "images" / split
+    mask_dir = Path(root) / "annotations" / split
+    expected = f"{root}/images/{split}/ and {root}/annotations/{split}/"
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():
-            raise InputError(
-                f"{folder} does not exist; expected {root}/images/{split}/ and {root}/annotations/{split}/"
-            )
+            raise InputError(f"{folder} does not exist; expected {expected}")
     images = image_files(image_dir)
     if not images:
         raise InputError(f"{image_dir} holds no images")
@@ -103,9 +116,8 @@ def list_pairs(root: str | os.PathLike[str], split: str) -> list[tuple[Path, Pat
     for image in images:
         mask = (mask_dir / image.relative_to(image_dir)).with_suffix(".png")
         if not mask.is_file():
-            raise InputError(
-                f"image {image} has no label mask {mask} (masks are PNG files with the image's relative path)"
-            )
+            hint = "masks are PNG files with the image's relative path"
+            raise InputError(f"image {image} has no label mask {mask} ({hint})")
         pairs.append((image, mask))
     return pairs
 
@@ -123,8 +135,8 @@ def read_mask(path: Path, image_hw: tuple[int, int], info: SegDatasetInfo) -> np
         raise InputError(f"label mask {path} cannot be read as an image ({err})") from err
     if mask.ndim != 2:
         raise InputError(
-            f"label mask {path} has {mask.shape[2]} channels; it must be a single-channel PNG of class ids "
-            "(convert colour-coded masks to ids first)"
+            f"label mask {path} has {mask.shape[2]} channels; "
+            "it must be a single-channel PNG of class ids (convert colour-coded masks to ids first)"
         )
     if tuple(mask.shape) != tuple(image_hw):
         raise InputError(
