@@ -47,7 +47,8 @@ class BadSamples:
 
     @property
     def bad_files(self) -> list[str]:
-        return [self.sample_name(i) for i in torch.nonzero(self._bad).flatten().tolist()]  # type: ignore[attr-defined]
+        flagged = torch.nonzero(self._bad).flatten().tolist()
+        return [self.sample_name(i) for i in flagged]  # type: ignore[attr-defined]
 
     def _flag(self, index: int, message: str) -> None:
         """Flag sample ``index``; the first process to flag it warns."""
@@ -73,22 +74,25 @@ class ImageFolderDataset(BadSamples, Dataset):
         alpha_background: tuple[int, int, int] | None = None,
     ) -> None:
         self.root = _split_dir(Path(root), split)
-        self.transform, self.alpha_background = transform, alpha_background
+        self.transform = transform
+        self.alpha_background = alpha_background
         self.extensions = tuple(sorted({f".{e.lower().lstrip('.')}" for e in extensions}))
         self.class_names = _class_names(self.root, split, class_names)
         self.class_to_idx = {name: i for i, name in enumerate(self.class_names)}
         self.samples: list[tuple[str, int]] = []
         for name in self.class_names:
-            files = _image_paths(self.root / name, self.extensions, follow_outside=False, stacklevel=3)
+            folder = self.root / name
+            files = _image_paths(folder, self.extensions, follow_outside=False, stacklevel=3)
             if not files:
                 raise ImageFolderError(
-                    f"class folder {self.root / name} has no images with extensions {list(self.extensions)}. "
-                    "Add images or delete the folder."
+                    f"class folder {folder} has no images with extensions "
+                    f"{list(self.extensions)}. Add images or delete the folder."
                 )
             self.samples.extend(zip(files, repeat(self.class_to_idx[name])))
         self.targets = [target for _, target in self.samples]
         self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
-        self._images: list[np.ndarray | None] | None = None  # decoded images, after verify(keep=True)
+        # decoded images, after verify(keep=True)
+        self._images: list[np.ndarray | None] | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -101,12 +105,18 @@ class ImageFolderDataset(BadSamples, Dataset):
                 continue
             path, target = self.samples[i]
             try:
-                image = decode_image(path, self.alpha_background) if self._images is None else self._images[i]
+                if self._images is None:
+                    image = decode_image(path, self.alpha_background)
+                else:
+                    image = self._images[i]
             except BadImageError as e:
                 error = e
-                self._flag(i, f"skipping unreadable image {e}; using the next readable file instead")
+                message = f"skipping unreadable image {e}; using the next readable file instead"
+                self._flag(i, message)
                 continue
-            return (self.transform(image) if self.transform is not None else image), target
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, target
         raise self._all_bad_error(error)
 
     def sample_name(self, index: int) -> str:
@@ -126,10 +136,12 @@ class ImageFolderDataset(BadSamples, Dataset):
                 image = decode_image(path, self.alpha_background)
             except BadImageError as e:
                 return e
-            image.flags.writeable = False  # a transform that wrote in place would change later epochs
+            # a transform that wrote in place would change later epochs
+            image.flags.writeable = False
             return image if keep else None
 
-        kept, held = 0, []
+        kept = 0
+        held = []
         with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
             results = pool.map(decode, (path for path, _ in self.samples))
             bar = tqdm(
@@ -147,20 +159,22 @@ class ImageFolderDataset(BadSamples, Dataset):
                     if kept > budget:
                         pool.shutdown(cancel_futures=True)
                         raise ImageFolderError(
-                            f"the decoded images under {self.root} pass half of this machine's memory "
-                            f"({budget / 2**30:.1f} GiB) after {len(held)} of {len(self.samples)} files: set "
-                            "data.preload=false (files are then read each epoch)"
+                            f"the decoded images under {self.root} pass half of this machine's "
+                            f"memory ({budget / 2**30:.1f} GiB) after {len(held)} of "
+                            f"{len(self.samples)} files: set data.preload=false "
+                            "(files are then read each epoch)"
                         )
+        failed = [isinstance(e, BadImageError) for e in held]
         errors = [e for e in held if isinstance(e, BadImageError)]
-        self._bad |= torch.tensor([isinstance(e, BadImageError) for e in held], dtype=torch.bool)
+        self._bad |= torch.tensor(failed, dtype=torch.bool)
         if keep:
-            self._images = [None if isinstance(e, BadImageError) else e for e in held]
+            self._images = [None if bad else e for e, bad in zip(held, failed)]
         if len(errors) == len(self.samples):
             raise self._all_bad_error(errors[-1])
         if errors:
             warnings.warn(
-                f"{len(errors)} of {len(self.samples)} files under {self.root} cannot be decoded and will be "
-                f"replaced by their next readable neighbour, e.g. {errors[0]}",
+                f"{len(errors)} of {len(self.samples)} files under {self.root} cannot be decoded "
+                f"and will be replaced by their next readable neighbour, e.g. {errors[0]}",
                 BadImageWarning,
                 stacklevel=2,
             )
@@ -175,7 +189,8 @@ class ImageFolderDataset(BadSamples, Dataset):
     def _all_bad_error(self, example: BadImageError | None) -> ImageFolderError:
         return ImageFolderError(
             f"none of the {len(self.samples)} files under {self.root} can be decoded "
-            f"(e.g. {example}). Check that the folder holds real images (not LFS pointers or archives)."
+            f"(e.g. {example}). "
+            "Check that the folder holds real images (not LFS pointers or archives)."
         )
 
 
@@ -189,16 +204,21 @@ def _physical_memory() -> int:
 
 def _split_dir(root: Path, split: str | None) -> Path:
     if not root.is_dir():
-        raise ImageFolderError(f"data set root {root} does not exist or is not a folder; check the path.")
+        raise ImageFolderError(
+            f"data set root {root} does not exist or is not a folder; check the path.",
+        )
     if split is None:
         return root
     split_dir = root / split
     if not split_dir.is_dir():
-        available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = [p.name for p in root.iterdir() if p.is_dir()]
+        available = sorted(name for name in folders if not name.startswith("."))
         raise ImageFolderError(
-            f"split folder {split_dir} does not exist (sub-folders of {root}: {name_list(available, 8)}). "
-            f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that holds "
-            f"'{split}/' (if {root} is itself a split, use its parent, or split=None from Python)."
+            f"split folder {split_dir} does not exist "
+            f"(sub-folders of {root}: {name_list(available, 8)}). "
+            f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that "
+            f"holds '{split}/' (if {root} is itself a split, use its parent, or split=None from "
+            "Python)."
         )
     return split_dir
 
@@ -206,14 +226,20 @@ def _split_dir(root: Path, split: str | None) -> Path:
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:
     folders = [e for e in _listing(str(split_dir), str(split_dir.parent), set(), []) if e.is_dir()]
     found = sorted(e.name for e in folders)
-    for entry in folders:  # a class folder that links to the split (or above) would hold every class
-        if entry.is_symlink() and _inside(os.path.realpath(split_dir), os.path.realpath(entry.path)):
+    # a class folder that links to the split (or above) would hold every class
+    for entry in folders:
+        if not entry.is_symlink():
+            continue
+        target = os.path.realpath(entry.path)
+        if _inside(os.path.realpath(split_dir), target):
             raise ImageFolderError(
-                f"class folder {entry.path} is a link to {os.path.realpath(entry.path)}, which "
+                f"class folder {entry.path} is a link to {target}, which "
                 f"contains {split_dir} itself: remove the link"
             )
     if not found:
-        raise ImageFolderError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<image>.")
+        raise ImageFolderError(
+            f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<image>.",
+        )
     if split is None and set(found) <= _SPLIT_NAMES:
         raise ImageFolderError(
             f"{split_dir} looks like a data set root (sub-folders {found}), not a split folder; "
@@ -223,10 +249,12 @@ def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | N
         return found
     if len(set(expected)) != len(expected):
         raise ImageFolderError(f"class_names has duplicates: {list(expected)}")
-    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
     if missing or extra:
         raise ImageFolderError(
-            f"class folders in {split_dir} do not match class_names: missing {missing}, unexpected {extra}. "
+            f"class folders in {split_dir} do not match class_names: "
+            f"missing {missing}, unexpected {extra}. "
             f"Every split needs the same class folders (an empty class cannot be evaluated)."
         )
     return list(expected)
@@ -237,10 +265,15 @@ def class_names_change(old: Sequence[str], new: Sequence[str]) -> str:
     gone = [n for n in old if n not in set(new)]
     added = [n for n in new if n not in set(old)]
     if not gone and not added:
-        return "the same names in another label order" if list(old) != list(new) else "no difference"
-    return "; ".join(
-        ([f"gone: {name_list(gone)}"] if gone else []) + ([f"new: {name_list(added)}"] if added else [])
-    )
+        if list(old) != list(new):
+            return "the same names in another label order"
+        return "no difference"
+    parts = []
+    if gone:
+        parts.append(f"gone: {name_list(gone)}")
+    if added:
+        parts.append(f"new: {name_list(added)}")
+    return "; ".join(parts)
 
 
 def image_files(
@@ -256,7 +289,10 @@ def image_files(
 
 
 def _image_paths(
-    folder: str | os.PathLike[str], extensions: Iterable[str], follow_outside: bool, stacklevel: int = 2
+    folder: str | os.PathLike[str],
+    extensions: Iterable[str],
+    follow_outside: bool,
+    stacklevel: int = 2,
 ) -> list[str]:
     """:func:`image_files` as strings, with one ``scandir`` per folder and no ``stat`` per file (entries
     cache their kind and inode); sorted visiting (a folder sorts as ``name/``) yields sorted paths."""
@@ -274,7 +310,8 @@ def _image_paths(
         while i < len(entries):
             entry = entries[i]
             i += 1
-            if entry.is_file(follow_symlinks=False):  # a regular file, not a link: the common case
+            # a regular file, not a link: the common case
+            if entry.is_file(follow_symlinks=False):
                 if entry.name.lower().endswith(suffixes):
                     files.append(entry.path)
                     inodes.append(entry.inode())
@@ -290,7 +327,11 @@ def _image_paths(
                 except OSError:
                     skipped.append(f"{entry.path} (a broken link)")
                     continue
-            if stat.S_ISDIR(info.st_mode) if info else entry.is_dir(follow_symlinks=False):
+            if info:
+                is_folder = stat.S_ISDIR(info.st_mode)
+            else:
+                is_folder = entry.is_dir(follow_symlinks=False)
+            if is_folder:
                 listing = _listing(entry.path, top, visited, skipped)
                 if listing:
                     stack += [(entries, i), (listing, 0)]
@@ -301,12 +342,14 @@ def _image_paths(
                     files.append(entry.path)
                     inodes.append(info.st_ino)
                 else:
-                    skipped.append(f"{entry.path} (not a regular file: {_file_kind(info.st_mode)})")
+                    kind = _file_kind(info.st_mode)
+                    skipped.append(f"{entry.path} (not a regular file: {kind})")
     files = _one_path_per_file(files, inodes)
     if skipped:
+        entries = "entry" if len(skipped) == 1 else "entries"
+        more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
         warnings.warn(
-            f"skipped {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} under {folder}: {skipped[0]}"
-            + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""),
+            f"skipped {len(skipped)} {entries} under {folder}: {skipped[0]}{more}",
             BadImageWarning,
             stacklevel=stacklevel,
         )
@@ -315,7 +358,10 @@ def _image_paths(
 
 def _one_path_per_file(files: list[str], inodes: array) -> list[str]:
     """``files`` without later paths to a file listed before; only shared inode numbers are ``stat``-ed."""
-    numbers = np.frombuffer(inodes, dtype=np.uint64) if len(inodes) else np.zeros(0, np.uint64)
+    if len(inodes):
+        numbers = np.frombuffer(inodes, dtype=np.uint64)
+    else:
+        numbers = np.zeros(0, np.uint64)
     values, counts = np.unique(numbers, return_counts=True)
     if counts.max(initial=0) < 2:
         return files
@@ -342,8 +388,8 @@ def _listing(
             entries = [e for e in listing if not e.name.startswith(".")]
     except OSError as err:
         raise ImageFolderError(
-            f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; fix its permissions "
-            f"(e.g. chmod a+rx) or move it out of {top}"
+            f"cannot read folder {directory}: {(err.strerror or str(err)).lower()}; "
+            f"fix its permissions (e.g. chmod a+rx) or move it out of {top}"
         ) from err
     return sorted(entries, key=_path_order)
 
@@ -361,5 +407,10 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device"}
-    return {**kinds, stat.S_IFBLK: "a block device"}.get(stat.S_IFMT(mode), "not a file")
+    kinds = {
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+    }
+    return kinds.get(stat.S_IFMT(mode), "not a file")
