@@ -31,6 +31,9 @@ _STORED_AS_IS = {f".{k}": k for k in SHARD_IMAGE_KEYS} | {".jpe": "jpg"}
 CLASSES_FILE = "classes.txt"
 INFO_FILE = "_info.json"
 PAD_LABEL = -1  # validation padding: not counted
+# ``(sample id, raw sample or None if unreadable)`` in stream order
+RawSamples = Iterator[tuple[int, dict[str, Any] | None]]
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
 class ShardError(InputError):
@@ -41,7 +44,8 @@ def _webdataset() -> Any:
     try:
         import webdataset
     except ImportError as err:  # an optional extra
-        raise ShardError("data.dataset=wds needs the webdataset package: pip install 'vit5[wds]'") from err
+        needs = "data.dataset=wds needs the webdataset package"
+        raise ShardError(f"{needs}: pip install 'vit5[wds]'") from err
     return webdataset
 
 
@@ -57,12 +61,13 @@ def expand_shards(spec: str | os.PathLike[str] | Sequence[str]) -> list[str]:
         else:
             shards.extend(_webdataset().shardlists.expand_urls(text))
     if not shards:
-        raise ShardError(f"no shards in {spec!r}: give a brace pattern, a list or a directory holding *.tar")
+        raise ShardError(
+            f"no shards in {spec!r}: give a brace pattern, a list or a directory holding *.tar",
+        )
     missing = [s for s in shards if not os.path.isfile(s)]
     if missing:
-        raise ShardError(
-            f"{len(missing)} of {len(shards)} shards do not exist, e.g. {missing[0]}; check data.*_shards"
-        )
+        problem = f"{len(missing)} of {len(shards)} shards do not exist, e.g. {missing[0]}"
+        raise ShardError(f"{problem}; check data.*_shards")
     return shards
 
 
@@ -70,7 +75,8 @@ def count_samples(path: str) -> int:
     """Samples in one shard, counted from the tar headers as webdataset groups them (consecutive members
     sharing a key; metadata and non-regular members skipped)."""
     key_of = _webdataset().tariterators.base_plus_ext
-    count, last = 0, None
+    count = 0
+    last = None
     try:
         tar = tarfile.open(path, "r:")
     except (tarfile.TarError, OSError) as err:
@@ -78,13 +84,17 @@ def count_samples(path: str) -> int:
     with tar:
         try:
             for info in tar:
-                if not info.isreg() or info.name.startswith("__"):  # metadata, as webdataset skips it
+                # metadata, as webdataset skips it
+                if not info.isreg() or info.name.startswith("__"):
                     continue
                 key, _ = key_of(info.name)
                 if key is not None and key != last:
-                    count, last = count + 1, key
-        except (tarfile.TarError, OSError) as err:  # truncated: what it has is read, the rest is lost
-            warnings.warn(f"{path} is damaged after {count} samples ({err})", BadImageWarning, stacklevel=2)
+                    count += 1
+                    last = key
+        # truncated: what it has is read, the rest is lost
+        except (tarfile.TarError, OSError) as err:
+            message = f"{path} is damaged after {count} samples ({err})"
+            warnings.warn(message, BadImageWarning, stacklevel=2)
     return count
 
 
@@ -101,7 +111,8 @@ def shard_lengths(shards: Sequence[str]) -> list[int]:
                 for name, length in zip(split["filenames"], split["shard_lengths"]):
                     known[os.path.join(folder, os.path.basename(name))] = int(length)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ShardError(f"{info_path} is not a valid shard index ({err}); delete it to count") from err
+            problem = f"{info_path} is not a valid shard index ({err})"
+            raise ShardError(f"{problem}; delete it to count") from err
     return [known[s] if s in known else count_samples(s) for s in shards]
 
 
@@ -111,14 +122,12 @@ def read_class_names(shards: Sequence[str], num_classes: int | None) -> list[str
     if os.path.isfile(path):
         names = _lines(Path(path))
         if num_classes is not None and num_classes != len(names):
-            raise ShardError(
-                f"data.num_classes={num_classes} but {path} names {len(names)} classes; drop one of the two"
-            )
+            problem = f"data.num_classes={num_classes} but {path} names {len(names)} classes"
+            raise ShardError(f"{problem}; drop one of the two")
         return names
     if num_classes is None:
-        raise ShardError(
-            f"no {CLASSES_FILE} beside {shards[0]}: set data.num_classes (labels are 0 .. num_classes - 1)"
-        )
+        fix = "set data.num_classes (labels are 0 .. num_classes - 1)"
+        raise ShardError(f"no {CLASSES_FILE} beside {shards[0]}: {fix}")
     return [str(i) for i in range(num_classes)]
 
 
@@ -145,26 +154,33 @@ class ShardDataset(BadSamples, IterableDataset):
         alpha_background: tuple[int, int, int] | None = None,
     ) -> None:
         if batch_size < 1 or num_workers < 0 or shuffle_buffer < 0:
-            raise ValueError(f"need batch_size >= 1, num_workers >= 0, shuffle_buffer >= 0: {batch_size=}")
+            raise ValueError(
+                f"need batch_size >= 1, num_workers >= 0, shuffle_buffer >= 0: {batch_size=}",
+            )
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"need 0 <= rank < num_replicas; got {num_replicas=} {rank=}")
         self.shards = expand_shards(shards)
         self.lengths = shard_lengths(self.shards)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.num_samples = int(self.offsets[-1])
-        self.class_names = (
-            list(class_names) if class_names is not None else read_class_names(self.shards, num_classes)
-        )
-        self.transform, self.alpha_background = transform, alpha_background
-        self.batch_size, self.train = batch_size, train
-        self.num_replicas, self.rank, self.num_workers = num_replicas, rank, num_workers
-        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        if class_names is None:
+            class_names = read_class_names(self.shards, num_classes)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.alpha_background = alpha_background
+        self.batch_size = batch_size
+        self.train = train
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.num_workers = num_workers
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
         if train:
             self.batches = self.num_samples // (num_replicas * batch_size)
             if self.batches == 0:
                 raise ShardError(
-                    f"{self.num_samples} training samples cannot fill one batch of {batch_size} on each of "
-                    f"{num_replicas} process(es); lower data.batch_size"
+                    f"{self.num_samples} training samples cannot fill one batch of {batch_size} "
+                    f"on each of {num_replicas} process(es); lower data.batch_size"
                 )
             self.dropped = self.num_samples - self.batches * num_replicas * batch_size
         else:
@@ -175,7 +191,8 @@ class ShardDataset(BadSamples, IterableDataset):
             self.batches = per_slot * max(num_workers, 1)
             self.dropped = 0
         self._bad = torch.zeros(self.num_samples, dtype=torch.bool).share_memory_()
-        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, samples to skip
+        # the epoch and the samples to skip, seen by the workers
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
 
     def __len__(self) -> int:
         """Batches this process still yields in the epoch (the same on every process)."""
@@ -189,7 +206,8 @@ class ShardDataset(BadSamples, IterableDataset):
         total = self.batches * self.num_replicas * self.batch_size
         if not 0 <= consumed <= total:
             raise ValueError(f"consumed must be in [0, {total}], got {consumed}")
-        self._position[0], self._position[1] = epoch, consumed
+        self._position[0] = epoch
+        self._position[1] = consumed
 
     def sample_name(self, index: int) -> str:
         """``shard.tar#i``: the ``i``-th sample of a shard."""
@@ -202,40 +220,50 @@ class ShardDataset(BadSamples, IterableDataset):
             f"classes={len(self.class_names)}, train={self.train}, bad={self.num_bad})"
         )
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Batches:
         info = get_worker_info()
-        workers, loader_worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        workers = 1
+        loader_worker = 0
+        if info is not None:
+            workers = info.num_workers
+            loader_worker = info.id
         if workers != max(self.num_workers, 1):
-            raise RuntimeError(
-                f"built for {self.num_workers} workers but read by {workers}: use shard_loader(dataset)"
-            )
+            problem = f"built for {self.num_workers} workers but read by {workers}"
+            raise RuntimeError(f"{problem}: use shard_loader(dataset)")
         epoch, skip = (int(v) for v in self._position.tolist())
         if self.train:
             yield from self._train_batches(epoch, skip, workers, loader_worker)
         else:
             yield from self._val_batches(workers, loader_worker)
 
-    def _train_batches(
-        self, epoch: int, skip: int, workers: int, loader_worker: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        done = skip // (self.num_replicas * self.batch_size)  # batches this process already took
-        worker = (loader_worker + done) % workers  # rotated: the loader's next turn is batch done + 1
+    def _train_batches(self, epoch: int, skip: int, workers: int, loader_worker: int) -> Batches:
+        # batches this process already took
+        done = skip // (self.num_replicas * self.batch_size)
+        # rotated: the loader's next turn is batch done + 1
+        worker = (loader_worker + done) % workers
         counts = [len(range(w, self.batches, workers)) for w in range(workers)]
         taken = len(range(worker, done, workers))
-        first = self.rank * self.batches + sum(counts[:worker])  # in batches of the epoch's stream
-        start, stop = first * self.batch_size, (first + counts[worker]) * self.batch_size
+        # in batches of the epoch's stream
+        first = self.rank * self.batches + sum(counts[:worker])
+        start = first * self.batch_size
+        stop = (first + counts[worker]) * self.batch_size
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
         rng = random.Random(f"{self.seed}-{epoch}-{self.rank}-{worker}")
         size = self.shuffle_buffer
-        stream = _webdataset().filters.shuffle(size, size, rng=rng)(self._read(order, start, stop))
-        for _ in range(taken * self.batch_size):  # consumed before the interruption: bytes only
+        shuffle = _webdataset().filters.shuffle(size, size, rng=rng)
+        stream = shuffle(self._read(order, start, stop))
+        # consumed before the interruption: bytes only
+        for _ in range(taken * self.batch_size):
             next(stream)
-        for batch in zip(*[self._good(stream)] * self.batch_size):  # full batches (all are)
+        # full batches (all are)
+        for batch in zip(*[self._good(stream)] * self.batch_size):
             yield tuple(default_collate(list(batch)))
 
-    def _val_batches(self, workers: int, loader_worker: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        slots, slot = self.num_replicas * workers, self.rank * workers + loader_worker
-        start, stop = self.num_samples * slot // slots, self.num_samples * (slot + 1) // slots
+    def _val_batches(self, workers: int, loader_worker: int) -> Batches:
+        slots = self.num_replicas * workers
+        slot = self.rank * workers + loader_worker
+        start = self.num_samples * slot // slots
+        stop = self.num_samples * (slot + 1) // slots
         order = np.arange(len(self.shards))
         wanted = self.batches // workers * self.batch_size
         batch: list[tuple[torch.Tensor, int]] = []
@@ -249,40 +277,45 @@ class ShardDataset(BadSamples, IterableDataset):
             batch.append(decoded)
             if len(batch) == self.batch_size:
                 yield tuple(default_collate(batch))
-                sent, batch = sent + len(batch), []
+                sent += len(batch)
+                batch = []
         if pad is None:  # an empty (or all-bad) range: pad with any readable sample
             pad = next(self._good(self._read(order, 0, self.num_samples)))[0]
         while sent < wanted:
             batch.extend((pad, PAD_LABEL) for _ in range(self.batch_size - len(batch)))
             yield tuple(default_collate(batch))
-            sent, batch = sent + len(batch), []
+            sent += len(batch)
+            batch = []
 
-    def _read(self, order: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    def _read(self, order: np.ndarray, start: int, stop: int) -> RawSamples:
         """``(sample id, raw sample or None if unreadable)`` for stream positions ``[start, stop)``."""
         position = 0
         for shard in order.tolist():
             length = self.lengths[shard]
-            lo, hi = max(start - position, 0), min(stop - position, length)
+            lo = max(start - position, 0)
+            hi = min(stop - position, length)
             position += length
             if lo < hi:
                 yield from self._read_shard(shard, lo, hi)
             if position >= stop:
                 return
 
-    def _read_shard(self, shard: int, lo: int, hi: int) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    def _read_shard(self, shard: int, lo: int, hi: int) -> RawSamples:
         wds = _webdataset()
         url = self.shards[shard]
         base = int(self.offsets[shard])
         index = 0
         errors: list[BaseException] = []
 
-        def stop(err: BaseException) -> bool:  # end the shard at a damaged member, keep what came before
+        # end the shard at a damaged member, keep what came before
+        def stop(err: BaseException) -> bool:
             errors.append(err)
             return False
 
         try:
             with open(url, "rb") as stream:
-                members = wds.tariterators.tar_file_expander([dict(url=url, stream=stream)], handler=stop)
+                sources = [dict(url=url, stream=stream)]
+                members = wds.tariterators.tar_file_expander(sources, handler=stop)
                 for sample in wds.tariterators.group_by_keys(members, handler=stop):
                     if index >= lo:
                         yield base + index, sample
@@ -292,21 +325,22 @@ class ShardDataset(BadSamples, IterableDataset):
         except OSError as err:
             errors.append(err)
         if errors:  # a truncated or corrupt tar: the rest of the shard is unreadable
-            name, text = type(errors[0]).__name__, str(errors[0]).split(" @ ")[0]
+            name = type(errors[0]).__name__
+            text = str(errors[0]).split(" @ ")[0]
             reason = f"shard unreadable from sample {index} on ({name}: {text})"
         else:
-            reason = f"the shard ended after {index} samples, its index says {self.lengths[shard]}"
+            expected = self.lengths[shard]
+            reason = f"the shard ended after {index} samples, its index says {expected}"
         warnings.warn(f"{url}: {reason}", BadImageWarning, stacklevel=3)
         for i in range(max(index, lo), hi):
             self._bad[base + i] = True
             yield base + i, None
 
-    def _good(
-        self, stream: Iterator[tuple[int, dict[str, Any] | None]]
-    ) -> Iterator[tuple[torch.Tensor, int]]:
+    def _good(self, stream: RawSamples) -> Iterator[tuple[torch.Tensor, int]]:
         """Decoded samples, one per stream position: a bad one is replaced by the next good one
         (the previous good one at the end)."""
-        owed, last = 0, None
+        owed = 0
+        last = None
         for index, raw in stream:
             decoded = self._decode(index, raw)
             if decoded is None:
@@ -314,11 +348,11 @@ class ShardDataset(BadSamples, IterableDataset):
                 continue
             for _ in range(owed + 1):
                 yield decoded
-            owed, last = 0, decoded
+            owed = 0
+            last = decoded
         if owed and last is None:
-            raise ShardError(
-                f"none of this worker's {owed} samples of {self.shards[0]} ... decode; check the shards"
-            )
+            problem = f"none of this worker's {owed} samples of {self.shards[0]} ... decode"
+            raise ShardError(f"{problem}; check the shards")
         for _ in range(owed):
             yield last  # type: ignore[misc]
 
@@ -330,7 +364,8 @@ class ShardDataset(BadSamples, IterableDataset):
             label = self._label(raw, name)
             image_key = next((k for k in SHARD_IMAGE_KEYS if k in raw), None)
             if image_key is None:
-                raise BadImageError(name, f"no image under {'/'.join(SHARD_IMAGE_KEYS)} (has {_keys(raw)})")
+                keys = "/".join(SHARD_IMAGE_KEYS)
+                raise BadImageError(name, f"no image under {keys} (has {_keys(raw)})")
             image = decode_bytes(raw[image_key], name, self.alpha_background)
         except BadImageError as err:
             self._flag(index, f"skipping unreadable sample {err}")
@@ -344,7 +379,8 @@ class ShardDataset(BadSamples, IterableDataset):
             elif "json" in raw:
                 label = int(json.loads(raw["json"])["label"])
             else:
-                raise BadImageError(name, f"no label (no cls, no json with label; has {_keys(raw)})")
+                reason = f"no label (no cls, no json with label; has {_keys(raw)})"
+                raise BadImageError(name, reason)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
             raise BadImageError(name, f"unreadable label ({err})") from err
         if not 0 <= label < len(self.class_names):
@@ -361,12 +397,16 @@ def shard_loader(
 ) -> DataLoader:
     """The DataLoader for ``dataset``: its own workers, batches made by the dataset (``batch_size=None``)."""
     workers = dataset.num_workers
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    if persistent_workers is None:
+        persistent_workers = True
     return DataLoader(
         dataset,
         batch_size=None,
         num_workers=workers,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        persistent_workers=workers > 0 if persistent_workers is None else persistent_workers and workers > 0,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers and workers > 0,
     )
 
 
@@ -412,7 +452,9 @@ def write_shards(
     plan = dict(source=os.path.abspath(src), files=len(source), shard_size=shard_size, seed=seed)
     _check_plan(out / f".{split}-plan.json", plan)
     order = np.random.default_rng(seed).permutation(len(source)).tolist()
-    names, lengths, skipped = [], [], []
+    names = []
+    lengths = []
+    skipped = []
     kept = 0
     for number, first in enumerate(range(0, len(order), shard_size)):
         path = out / f"{split}-{number:06d}.tar"
@@ -426,19 +468,29 @@ def write_shards(
             skipped.extend(bad)
     for stale in out.glob(f"{split}-*.tar.tmp"):
         stale.unlink()
-    info = json.loads((out / INFO_FILE).read_text()) if (out / INFO_FILE).exists() else {}
+    info_path = out / INFO_FILE
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
     info.setdefault("splits", {})[split] = dict(
         name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
     )
-    atomic_write_json(out / INFO_FILE, info)
-    return ShardReport(out, split, len(names), len(names) - kept, kept, sum(lengths), skipped)
+    atomic_write_json(info_path, info)
+    return ShardReport(
+        out=out,
+        split=split,
+        shards=len(names),
+        written=len(names) - kept,
+        kept=kept,
+        samples=sum(lengths),
+        skipped=skipped,
+    )
 
 
 def _write_shard(
     path: Path, source: ImageFolderDataset, indices: list[int], first: int
 ) -> tuple[int, list[str]]:
     temporary = path.with_name(path.name + ".tmp")
-    count, skipped = 0, []
+    count = 0
+    skipped = []
     with tarfile.open(temporary, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for position, index in enumerate(indices, start=first):
             file, label = source.samples[index]
@@ -447,16 +499,20 @@ def _write_shard(
                 if ext is not None:
                     data = Path(file).read_bytes()
                 else:
-                    ok, encoded = cv2.imencode(".png", cv2.cvtColor(decode_image(file), cv2.COLOR_RGB2BGR))
+                    bgr = cv2.cvtColor(decode_image(file), cv2.COLOR_RGB2BGR)
+                    ok, encoded = cv2.imencode(".png", bgr)
                     if not ok:
                         raise BadImageError(file, "cannot be re-encoded as PNG")
-                    data, ext = encoded.tobytes(), "png"
+                    data = encoded.tobytes()
+                    ext = "png"
             except (BadImageError, OSError) as err:
                 skipped.append(str(err))
                 continue
             for suffix, member in ((ext, data), ("cls", str(label).encode())):
                 info = tarfile.TarInfo(f"{position:09d}.{suffix}")
-                info.size, info.mtime, info.mode = len(member), int(time.time()), 0o644
+                info.size = len(member)
+                info.mtime = int(time.time())
+                info.mode = 0o644
                 tar.addfile(info, io.BytesIO(member))
             count += 1
     fsync_file(temporary)
@@ -471,8 +527,8 @@ def _check_classes(path: Path, names: list[str]) -> None:
         atomic_write_text(path, "".join(f"{n}\n" for n in names))
     elif (found := _lines(path)) != names:
         raise ShardError(
-            f"{path} lists other classes ({len(found)}) than the source ({len(names)}): write the shards "
-            "of a data set with other classes to another folder"
+            f"{path} lists other classes ({len(found)}) than the source ({len(names)}): "
+            "write the shards of a data set with other classes to another folder"
         )
 
 
@@ -480,7 +536,8 @@ def _check_plan(path: Path, plan: dict[str, object]) -> None:
     if not path.exists():
         atomic_write_json(path, plan)
     elif (before := json.loads(path.read_text())) != plan:
-        changed = ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v)
+        changes = [f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v]
+        changed = ", ".join(changes)
         raise ShardError(
             f"{path.parent} holds shards written with another plan ({changed}); "
             "use a new output folder, or delete the old shards and the plan file to start over"
