@@ -271,7 +271,7 @@ def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
         (("eval", (32, 32, 3)), {}, TypeError, "size must be an int"),
         (("eval", 32), {"crop_ratio": 1.2}, ValueError, "crop_ratio"),
         (("eval", 32), {"mean": (0.5, 0.5)}, ValueError, "one value per RGB channel"),
-        (("none", 32), {"std": (0.5, 0.0, 0.5)}, ValueError, "std must be one value > 0"),
+        (("none", 32), {"std": (0.5, 0.0, 0.5)}, ValueError, r"std=\(0.5, 0.0, 0.5\) must be one value > 0"),
         (("three_augment", 32), {"scale": (0.5, 0.1)}, ValueError, "scale"),
         (("three_augment", 32), {"color_jitter": -1}, ValueError, "color_jitter"),
         (("three_augment", 32), {"hflip": 2}, ValueError, "hflip"),

@@ -3,7 +3,7 @@ Bicubic as the official recipe; ``antialias=True`` downscales with ``INTER_AREA`
 bicubic; OpenCV's bicubic does not low-pass)."""
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 import albumentations as A
@@ -14,6 +14,8 @@ from albumentations.pytorch import ToTensorV2
 from PIL import Image
 from timm.data import auto_augment, rand_augment_transform
 
+from vit5.errors import Rule, rule_problems
+
 # timm.data's IMAGENET_DEFAULT_MEAN/STD (vit5.model uses those): vit5.data imports no timm, to stay light
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -22,30 +24,37 @@ DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
 Size = int | tuple[int, int]
 _BICUBIC: dict[str, Any] = {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image"}
-_ALIASED = {"area_for_downscale": None}  # eval with antialias=False: OpenCV's bicubic downscaling too
-_PROBABILITY = (lambda v: 0 <= v <= 1, "a probability in [0, 1]")
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "hflip": _PROBABILITY,
-    "erasing": _PROBABILITY,
-    "color_jitter": (lambda v: v >= 0, ">= 0 (0 disables it)"),
-    "padding": (lambda v: v >= 0, ">= 0 pixels"),
-    "crop_ratio": (lambda v: 0 < v <= 1, "in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic)"),
-    "scale": (lambda v: 0 < v[0] <= v[1] <= 1, "(min, max) with 0 < min <= max <= 1"),
-    "ratio": (lambda v: 0 < v[0] <= v[1], "(min, max) with 0 < min <= max"),
-    "policy": (
-        lambda v: v.startswith("rand-"),
-        f"a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}",
-    ),
-    "mean": (lambda v: len(v) == 3, "one value per RGB channel"),
-    "std": (lambda v: len(v) == 3 and min(v) > 0, "one value > 0 per RGB channel"),
+# eval with antialias=False: OpenCV's bicubic downscaling too
+_ALIASED = {"area_for_downscale": None}
+_PROBABILITY = "a probability in [0, 1]"
+_RANDAUG_STRING = f"a timm RandAugment string such as {DEFAULT_RANDAUG_POLICY!r}"
+# One rule per argument, so a builder checks only the arguments it takes.
+_RULES: dict[str, Rule] = {
+    rule.names: rule
+    for rule in (
+        Rule("hflip", lambda v: 0 <= v <= 1, _PROBABILITY),
+        Rule("erasing", lambda v: 0 <= v <= 1, _PROBABILITY),
+        Rule("color_jitter", lambda v: v >= 0, ">= 0 (0 disables it)"),
+        Rule("padding", lambda v: v >= 0, ">= 0 pixels"),
+        Rule(
+            "crop_ratio",
+            lambda v: 0 < v <= 1,
+            "in (0, 1] (1.0 = official ViT-5 eval, 0.875 = classic)",
+        ),
+        Rule("scale", lambda v: 0 < v[0] <= v[1] <= 1, "(min, max) with 0 < min <= max <= 1"),
+        Rule("ratio", lambda v: 0 < v[0] <= v[1], "(min, max) with 0 < min <= max"),
+        Rule("policy", lambda v: v.startswith("rand-"), _RANDAUG_STRING),
+        Rule("mean", lambda v: len(v) == 3, "one value per RGB channel"),
+        Rule("std", lambda v: len(v) == 3 and min(v) > 0, "one value > 0 per RGB channel"),
+    )
 }
 
 
 def _check(**values: Any) -> None:
-    for name, value in values.items():
-        test, want = _RULES[name]
-        if not test(value):
-            raise ValueError(f"{name} must be {want}, got {value!r}")
+    """Raise a ``ValueError`` naming the first of ``values`` that breaks its rule."""
+    problems = rule_problems(values, [_RULES[name] for name in values])
+    if problems:
+        raise ValueError(problems[0])
 
 
 class ImageTransform:
@@ -54,7 +63,10 @@ class ImageTransform:
     forked workers identical states and every step the same seed)."""
 
     def __init__(
-        self, steps: Sequence[Any], mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+        self,
+        steps: Sequence[Any],
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
     ) -> None:
         _check(mean=mean, std=std)
         normalize = A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)
@@ -62,7 +74,8 @@ class ImageTransform:
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         seed = int(torch.empty((), dtype=torch.int64).random_())
-        self.pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
+        numpy_rng = np.random.default_rng(seed)
+        self.pipeline.set_random_state(numpy_rng, random.Random(seed))
         return self.pipeline(image=image)["image"]
 
     def __repr__(self) -> str:
@@ -74,9 +87,17 @@ class TimmRandAugment(A.ImageOnlyTransform):
     hyper-parameters: translation ``0.45 * min(size)`` px, fill = the normalisation mean, bicubic. It draws
     from Python's ``random`` and NumPy's global RNG (seeded per worker)."""
 
-    def __init__(self, policy: str, size: tuple[int, int], mean: Sequence[float], p: float = 1.0) -> None:
+    def __init__(
+        self,
+        policy: str,
+        size: tuple[int, int],
+        mean: Sequence[float],
+        p: float = 1.0,
+    ) -> None:
         super().__init__(p=p)
-        self.policy, self.size, self.mean = policy, size, mean
+        self.policy = policy
+        self.size = size
+        self.mean = mean
         hparams = {
             "translate_const": int(min(size) * 0.45),
             "img_mean": tuple(min(255, round(255 * m)) for m in mean),
@@ -124,8 +145,10 @@ def three_augment(
         ]
     one_of = [
         A.ToGray(num_output_channels=3, method="weighted_average", p=1.0),
-        A.Solarize(threshold_range=(0.5, 0.5), p=1.0),  # inverts v >= 0.5 * 255, i.e. v >= 128 like PIL
-        A.GaussianBlur(blur_limit=0, sigma_limit=(0.1, 2.0), p=1.0),  # kernel from sigma, as PIL's
+        # inverts v >= 0.5 * 255, i.e. v >= 128 like PIL
+        A.Solarize(threshold_range=(0.5, 0.5), p=1.0),
+        # the kernel from sigma, as PIL's
+        A.GaussianBlur(blur_limit=0, sigma_limit=(0.1, 2.0), p=1.0),
     ]
     steps = [*crop_flip, A.OneOf(one_of, p=1.0)]
     if color_jitter > 0:
@@ -145,7 +168,8 @@ def randaug_transform(
     ``auto_augment``: no colour jitter, no random erasing)."""
     _check(policy=policy)
     height, width, crop_flip = _crop_flip(size, scale, (3 / 4, 4 / 3), hflip)
-    return ImageTransform([*crop_flip, TimmRandAugment(policy, (height, width), IMAGENET_MEAN)])
+    randaugment = TimmRandAugment(policy, (height, width), IMAGENET_MEAN)
+    return ImageTransform([*crop_flip, randaugment])
 
 
 def pad_crop_transform(
@@ -162,7 +186,8 @@ def pad_crop_transform(
     _check(hflip=hflip, erasing=erasing, padding=padding)
     steps: list[A.BasicTransform] = [A.Resize(height, width, **_BICUBIC)]
     if padding:
-        steps += [A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101), A.RandomCrop(height, width)]
+        steps.append(A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101))
+        steps.append(A.RandomCrop(height, width))
     steps.append(A.HorizontalFlip(p=hflip))
     if erasing > 0:
         steps.append(A.Erasing(scale=(0.02, 0.33), ratio=(0.3, 3.3), fill="random", p=erasing))
@@ -183,7 +208,8 @@ def eval_transform(
     height, width = _size_hw(size)
     _check(crop_ratio=crop_ratio)
     cover = (int(height / crop_ratio), int(width / crop_ratio))
-    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **{**_BICUBIC, **({} if antialias else _ALIASED)})
+    interpolation = _BICUBIC if antialias else {**_BICUBIC, **_ALIASED}
+    resize = A.SmallestMaxSize(max_size_hw=cover, p=1.0, **interpolation)
     return ImageTransform([resize, A.CenterCrop(height, width)], mean, std)
 
 
@@ -206,13 +232,15 @@ _BUILDERS = {
 def build_transform(kind: TransformKind, size: Size, **options: Any) -> ImageTransform:
     """The builder of ``kind`` (``"none"``: :func:`resize_transform`) called with ``options``."""
     if kind not in _BUILDERS:
-        raise ValueError(f"unknown transform kind {kind!r}; choose one of {list(get_args(TransformKind))}")
+        kinds = list(get_args(TransformKind))
+        raise ValueError(f"unknown transform kind {kind!r}; choose one of {kinds}")
     return _BUILDERS[kind](size, **options)
 
 
 def _size_hw(size: Size) -> tuple[int, int]:
     pair = (size, size) if not isinstance(size, (tuple, list)) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair):
+    whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in pair)
+    if len(pair) != 2 or not whole:
         raise TypeError(f"size must be an int or a (height, width) pair of ints, got {size!r}")
     if min(pair) <= 0:
         raise ValueError(f"size must be positive, got {size!r}")
