@@ -46,6 +46,7 @@ cv2.setNumThreads(0)
 _JPEG_SOI = b"\xff\xd8"
 _JPEG_SOS = b"\xff\xda"
 _JPEG_EOI = b"\xff\xd9"
+_UNDECODABLE = "not an image, an unsupported format, or corrupt/truncated data"
 
 
 class BadImageError(Vit5Error):
@@ -159,10 +160,7 @@ def _imdecode(data: bytes, flags: int, path: str | os.PathLike[str]) -> np.ndarr
     except cv2.error as e:
         raise BadImageError(path, f"OpenCV error while decoding: {str(e).strip()}") from e
     if image is None or image.size == 0:
-        raise BadImageError(
-            path,
-            "OpenCV cannot decode it (not an image, an unsupported format, or corrupt/truncated data)",
-        )
+        raise BadImageError(path, f"OpenCV cannot decode it ({_UNDECODABLE})")
     if image.dtype not in (np.uint8, np.uint16):
         raise BadImageError(
             path,

@@ -55,7 +55,17 @@ class VisionRotaryEmbedding(nn.Module):
 
 
 class OfficialAttention(nn.Module):
-    def __init__(self, dim, num_heads, qkv_bias, rope_size, rope_reg_size, num_registers, reg_theta, qk_norm):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        qkv_bias,
+        rope_size,
+        rope_reg_size,
+        num_registers,
+        reg_theta,
+        qk_norm,
+    ):
         super().__init__()
         self.num_heads = num_heads
         head_dim = dim // num_heads
@@ -73,21 +83,25 @@ class OfficialAttention(nn.Module):
         if qk_norm:
             self.q_norm = OfficialRMSNorm(head_dim)
             self.k_norm = OfficialRMSNorm(head_dim)
-        self.last_attention: torch.Tensor | None = None  # softmax probabilities of the last call
+        # the softmax probabilities of the last call
+        self.last_attention: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         reg_idx = N - self.num_registers
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).unbind(dim=2)
         if self.qk_norm:
-            q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
+            q = self.q_norm(q).to(v.dtype)
+            k = self.k_norm(k).to(v.dtype)
         if self.rope is not None:
             q = torch.cat((q[:, :1], self.rope(q[:, 1:reg_idx]), q[:, reg_idx:]), dim=1)
             k = torch.cat((k[:, :1], self.rope(k[:, 1:reg_idx]), k[:, reg_idx:]), dim=1)
         if self.rope_reg is not None:
             q = torch.cat((q[:, :reg_idx], self.rope_reg(q[:, reg_idx:])), dim=1)
             k = torch.cat((k[:, :reg_idx], self.rope_reg(k[:, reg_idx:])), dim=1)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
+        v = v.transpose(1, 2)
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
         self.last_attention = attn.detach()
         return self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
@@ -126,7 +140,8 @@ class OfficialPatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert x.shape[-2:] == (self.img_size, self.img_size), "the official PatchEmbed accepts only img_size"
+        square = (self.img_size, self.img_size)
+        assert x.shape[-2:] == square, "the official PatchEmbed accepts only img_size"
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
@@ -155,7 +170,9 @@ class OfficialViT5(nn.Module):
         norm_layer = OfficialRMSNorm if rmsnorm else (lambda d: nn.LayerNorm(d, eps=1e-6))
         self.patch_embed = OfficialPatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.reg_token = nn.Parameter(torch.zeros(1, num_registers, embed_dim)) if num_registers else None
+        self.reg_token = None
+        if num_registers:
+            self.reg_token = nn.Parameter(torch.zeros(1, num_registers, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches, embed_dim))
         reg_side = int(num_registers**0.5)
         self.blocks = nn.ModuleList(
