@@ -37,7 +37,8 @@ class NeuronSearch:
     detect_layer: int | None = None  # block whose output outliers define O
     top_layer: int | None = None  # only neurons of blocks <= this
     top_k: int = 10
-    k: float = 5.0  # outlier threshold: log-norm median + k MAD over all patches of the set
+    # the outlier threshold: log-norm median + k MAD over all patches of the set
+    k: float = 5.0
     threshold: float | None = None  # an explicit norm threshold instead
     batch_size: int = 16
     device: str = "cpu"
@@ -45,9 +46,8 @@ class NeuronSearch:
     def __post_init__(self) -> None:
         bad_threshold = self.threshold is not None and self.threshold <= 0
         if self.top_k < 1 or self.k <= 0 or self.batch_size < 1 or bad_threshold:
-            raise InputError(
-                "register-neuron search needs top_k >= 1, k > 0, batch_size >= 1 and a positive threshold"
-            )
+            needs = "top_k >= 1, k > 0, batch_size >= 1 and a positive threshold"
+            raise InputError(f"register-neuron search needs {needs}")
 
 
 @dataclass
@@ -58,14 +58,16 @@ class NeuronSearchResult:
     threshold: float
     images_with_outliers: int
     num_images: int
-    outlier_ratio: list[float]  # per block, with each block's own log-MAD threshold (picks the detect block)
+    # per block, with each block's own log-MAD threshold (picks the detect block)
+    outlier_ratio: list[float]
 
     def describe(self) -> str:
         listed = ", ".join(f"{n.layer}:{n.neuron} ({n.score:.3g})" for n in self.neurons)
+        images = f"{self.images_with_outliers}/{self.num_images} images"
         return (
-            f"register neurons (block:unit (mean |activation| at outliers)): {listed}; outliers read at "
-            f"block {self.detect_layer} above norm {self.threshold:.3g} in {self.images_with_outliers}/"
-            f"{self.num_images} images; neurons searched in blocks <= {self.top_layer}"
+            f"register neurons (block:unit (mean |activation| at outliers)): {listed}; "
+            f"outliers read at block {self.detect_layer} above norm {self.threshold:.3g} "
+            f"in {images}; neurons searched in blocks <= {self.top_layer}"
         )
 
 
@@ -97,7 +99,9 @@ def find_register_neurons(
     ``top_layer`` defaults to it."""
     info = describe(model)
     if info.test_registers:
-        raise InputError("find register neurons on the model itself, not inside use_test_time_registers()")
+        raise InputError(
+            "find register neurons on the model itself, not inside use_test_time_registers()",
+        )
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
     inputs = list(batches(images, info, search.batch_size, search.device))
@@ -105,37 +109,64 @@ def find_register_neurons(
     with capture(net, attention=False) as rec:
         for x in inputs:
             net.forward_features(x)
-            block_norms = [layout.patches(rec.tokens[i]).float().norm(dim=-1) for i in range(info.depth)]
+            blocks = [rec.tokens[i] for i in range(info.depth)]
+            block_norms = [layout.patches(t).float().norm(dim=-1) for t in blocks]
             norms.append(torch.stack(block_norms, 1))
     patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
-    per_block = outlier_ratio(patch_norms, layer_thresholds(patch_norms, search.k)).mean(axis=0)
-    detect = int(np.argmax(per_block)) if search.detect_layer is None else search.detect_layer
+    thresholds = layer_thresholds(patch_norms, search.k)
+    per_block = outlier_ratio(patch_norms, thresholds).mean(axis=0)
+    detect = search.detect_layer
+    if detect is None:
+        detect = int(np.argmax(per_block))
     detect = take_indices(info.depth, [detect])[0]
-    top = take_indices(info.depth, [detect if search.top_layer is None else search.top_layer])[0]
-    tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)  # a threshold is positive
-    scores, used, start = 0.0, 0, 0  # scores [L, H]: summed over the images with outliers
+    top = search.top_layer
+    if top is None:
+        top = detect
+    top = take_indices(info.depth, [top])[0]
+    # a given threshold is positive, so `or` falls back only when none is given
+    tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)
+    # [L, H]: summed over the images with outliers
+    scores = 0.0
+    used = 0
+    start = 0
     hidden: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, h: torch.Tensor) -> None:
+        hidden[layer] = h.abs()
+
     for x in inputs:
         with ExitStack() as stack:
-            _mlp_input_hooks(stack, net, range(top + 1), lambda layer, h: hidden.update({layer: h.abs()}))
+            _mlp_input_hooks(stack, net, range(top + 1), keep)
             net.forward_features(x)
-        outliers = torch.from_numpy(patch_norms[start : start + len(x), detect] > tau).to(x.device)  # [b, P]
+        above = patch_norms[start : start + len(x), detect] > tau
+        outliers = torch.from_numpy(above).to(x.device)  # [b, P]
         start += len(x)
-        weights = (outliers / outliers.sum(dim=1, keepdim=True).clamp_min(1)).unsqueeze(1)  # [b, 1, P]
-        per_image = [(weights @ layout.patches(hidden[layer]).float())[:, 0] for layer in range(top + 1)]
-        scores = scores + torch.stack(per_image, dim=1).sum(dim=0)  # images without outliers add zeros
+        counts = outliers.sum(dim=1, keepdim=True).clamp_min(1)
+        weights = (outliers / counts).unsqueeze(1)  # [b, 1, P]
+        layers = range(top + 1)
+        per_image = [(weights @ layout.patches(hidden[i]).float())[:, 0] for i in layers]
+        # images without outliers add zeros
+        scores = scores + torch.stack(per_image, dim=1).sum(dim=0)
         used += int(outliers.any(dim=1).sum())
     if used == 0:
         raise InputError(
-            f"no image has a patch above norm {tau:.3g} at block {detect}: there are no outliers to trace "
-            "(lower --k or give --threshold)"
+            f"no image has a patch above norm {tau:.3g} at block {detect}: "
+            "there are no outliers to trace (lower --k or give --threshold)"
         )
-    mean = (scores / used).cpu()
-    order = torch.argsort(mean.flatten(), descending=True)[: search.top_k]
-    width = mean.shape[1]
-    neurons = [RegisterNeuron(int(i) // width, int(i) % width, float(mean.flatten()[i])) for i in order]
+    mean = (scores / used).cpu().flatten()
+    order = torch.argsort(mean, descending=True)[: search.top_k]
+    width = scores.shape[1]
+    neurons = []
+    for i in order.tolist():
+        neurons.append(RegisterNeuron(layer=i // width, neuron=i % width, score=float(mean[i])))
     return NeuronSearchResult(
-        neurons, detect, top, float(tau), used, len(images), [float(v) for v in per_block]
+        neurons=neurons,
+        detect_layer=detect,
+        top_layer=top,
+        threshold=float(tau),
+        images_with_outliers=used,
+        num_images=len(images),
+        outlier_ratio=[float(v) for v in per_block],
     )
 
 
@@ -145,8 +176,8 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
     info = describe(model)
     if info.num_registers:
         raise InputError(
-            f"{info.name} already has {info.num_registers} trained registers: test-time registers are for "
-            "models trained without them"
+            f"{info.name} already has {info.num_registers} trained registers: "
+            "test-time registers are for models trained without them"
         )
     if type(unwrap(model)).__name__ == "Eva":
         raise InputError(
@@ -175,7 +206,8 @@ def use_test_time_registers(
         by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
     state: dict = {}
 
-    def remember_size(module, args) -> None:  # the model's own layout (info predates the context)
+    # the model's own layout (info predates the context)
+    def remember_size(module, args) -> None:
         state["layout"] = info.layout(tuple(args[0].shape[-2:]))
         state["n"] = state["layout"].num_tokens
 
@@ -186,11 +218,13 @@ def use_test_time_registers(
         rope = args[1] if len(args) > 1 else None
         if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
             return (x, *args[1:])
-        if state.get("rope_in") is not rope:  # vit5: unrotated rows for the new tokens, one table per forward
+        # vit5: unrotated rows for the new tokens, one table per forward
+        if state.get("rope_in") is not rope:
             width = rope.cos.shape[1]
             cos = torch.cat([rope.cos, rope.cos.new_ones(count, width)])
             sin = torch.cat([rope.sin, rope.sin.new_zeros(count, width)])
-            state["rope_in"], state["rope_out"] = rope, RopeTable(cos, sin, rope.layout)
+            state["rope_in"] = rope
+            state["rope_out"] = RopeTable(cos, sin, rope.layout)
         return (x, state["rope_out"], *args[2:])
 
     def drop(module, args):
@@ -199,13 +233,15 @@ def use_test_time_registers(
     def move(layer: int, hidden: torch.Tensor) -> torch.Tensor:
         index = torch.tensor(by_layer[layer], device=hidden.device)
         hidden = hidden.clone()
-        peak = hidden[:, :, index].amax(dim=1, keepdim=True)  # [B, 1, k]: each neuron's max over all tokens
+        # [B, 1, k]: each neuron's max over all tokens
+        peak = hidden[:, :, index].amax(dim=1, keepdim=True)
         hidden[:, -count:, index] = peak.expand(-1, count, -1)
         hidden[:, state["layout"].patch_slice, index] = 0
         return hidden
 
     with ExitStack() as stack:
-        stack.callback(net.patch_embed.register_forward_pre_hook(remember_size, prepend=True).remove)
+        sizing = net.patch_embed.register_forward_pre_hook(remember_size, prepend=True)
+        stack.callback(sizing.remove)
         for block in net.blocks:
             stack.callback(block.register_forward_pre_hook(append, prepend=True).remove)
         stack.callback(net.norm.register_forward_pre_hook(drop, prepend=True).remove)
