@@ -24,13 +24,16 @@ from vit5.viz.collect import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage, to_batch
 
-COLOUR_SPAN = 0.1  # PCA maps: a deviation of this share of the mean feature norm saturates the colour
+# PCA maps: a deviation of this share of the mean feature norm saturates the colour
+COLOUR_SPAN = 0.1
 
 
 @dataclass(frozen=True)
 class PositionProbeConfig:
-    size: tuple[int, int] | None = None  # (height, width); default: the model's own input size
-    levels: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # grey levels of the constant images, in [0, 1]
+    # (height, width); default: the model's own input size
+    size: tuple[int, int] | None = None
+    # grey levels of the constant images, in [0, 1]
+    levels: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     noise_images: int = 16
     layer: int = -1  # block whose output is probed
     seed: int = 0
@@ -40,20 +43,24 @@ class PositionProbeConfig:
         if not self.levels or any(not 0.0 <= v <= 1.0 for v in self.levels):
             raise InputError(f"grey levels must be in [0, 1], got {list(self.levels)}")
         if self.noise_images < 2:
-            raise InputError(
-                f"the position share over noise images needs at least 2 images, got {self.noise_images}"
-            )
+            needs = "the position share over noise images needs at least 2 images"
+            raise InputError(f"{needs}, got {self.noise_images}")
 
 
 def probe_images(
     size: tuple[int, int], cfg: PositionProbeConfig
 ) -> tuple[list[LoadedImage], list[LoadedImage]]:
     """The constant images (one per grey level) and the uniform-noise images, as uint8 RGB."""
-    shape, rng = (*size, 3), np.random.default_rng(cfg.seed)
-    constant = [LoadedImage(f"constant_{v:g}", np.full(shape, round(v * 255), np.uint8)) for v in cfg.levels]
-    noise = [
-        LoadedImage(f"noise_{i}", rng.integers(0, 256, shape, np.uint8)) for i in range(cfg.noise_images)
-    ]
+    shape = (*size, 3)
+    rng = np.random.default_rng(cfg.seed)
+    constant = []
+    for v in cfg.levels:
+        grey = np.full(shape, round(v * 255), np.uint8)
+        constant.append(LoadedImage(name=f"constant_{v:g}", rgb=grey))
+    noise = []
+    for i in range(cfg.noise_images):
+        pixels = rng.integers(0, 256, shape, np.uint8)
+        noise.append(LoadedImage(name=f"noise_{i}", rgb=pixels))
     return constant, noise
 
 
@@ -72,9 +79,12 @@ def pca_map(features: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     f = features.astype(np.float64)
     centred = f - f.mean(axis=0)
     comps = centred @ np.linalg.svd(centred, full_matrices=False)[2][:3].T
-    comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))  # fewer than 3 components: grey
+    # fewer than 3 components: grey
+    comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
     scale = COLOUR_SPAN * np.sqrt((f**2).sum(axis=-1).mean())
-    return np.clip(0.5 + 0.5 * comps / (scale if scale > 0 else 1.0), 0.0, 1.0).reshape(*grid, 3)
+    scale = scale if scale > 0 else 1.0
+    colours = np.clip(0.5 + 0.5 * comps / scale, 0.0, 1.0)
+    return colours.reshape(*grid, 3)
 
 
 def position_share(features: np.ndarray) -> float:
@@ -85,7 +95,8 @@ def position_share(features: np.ndarray) -> float:
     m, p = f.shape[:2]
     means = f.mean(axis=0)  # [P, C]
     within = ((f - means) ** 2).sum() / (p * (m - 1))
-    position = max(((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean() - within / m, 0.0)
+    spread = ((means - means.mean(axis=0)) ** 2).sum(axis=-1).mean()
+    position = max(spread - within / m, 0.0)
     return float(position / (position + within)) if position + within > 0 else 0.0
 
 
@@ -104,13 +115,26 @@ class PositionProbe:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> dict:
-        keys = ("model", "layer", "grid", "levels", "constant_spatial_share", "noise_position_share")
+        keys = (
+            "model",
+            "layer",
+            "grid",
+            "levels",
+            "constant_spatial_share",
+            "noise_position_share",
+        )
         cv = float(np.mean([m.std() / m.mean() for m in self.constant_norms]))
-        return {k: getattr(self, k) for k in keys} | {"constant_norm_cv": cv, "notes": list(self.notes)}
+        found = {k: getattr(self, k) for k in keys}
+        return found | {"constant_norm_cv": cv, "notes": list(self.notes)}
 
 
 @torch.no_grad()
-def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, device: str) -> np.ndarray:
+def _block_features(
+    net: nn.Module,
+    images: Sequence[LoadedImage],
+    layer: int,
+    device: str,
+) -> np.ndarray:
     info = describe(net)
     layout = info.layout(images[0].rgb.shape[:2])
     with capture(net, layers=[layer], attention=False) as rec:
@@ -119,7 +143,10 @@ def _block_features(net: nn.Module, images: Sequence[LoadedImage], layer: int, d
 
 
 def run_position_probe(
-    model: nn.Module, label: str, cfg: PositionProbeConfig = PositionProbeConfig(), notes: Sequence[str] = ()
+    model: nn.Module,
+    label: str,
+    cfg: PositionProbeConfig = PositionProbeConfig(),
+    notes: Sequence[str] = (),
 ) -> PositionProbe:
     info = describe(model)
     size = tuple(cfg.size or info.img_size)
@@ -133,9 +160,19 @@ def run_position_probe(
     constant_pca = np.stack([pca_map(f, grid) for f in f_const])  # one PCA per image
     norms = np.linalg.norm(f_const, axis=-1).reshape(len(constant), *grid)
     noise_norms = np.linalg.norm(f_noise, axis=-1).mean(axis=0).reshape(grid)
-    maps = (grid, info.patch_size, tuple(cfg.levels), norms, constant_pca, noise_norms)
-    shares = float(constant_spatial_share(f_const).mean()), position_share(f_noise)
-    return PositionProbe(label, layer, *maps, *shares, tuple(notes))
+    return PositionProbe(
+        model=label,
+        layer=layer,
+        grid=grid,
+        patch_size=info.patch_size,
+        levels=tuple(cfg.levels),
+        constant_norms=norms,
+        constant_pca=constant_pca,
+        noise_norms=noise_norms,
+        constant_spatial_share=float(constant_spatial_share(f_const).mean()),
+        noise_position_share=position_share(f_noise),
+        notes=tuple(notes),
+    )
 
 
 def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: float = 0.5) -> Figure:
@@ -145,7 +182,8 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
     rows = []
     for p in probes:
         i = int(np.argmin(np.abs(np.asarray(p.levels) - level)))
-        constant, patch = f"constant {p.levels[i]:g}", p.patch_size
+        constant = f"constant {p.levels[i]:g}"
+        patch = p.patch_size
         name = f"{textwrap.fill(p.model, 42)}\n{constant}: norms"
         pca = f"{constant}: PCA (share {p.constant_spatial_share:.2f})"
         noise = f"noise: mean norms (position share {p.noise_position_share:.2f})"
@@ -155,9 +193,10 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
     layer = ", ".join(sorted({str(p.layer) for p in probes}))
     notes = sorted({n for p in probes for n in p.notes})
     notes.append(
-        "constant share: patch-feature energy varying with position on a constant image; noise share: "
-        "feature variance over noise images due to position (intraclass correlation); PCA: one per map, "
-        f"grey = the mean feature, full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
+        "constant share: patch-feature energy varying with position on a constant image; "
+        "noise share: feature variance over noise images due to position "
+        "(intraclass correlation); PCA: one per map, grey = the mean feature, "
+        f"full colour = a deviation of {COLOUR_SPAN:.0%} of the mean feature norm"
     )
     title = f"Position-artifact probe: block {layer} outputs for inputs without content"
     return panel_grid(rows, style, title, notes)
