@@ -28,8 +28,15 @@ from vit5.viz.images import LoadedImage, batches
 METHODS = ("zeros", "mean", "shuffle", "noise")
 PLACES = ("input", "blocks")
 # the printed table's columns, as docs/register-analyses.md writes them
-TABLE_HEADER = tuple(
-    "method, place, top-1, top-1 change (pp), kNN, kNN change (pp), 1 - patch cosine, kNN overlap".split(", ")
+TABLE_HEADER = (
+    "method",
+    "place",
+    "top-1",
+    "top-1 change (pp)",
+    "kNN",
+    "kNN change (pp)",
+    "1 - patch cosine",
+    "kNN overlap",
 )
 
 
@@ -39,8 +46,8 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
     info = describe(model)
     if info.num_registers == 0:
         raise InputError(
-            f"{info.name} has no register tokens (R=0): register ablation needs a model with registers "
-            "(vit5 presets have 4; timm *_reg4_* models)"
+            f"{info.name} has no register tokens (R=0): register ablation needs a model "
+            "with registers (vit5 presets have 4; timm *_reg4_* models)"
         )
 
     def replace(position: int, x: torch.Tensor, layout) -> torch.Tensor | None:
@@ -57,7 +64,10 @@ def _register_hooks(model: nn.Module, edit) -> Iterator[None]:
 
 @torch.no_grad()
 def register_reference(
-    model: nn.Module, images: Sequence[LoadedImage], batch_size: int = 32, device: str = "cpu"
+    model: nn.Module,
+    images: Sequence[LoadedImage],
+    batch_size: int = 32,
+    device: str = "cpu",
 ) -> torch.Tensor:
     """Mean ``[depth + 1, R, C]`` of the register tokens over ``images`` at every position: 0 is the input of
     the first block, ``d + 1`` block ``d``'s output."""
@@ -77,13 +87,20 @@ def register_reference(
 
 @contextmanager
 def ablate_registers(
-    model: nn.Module, method: str, place: str, reference: torch.Tensor | None = None, seed: int = 0
+    model: nn.Module,
+    method: str,
+    place: str,
+    reference: torch.Tensor | None = None,
+    seed: int = 0,
 ) -> Iterator[None]:
     """Inside this context, ``model``'s registers are replaced by ``method`` at ``place`` (module
     docstring); ``reference``: :func:`register_reference`."""
-    AblationConfig((method,), (place,))  # the one check of the names
+    # the one check of the names
+    AblationConfig(methods=(method,), places=(place,))
     if method == "mean" and reference is None:
-        raise InputError(f"the {method} ablation needs a reference set (register_reference(model, images))")
+        raise InputError(
+            f"the {method} ablation needs a reference set (register_reference(model, images))",
+        )
     generator = torch.Generator().manual_seed(seed)
 
     def edit(position: int, registers: torch.Tensor) -> torch.Tensor | None:
@@ -93,7 +110,9 @@ def ablate_registers(
             return torch.zeros_like(registers)
         if method == "shuffle":
             if registers.shape[0] < 2:
-                raise InputError("shuffling registers across images needs at least two images per batch")
+                raise InputError(
+                    "shuffling registers across images needs at least two images per batch",
+                )
             return registers.roll(1, dims=0)
         if method == "mean":
             return reference[position].to(registers).expand_as(registers)
@@ -115,10 +134,12 @@ class AblationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS] + [p for p in self.places if p not in PLACES]
-        if bad or not self.methods or not self.places:
+        bad_methods = [m for m in self.methods if m not in METHODS]
+        bad_places = [p for p in self.places if p not in PLACES]
+        if bad_methods or bad_places or not self.methods or not self.places:
             raise InputError(
-                f"ablation methods come from {', '.join(METHODS)} and places from {', '.join(PLACES)}, "
+                f"ablation methods come from {', '.join(METHODS)} "
+                f"and places from {', '.join(PLACES)}, "
                 f"got {list(self.methods)} / {list(self.places)}"
             )
         if self.knn_k < 1 or self.knn_temperature <= 0 or self.batch_size < 1:
@@ -133,30 +154,50 @@ class Outputs:
 
 
 @torch.no_grad()
-def model_outputs(model: nn.Module, images: Sequence[LoadedImage], batch_size: int, device: str) -> Outputs:
-    net, info = unwrap(model).eval().to(device), describe(model)
-    layout, has_head = info.layout(images[0].rgb.shape[:2]), getattr(net, "num_classes", 0) > 0
-    patches, pooled, logits = [], [], []
+def model_outputs(
+    model: nn.Module,
+    images: Sequence[LoadedImage],
+    batch_size: int,
+    device: str,
+) -> Outputs:
+    net = unwrap(model).eval().to(device)
+    info = describe(model)
+    layout = info.layout(images[0].rgb.shape[:2])
+    has_head = getattr(net, "num_classes", 0) > 0
+    patches = []
+    pooled = []
+    logits = []
     for x in batches(images, info, batch_size, device):
         tokens = net.forward_features(x)
         patches.append(layout.patches(tokens).float().cpu())
         pooled.append(net.forward_head(tokens, pre_logits=True).float().cpu())
         if has_head:
             logits.append(net.forward_head(tokens).float().cpu())
-    return Outputs(torch.cat(patches), torch.cat(pooled), torch.cat(logits) if has_head else None)
+    return Outputs(
+        patches=torch.cat(patches),
+        pooled=torch.cat(pooled),
+        logits=torch.cat(logits) if has_head else None,
+    )
 
 
 def knn_overlap(
-    base_query: torch.Tensor, base_bank: torch.Tensor, query: torch.Tensor, bank: torch.Tensor, k: int
+    base_query: torch.Tensor,
+    base_bank: torch.Tensor,
+    query: torch.Tensor,
+    bank: torch.Tensor,
+    k: int,
 ) -> float:
     """Label-free: the mean share of each query's ``k`` nearest bank items (cosine) kept after the change."""
     k = min(k, bank.shape[0])
 
     def neighbours(q: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return (F.normalize(q.double(), dim=-1) @ F.normalize(b.double(), dim=-1).T).topk(k, dim=-1).indices
+        similarity = F.normalize(q.double(), dim=-1) @ F.normalize(b.double(), dim=-1).T
+        return similarity.topk(k, dim=-1).indices
 
-    before, after = neighbours(base_query, base_bank), neighbours(query, bank)
-    return float(np.mean([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(before, after)]))
+    before = neighbours(base_query, base_bank)
+    after = neighbours(query, bank)
+    kept = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(before, after)]
+    return float(np.mean(kept))
 
 
 @dataclass
@@ -180,18 +221,25 @@ class AblationReport:
 
     def change(self, row: AblationRow, metric: str) -> float | None:
         """Accuracy change in percentage points against the unablated model (the first row)."""
-        value, base = getattr(row, metric), getattr(self.rows[0], metric)
+        value = getattr(row, metric)
+        base = getattr(self.rows[0], metric)
         return None if value is None or base is None else 100.0 * (value - base)
 
     def records(self) -> list[dict]:
-        return [
-            dict(asdict(r), top1_change_pp=self.change(r, "top1"), knn_change_pp=self.change(r, "knn"))
-            for r in self.rows
-        ]
+        found = []
+        for r in self.rows:
+            changes = {
+                "top1_change_pp": self.change(r, "top1"),
+                "knn_change_pp": self.change(r, "knn"),
+            }
+            found.append(asdict(r) | changes)
+        return found
 
     def table(self) -> str:
-        def pair(row: AblationRow, metric: str) -> list[str]:  # accuracy (%) and change (pp)
-            value, change = getattr(row, metric), self.change(row, metric)
+        # accuracy (%) and change (pp)
+        def pair(row: AblationRow, metric: str) -> list[str]:
+            value = getattr(row, metric)
+            change = self.change(row, metric)
             return [
                 "n/a" if value is None else f"{100 * value:.1f}",
                 "n/a" if change is None else f"{change:+.1f}",
@@ -201,9 +249,10 @@ class AblationReport:
         for r in self.rows:
             similarity = [f"{1.0 - r.patch_cosine:.2g}", f"{r.knn_overlap:.3f}"]
             lines.append([r.method, r.place, *pair(r, "top1"), *pair(r, "knn"), *similarity])
+        notes = "".join(f"\n{n}" for n in self.notes)
         return (
-            f"register ablation of {self.model}: {self.num_images} images, reference set "
-            f"{self.num_reference} images" + "".join(f"\n{n}" for n in self.notes) + f"\n{aligned(lines)}"
+            f"register ablation of {self.model}: {self.num_images} images, "
+            f"reference set {self.num_reference} images{notes}\n{aligned(lines)}"
         )
 
     def write(self, out: str | Path) -> list[Path]:
@@ -237,20 +286,35 @@ def run_ablation(
         raise InputError("register ablation needs images to evaluate and a reference set")
     net = unwrap(model).eval().to(cfg.device)
     ref_stats = register_reference(net, reference, cfg.batch_size, cfg.device)
-    labels, ref_labels = _labels(images), _labels(reference)
-    base, base_ref = (model_outputs(net, imgs, cfg.batch_size, cfg.device) for imgs in (images, reference))
+    labels = _labels(images)
+    ref_labels = _labels(reference)
+    base = model_outputs(net, images, cfg.batch_size, cfg.device)
+    base_ref = model_outputs(net, reference, cfg.batch_size, cfg.device)
 
     def row(method: str, place: str, out: Outputs, out_ref: Outputs) -> AblationRow:
-        top1 = knn = None
+        top1 = None
+        knn = None
         if out.logits is not None and labels is not None:
             top1 = float((out.logits.argmax(-1).numpy() == labels).mean())
         if labels is not None and ref_labels is not None:
             knn = knn_accuracy(
-                out_ref.pooled.numpy(), ref_labels, out.pooled.numpy(), labels, cfg.knn_k, cfg.knn_temperature
+                out_ref.pooled.numpy(),
+                ref_labels,
+                out.pooled.numpy(),
+                labels,
+                cfg.knn_k,
+                cfg.knn_temperature,
             )
-        cosine = float(F.cosine_similarity(base.patches.double(), out.patches.double(), dim=-1).mean())
+        similarity = F.cosine_similarity(base.patches.double(), out.patches.double(), dim=-1)
         overlap = knn_overlap(base.pooled, base_ref.pooled, out.pooled, out_ref.pooled, cfg.knn_k)
-        return AblationRow(method, place, top1, knn, cosine, overlap)
+        return AblationRow(
+            method=method,
+            place=place,
+            top1=top1,
+            knn=knn,
+            patch_cosine=float(similarity.mean()),
+            knn_overlap=overlap,
+        )
 
     rows = [row("none", "-", base, base_ref)]
     for place in cfg.places:
@@ -261,10 +325,18 @@ def run_ablation(
             rows.append(row(method, place, ablated, ablated_ref))
     if labels is None:
         notes = [*notes, "no labels: top-1 and kNN accuracy not computed (label-free columns only)"]
-    return AblationReport(label, len(images), len(reference), cfg, rows, list(notes))
+    return AblationReport(
+        model=label,
+        num_images=len(images),
+        num_reference=len(reference),
+        config=cfg,
+        rows=rows,
+        notes=list(notes),
+    )
 
 
-ABLATION_PANELS = (  # title, key of AblationReport.records()
+# title, key of AblationReport.records()
+ABLATION_PANELS = (
     ("change in top-1 (pp)", "top1_change_pp"),
     ("change in kNN accuracy (pp)", "knn_change_pp"),
     ("1 - patch-feature cosine to unablated (log)", "patch_cosine"),
@@ -277,14 +349,18 @@ def ablation_figure(report: AblationReport, dpi: int = S.DPI) -> Figure:
     legend below them, each bar labelled with its value, so a zero bar shows as ``0`` on the zero line."""
     fig = Figure(figsize=(S.TEXT_WIDTH, 5.0), dpi=dpi, layout="constrained")
     axes = list(fig.subplots(2, 2).flat)
-    places, methods = list(report.config.places), list(report.config.methods)
+    places = list(report.config.places)
+    methods = list(report.config.methods)
     records = {(r["method"], r["place"]): r for r in report.records()}
     ticks = ["at the input" if p == "input" else "after every block" for p in places]
     width = 0.8 / len(methods)
     for ax, (name, key) in zip(axes, ABLATION_PANELS):
         for m, method in enumerate(methods):
             values = [records[method, place][key] for place in places]
-            values = [1.0 - v if key == "patch_cosine" else np.nan if v is None else v for v in values]
+            if key == "patch_cosine":
+                values = [1.0 - v for v in values]
+            else:
+                values = [np.nan if v is None else v for v in values]
             xs = np.arange(len(places)) + (m - (len(methods) - 1) / 2) * width
             bars = ax.bar(xs, values, width, label=method, color=S.model_colour(m))
             ax.bar_label(bars, fmt="%.2g", fontsize=S.FONT_SMALL, padding=1)
@@ -297,9 +373,8 @@ def ablation_figure(report: AblationReport, dpi: int = S.DPI) -> Figure:
         ax.set_xticks(range(len(places)), ticks)
         S.style_axes(ax, name)
         ax.margins(y=0.15)
-    title = (
-        f"ABLATED registers of {report.model} ({report.num_images} images, reference {report.num_reference})"
-    )
+    images = f"{report.num_images} images, reference {report.num_reference}"
+    title = f"ABLATED registers of {report.model} ({images})"
     fig.suptitle(title, fontsize=S.FONT_TITLE)
     S.finish(fig, report.notes, axes[:1], ncol=len(methods))
     return fig
