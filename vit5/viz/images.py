@@ -46,19 +46,19 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
             from sklearn.datasets import load_sample_images
 
             samples = load_sample_images()
-            found += [ImageSource(Path(f).stem, array=a) for f, a in zip(samples.filenames, samples.images)]
+            for file, array in zip(samples.filenames, samples.images):
+                found.append(ImageSource(name=Path(file).stem, array=array))
         elif source in DIGITS_SOURCES:
             from vit5.data import load_digits_split
 
             split = load_digits_split(source.removeprefix("digits-"), size=32)
-            found += [
-                ImageSource(f"{source}_{i:04d}", array=img, label=int(t))
-                for i, img, t in zip(split.source_indices, split.images, split.targets)
-            ]
+            for i, img, t in zip(split.source_indices, split.images, split.targets):
+                found.append(ImageSource(name=f"{source}_{i:04d}", array=img, label=int(t)))
         elif path.is_dir():
             files = image_files(path)
             if not files:
-                raise InputError(f"folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+                extensions = ", ".join(IMAGE_EXTENSIONS)
+                raise InputError(f"folder {path} holds no image files ({extensions})")
             relative = [p.relative_to(path) for p in files]
             classes = sorted({r.parts[0] for r in relative if len(r.parts) > 1})
             if folder_labels and not classes:
@@ -67,25 +67,33 @@ def list_sources(sources: Sequence[str], folder_labels: bool = False) -> list[Im
                     "(<folder>/<class>/<image>)"
                 )
             for p, r in zip(files, relative):
-                label = classes.index(r.parts[0]) if folder_labels and len(r.parts) > 1 else None
-                found.append(ImageSource(str(r.with_suffix("")), path=str(p), label=label))
+                label = None
+                if folder_labels and len(r.parts) > 1:
+                    label = classes.index(r.parts[0])
+                found.append(ImageSource(name=str(r.with_suffix("")), path=str(p), label=label))
         elif path.is_file():
-            found.append(ImageSource(path.stem, path=str(path)))
+            found.append(ImageSource(name=path.stem, path=str(path)))
         else:
             raise InputError(
-                f"image source {source!r} does not exist: give image files, folders, {SKLEARN_SAMPLES!r} "
-                f"or {' / '.join(DIGITS_SOURCES)}"
+                f"image source {source!r} does not exist: give image files, folders, "
+                f"{SKLEARN_SAMPLES!r} or {' / '.join(DIGITS_SOURCES)}"
             )
-    seen: dict[str, int] = {}  # names made safe for files and unique: a repeated one gets _2, _3, ...
+    # names made safe for files and unique: a repeated one gets _2, _3, ...
+    seen: dict[str, int] = {}
     unique = []
     for src in found:
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", src.name).strip("_") or "image"
         seen[base] = seen.get(base, 0) + 1
-        unique.append(replace(src, name=base if seen[base] == 1 else f"{base}_{seen[base]}"))
+        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        unique.append(replace(src, name=name))
     return unique
 
 
-def default_size(sources: Sequence[str], model_size: tuple[int, int], patch: int) -> tuple[int, int]:
+def default_size(
+    sources: Sequence[str],
+    model_size: tuple[int, int],
+    patch: int,
+) -> tuple[int, int]:
     """(height, width) keeping the images' aspect, so 640x427 photos on a 224 px model are read at 224x336:
     the short side is ``min(model_size)`` rounded to a patch multiple, the long side the short side times
     the images' median long / short ratio (sizes read from the file headers) rounded to a patch multiple,
@@ -109,7 +117,8 @@ def _shape(src: ImageSource) -> tuple[int, int] | None:
     try:
         with Image.open(src.path) as img:
             width, height = img.size
-            rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # EXIF orientation: a quarter turn
+            # EXIF orientation 5 to 8: a quarter turn
+            rotated = img.getexif().get(0x0112, 1) in (5, 6, 7, 8)
     except (OSError, UnidentifiedImageError, ValueError):
         return None
     return (width, height) if rotated else (height, width)
@@ -125,8 +134,10 @@ def load_images(
     """Load ``sources`` at ``size`` (height, width), at most ``max_images`` of them (in listing order);
     returns the images and one line per skipped file."""
     grid_of(size, patch_size, "use --size {h}x{w}", InputError)
-    fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # resized pixels / 255
-    images, skipped = [], []
+    # resized pixels / 255
+    fit = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    images = []
+    skipped = []
     for src in list_sources(sources, folder_labels):
         if max_images is not None and len(images) >= max_images:
             break
@@ -137,26 +148,38 @@ def load_images(
             continue
         if min(rgb.shape[:2]) < patch_size:
             skipped.append(
-                f"{src.path or src.name}: {rgb.shape[0]}x{rgb.shape[1]} pixels is smaller than one "
-                f"{patch_size}x{patch_size} patch, so it holds no token's worth of content"
+                f"{src.path or src.name}: {rgb.shape[0]}x{rgb.shape[1]} pixels is smaller than "
+                f"one {patch_size}x{patch_size} patch, so it holds no token's worth of content"
             )
             continue
-        unit = fit(np.ascontiguousarray(rgb))  # exact multiples of 1/255: the resize works on uint8
+        # exact multiples of 1/255: the resize works on uint8
+        unit = fit(np.ascontiguousarray(rgb))
         shown = (unit * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
-        images.append(LoadedImage(src.name, np.ascontiguousarray(shown), src.label))
+        pixels = np.ascontiguousarray(shown)
+        images.append(LoadedImage(name=src.name, rgb=pixels, label=src.label))
     if not images:
         listed = "".join(f"\n  skipped {s}" for s in skipped)
         raise InputError(f"no usable image in {', '.join(map(str, sources))}{listed}")
     return images, skipped
 
 
-def to_batch(images: Sequence[LoadedImage], mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+def to_batch(
+    images: Sequence[LoadedImage],
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> torch.Tensor:
     """``[B, 3, H, W]`` float32: ``(rgb / 255 - mean) / std`` with the model's own mean and std."""
-    x = torch.from_numpy(np.stack([img.rgb for img in images])).permute(0, 3, 1, 2).float() / 255.0
+    pixels = torch.from_numpy(np.stack([img.rgb for img in images]))
+    x = pixels.permute(0, 3, 1, 2).float() / 255.0
     return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
-def batches(images: Sequence[LoadedImage], info, batch_size: int, device: str) -> Iterator[torch.Tensor]:
+def batches(
+    images: Sequence[LoadedImage],
+    info,
+    batch_size: int,
+    device: str,
+) -> Iterator[torch.Tensor]:
     """``images`` as :func:`to_batch` batches normalised with ``info.mean`` / ``info.std``, on ``device``."""
     for start in range(0, len(images), batch_size):
         yield to_batch(images[start : start + batch_size], info.mean, info.std).to(device)
