@@ -14,7 +14,15 @@ from tqdm import tqdm
 from vit5.bench import depth
 from vit5.bench.data_pipeline import run_data_index
 from vit5.bench.measure import BenchConfig, BenchContext, num_threads
-from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
+from vit5.bench.report import (
+    Section,
+    Table,
+    Target,
+    choose,
+    environment,
+    load_average,
+    write_report,
+)
 from vit5.bench.speed import run_compile, run_export, run_memory, run_speed
 
 __all__ = ["SECTIONS", "BenchConfig", "BenchContext", "Section", "Table", "Target", "run_bench"]
@@ -43,7 +51,12 @@ def run_bench(
     Markdown path. A section that fails is reported as failed and the others still run."""
     out_dir = Path(out_dir)
     bar = tqdm(select_sections(only), desc="benchmark", unit="section", disable=not show_progress)
-    ctx = BenchContext(cfg, out_dir, log=lambda msg: bar.write(f"  {msg}") if show_progress else None)
+
+    def log(message: str) -> None:
+        if show_progress:
+            bar.write(f"  {message}")
+
+    ctx = BenchContext(cfg, out_dir, log=log)
     sections: list[Section] = []
     with num_threads(cfg.threads):
         env = environment(cfg.device, cfg.dtype)
@@ -52,12 +65,19 @@ def run_bench(
             start = time.perf_counter()
             try:
                 section = SECTIONS[key](ctx)
-            except Exception as error:  # noqa: BLE001 - one broken section must not lose the others
+            # one broken section must not lose the others
+            except Exception as error:  # noqa: BLE001
                 detail = "".join(traceback.format_exception_only(type(error), error)).strip()
-                section = Section(key, f"{key} (FAILED)", "This section raised an error.", notes=[detail])
+                section = Section(
+                    key=key,
+                    title=f"{key} (FAILED)",
+                    what="This section raised an error.",
+                    notes=[detail],
+                )
                 bar.write(f"  {key} failed: {error}")
             section.seconds = time.perf_counter() - start
             sections.append(section)
-            write_report(sections, out_dir, env)  # a partial report survives an interrupted run
+            # a partial report survives an interrupted run
+            write_report(sections, out_dir, env)
         env["load_average_after"] = load_average()
     return sections, write_report(sections, out_dir, env)

@@ -28,7 +28,8 @@ from vit5.bench.measure import BenchContext, Samples, TimingConfig, measure, num
 from vit5.bench.report import Section, Table, Target
 
 SIZE = 224
-IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))  # (H, W)
+# (height, width)
+IMAGENET_LIKE_SIZES = ((375, 500), (500, 375), (333, 500), (500, 333), (480, 640), (427, 640))
 CONTENDERS = ("opencv_albumentations", "torchvision_pil")
 
 
@@ -39,30 +40,46 @@ def make_jpegs(directory: Path, count: int, seed: int = 0) -> list[Path]:
     paths = []
     for i in range(count):
         height, width = IMAGENET_LIKE_SIZES[i % len(IMAGENET_LIKE_SIZES)]
-        crop_h, crop_w = int(rng.integers(280, 428)), int(rng.integers(380, 641))
-        y, x = int(rng.integers(0, 428 - crop_h)), int(rng.integers(0, 641 - crop_w))
+        crop_h = int(rng.integers(280, 428))
+        crop_w = int(rng.integers(380, 641))
+        y = int(rng.integers(0, 428 - crop_h))
+        x = int(rng.integers(0, 641 - crop_w))
         patch = photos[i % len(photos)][y : y + crop_h, x : x + crop_w]
         patch = cv2.resize(patch, (width, height), interpolation=cv2.INTER_AREA)
         paths.append(directory / f"{i:04d}.jpg")
-        cv2.imwrite(str(paths[-1]), cv2.cvtColor(patch, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
+        bgr = cv2.cvtColor(patch, cv2.COLOR_RGB2BGR)
+        cv2.imwrite(str(paths[-1]), bgr, [cv2.IMWRITE_JPEG_QUALITY, 90])
     return paths
 
 
 def vit5_pipelines() -> dict[str, Any]:
-    train, val = data.three_augment(SIZE, color_jitter=0.3), data.eval_transform(SIZE, crop_ratio=1.0)
-    return {"train": lambda p: train(data.decode_image(p)), "eval": lambda p: val(data.decode_image(p))}
+    train = data.three_augment(SIZE, color_jitter=0.3)
+    val = data.eval_transform(SIZE, crop_ratio=1.0)
+    return {
+        "train": lambda p: train(data.decode_image(p)),
+        "eval": lambda p: val(data.decode_image(p)),
+    }
 
 
 def torchvision_pipelines() -> dict[str, Any]:
     """The official DeiT-III / ViT-5 transforms on PIL (``augment.py``; ``datasets.py`` for eval)."""
     finish = [T.ToTensor(), T.Normalize(data.IMAGENET_MEAN, data.IMAGENET_STD)]
-    blur = T.Lambda(lambda im: im.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0))))
+
+    def gaussian_blur(im: Image.Image) -> Image.Image:
+        return im.filter(ImageFilter.GaussianBlur(radius=random.uniform(0.1, 2.0)))
+
+    blur = T.Lambda(gaussian_blur)
     bicubic = T.InterpolationMode.BICUBIC
     three = T.RandomChoice([T.Grayscale(3), T.Lambda(ImageOps.solarize), blur])  # 3-Augment
-    crop, jitter = T.RandomResizedCrop(SIZE, interpolation=bicubic), T.ColorJitter(0.3, 0.3, 0.3)
+    crop = T.RandomResizedCrop(SIZE, interpolation=bicubic)
+    jitter = T.ColorJitter(0.3, 0.3, 0.3)
     train = T.Compose([crop, T.RandomHorizontalFlip(), three, jitter, *finish])
     val = T.Compose([T.Resize(SIZE, interpolation=bicubic), T.CenterCrop(SIZE), *finish])
-    rgb = lambda path: Image.open(path).convert("RGB")  # noqa: E731 - PIL closes the file once loaded
+
+    def rgb(path: Path) -> Image.Image:
+        # PIL closes the file once loaded
+        return Image.open(path).convert("RGB")
+
     return {"train": lambda p: train(rgb(p)), "eval": lambda p: val(rgb(p))}
 
 
@@ -92,43 +109,63 @@ def measure_one_core(calls: dict[str, Callable[[], object]], rounds: int) -> dic
 
 def eval_agreement(paths: list[Path]) -> float:
     """Mean absolute difference of the two deterministic eval pipelines' outputs."""
-    ours, theirs = vit5_pipelines()["eval"], torchvision_pipelines()["eval"]
+    ours = vit5_pipelines()["eval"]
+    theirs = torchvision_pipelines()["eval"]
     return float(np.mean([(ours(p) - theirs(p)).abs().mean().item() for p in paths]))
 
 
 def run(quick: bool = False) -> Section:
     """Run the benchmark: both pipelines side by side over the same files, and their eval agreement."""
     start = time.perf_counter()
-    files, rounds = (16, 3) if quick else (64, 7)
+    files = 16 if quick else 64
+    rounds = 3 if quick else 7
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_jpegs(Path(tmp), files)
         pipelines = measure_pipelines(paths, rounds)
         agreement = eval_agreement(paths)
-    rows = tuple(
-        (k, *(f"{r[c]:.1f}" for c in CONTENDERS), f"{r['speedup']:.2f}x") for k, r in pipelines.items()
-    )
+    rows = []
+    for kind, rates in pipelines.items():
+        per_core = [f"{rates[c]:.1f}" for c in CONTENDERS]
+        rows.append((kind, *per_core, f"{rates['speedup']:.2f}x"))
     columns = ("transform", "OpenCV + albumentations", "torchvision + PIL", "speed-up")
+    table = Table(
+        title=f"Pipeline images/s per core ({files} JPEGs, {SIZE} px output)",
+        columns=columns,
+        rows=tuple(rows),
+    )
     return Section(
-        "data_pipeline",
-        "Data pipeline: OpenCV + albumentations vs torchvision/PIL",
-        f"images/s per core decoding {files} JPEGs (ImageNet-like sizes) to {SIZE} px tensors, side by side",
-        tables=[Table(f"Pipeline images/s per core ({files} JPEGs, {SIZE} px output)", columns, rows)],
+        key="data_pipeline",
+        title="Data pipeline: OpenCV + albumentations vs torchvision/PIL",
+        what=(
+            f"images/s per core decoding {files} JPEGs (ImageNet-like sizes) "
+            f"to {SIZE} px tensors, side by side"
+        ),
+        tables=[table],
         notes=[
-            f"The eval outputs of the two pipelines differ by {agreement:.3f} on average (normalised units; "
-            "the resampling kernels differ slightly): they compute the same transform. A training run "
-            "needs (its images/s) / (images/s per core) loader cores.",
+            f"The eval outputs of the two pipelines differ by {agreement:.3f} on average "
+            "(normalised units; the resampling kernels differ slightly): they compute the same "
+            "transform. A training run needs (its images/s) / (images/s per core) loader cores.",
         ],
         data={"pipelines": pipelines, "eval_mean_abs_diff": agreement},
         seconds=time.perf_counter() - start,
     )
 
 
-_INDEXERS = {  # the class each contender lists a tree ROOT/<class>/<file> with; run in a fresh process
+# the class each contender lists a tree ROOT/<class>/<file> with; run in a fresh process
+_INDEXERS = {
     "vit5": "from vit5.data import ImageFolderDataset as F",
     "torchvision": "from torchvision.datasets import ImageFolder as F",
     "timm": "from timm.data.readers.reader_image_folder import ReaderImageFolder as F",
 }
-INDEX_COLUMNS = ("files", "indexer", "found", "seconds", "vs torchvision", "peak MiB", "vs torchvision")
+INDEX_COLUMNS = (
+    "files",
+    "indexer",
+    "found",
+    "seconds",
+    "vs torchvision",
+    "peak MiB",
+    "vs torchvision",
+)
 _INDEX_PROBE = """
 import json, sys, time
 {setup}
@@ -156,14 +193,26 @@ def index_cost(sizes: Sequence[int], rounds: int = 3) -> dict[int, dict[str, Any
                 if i < classes:
                     os.mkdir(os.path.join(tmp, f"n{i:08d}"))
                 open(os.path.join(tmp, f"n{i % classes:08d}", f"img_{i:08d}.JPEG"), "wb").close()
-            sum(len(files) for _, _, files in os.walk(tmp))  # warm the directory cache
+            # warm the directory cache
+            sum(len(files) for _, _, files in os.walk(tmp))
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in _INDEXERS}
-            probes = {n: lambda n=n, r=runs, t=tmp: r[n].append(_probe(_INDEXERS[n], t)) for n in _INDEXERS}
-            measure(probes, TimingConfig(warmup=0, rounds=rounds))  # rotating order, fresh process each
+            # rotating order, a fresh process each
+            measure(_probes(runs, tmp), TimingConfig(warmup=0, rounds=rounds))
             for name, found in runs.items():
-                medians = {k: statistics.median(m[k] for m in found) for k in ("seconds", "peak_bytes")}
-                results.setdefault(size, {})[name] = {"files": found[0]["files"], **medians}
+                seconds = statistics.median(m["seconds"] for m in found)
+                peak = statistics.median(m["peak_bytes"] for m in found)
+                row = {"files": found[0]["files"], "seconds": seconds, "peak_bytes": peak}
+                results.setdefault(size, {})[name] = row
     return results
+
+
+def _probes(runs: dict[str, list[dict[str, Any]]], root: str) -> dict[str, Callable[[], None]]:
+    """One call per indexer, each appending the result of a fresh process to ``runs[name]``."""
+
+    def probe(name: str) -> None:
+        runs[name].append(_probe(_INDEXERS[name], root))
+
+    return {name: lambda name=name: probe(name) for name in _INDEXERS}
 
 
 def _probe(setup: str, root: str) -> dict[str, Any]:
@@ -178,13 +227,20 @@ def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
     WebDataset shards of the same files (main process, shuffle buffer 256); medians over rounds."""
     transform = data.three_augment(SIZE, color_jitter=0.3)
     with tempfile.TemporaryDirectory() as tmp:
-        split, shard_dir = Path(tmp) / "train", Path(tmp) / "shards"
+        split = Path(tmp) / "train"
+        shard_dir = Path(tmp) / "shards"
         for c in range(4):
             (split / f"c{c}").mkdir(parents=True)
             make_jpegs(split / f"c{c}", count // 4, seed=c)
         data.write_shards(split, shard_dir, shard_size=max(1, count // 8), split="train")
         folder = data.ImageFolderDataset(split, transform=transform)
-        shards = data.ShardDataset(shard_dir, transform, batch_size=1, train=True, shuffle_buffer=256)
+        shards = data.ShardDataset(
+            shard_dir,
+            transform,
+            batch_size=1,
+            train=True,
+            shuffle_buffer=256,
+        )
         contenders = {
             "folder": lambda: [folder[i] for i in range(len(folder))],
             "shards": lambda: list(data.shard_loader(shards, pin_memory=False)),
@@ -194,40 +250,55 @@ def folder_vs_shards(count: int, rounds: int = 3) -> dict[str, float]:
 
 
 def run_data_index(ctx: BenchContext) -> Section:
-    """The ``data_index`` section: :func:`index_cost` at ``cfg.index_sizes`` and :func:`folder_vs_shards`."""
+    """The ``data_index`` section: :func:`index_cost` at ``cfg.index_sizes`` and
+    :func:`folder_vs_shards`."""
     cfg = ctx.cfg
-    ctx.log(f"data_index: indexing trees of {', '.join(f'{n:,}' for n in cfg.index_sizes)} files")
+    sizes = ", ".join(f"{n:,}" for n in cfg.index_sizes)
+    ctx.log(f"data_index: indexing trees of {sizes} files")
     cost = index_cost(cfg.index_sizes, rounds=cfg.index_rounds)
     rows = []
     for size, found in cost.items():
         tv = found["torchvision"]
         for name, m in found.items():
-            t, b = m["seconds"] / tv["seconds"], m["peak_bytes"] / max(tv["peak_bytes"], 1)
+            time_ratio = m["seconds"] / tv["seconds"]
+            memory_ratio = m["peak_bytes"] / max(tv["peak_bytes"], 1)
             mib = f"{m['peak_bytes'] / 2**20:.1f}"
-            rows.append((f"{size:,}", name, m["files"], f"{m['seconds']:.3f}", f"{t:.2f}x", mib, f"{b:.2f}x"))
+            seconds = f"{m['seconds']:.3f}"
+            row = (f"{size:,}", name, m["files"], seconds, f"{time_ratio:.2f}x", mib)
+            rows.append((*row, f"{memory_ratio:.2f}x"))
     ctx.log("data_index: decode + 3-Augment, folder against shards")
     rates = folder_vs_shards(cfg.decode_images, rounds=cfg.index_rounds)
-    ours, theirs, at = cost[max(cost)]["vit5"], cost[max(cost)]["torchvision"], f"at {max(cost):,} files"
+    largest = max(cost)
+    ours = cost[largest]["vit5"]
+    theirs = cost[largest]["torchvision"]
     targets = [
-        Target(f"vit5 index {what} {at} vs torchvision", ours[k] / max(theirs[k], 1e-9), 1.2, False)
+        Target(
+            name=f"vit5 index {what} at {largest:,} files vs torchvision",
+            measured=ours[k] / max(theirs[k], 1e-9),
+            threshold=1.2,
+            higher_is_better=False,
+        )
         for what, k in (("time", "seconds"), ("peak memory", "peak_bytes"))
     ]
     decode = tuple((name, f"{rate:.1f}") for name, rate in rates.items())
     title = f"Decode + 3-Augment to {SIZE} px, images/s on one core"
     return Section(
-        "data_index",
-        "Data set indexing and reading: folders against torchvision, timm and shards",
-        "Seconds and peak memory to index a synthetic ImageFolder of empty .JPEG files (fresh process each, "
-        "warm directory cache, medians), and decode + 3-Augment images/s on one core from a folder and "
-        f"from WebDataset shards of the same {cfg.decode_images} JPEGs at ImageNet-like sizes.",
+        key="data_index",
+        title="Data set indexing and reading: folders against torchvision, timm and shards",
+        what=(
+            "Seconds and peak memory to index a synthetic ImageFolder of empty .JPEG files "
+            "(fresh process each, warm directory cache, medians), and decode + 3-Augment images/s "
+            "on one core from a folder and from WebDataset shards of the same "
+            f"{cfg.decode_images} JPEGs at ImageNet-like sizes."
+        ),
         tables=[
-            Table("Indexing a tree", INDEX_COLUMNS, tuple(rows)),
-            Table(title, ("source", "images/s"), decode),
+            Table(title="Indexing a tree", columns=INDEX_COLUMNS, rows=tuple(rows)),
+            Table(title=title, columns=("source", "images/s"), rows=decode),
         ],
         targets=targets,
         notes=[
-            "vit5 checks what the others do not: links leading outside the tree, link loops, FIFOs and "
-            "devices named like images, two paths to one file",
+            "vit5 checks what the others do not: links leading outside the tree, link loops, "
+            "FIFOs and devices named like images, two paths to one file",
         ],
         data={"index": {str(k): v for k, v in cost.items()}, "decode_images_per_s": rates},
     )

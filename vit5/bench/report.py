@@ -26,9 +26,12 @@ def choose(kind: str, names: Iterable[str] | None, valid: Iterable[str]) -> list
     valid = list(valid)
     unknown = [name for name in names or () if name not in valid]
     if unknown:
-        close = lambda name: difflib.get_close_matches(name, valid, n=1)  # noqa: E731
-        hints = ", ".join(f"{n!r}" + "".join(f" (did you mean {c!r}?)" for c in close(n)) for n in unknown)
-        raise InputError(f"unknown {kind} {hints}: choose from {', '.join(valid)}")
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hints.append(f"{name!r}" + "".join(f" (did you mean {c!r}?)" for c in close))
+        listed = ", ".join(hints)
+        raise InputError(f"unknown {kind} {listed}: choose from {', '.join(valid)}")
     return [name for name in valid if not names or name in names]
 
 
@@ -44,11 +47,14 @@ class Target:
 
     @property
     def met(self) -> bool:
-        return self.measured >= self.threshold if self.higher_is_better else self.measured <= self.threshold
+        if self.higher_is_better:
+            return self.measured >= self.threshold
+        return self.measured <= self.threshold
 
     @property
     def rule(self) -> str:
-        return f"{'>=' if self.higher_is_better else '<='} {format_value(self.threshold, self.unit)}"
+        sign = ">=" if self.higher_is_better else "<="
+        return f"{sign} {format_value(self.threshold, self.unit)}"
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ class Table:
 
     def __post_init__(self) -> None:
         if bad := [row for row in self.rows if len(row) != len(self.columns)]:
-            raise ValueError(f"table {self.title!r}: row {bad[0]} does not match columns {self.columns}")
+            raise ValueError(
+                f"table {self.title!r}: row {bad[0]} does not match columns {self.columns}",
+            )
 
 
 @dataclass
@@ -79,18 +87,24 @@ class Section:
 
 def format_value(value: float, unit: str = "") -> str:
     """``x`` ratios with 2 decimals, ``%`` with 1, others 3 digits and the unit."""
-    return {"x": f"{value:.2f}x", "%": f"{value:.1f}%"}.get(unit, f"{value:.3g}{unit and ' ' + unit}")
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "%":
+        return f"{value:.1f}%"
+    return f"{value:.3g}{unit and ' ' + unit}"
 
 
 NOISE_NOTE = (
-    "Times are wall-clock on the machine above. On a shared machine absolute numbers move by tens of "
-    "percent from run to run; contenders are timed side by side (interleaved rounds) and compared by "
-    "paired ratios: read a ratio within a few percent of a threshold as a tie."
+    "Times are wall-clock on the machine above. On a shared machine absolute numbers move "
+    "by tens of percent from run to run; contenders are timed side by side (interleaved rounds) "
+    "and compared by paired ratios: read a ratio within a few percent of a threshold as a tie."
 )
 
 
 def markdown_table(table: Table) -> str:
-    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # noqa: E731
+    def line(cells: Sequence[Any]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
     return "\n".join([f"**{table.title}**", "", line(table.columns), rule, *map(line, table.rows)])
 
@@ -102,7 +116,13 @@ def render_markdown(
     parts = [f"# {title}", "", *(f"- {k}: {v}" for k, v in env.items()), "", NOISE_NOTE]
     if targets:
         rows = tuple(
-            (key, t.name, format_value(t.measured, t.unit), t.rule, "met" if t.met else "**MISSED**")
+            (
+                key,
+                t.name,
+                format_value(t.measured, t.unit),
+                t.rule,
+                "met" if t.met else "**MISSED**",
+            )
             for key, t in targets
         )
         table = Table("Targets", ("section", "target", "measured", "needed", "result"), rows)
@@ -117,18 +137,29 @@ def render_markdown(
 
 
 def write_report(
-    sections: Sequence[Section], out_dir: Path, env: Mapping[str, Any], title: str = "vit5 benchmark"
+    sections: Sequence[Section],
+    out_dir: Path,
+    env: Mapping[str, Any],
+    title: str = "vit5 benchmark",
 ) -> Path:
     """Write ``report.md`` and ``report.json`` under ``out_dir``; returns the Markdown path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.md", render_markdown(sections, env, title))
     targets = [t for s in sections for t in s.targets]
-    payload = dict(environment=dict(env), targets_met=sum(t.met for t in targets), targets_total=len(targets))
+    payload = dict(
+        environment=dict(env),
+        targets_met=sum(t.met for t in targets),
+        targets_total=len(targets),
+    )
     payload["sections"] = [
         {**asdict(s), "targets": [{**asdict(t), "met": t.met, "rule": t.rule} for t in s.targets]}
         for s in sections
     ]
-    default = lambda v: v.item() if hasattr(v, "item") else str(v)  # noqa: E731 - numpy scalars, paths
+
+    # numpy scalars, paths
+    def default(v: Any) -> Any:
+        return v.item() if hasattr(v, "item") else str(v)
+
     atomic_write_text(out_dir / "report.json", json.dumps(payload, indent=1, default=default))
     return out_dir / "report.md"
 
@@ -137,9 +168,18 @@ def environment(device: str = "cpu", dtype: str = "fp32") -> dict[str, Any]:
     """Versions, hardware, threads and the machine's load (a busy machine makes absolute times unreliable)."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
-    env: dict[str, Any] = dict(python=sys.version.split()[0], torch=torch.__version__, timm=timm.__version__)
-    env.update(platform=platform.platform(), cpu=names[0] if names else platform.processor() or "unknown")
-    env.update(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(), device=device, dtype=dtype)
+    cpu = names[0] if names else platform.processor() or "unknown"
+    env: dict[str, Any] = dict(
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        timm=timm.__version__,
+        platform=platform.platform(),
+        cpu=cpu,
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        device=device,
+        dtype=dtype,
+    )
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return {**env, "load_average": load_average()}
