@@ -6,7 +6,6 @@ Darcet's absolute 150, which is DINOv2 ViT-g's)."""
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -17,7 +16,7 @@ import numpy as np
 from scipy.stats import entropy
 
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
+from vit5.outputs import format_table, write_csv, write_json
 from vit5.viz.stats import FLAT_PERCENTILE, REDUNDANT_COSINE, PatchContent, TokenStats, classify_outliers
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
@@ -99,20 +98,6 @@ TABLE_COLUMNS = {  # the metrics of the printed table and their column heads
 }
 
 
-def aligned(lines: list[list[str]]) -> str:
-    """Rows of cells as right-aligned columns."""
-    widths = [max(len(row[c]) for row in lines) for c in range(len(lines[0]))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
-
-
-def write_rows_csv(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 @dataclass
 class MetricReport:
     model: str
@@ -151,26 +136,39 @@ class MetricReport:
 
     def write(self, base: str | Path) -> list[Path]:
         """``base.json`` (every number, the config and the rules) and ``base.csv`` (:meth:`rows`)."""
-        doc = dict(model=self.model, num_images=self.num_images, layers=self.layers)
-        doc |= dict(thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source)
-        doc |= dict(confidence=self.config.ci, config=asdict(self.config))
-        doc |= dict(descriptions={name: METRICS[name] for name in self.summary}, metrics=self.rows())
-        doc |= dict(massive_activations=self.massive, intervals=self.interval_note())
-        doc |= dict(outlier_placement=self.placement, placement_rule=PLACEMENT_RULE)
-        json_path, csv_path = Path(f"{base}.json"), Path(f"{base}.csv")
-        return [atomic_write_json(json_path, doc), write_rows_csv(csv_path, self.rows())]
+        rows = self.rows()
+        doc = {
+            "model": self.model,
+            "num_images": self.num_images,
+            "layers": self.layers,
+            "thresholds": [_num(t) for t in self.thresholds],
+            "threshold_source": self.threshold_source,
+            "confidence": self.config.ci,
+            "config": asdict(self.config),
+            "descriptions": {name: METRICS[name] for name in self.summary},
+            "metrics": rows,
+            "massive_activations": self.massive,
+            "intervals": self.interval_note(),
+            "outlier_placement": self.placement,
+            "placement_rule": PLACEMENT_RULE,
+        }
+        json_file = write_json(f"{base}.json", doc)
+        return [json_file, write_csv(f"{base}.csv", rows)]
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
         are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
         header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
-        lines = [header + ["outliers art/cont"] * bool(self.placement)]
+        if self.placement:
+            header.append("outliers art/cont")
+        lines = []
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:
                 s = self.summary[n]
-                value, half = s["value"][i], (s["ci_high"][i] - s["ci_low"][i]) / 2
+                value = s["value"][i]
+                half = (s["ci_high"][i] - s["ci_low"][i]) / 2
                 interval = "" if math.isnan(half) else f"±{half:.2g}"
                 cells.append("n/a" if math.isnan(value) else f"{value:.3g}{interval}")
             if self.placement:
@@ -184,10 +182,12 @@ class MetricReport:
                 blocks = [m["layer"] for m in group]
                 runs.append(f"{blocks[0]}{'' if len(blocks) == 1 else f'-{blocks[-1]}'}: {where}")
             extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(runs)
+        table = format_table(header, lines, header_rule=False, label_column=False)
+        sink_rate = self.summary["sink_rate"]["value"][-1]
         return (
             f"{self.model}: {self.num_images} images, {self.interval_note()} "
-            f"(threshold: {self.threshold_source})\n{aligned(lines)}\nsink rate over all layer-heads: "
-            f"{self.summary['sink_rate']['value'][-1]:.3g}{extra}"
+            f"(threshold: {self.threshold_source})\n{table}\n"
+            f"sink rate over all layer-heads: {sink_rate:.3g}{extra}"
         )
 
 

@@ -1,4 +1,4 @@
-"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`save_figure` writes the files. Maps
+"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`vit5.plotstyle.save_figure` writes it. Maps
 stay comparable: patch values repeated ``p x p`` (the token grid stays visible), overlays on the pixels the
 model saw, a colorbar on every scalar map, one colour scale per *group* of panels, clipping only on request
 and then written on the figure; sizes and fonts from :mod:`vit5.plotstyle`."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import cv2
@@ -115,39 +114,17 @@ def color_limits(
     return vmin, vmax if vmax > vmin else vmin + 1e-12, note
 
 
-# Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
-_TITLE_H, _PAD, _HEADER_H, _NOTE_LINE_H = 0.3, 0.1, 0.4, 0.15
-_CBAR_GAP, _CBAR_W, _CBAR_LABELS = 0.05, 0.1, 0.42
-_CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
-_MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
-
-
-def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
-    """Lines the wrapped ``texts`` take across ``width`` inches (an estimate from an average glyph width)."""
-    per_line = max(20, int(width * 72 / (fontsize * 0.6)))
-    return sum(math.ceil(len(t) / per_line) for t in texts if t)
-
-
-def _header_height(title_lines: int) -> float:
-    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * S.FONT_TITLE / S.FONT_SMALL if title_lines else _PAD
+CBAR_INCHES = 0.6  # beside a map: its colorbar and the colorbar's tick labels
+CBAR_BOX = (1.04, 0.0, 0.05, 1.0)  # the colorbar in the map's axes coordinates (x, y, width, height)
+TITLE_INCHES = 0.3  # above a map: its title
+MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
 
 
 def map_inches(cols: int, style: MapStyle) -> float:
-    """One map's width in a row of ``cols``: ``style.panel_inches``, less to fit the text width, >= 1 inch."""
-    return max(_MIN_MAP, min(style.panel_inches, S.TEXT_WIDTH / cols - _CELL_EXTRA))
-
-
-def figure_size(
-    rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0, title_lines: int = 1
-) -> tuple[float, float]:
-    """Inches of a grid of maps of width / height ``aspect`` with colorbars, titles and notes, at least
-    :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
-    map_w = map_inches(cols, style)
-    width = max(cols * (map_w + _CELL_EXTRA), S.MIN_WIDTH)
-    height = rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines)
-    height += note_lines * _NOTE_LINE_H
-    snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
-    return snap(width), snap(height + _PAD)
+    """One map's width in a row of ``cols``: ``style.panel_inches``, less to fit the text width,
+    at least :data:`MIN_MAP`."""
+    fitted = S.TEXT_WIDTH / cols - CBAR_INCHES
+    return max(MIN_MAP, min(style.panel_inches, fitted))
 
 
 def panel_grid(
@@ -157,49 +134,50 @@ def panel_grid(
     notes: Sequence[str] = (),
     fixed_limits: Mapping[str, tuple[float, float]] | None = None,
 ) -> Figure:
-    """Draw panels row by row (``None``: an empty cell) on a grid of exactly :func:`figure_size`; panels of
-    one group share a colour scale: their joint range, or ``fixed_limits[group]``."""
-    cols = max(len(r) for r in rows)
-    panels = [p for r in rows for p in r if p is not None]
-    h_px, w_px = panels[0].shape
-    groups: dict[str, list[np.ndarray]] = {}
-    for p in panels:
-        if p.values is not None:
-            groups.setdefault(p.group, []).append(p.values)
-    limits = {g: color_limits(arrays, style.clip_percentile, g) for g, arrays in groups.items()}
-    limits.update({group: (*bounds, "") for group, bounds in (fixed_limits or {}).items()})
-    all_notes = [n for n in notes if n] + sorted({lim[2] for lim in limits.values() if lim[2]})
-    title = style.title_or(title)
-    width = figure_size(len(rows), cols, w_px / h_px, style)[0]
-    title_lines = _text_lines([title], width, S.FONT_TITLE)
-    note_lines = _text_lines(all_notes, width, S.FONT_SMALL)
-    width, height = figure_size(len(rows), cols, w_px / h_px, style, note_lines, title_lines)
-    fig = Figure(figsize=(width, height), dpi=style.dpi)
+    """Draw panels row by row (``None``: an empty cell) on a constrained-layout grid, each map at
+    its own aspect with its colorbar beside it; panels of one group share a colour scale: their
+    joint range, or ``fixed_limits[group]``. The figure is sized so the maps fill it: the text
+    width for a long row, at least :data:`vit5.plotstyle.MIN_WIDTH` for one panel."""
+    cols = max(len(row) for row in rows)
+    panels = [panel for row in rows for panel in row if panel is not None]
+    limits = _group_limits(panels, style.clip_percentile)
+    for group, bounds in (fixed_limits or {}).items():
+        limits[group] = (*bounds, "")
+    clipping = sorted({note for _, _, note in limits.values() if note})
+    map_h_px, map_w_px = panels[0].shape
     map_w = map_inches(cols, style)
-    map_h = map_w * h_px / w_px
-    cell_w, cell_h = map_w + _CELL_EXTRA, map_h + _TITLE_H + _PAD
-    margin = (width - cols * cell_w) / 2  # a one-panel figure is centred in its minimum width
+    width = max(cols * (map_w + CBAR_INCHES), S.MIN_WIDTH)
+    title = style.title_or(title)
+    all_notes = [note for note in [*notes, *clipping] if note]
+    height = len(rows) * (map_w * map_h_px / map_w_px + TITLE_INCHES)
+    height += S.text_height(title, width, S.FONT_TITLE) + 0.2
+    height += S.notes_height("\n".join(all_notes), width)
+    fig = S.figure(width, height, style.dpi)
+    grid = fig.add_gridspec(len(rows), cols)
     for i, row in enumerate(rows):
-        bottom = height - _header_height(title_lines) - (i + 1) * cell_h + _PAD
         for j, panel in enumerate(row):
-            if panel is None:
-                continue
-            left = margin + j * cell_w + _PAD
-            ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
-            bar = ((left + map_w + _CBAR_GAP) / width, bottom / height, _CBAR_W / width, map_h / height)
-            cax = fig.add_axes(bar) if panel.values is not None else None  # the colorbar's axes
-            _draw(fig, ax, cax, panel, style, limits.get(panel.group))
+            if panel is not None:
+                ax = fig.add_subplot(grid[i, j])
+                _draw(fig, ax, panel, style, limits.get(panel.group))
     if title:
-        fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
-    if all_notes:
-        text = "\n".join(all_notes)
-        fig.text(0.5, _PAD / 2 / height, text, ha="center", va="bottom", fontsize=S.FONT_SMALL, wrap=True)
+        fig.suptitle(title, fontsize=S.FONT_TITLE, wrap=True)
+    S.finish(fig, all_notes)
+    S.settle(fig)
     return fig
 
 
-def _draw(
-    fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None
-) -> None:
+def _group_limits(
+    panels: Sequence[Panel], clip_percentile: float | None
+) -> dict[str, tuple[float, float, str]]:
+    """One colour scale per group of scalar maps (:func:`color_limits`)."""
+    groups: dict[str, list[np.ndarray]] = {}
+    for panel in panels:
+        if panel.values is not None:
+            groups.setdefault(panel.group, []).append(panel.values)
+    return {group: color_limits(arrays, clip_percentile, group) for group, arrays in groups.items()}
+
+
+def _draw(fig: Figure, ax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None) -> None:
     patch = panel.patch
     h, w = panel.shape
     extent = (0, w, h, 0)
@@ -207,30 +185,33 @@ def _draw(
     if panel.image is not None:
         ax.imshow(panel.image, extent=extent, interpolation="nearest")
     if panel.rgb is not None:
-        rgb = np.stack([upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)], axis=-1)
-        ax.imshow(np.clip(rgb, 0, 1), extent=extent, interpolation="nearest", alpha=alpha)
+        channels = [upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)]
+        rgb = np.clip(np.stack(channels, axis=-1), 0, 1)
+        ax.imshow(rgb, extent=extent, interpolation="nearest", alpha=alpha)
     if panel.values is not None:
         norm = Normalize(limits[0], limits[1])
         values = upsample(panel.values, patch, style.upsample)
-        ax.imshow(values, extent=extent, cmap=style.cmap, norm=norm, alpha=alpha, interpolation="nearest")
-        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax, ticks=MaxNLocator(4))
+        ax.imshow(
+            values,
+            extent=extent,
+            cmap=style.cmap,
+            norm=norm,
+            alpha=alpha,
+            interpolation="nearest",
+        )
+        mappable = ScalarMappable(norm=norm, cmap=style.cmap)
+        cax = ax.inset_axes(CBAR_BOX)  # follows the map's box, so it is exactly the map's height
+        colorbar = fig.colorbar(mappable, cax=cax, ticks=MaxNLocator(4))
         colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
-    for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
+    outlines = ((panel.marks, "red", "-"), (panel.second_marks, "white", "--"))
+    for marks, colour, dash in outlines:
         for r, c in zip(*np.nonzero(marks)) if marks is not None else ():
-            box = Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
+            corner = (c * patch, r * patch)
+            box = Rectangle(corner, patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
             ax.add_patch(box)
-    ax.set(xlim=(0, w), ylim=(h, 0), aspect="auto")  # the axes box already has the map's aspect
+    ax.set(xlim=(0, w), ylim=(h, 0), aspect="equal")  # a map keeps its pixels square
     ax.set_axis_off()
     ax.set_title(panel.title, fontsize=S.FONT, pad=3)
-
-
-def save_figure(fig: Figure, base: str | Path, formats: Sequence[str]) -> list[Path]:
-    """Write ``base.<fmt>`` for each format; returns the paths."""
-    Path(base).parent.mkdir(parents=True, exist_ok=True)
-    paths = [Path(f"{base}.{fmt}") for fmt in formats]
-    for path, fmt in zip(paths, formats):
-        fig.savefig(path, format=fmt, dpi=fig.dpi)
-    return paths
 
 
 def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
@@ -428,7 +409,7 @@ def norm_histogram_figure(
     num = len(stats.layers)
     cols, rows = min(4, num), math.ceil(num / min(4, num))
     width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
-    fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
+    fig = S.figure(width, rows * 1.6 + 0.9, style.dpi)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     types = np.asarray(stats.layout.token_types())
     for pos, layer in enumerate(stats.layers):
@@ -467,7 +448,7 @@ def layer_profile_figure(
 ) -> Figure:
     """Per-layer curves with bootstrap bands (TTR Fig. 2): colour = model, line style and marker = metric;
     one legend below the panels. Bands only with enough images for a bootstrap (the note says so)."""
-    fig = Figure(figsize=(S.TEXT_WIDTH, 2.9), dpi=style.dpi, layout="constrained")
+    fig = S.figure(S.TEXT_WIDTH, 2.9, style.dpi)
     axes = fig.subplots(1, len(PROFILE_PANELS), squeeze=False)[0]
     several = len(reports) > 1
     order = [name for _, names in PROFILE_PANELS for name in names]  # one line style per metric, everywhere
@@ -500,7 +481,7 @@ def massive_activation_figure(
     (Sun et al., arXiv 2402.17762, Fig. 1 / their ViT code), one panel per model, one shared log y axis;
     where the top 1 sits is written where it changes from the block before (a tie among images as a tie)."""
     width = min(S.TEXT_WIDTH, max(3.5 * len(models), S.MIN_WIDTH))
-    fig = Figure(figsize=(width, 3.0), dpi=style.dpi, layout="constrained")
+    fig = S.figure(width, 3.0, style.dpi)
     axes = fig.subplots(1, len(models), squeeze=False, sharey=True)[0]
     for m, (ax, (label, (stats, report))) in enumerate(zip(axes, models.items())):
         if stats.massive_top is None:
