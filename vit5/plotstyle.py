@@ -18,7 +18,16 @@ LINE_SPACING = 1.35  # a text line is this many font sizes tall
 MIN_WIDTH = 3.4  # inches: a one-panel figure is still one column wide (titles do not wrap into a tower)
 
 # Okabe & Ito: blue, vermillion, bluish green, reddish purple, orange, sky blue, yellow, black
-MODEL_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+MODEL_COLOURS = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+)
 # (line style, marker) of the n-th metric of a plot
 METRIC_STYLES = tuple(
     zip(("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))), "os^DvPX")
