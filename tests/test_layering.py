@@ -56,8 +56,9 @@ ALLOWED_INTERNAL = {
     "cli": LIBRARY,  # on top: every command line, nothing imports it
 }
 # leaf modules every subpackage may import (they import nothing from vit5 but each other): the user-error
-# base class, crash-safe files and locks, which process prints, device and memory checks, the figure style
-LEAF_MODULES = {"errors", "files", "runtime", "plotstyle"}
+# base class, crash-safe files and locks, which process prints, device and memory checks, the figure style,
+# the CSV, JSON and table writers
+LEAF_MODULES = {"errors", "files", "runtime", "plotstyle", "outputs"}
 # third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
 LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}

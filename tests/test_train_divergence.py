@@ -16,9 +16,9 @@ from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse
 
 from vit5 import load_model
 from vit5.cli import train as cli
+from vit5.outputs import read_csv
 from vit5.train import EXIT_DIVERGED, Trainer, TrainingDiverged
 from vit5.train.checkpointing import is_verified, list_checkpoints
-from vit5.train.rundir import read_csv
 
 STEPS = 1438 // 32  # 44 optimizer steps per epoch
 

@@ -8,8 +8,8 @@ import pytest
 from test_train_support import single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
 from vit5.data import export_digits_imagefolder
+from vit5.outputs import read_csv
 from vit5.train import Trainer
-from vit5.train.rundir import read_csv
 
 
 def plant_bad_files(root: Path) -> list[str]:

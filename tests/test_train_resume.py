@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 from test_train_support import TINY, run_train, train_command
 
+from vit5.outputs import read_csv
 from vit5.train.checkpointing import resolve_resume
-from vit5.train.rundir import read_csv
 
 # Every source of randomness on: 3-Augment (torch RNG), drop path (torch RNG), Mixup/CutMix (NumPy RNG).
 ARGS = [

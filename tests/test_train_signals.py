@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from test_train_support import REPO, TINY, single_thread, tiny_config  # noqa: F401 (autouse fixture)
 
 from vit5.cli import train as cli
+from vit5.outputs import read_csv
 from vit5.train import Trainer, TrainingInterrupted
 from vit5.train.checkpointing import list_checkpoints
 from vit5.train.loop import LRSchedule
-from vit5.train.rundir import read_csv
 
 STEPS = 1438 // 32  # 44 optimizer steps per epoch
 # every source of randomness on: 3-Augment in the workers, drop path and Mixup/CutMix in the main process

@@ -7,17 +7,14 @@ import cv2
 import matplotlib
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import vit5
+from vit5 import plotstyle as S
 from vit5.errors import InputError
+from vit5.plotstyle import save_figure
 from vit5.viz import LoadedImage, MapStyle, TokenStats
-from vit5.viz.figures import (
-    compare_figure,
-    figure_size,
-    image_figure,
-    save_figure,
-    upsample,
-)
+from vit5.viz.figures import compare_figure, image_figure, upsample
 
 cls_attention_figure = partial(image_figure, "attention")
 register_attention_figure = partial(image_figure, "registers")
@@ -61,10 +58,8 @@ def test_norm_map_written_with_expected_size_and_peak_at_the_planted_patch(tmp_p
     pixels = cv2.cvtColor(cv2.imread(str(png)), cv2.COLOR_BGR2RGB).astype(float)
     declared_w, declared_h = fig.get_size_inches()
     assert pixels.shape[:2] == (round(declared_h * 80), round(declared_w * 80))  # whole pixels, as declared
-    width, min_height = figure_size(
-        1, 1, 48 / 32, style
-    )  # one panel; the height grows with wrapped title lines
-    assert pixels.shape[1] == round(width * 80) and declared_h >= min_height
+    assert declared_w >= S.MIN_WIDTH  # one panel: still one column wide
+    assert not overlaps(fig)
     # the hottest overlay colour (top of viridis at alpha 0.5 over gray), searched inside the map's axes only
     hot = 0.5 * np.array(matplotlib.colormaps["viridis"](1.0)[:3]) * 255 + 0.5 * 128
     ax = fig.axes[0]
@@ -77,12 +72,59 @@ def test_norm_map_written_with_expected_size_and_peak_at_the_planted_patch(tmp_p
     assert (row, col) == HOT
 
 
+def overlaps(fig) -> list[str]:
+    """After drawing: texts that overlap a map, another text or the figure's edge, and maps that overlap
+    each other, are squashed (not at their pixels' aspect) or lack a colorbar of their height beside them."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    maps = [ax for ax in fig.axes if ax.images]
+    boxes = [(t.get_text(), t.get_window_extent(renderer).shrunk(0.98, 0.9)) for t in drawn_texts(fig)]
+    found = [f"{text!r} leaves the figure" for text, box in boxes if not fig.bbox.contains(box.x0, box.y0)]
+    found += [f"{text!r} leaves the figure" for text, box in boxes if not fig.bbox.contains(box.x1, box.y1)]
+    for i, ax in enumerate(maps):
+        area = ax.get_window_extent(renderer)
+        found += [f"{text!r} overlaps map {i}" for text, box in boxes if box.overlaps(area)]
+        found += [
+            f"maps {i} and {j} overlap" for j, other in enumerate(maps[:i]) if area.overlaps(other.bbox)
+        ]
+        h, w = ax.images[0].get_array().shape[:2]
+        if abs(area.width / area.height - w / h) > 0.02 * w / h:
+            found.append(f"map {i} squashed: {area.width:.0f} x {area.height:.0f} pixels for a {w} x {h} map")
+        bars = [c.get_window_extent(renderer) for c in ax.child_axes]
+        if ax.images[-1].get_cmap().name != "viridis":
+            continue  # an image or an RGB map has no colorbar
+        if not any(abs(b.height - area.height) < 2 and b.x0 >= area.x1 for b in bars):
+            found.append(f"map {i} has no colorbar of its height beside it")
+    for i, (text, box) in enumerate(boxes):
+        found += [f"{text!r} overlaps {other!r}" for other, o in boxes[:i] if box.overlaps(o)]
+    return found
+
+
+def drawn_texts(fig) -> list:
+    """Every text a reader sees: titles, notes, legends, and the tick labels of the axes that show them."""
+    texts = [*fig.texts, *(t for legend in fig.legends for t in legend.get_texts())]
+    if fig._suptitle is not None:
+        texts.append(fig._suptitle)
+    for ax in [*fig.axes, *colorbars_of(fig)]:
+        texts += [ax.title, *ax.texts]
+        if ax.axison:
+            texts += [*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label]
+    unique = {id(t): t for t in texts}.values()  # the suptitle is one of fig.texts too
+    return [t for t in unique if t.get_visible() and t.get_text().strip()]
+
+
+def colorbars_of(fig) -> list:
+    return [bar for ax in fig.axes if ax.images for bar in ax.child_axes]
+
+
 def test_every_map_has_a_colorbar_and_heads_share_a_layer_scale():
     fig = cls_attention_figure(synthetic_stats(heads=3), 0, GRAY, [0], MapStyle())
     maps = [ax for ax in fig.axes if ax.images]
-    colorbars = [ax for ax in fig.axes if not ax.images]
+    colorbars = colorbars_of(fig)
     assert len(maps) == 4 and len(colorbars) == 4  # 3 heads + mean, each with its colorbar
     assert len({cb.get_ylim() for cb in colorbars}) == 1
+    assert not overlaps(fig)
     assert "raw" in fig._suptitle.get_text()
     renormalised = cls_attention_figure(synthetic_stats(heads=3), 0, GRAY, [0], MapStyle(), renormalise=True)
     assert "renormalised" in renormalised._suptitle.get_text()
@@ -92,7 +134,7 @@ def test_every_map_has_a_colorbar_and_heads_share_a_layer_scale():
 def test_comparison_shares_one_scale_per_row_across_models():
     a, b = synthetic_stats(name="A"), synthetic_stats(scale=10.0, name="B")
     fig = compare_figure([a, b], 0, GRAY, 0, MapStyle(formats=("png",)))
-    colorbars = [ax for ax in fig.axes if not ax.images]
+    colorbars = colorbars_of(fig)
     attention_a, attention_b, norms_a, norms_b = (cb.get_ylim() for cb in colorbars)
     assert attention_a == attention_b and norms_a == norms_b
     assert norms_a[1] == pytest.approx(500.0)  # B's largest patch norm (10 x 50), not A's own maximum
@@ -103,11 +145,13 @@ def test_clipping_is_written_on_the_figure_and_only_when_asked():
     assert not any("clipped" in t.get_text() for t in unclipped.texts)
     clipped = norm_map_figure(synthetic_stats(), 0, GRAY, [0], MapStyle(clip_percentile=90))
     assert any("clipped at the 90th percentile" in t.get_text() for t in clipped.texts)
+    assert not overlaps(clipped)
 
 
 def test_register_panels_one_per_register_and_a_clear_error_without_registers():
     fig = register_attention_figure(synthetic_stats(registers=4), 0, GRAY, [0], MapStyle())
     assert [ax.get_title() for ax in fig.axes if ax.images] == [f"layer 0 register {r}" for r in range(4)]
+    assert not overlaps(fig)
     with pytest.raises(InputError, match="no register tokens"):
         register_attention_figure(synthetic_stats(registers=0), 0, GRAY, [0], MapStyle())
 

@@ -17,6 +17,7 @@ from matplotlib.text import Text
 from viz_support import smooth_images, smooth_rgb, tiny_vit5, write_png
 
 from vit5 import plotstyle as S
+from vit5.plotstyle import save_figure
 from vit5.viz import CollectConfig, LoadedImage, MapStyle, MetricConfig, collect, compute_metrics
 from vit5.viz import artifacts as M
 from vit5.viz.artifacts import MIN_BOOTSTRAP_IMAGES, bootstrap_ci
@@ -25,7 +26,6 @@ from vit5.viz.figures import (
     layer_profile_figure,
     massive_activation_figure,
     norm_histogram_figure,
-    save_figure,
 )
 from vit5.viz.images import default_size
 from vit5.viz.runner import PlantSpec, plant_artifacts

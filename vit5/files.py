@@ -29,6 +29,8 @@ from vit5.errors import (
 LOCK_NAME = ".lock"
 _STAGING = ".tmp-"
 _ASIDE = ".old-"
+AT_FDCWD = -100  # renameat2: a path relative to the working directory (linux/fcntl.h)
+RENAME_EXCHANGE = 2  # renameat2: swap the two paths (linux/fs.h)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> Path:
@@ -57,10 +59,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
 def atomic_write_text(path: str | os.PathLike[str], text: str, durable: bool = True) -> Path:
     """UTF-8 :func:`atomic_write_bytes`; file name bytes of another encoding become ``\\xNN``."""
     return atomic_write_bytes(path, text.encode("utf-8", errors=ESCAPE_UNDECODABLE), durable)
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, durable: bool = True) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", durable)
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
@@ -92,7 +90,8 @@ def staging_dir(final: str | os.PathLike[str]) -> Path:
 
 def replace_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
     """Put the complete directory ``staged`` in place of ``final`` in one step; the old one is removed."""
-    staged, final = Path(staged), Path(final)
+    staged = Path(staged)
+    final = Path(final)
     sync_dir(staged)
     try:
         if not final.exists():
@@ -114,7 +113,8 @@ def replace_dir(staged: str | os.PathLike[str], final: str | os.PathLike[str]) -
 def recover_dir(final: str | os.PathLike[str]) -> None:
     """After a crash inside :func:`replace_dir`: restore a directory moved aside, remove staging leftovers."""
     final = Path(final)
-    aside, staged = final.with_name(f"{_ASIDE}{final.name}"), final.with_name(f"{_STAGING}{final.name}")
+    aside = final.with_name(f"{_ASIDE}{final.name}")
+    staged = final.with_name(f"{_STAGING}{final.name}")
     if aside.is_dir() and not final.exists():
         os.rename(aside, final)
     shutil.rmtree(aside, ignore_errors=True)
@@ -127,8 +127,8 @@ def _exchange(a: Path, b: Path) -> bool:
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if linux else None
     if renameat2 is None:
         return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    here = AT_FDCWD
+    if renameat2(here, os.fsencode(a), here, os.fsencode(b), RENAME_EXCHANGE) == 0:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # the file system cannot exchange

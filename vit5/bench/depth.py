@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure  # not pyplot: importing vit5.bench leaves the user's backend alone
 from sklearn.datasets import load_digits
 from torch import nn
 
 import vit5
+from vit5 import plotstyle as S
 from vit5.bench.measure import BenchContext, DepthAblationConfig, num_threads
 from vit5.bench.report import Section, Table, Target
 from vit5.train.checkpointing import TrainState
@@ -90,16 +90,18 @@ def train_fixed_lr(
 def line_chart(path: Path, x, series: dict, labels: tuple[str, str, str], logy: bool = False) -> None:
     """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
     title, x label, y label."""
-    ax = (fig := Figure(figsize=(5.5, 3.6))).subplots()
-    for name, ys in series.items():
-        if points := [(a, b) for a, b in zip(x, ys) if b is not None]:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=name)
-    ax.set(title=labels[0], xlabel=labels[1], ylabel=labels[2], yscale="log" if logy else "linear")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig = S.figure(5.5, 3.6)
+    ax = fig.subplots()
+    for index, (name, ys) in enumerate(series.items()):
+        points = [(a, b) for a, b in zip(x, ys) if b is not None]
+        if points:
+            xs, values = zip(*points)
+            ax.plot(xs, values, marker="o", markersize=3, label=name, color=S.model_colour(index))
+    ax.set_yscale("log" if logy else "linear")
+    title, xlabel, ylabel = labels
+    S.style_axes(ax, title, xlabel, ylabel)
+    S.legend(ax)
+    S.save_figure(fig, path)
 
 
 def run(ctx: BenchContext) -> Section:

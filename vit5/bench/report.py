@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import platform
 import re
@@ -19,6 +18,7 @@ import torch
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_text
+from vit5.outputs import write_json
 
 
 def choose(kind: str, names: Iterable[str] | None, valid: Iterable[str]) -> list[str]:
@@ -155,12 +155,7 @@ def write_report(
         {**asdict(s), "targets": [{**asdict(t), "met": t.met, "rule": t.rule} for t in s.targets]}
         for s in sections
     ]
-
-    # numpy scalars, paths
-    def default(v: Any) -> Any:
-        return v.item() if hasattr(v, "item") else str(v)
-
-    atomic_write_text(out_dir / "report.json", json.dumps(payload, indent=1, default=default))
+    write_json(out_dir / "report.json", payload)
     return out_dir / "report.md"
 
 

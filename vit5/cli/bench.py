@@ -67,10 +67,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _data_pipeline(args: argparse.Namespace) -> int:
     from vit5.bench import data_pipeline
     from vit5.bench.report import markdown_table
-    from vit5.files import atomic_write_json
+    from vit5.outputs import write_json
 
     section = data_pipeline.run(quick=args.quick)
     print("\n\n".join([section.title, *map(markdown_table, section.tables), *section.notes]))
     if args.out is not None:
-        atomic_write_json(args.out, dataclasses.asdict(section))
+        write_json(args.out, dataclasses.asdict(section))
     return 0

@@ -24,6 +24,7 @@ from vit5.cli import (
 )
 from vit5.errors import InputError
 from vit5.files import check_output_dir
+from vit5.outputs import write_json
 from vit5.runtime import resolve_device
 
 # vit5.eval.classify.DEFAULT_SCALES, named here so that --help loads no torch (tests hold them equal)
@@ -53,7 +54,7 @@ def _classify_data(args: argparse.Namespace):
 
 def cmd_classify(args: argparse.Namespace) -> None:
     """top-1/top-5/loss/per-class accuracy, confusion matrix and img/s on an ImageFolder split"""
-    from vit5.eval import evaluate, per_class_table, summary_table, write_json
+    from vit5.eval import evaluate, per_class_table, summary_table
     from vit5.eval.classify import plot_confusion
 
     settings, accelerator, dataset, models = _classify_data(args)
@@ -76,7 +77,7 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """accuracy against input resolution (table + plot) for one or more models"""
-    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table, write_json
+    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
     from vit5.introspect import patch_size_of
 
     settings, accelerator, dataset, models = _classify_data(args)
@@ -100,7 +101,7 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> None:
     """kNN and logistic-regression probes on CLS / average-pooled features"""
-    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes, write_json
+    from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
     settings = from_options(ProbeSettings, args)
@@ -112,7 +113,6 @@ def cmd_probe(args: argparse.Namespace) -> None:
 def cmd_segprobe(args: argparse.Namespace) -> None:
     """dense linear segmentation probe on patch features: mIoU, pixel accuracy"""
     from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
-    from vit5.eval.common import write_json
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from vit5.eval.classify import predict, predictions_table, write_csv
+    from vit5.eval.classify import predict, predictions_table, write_predictions
 
     device = resolve_device(args.device)  # a bad --device fails before any work
     if args.csv is not None and args.csv.is_dir():
@@ -50,4 +50,4 @@ def _predict(args: argparse.Namespace) -> None:
     print(f"classes: {names.source}")
     print(predictions_table(predictions, args.images))
     if args.csv is not None:
-        print(f"wrote {write_csv(predictions, args.csv, args.images)}")
+        print(f"wrote {write_predictions(predictions, args.csv, args.images)}")

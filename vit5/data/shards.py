@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from vit5.data.decode import BadImageError, decode_bytes, decode_image
 from vit5.data.folder import BadImageWarning, BadSamples, ImageFolderDataset
 from vit5.errors import InputError
-from vit5.files import atomic_write_json, atomic_write_text, fsync_file
+from vit5.files import atomic_write_text, fsync_file
+from vit5.outputs import write_json
 
 SHARD_IMAGE_KEYS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
 _STORED_AS_IS = {f".{k}": k for k in SHARD_IMAGE_KEYS} | {".jpe": "jpg"}
@@ -473,7 +474,7 @@ def write_shards(
     info.setdefault("splits", {})[split] = dict(
         name=split, num_samples=sum(lengths), filenames=names, shard_lengths=lengths
     )
-    atomic_write_json(info_path, info)
+    write_json(info_path, info)
     return ShardReport(
         out=out,
         split=split,
@@ -534,7 +535,7 @@ def _check_classes(path: Path, names: list[str]) -> None:
 
 def _check_plan(path: Path, plan: dict[str, object]) -> None:
     if not path.exists():
-        atomic_write_json(path, plan)
+        write_json(path, plan)
     elif (before := json.loads(path.read_text())) != plan:
         changes = [f"{k} {before.get(k)!r} -> {v!r}" for k, v in plan.items() if before.get(k) != v]
         changed = ", ".join(changes)

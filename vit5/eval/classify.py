@@ -9,8 +9,6 @@ process evaluates a shard and ``gather_for_metrics`` drops the padding; unreadab
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import time
 import warnings
@@ -23,7 +21,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from matplotlib.figure import Figure  # not pyplot: importing vit5.eval leaves the user's backend alone
 from tqdm.auto import tqdm
 
 from vit5 import plotstyle as S
@@ -37,14 +34,13 @@ from vit5.eval.common import (
     check_fields,
     check_forward_memory,
     confusion_matrix,
-    format_table,
     labelled_loader,
     list_images,
 )
-from vit5.files import atomic_write_text
 from vit5.introspect import patch_size_of
 from vit5.layers.patch_embed import grid_of, round_to_patch
 from vit5.model.vit import unwrap
+from vit5.outputs import format_table, write_csv
 from vit5.runtime import default_workers, fit_threads, fit_workers
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
@@ -126,13 +122,16 @@ class ClassifyResult:
         return self.scores.num_images / self.seconds if self.seconds > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("scores", "note")}
+        """The JSON record of ``vit5 eval classify``: settings, scores, per-class accuracy, confusion."""
+        doc = {k: v for k, v in asdict(self).items() if k not in ("scores", "note")}
+        scores = self.scores
+        per_class = scores.per_class_accuracy.tolist()
         return {
             **doc,
-            **{k: getattr(s, k) for k in ("num_images", "top1", "top5", "loss")},
+            **{k: getattr(scores, k) for k in ("num_images", "top1", "top5", "loss")},
             "images_per_s": self.images_per_s,
-            "per_class_accuracy": dict(zip(self.class_names, s.per_class_accuracy.tolist())),
-            "confusion_matrix": s.confusion,
+            "per_class_accuracy": dict(zip(self.class_names, per_class)),
+            "confusion_matrix": scores.confusion,
             "label_mapping": self.note,
         }
 
@@ -319,7 +318,7 @@ def plot_confusion(
     normalised = np.divide(confusion, rows, out=np.zeros_like(confusion), where=rows > 0)
     n = len(class_names)
     side = min(4 + 0.35 * n, 16)
-    fig = Figure(figsize=(side + 1.5, side))
+    fig = S.figure(side + 1.5, side)
     ax = fig.subplots()
     image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
@@ -329,11 +328,11 @@ def plot_confusion(
     for (i, j), value in np.ndenumerate(confusion if n <= 15 else ()):
         if value:
             colour = "white" if normalised[i, j] > 0.5 else "black"
-            ax.text(j, i, int(value), ha="center", va="center", fontsize=7, color=colour)
+            ax.text(j, i, int(value), ha="center", va="center", fontsize=S.FONT_SMALL, color=colour)
     title = title or "confusion matrix (counts; colour = row fraction)"
     S.style_axes(ax, title, "predicted class", "true class")
     ax.grid(False)
-    return _save(fig, path)
+    return S.save_figure(fig, path)[0]
 
 
 def sweep_plot(
@@ -341,13 +340,14 @@ def sweep_plot(
 ) -> Path:
     """Top-1 against sqrt(H * W) per model; square sizes joined by a line, others as hollow markers
     labelled HxW (extrapolation of RoPE and the resampled APE)."""
-    fig = Figure(figsize=(7.5, 4.8))
+    fig = S.figure(S.TEXT_WIDTH, 4.5)
     ax = fig.subplots()
     labelled: dict[Size, int] = {}  # size -> label row, so labels at one x do not overlap
     for index, model in enumerate(dict.fromkeys(r.model for r in results)):
         points = [(r.size, 100 * r.scores.top1) for r in results if r.model == model]
         square = sorted((np.sqrt(h * w), v) for (h, w), v in points if h == w)
-        xs, ys = [x for x, _ in square], [v for _, v in square]
+        xs = [x for x, _ in square]
+        ys = [v for _, v in square]
         (line,) = ax.plot(xs, ys, label=model, **S.line_kwargs(index, 0))
         for (h, w), value in points:
             if h == w:
@@ -355,21 +355,18 @@ def sweep_plot(
             xy = (np.sqrt(h * w), value)
             ax.scatter(*xy, facecolors="none", edgecolors=line.get_color(), s=60, zorder=3)
             if (h, w) not in labelled:  # once per size, not per model
-                row = labelled[(h, w)] = sum(hh * ww == h * w for hh, ww in labelled)
-                ax.annotate(f"{h}x{w}", xy, textcoords="offset points", xytext=(6, 4 - 11 * row), fontsize=8)
+                row = sum(hh * ww == h * w for hh, ww in labelled)
+                labelled[(h, w)] = row
+                offset = (6, 4 - 11 * row)
+                text = f"{h}x{w}"
+                ax.annotate(text, xy, textcoords="offset points", xytext=offset, fontsize=S.FONT_SMALL)
     if train_size is not None:
-        ax.axvline(np.sqrt(train_size[0] * train_size[1]), color="grey", ls="--", lw=1, label="training size")
+        side = np.sqrt(train_size[0] * train_size[1])
+        ax.axvline(side, color="grey", ls="--", lw=1, label="training size")
     xlabel = "input side sqrt(H x W) in pixels (hollow: non-square)"
     S.style_axes(ax, "accuracy against input resolution", xlabel, "top-1 %")
     S.legend(ax)
-    return _save(fig, path)
-
-
-def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return Path(path)
+    return S.save_figure(fig, path)[0]
 
 
 @dataclass(frozen=True)
@@ -450,21 +447,21 @@ def predictions_table(predictions: list[Prediction], root: str | os.PathLike[str
     return "\n".join(lines)
 
 
-def write_csv(
+def write_predictions(
     predictions: list[Prediction], path: str | os.PathLike[str], root: str | os.PathLike[str]
 ) -> Path:
     """``image, top1_class, top1_index, top1_prob, ..., error`` per image (``error``: why a file was
     skipped, its other cells empty)."""
     k = max((len(p.top) for p in predictions), default=0)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    columns = [f"top{r}_{col}" for r in range(1, k + 1) for col in ("class", "index", "prob")]
-    writer.writerow(["image", *columns, "error"])
+    ranks = range(1, k + 1)
+    top_columns = [f"top{r}_{col}" for r in ranks for col in ("class", "index", "prob")]
+    rows = []
     for pred in predictions:
-        cells = [cell for index, label, p in pred.top for cell in (label, index, f"{p:.6f}")]
-        writer.writerow([_shown(pred.path, root), *cells, *[""] * (len(columns) - len(cells)), pred.error])
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(path, out.getvalue())
+        row = {"image": _shown(pred.path, root), "error": pred.error}
+        for rank, (index, label, prob) in enumerate(pred.top, start=1):
+            row |= {f"top{rank}_class": label, f"top{rank}_index": index, f"top{rank}_prob": prob}
+        rows.append(row)
+    return write_csv(path, rows, ["image", *top_columns, "error"])
 
 
 def _shown(path: Path, root: str | os.PathLike[str]) -> str:

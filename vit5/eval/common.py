@@ -1,24 +1,22 @@
 """What every evaluation shares: the models a spec names, the images and their input size (an unreadable
 file gives a placeholder with ``ok=False``, never a neighbour counted twice; the loops list it as skipped),
-the dense features of a batch (timm's ``forward_intermediates`` contract), and the tables and JSON."""
+and the dense features of a batch (timm's ``forward_intermediates`` contract). Tables and JSON:
+:mod:`vit5.outputs`."""
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vit5.data import IMAGE_EXTENSIONS, BadImageError, build_loader, decode_image, eval_transform, image_files
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
 from vit5.introspect import ModelInfo
 from vit5.introspect.spec import LoadedModel, has_ema_weights, load_spec
 from vit5.layers.patch_embed import round_to_patch
@@ -165,39 +163,3 @@ def confusion_matrix(targets: torch.Tensor, preds: torch.Tensor, num_classes: in
     """Counts of (target, prediction) pairs, rows: true classes (scikit-learn's, far faster on pixels)."""
     pairs = targets.reshape(-1).long() * num_classes + preds.reshape(-1).long()
     return torch.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
-    """A fixed-width table (first column left-aligned); floats with 4 decimals, None/NaN as '-'."""
-    cells = [[str(h) for h in headers], *([_cell(v) for v in row] for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    cells.insert(1, ["-" * w for w in widths])
-    lines = [
-        "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells
-    ]
-    return "\n".join([title, *lines] if title else lines)
-
-
-def _cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.4f}" if isinstance(v, (float, np.floating)) else str(v)
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Numpy arrays/scalars, tuples and paths to JSON types; NaN/inf to None."""
-    if isinstance(obj, (np.ndarray, np.generic)):
-        obj = obj.tolist()  # nested lists of Python scalars, or one scalar
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return os.fspath(obj) if isinstance(obj, os.PathLike) else obj
-
-
-def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON, atomically (a crash never leaves half a file)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_json(path, to_jsonable(obj))

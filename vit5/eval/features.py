@@ -33,12 +33,11 @@ from vit5.eval.common import (
     feature_names,
     list_images,
     own_size,
-    to_jsonable,
-    write_json,
 )
 from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
 from vit5.introspect import ModelInfo, describe
 from vit5.model import take_indices
+from vit5.outputs import to_jsonable, write_json
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _PENDING_BATCHES = 4  # decoded images allowed to wait in buckets, in batches

@@ -30,12 +30,12 @@ from vit5.eval.common import (
     check_fields,
     confusion_matrix,
     dense_features,
-    format_table,
     labelled_loader,
 )
 from vit5.eval.features import FailedImage, FeatureSettings, extract, prepare
 from vit5.introspect import describe
 from vit5.model import take_indices
+from vit5.outputs import format_table
 
 POOLS = ("cls", "avg")
 Array = np.ndarray

@@ -23,14 +23,15 @@ from matplotlib.figure import Figure
 from vit5 import plotstyle as S
 from vit5.data.digits.canvases import CanvasBatch, CanvasConfig, CanvasSource
 from vit5.errors import InputError
-from vit5.files import atomic_write_json, atomic_write_text
+from vit5.files import atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
+from vit5.outputs import write_json
+from vit5.plotstyle import save_figure
 from vit5.train.checkpointing import Resumable, TrainState, load_single, save_single
 from vit5.train.config import OptimSection, ScheduleSection
 from vit5.train.loop import LRSchedule, NonFiniteLoss, StepParts, build_optimizer, train_steps
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
-from vit5.viz.figures import save_figure
 from vit5.viz.images import LoadedImage, to_batch
 from vit5.viz.register_ablation import AblationConfig, ablation_figure, model_outputs, run_ablation
 from vit5.viz.stats import TokenStats
@@ -352,7 +353,7 @@ def run_study(
     result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
     figure = trajectory_figure(trajectories, cfg)
     result.files += save_figure(figure, out / "trajectory", ("png", "pdf"))
-    result.files.append(atomic_write_json(out / "verdict.json", result.verdict))
+    result.files.append(write_json(out / "verdict.json", result.verdict))
     (out / "heldout").mkdir(exist_ok=True)  # the metric canvases, for viz compare / viz ttr
     for image in held.images:
         result.files.append(out / "heldout" / f"{image.name}.png")
@@ -372,7 +373,7 @@ def _check_same_study(cfg: StudyConfig, out: Path) -> None:
     doc = json.loads(json.dumps(cfg.to_dict()))
     if not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, doc)
+        write_json(path, doc)
         return
     old = json.loads(path.read_text())
     if old != doc:
@@ -488,7 +489,7 @@ def analyse_twins(
             "patch_register_mass_after": pick(after, "patch_register_mass"),
         }
         files += before.files + after.files
-    return [*files, atomic_write_json(folder / "analysis.json", summary)]
+    return [*files, write_json(folder / "analysis.json", summary)]
 
 
 LABELS = ("no registers", "registers")  # of TWINS, which is also the colour index (colour = model)

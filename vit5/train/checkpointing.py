@@ -30,7 +30,8 @@ from torch import nn
 
 import vit5
 from vit5.errors import StorageError, Vit5Error, storage_error, user_message
-from vit5.files import atomic_write_bytes, atomic_write_json, fsync_file, replace_dir, staging_dir
+from vit5.files import atomic_write_bytes, fsync_file, replace_dir, staging_dir
+from vit5.outputs import write_json
 from vit5.train.errors import ResumeError
 from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
@@ -171,7 +172,7 @@ class CheckpointManager:
             listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
         for name in listed:  # flushed to disk before the manifest that vouches for them
             fsync_file(tmp / name)
-        atomic_write_json(
+        write_json(
             tmp / MANIFEST, _manifest(self.parts.state, self.accelerator.num_processes, self.config, listed)
         )
         replace_dir(tmp, final)  # the same update count saved again: swapped, never a moment without one
@@ -191,7 +192,7 @@ class CheckpointManager:
         """Record that ``path``'s weights gave a finite loss (``how``); prune what that makes redundant."""
 
         def mark() -> None:
-            atomic_write_json(path / VERIFIED_FILE, {"verified_by": how}, durable=False)
+            write_json(path / VERIFIED_FILE, {"verified_by": how}, durable=False)
             if self.newest_saved >= 0:
                 self._prune(self.newest_saved)
 
@@ -368,7 +369,7 @@ def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> No
     for name, data in files.items():
         atomic_write_bytes(staged / name, data)
     listed = {name: _digest(data) for name, data in files.items()}
-    atomic_write_json(staged / MANIFEST, _manifest(parts.state, 1, config, listed))
+    write_json(staged / MANIFEST, _manifest(parts.state, 1, config, listed))
     replace_dir(staged, directory)
 
 

@@ -5,8 +5,6 @@ docs/training.md."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shutil
@@ -16,19 +14,18 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from matplotlib.figure import Figure
 
 from vit5 import plotstyle as S
 from vit5.errors import Vit5Error, storage_error, user_message
 from vit5.files import (
     FolderLock,
     FolderLocked,
-    atomic_write_json,
     atomic_write_text,
     recover_dir,
     replace_dir,
     staging_dir,
 )
+from vit5.outputs import write_csv, write_json
 from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE
 from vit5.train.config import TrainConfig, config_to_yaml
 
@@ -211,7 +208,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     """``summary.json`` and ``summary.txt``, each written atomically."""
-    atomic_write_json(run_dir / SUMMARY_JSON, summary)
+    write_json(run_dir / SUMMARY_JSON, summary)
     atomic_write_text(run_dir / SUMMARY_TXT, format_summary(summary) + "\n")
 
 
@@ -224,7 +221,7 @@ _PANELS = (
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Loss, top-1 and lr against epochs (a missing value leaves a gap), in the role colours."""
-    fig = Figure(figsize=(S.TEXT_WIDTH, 2.6), dpi=S.DPI, layout="constrained")  # no pyplot: no global state
+    fig = S.figure(S.TEXT_WIDTH, 2.6)
     axes = fig.subplots(1, 3)
     epochs = [int(r["epoch"]) for r in rows]
     for ax, (ylabel, series) in zip(axes, _PANELS, strict=True):
@@ -243,29 +240,12 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
         axes[1].set_title(f"best val top-1 {max(best):.2f}%", fontsize=S.FONT)
     if title:
         fig.suptitle(title, fontsize=S.FONT_TITLE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=S.DPI)
-    return path
+    return S.save_figure(fig, path)[0]
 
 
 CSV_COLUMNS = tuple(k for k in HISTORY_FIELDS if k != "val_images")  # val_images: in summary.json
 
 
-def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Write ``rows`` (one per epoch; missing values empty) atomically, floats to 6 significant digits."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: _fmt(row.get(k)) for k in CSV_COLUMNS} for row in rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, buffer.getvalue(), durable=False)
-
-
-def read_csv(path: Path) -> list[dict[str, float | None]]:
-    """Rows of a metrics CSV with numbers parsed (empty cells -> None)."""
-    with open(path, newline="") as f:
-        return [{k: (float(v) if v != "" else None) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def _fmt(value: Any) -> str:
-    return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+def write_metrics(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """``metrics.csv``: one row per epoch in :data:`CSV_COLUMNS` (rewritten every epoch, so not fsynced)."""
+    return write_csv(path, rows, CSV_COLUMNS, durable=False)

@@ -60,7 +60,7 @@ from vit5.train.loop import (
     train_one_epoch,
 )
 from vit5.train.modeling import add_lora, build_model, describe, merged_for_export
-from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
+from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_metrics, write_summary
 
 
 class Trainer:
@@ -320,7 +320,7 @@ class Trainer:
                 self._check_weights()
                 self._save_model_dir(self.run_dir / rundir.BEST, row)
         if acc.is_main_process:
-            write_csv(state.history, self.run_dir / rundir.METRICS_CSV)
+            write_metrics(state.history, self.run_dir / rundir.METRICS_CSV)
             plot_curves(
                 state.history,
                 self.run_dir / rundir.CURVES_PNG,

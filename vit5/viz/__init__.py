@@ -4,9 +4,10 @@ analyses (ablation, test-time registers, position probe). Command line: ``vit5 v
 
 from vit5.introspect import describe
 from vit5.introspect.spec import parse_model_args as parse_overrides
+from vit5.plotstyle import save_figure
 from vit5.viz.artifacts import MetricConfig, compute_metrics, load_thresholds
 from vit5.viz.collect import CollectConfig, capture, collect
-from vit5.viz.figures import MapStyle, save_figure
+from vit5.viz.figures import MapStyle
 from vit5.viz.images import LoadedImage, load_images, to_batch
 from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
 from vit5.viz.register_ablation import AblationConfig, ablation_figure, run_ablation

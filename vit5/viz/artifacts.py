@@ -6,7 +6,6 @@ Darcet's absolute 150, which is DINOv2 ViT-g's)."""
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -17,13 +16,21 @@ import numpy as np
 from scipy.stats import entropy
 
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
-from vit5.viz.stats import FLAT_PERCENTILE, REDUNDANT_COSINE, PatchContent, TokenStats, classify_outliers
+from vit5.outputs import format_table, write_csv, write_json
+from vit5.viz.stats import (
+    FLAT_PERCENTILE,
+    REDUNDANT_COSINE,
+    PatchContent,
+    TokenStats,
+    classify_outliers,
+)
 
-MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+# MAD of a normal distribution times this is its standard deviation
+MAD_TO_SIGMA = 1.4826
 PLACEMENT_RULE = (
-    f"artifact-like = input patch in its image's flattest {FLAT_PERCENTILE:.0%} by pixel variance and "
-    f"mean cosine >= {REDUNDANT_COSINE:g} to its 4-neighbours (redundant, Darcet et al. 2023 sec. 2.1); "
+    f"artifact-like = input patch in its image's flattest {FLAT_PERCENTILE:.0%} by pixel variance "
+    f"and mean cosine >= {REDUNDANT_COSINE:g} to its 4-neighbours (redundant, Darcet et al. 2023 "
+    "sec. 2.1); "
     "content-like = the rest"
 )
 
@@ -31,11 +38,15 @@ PLACEMENT_RULE = (
 @dataclass(frozen=True)
 class MetricConfig:
     k: float = 5.0  # MAD multiplier of the log-norm threshold
-    threshold: float | None = None  # one explicit norm threshold for every layer
-    thresholds: tuple[float, ...] | None = None  # per-layer thresholds of a reference model
-    threshold_source: str = ""  # where ``thresholds`` came from (for the report)
+    # one explicit norm threshold for every layer
+    threshold: float | None = None
+    # per-layer thresholds of a reference model
+    thresholds: tuple[float, ...] | None = None
+    # where ``thresholds`` came from (for the report)
+    threshold_source: str = ""
     eps: float = 0.3  # sink-rate epsilon
-    top_k: int | None = None  # S_topK keys; default: the model's register count, or 4 without registers
+    # S_topK keys; default: the model's register count, or 4 without registers
+    top_k: int | None = None
     n_boot: int = 1000
     ci: float = 0.95
     seed: int = 0
@@ -53,8 +64,10 @@ class MetricConfig:
             )
 
 
-MIN_BOOTSTRAP_IMAGES = 10  # fewer images: no interval is printed (and the table says why)
-MEDIAN_OVER_IMAGES = {"max_median_ratio"}  # the statistic over images; every other metric takes the mean
+# fewer images: no interval is printed (and the table says why)
+MIN_BOOTSTRAP_IMAGES = 10
+# the statistic over images is the median for these; every other metric takes the mean
+MEDIAN_OVER_IMAGES = {"max_median_ratio"}
 METRICS: dict[str, str] = {
     "outlier_ratio": "M1 share of patch tokens whose norm exceeds the layer threshold",
     "outlier_ratio_registers": "M1 share of register tokens above the same threshold",
@@ -99,20 +112,6 @@ TABLE_COLUMNS = {  # the metrics of the printed table and their column heads
 }
 
 
-def aligned(lines: list[list[str]]) -> str:
-    """Rows of cells as right-aligned columns."""
-    widths = [max(len(row[c]) for row in lines) for c in range(len(lines[0]))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines)
-
-
-def write_rows_csv(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 @dataclass
 class MetricReport:
     model: str
@@ -122,10 +121,13 @@ class MetricReport:
     threshold_source: str
     config: MetricConfig
     per_image: dict[str, np.ndarray]  # name -> [B, L]
-    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> value/ci_low/ci_high
+    # name -> {"value", "ci_low", "ci_high"} per layer
+    summary: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     outliers: np.ndarray | None = None  # [B, L, P] outlier patches (for maps)
-    massive: list[dict] | None = None  # per layer: where the largest activation sits most often (M10)
-    placement: list[dict] | None = None  # per layer: artifact-like / content-like outliers
+    # per layer: where the largest activation sits most often (M10)
+    massive: list[dict] | None = None
+    # per layer: artifact-like / content-like outliers
+    placement: list[dict] | None = None
 
     @property
     def intervals(self) -> bool:
@@ -141,36 +143,52 @@ class MetricReport:
 
     def rows(self) -> list[dict]:
         """One row per metric and layer (plus layer ``"all"`` for the sink rate over all layer-heads)."""
-        rows, n = [], self.num_images
+        rows = []
+        n = self.num_images
         for name, values in self.summary.items():
             statistic = "median" if name in MEDIAN_OVER_IMAGES else "mean"
-            for i, layer in enumerate(self.layers + ["all"] if name == "sink_rate" else self.layers):
+            layers = self.layers + ["all"] if name == "sink_rate" else self.layers
+            for i, layer in enumerate(layers):
                 cells = {key: _num(values[key][i]) for key in ("value", "ci_low", "ci_high")}
-                rows.append({"metric": name, "layer": layer, **cells, "statistic": statistic, "n_images": n})
+                row = {"metric": name, "layer": layer, **cells}
+                rows.append(row | {"statistic": statistic, "n_images": n})
         return rows
 
     def write(self, base: str | Path) -> list[Path]:
         """``base.json`` (every number, the config and the rules) and ``base.csv`` (:meth:`rows`)."""
-        doc = dict(model=self.model, num_images=self.num_images, layers=self.layers)
-        doc |= dict(thresholds=[_num(t) for t in self.thresholds], threshold_source=self.threshold_source)
-        doc |= dict(confidence=self.config.ci, config=asdict(self.config))
-        doc |= dict(descriptions={name: METRICS[name] for name in self.summary}, metrics=self.rows())
-        doc |= dict(massive_activations=self.massive, intervals=self.interval_note())
-        doc |= dict(outlier_placement=self.placement, placement_rule=PLACEMENT_RULE)
-        json_path, csv_path = Path(f"{base}.json"), Path(f"{base}.csv")
-        return [atomic_write_json(json_path, doc), write_rows_csv(csv_path, self.rows())]
+        rows = self.rows()
+        doc = {
+            "model": self.model,
+            "num_images": self.num_images,
+            "layers": self.layers,
+            "thresholds": [_num(t) for t in self.thresholds],
+            "threshold_source": self.threshold_source,
+            "confidence": self.config.ci,
+            "config": asdict(self.config),
+            "descriptions": {name: METRICS[name] for name in self.summary},
+            "metrics": rows,
+            "massive_activations": self.massive,
+            "intervals": self.interval_note(),
+            "outlier_placement": self.placement,
+            "placement_rule": PLACEMENT_RULE,
+        }
+        json_file = write_json(f"{base}.json", doc)
+        return [json_file, write_csv(f"{base}.csv", rows)]
 
     def table(self) -> str:
         """Per-layer table of the main metrics: value +- half the bootstrap interval (value alone when there
         are too few images for one), the outliers' placement and where the largest activation sits."""
         names = [n for n in TABLE_COLUMNS if n in self.summary]
         header = ["layer", "tau", *(TABLE_COLUMNS[n] for n in names)]
-        lines = [header + ["outliers art/cont"] * bool(self.placement)]
+        if self.placement:
+            header.append("outliers art/cont")
+        lines = []
         for i, layer in enumerate(self.layers):
             cells = [str(layer), f"{self.thresholds[i]:.3g}"]
             for n in names:
                 s = self.summary[n]
-                value, half = s["value"][i], (s["ci_high"][i] - s["ci_low"][i]) / 2
+                value = s["value"][i]
+                half = (s["ci_high"][i] - s["ci_low"][i]) / 2
                 interval = "" if math.isnan(half) else f"±{half:.2g}"
                 cells.append("n/a" if math.isnan(value) else f"{value:.3g}{interval}")
             if self.placement:
@@ -184,18 +202,22 @@ class MetricReport:
                 blocks = [m["layer"] for m in group]
                 runs.append(f"{blocks[0]}{'' if len(blocks) == 1 else f'-{blocks[-1]}'}: {where}")
             extra += "\nlargest activation (blocks: token, channel, images): " + ", ".join(runs)
+        table = format_table(header, lines, header_rule=False, label_column=False)
+        sink_rate = self.summary["sink_rate"]["value"][-1]
         return (
             f"{self.model}: {self.num_images} images, {self.interval_note()} "
-            f"(threshold: {self.threshold_source})\n{aligned(lines)}\nsink rate over all layer-heads: "
-            f"{self.summary['sink_rate']['value'][-1]:.3g}{extra}"
+            f"(threshold: {self.threshold_source})\n{table}\n"
+            f"sink rate over all layer-heads: {sink_rate:.3g}{extra}"
         )
 
 
 def massive_where(m: dict) -> str:
     """``"patch 50 ch 119 (4/5 images)"``, or the tie when no (token, channel) is the unique mode."""
     if m["tied_locations"] > 1:
-        return f"no single place ({m['tied_locations']} tied at {m['count']}/{m['n_images']} images)"
-    return f"{m['token_type']} {m['token']} ch {m['channel']} ({m['count']}/{m['n_images']} images)"
+        tied = f"{m['tied_locations']} tied at {m['count']}/{m['n_images']} images"
+        return f"no single place ({tied})"
+    images = f"{m['count']}/{m['n_images']} images"
+    return f"{m['token_type']} {m['token']} ch {m['channel']} ({images})"
 
 
 def _num(x: float) -> float | None:
@@ -203,7 +225,11 @@ def _num(x: float) -> float | None:
 
 
 def bootstrap_ci(
-    values: np.ndarray, statistic: str = "mean", n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+    values: np.ndarray,
+    statistic: str = "mean",
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
 ) -> tuple[float, float, float]:
     """(statistic, low, high) of per-image ``values [B]``; percentile bootstrap resampling images.
     NaN-aware. Fewer than :data:`MIN_BOOTSTRAP_IMAGES` finite values give the statistic with a NaN
@@ -216,7 +242,8 @@ def bootstrap_ci(
     if values.size < MIN_BOOTSTRAP_IMAGES:
         return float(stat(values)), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    draws = stat(values[rng.integers(0, values.size, size=(n_boot, values.size))], axis=1)
+    picks = rng.integers(0, values.size, size=(n_boot, values.size))
+    draws = stat(values[picks], axis=1)
     lo, hi = np.quantile(draws, [(1 - ci) / 2, (1 + ci) / 2])
     return float(stat(values)), float(lo), float(hi)
 
@@ -232,7 +259,8 @@ def log_mad_threshold(norms: np.ndarray, k: float = 5.0) -> float:
 
 def layer_thresholds(patch_norms: np.ndarray, k: float = 5.0) -> np.ndarray:
     """One :func:`log_mad_threshold` per layer, pooled over images and patches: ``[B, L, P] -> [L]``."""
-    return np.array([log_mad_threshold(patch_norms[:, layer], k) for layer in range(patch_norms.shape[1])])
+    layers = range(patch_norms.shape[1])
+    return np.array([log_mad_threshold(patch_norms[:, layer], k) for layer in layers])
 
 
 def outlier_ratio(norms: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
@@ -243,7 +271,8 @@ def outlier_ratio(norms: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 def excess_kurtosis(patch_norms: np.ndarray) -> np.ndarray:
     """M3: ``E[(n - mu)^4] / sigma^4 - 3`` over the patches of each image and layer (NaN if constant)."""
     centred = patch_norms - patch_norms.mean(axis=-1, keepdims=True)
-    m2, m4 = (centred**2).mean(axis=-1), (centred**4).mean(axis=-1)
+    m2 = (centred**2).mean(axis=-1)
+    m4 = (centred**4).mean(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(m2 > 0, m4 / m2**2 - 3.0, np.nan)
 
@@ -266,7 +295,8 @@ def outlier_attention_mass(cls_to_patches: np.ndarray, patch_outliers: np.ndarra
     block (block ``l`` attends over block ``l - 1``'s outputs; block 0's input is not recorded: NaN),
     head mean."""
     mass = np.full(cls_to_patches.shape[:2], np.nan)
-    mass[:, 1:] = (cls_to_patches[:, 1:] * patch_outliers[:, :-1, None, :]).sum(axis=-1).mean(axis=-1)
+    on_outliers = cls_to_patches[:, 1:] * patch_outliers[:, :-1, None, :]
+    mass[:, 1:] = on_outliers.sum(axis=-1).mean(axis=-1)
     return mass
 
 
@@ -295,7 +325,12 @@ def massive_location(token: np.ndarray, channel: np.ndarray) -> list[tuple[int, 
         )
         best = int(np.argmax(counts))
         found.append(
-            (int(pairs[best, 0]), int(pairs[best, 1]), int(counts[best]), int((counts == counts[best]).sum()))
+            (
+                int(pairs[best, 0]),
+                int(pairs[best, 1]),
+                int(counts[best]),
+                int((counts == counts[best]).sum()),
+            )
         )
     return found
 
@@ -307,7 +342,8 @@ def resolve_thresholds(stats: TokenStats, cfg: MetricConfig) -> tuple[np.ndarray
         ref = np.asarray(cfg.thresholds, dtype=np.float64)
         if ref.size == num_layers:
             return ref, cfg.threshold_source or "reused from a reference model"
-        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)  # the same relative depth
+        # the same relative depth
+        at = np.round(np.linspace(0, ref.size - 1, num_layers)).astype(int)
         source = cfg.threshold_source or "reference model"
         return ref[at], f"{source} ({ref.size} layers, mapped by relative depth)"
     if cfg.threshold is not None:
@@ -323,7 +359,8 @@ def per_image_metrics(
     summed received mass of the K keys other than CLS receiving most attention per head, M8 (after Gu et
     al.) splits the sink rate by the type of the sink key, M10 is Sun et al.'s (arXiv 2402.17762, sec. 2)
     largest / median ``|activation|`` (the LLM rule "> 100 and ~1000x the median" is not applied)."""
-    layout, types = stats.layout, np.asarray(stats.layout.token_types())
+    layout = stats.layout
+    types = np.asarray(layout.token_types())
     patch_norms = stats.patch_values(stats.norms)
     outliers = patch_norms > np.asarray(thresholds)[None, :, None]
     max_median = patch_norms.max(axis=-1) / np.median(patch_norms, axis=-1)
@@ -336,7 +373,8 @@ def per_image_metrics(
     if stats.content is not None:
         values["outlier_artifact_share"] = outlier_artifact_share(outliers, stats.content)
     if layout.num_registers:
-        values["outlier_ratio_registers"] = outlier_ratio(stats.register_values(stats.norms), thresholds)
+        register_norms = stats.register_values(stats.norms)
+        values["outlier_ratio_registers"] = outlier_ratio(register_norms, thresholds)
     if stats.cls_attn is not None:
         cls_patches = stats.patch_values(stats.cls_attn)
         values["cls_entropy"] = cls_entropy(cls_patches)
@@ -344,27 +382,34 @@ def per_image_metrics(
         values["cls_outlier_mass"] = outlier_attention_mass(cls_patches, outliers)
         values["cls_max_patch_attention"] = cls_patches.max(axis=(-2, -1))
         if layout.num_registers:
-            values["cls_register_mass"] = stats.register_values(stats.cls_attn).sum(axis=-1).mean(axis=-1)
-    values["received_outlier_mass"] = outlier_attention_mass(stats.patch_values(stats.received), outliers)
+            on_registers = stats.register_values(stats.cls_attn)
+            values["cls_register_mass"] = on_registers.sum(axis=-1).mean(axis=-1)
+    received = stats.patch_values(stats.received)
+    values["received_outlier_mass"] = outlier_attention_mass(received, outliers)
     if stats.patch_to_reg is not None:
         values["patch_register_mass"] = stats.patch_to_reg.mean(axis=-1)
     keys = np.flatnonzero(types != "cls")
     top_k = min(cfg.top_k or layout.num_registers or 4, keys.size)
-    top = np.argsort(-stats.received[..., keys], axis=-1)[..., :top_k]  # [B, L, H, K] among the keys
-    values["topk_sink_mass"] = np.take_along_axis(stats.received[..., keys], top, -1).sum(-1).mean(-1)
+    by_key = stats.received[..., keys]
+    # [B, L, H, K] among the keys
+    top = np.argsort(-by_key, axis=-1)[..., :top_k]
+    values["topk_sink_mass"] = np.take_along_axis(by_key, top, -1).sum(-1).mean(-1)
     if layout.num_registers:
         values["topk_register_share"] = (types[keys[top]] == "register").mean(axis=(-2, -1))
-    has_sink, sink_type = sink_heads(stats.received, cfg.eps), types[stats.received.argmax(axis=-1)]
+    has_sink = sink_heads(stats.received, cfg.eps)
+    sink_type = types[stats.received.argmax(axis=-1)]
     values["sink_rate"] = has_sink.mean(axis=-1)
     if stats.massive_top is not None:
-        top1, median = stats.massive_top[..., 0].astype(np.float64), stats.massive_median.astype(np.float64)
+        top1 = stats.massive_top[..., 0].astype(np.float64)
+        median = stats.massive_median.astype(np.float64)
         values["massive_top1"] = top1
         with np.errstate(divide="ignore", invalid="ignore"):
             values["massive_ratio"] = np.where(median > 0, top1 / median, np.nan)
     for kind in ("cls", "register", "patch"):
         values[f"sink_rate_{kind}"] = (has_sink & (sink_type == kind)).mean(axis=-1)
         if stats.massive_token is not None:
-            values[f"massive_on_{kind}"] = (types[stats.massive_token[..., 0]] == kind).astype(np.float64)
+            on_kind = types[stats.massive_token[..., 0]] == kind
+            values[f"massive_on_{kind}"] = on_kind.astype(np.float64)
     return {name: values[name] for name in METRICS if name in values}, outliers
 
 
@@ -373,23 +418,49 @@ def compute_metrics(stats: TokenStats, cfg: MetricConfig = MetricConfig()) -> Me
     values, outliers = per_image_metrics(stats, thresholds, cfg)
     summary = {}
     for name, per_image in values.items():
-        columns = list(per_image.T) + ([per_image.mean(axis=1)] if name == "sink_rate" else [])  # all heads
+        columns = list(per_image.T)
+        if name == "sink_rate":
+            columns.append(per_image.mean(axis=1))  # over all layer-heads
         statistic = "median" if name in MEDIAN_OVER_IMAGES else "mean"
-        rows = np.array([bootstrap_ci(col, statistic, cfg.n_boot, cfg.ci, cfg.seed) for col in columns])
+        draws = (cfg.n_boot, cfg.ci, cfg.seed)
+        rows = np.array([bootstrap_ci(col, statistic, *draws) for col in columns])
         summary[name] = dict(zip(("value", "ci_low", "ci_high"), rows.T))
     massive = None
     if stats.massive_token is not None:
-        types, n = stats.layout.token_types(), stats.num_images
+        types = stats.layout.token_types()
+        n = stats.num_images
         places = massive_location(stats.massive_token[..., 0], stats.massive_channel[..., 0])
-        keys = ("layer", "token", "token_type", "channel", "count", "n_images", "share", "tied_locations")
+        keys = (
+            "layer",
+            "token",
+            "token_type",
+            "channel",
+            "count",
+            "n_images",
+            "share",
+            "tied_locations",
+        )
         massive = [
             dict(zip(keys, (layer, token, types[token], channel, count, n, count / n, tied)))
             for layer, (token, channel, count, tied) in zip(stats.layers, places)
         ]
     content = stats.content
-    placement = classify_outliers(outliers, content, list(stats.layers)) if content is not None else None
-    head = stats.model, stats.num_images, stats.layers, thresholds, source, cfg
-    return MetricReport(*head, values, summary, outliers, massive, placement)
+    placement = None
+    if content is not None:
+        placement = classify_outliers(outliers, content, list(stats.layers))
+    return MetricReport(
+        model=stats.model,
+        num_images=stats.num_images,
+        layers=stats.layers,
+        thresholds=thresholds,
+        threshold_source=source,
+        config=cfg,
+        per_image=values,
+        summary=summary,
+        outliers=outliers,
+        massive=massive,
+        placement=placement,
+    )
 
 
 def load_thresholds(path: str | Path) -> tuple[tuple[float, ...], str]:

@@ -1,14 +1,15 @@
-"""Figures (matplotlib, no pyplot): every builder returns a Figure; :func:`save_figure` writes the files. Maps
-stay comparable: patch values repeated ``p x p`` (the token grid stays visible), overlays on the pixels the
-model saw, a colorbar on every scalar map, one colour scale per *group* of panels, clipping only on request
-and then written on the figure; sizes and fonts from :mod:`vit5.plotstyle`."""
+"""Figures (matplotlib, no pyplot): every builder returns a Figure, and
+:func:`vit5.plotstyle.save_figure` writes it. Maps stay comparable: patch values repeated
+``p x p`` (the token grid stays visible), overlays on the pixels the model saw, a colorbar on
+every scalar map, one colour scale per *group* of panels, clipping only on request and then
+written on the figure; sizes, fonts and the one layout system (constrained layout) from
+:mod:`vit5.plotstyle`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Literal
 
 import cv2
@@ -105,7 +106,8 @@ def color_limits(
     values = values[np.isfinite(values)]
     if values.size == 0:
         return 0.0, 1.0, ""
-    vmin, vmax = float(values.min()), float(values.max())
+    vmin = float(values.min())
+    vmax = float(values.max())
     note = ""
     if clip_percentile is not None and clip_percentile < 100:
         clipped = float(np.percentile(values, clip_percentile))
@@ -115,39 +117,22 @@ def color_limits(
     return vmin, vmax if vmax > vmin else vmin + 1e-12, note
 
 
-# Panel geometry in inches: a map, its colorbar to the right (tick labels beyond it), its title above.
-_TITLE_H, _PAD, _HEADER_H, _NOTE_LINE_H = 0.3, 0.1, 0.4, 0.15
-_CBAR_GAP, _CBAR_W, _CBAR_LABELS = 0.05, 0.1, 0.42
-_CELL_EXTRA = _CBAR_GAP + _CBAR_W + _CBAR_LABELS + _PAD
-_MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
-
-
-def _text_lines(texts: Sequence[str], width: float, fontsize: float) -> int:
-    """Lines the wrapped ``texts`` take across ``width`` inches (an estimate from an average glyph width)."""
-    per_line = max(20, int(width * 72 / (fontsize * 0.6)))
-    return sum(math.ceil(len(t) / per_line) for t in texts if t)
-
-
-def _header_height(title_lines: int) -> float:
-    return _HEADER_H + (title_lines - 1) * _NOTE_LINE_H * S.FONT_TITLE / S.FONT_SMALL if title_lines else _PAD
+CBAR_INCHES = 0.6  # beside a map: its colorbar and the colorbar's tick labels
+CBAR_BOX = (
+    1.04,
+    0.0,
+    0.05,
+    1.0,
+)  # the colorbar in the map's axes coordinates (x, y, width, height)
+TITLE_INCHES = 0.3  # above a map: its title
+MIN_MAP = 1.0  # inches: below this a map is unreadable, so wide grids exceed the text width instead
 
 
 def map_inches(cols: int, style: MapStyle) -> float:
-    """One map's width in a row of ``cols``: ``style.panel_inches``, less to fit the text width, >= 1 inch."""
-    return max(_MIN_MAP, min(style.panel_inches, S.TEXT_WIDTH / cols - _CELL_EXTRA))
-
-
-def figure_size(
-    rows: int, cols: int, aspect: float, style: MapStyle, note_lines: int = 0, title_lines: int = 1
-) -> tuple[float, float]:
-    """Inches of a grid of maps of width / height ``aspect`` with colorbars, titles and notes, at least
-    :data:`vit5.plotstyle.MIN_WIDTH` wide, snapped to whole pixels at ``style.dpi``."""
-    map_w = map_inches(cols, style)
-    width = max(cols * (map_w + _CELL_EXTRA), S.MIN_WIDTH)
-    height = rows * (map_w / aspect + _TITLE_H + _PAD) + _header_height(title_lines)
-    height += note_lines * _NOTE_LINE_H
-    snap = lambda inches: (round(inches * style.dpi) + 0.01) / style.dpi  # noqa: E731  (Agg truncates)
-    return snap(width), snap(height + _PAD)
+    """One map's width in a row of ``cols``: ``style.panel_inches``, less to fit the text width,
+    at least :data:`MIN_MAP`."""
+    fitted = S.TEXT_WIDTH / cols - CBAR_INCHES
+    return max(MIN_MAP, min(style.panel_inches, fitted))
 
 
 def panel_grid(
@@ -157,49 +142,50 @@ def panel_grid(
     notes: Sequence[str] = (),
     fixed_limits: Mapping[str, tuple[float, float]] | None = None,
 ) -> Figure:
-    """Draw panels row by row (``None``: an empty cell) on a grid of exactly :func:`figure_size`; panels of
-    one group share a colour scale: their joint range, or ``fixed_limits[group]``."""
-    cols = max(len(r) for r in rows)
-    panels = [p for r in rows for p in r if p is not None]
-    h_px, w_px = panels[0].shape
-    groups: dict[str, list[np.ndarray]] = {}
-    for p in panels:
-        if p.values is not None:
-            groups.setdefault(p.group, []).append(p.values)
-    limits = {g: color_limits(arrays, style.clip_percentile, g) for g, arrays in groups.items()}
-    limits.update({group: (*bounds, "") for group, bounds in (fixed_limits or {}).items()})
-    all_notes = [n for n in notes if n] + sorted({lim[2] for lim in limits.values() if lim[2]})
-    title = style.title_or(title)
-    width = figure_size(len(rows), cols, w_px / h_px, style)[0]
-    title_lines = _text_lines([title], width, S.FONT_TITLE)
-    note_lines = _text_lines(all_notes, width, S.FONT_SMALL)
-    width, height = figure_size(len(rows), cols, w_px / h_px, style, note_lines, title_lines)
-    fig = Figure(figsize=(width, height), dpi=style.dpi)
+    """Draw panels row by row (``None``: an empty cell) on a constrained-layout grid, each map at
+    its own aspect with its colorbar beside it; panels of one group share a colour scale: their
+    joint range, or ``fixed_limits[group]``. The figure is sized so the maps fill it: the text
+    width for a long row, at least :data:`vit5.plotstyle.MIN_WIDTH` for one panel."""
+    cols = max(len(row) for row in rows)
+    panels = [panel for row in rows for panel in row if panel is not None]
+    limits = _group_limits(panels, style.clip_percentile)
+    for group, bounds in (fixed_limits or {}).items():
+        limits[group] = (*bounds, "")
+    clipping = sorted({note for _, _, note in limits.values() if note})
+    map_h_px, map_w_px = panels[0].shape
     map_w = map_inches(cols, style)
-    map_h = map_w * h_px / w_px
-    cell_w, cell_h = map_w + _CELL_EXTRA, map_h + _TITLE_H + _PAD
-    margin = (width - cols * cell_w) / 2  # a one-panel figure is centred in its minimum width
+    width = max(cols * (map_w + CBAR_INCHES), S.MIN_WIDTH)
+    title = style.title_or(title)
+    all_notes = [note for note in [*notes, *clipping] if note]
+    height = len(rows) * (map_w * map_h_px / map_w_px + TITLE_INCHES)
+    height += S.text_height(title, width, S.FONT_TITLE) + 0.2
+    height += S.notes_height("\n".join(all_notes), width)
+    fig = S.figure(width, height, style.dpi)
+    grid = fig.add_gridspec(len(rows), cols)
     for i, row in enumerate(rows):
-        bottom = height - _header_height(title_lines) - (i + 1) * cell_h + _PAD
         for j, panel in enumerate(row):
-            if panel is None:
-                continue
-            left = margin + j * cell_w + _PAD
-            ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
-            bar = ((left + map_w + _CBAR_GAP) / width, bottom / height, _CBAR_W / width, map_h / height)
-            cax = fig.add_axes(bar) if panel.values is not None else None  # the colorbar's axes
-            _draw(fig, ax, cax, panel, style, limits.get(panel.group))
+            if panel is not None:
+                ax = fig.add_subplot(grid[i, j])
+                _draw(fig, ax, panel, style, limits.get(panel.group))
     if title:
-        fig.suptitle(title, fontsize=S.FONT_TITLE, y=1 - 0.1 / height, va="top", wrap=True)
-    if all_notes:
-        text = "\n".join(all_notes)
-        fig.text(0.5, _PAD / 2 / height, text, ha="center", va="bottom", fontsize=S.FONT_SMALL, wrap=True)
+        fig.suptitle(title, fontsize=S.FONT_TITLE, wrap=True)
+    S.finish(fig, all_notes)
+    S.settle(fig)
     return fig
 
 
-def _draw(
-    fig: Figure, ax, cax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None
-) -> None:
+def _group_limits(
+    panels: Sequence[Panel], clip_percentile: float | None
+) -> dict[str, tuple[float, float, str]]:
+    """One colour scale per group of scalar maps (:func:`color_limits`)."""
+    groups: dict[str, list[np.ndarray]] = {}
+    for panel in panels:
+        if panel.values is not None:
+            groups.setdefault(panel.group, []).append(panel.values)
+    return {group: color_limits(arrays, clip_percentile, group) for group, arrays in groups.items()}
+
+
+def _draw(fig: Figure, ax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None) -> None:
     patch = panel.patch
     h, w = panel.shape
     extent = (0, w, h, 0)
@@ -207,30 +193,33 @@ def _draw(
     if panel.image is not None:
         ax.imshow(panel.image, extent=extent, interpolation="nearest")
     if panel.rgb is not None:
-        rgb = np.stack([upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)], axis=-1)
-        ax.imshow(np.clip(rgb, 0, 1), extent=extent, interpolation="nearest", alpha=alpha)
+        channels = [upsample(panel.rgb[..., c], patch, style.upsample) for c in range(3)]
+        rgb = np.clip(np.stack(channels, axis=-1), 0, 1)
+        ax.imshow(rgb, extent=extent, interpolation="nearest", alpha=alpha)
     if panel.values is not None:
         norm = Normalize(limits[0], limits[1])
         values = upsample(panel.values, patch, style.upsample)
-        ax.imshow(values, extent=extent, cmap=style.cmap, norm=norm, alpha=alpha, interpolation="nearest")
-        colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=style.cmap), cax=cax, ticks=MaxNLocator(4))
+        ax.imshow(
+            values,
+            extent=extent,
+            cmap=style.cmap,
+            norm=norm,
+            alpha=alpha,
+            interpolation="nearest",
+        )
+        mappable = ScalarMappable(norm=norm, cmap=style.cmap)
+        cax = ax.inset_axes(CBAR_BOX)  # follows the map's box, so it is exactly the map's height
+        colorbar = fig.colorbar(mappable, cax=cax, ticks=MaxNLocator(4))
         colorbar.ax.tick_params(labelsize=S.FONT_SMALL)
-    for marks, colour, dash in ((panel.marks, "red", "-"), (panel.second_marks, "white", "--")):
+    outlines = ((panel.marks, "red", "-"), (panel.second_marks, "white", "--"))
+    for marks, colour, dash in outlines:
         for r, c in zip(*np.nonzero(marks)) if marks is not None else ():
-            box = Rectangle((c * patch, r * patch), patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
+            corner = (c * patch, r * patch)
+            box = Rectangle(corner, patch, patch, fill=False, ec=colour, ls=dash, lw=1.2)
             ax.add_patch(box)
-    ax.set(xlim=(0, w), ylim=(h, 0), aspect="auto")  # the axes box already has the map's aspect
+    ax.set(xlim=(0, w), ylim=(h, 0), aspect="equal")  # a map keeps its pixels square
     ax.set_axis_off()
     ax.set_title(panel.title, fontsize=S.FONT, pad=3)
-
-
-def save_figure(fig: Figure, base: str | Path, formats: Sequence[str]) -> list[Path]:
-    """Write ``base.<fmt>`` for each format; returns the paths."""
-    Path(base).parent.mkdir(parents=True, exist_ok=True)
-    paths = [Path(f"{base}.{fmt}") for fmt in formats]
-    for path, fmt in zip(paths, formats):
-        fig.savefig(path, format=fmt, dpi=fig.dpi)
-    return paths
 
 
 def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
@@ -241,7 +230,11 @@ def _on(stats: TokenStats, image: LoadedImage, title: str, values: np.ndarray, g
     return Panel(title, values, image.rgb, group=group, patch=stats.patch_size, **marks)
 
 
-IMAGE_FIGURES = {"attention": "cls_attention", "registers": "register_attention", "rollout": "rollout"}
+IMAGE_FIGURES = {
+    "attention": "cls_attention",
+    "registers": "register_attention",
+    "rollout": "rollout",
+}
 IMAGE_FIGURES["norms"] = "norm_map"  # view -> file name of its per-image figure
 
 
@@ -261,50 +254,131 @@ def image_figure(
     per register (head mean, raw); ``rollout``: attention rollout over all blocks, on the image and alone;
     ``norms``: a panel per layer, ``outliers`` outlined, red where artifact-like, dashed white where
     content-like (:class:`vit5.viz.stats.PatchContent`)."""
-    rows, after, group = [], [], lambda layer: f"layer {layer}"
     if view == "attention":
-        for layer in layers:
-            maps = cls_maps(stats, index, layer, renormalise)
-            titles = [*(f"layer {layer} head {h}" for h in range(len(maps))), f"layer {layer} head mean"]
-            rows.append(
-                [_on(stats, image, t, m, group(layer)) for t, m in zip(titles, [*maps, maps.mean(0)])]
-            )
-        word, before = ("renormalised", "renormalised over the patches") if renormalise else ("raw", RAW)
-        what = f"CLS-to-patch attention ({word})"
+        drawn = _attention_panels(stats, index, image, layers, renormalise)
     elif view == "registers":
-        for layer in layers:
-            maps = enumerate(register_maps(stats, index, layer))
-            rows.append([_on(stats, image, f"layer {layer} register {r}", m, group(layer)) for r, m in maps])
-        what, before = "register-to-patch attention (head mean)", RAW
+        drawn = _register_panels(stats, index, image, layers)
     elif view == "rollout":
-        values, source = rollout_map(stats, index), "CLS" if stats.cls_attn is not None else "mean patch"
-        alone = Panel("map", values, group="rollout", patch=stats.patch_size)
-        rows = [[_on(stats, image, "on the image", values, "rollout"), alone]]
-        what, before = "attention rollout", f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
+        drawn = _rollout_panels(stats, index, image)
     else:
-        rows, what, before, drawn, content = [[]], "patch-token norms", NORM_KIND, set(), stats.content
-        artifact_like = stats.to_grid(content.artifact_like[index]) if content is not None else None
-        for layer in layers:
-            marks = second = None
-            pos = stats.layer_position(layer)
-            title = f"block {stats.layers[pos]}"
-            if outliers is not None:
-                found = stats.to_grid(outliers[index, pos])
-                marks, second = (found & artifact_like, found & ~artifact_like) if content else (found, None)
-                n = int(found.sum())
-                title += f": {n} outlier{'s' if n > 1 else ''}" if n else ": no outliers"
-                title += f", {int(marks.sum())} artifact-like" if n and second is not None else ""
-                drawn |= {k for k, m in zip(MARK_CAPTIONS, (marks, second)) if m is not None and m.any()}
-            norms = norm_map(stats, index, layer)
-            rows[0].append(_on(stats, image, title, norms, group(layer), marks=marks, second_marks=second))
-        after = [MARK_CAPTIONS[key] for key in MARK_CAPTIONS if key in drawn]
-        if "artifact" in drawn and artifact_like is None:
-            after = ["red: tokens above the outlier threshold of their block"]
-    return panel_grid(rows, style, _title(stats, image, what), [before, *notes, *after])
+        drawn = _norm_panels(stats, index, image, layers, outliers)
+    title = _title(stats, image, drawn.what)
+    return panel_grid(drawn.rows, style, title, [drawn.before, *notes, *drawn.after])
+
+
+@dataclass
+class _ImagePanels:
+    """The panels of one per-image figure, what it shows, and its notes before and after the caller's."""
+
+    rows: list[list[Panel]]
+    what: str
+    before: str
+    after: list[str] = field(default_factory=list)
+
+
+def _layer_group(layer: int) -> str:
+    return f"layer {layer}"
+
+
+def _attention_panels(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    renormalise: bool,
+) -> _ImagePanels:
+    rows = []
+    for layer in layers:
+        maps = cls_maps(stats, index, layer, renormalise)
+        titles = [f"layer {layer} head {h}" for h in range(len(maps))]
+        titles.append(f"layer {layer} head mean")
+        values = [*maps, maps.mean(0)]
+        group = _layer_group(layer)
+        rows.append([_on(stats, image, t, v, group) for t, v in zip(titles, values)])
+    if renormalise:
+        what = "CLS-to-patch attention (renormalised)"
+        return _ImagePanels(rows=rows, what=what, before="renormalised over the patches")
+    return _ImagePanels(rows=rows, what="CLS-to-patch attention (raw)", before=RAW)
+
+
+def _register_panels(
+    stats: TokenStats, index: int, image: LoadedImage, layers: Sequence[int]
+) -> _ImagePanels:
+    rows = []
+    for layer in layers:
+        maps = register_maps(stats, index, layer)
+        titles = [f"layer {layer} register {r}" for r in range(len(maps))]
+        group = _layer_group(layer)
+        rows.append([_on(stats, image, t, m, group) for t, m in zip(titles, maps)])
+    what = "register-to-patch attention (head mean)"
+    return _ImagePanels(rows=rows, what=what, before=RAW)
+
+
+def _rollout_panels(stats: TokenStats, index: int, image: LoadedImage) -> _ImagePanels:
+    values = rollout_map(stats, index)
+    source = "CLS" if stats.cls_attn is not None else "mean patch"
+    alone = Panel("map", values, group="rollout", patch=stats.patch_size)
+    on_image = _on(stats, image, "on the image", values, "rollout")
+    before = f"{source} row, head mean, 0.5 identity (Abnar & Zuidema 2020)"
+    return _ImagePanels(rows=[[on_image, alone]], what="attention rollout", before=before)
+
+
+def _norm_panels(
+    stats: TokenStats,
+    index: int,
+    image: LoadedImage,
+    layers: Sequence[int],
+    outliers: np.ndarray | None,
+) -> _ImagePanels:
+    """A panel per layer; ``outliers`` outlined, red where artifact-like, dashed white where
+    content-like, and a caption for each kind drawn."""
+    content = stats.content
+    artifact_like = None
+    if content is not None:
+        artifact_like = stats.to_grid(content.artifact_like[index])
+    row = []
+    drawn = set()
+    for layer in layers:
+        pos = stats.layer_position(layer)
+        title = f"block {stats.layers[pos]}"
+        marks = None
+        second = None
+        if outliers is not None:
+            found = stats.to_grid(outliers[index, pos])
+            marks = found
+            if artifact_like is not None:
+                marks = found & artifact_like
+                second = found & ~artifact_like
+            title += _outlier_count(int(found.sum()), marks, second)
+            kinds = zip(MARK_CAPTIONS, (marks, second))
+            drawn |= {kind for kind, m in kinds if m is not None and m.any()}
+        norms = norm_map(stats, index, layer)
+        group = _layer_group(layer)
+        row.append(_on(stats, image, title, norms, group, marks=marks, second_marks=second))
+    after = [MARK_CAPTIONS[key] for key in MARK_CAPTIONS if key in drawn]
+    if "artifact" in drawn and artifact_like is None:
+        after = ["red: tokens above the outlier threshold of their block"]
+    return _ImagePanels(rows=[row], what="patch-token norms", before=NORM_KIND, after=after)
+
+
+def _outlier_count(n: int, marks: np.ndarray, second: np.ndarray | None) -> str:
+    """``": 3 outliers, 1 artifact-like"`` (the split only where the content was recorded)."""
+    if not n:
+        return ": no outliers"
+    text = f": {n} outlier{'s' if n > 1 else ''}"
+    if second is not None:
+        text += f", {int(marks.sum())} artifact-like"
+    return text
 
 
 def _view(
-    stats: TokenStats, view: str, index: int, image: LoadedImage, layer: int, renormalise: bool, prefix: str
+    stats: TokenStats,
+    view: str,
+    index: int,
+    image: LoadedImage,
+    layer: int,
+    renormalise: bool,
+    prefix: str,
 ) -> Panel:
     """A summary or comparison map at ``layer``: rollout, norms or attention (CLS head mean; without CLS,
     the attention each patch receives, where sinks show: Darcet et al. 2023, Fig. 1 and 7)."""
@@ -314,9 +388,11 @@ def _view(
     if view == "norms":
         return _on(stats, image, f"{prefix}norms, layer {at}", norm_map(stats, index, layer), "norms")
     if stats.cls_attn is not None:
-        values, kind = cls_maps(stats, index, layer, renormalise).mean(axis=0), "CLS attention"
+        values = cls_maps(stats, index, layer, renormalise).mean(axis=0)
+        kind = "CLS attention"
     else:
-        values, kind = received_map(stats, index, layer), "attention received"
+        values = received_map(stats, index, layer)
+        kind = "attention received"
     return _on(stats, image, f"{prefix}{kind}, layer {at}", values, kind)
 
 
@@ -352,7 +428,8 @@ def summary_figure(
     """One row per image (``models`` order): the image, then per view among ``attention`` (CLS head mean; of
     a model without CLS in a comparison, the attention each patch receives), ``rollout`` and ``norms`` every
     model's map, one colour scale per view, and ``pca`` (``pca [B, h, w, 3]``)."""
-    several, names = len(models) > 1, " vs ".join(s.model for s in models)
+    several = len(models) > 1
+    names = " vs ".join(s.model for s in models)
     rows = []
     for i, image in enumerate(images):
         rows.append([Panel(image.name, image=image.rgb, patch=models[0].patch_size)])
@@ -392,15 +469,28 @@ def pca_note(variance: np.ndarray) -> str:
 
 
 def pca_figure(
-    stats: TokenStats, image: LoadedImage, rgb: np.ndarray, variance: np.ndarray, style: MapStyle, notes=()
+    stats: TokenStats,
+    image: LoadedImage,
+    rgb: np.ndarray,
+    variance: np.ndarray,
+    style: MapStyle,
+    notes=(),
 ) -> Figure:
-    p, title = stats.patch_size, _title(stats, image, "PCA of dense features")
-    panels = [Panel("image", image=image.rgb, patch=p), Panel("PCA of patch features", rgb=rgb, patch=p)]
+    p = stats.patch_size
+    title = _title(stats, image, "PCA of dense features")
+    panels = [
+        Panel("image", image=image.rgb, patch=p),
+        Panel("PCA of patch features", rgb=rgb, patch=p),
+    ]
     return panel_grid([panels], style, title, [*notes, pca_note(variance)])
 
 
 def outlier_frequency_figure(
-    stats: TokenStats, report: MetricReport, layers: Sequence[int], style: MapStyle, notes: Sequence[str] = ()
+    stats: TokenStats,
+    report: MetricReport,
+    layers: Sequence[int],
+    style: MapStyle,
+    notes: Sequence[str] = (),
 ) -> Figure:
     """Per grid position, the share of images whose token there is an outlier (VTNR Fig. 10; shows border
     bias and stripes from position-embedding interpolation); one scale, 0 to 1, and the outliers'
@@ -426,9 +516,10 @@ def norm_histogram_figure(
     """Small multiples, one per layer, four to a row: norms of patch, register and CLS tokens over all images;
     linear norm axis, log count axis, the outlier threshold as a dashed line (VTNR Fig. 4a)."""
     num = len(stats.layers)
-    cols, rows = min(4, num), math.ceil(num / min(4, num))
+    cols = min(4, num)
+    rows = math.ceil(num / cols)
     width = min(S.TEXT_WIDTH, max(cols * 1.75, S.MIN_WIDTH))
-    fig = Figure(figsize=(width, rows * 1.6 + 0.9), dpi=style.dpi, layout="constrained")
+    fig = S.figure(width, rows * 1.6 + 0.9, style.dpi)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     types = np.asarray(stats.layout.token_types())
     for pos, layer in enumerate(stats.layers):
@@ -445,8 +536,10 @@ def norm_histogram_figure(
         ax.yaxis.set_major_locator(LogLocator(base=10))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_locator(MaxNLocator(3))
-        bottom, left = pos // cols == rows - 1, pos % cols == 0
-        S.style_axes(ax, f"block {layer}", "token norm" if bottom else "", "count" if left else "")
+        bottom = pos // cols == rows - 1
+        left = pos % cols == 0
+        xlabel = "token norm" if bottom else ""
+        S.style_axes(ax, f"block {layer}", xlabel, "count" if left else "")
         ax.grid(False)
     for ax in axes.flat[num:]:
         ax.set_axis_off()
@@ -467,19 +560,25 @@ def layer_profile_figure(
 ) -> Figure:
     """Per-layer curves with bootstrap bands (TTR Fig. 2): colour = model, line style and marker = metric;
     one legend below the panels. Bands only with enough images for a bootstrap (the note says so)."""
-    fig = Figure(figsize=(S.TEXT_WIDTH, 2.9), dpi=style.dpi, layout="constrained")
+    fig = S.figure(S.TEXT_WIDTH, 2.9, style.dpi)
     axes = fig.subplots(1, len(PROFILE_PANELS), squeeze=False)[0]
     several = len(reports) > 1
     order = [name for _, names in PROFILE_PANELS for name in names]  # one line style per metric, everywhere
     for ax, (title, names) in zip(axes, PROFILE_PANELS):
         for m, (label, report) in enumerate(reports.items()):
             for name in (name for name in names if name in report.summary):
-                s, layers, n = report.summary[name], report.layers, len(report.layers)
+                s = report.summary[name]
+                layers = report.layers
+                n = len(layers)
                 text = f"{label}: {metric_label(name)}" if several else metric_label(name)
                 ax.plot(layers, s["value"][:n], label=text, **S.line_kwargs(m, order.index(name)))
                 if report.intervals:
                     ax.fill_between(
-                        layers, s["ci_low"][:n], s["ci_high"][:n], color=S.model_colour(m), alpha=0.15
+                        layers,
+                        s["ci_low"][:n],
+                        s["ci_high"][:n],
+                        color=S.model_colour(m),
+                        alpha=0.15,
                     )
         if not ax.lines:
             note = "not applicable\n(no registers)"
@@ -494,23 +593,32 @@ def layer_profile_figure(
 
 
 def massive_activation_figure(
-    models: Mapping[str, tuple[TokenStats, MetricReport]], style: MapStyle, notes: Sequence[str] = ()
+    models: Mapping[str, tuple[TokenStats, MetricReport]],
+    style: MapStyle,
+    notes: Sequence[str] = (),
 ) -> Figure:
     """Per block, the top-3 ``|activation|`` of the block output and its median, averaged over images
     (Sun et al., arXiv 2402.17762, Fig. 1 / their ViT code), one panel per model, one shared log y axis;
     where the top 1 sits is written where it changes from the block before (a tie among images as a tie)."""
     width = min(S.TEXT_WIDTH, max(3.5 * len(models), S.MIN_WIDTH))
-    fig = Figure(figsize=(width, 3.0), dpi=style.dpi, layout="constrained")
+    fig = S.figure(width, 3.0, style.dpi)
     axes = fig.subplots(1, len(models), squeeze=False, sharey=True)[0]
     for m, (ax, (label, (stats, report))) in enumerate(zip(axes, models.items())):
         if stats.massive_top is None:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
             continue
-        layers, top, colour = stats.layers, stats.massive_top.mean(axis=0), S.model_colour(m)  # top [L, 3]
+        layers = stats.layers
+        top = stats.massive_top.mean(axis=0)  # [L, 3]
+        colour = S.model_colour(m)
         for k in range(top.shape[1]):
             line = S.line_kwargs(0, k, colour) | {"alpha": 1.0 - 0.25 * k}
             ax.plot(layers, top[:, k], label=f"top {k + 1}", **line)
-        ax.plot(layers, stats.massive_median.mean(axis=0), label="median", **S.line_kwargs(0, 3, "#555555"))
+        ax.plot(
+            layers,
+            stats.massive_median.mean(axis=0),
+            label="median",
+            **S.line_kwargs(0, 3, "#555555"),
+        )
         previous = None
         for where, y in zip(report.massive or [], top[:, 0]):
             if (text := _massive_tag(where)) == previous:
@@ -526,7 +634,12 @@ def massive_activation_figure(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.margins(y=0.15)
     style.suptitle(fig, "Massive activations per block")
-    S.finish(fig, ["labels: where the top 1 sits most often (written where it changes)", *notes], axes[:1], 4)
+    S.finish(
+        fig,
+        ["labels: where the top 1 sits most often (written where it changes)", *notes],
+        axes[:1],
+        4,
+    )
     return fig
 
 

@@ -16,10 +16,10 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
 from vit5.introspect import describe
 from vit5.model import take_indices
 from vit5.model.vit import unwrap
+from vit5.outputs import write_json
 from vit5.viz.collect import capture
 from vit5.viz.figures import MapStyle, Panel, panel_grid
 from vit5.viz.images import LoadedImage, to_batch
@@ -204,4 +204,4 @@ def position_figure(probes: Sequence[PositionProbe], style: MapStyle, level: flo
 
 def write_probes(probes: Sequence[PositionProbe], out: str | Path) -> Path:
     Path(out).mkdir(parents=True, exist_ok=True)
-    return atomic_write_json(Path(out) / "position_probe.json", [p.summary() for p in probes])
+    return write_json(Path(out) / "position_probe.json", [p.summary() for p in probes])

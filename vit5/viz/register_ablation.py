@@ -18,10 +18,9 @@ from torch import nn
 
 from vit5 import plotstyle as S
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
 from vit5.introspect import describe
 from vit5.model.vit import unwrap
-from vit5.viz.artifacts import aligned, write_rows_csv
+from vit5.outputs import format_table, write_csv, write_json
 from vit5.viz.collect import edit_tokens
 from vit5.viz.images import LoadedImage, batches
 
@@ -245,14 +244,15 @@ class AblationReport:
                 "n/a" if change is None else f"{change:+.1f}",
             ]
 
-        lines = [list(TABLE_HEADER)]
+        lines = []
         for r in self.rows:
             similarity = [f"{1.0 - r.patch_cosine:.2g}", f"{r.knn_overlap:.3f}"]
             lines.append([r.method, r.place, *pair(r, "top1"), *pair(r, "knn"), *similarity])
         notes = "".join(f"\n{n}" for n in self.notes)
+        table = format_table(TABLE_HEADER, lines, header_rule=False, label_column=False)
         return (
             f"register ablation of {self.model}: {self.num_images} images, "
-            f"reference set {self.num_reference} images{notes}\n{aligned(lines)}"
+            f"reference set {self.num_reference} images{notes}\n{table}"
         )
 
     def write(self, out: str | Path) -> list[Path]:
@@ -260,8 +260,8 @@ class AblationReport:
         out.mkdir(parents=True, exist_ok=True)
         doc = asdict(self) | {"rows": self.records()}
         return [
-            atomic_write_json(out / "ablation.json", doc),
-            write_rows_csv(out / "ablation.csv", self.records()),
+            write_json(out / "ablation.json", doc),
+            write_csv(out / "ablation.csv", self.records()),
         ]
 
 

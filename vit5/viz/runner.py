@@ -17,12 +17,13 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
 from vit5.introspect import ModelInfo, describe
 from vit5.introspect.spec import LoadedModel, load_spec
 from vit5.layers.patch_embed import grid_of
 from vit5.model import TokenLayout, take_indices
 from vit5.model.footprint import attention_bytes
+from vit5.outputs import write_json
+from vit5.plotstyle import save_figure
 from vit5.runtime import check_fits
 from vit5.viz import figures as F
 from vit5.viz import ttr
@@ -223,7 +224,7 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
 def _saver(out: Path, style: MapStyle, files: list[Path]) -> Callable[[Figure, str], None]:
     """``save(figure, name)``: ``out/name.<format>`` for each of ``style.formats``, added to ``files``."""
     out.mkdir(parents=True, exist_ok=True)
-    return lambda fig, name: files.extend(F.save_figure(fig, out / name, style.formats))
+    return lambda fig, name: files.extend(save_figure(fig, out / name, style.formats))
 
 
 def run_compare(
@@ -268,7 +269,7 @@ def run_ttr(
         f"blocks <= {found.top_layer} (Jiang et al. 2025)"
     )
     result = _write_comparison([before, after], images, cfg, [*_notes(loaded, cfg), ttr_note], out)
-    result[0].files.append(atomic_write_json(out / "register_neurons.json", asdict(found)))
+    result[0].files.append(write_json(out / "register_neurons.json", asdict(found)))
     return found, *result
 
 

@@ -24,12 +24,13 @@ from safetensors.torch import save as save_safetensors
 from timm.models import clean_state_dict
 
 from vit5.errors import InputError, shorten, storage_error
-from vit5.files import atomic_write_bytes, atomic_write_json
+from vit5.files import atomic_write_bytes
 from vit5.layers import resample_pos_embed
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.model.footprint import DEFAULT_MAX_PARAMS, check_size, parameter_count
 from vit5.model.presets import PRESETS, closest_preset, preset_config
 from vit5.model.vit import ViT5, default_pretrained_cfg
+from vit5.outputs import write_json
 from vit5.weights import hub
 from vit5.weights.convert import CheckpointError, HeadMismatchError, Source, convert, detect_source
 
@@ -100,7 +101,7 @@ def save_pretrained(
         ),  # label_names at the top level, as timm's push_to_hf_hub writes them
         **({"label_names": list(names)} if names and len(names) == cfg.num_classes else {}),
     }
-    atomic_write_json(directory / CONFIG_NAME, {**config, **(extra or {})})
+    write_json(directory / CONFIG_NAME, {**config, **(extra or {})})
     atomic_write_bytes(directory / WEIGHTS_NAME, safetensors_bytes(model.state_dict()))
     if ema_state_dict is not None:
         atomic_write_bytes(directory / EMA_WEIGHTS_NAME, safetensors_bytes(ema_state_dict))

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 
 from vit5.data.digits import load_digits_split, write_pngs
 from vit5.errors import InputError
-from vit5.files import atomic_write_json
+from vit5.outputs import write_json
 
 SEG_CLASSES: tuple[str, ...] = ("background", *(str(d) for d in range(10)))
 IGNORE_INDEX = 255
@@ -166,5 +166,5 @@ def make_digit_segmentation(
         "config": asdict(cfg),
         "splits": {"train": cfg.num_train, "val": cfg.num_val},
     }
-    atomic_write_json(root / "dataset.json", info)
+    write_json(root / "dataset.json", info)
     return info
