@@ -29,7 +29,33 @@ class CheckpointError(Vit5Error, ValueError):
 
 
 class HeadMismatchError(CheckpointError):
-    """The checkpoint's classifier head is for another number of classes (fine-tuning: start a new head)."""
+    """The checkpoint's classifier head is for another number of classes (fine-tuning: start a new
+    head)."""
+
+
+class OverrideMismatchError(CheckpointError):
+    """Settings the model was built with (config overrides) that the checkpoint's weights cannot
+    take, such as another width or depth: ``settings`` maps each to ``(asked, held)``, so that a
+    caller can name where the setting came from (the training config says
+    ``model.overrides.NAME``)."""
+
+    def __init__(self, message: str, settings: dict[str, tuple[Any, Any]]):
+        super().__init__(message)
+        self.settings = settings
+
+    def dotlist(self, prefix: str) -> str:
+        """The values the weights hold as ``key=value`` overrides of a YAML config, e.g.
+        ``"model.overrides.embed_dim=384 model.overrides.norm=layernorm"``."""
+        pairs = [f"{prefix}{k}={_yaml_value(held)}" for k, (_, held) in self.settings.items()]
+        return " ".join(pairs)
+
+
+def _yaml_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def detect_source(state_dict: dict[str, torch.Tensor]) -> Source:
@@ -69,7 +95,11 @@ def from_official(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[
 def from_timm(state_dict: dict[str, torch.Tensor], cfg: ViT5Config) -> dict[str, torch.Tensor]:
     """Map a timm ``VisionTransformer`` state dict; folds a CLS row of the APE into ``cls_token``."""
     out, pos = dict(state_dict), state_dict.get("pos_embed")
-    if pos is not None and "cls_token" in out and _has_class_row(pos.shape[1], math.prod(cfg.grid_size)):
+    if (
+        pos is not None
+        and "cls_token" in out
+        and _has_class_row(pos.shape[1], math.prod(cfg.grid_size))
+    ):
         out["cls_token"] = out["cls_token"] + pos[:, :1]
         out["pos_embed"] = pos[:, 1:]
     return out
@@ -86,14 +116,20 @@ def _is_square(n: int) -> bool:
     return n > 0 and math.isqrt(n) ** 2 == n
 
 
-def convert(state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config) -> dict[str, torch.Tensor]:
+def convert(
+    state_dict: dict[str, torch.Tensor], source: Source, cfg: ViT5Config
+) -> dict[str, torch.Tensor]:
     converters = {"official": from_official, "timm": from_timm, "vit5": lambda sd, _: dict(sd)}
     if source not in converters:
-        raise CheckpointError(f"unknown checkpoint source {source!r}: use one of {tuple(converters)}")
+        raise CheckpointError(
+            f"unknown checkpoint source {source!r}: use one of {tuple(converters)}"
+        )
     return converters[source](state_dict, cfg)
 
 
-def config_from_checkpoint(sd: dict[str, torch.Tensor], source: Source, **overrides: Any) -> ViT5Config:
+def config_from_checkpoint(
+    sd: dict[str, torch.Tensor], source: Source, **overrides: Any
+) -> ViT5Config:
     """The architecture of an official or timm state dict, read off its shapes (heads from QK-Norm or RoPE
     shapes, else 64-dim heads when the width allows; the image size from a square APE), with ``overrides``."""
     if "patch_embed.proj.weight" not in sd:
@@ -108,7 +144,11 @@ def config_from_checkpoint(sd: dict[str, torch.Tensor], source: Source, **overri
         )
     q_norm, freqs = sd.get("blocks.0.attn.q_norm.weight"), sd.get("blocks.0.attn.rope.freqs")
     head_dim = (
-        q_norm.shape[0] if q_norm is not None else 4 * freqs.shape[0] if official and freqs is not None else 0
+        q_norm.shape[0]
+        if q_norm is not None
+        else 4 * freqs.shape[0]
+        if official and freqs is not None
+        else 0
     )
     if head_dim or dim % 64 == 0:  # else the standard 64 when the width allows
         overrides.setdefault("num_heads", dim // (head_dim or 64))

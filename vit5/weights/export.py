@@ -25,7 +25,9 @@ from vit5.layers.patch_embed import grid_of
 logger = logging.getLogger("vit5")
 
 DEFAULT_ATOL = 1e-4
-SINGLE_FILE_MAX_BYTES = 3 * 2**29  # protobuf files stop at 2 GiB: larger models keep their weights beside
+SINGLE_FILE_MAX_BYTES = (
+    3 * 2**29
+)  # protobuf files stop at 2 GiB: larger models keep their weights beside
 
 
 class ExportError(Vit5Error, ValueError):
@@ -91,14 +93,18 @@ def export_onnx(
     (default: beyond 1.5 GiB, protobuf's limit). ``check``: an onnxruntime output more than ``atol`` from
     eager torch raises :class:`ExportError` (the file is kept). Needs ``pip install 'vit5[export]'``."""
     missing = [
-        name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None
+        name
+        for name in ("onnx", "onnxruntime", "onnxscript")
+        if importlib.util.find_spec(name) is None
     ]
     if missing:
         raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install 'vit5[export]'")
     path = Path(path)  # its folder is created with the staging folder beside it
     example, dynamic_shapes = _example_and_shapes(model, size, batch, dynamic_batch, dynamic_size)
     if external_data is None:
-        external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
+        external_data = (
+            sum(p.numel() * p.element_size() for p in model.parameters()) > SINGLE_FILE_MAX_BYTES
+        )
     staged, start = staging_dir(path), time.perf_counter()
     onnx_file = staged / path.name
     try:
@@ -119,16 +125,24 @@ def export_onnx(
         if check:  # largest |onnxruntime - eager torch| on the example images (CPU, fp32)
             import onnxruntime
 
-            session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(
+                str(onnx_file), providers=["CPUExecutionProvider"]
+            )
             (onnx_out,) = session.run(None, {"images": example.detach().float().cpu().numpy()})
             with _exporting(model), torch.no_grad():
-                diff = float((torch.from_numpy(onnx_out) - model(example).float().cpu()).abs().max())
+                diff = float(
+                    (torch.from_numpy(onnx_out) - model(example).float().cpu()).abs().max()
+                )
         _put_in_place(onnx_file, path)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     hw = ("height", "width") if dynamic_size else tuple(example.shape[2:])
     report = OnnxExport(
-        path, ("batch" if dynamic_batch else example.shape[0], example.shape[1], *hw), diff, atol, seconds
+        path,
+        ("batch" if dynamic_batch else example.shape[0], example.shape[1], *hw),
+        diff,
+        atol,
+        seconds,
     )
     if diff is not None and not diff <= atol:
         raise ExportError(
@@ -162,7 +176,9 @@ def onnx_metadata(model: nn.Module) -> dict[str, str]:
     from timm.data import resolve_model_data_config
 
     data = resolve_model_data_config(model)
-    meta = {key: json.dumps(list(data[key])) for key in ("mean", "std", "input_size") if key in data}
+    meta = {
+        key: json.dumps(list(data[key])) for key in ("mean", "std", "input_size") if key in data
+    }
     meta.update({key: str(data[key]) for key in ("interpolation", "crop_pct") if key in data})
     names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
     if names:
@@ -171,16 +187,29 @@ def onnx_metadata(model: nn.Module) -> dict[str, str]:
 
 
 def _example_and_shapes(
-    model: nn.Module, size: tuple[int, int] | None, batch: int, dynamic_batch: bool, dynamic_size: bool
+    model: nn.Module,
+    size: tuple[int, int] | None,
+    batch: int,
+    dynamic_batch: bool,
+    dynamic_size: bool,
 ) -> tuple[torch.Tensor, tuple[dict[int, object]]]:
     cfg = getattr(model, "cfg", None)
-    in_chans, *own = (cfg.in_chans, *cfg.img_size) if cfg is not None else model.pretrained_cfg["input_size"]
-    size, patch = tuple(size) if size is not None else tuple(own), cfg.patch_size if cfg is not None else 1
+    in_chans, *own = (
+        (cfg.in_chans, *cfg.img_size) if cfg is not None else model.pretrained_cfg["input_size"]
+    )
+    size, patch = (
+        tuple(size) if size is not None else tuple(own),
+        cfg.patch_size if cfg is not None else 1,
+    )
     if len(size) != 2 or batch < 1:
-        raise ExportError(f"size must be (height, width) and batch >= 1, got size {size}, batch {batch}")
+        raise ExportError(
+            f"size must be (height, width) and batch >= 1, got size {size}, batch {batch}"
+        )
     grid, dims = grid_of(size, patch, error=ExportError), {}
     if dynamic_batch:
-        batch = max(batch, 2)  # torch.export specialises a dimension of size 1: trace with 2 to keep it free
+        batch = max(
+            batch, 2
+        )  # torch.export specialises a dimension of size 1: trace with 2 to keep it free
         dims[0] = torch.export.Dim("batch", min=1, max=4096)
     if dynamic_size:
         if cfg is None:
@@ -208,7 +237,10 @@ def _exporting(
     except Exception as err:
         if not what:
             raise
-        cause, seen = err, set()  # a full disk or a file-size limit deep in the exporter's exception chain
+        cause, seen = (
+            err,
+            set(),
+        )  # a full disk or a file-size limit deep in the exporter's exception chain
         while cause is not None and not isinstance(cause, OSError) and id(cause) not in seen:
             seen.add(id(cause))
             cause = cause.__cause__ or cause.__context__
