@@ -283,9 +283,7 @@ def test_weights_of_another_patch_size_give_the_same_logits_on_the_resized_image
     """A model at patch 8 loaded at patch 16 with twice the image size (the same 4x4 grid): every
     token is the original one, so the logits are the original model's on the image whose patches
     were each upsampled (bicubic, as the loader's resize)."""
-    model = randomise(
-        vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=5)
-    )
+    model = randomise(vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=5))
     vit5.save_pretrained(model, tmp_path / "p8")
     grown = vit5.load_model(tmp_path / "p8", patch_size=16, img_size=64).eval()
     x = torch.randn(2, 3, 32, 32)
@@ -309,5 +307,12 @@ def test_an_override_the_weights_cannot_take_is_named_with_the_fix(tmp_path):
     assert err.value.settings == {"embed_dim": (96, 192)}
     assert err.value.dotlist("model.overrides.") == "model.overrides.embed_dim=192"
     with pytest.raises(CheckpointError, match=r"built with in_chans=1: the weights hold in_chans=3"):
-        vit5.create_model("vit5_tiny", pretrained=tmp_path / "sd.pth", depth=2, img_size=32,
-                          patch_size=8, num_classes=4, in_chans=1)
+        vit5.create_model(
+            "vit5_tiny",
+            pretrained=tmp_path / "sd.pth",
+            depth=2,
+            img_size=32,
+            patch_size=8,
+            num_classes=4,
+            in_chans=1,
+        )

@@ -299,9 +299,7 @@ def test_released_weights_fine_tune_at_the_recipes_patch_size(hf_cache, official
     _, _, _, path = official_small
     lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": path})
     released = "vit5_small_patch16_224.in1k"
-    cfg = ModelSection(
-        name="vit5_small", img_size=32, pretrained=released, overrides={"patch_size": 8}
-    )
+    cfg = ModelSection(name="vit5_small", img_size=32, pretrained=released, overrides={"patch_size": 8})
     model, description, report = build_model(cfg, num_classes=10)
     assert model.patch_embed.proj.weight.shape == (384, 3, 8, 8)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
