@@ -149,10 +149,8 @@ def download(
                 if cached is None or _hub_answered(err):
                     raise  # 401, 403, 404 or nothing cached: clear_hub_errors says what
                 why = _why(err)
-                logger.warning(
-                    f"the Hub could not be reached ({why}): "
-                    f"using the cached {cached.name} of {repo_id}"
-                )
+                using = f"using the cached {cached.name} of {repo_id}"
+                logger.warning(f"the Hub could not be reached ({why}): {using}")
                 return cached
             return _fetch(repo_id, filename, revision, cache_dir)
 
@@ -204,10 +202,8 @@ def _why(err: BaseException) -> str:
         return f"the proxy refused the connection: {text}; check HTTPS_PROXY and its credentials"
     if "Timeout" in name or isinstance(err, TimeoutError):
         seconds = hf.constants.HF_HUB_ETAG_TIMEOUT
-        return (
-            f"no answer within {seconds} s ({text}); "
-            "a slow network may need a larger HF_HUB_ETAG_TIMEOUT"
-        )
+        fix = "a slow network may need a larger HF_HUB_ETAG_TIMEOUT"
+        return f"no answer within {seconds} s ({text}); {fix}"
     if isinstance(err, errors.HfHubHTTPError):
         return f"the Hub answered {text}"
     return f"no network? {name}: {text}"
@@ -264,7 +260,6 @@ def _reason(err: Exception, repo_id: str, filename: str, revision: str | None) -
         if isinstance(err, kind):
             return text
     if isinstance(err, NETWORK_ERRORS):
-        return (
-            f"the Hub could not be reached ({_why(err)}), it is not in the cache {cache}; {by_hand}"
-        )
+        why = _why(err)
+        return f"the Hub could not be reached ({why}), it is not in the cache {cache}; {by_hand}"
     return None

@@ -215,7 +215,7 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
             no_ema = " (this run saved no EMA weights: drop use_ema)"
         raise CheckpointError(
             f"{path} is not a vit5 checkpoint directory: "
-            f"it needs {CONFIG_NAME} and {weights.name}{no_ema}"
+            + f"it needs {CONFIG_NAME} and {weights.name}{no_ema}"
         )
     try:
         data = json.loads(config_file.read_text())
@@ -266,9 +266,8 @@ def safetensors_header(path: str | os.PathLike) -> dict[str, int]:
         shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
         for name, shape in shapes.items():
             if not _is_shape(shape):
-                raise ValueError(
-                    f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers"
-                )
+                wanted = "a list of non-negative integers"
+                raise ValueError(f"tensor {name!r} has shape {shape!r}, not {wanted}")
     except OSError as err:
         raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from err
     # not JSON, not an object of objects
@@ -332,7 +331,10 @@ FileOrBytes = str | os.PathLike | bytes
 
 
 def safe_torch_load(
-    source: FileOrBytes, hint: str = "", name: str = "", max_bytes: int | None = None
+    source: FileOrBytes,
+    hint: str = "",
+    name: str = "",
+    max_bytes: int | None = None,
 ) -> Any:
     """``torch.load(weights_only=True)`` of a file or its bytes: tensors, plain containers and the
     official script's ``argparse.Namespace``; no pickled code runs.
@@ -412,9 +414,8 @@ def _unwrap(obj: Any, use_ema: bool, path: Path | str) -> dict[str, torch.Tensor
                 wanted = "EMA weights ('model_ema')"
             else:
                 wanted = "a state dict ('model' or 'state_dict')"
-            raise CheckpointError(
-                f"{path} holds no {wanted}; its top-level keys are {sorted(obj)[:10]}"
-            )
+            keys = sorted(obj)[:10]
+            raise CheckpointError(f"{path} holds no {wanted}; its top-level keys are {keys}")
         obj = found
     if not isinstance(obj, dict) or not _all_tensors(obj):
         raise CheckpointError(f"{path} does not hold a state dict of tensors")
@@ -499,14 +500,13 @@ def _resample_ape(sd: dict, ckpt: Checkpoint, model: ViT5, report: LoadReport) -
     elif side * side == pos.shape[1]:
         old_grid = (side, side)
     else:
-        raise CheckpointError(
-            f"pos_embed of {pos.shape[1]} rows in {ckpt.path} is not a square grid"
-        )
+        rows = pos.shape[1]
+        raise CheckpointError(f"pos_embed of {rows} rows in {ckpt.path} is not a square grid")
     new_grid = model.cfg.grid_size
     sd["pos_embed"] = resample_pos_embed(pos, old_grid, new_grid)
-    report.resampled.append(
-        f"pos_embed {old_grid[0]}x{old_grid[1]} -> {new_grid[0]}x{new_grid[1]} (bicubic)"
-    )
+    old = "x".join(map(str, old_grid))
+    new = "x".join(map(str, new_grid))
+    report.resampled.append(f"pos_embed {old} -> {new} (bicubic)")
 
 
 def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str, ...] = ()) -> None:
@@ -514,9 +514,8 @@ def _check_fit(sd: dict, expected: dict, ckpt: Checkpoint, adaptable: tuple[str,
     differ)."""
     missing = [k for k in expected if k not in sd and k not in adaptable]
     unexpected = [k for k in sd if k not in expected and k not in adaptable]
-    mismatched = [
-        k for k in sd if k in expected and sd[k].shape != expected[k].shape and k not in adaptable
-    ]
+    shared = [k for k in sd if k in expected and k not in adaptable]
+    mismatched = [k for k in shared if sd[k].shape != expected[k].shape]
     if not (missing or unexpected or mismatched):
         return
     lines = [f"checkpoint {ckpt.path} ({ckpt.source} format) does not fit the model:"]

@@ -250,7 +250,10 @@ def _read_pretrained(pretrained: str | os.PathLike, options: _ReadOptions) -> Ch
         source = source or "official"
     else:
         return read_checkpoint(
-            text, use_ema=options.use_ema, source=source, max_params=options.max_params
+            text,
+            use_ema=options.use_ema,
+            source=source,
+            max_params=options.max_params,
         )
     ckpt = _read_download(
         path, f"{text}: ", use_ema=options.use_ema, source=source, max_params=options.max_params
@@ -290,7 +293,10 @@ def _family(cfg: ViT5Config) -> dict[str, Any]:
 
 
 def _check_named_preset(
-    name: str, cfg: ViT5Config, pretrained: Any, overrides: dict[str, Any]
+    name: str,
+    cfg: ViT5Config,
+    pretrained: Any,
+    overrides: dict[str, Any],
 ) -> None:
     """The directory's config wins (depth, registers, ...), but naming another width or family than
     the one it holds is an error: ``deit3_tiny`` on a ``vit5_tiny`` directory would silently give
@@ -310,9 +316,8 @@ def _check_named_preset(
         with suppress(ConfigError):  # overrides that preset cannot take
             if _family(preset_config(other, **overrides)) != held:
                 continue
-            differ = ", ".join(
-                f"{k}={v!r} (not {named[k]!r})" for k, v in held.items() if v != named[k]
-            )
+            changed = [k for k, v in held.items() if v != named[k]]
+            differ = ", ".join(f"{k}={held[k]!r} (not {named[k]!r})" for k in changed)
             raise CheckpointError(
                 f"{pretrained} holds a {other}, not a {name}: {differ}. "
                 f"Name the preset it was trained as ({other}), {fix}"
@@ -451,10 +456,8 @@ def _check_timm_arguments(name: str, pretrained: Any, kwargs: dict[str, Any]) ->
             f"the released ViT-5 weights are {catalog.RELEASED_NAMES}"
         )
     if not kwargs.pop("dynamic_img_size", True):
-        raise ConfigError(
-            f"{name} takes any input size whose sides are patch multiples: "
-            "drop dynamic_img_size=False"
-        )
+        sizes = "any input size whose sides are patch multiples"
+        raise ConfigError(f"{name} takes {sizes}: drop dynamic_img_size=False")
 
 
 def _explain_timm_failure(err: Exception, cfg: Any, pretrained: bool) -> None:

@@ -1,5 +1,5 @@
-"""Publishing weights: stage a folder that timm's and vit5's ``hf-hub:`` loaders read back, and push it
-to the Hugging Face Hub in one commit (``HfApi.upload_folder``).
+"""Publishing weights: stage a folder that timm's and vit5's ``hf-hub:`` loaders read back, and push
+it to the Hugging Face Hub in one commit (``HfApi.upload_folder``).
 
 This module sits above the factory (it loads a checkpoint directory to check and re-save it); the
 release names and downloads below the checkpoint reader are :mod:`vit5.weights.catalog`.
