@@ -86,6 +86,9 @@ def test_offline_and_not_cached_is_one_clear_error(hf_cache):
         timm.create_model("vit5_small_patch16_224.in1k", pretrained=True)
     with pytest.raises(CheckpointError, match="vit5_base_patch16_384.pth"):  # the tag picks the file
         vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k")
+    pinned = r"vit5_base_patch16_384.pth of the Hugging Face Hub repo FengWang3211/ViT-5 \(revision abc\)"
+    with pytest.raises(CheckpointError, match=pinned):  # revision= goes to the download, not the config
+        vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k", revision="abc")
 
 
 def test_unknown_names_list_the_released_weights():

@@ -482,8 +482,8 @@ def _resample_patch_embed(sd: dict, model: ViT5, report: LoadReport) -> None:
     new = "x".join(map(str, target.shape[-2:]))
     sd[PATCH_KEY] = resample_patch_embed(kernel, list(target.shape[-2:]))
     report.resampled.append(
-        f"{PATCH_KEY} {old} -> {new} (the model's patch size; "
-        "pseudo-inverse resize, FlexiViT arXiv 2212.08013 sec. 3.4)"
+        f"{PATCH_KEY} {old} -> {new} (to the model's patch_size by FlexiViT's "
+        "pseudo-inverse resize, arXiv 2212.08013 sec. 3.4)"
     )
 
 
