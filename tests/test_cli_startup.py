@@ -1,6 +1,7 @@
 """The command line starts fast: ``--help``, ``--version`` and argument errors answer without importing
-torch (measured against ``import torch`` in the same test, as a ratio), and the lazy package root still
-registers every preset in timm, whichever of vit5 and timm is imported first."""
+torch (measured against ``import torch`` in the same test, as a ratio). The package root installs no import
+hook: importing ``vit5.weights`` (or using any public ``vit5`` name) registers every preset in timm, before
+or after timm is imported."""
 
 from __future__ import annotations
 
@@ -87,17 +88,40 @@ def test_help_version_and_argument_errors_import_no_torch_and_take_a_fraction_of
     assert seconds < 2 * torch_import  # all of FAST together
 
 
-@pytest.mark.parametrize("first", ["vit5", "vit5.model"])  # timm first: every test process
-def test_the_presets_are_in_timm_whichever_is_imported_first(first):
+def test_import_vit5_loads_no_torch_and_leaves_the_import_system_alone():
     code = (
-        f"import {first}, sys\n"
-        "lazy = 'torch' not in sys.modules\n"
-        "import vit5, timm\n"
-        "model = timm.create_model('vit5_tiny', depth=1, embed_dim=32, num_heads=2, img_size=32)\n"
-        "print(lazy, timm.is_model('vit5_small'), type(model).__name__)"
+        "import sys\n"
+        "finders = list(sys.meta_path)\n"
+        "import vit5\n"
+        "print(sys.meta_path == finders, [m for m in ('torch', 'timm') if m in sys.modules])"
     )
     _, out = run_python(code)
-    assert out.split() == [str(first == "vit5"), "True", "ViT5"]
+    assert out.split() == ["True", "[]"]
+
+
+REGISTERS = {  # the documented import orders that put the presets in timm's registry
+    "timm, then vit5.weights": "import timm\nimport vit5.weights",
+    "vit5.weights, then timm": "import vit5.weights\nimport timm",
+    "a public vit5 name": "import vit5\nvit5.ViT5\nimport timm",
+}
+
+
+@pytest.mark.parametrize("imports", REGISTERS.values(), ids=REGISTERS.keys())
+def test_the_presets_are_in_timm_after_the_documented_imports(imports):
+    code = (
+        f"{imports}\n"
+        "model = timm.create_model('vit5_tiny', depth=1, embed_dim=32, num_heads=2, img_size=32)\n"
+        "print(timm.is_model('vit5_small'), type(model).__name__)"
+    )
+    _, out = run_python(code)
+    assert out.split() == ["True", "ViT5"]
+
+
+def test_importing_the_model_alone_registers_nothing_in_timm():
+    """The rule has one trigger, the factory: ``vit5.model`` is the network without the weights
+    layer, and leaves timm's registry as it was."""
+    _, out = run_python("import timm\nimport vit5.model\nprint(timm.is_model('vit5_small'))")
+    assert out.split() == ["False"]
 
 
 def test_version_is_the_packages(capsys):

@@ -183,7 +183,7 @@ def test_position_loads_every_model_before_probing_any(tmp_path, capsys):
 
 def test_list_names_the_presets_the_released_weights_and_the_recipes(capsys):
     from vit5.train.config import recipes
-    from vit5.weights.hub import RELEASES
+    from vit5.weights.catalog import RELEASES
 
     code, out, _ = run(["list"], capsys)
     names = {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -168,3 +168,33 @@ def test_only_the_command_line_parses_arguments_and_nothing_imports_it():
             if module == "vit5.cli" or module.startswith("vit5.cli."):
                 offenders.append(f"{rel} imports {module}")
     assert not offenders, "\n".join(offenders)
+
+
+# the modules of vit5/weights, each importing only those before it (export stands apart): the release
+# catalogue sits below the checkpoint reader, publishing above the factory
+WEIGHTS_ORDER = ("convert", "catalog", "checkpoint", "factory", "publish")
+
+
+def test_the_weights_modules_import_downwards_and_never_inside_a_function():
+    offenders = []
+    for path in subpackage_files("weights"):
+        if path.stem == "__init__":
+            continue
+        allowed = (
+            set(WEIGHTS_ORDER[: WEIGHTS_ORDER.index(path.stem)]) if path.stem in WEIGHTS_ORDER else set()
+        )
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in names:
+                parts = module.split(".")
+                if parts[:2] != ["vit5", "weights"]:
+                    continue
+                target = parts[2] if len(parts) > 2 else node.names[0].name
+                if target not in allowed:
+                    offenders.append(f"weights/{path.name} imports vit5.weights.{target}")
+                if node not in tree.body:
+                    offenders.append(f"weights/{path.name}:{node.lineno} imports {module} inside a block")
+    assert not offenders, "\n".join(offenders)

@@ -202,3 +202,117 @@ def test_bad_files_fail_clearly(tmp_path):
     (tmp_path / "empty_dir").mkdir()
     with pytest.raises(CheckpointError, match="needs config.json"):
         vit5.load_model(tmp_path / "empty_dir")
+
+
+# ------------------------------------------------------------------ another patch size (FlexiViT)
+def resize_matrix(old: int, new: int, mode: str, antialias: bool) -> torch.Tensor:
+    """The image resize ``old x old -> new x new`` as a matrix (float64): column ``i`` is the
+    resized ``i``-th basis patch, computed with ``F.interpolate`` as the data pipeline resizes."""
+    basis = torch.eye(old * old, dtype=torch.float64).reshape(-1, 1, old, old)
+    resized = F.interpolate(basis, size=(new, new), mode=mode, antialias=antialias)
+    return resized.reshape(old * old, new * new).T
+
+
+def pseudo_inverse_resample(kernel: torch.Tensor, new: int, mode: str, antialias: bool):
+    """FlexiViT's PI-resize (arXiv 2212.08013, eq. 4): ``w_new = pinv(B^T) w`` with ``B`` the
+    image resize, written out in float64 apart from timm."""
+    old = kernel.shape[-1]
+    b = resize_matrix(old, new, mode, antialias)
+    flat = kernel.double().reshape(-1, old * old).T
+    return (torch.linalg.pinv(b.T) @ flat).T.reshape(*kernel.shape[:2], new, new)
+
+
+def embed(kernel: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
+    """The linear patch embedding of one patch per batch row: ``<patch, kernel>`` per output."""
+    return torch.einsum("bchw,ochw->bo", patch.double(), kernel.double())
+
+
+def test_a_patch_embedding_is_resampled_by_timms_pseudo_inverse(tmp_path):
+    """16 -> 8 as the loader does it (bicubic, antialiased: timm's defaults) equals timm's function
+    applied by hand and the pseudo-inverse written out here."""
+    from timm.layers import resample_patch_embed
+
+    model = vit5.create_model("vit5_tiny", depth=1, img_size=64, patch_size=16, num_classes=3)
+    kernel = model.patch_embed.proj.weight.detach()
+    vit5.save_pretrained(model, tmp_path / "p16")
+    loaded = vit5.load_model(tmp_path / "p16", patch_size=8, img_size=32)
+    got = loaded.patch_embed.proj.weight.detach()
+    torch.testing.assert_close(got, resample_patch_embed(kernel, [8, 8]), rtol=0, atol=0)
+    by_hand = pseudo_inverse_resample(kernel, 8, "bicubic", antialias=True).float()
+    torch.testing.assert_close(got, by_hand, rtol=1e-4, atol=1e-6)
+    report = str(loaded.load_report)
+    assert "patch_embed.proj.weight 16x16 -> 8x8" in report and "pseudo-inverse" in report
+    assert "pos_embed 4x4 -> 4x4" not in report  # the same 4x4 grid: the APE is kept
+
+
+def test_the_resampled_kernel_gives_the_original_token_on_the_resized_patch():
+    """The pseudo-inverse property (FlexiViT sec. 3.4): ``<B x, w_new> = <x, w>``. Growing the patch
+    (8 -> 16) it holds for every patch; shrinking it (16 -> 8) for every patch the resize keeps
+    whole (``x = B^T y``), and ``w_new`` is the least-squares best elsewhere."""
+    from timm.layers import resample_patch_embed
+
+    kernel = torch.randn(6, 3, 8, 8)
+    grown = resample_patch_embed(kernel, [16, 16], interpolation="bilinear", antialias=False)
+    x = torch.rand(32, 3, 8, 8)
+    resized = F.interpolate(x.double(), size=(16, 16), mode="bilinear", antialias=False)
+    torch.testing.assert_close(embed(grown, resized), embed(kernel, x), rtol=1e-5, atol=1e-5)
+
+    big = torch.randn(6, 3, 16, 16)
+    shrunk = resample_patch_embed(big, [8, 8], interpolation="bilinear", antialias=False)
+    b = resize_matrix(16, 8, "bilinear", antialias=False)
+    kept = (torch.rand(32 * 3, 64, dtype=torch.float64) @ b).reshape(32, 3, 16, 16)
+    small = F.interpolate(kept, size=(8, 8), mode="bilinear", antialias=False)
+    torch.testing.assert_close(embed(shrunk, small), embed(big, kept), rtol=1e-5, atol=1e-5)
+    residual = big.double().reshape(-1, 256).T - b.T @ shrunk.double().reshape(-1, 64).T
+    assert (b @ residual).abs().max() < 1e-5  # the normal equations of the least-squares fit
+
+
+def resize_each_patch(images: torch.Tensor, patch: int, new: int) -> torch.Tensor:
+    """Every ``patch x patch`` patch of ``images`` resized on its own to ``new x new`` (bicubic)."""
+    batch, chans, height, width = images.shape
+    rows = height // patch
+    cols = width // patch
+    tiles = images.unfold(2, patch, patch).unfold(3, patch, patch)  # B C rows cols p p
+    tiles = tiles.permute(0, 2, 3, 1, 4, 5).reshape(-1, chans, patch, patch)
+    tiles = F.interpolate(tiles, size=(new, new), mode="bicubic", antialias=True)
+    tiles = tiles.reshape(batch, rows, cols, chans, new, new).permute(0, 3, 1, 4, 2, 5)
+    return tiles.reshape(batch, chans, rows * new, cols * new)
+
+
+def test_weights_of_another_patch_size_give_the_same_logits_on_the_resized_image(tmp_path):
+    """A model at patch 8 loaded at patch 16 with twice the image size (the same 4x4 grid): every
+    token is the original one, so the logits are the original model's on the image whose patches
+    were each upsampled (bicubic, as the loader's resize)."""
+    model = randomise(vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=5))
+    vit5.save_pretrained(model, tmp_path / "p8")
+    grown = vit5.load_model(tmp_path / "p8", patch_size=16, img_size=64).eval()
+    x = torch.randn(2, 3, 32, 32)
+    upsampled = resize_each_patch(x, patch=8, new=16)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(upsampled), model(x), rtol=1e-4, atol=1e-4)
+    finer = vit5.load_model(tmp_path / "p8", patch_size=4, img_size=32)  # a grid of 8x8
+    assert [line.split(" (")[0] for line in finer.load_report.resampled] == [
+        "patch_embed.proj.weight 8x8 -> 4x4",
+        "pos_embed 4x4 -> 8x8",
+    ]
+
+
+def test_an_override_the_weights_cannot_take_is_named_with_the_fix(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=4)
+    vit5.save_pretrained(model, tmp_path / "run")
+    torch.save(model.state_dict(), tmp_path / "sd.pth")
+    fix = r"built with embed_dim=96: the weights hold embed_dim=192\. Drop the override, or set"
+    with pytest.raises(vit5.weights.convert.OverrideMismatchError, match=fix) as err:
+        vit5.load_model(tmp_path / "run", embed_dim=96, num_heads=3)
+    assert err.value.settings == {"embed_dim": (96, 192)}
+    assert err.value.dotlist("model.overrides.") == "model.overrides.embed_dim=192"
+    with pytest.raises(CheckpointError, match=r"built with in_chans=1: the weights hold in_chans=3"):
+        vit5.create_model(
+            "vit5_tiny",
+            pretrained=tmp_path / "sd.pth",
+            depth=2,
+            img_size=32,
+            patch_size=8,
+            num_classes=4,
+            in_chans=1,
+        )

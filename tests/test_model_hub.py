@@ -17,7 +17,7 @@ from hub_support import lay_out_download, lay_out_folder
 import vit5
 from vit5 import CheckpointError
 from vit5.reference import OfficialViT5
-from vit5.weights import hub
+from vit5.weights import catalog, publish
 
 OFFICIAL = "FengWang3211/ViT-5"
 
@@ -86,6 +86,9 @@ def test_offline_and_not_cached_is_one_clear_error(hf_cache):
         timm.create_model("vit5_small_patch16_224.in1k", pretrained=True)
     with pytest.raises(CheckpointError, match="vit5_base_patch16_384.pth"):  # the tag picks the file
         vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k")
+    pinned = r"vit5_base_patch16_384.pth of the Hugging Face Hub repo FengWang3211/ViT-5 \(revision abc\)"
+    with pytest.raises(CheckpointError, match=pinned):  # revision= goes to the download, not the config
+        vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k", revision="abc")
 
 
 def test_unknown_names_list_the_released_weights():
@@ -118,8 +121,8 @@ def test_a_damaged_cached_file_names_its_path_and_says_to_delete_it(hf_cache, co
 
 
 def test_every_release_has_a_timm_pretrained_config():
-    assert timm.list_pretrained("vit5*") == sorted(hub.RELEASES)
-    for name, release in hub.RELEASES.items():
+    assert timm.list_pretrained("vit5*") == sorted(catalog.RELEASES)
+    for name, release in catalog.RELEASES.items():
         cfg = timm.models.get_pretrained_cfg(name).to_dict()
         size = release.img_size
         assert cfg["hf_hub_id"] == OFFICIAL and cfg["hf_hub_filename"] == f"{name.split('.')[0]}.pth"
@@ -249,7 +252,7 @@ class FakeHfApi:
 @pytest.fixture
 def fake_api(monkeypatch):
     FakeHfApi.calls, FakeHfApi.uploaded, FakeHfApi.has_card = [], {}, False
-    monkeypatch.setattr(hub, "HfApi", FakeHfApi)
+    monkeypatch.setattr(publish, "HfApi", FakeHfApi)
     return FakeHfApi
 
 
@@ -285,3 +288,35 @@ def test_push_a_checkpoint_directory_keeps_its_ema_and_an_existing_card(tmp_path
     with pytest.raises(CheckpointError, match="not a vit5 checkpoint directory"):
         torch.save(model.state_dict(), tmp_path / "w.pth")
         vit5.push_to_hub(tmp_path / "w.pth", "someone/run")
+
+
+# ------------------------------------------------------------------------------------ fine-tuning
+def test_released_weights_fine_tune_at_the_recipes_patch_size(hf_cache, official_small):
+    """`vit5 train model.name=vit5_small model.pretrained=vit5_small_patch16_224.in1k
+    model.img_size=32` on the default recipe (its model.overrides.patch_size=8): the patch
+    embedding is resampled 16 -> 8, the APE 14x14 -> 4x4, and the report says so."""
+    from vit5.train import TrainConfigError
+    from vit5.train.config import ModelSection
+    from vit5.train.modeling import build_model
+
+    _, _, _, path = official_small
+    lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": path})
+    released = "vit5_small_patch16_224.in1k"
+    cfg = ModelSection(name="vit5_small", img_size=32, pretrained=released, overrides={"patch_size": 8})
+    model, description, report = build_model(cfg, num_classes=10)
+    assert model.patch_embed.proj.weight.shape == (384, 3, 8, 8)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert "patch_embed.proj.weight 16x16 -> 8x8" in report and "pos_embed 14x14 -> 4x4" in report
+    assert "[patch_size=8]" in description  # the override, named beside the model
+    narrow = ModelSection(
+        name="vit5_small",
+        img_size=32,
+        pretrained=released,
+        overrides={"patch_size": 8, "embed_dim": 192, "num_heads": 3},
+    )
+    fix = (
+        r"built with embed_dim=192, num_heads=3: the weights hold embed_dim=384, num_heads=6[\s\S]*"
+        r"In the training config, set model\.overrides\.embed_dim=384 model\.overrides\.num_heads=6"
+    )
+    with pytest.raises(TrainConfigError, match=fix):
+        build_model(narrow, num_classes=10)

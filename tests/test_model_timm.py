@@ -3,8 +3,15 @@
 The properties timm's own model tests check (tests/test_models.py of pytorch-image-models), stated
 here at tiny sizes: every preset has a pretrained config, ``features_only`` takes timm's keywords,
 every parameter gets a gradient, and FX symbolic tracing (torchvision's feature extractor) gives
-the eager outputs, in eval and train mode, at any input size.
+the eager outputs, in eval and train mode, at any input size. timm sees the presets once the weights
+layer is imported (``import vit5.weights``), which is also how timm's own ``train.py`` is given them.
 """
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import timm
@@ -13,7 +20,10 @@ from timm.models._features import FeatureGetterNet
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import vit5
+import vit5.weights  # registers every preset in timm
 from vit5.model.presets import PRESETS
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "model.md"
 
 FAMILIES = ("vit5_tiny", "deit3_tiny", "vanilla_vit_tiny")
 
@@ -109,3 +119,36 @@ def test_fx_tracing_leaves_the_rope_table_cache_alone():
     model = vit5.create_model("vit5_tiny", **tiny_args("vit5_tiny")).eval()
     create_feature_extractor(model, return_nodes=["head"])
     assert all(isinstance(t, torch.Tensor) for tables in model._rope_cache.values() for t in tables)
+
+
+TIMM_TRAIN_STAND_IN = """
+import argparse
+import torch
+from timm.models import create_model  # as timm's train.py imports it
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model")
+args, _ = parser.parse_known_args()
+model = create_model(args.model, num_classes=3, img_size=32, depth=1)
+print(type(model).__name__, tuple(model(torch.randn(1, 3, 32, 32)).shape))
+"""
+
+
+def test_the_documented_line_gives_timms_train_py_the_presets(tmp_path):
+    """docs/model.md's one line that runs timm's own train.py with the presets registered, run here
+    on a stand-in train.py that builds its model as timm's does."""
+    line = next(line for line in DOCS.read_text().splitlines() if "runpy.run_path" in line)
+    argv = shlex.split(line.strip())
+    assert argv[:2] == ["python", "-c"] and "--model" in argv
+    (tmp_path / "train.py").write_text(TIMM_TRAIN_STAND_IN)
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, *argv[1:]],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ViT5", "(1,", "3)"]

@@ -308,7 +308,7 @@ def test_environment_values_are_never_written_resolved(tmp_path, monkeypatch):
 
     from vit5.train import Trainer
     from vit5.train.checkpointing import resolve_resume
-    from vit5.weights.hub import stage_for_hub
+    from vit5.weights.publish import stage_for_hub
 
     monkeypatch.setenv("VIT5_TEST_SECRET", "s3cr3t-token")
     recipe = tmp_path / "recipe.yaml"

@@ -20,7 +20,7 @@ from huggingface_hub.utils import _http
 import vit5
 from vit5.errors import InputError
 from vit5.introspect.spec import load_spec
-from vit5.weights import hub
+from vit5.weights import catalog
 from vit5.weights.convert import CheckpointError
 
 OFFICIAL = "FengWang3211/ViT-5"
@@ -71,7 +71,7 @@ def _failing(failure, monkeypatch):
 
 def test_released_weights_in_the_cache_are_used_without_the_network(proxy, hf_cache):
     lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": b"cached bytes"})
-    path = hub.download(OFFICIAL, "vit5_small_patch16_224.pth")
+    path = catalog.download(OFFICIAL, "vit5_small_patch16_224.pth")
     assert path.read_bytes() == b"cached bytes"
     assert proxy.requests == []  # released weights never change: the cached copy is used as it is
 

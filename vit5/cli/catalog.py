@@ -36,7 +36,7 @@ def _rows(section: str) -> list[tuple[str, ...]]:
             rows.append((name, *map(str, (c.embed_dim, c.depth, c.num_heads)), size, params))
         return rows
     if section == "weights":
-        from vit5.weights.hub import RELEASES
+        from vit5.weights.catalog import RELEASES
 
         return [("released weights", "ImageNet-1k top-1", "Hub repository")] + [
             (r.name, f"{r.top1:.1f}", r.repo) for r in RELEASES.values()

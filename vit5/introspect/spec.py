@@ -18,7 +18,7 @@ from torch import nn
 from vit5.errors import InputError
 from vit5.model.config import ConfigError
 from vit5.model.presets import PRESETS
-from vit5.weights import hub
+from vit5.weights import catalog
 from vit5.weights.checkpoint import EMA_WEIGHTS_NAME, checkpoint_dir
 from vit5.weights.convert import CheckpointError
 from vit5.weights.factory import create_model, load_model, pretrained_overlay
@@ -64,7 +64,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
 
 def has_ema_weights(spec: str) -> bool:
     """Whether a spec names a vit5 checkpoint directory that also holds EMA weights."""
-    if spec.startswith((TIMM_PREFIX, hub.HF_HUB_PREFIX)) or "@" in spec or not Path(spec).is_dir():
+    if spec.startswith((TIMM_PREFIX, catalog.HF_HUB_PREFIX)) or "@" in spec or not Path(spec).is_dir():
         return False
     return (checkpoint_dir(Path(spec)) / EMA_WEIGHTS_NAME).is_file()
 
@@ -86,9 +86,9 @@ def load_spec(
     except (CheckpointError, ConfigError) as err:
         name = spec.partition("@")[0]  # how a spec names a local copy of the weights it would download
         form = f"{name if name.startswith(TIMM_PREFIX) else name.partition('.')[0]}@PATH"
-        if spec.startswith(hub.HF_HUB_PREFIX):
+        if spec.startswith(catalog.HF_HUB_PREFIX):
             form = "the model (the folder holding its config.json and weights)"
-        raise InputError(f"cannot load {spec}: {str(err).replace(hub.LOCAL_FORM, form)}") from err
+        raise InputError(f"cannot load {spec}: {str(err).replace(catalog.LOCAL_FORM, form)}") from err
     from timm.data import resolve_model_data_config
 
     data = resolve_model_data_config(model)
@@ -108,16 +108,16 @@ def load_spec(
 
 def _load_vit5(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.Module, str, str]:
     weights = "EMA weights" if use_ema else "weights"
-    if spec.startswith(hub.HF_HUB_PREFIX):
-        label = spec[len(hub.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1]
+    if spec.startswith(catalog.HF_HUB_PREFIX):
+        label = spec[len(catalog.HF_HUB_PREFIX) :].partition("@")[0].split("/")[-1]
         return load_model(spec, use_ema=use_ema, **overrides), label, f"vit5 model {spec} ({weights})"
     name, _, weights_path = spec.partition("@")
-    if name in PRESETS or (hub.is_weights_name(name) and not Path(spec).exists()):
-        release = hub.default_release(name)
-        pretrained = weights_path or (name if hub.is_weights_name(name) else release and release.name)
+    if name in PRESETS or (catalog.is_weights_name(name) and not Path(spec).exists()):
+        release = catalog.default_release(name)
+        pretrained = weights_path or (name if catalog.is_weights_name(name) else release and release.name)
         if not pretrained:
             raise InputError(
-                f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add @CHECKPOINT for "
+                f"{name} has no released weights (released: {catalog.RELEASED_NAMES}): add @CHECKPOINT for "
                 "your own weights, or ask for an untrained model with --random-init"
             )
         model = create_model(name, pretrained=pretrained, use_ema=use_ema, **overrides)
@@ -147,9 +147,8 @@ def names_weights(spec: str) -> bool:
     """Whether ``spec`` names weights: a path, ``@CHECKPOINT``, ``hf-hub:``, a tag (``NAME.TAG``)."""
     if spec.startswith(TIMM_PREFIX):
         return not is_bare_name(spec)
-    return (
-        spec.startswith(hub.HF_HUB_PREFIX) or "@" in spec or hub.is_weights_name(spec) or Path(spec).exists()
-    )
+    hub_or_file = spec.startswith(catalog.HF_HUB_PREFIX) or "@" in spec or Path(spec).exists()
+    return hub_or_file or catalog.is_weights_name(spec)
 
 
 def is_bare_name(spec: str) -> bool:

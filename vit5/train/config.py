@@ -25,7 +25,7 @@ import vit5
 from vit5.errors import shorten
 from vit5.model.footprint import check_size
 from vit5.train.errors import TrainConfigError
-from vit5.weights import hub
+from vit5.weights import catalog
 
 
 @dataclass
@@ -423,21 +423,21 @@ PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches t
 
 def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
     """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a path."""
-    text, released = cfg.model.pretrained, ", ".join(hub.RELEASES)
-    if text is None or text.startswith(hub.HF_HUB_PREFIX):
+    text, released = cfg.model.pretrained, ", ".join(catalog.RELEASES)
+    if text is None or text.startswith(catalog.HF_HUB_PREFIX):
         return []
     if text in PRETRAINED_TRUE:
-        if cfg.model.name in vit5.list_presets() and hub.default_release(cfg.model.name) is None:
+        if cfg.model.name in vit5.list_presets() and catalog.default_release(cfg.model.name) is None:
             return [
                 f"model.pretrained=true: {cfg.model.name} has no released weights (released: {released}); "
                 "name released weights or give a checkpoint path"
             ]
         return []
     path = Path(text)
-    if hub.is_weights_name(text) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists):
-        if text in hub.RELEASES:
+    if catalog.is_weights_name(text) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists):
+        if text in catalog.RELEASES:
             return []
-        hint = _did_you_mean(text, list(hub.RELEASES))
+        hint = _did_you_mean(text, list(catalog.RELEASES))
         return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
     if check_paths and not _probe(path.expanduser().exists):
         return [

@@ -17,9 +17,9 @@ from vit5 import ViT5, create_model
 from vit5.model.presets import closest_preset
 from vit5.train.config import LORA_TARGETS, PRETRAINED_TRUE, LoraSection, ModelSection
 from vit5.train.errors import TrainConfigError
-from vit5.weights import hub
+from vit5.weights import catalog
 from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
-from vit5.weights.convert import HeadMismatchError
+from vit5.weights.convert import HeadMismatchError, OverrideMismatchError
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -54,12 +54,12 @@ def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | 
     weights build their own architecture (the note says when not ``model.name``), a path ``model.name``."""
     text = str(cfg.pretrained)
     if text in PRETRAINED_TRUE:
-        return cfg.name, hub.default_release(cfg.name).name, ""  # type: ignore[union-attr]
-    if text.startswith(hub.HF_HUB_PREFIX):
+        return cfg.name, catalog.default_release(cfg.name).name, ""  # type: ignore[union-attr]
+    if text.startswith(catalog.HF_HUB_PREFIX):
         return cfg.name, text, ""
     path = Path(text).expanduser()
-    if hub.is_weights_name(text) and not path.exists():
-        release = hub.release(text)
+    if catalog.is_weights_name(text) and not path.exists():
+        release = catalog.release(text)
         same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
         return release.arch, text, "" if same else f"{release.arch} (its weights), not model.name={cfg.name}"
     return cfg.name, path, ""
@@ -85,6 +85,8 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
     except (vit5.CheckpointError, vit5.ConfigError) as e:
         hint = f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
         hint = hint if isinstance(e, HeadMismatchError) else ""
+        if isinstance(e, OverrideMismatchError):  # the recipe's or the command line's overrides
+            hint = f"\nIn the training config, set {e.dotlist('model.overrides.')} to fit these weights."
         raise TrainConfigError(f"model.pretrained={cfg.pretrained}: {e}{hint}") from e
     if model.num_classes != num_classes:
         raise TrainConfigError(
