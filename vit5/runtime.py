@@ -1,16 +1,22 @@
-"""Where the work runs: the printing process (rank 0), device names checked up front, and memory
-estimates checked against the memory there. torch is imported by the functions that need it."""
+"""Where the work runs: the printing process (rank 0), the one way processes agree (the main process
+works, the others wait and share its error), device names checked up front, and memory estimates
+checked against the memory there. torch and Accelerate are imported by the functions that need
+them, so the command line starts without them."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from vit5.errors import Vit5Error
+from vit5.errors import StorageError, Vit5Error, user_message
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+
+T = TypeVar("T")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 
@@ -112,3 +118,71 @@ def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
     if torch.get_num_threads() > threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def attempt(action: Callable[[], Any]) -> Exception | None:
+    """Run ``action``; its user error (:class:`Vit5Error`, ``OSError``) is returned, not raised.
+    Anything else is a bug and propagates with its traceback."""
+    try:
+        action()
+    except (Vit5Error, OSError) as err:
+        return err
+    return None
+
+
+def raise_agreed(
+    accelerator: Accelerator,
+    error: Exception | str | None,
+    kind: type[Exception] = StorageError,
+) -> None:
+    """Collective: when any process failed, raise the first failure (by process index) on every
+    process, so none waits at a barrier for a peer that has given up; else a barrier. ``error`` is
+    this process's failure: a :class:`Vit5Error` keeps its class, an ``OSError`` (said readably)
+    or a message is raised as ``kind``."""
+    failures = [None if error is None else _failure(error, kind)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        failures = gather_object(failures)
+    first = next((failure for failure in failures if failure is not None), None)
+    if first is None:
+        accelerator.wait_for_everyone()
+        return
+    cls, message = first
+    raise cls(message) from (error if isinstance(error, BaseException) else None)
+
+
+def _failure(error: Exception | str, kind: type[Exception]) -> tuple[type[Exception], str]:
+    """What other processes need to raise ``error`` too: its class and its one-line message."""
+    if isinstance(error, Vit5Error):
+        return (type(error), str(error))
+    if isinstance(error, OSError):
+        return (kind, user_message(error) or str(error))
+    return (kind, str(error))
+
+
+def on_main(
+    accelerator: Accelerator,
+    action: Callable[[], T],
+    kind: type[Exception] = StorageError,
+) -> T | None:
+    """Run ``action`` on the main process while the others wait (collective); its user error is
+    raised on every process (:func:`raise_agreed`). Returns what ``action`` returned on the main
+    process, None on the others (:func:`from_main` shares a value)."""
+    results: list[T] = []
+    error = None
+    if accelerator.is_main_process:
+        error = attempt(lambda: results.append(action()))
+    raise_agreed(accelerator, error, kind)
+    return results[0] if results else None
+
+
+def from_main(accelerator: Accelerator, value: T) -> T:
+    """The main process's ``value`` on every process (collective; the value must pickle)."""
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    shared = [value]
+    broadcast_object_list(shared, from_process=0)
+    return shared[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import shutil
@@ -15,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 from matplotlib.figure import Figure
 
 from vit5 import plotstyle as S
-from vit5.errors import Vit5Error, storage_error, user_message
+from vit5.errors import storage_error
 from vit5.files import (
     FolderLock,
     FolderLocked,
@@ -29,6 +29,7 @@ from vit5.files import (
     replace_dir,
     staging_dir,
 )
+from vit5.runtime import from_main, on_main
 from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE
 from vit5.train.config import TrainConfig, config_to_yaml
 
@@ -43,40 +44,43 @@ SUMMARY_JSON = "summary.json"
 
 
 def create_run_dir(accelerator: Accelerator, cfg: TrainConfig) -> tuple[Path, FolderLock | None]:
-    """Choose, create and lock a fresh run directory on the main process; every process gets its path
-    (``StorageError`` on every process when ``run.output_dir`` cannot be written)."""
-    return _on_main(accelerator, lambda: _new_locked_dir(Path(cfg.run.output_dir).expanduser(), cfg.run.name))
+    """Choose, create and lock a fresh run directory on the main process; every process gets its
+    path (``StorageError`` on every process when ``run.output_dir`` cannot be written)."""
+    output_dir = Path(cfg.run.output_dir).expanduser()
+    lock = on_main(accelerator, lambda: _new_locked_dir(output_dir, cfg.run.name))
+    return (_locked_folder(accelerator, lock), lock)
 
 
 def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
-    """Take the run's lock (main process) to continue it in place (``FolderLocked`` on every process
-    when another live process writes it); complete or remove what a killed run left half-done."""
+    """Take the run's lock (main process) to continue it in place (``FolderLocked`` on every
+    process when another live process writes it); complete or remove what a killed run left."""
 
-    def take() -> tuple[Path, FolderLock]:
+    def take() -> FolderLock:
         lock = FolderLock(run_dir, "training").acquire()
         for name in (BEST, FINAL):  # a checkpoint's staging folder goes at the next save
             recover_dir(run_dir / name)
-        return run_dir, lock
+        return lock
 
-    return _on_main(accelerator, take)[1]
+    return on_main(accelerator, take)
 
 
 def fork_run_dir(
     accelerator: Accelerator, run_dir: Path, checkpoint: Path
 ) -> tuple[Path, Path, FolderLock | None]:
-    """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``; ``best/``
-    is copied when it is the best model as of the checkpoint."""
+    """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``;
+    ``best/`` is copied when it is the best model as of the checkpoint."""
 
-    def fork() -> tuple[Path, FolderLock]:
-        new_dir, lock = _new_locked_dir(run_dir.parent, run_dir.name)
-        target = new_dir / CHECKPOINTS / checkpoint.name
+    def fork() -> FolderLock:
+        lock = _new_locked_dir(run_dir.parent, run_dir.name)
+        target = lock.folder / CHECKPOINTS / checkpoint.name
         _link_tree(checkpoint, target)
         if _best_matches(run_dir / BEST, target):
-            _link_tree(run_dir / BEST, new_dir / BEST)
-        return new_dir, lock
+            _link_tree(run_dir / BEST, lock.folder / BEST)
+        return lock
 
-    new_dir, lock = _on_main(accelerator, fork)
-    return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
+    lock = on_main(accelerator, fork)
+    new_dir = _locked_folder(accelerator, lock)
+    return (new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock)
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
@@ -86,38 +90,26 @@ def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _new_locked_dir(output_dir: Path, name: str) -> tuple[Path, FolderLock]:
+def _new_locked_dir(output_dir: Path, name: str) -> FolderLock:
     """Lock ``output_dir/name``, or the first ``name-K`` (K = 2, 3, ...) that is absent or empty."""
     while True:
-        path, k = output_dir / name, 2
-        while path.exists() and any(path.iterdir()):
-            path, k = output_dir / f"{name}-{k}", k + 1
+        names = itertools.chain([name], (f"{name}-{k}" for k in itertools.count(2)))
+        folders = (output_dir / n for n in names)
+        path = next(p for p in folders if not (p.exists() and any(p.iterdir())))
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise storage_error(err, path, "create the run directory") from err
         try:
-            return path, FolderLock(path, "training").acquire()
+            return FolderLock(path, "training").acquire()
         except FolderLocked:  # another run took this name a moment ago: take the next one
             continue
 
 
-def _on_main(accelerator: Accelerator, action: Any) -> tuple[Path, FolderLock | None]:
-    """Run ``action`` (returning a path and a lock) on the main process; share the path or its error."""
-    shared: list[Any] = [None, None]
-    lock = None
-    if accelerator.is_main_process:
-        try:
-            path, lock = action()
-            shared = [str(path), None]
-        except (Vit5Error, OSError) as err:
-            shared = [None, (type(err).__name__, user_message(err))]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(shared, from_process=0)
-    if shared[1] is not None:
-        kind, message = shared[1]
-        raise (FolderLocked if kind == "FolderLocked" else Vit5Error)(message)
-    return Path(shared[0]), lock
+def _locked_folder(accelerator: Accelerator, lock: FolderLock | None) -> Path:
+    """The folder the main process locked, on every process."""
+    folder = str(lock.folder) if lock is not None else ""
+    return Path(from_main(accelerator, folder))
 
 
 def _link_tree(source: Path, target: Path) -> None:
