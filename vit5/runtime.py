@@ -22,7 +22,8 @@ DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; any other name is checked to exist (Vit5Error)."""
+    """``"auto"`` -> cuda when available, else cpu; any other name is checked to exist
+    (Vit5Error)."""
     import torch
 
     if name == "auto":
@@ -34,9 +35,11 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise Vit5Error(f"--device {name}: torch sees no CUDA device on this machine; use --device cpu")
+            none = "torch sees no CUDA device on this machine"
+            raise Vit5Error(f"--device {name}: {none}; use --device cpu")
         if device.index is not None and device.index >= count:
-            raise Vit5Error(f"--device {name}: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+            seen = f"torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+            raise Vit5Error(f"--device {name}: {seen}")
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise Vit5Error(f"--device {name}: MPS is not available on this machine; use --device cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
@@ -45,7 +48,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def available_memory(device: torch.device | str) -> int:
-    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM."""
+    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's
+    available RAM."""
     import psutil
     import torch
 
@@ -64,7 +68,8 @@ def format_bytes(n: float) -> str:
 
 
 def check_fits(needed: int, device: torch.device | str, what: str, fix: str) -> None:
-    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available (Vit5Error)."""
+    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available
+    (Vit5Error)."""
     import torch
 
     have = available_memory(device)
@@ -81,7 +86,8 @@ def is_main_process() -> bool:
 
 
 def print_main(message: str, err: bool = False) -> None:
-    """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
+    """Print once per job, not once per process (before Accelerate is up, from the launcher's
+    rank)."""
     if is_main_process():
         print(message, file=sys.stderr if err else sys.stdout, flush=True)
 
@@ -95,21 +101,25 @@ def cpu_count() -> int:
 
 
 def default_workers(most: int = 4) -> int:
-    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)`` (``docs/evaluation.md``)."""
+    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)``
+    (``docs/evaluation.md``)."""
     return max(0, min(most, cpu_count() - 1))
 
 
 def fit_workers(requested: int, setting: str = "num_workers") -> tuple[int, str]:
-    """``requested`` loader workers clamped to :func:`cpu_count`, and a note naming ``setting`` if clamped."""
+    """``requested`` loader workers clamped to :func:`cpu_count`, and a note naming ``setting``
+    if clamped."""
     cpus = cpu_count()
     if requested <= cpus:
         return requested, ""
-    return cpus, f"{setting}={requested} but this process may use {cpus} CPUs: {cpus} loader workers"
+    note = f"{setting}={requested} but this process may use {cpus} CPUs: {cpus} loader workers"
+    return (cpus, note)
 
 
 def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
-    """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an explicit
-    ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other. Returns it."""
+    """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an
+    explicit ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other.
+    Returns it."""
     import torch
 
     if torch.device(device).type != "cpu" or "OMP_NUM_THREADS" in os.environ:

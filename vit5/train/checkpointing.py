@@ -1,16 +1,11 @@
 """Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model folders
-``best/`` and ``final/``, with nothing unpickled (Accelerate's ``save_state`` pickles): weights as
-safetensors, the optimizer state read with ``torch.load(weights_only=True)``, the position
-(``train_state.json``) and each process's random generators (``rng_state_<rank>.json``) as JSON,
-and ``checkpoint.json``, the manifest written last: the config as run and every file's size and
-SHA-256. A checkpoint is staged in ``.tmp-ckpt-N`` and renamed into place when complete.
-
-Loading starts at the manifest and reads only files whose bytes it vouches for. Each JSON file has
-one typed schema (:class:`Manifest`, :class:`StateFile` with its :class:`TrainState`,
-:class:`RandomStates`) whose construction checks types and ranges with
-:func:`vit5.errors.rule_problems`; a crafted file is one error naming the file and the field. The
-format, ``vit5-train-checkpoint/1``, is unchanged since 288d3cf. See docs/training.md (Resume,
-Reliability of runs)."""
+``best/`` and ``final/``, nothing unpickled (Accelerate's ``save_state`` pickles): safetensors
+weights, the optimizer state read with ``torch.load(weights_only=True)``, the position and each
+process's random generators as JSON, and the manifest ``checkpoint.json`` (written last: the config
+as run, every file's size and SHA-256). A load starts at the manifest and reads only files it
+vouches for; each JSON file is one typed schema (:class:`Manifest`, :class:`StateFile`,
+:class:`RandomStates`) checked at construction by :func:`vit5.errors.rule_problems`. Format
+``vit5-train-checkpoint/1``, as written since 7f2503b; docs/training.md, "The checkpoint format"."""
 
 from __future__ import annotations
 
@@ -45,7 +40,6 @@ from vit5.errors import (
     Vit5Error,
     os_error_reason,
     rule_problems,
-    shorten,
     storage_error,
     user_message,
 )
@@ -123,7 +117,7 @@ def _is_listing(files: Any) -> bool:
 
 
 def _refuse(values: Mapping[str, Any], rules: Iterable[Rule], where: str = "") -> None:
-    """``ValueError`` with the first problem of ``values`` under ``rules``, its name after ``where``."""
+    """``ValueError`` with the first problem of ``values`` under ``rules``, after ``where``."""
     problems = rule_problems(values, rules)
     if problems:
         raise ValueError(where + problems[0])
@@ -254,14 +248,11 @@ class TrainState:
 def _check_row(index: int, row: Any) -> None:
     """A metrics row: the known columns, numbers, its own epoch (``ValueError`` naming it)."""
     where = f"train_state.history[{index}]"
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}={shorten(row)} must be a metrics row (a JSON object)")
-    missing = [k for k in _REQUIRED_ROW_FIELDS if k not in row]
-    if missing:
-        raise ValueError(f"{where} has no {missing[0]!r}")
-    unknown = [k for k in row if k not in HISTORY_FIELDS]
-    if unknown:
-        raise ValueError(f"{where} has an unknown field {unknown[0]!r}")
+    fields = row if isinstance(row, dict) else {}
+    missing = [f"no {k!r}" for k in _REQUIRED_ROW_FIELDS if k not in fields]
+    unknown = [f"an unknown field {k!r}" for k in fields if k not in HISTORY_FIELDS]
+    if missing or unknown:
+        raise ValueError(f"{where} has {(missing + unknown)[0]}")
     values = {k: row.get(k) for k in HISTORY_FIELDS}
     rules = [*_ROW_RULES, Rule("epoch", _equals(index + 1), str(index + 1))]
     _refuse(values, rules, where + ".")
@@ -368,7 +359,7 @@ class RandomStates:
             python=(python["version"], tuple(python["state"]), python["gauss_next"]),
             numpy=(
                 numpy["kind"],
-                keys.astype(np.uint32),
+                tuple(keys.tolist()),  # a tuple: its repr in a message is one line
                 numpy["pos"],
                 numpy["has_gauss"],
                 numpy["cached_gaussian"],
@@ -382,7 +373,7 @@ class RandomStates:
         kind, keys, pos, has_gauss, cached = self.numpy
         numpy = {
             "kind": kind,
-            "keys": keys.tolist(),
+            "keys": [int(key) for key in keys],
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
@@ -422,14 +413,14 @@ def _parse(schema: Any, record: Any) -> Any:
         return schema.from_json(record)
     except KeyError as err:
         raise ValueError(f"no field {err}") from None
-    except TypeError as err:
-        raise ValueError(f"not the JSON objects of a checkpoint ({err})") from None
+    except (TypeError, OverflowError) as err:
+        raise ValueError(f"a field of the wrong type or size ({err})") from None
 
 
 # ------------------------------------------------------------------------------- saving, loading
 @dataclass
 class Resumable:
-    """What a checkpoint saves and restores (``model``: the unwrapped module the optimizer updates)."""
+    """What a checkpoint saves and restores (``model``: the unwrapped module being trained)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -438,7 +429,7 @@ class Resumable:
 
 
 class _Damaged(ResumeError):
-    """A checkpoint file is missing, damaged or refused; the message gains the last good checkpoint."""
+    """A checkpoint file is missing, damaged or refused; its message gains the last good one."""
 
 
 @dataclass(frozen=True)
@@ -455,7 +446,7 @@ class Restored:
 @dataclass(frozen=True)
 class EpochLayout:
     """What an epoch position is checked against: the per-process micro-batch, micro-batches per
-    step, this run's micro-batches per epoch and process, and an epoch's samples (x repeated aug)."""
+    step, this run's micro-batches per epoch and process, an epoch's samples (x repeated aug)."""
 
     batch_size: int
     accum_steps: int
@@ -466,31 +457,28 @@ class EpochLayout:
         """Where a loaded position may be: the manifest's and the folder name's, on an optimizer
         step within an epoch of this run (``elastic``: written by another number of processes)."""
         recorded = {name: getattr(manifest, name) for name in _POSITION}
-        said = [Rule(name, _equals(value), f"{value}, as in {MANIFEST}") for name, value in recorded.items()]
+        said = [Rule(k, _equals(v), f"{v}, as in {MANIFEST}") for k, v in recorded.items()]
         number = checkpoint_number(folder)
         accum = self.accum_steps
         most = self.batches_per_epoch
         step = self.batch_size * accum
-        processes = manifest.num_processes
-        trained = manifest.batch * self.batch_size * processes
+        samples = self.epoch_samples + manifest.num_processes
+        trained = manifest.batch * self.batch_size * manifest.num_processes
+        per_batch = f"batch x data.batch_size x {manifest.num_processes} process(es)"
         return said + [
             Rule("num_updates", lambda v: number in (-1, v), f"{number}, as in {folder.name}"),
             Rule(
                 "batch",
                 lambda v: v % accum == 0 and (elastic or v <= most),
-                f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer steps) "
-                f"and at most the {most} micro-batches of an epoch of this run",
+                f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer "
+                f"steps), at most the {most} micro-batches of an epoch of this run",
             ),
             Rule(
                 "epoch_samples",
-                lambda v: v % step == 0 and v <= self.epoch_samples + processes,
-                f"a multiple of data.batch_size x optim.accum_steps = {step} and at most the "
-                f"{self.epoch_samples} samples of an epoch",
-            ),
-            Rule(
-                "epoch_samples",
-                lambda v: elastic or v == trained,
-                f"batch x data.batch_size x {processes} process(es) = {trained}",
+                lambda v: v % step == 0 and v <= samples and (elastic or v == trained),
+                f"a multiple of data.batch_size x optim.accum_steps = {step}, at most the "
+                f"{self.epoch_samples} samples of an epoch and, on the processes that wrote it, "
+                f"{per_batch} = {trained}",
             ),
         ]
 
@@ -549,7 +537,8 @@ class CheckpointManager:
         self._prune(self.parts.state.num_updates)
 
     def _prune(self, newest: int) -> None:
-        """Keep ``keep_last`` checkpoints up to ``newest`` (this session's) and the newest good one."""
+        """Keep ``keep_last`` checkpoints up to ``newest`` (this session's), and the newest good
+        one."""
         for stale in self.directory.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         checkpoints = list_checkpoints(self.directory)
@@ -571,7 +560,8 @@ class CheckpointManager:
         on_main(self.accelerator, mark)
 
     def set_aside(self, path: Path) -> Path:
-        """Move a checkpoint whose weights diverged out of ``--resume``'s way (``ckpt-N.diverged``)."""
+        """Move a checkpoint whose weights diverged out of ``--resume``'s way (to
+        ``ckpt-N.diverged``)."""
         target = path.with_name(path.name + ".diverged")
 
         def move() -> None:
@@ -660,7 +650,8 @@ class CheckpointManager:
 
 
 def _with_last_good(err: BaseException, damaged: Path) -> str | None:
-    """The message of ``err``; a damaged file's names the run's last good checkpoint (or the fix)."""
+    """The message of ``err``; a damaged file's names the run's last good checkpoint, or the
+    fix."""
     if not isinstance(err, _Damaged):
         return user_message(err)
     checkpoints = list_checkpoints(damaged.parent)
@@ -806,7 +797,8 @@ def _verified(path: Path, name: str, manifest: Manifest) -> bytes:
     """The bytes of ``path/name`` after checking them against the manifest."""
     expected = manifest.files.get(name)
     if expected is None:
-        raise _Damaged(f"{path / name} is not listed in {path / MANIFEST}: the checkpoint is incomplete")
+        listing = path / MANIFEST
+        raise _Damaged(f"{path / name} is not listed in {listing}: the checkpoint is incomplete")
     try:
         data = (path / name).read_bytes()
     except OSError as err:
@@ -823,7 +815,8 @@ def _verified(path: Path, name: str, manifest: Manifest) -> bytes:
 def _verified_files(path: Path, manifest: Manifest, ema: bool) -> dict[str, bytes]:
     """The verified bytes of the files every process reads, for a run with or without EMA."""
     if manifest.ema != ema:
-        raise ResumeError(f"{path} was written with ema.enabled={manifest.ema}; resume with the same setting")
+        said = f"{path} was written with ema.enabled={manifest.ema}"
+        raise ResumeError(f"{said}; resume with the same setting")
     names = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] + ([EMA_FILE] if ema else [])
     return {name: _verified(path, name, manifest) for name in names}
 
@@ -876,7 +869,12 @@ def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> 
     return files
 
 
-def _manifest(state: TrainState, processes: int, config: dict[str, Any], files: dict[str, Any]) -> Manifest:
+def _manifest(
+    state: TrainState,
+    processes: int,
+    config: dict[str, Any],
+    files: dict[str, Any],
+) -> Manifest:
     return Manifest(
         format=FORMAT,
         num_updates=state.num_updates,

@@ -1,7 +1,7 @@
-"""The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/, metrics.csv,
-curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it takes ``NAME-2``);
-the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new directory. See
-docs/training.md."""
+"""The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/,
+metrics.csv, curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it
+takes ``NAME-2``); the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new
+directory. See docs/training.md."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def fork_run_dir(
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
-    """``config.yaml``: the full config as run (atomically), with ``note`` as a leading YAML comment."""
+    """``config.yaml``: the full config as run (atomically), ``note`` as a leading YAML comment."""
     header = "".join(f"# {line}\n" for line in note.splitlines())
     return atomic_write_text(run_dir / CONFIG_FILE, header + config_to_yaml(cfg))
 
@@ -128,7 +128,7 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _best_matches(best: Path, checkpoint: Path) -> bool:
-    """Whether ``best/`` holds the best model as of ``checkpoint`` (same epoch as its best epoch)."""
+    """Whether ``best/`` holds the best model as of ``checkpoint`` (its epoch is the best one)."""
     try:
         exported = json.loads((best / "config.json").read_text())
         state = json.loads((checkpoint / STATE_FILE).read_text())["train_state"]
@@ -146,7 +146,8 @@ def count(n: int, noun: str) -> str:
 
 
 def epoch_line(row: Mapping[str, Any], num_epochs: int) -> str:
-    """``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) | lr 1.20e-03 | 1234 img/s | 12.3 s``."""
+    """One line per epoch, e.g. ``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) |
+    lr 1.20e-03 | 1234 img/s | 12.3 s``."""
     parts = [f"epoch {row['epoch']}/{num_epochs}", f"loss {row['train_loss']:.4f}"]
     if row.get("val_top1") is not None:
         val = f"val top-1 {row['val_top1']:.2f}%"
@@ -170,11 +171,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{value:.2f}%"
 
+    best = f"(epoch {summary['best_epoch']}, raw weights; saved in best/)"
     lines = [
         f"run {summary['run_dir']} {summary['status']}: "
         f"{count(summary['epochs'], 'epoch')}, {count(summary['updates'], 'optimizer step')}",
         f"  model            {summary['model']}",
-        f"  best top-1       {pct('best_top1')} (epoch {summary['best_epoch']}, raw weights; saved in best/)",
+        f"  best top-1       {pct('best_top1')} {best}",
         f"  final top-1      {pct('final_top1')} (top-5 {pct('final_top5')})",
         f"  EMA top-1        {pct('ema_top1')} at the end, best {pct('best_ema_top1')}",
         f"  wall time        {summary['wall_seconds'] / 60:.1f} min "
@@ -185,9 +187,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     ]
     lines += [f"    {path}" for path in summary["bad_file_paths"][:_MAX_LISTED_BAD_FILES]]
     if summary.get("forked_from"):
-        lines.append(
-            f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
-        )
+        untouched = "(that run's newer checkpoints are untouched)"
+        lines.append(f"  forked from      {summary['forked_from']} {untouched}")
     written_by = summary.get("resumed_from_processes")
     if summary.get("resume_exact") is False and written_by:
         lines.append(
@@ -195,9 +196,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             "(random generators re-derived; see resume_note in summary.json)"
         )
     elif summary.get("resume_exact") is False:
-        lines.append(
-            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
-        )
+        why = "random states were not restored (checkpoint.allow_inexact_resume)"
+        lines.append(f"  resume_exact     false: {why}")
     return "\n".join(lines)
 
 
