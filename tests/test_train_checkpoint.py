@@ -94,3 +94,84 @@ def test_resume_refuses_changes_the_checkpoint_depends_on(tmp_path):
         resolve(args, Path("unused.yaml"))
     _, _, notes = resolve(parse_args(["--resume", str(run_dir), "optim.lr=1e-4"]), Path("unused.yaml"))
     assert notes == [f"changed on resume: optim.lr: {cfg.optim.lr!r} -> 0.0001"]
+
+
+def write_v1_checkpoint(folder: Path, trainer: Trainer, fmt: str) -> dict[str, object]:
+    """A 10-step checkpoint laid out by hand as vit5-train-checkpoint/1 (cda8667) writes it, with no
+    vit5 writer involved; returns the draws its random states give next."""
+    import base64
+    import hashlib
+    import json
+    import random
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file(trainer.raw_model.state_dict(), folder / "model.safetensors")
+    save_file(trainer.ema.module.state_dict(), folder / "model_ema.safetensors")
+    torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
+    position = {"epoch": 0, "batch": 10, "epoch_samples": 320, "num_updates": 10}
+    times = {"train_seconds": 1.5, "wall_seconds": 2.0, "images_seen": 320, "history": []}
+    state = position | {"best_top1": -1.0, "best_epoch": -1} | times
+    record = {"train_state": state, "accelerator_step": 10, "grad_scaler": None}
+    (folder / "train_state.json").write_text(json.dumps(record, indent=1))
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = dict(kind=kind, keys=keys.tolist(), pos=pos, has_gauss=has_gauss, cached_gaussian=cached)
+    rng = {
+        "format": "vit5-rng/1",
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": numpy_state,
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+        "cuda": [],
+    }
+    (folder / "rng_state_0.json").write_text(json.dumps(rng, indent=1))
+    draws = {"python": random.random(), "numpy": np.random.rand(), "torch": torch.rand(3)}
+    files = {}
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        files[path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest = {"format": fmt} | position | {"num_processes": 1, "ema": True}
+    manifest |= {"config": trainer.checkpoints.config, "files": files}
+    (folder / "checkpoint.json").write_text(json.dumps(manifest, indent=1))
+    return draws
+
+
+def test_a_checkpoint_written_the_format_1_way_resumes_exactly(tmp_path):
+    import random
+
+    import numpy as np
+
+    first = Trainer(tiny_config(tmp_path))
+    with torch.no_grad():
+        first.raw_model.head.bias.add_(1.0)
+    saved_bias = first.raw_model.head.bias.detach().clone()
+    checkpoint = first.run_dir / "checkpoints" / "ckpt-000000010"
+    draws = write_v1_checkpoint(checkpoint, first, "vit5-train-checkpoint/1")
+    first.close()
+    resumed = Trainer(tiny_config(tmp_path), resume=checkpoint)
+    assert resumed.run_dir == first.run_dir and resumed.resume_exact is True
+    state = resumed.state
+    assert (state.epoch, state.batch, state.epoch_samples, state.num_updates) == (0, 10, 320, 10)
+    torch.testing.assert_close(resumed.raw_model.head.bias, saved_bias, rtol=0, atol=0)
+    assert random.random() == draws["python"] and np.random.rand() == draws["numpy"]
+    torch.testing.assert_close(torch.rand(3), draws["torch"], rtol=0, atol=0)
+    resumed.close()
+
+
+def test_a_checkpoint_of_another_format_is_one_error_naming_it_and_the_fix(tmp_path):
+    first = Trainer(tiny_config(tmp_path))
+    checkpoint = first.run_dir / "checkpoints" / "ckpt-000000010"
+    write_v1_checkpoint(checkpoint, first, "vit5-train-checkpoint/2")
+    first.close()
+    expected = (
+        r"checkpoint\.json is damaged or from another vit5 \(format='vit5-train-checkpoint/2' must be "
+        r"'vit5-train-checkpoint/1', the format this vit5 reads: resume the run with the vit5 that "
+        r"wrote it, or fine-tune from its weights \(model\.pretrained=RUN/final\)\)"
+    )
+    with pytest.raises(ResumeError, match=expected):
+        Trainer(tiny_config(tmp_path), resume=checkpoint)

@@ -46,15 +46,15 @@ def set_field(name, value):
         (44, lambda s: s["history"][0].__setitem__("val_top1", "high"), "history[0].val_top1='high'"),
         (20, set_field("batch", 10**12), "train_state.batch=1000000000000"),
         (20, set_field("batch", 21), "train_state.batch=21"),
-        (44, set_field("num_updates", -50), "train_state.num_updates=-50: must be >= 0"),
+        (44, set_field("num_updates", -50), "train_state.num_updates=-50 must be an integer >= 0"),
         (20, set_field("num_updates", 28), "train_state.num_updates=28"),
-        (44, set_field("epoch", -3), "train_state.epoch=-3: must be >= 0"),
+        (44, set_field("epoch", -3), "train_state.epoch=-3 must be an integer >= 0"),
         (44, set_field("epoch", 0), "train_state.epoch=0"),
         (20, set_field("epoch_samples", 7), "train_state.epoch_samples=7"),
         (44, set_field("best_epoch", 5), "train_state.best_epoch=5"),
         (44, set_field("best_top1", 99.5), "train_state.best_top1=99.5"),
         (44, set_field("wall_seconds", float("nan")), "train_state.wall_seconds=nan"),
-        (44, set_field("images_seen", True), "images_seen=True is not of type int"),
+        (44, set_field("images_seen", True), "train_state.images_seen=True must be an integer >= 0"),
     ],
 )
 def test_a_crafted_train_state_is_one_error_naming_the_field(run, capsys, step, edit, named):
@@ -79,3 +79,60 @@ def test_an_intact_state_still_loads(run):
     )
     assert (trainer.state.epoch, trainer.state.batch, trainer.state.epoch_samples) == (0, 20, 20 * 32)
     trainer.close()
+
+
+def edit_json(path: Path, edit) -> None:
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+
+
+def one_error(argv, capsys) -> str:
+    status = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "named"),
+    [
+        ("rng_state_0.json", lambda r: r["numpy"].__setitem__("pos", 10**6), "numpy.pos=1000000"),
+        ("rng_state_0.json", lambda r: r["numpy"].__setitem__("keys", [-1] * 624), "numpy.keys"),
+        ("rng_state_0.json", lambda r: r["python"].__setitem__("gauss_next", "x"), "python=("),
+        ("rng_state_0.json", lambda r: r.__setitem__("torch", "AAAA"), "torch=tensor("),
+        ("rng_state_0.json", lambda r: r.__setitem__("cuda", ["AAAA"] * 9), "cuda=["),
+        ("rng_state_0.json", lambda r: r.pop("numpy"), "no field 'numpy'"),
+        ("checkpoint.json", lambda r: r.__setitem__("num_processes", 0), "num_processes=0 must be"),
+        ("checkpoint.json", lambda r: r["files"].__setitem__("../x", {}), "files={"),
+        ("checkpoint.json", lambda r: r.__setitem__("ema", "yes"), "ema='yes' must be true or false"),
+    ],
+)
+def test_a_crafted_random_state_or_manifest_is_one_error_naming_the_field(run, capsys, name, edit, named):
+    checkpoint = run / "checkpoints" / "ckpt-000000020"
+    edit_json(checkpoint / name, edit)
+    if name != "checkpoint.json":
+        rewrite_manifest(checkpoint)
+    err = one_error(["--resume", str(checkpoint), "schedule.epochs=2"], capsys)
+    assert f"{checkpoint / name} is damaged" in err and named in err, err
+    assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("batch", 10**12, "at most the 44 micro-batches of an epoch of this run"),
+        ("epoch_samples", 7, "a multiple of data.batch_size x optim.accum_steps = 32"),
+        ("epoch_samples", 32 * 10, "batch x data.batch_size x 1 process(es) = 640"),
+        ("num_updates", 28, "train_state.num_updates=28 must be 20, as in ckpt-000000020"),
+    ],
+)
+def test_a_position_crafted_in_both_state_and_manifest_is_refused(run, capsys, field, value, named):
+    """An attacker who edits the manifest's copy of the position too meets the epoch's layout."""
+    checkpoint = run / "checkpoints" / "ckpt-000000020"
+    edit_json(checkpoint / "train_state.json", lambda r: r["train_state"].__setitem__(field, value))
+    rewrite_manifest(checkpoint)
+    edit_json(checkpoint / "checkpoint.json", lambda r: r.__setitem__(field, value))
+    err = one_error(["--resume", str(checkpoint), "schedule.epochs=2"], capsys)
+    assert f"{checkpoint / 'train_state.json'} is damaged" in err and named in err, err

@@ -1,22 +1,29 @@
-"""Where the work runs: the printing process (rank 0), device names checked up front, and memory
-estimates checked against the memory there. torch is imported by the functions that need it."""
+"""Where the work runs: the printing process (rank 0), the one way processes agree (the main process
+works, the others wait and share its error), device names checked up front, and memory estimates
+checked against the memory there. torch and Accelerate are imported by the functions that need
+them, so the command line starts without them."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from vit5.errors import Vit5Error
+from vit5.errors import StorageError, Vit5Error, user_message
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+
+T = TypeVar("T")
 
 DEVICE_HELP = "auto (cuda when available), cpu, cuda, cuda:1, mps"
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; any other name is checked to exist (Vit5Error)."""
+    """``"auto"`` -> cuda when available, else cpu; any other name is checked to exist
+    (Vit5Error)."""
     import torch
 
     if name == "auto":
@@ -28,9 +35,11 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise Vit5Error(f"--device {name}: torch sees no CUDA device on this machine; use --device cpu")
+            none = "torch sees no CUDA device on this machine"
+            raise Vit5Error(f"--device {name}: {none}; use --device cpu")
         if device.index is not None and device.index >= count:
-            raise Vit5Error(f"--device {name}: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+            seen = f"torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+            raise Vit5Error(f"--device {name}: {seen}")
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise Vit5Error(f"--device {name}: MPS is not available on this machine; use --device cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
@@ -39,7 +48,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def available_memory(device: torch.device | str) -> int:
-    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's available RAM."""
+    """Bytes that can still be allocated on ``device``: free CUDA memory, or the host's
+    available RAM."""
     import psutil
     import torch
 
@@ -58,7 +68,8 @@ def format_bytes(n: float) -> str:
 
 
 def check_fits(needed: int, device: torch.device | str, what: str, fix: str) -> None:
-    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available (Vit5Error)."""
+    """Refuse work whose memory estimate ``needed`` exceeds what ``device`` has available
+    (Vit5Error)."""
     import torch
 
     have = available_memory(device)
@@ -75,7 +86,8 @@ def is_main_process() -> bool:
 
 
 def print_main(message: str, err: bool = False) -> None:
-    """Print once per job, not once per process (before Accelerate is up, read the launcher's rank)."""
+    """Print once per job, not once per process (before Accelerate is up, from the launcher's
+    rank)."""
     if is_main_process():
         print(message, file=sys.stderr if err else sys.stdout, flush=True)
 
@@ -89,21 +101,25 @@ def cpu_count() -> int:
 
 
 def default_workers(most: int = 4) -> int:
-    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)`` (``docs/evaluation.md``)."""
+    """Loader workers that leave the model a CPU: ``min(most, CPUs - 1)``
+    (``docs/evaluation.md``)."""
     return max(0, min(most, cpu_count() - 1))
 
 
 def fit_workers(requested: int, setting: str = "num_workers") -> tuple[int, str]:
-    """``requested`` loader workers clamped to :func:`cpu_count`, and a note naming ``setting`` if clamped."""
+    """``requested`` loader workers clamped to :func:`cpu_count`, and a note naming ``setting``
+    if clamped."""
     cpus = cpu_count()
     if requested <= cpus:
         return requested, ""
-    return cpus, f"{setting}={requested} but this process may use {cpus} CPUs: {cpus} loader workers"
+    note = f"{setting}={requested} but this process may use {cpus} CPUs: {cpus} loader workers"
+    return (cpus, note)
 
 
 def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
-    """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an explicit
-    ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other. Returns it."""
+    """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an
+    explicit ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other.
+    Returns it."""
     import torch
 
     if torch.device(device).type != "cpu" or "OMP_NUM_THREADS" in os.environ:
@@ -112,3 +128,71 @@ def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
     if torch.get_num_threads() > threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def attempt(action: Callable[[], Any]) -> Exception | None:
+    """Run ``action``; its user error (:class:`Vit5Error`, ``OSError``) is returned, not raised.
+    Anything else is a bug and propagates with its traceback."""
+    try:
+        action()
+    except (Vit5Error, OSError) as err:
+        return err
+    return None
+
+
+def raise_agreed(
+    accelerator: Accelerator,
+    error: Exception | str | None,
+    kind: type[Exception] = StorageError,
+) -> None:
+    """Collective: when any process failed, raise the first failure (by process index) on every
+    process, so none waits at a barrier for a peer that has given up; else a barrier. ``error`` is
+    this process's failure: a :class:`Vit5Error` keeps its class, an ``OSError`` (said readably)
+    or a message is raised as ``kind``."""
+    failures = [None if error is None else _failure(error, kind)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        failures = gather_object(failures)
+    first = next((failure for failure in failures if failure is not None), None)
+    if first is None:
+        accelerator.wait_for_everyone()
+        return
+    cls, message = first
+    raise cls(message) from (error if isinstance(error, BaseException) else None)
+
+
+def _failure(error: Exception | str, kind: type[Exception]) -> tuple[type[Exception], str]:
+    """What other processes need to raise ``error`` too: its class and its one-line message."""
+    if isinstance(error, Vit5Error):
+        return (type(error), str(error))
+    if isinstance(error, OSError):
+        return (kind, user_message(error) or str(error))
+    return (kind, str(error))
+
+
+def on_main(
+    accelerator: Accelerator,
+    action: Callable[[], T],
+    kind: type[Exception] = StorageError,
+) -> T | None:
+    """Run ``action`` on the main process while the others wait (collective); its user error is
+    raised on every process (:func:`raise_agreed`). Returns what ``action`` returned on the main
+    process, None on the others (:func:`from_main` shares a value)."""
+    results: list[T] = []
+    error = None
+    if accelerator.is_main_process:
+        error = attempt(lambda: results.append(action()))
+    raise_agreed(accelerator, error, kind)
+    return results[0] if results else None
+
+
+def from_main(accelerator: Accelerator, value: T) -> T:
+    """The main process's ``value`` on every process (collective; the value must pickle)."""
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    shared = [value]
+    broadcast_object_list(shared, from_process=0)
+    return shared[0]

@@ -1,7 +1,11 @@
-"""Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model folders ``best/`` and
-``final/``, pickle-free (safetensors, JSON, ``torch.load(weights_only=True)``; Accelerate's ``save_state``
-pickles). A checkpoint is staged in ``.tmp-ckpt-N`` and renamed into place once ``checkpoint.json`` (each
-file's size and SHA-256) is written; loading verifies every file first. See docs/training.md."""
+"""Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model folders
+``best/`` and ``final/``, nothing unpickled (Accelerate's ``save_state`` pickles): safetensors
+weights, the optimizer state read with ``torch.load(weights_only=True)``, the position and each
+process's random generators as JSON, and the manifest ``checkpoint.json`` (written last: the config
+as run, every file's size and SHA-256). A load starts at the manifest and reads only files it
+vouches for; each JSON file is one typed schema (:class:`Manifest`, :class:`StateFile`,
+:class:`RandomStates`) checked at construction by :func:`vit5.errors.rule_problems`. Format
+``vit5-train-checkpoint/1``, as written since 7f2503b; docs/training.md, "The checkpoint format"."""
 
 from __future__ import annotations
 
@@ -14,28 +18,39 @@ import math
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from timm.utils import ModelEmaV3
 from torch import nn
 
 import vit5
-from vit5.errors import StorageError, Vit5Error, storage_error, user_message
+from vit5.errors import (
+    Rule,
+    StorageError,
+    Vit5Error,
+    os_error_reason,
+    rule_problems,
+    storage_error,
+    user_message,
+)
 from vit5.files import atomic_write_bytes, fsync_file, replace_dir, staging_dir
 from vit5.outputs import write_json
+from vit5.runtime import attempt, on_main, raise_agreed
 from vit5.train.errors import ResumeError
 from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
 FORMAT = "vit5-train-checkpoint/1"
+RNG_FORMAT = "vit5-rng/1"
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "model_ema.safetensors"
@@ -45,10 +60,11 @@ VERIFIED_FILE = "verified.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 # the columns of a metrics row (metrics.csv); the first six and bad_files are always set
 HISTORY_FIELDS = tuple(
-    "epoch updates lr train_loss train_images_per_s epoch_seconds val_loss val_top1 val_top5 val_images "
-    "ema_val_loss ema_top1 ema_top5 bad_files".split()
+    "epoch updates lr train_loss train_images_per_s epoch_seconds val_loss val_top1 val_top5"
+    " val_images ema_val_loss ema_top1 ema_top5 bad_files".split()
 )
 _REQUIRED_ROW_FIELDS = (*HISTORY_FIELDS[:6], "bad_files")
+_POSITION = ("epoch", "batch", "epoch_samples", "num_updates")
 
 
 def checkpoint_number(path: Path) -> int:
@@ -62,7 +78,7 @@ def rng_file(rank: int) -> str:
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint folders under ``directory``, oldest first; ``StorageError`` when it cannot be listed."""
+    """Checkpoint folders under ``directory``, oldest first (``StorageError`` when unlistable)."""
     if not directory.is_dir():
         return []
     try:
@@ -72,11 +88,118 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=checkpoint_number)
 
 
+# ------------------------------------------------------------------------------- the schemas
+def _is_count(value: Any, least: int = 0) -> bool:
+    """An integer (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_duration(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value >= 0
+
+
+def _equals(expected: Any) -> Callable[[Any], bool]:
+    return lambda value: value == expected
+
+
+def _is_listing(files: Any) -> bool:
+    """File names of the folder itself (no path, not hidden), each with its bytes and SHA-256."""
+
+    def entry(name: str, digest: Any) -> bool:
+        plain = bool(name) and Path(name).name == name and not name.startswith(".")
+        sized = isinstance(digest, dict) and _is_count(digest.get("bytes"))
+        return plain and sized and isinstance(digest.get("sha256"), str)
+
+    return isinstance(files, dict) and all(entry(k, v) for k, v in files.items())
+
+
+def _refuse(values: Mapping[str, Any], rules: Iterable[Rule], where: str = "") -> None:
+    """``ValueError`` with the first problem of ``values`` under ``rules``, after ``where``."""
+    problems = rule_problems(values, rules)
+    if problems:
+        raise ValueError(where + problems[0])
+
+
+_FORMAT_RULE = Rule(
+    "format",
+    _equals(FORMAT),
+    f"{FORMAT!r}, the format this vit5 reads: resume the run with the vit5 that wrote it, "
+    "or fine-tune from its weights (model.pretrained=RUN/final)",
+)
+_MANIFEST_RULES = (
+    _FORMAT_RULE,
+    Rule(" ".join(_POSITION), _is_count, "an integer >= 0"),
+    Rule("num_processes", lambda v: _is_count(v, 1), "an integer >= 1"),
+    Rule("ema", lambda v: isinstance(v, bool), "true or false"),
+    Rule("config", lambda v: isinstance(v, dict), "the config as run (a JSON object)"),
+    Rule("files", _is_listing, "file names of the folder, each with its bytes and sha256"),
+)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``checkpoint.json``, where every load starts: the position, the processes that wrote the
+    checkpoint, whether it holds EMA weights, the config as run, every file's size and SHA-256."""
+
+    format: str
+    num_updates: int
+    epoch: int
+    batch: int
+    epoch_samples: int
+    num_processes: int
+    ema: bool
+    config: dict[str, Any]
+    files: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        _refuse(vars(self), _MANIFEST_RULES)
+
+    @classmethod
+    def from_json(cls, record: Any) -> Manifest:
+        # the format first: another format may differ in every other field
+        _refuse({"format": record["format"]}, [_FORMAT_RULE])
+        return cls(
+            format=record["format"],
+            num_updates=record["num_updates"],
+            epoch=record["epoch"],
+            batch=record["batch"],
+            epoch_samples=record["epoch_samples"],
+            num_processes=record["num_processes"],
+            ema=record["ema"],
+            config=record["config"],
+            files=record["files"],
+        )
+
+
+_STATE_TYPES = (
+    Rule("epoch batch epoch_samples num_updates images_seen", _is_count, "an integer >= 0"),
+    Rule("train_seconds wall_seconds", _is_duration, "a finite number >= 0"),
+    Rule("best_top1", _is_number, "a number"),
+    Rule("best_epoch", lambda v: _is_count(v, -1), "an integer >= -1"),
+    Rule("history", lambda v: isinstance(v, list), "a list of metrics rows"),
+)
+_ROW_RULES = (
+    Rule(" ".join(_REQUIRED_ROW_FIELDS), _is_number, "a number"),
+    Rule(
+        " ".join(k for k in HISTORY_FIELDS if k not in _REQUIRED_ROW_FIELDS),
+        _is_number,
+        "a number or null",
+    ),
+    Rule("updates", _is_count, "an integer >= 0"),
+)
+
+
 @dataclass
 class TrainState:
-    """Where the run is: ``epoch`` (0-based, in progress), ``batch`` (micro-batches of it trained by each
-    process), ``epoch_samples`` (samples of the epoch's global order trained by all processes: where
-    the data resumes), ``num_updates``, the best raw val top-1 and its epoch, time, images, metric rows."""
+    """Where the run is: ``epoch`` (0-based, in progress), ``batch`` (micro-batches of it trained
+    by each process), ``epoch_samples`` (samples of the epoch's global order trained by all
+    processes: where the data resumes), ``num_updates``, the best raw val top-1 and its epoch,
+    time, images, and one metrics row per finished epoch. Construction checks types, ranges and
+    agreement (:meth:`_agreement`), so a loaded state is refused naming the field."""
 
     epoch: int = 0
     batch: int = 0
@@ -89,10 +212,216 @@ class TrainState:
     images_seen: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        _refuse(vars(self), _STATE_TYPES, "train_state.")
+        for index, row in enumerate(self.history):
+            _check_row(index, row)
+        _refuse(vars(self), self._agreement(), "train_state.")
 
+    def _agreement(self) -> list[Rule]:
+        """One history row per finished epoch; the best epoch among them, with its val top-1."""
+        rows = len(self.history)
+        best = self.best_epoch
+        top1 = self.history[best - 1].get("val_top1") if 1 <= best <= rows else -1.0
+        return [
+            Rule("epoch", _equals(rows), f"the number of history rows ({rows})"),
+            Rule("num_updates", lambda v: v >= self.epoch, f"at least the epochs ({self.epoch})"),
+            Rule("best_epoch", lambda v: v == -1 or 1 <= v <= rows, f"-1 or in [1, {rows}]"),
+            Rule("best_top1", _equals(top1), f"{top1!r}, val_top1 of history row {best}"),
+        ]
+
+    @classmethod
+    def from_json(cls, record: Any) -> TrainState:
+        return cls(
+            epoch=record["epoch"],
+            batch=record["batch"],
+            epoch_samples=record["epoch_samples"],
+            num_updates=record["num_updates"],
+            best_top1=record["best_top1"],
+            best_epoch=record["best_epoch"],
+            train_seconds=record["train_seconds"],
+            wall_seconds=record["wall_seconds"],
+            images_seen=record["images_seen"],
+            history=record["history"],
+        )
+
+
+def _check_row(index: int, row: Any) -> None:
+    """A metrics row: the known columns, numbers, its own epoch (``ValueError`` naming it)."""
+    where = f"train_state.history[{index}]"
+    fields = row if isinstance(row, dict) else {}
+    missing = [f"no {k!r}" for k in _REQUIRED_ROW_FIELDS if k not in fields]
+    unknown = [f"an unknown field {k!r}" for k in fields if k not in HISTORY_FIELDS]
+    if missing or unknown:
+        raise ValueError(f"{where} has {(missing + unknown)[0]}")
+    values = {k: row.get(k) for k in HISTORY_FIELDS}
+    rules = [*_ROW_RULES, Rule("epoch", _equals(index + 1), str(index + 1))]
+    _refuse(values, rules, where + ".")
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """``train_state.json``: the :class:`TrainState`, Accelerate's step counter and the fp16
+    gradient scaler's state (null without fp16)."""
+
+    train_state: TrainState
+    accelerator_step: int
+    grad_scaler: dict[str, Any] | None
+
+    def __post_init__(self) -> None:
+        rules = [
+            Rule("accelerator_step", _is_count, "an integer >= 0"),
+            Rule("grad_scaler", lambda v: isinstance(v, dict), "a scaler state or null"),
+        ]
+        _refuse(vars(self), rules)
+
+    @classmethod
+    def from_json(cls, record: Any) -> StateFile:
+        return cls(
+            train_state=TrainState.from_json(record["train_state"]),
+            accelerator_step=record["accelerator_step"],
+            grad_scaler=record["grad_scaler"],
+        )
+
+
+def _takes(setter: Callable[[Any], Any], state: Any) -> bool:
+    """Whether ``setter``, a fresh generator's, takes ``state``."""
+    try:
+        setter(state)
+    except (TypeError, ValueError, IndexError, OverflowError, RuntimeError):
+        return False
+    return True
+
+
+def _python_fits(state: tuple[Any, ...]) -> bool:
+    """``random.setstate`` takes any object as ``gauss_next``: it must be a float or None."""
+    gauss = state[2]
+    number = gauss is None or isinstance(gauss, float)
+    return number and _takes(random.Random().setstate, state)
+
+
+def _cuda_fits(states: list[torch.Tensor]) -> bool:
+    """None (written without CUDA) or one state per visible CUDA device, of its size."""
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    sizes = [torch.cuda.get_rng_state(i).numel() for i in range(devices)]
+    return not states or [state.numel() for state in states] == sizes
+
+
+_RNG_RULES = (
+    Rule("python", _python_fits, "Python's random state (version, 625 integers, gauss_next)"),
+    Rule("numpy", partial(_takes, np.random.RandomState().set_state), "NumPy's legacy state"),
+    Rule("torch", partial(_takes, torch.Generator().set_state), "torch's CPU generator state"),
+    Rule("cuda", _cuda_fits, "none or one state per visible CUDA device"),
+)
+
+
+@dataclass(frozen=True)
+class RandomStates:
+    """One process's generators: Python's, NumPy's legacy global one, torch's CPU one, every CUDA
+    device's. Stored as plain JSON (``rng_state_<rank>.json``, ``vit5-rng/1``); construction sets
+    each on a fresh generator, so a crafted state is refused before a global generator changes."""
+
+    python: tuple[Any, ...]
+    numpy: tuple[Any, ...]
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]
+
+    def __post_init__(self) -> None:
+        _refuse(vars(self), _RNG_RULES)
+
+    @classmethod
+    def capture(cls) -> RandomStates:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        return cls(
+            python=random.getstate(),
+            numpy=np.random.get_state(legacy=True),
+            torch=torch.get_rng_state(),
+            cuda=list(cuda),
+        )
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    @classmethod
+    def from_json(cls, record: Any) -> RandomStates:
+        _refuse({"format": record["format"]}, [Rule("format", _equals(RNG_FORMAT), RNG_FORMAT)])
+        python = record["python"]
+        numpy = record["numpy"]
+        keys = np.asarray(numpy["keys"], dtype=np.int64)
+        if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 2**32:
+            raise ValueError("numpy.keys must be 624 32-bit integers")
+        if not 0 <= numpy["pos"] <= 624:  # set_state takes any position, and reads out of bounds
+            raise ValueError(f"numpy.pos={numpy['pos']!r} must be in [0, 624]")
+        return cls(
+            python=(python["version"], tuple(python["state"]), python["gauss_next"]),
+            numpy=(
+                numpy["kind"],
+                tuple(keys.tolist()),  # a tuple: its repr in a message is one line
+                numpy["pos"],
+                numpy["has_gauss"],
+                numpy["cached_gaussian"],
+            ),
+            torch=_decode(record["torch"]),
+            cuda=[_decode(text) for text in record["cuda"]],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        version, internal, gauss = self.python
+        kind, keys, pos, has_gauss, cached = self.numpy
+        numpy = {
+            "kind": kind,
+            "keys": [int(key) for key in keys],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+        return {
+            "format": RNG_FORMAT,
+            "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+            "numpy": numpy,
+            "torch": _encode(self.torch),
+            "cuda": [_encode(state) for state in self.cuda],
+        }
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's generators as :class:`RandomStates`' JSON (no pickle)."""
+    return RandomStates.capture().to_json()
+
+
+def restore_rng(record: Any) -> None:
+    """Set every generator from :func:`capture_rng`'s JSON; ``ValueError`` (nothing changed) for
+    a record that breaks :class:`RandomStates`' schema."""
+    _parse(RandomStates, record).restore()
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    raw = base64.b64decode(text, validate=True)  # binascii.Error (a ValueError): not base64
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def _parse(schema: Any, record: Any) -> Any:
+    """``schema.from_json(record)``; ``ValueError`` for a missing field or a misplaced type."""
+    try:
+        return schema.from_json(record)
+    except KeyError as err:
+        raise ValueError(f"no field {err}") from None
+    except (TypeError, OverflowError) as err:
+        raise ValueError(f"a field of the wrong type or size ({err})") from None
+
+
+# ------------------------------------------------------------------------------- saving, loading
 @dataclass
 class Resumable:
-    """What a checkpoint saves and restores (``model`` is the unwrapped module the optimizer updates)."""
+    """What a checkpoint saves and restores (``model``: the unwrapped module being trained)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -101,13 +430,14 @@ class Resumable:
 
 
 class _Damaged(ResumeError):
-    """A checkpoint file is missing, damaged or refused; the message gains the last good checkpoint."""
+    """A checkpoint file is missing, damaged or refused; its message gains the last good one."""
 
 
 @dataclass(frozen=True)
 class Restored:
-    """How a load went: not ``exact`` when random states were missing and allowed to be, or re-derived
-    for another number of processes (``elastic_from``: the processes that wrote it); ``warning`` says how."""
+    """How a load went: not ``exact`` when random states were missing and allowed to be, or
+    re-derived for another number of processes (``elastic_from``: the processes that wrote it);
+    ``warning`` says how."""
 
     exact: bool
     warning: str = ""
@@ -116,19 +446,48 @@ class Restored:
 
 @dataclass(frozen=True)
 class EpochLayout:
-    """What an epoch position is checked against: the per-process micro-batch, micro-batches per step,
-    this run's micro-batches per epoch and process, and the samples of an epoch (x repeated aug)."""
+    """What an epoch position is checked against: the per-process micro-batch, micro-batches per
+    step, this run's micro-batches per epoch and process, an epoch's samples (x repeated aug)."""
 
     batch_size: int
     accum_steps: int
     batches_per_epoch: int
     epoch_samples: int
 
+    def rules(self, manifest: Manifest, folder: Path, elastic: bool) -> list[Rule]:
+        """Where a loaded position may be: the manifest's and the folder name's, on an optimizer
+        step within an epoch of this run (``elastic``: written by another number of processes)."""
+        recorded = {name: getattr(manifest, name) for name in _POSITION}
+        said = [Rule(k, _equals(v), f"{v}, as in {MANIFEST}") for k, v in recorded.items()]
+        number = checkpoint_number(folder)
+        accum = self.accum_steps
+        most = self.batches_per_epoch
+        step = self.batch_size * accum
+        samples = self.epoch_samples + manifest.num_processes
+        trained = manifest.batch * self.batch_size * manifest.num_processes
+        per_batch = f"batch x data.batch_size x {manifest.num_processes} process(es)"
+        return said + [
+            Rule("num_updates", lambda v: number in (-1, v), f"{number}, as in {folder.name}"),
+            Rule(
+                "batch",
+                lambda v: v % accum == 0 and (elastic or v <= most),
+                f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer "
+                f"steps), at most the {most} micro-batches of an epoch of this run",
+            ),
+            Rule(
+                "epoch_samples",
+                lambda v: v % step == 0 and v <= samples and (elastic or v == trained),
+                f"a multiple of data.batch_size x optim.accum_steps = {step}, at most the "
+                f"{self.epoch_samples} samples of an epoch and, on the processes that wrote it, "
+                f"{per_batch} = {trained}",
+            ),
+        ]
+
 
 @dataclass
 class CheckpointManager:
-    """Saves, prunes, verifies and loads the training checkpoints of one run; every method is collective.
-    ``config`` (the config as run) is recorded in every checkpoint for ``--resume`` to compare."""
+    """Saves, prunes, verifies and loads the training checkpoints of one run; every method is
+    collective. ``config`` (the config as run) is recorded in every checkpoint for ``--resume``."""
 
     accelerator: Accelerator
     directory: Path
@@ -139,31 +498,31 @@ class CheckpointManager:
     newest_saved: int = -1  # the update count of the newest checkpoint this session wrote
 
     def save(self, num_updates: int) -> Path:
-        """Write the full training state atomically and prune old ones; ``StorageError`` on every process
-        when any cannot write (earlier checkpoints intact, the partial folder removed)."""
-        acc, parts = self.accelerator, self.parts
+        """Write the full training state atomically and prune old ones; ``StorageError`` on every
+        process when any cannot write (earlier checkpoints intact, the partial folder removed)."""
+        acc = self.accelerator
         final = self.directory / f"ckpt-{num_updates:09d}"
         tmp = final.with_name(f".tmp-{final.name}")  # what staging_dir makes
         on_main(acc, lambda: staging_dir(final))
-        files: dict[str, bytes] = {}
+        files = {}
         if acc.is_main_process:
-            scaler = getattr(acc, "scaler", None)
-            files = _state_files(parts, acc.step, scaler.state_dict() if scaler is not None else None)
+            files = _state_files(self.parts, acc.step, _scaler_state(acc))
         files[rng_file(acc.process_index)] = _json_bytes(capture_rng())
-        error = _attempt(
-            lambda: [atomic_write_bytes(tmp / name, data, durable=False) for name, data in files.items()]
-        )
-        first = _first_error(acc, error)  # every process's files are written before the manifest
-        if acc.is_main_process:
-            first = first or _attempt(lambda: self._publish(tmp, final, files))
-            if first is None:
-                self.newest_saved = num_updates
-            else:
+
+        def write() -> None:
+            for name, data in files.items():
+                atomic_write_bytes(tmp / name, data, durable=False)
+
+        try:
+            # every process's files are written before the manifest that vouches for them
+            raise_agreed(acc, attempt(write))
+            on_main(acc, lambda: self._publish(tmp, final, files))
+        except Vit5Error as err:
+            if acc.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)
-        raise_agreed(
-            acc,
-            first and f"{first} (checkpoint {final.name} was not saved; the ones saved before are intact)",
-        )
+            note = f"checkpoint {final.name} was not saved; the ones saved before are intact"
+            raise StorageError(f"{err} ({note})") from err
+        self.newest_saved = num_updates
         return final
 
     def _publish(self, tmp: Path, final: Path, files: dict[str, bytes]) -> None:
@@ -172,24 +531,27 @@ class CheckpointManager:
             listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
         for name in listed:  # flushed to disk before the manifest that vouches for them
             fsync_file(tmp / name)
-        write_json(
-            tmp / MANIFEST, _manifest(self.parts.state, self.accelerator.num_processes, self.config, listed)
-        )
-        replace_dir(tmp, final)  # the same update count saved again: swapped, never a moment without one
+        processes = self.accelerator.num_processes
+        manifest = _manifest(self.parts.state, processes, self.config, listed)
+        write_json(tmp / MANIFEST, dataclasses.asdict(manifest))
+        replace_dir(tmp, final)  # the same update count saved again: swapped, never none
         self._prune(self.parts.state.num_updates)
 
     def _prune(self, newest: int) -> None:
-        """Keep ``keep_last`` checkpoints up to ``newest`` (this session's) and the newest good one."""
+        """Keep ``keep_last`` checkpoints up to ``newest`` (this session's), and the newest good
+        one."""
         for stale in self.directory.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        mine_or_older = [c for c in list_checkpoints(self.directory) if checkpoint_number(c) <= newest]
+        checkpoints = list_checkpoints(self.directory)
+        mine_or_older = [c for c in checkpoints if checkpoint_number(c) <= newest]
         good = next((c for c in reversed(mine_or_older) if is_verified(c)), None)
         for old in mine_or_older[: -self.keep_last]:
             if old != good:
                 shutil.rmtree(old, ignore_errors=True)
 
     def confirm(self, path: Path, how: str) -> None:
-        """Record that ``path``'s weights gave a finite loss (``how``); prune what that makes redundant."""
+        """Record that ``path``'s weights gave a finite loss (``how``); prune what that makes
+        redundant."""
 
         def mark() -> None:
             write_json(path / VERIFIED_FILE, {"verified_by": how}, durable=False)
@@ -199,7 +561,8 @@ class CheckpointManager:
         on_main(self.accelerator, mark)
 
     def set_aside(self, path: Path) -> Path:
-        """Move a checkpoint whose weights diverged out of ``--resume``'s way (``ckpt-N.diverged``)."""
+        """Move a checkpoint whose weights diverged out of ``--resume``'s way (to
+        ``ckpt-N.diverged``)."""
         target = path.with_name(path.name + ".diverged")
 
         def move() -> None:
@@ -210,10 +573,11 @@ class CheckpointManager:
         return target
 
     def load(self, path: Path, allow_inexact: bool = False) -> Restored:
-        """Verify every file of ``path``, then restore weights, EMA, optimizer, progress and random states.
-        ``ResumeError`` names a missing, damaged or refused file and the last good checkpoint, or says
-        the checkpoint was written for another model, optimizer or EMA setting."""
-        restored, error = Restored(exact=False), None
+        """Verify every file of ``path``, then restore weights, EMA, optimizer, progress and random
+        states. ``ResumeError`` names a missing, damaged or refused file and the last good
+        checkpoint, or says the checkpoint was written for another model, optimizer or EMA."""
+        restored = Restored(exact=False)
+        error = None
         try:
             restored = self._restore(path, allow_inexact)
         except (Vit5Error, OSError) as err:
@@ -222,61 +586,73 @@ class CheckpointManager:
         return restored
 
     def _restore(self, path: Path, allow_inexact: bool) -> Restored:
-        acc, parts = self.accelerator, self.parts
-        manifest, data = _read_shared(path, parts.ema is not None)
-        written_by = manifest["num_processes"]
-        # the state first: a crafted position is refused before anything is loaded
-        state, step = _read_state(path, data[STATE_FILE], manifest, self.layout, acc)
+        acc = self.accelerator
+        parts = self.parts
+        manifest = read_manifest(path)
+        data = _verified_files(path, manifest, parts.ema is not None)
+        # the position first: a crafted one is refused before anything is loaded
+        record = _read_json(path, STATE_FILE, data[STATE_FILE], StateFile)
+        elastic = manifest.num_processes != acc.num_processes
+        try:
+            rules = self.layout.rules(manifest, path, elastic)
+            _refuse(vars(record.train_state), rules, "train_state.")
+            _restore_scaler(getattr(acc, "scaler", None), record.grad_scaler)
+        except (ValueError, KeyError, TypeError, RuntimeError) as err:
+            raise _damaged(path / STATE_FILE, err) from err
         _load_weights(path, MODEL_FILE, data[MODEL_FILE], parts.model)
         if parts.ema is not None:
             _load_weights(path, EMA_FILE, data[EMA_FILE], parts.ema.module)
         _load_optimizer(path, data[OPTIMIZER_FILE], parts.optimizer)
-        vars(parts.state).update(vars(state))
-        acc.step = step
-        if written_by != acc.num_processes:
-            return self._elastic(path, written_by)
+        vars(parts.state).update(vars(record.train_state))
+        acc.step = record.accelerator_step
+        if elastic:
+            return self._elastic(path, manifest.num_processes)
         name = rng_file(acc.process_index)
         try:
-            restore_rng(json.loads(_verified(path, name, manifest)))
-        except (_Damaged, ValueError) as err:
-            reason = str(err) if isinstance(err, _Damaged) else f"{path / name} is damaged ({err})"
+            _read_json(path, name, _verified(path, name, manifest), RandomStates).restore()
+        except _Damaged as err:
             if not allow_inexact:
                 raise _Damaged(
-                    f"{reason}: without this process's random state the resumed run would not continue "
-                    "exactly (other augmentations, drop-path masks and Mixup pairs); to accept an inexact "
-                    "resume, set checkpoint.allow_inexact_resume=true"
+                    f"{err}: without this process's random state the resumed run would not "
+                    "continue exactly (other augmentations, drop-path masks and Mixup pairs); to "
+                    "accept an inexact resume, set checkpoint.allow_inexact_resume=true"
                 ) from err
             return Restored(
                 exact=False,
-                warning=f"WARNING: {reason}; continuing WITHOUT restoring the random generators "
-                "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and the summary "
-                "records resume_exact=false",
+                warning=f"WARNING: {err}; continuing WITHOUT restoring the random generators "
+                "(checkpoint.allow_inexact_resume=true): this is not an exact continuation, and "
+                "the summary records resume_exact=false",
             )
         return Restored(exact=True)
 
     def _elastic(self, path: Path, written_by: int) -> Restored:
-        """A checkpoint of ``written_by`` processes on this run's number: the position in samples carries
-        over, each process's generators are re-derived from (seed, epoch, update, rank)."""
-        acc, state, layout = self.accelerator, self.parts.state, self.layout
+        """A checkpoint of ``written_by`` processes on this run's number: the position in samples
+        carries over, each process's generators are re-derived from (seed, epoch, update, rank)."""
+        acc = self.accelerator
+        state = self.parts.state
+        layout = self.layout
         world = acc.num_processes
         state.batch = state.epoch_samples // (layout.batch_size * world)
         seed = [int(self.config["run"]["seed"]), state.epoch, state.num_updates, acc.process_index]
         set_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
-        old_batch, new_batch = (layout.batch_size * n * layout.accum_steps for n in (written_by, world))
+        per_step = layout.batch_size * layout.accum_steps
+        steps = layout.batches_per_epoch // layout.accum_steps
         warning = (
-            f"elastic resume: {path.name} was written by {written_by} process(es), this run has {world}. "
-            f"Exact: weights, optimizer, EMA, update count, lr-schedule position and, from sample "
-            f"{state.epoch_samples} of epoch {state.epoch + 1} on, the remaining samples of the epoch and "
-            f"their augmentations. Not exact: drop-path masks and Mixup/CutMix pairs (each process's random "
-            f"generators re-derived from seed, epoch, update and rank), and the global batch "
-            f"({old_batch} -> {new_batch}; {layout.batches_per_epoch // layout.accum_steps} optimizer steps "
-            f"per epoch from now on, the lr schedule continues from the same fraction of the run)"
+            f"elastic resume: {path.name} was written by {written_by} process(es), this run has "
+            f"{world}. Exact: weights, optimizer, EMA, update count, lr-schedule position and, "
+            f"from sample {state.epoch_samples} of epoch {state.epoch + 1} on, the remaining "
+            "samples of the epoch and their augmentations. Not exact: drop-path masks and "
+            "Mixup/CutMix pairs (each process's random generators re-derived from seed, epoch, "
+            f"update and rank), and the global batch ({per_step * written_by} -> "
+            f"{per_step * world}; {steps} optimizer steps per epoch from now on, the lr schedule "
+            "continues from the same fraction of the run)"
         )
         return Restored(exact=False, warning=warning, elastic_from=written_by)
 
 
 def _with_last_good(err: BaseException, damaged: Path) -> str | None:
-    """The message of ``err``; a damaged file's names the last good checkpoint of the run (or what to do)."""
+    """The message of ``err``; a damaged file's names the run's last good checkpoint, or the
+    fix."""
     if not isinstance(err, _Damaged):
         return user_message(err)
     checkpoints = list_checkpoints(damaged.parent)
@@ -284,16 +660,16 @@ def _with_last_good(err: BaseException, damaged: Path) -> str | None:
     if good is None:
         run_dir = damaged.parent.parent
         return (
-            f"{err}. This run has no other intact checkpoint: start it again, or fine-tune from its weights "
-            f"(model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
+            f"{err}. This run has no other intact checkpoint: start it again, or fine-tune from "
+            f"its weights (model.pretrained={run_dir / 'final'} or {run_dir / 'best'}, if present)"
         )
     newer = (
-        f" (it continues in a new run directory since newer checkpoints exist; delete {damaged} first "
-        "to continue in place)"
+        " (it continues in a new run directory since newer checkpoints exist; delete "
+        f"{damaged} first to continue in place)"
     )
     return (
-        f"{err}. The last good checkpoint of this run is {good}: resume with `vit5 train --resume {good}`"
-        + (newer if good != checkpoints[-1] else "")
+        f"{err}. The last good checkpoint of this run is {good}: resume with "
+        f"`vit5 train --resume {good}`" + (newer if good != checkpoints[-1] else "")
     )
 
 
@@ -301,7 +677,7 @@ def _intact(path: Path) -> bool:
     """Whether every file of checkpoint ``path`` matches its recorded size and SHA-256."""
     try:
         manifest = read_manifest(path)
-        for name in manifest["files"]:
+        for name in manifest.files:
             _verified(path, name, manifest)
     except ResumeError:
         return False
@@ -313,35 +689,23 @@ def is_verified(path: Path) -> bool:
     return (path / VERIFIED_FILE).is_file()
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The ``checkpoint.json`` of ``path``, checked for shape (not the files it lists); else ResumeError."""
+def read_manifest(path: Path) -> Manifest:
+    """The :class:`Manifest` of checkpoint ``path`` (not yet the files it lists); ``ResumeError``
+    when there is none or it breaks the schema."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ResumeError(f"{path} is not a complete training checkpoint: it has no {MANIFEST}")
     try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _Damaged(f"{manifest_path} is damaged (not readable JSON: {err})") from err
-    get = manifest.get if isinstance(manifest, dict) else lambda key: None
-    files, processes = get("files"), get("num_processes")
-    digests = isinstance(files, dict) and all(
-        isinstance(d, dict) and isinstance(d.get("sha256"), str) and _is_count(d.get("bytes"))
-        for d in files.values()
-    )
-    if not (
-        get("format") == FORMAT and isinstance(get("config"), dict) and digests and _is_count(processes, 1)
-    ):
-        raise _Damaged(f"{manifest_path} is damaged or not a {FORMAT} manifest")
-    unsafe = [name for name in files if Path(name).name != name or name.startswith(".")]
-    if unsafe:
-        raise _Damaged(f"{manifest_path} lists files outside the checkpoint folder ({unsafe[0]!r}); refused")
-    return manifest
+        data = manifest_path.read_bytes()
+    except OSError as err:
+        raise _Damaged(f"{manifest_path} cannot be read ({os_error_reason(err)})") from err
+    return _read_json(path, MANIFEST, data, Manifest)
 
 
 def resolve_resume(path: Path) -> tuple[Path, Path]:
-    """``(run_dir, checkpoint)`` from a run directory (latest checkpoint) or a checkpoint directory."""
+    """``(run_dir, checkpoint)`` from a run directory (latest checkpoint) or a checkpoint folder."""
     if _NAME.match(path.name) and path.is_dir():
-        return path.parent.parent, path
+        return (path.parent.parent, path)
     if not path.is_dir():
         raise ResumeError(f"--resume {path}: no such run directory")
     latest = list_checkpoints(path / "checkpoints")
@@ -350,43 +714,48 @@ def resolve_resume(path: Path) -> tuple[Path, Path]:
             f"--resume {path}: the run has no complete checkpoint yet "
             f"(nothing under {path / 'checkpoints'}); start it again without --resume"
         )
-    return path, latest[-1]
+    return (path, latest[-1])
 
 
 def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
-    """The config a checkpoint was written with; ResumeError (naming the last good one) without a manifest."""
+    """The config a checkpoint was written with; ResumeError (naming the last good one) else."""
     try:
-        return read_manifest(checkpoint)["config"]
+        return read_manifest(checkpoint).config
     except _Damaged as err:
         raise ResumeError(_with_last_good(err, checkpoint)) from err
 
 
 def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> None:
-    """The checkpoint of a one-process run without Accelerate nor EMA (the register study): the files and
-    manifest of :meth:`CheckpointManager.save` without random states, swapped into place in one step."""
+    """The checkpoint of a one-process run without Accelerate nor EMA (the register study): the
+    files and manifest of :meth:`CheckpointManager.save` without random states, swapped into
+    place in one step."""
     files = _state_files(parts, 0, None)
     staged = staging_dir(directory)
     for name, data in files.items():
         atomic_write_bytes(staged / name, data)
     listed = {name: _digest(data) for name, data in files.items()}
-    write_json(staged / MANIFEST, _manifest(parts.state, 1, config, listed))
+    manifest = _manifest(parts.state, 1, config, listed)
+    write_json(staged / MANIFEST, dataclasses.asdict(manifest))
     replace_dir(staged, directory)
 
 
 def load_single(directory: Path, parts: Resumable) -> None:
     """Verify every file of a :func:`save_single` checkpoint, then restore weights, optimizer and
     progress; ResumeError when a file is missing, damaged, refused or does not fit ``parts``."""
-    _, data = _read_shared(directory, ema=False)
+    manifest = read_manifest(directory)
+    data = _verified_files(directory, manifest, ema=False)
+    record = _read_json(directory, STATE_FILE, data[STATE_FILE], StateFile)
     _load_weights(directory, MODEL_FILE, data[MODEL_FILE], parts.model)
     _load_optimizer(directory, data[OPTIMIZER_FILE], parts.optimizer)
-    try:
-        vars(parts.state).update(vars(_typed_state(json.loads(data[STATE_FILE])["train_state"])))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise _Damaged(f"{directory / STATE_FILE} is damaged ({err})") from err
+    vars(parts.state).update(vars(record.train_state))
 
 
 def save_model_dir(
-    accelerator: Accelerator, model: nn.Module, ema: ModelEmaV3 | None, directory: Path, extra: dict[str, Any]
+    accelerator: Accelerator,
+    model: nn.Module,
+    ema: ModelEmaV3 | None,
+    directory: Path,
+    extra: dict[str, Any],
 ) -> None:
     """Export raw (and EMA) weights as our safetensors directory, swapped into place in one step;
     collective, the main process writes (the Trainer refuses sharded FSDP / DeepSpeed states)."""
@@ -404,7 +773,7 @@ def save_model_dir(
     on_main(accelerator, write)
 
 
-# ---------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------- helpers
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, allow_nan=True) + "\n").encode("ascii")
 
@@ -413,88 +782,44 @@ def _digest(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _is_count(value: Any, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+def _damaged(file: Path, err: BaseException) -> _Damaged:
+    return _Damaged(f"{file} is damaged or from another vit5 ({err})")
 
 
-def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> dict[str, bytes]:
-    """The files every process but the main one leaves out: weights, optimizer and ``train_state.json``."""
-    buffer = io.BytesIO()
-    torch.save(parts.optimizer.state_dict(), buffer)
-    files = {MODEL_FILE: safetensors_bytes(parts.model.state_dict())}
-    if parts.ema is not None:
-        files[EMA_FILE] = safetensors_bytes(parts.ema.module.state_dict())
-    record = {"train_state": dataclasses.asdict(parts.state), "accelerator_step": step, "grad_scaler": scaler}
-    return files | {OPTIMIZER_FILE: buffer.getvalue(), STATE_FILE: _json_bytes(record)}
-
-
-def _manifest(state: TrainState, processes: int, config: dict[str, Any], files: dict[str, Any]) -> dict:
-    return {
-        "format": FORMAT,
-        **{k: getattr(state, k) for k in ("num_updates", "epoch", "batch", "epoch_samples")},
-        "num_processes": processes,
-        "ema": EMA_FILE in files,
-        "config": config,
-        "files": files,
-    }
-
-
-def _attempt(action: Callable[[], Any]) -> str | None:
-    """Run ``action``; return the message of a user error instead of raising it."""
+def _read_json(path: Path, name: str, data: bytes, schema: Any) -> Any:
+    """File ``name`` of checkpoint ``path`` as its ``schema``; ``_Damaged`` naming the problem."""
     try:
-        action()
-    except (Vit5Error, OSError) as err:
-        return user_message(err)
-    return None
+        return _parse(schema, json.loads(data))
+    except ValueError as err:  # JSON and UTF-8 errors are ValueErrors too
+        raise _damaged(path / name, err) from err
 
 
-def _first_error(acc: Accelerator, error: str | None) -> str | None:
-    """The first error of any process (collective)."""
-    errors = gather_object([error]) if acc.num_processes > 1 else [error]
-    return next((e for e in errors if e), None)
-
-
-def on_main(acc: Accelerator, action: Callable[[], Any]) -> None:
-    """``action`` on the main process; its user error raised on every process (``StorageError``)."""
-    raise_agreed(acc, _attempt(action) if acc.is_main_process else None)
-
-
-def raise_agreed(acc: Accelerator, error: str | None, kind: type[Exception] = StorageError) -> None:
-    """Raise ``kind`` on every process when any failed (no peer waits at a barrier); else a barrier."""
-    first = _first_error(acc, error)
-    if first is not None:
-        raise kind(first)
-    acc.wait_for_everyone()
-
-
-def _verified(path: Path, name: str, manifest: dict[str, Any]) -> bytes:
+def _verified(path: Path, name: str, manifest: Manifest) -> bytes:
     """The bytes of ``path/name`` after checking them against the manifest."""
-    expected = manifest["files"].get(name)
+    expected = manifest.files.get(name)
     if expected is None:
-        raise _Damaged(f"{path / name} is not listed in {path / MANIFEST}: the checkpoint is incomplete")
+        listing = path / MANIFEST
+        raise _Damaged(f"{path / name} is not listed in {listing}: the checkpoint is incomplete")
     try:
         data = (path / name).read_bytes()
-    except FileNotFoundError:
-        raise _Damaged(f"{path / name} is missing") from None
     except OSError as err:
-        raise _Damaged(f"{path / name} cannot be read ({err.strerror or err})") from err
+        raise _Damaged(f"{path / name} is missing or unreadable ({os_error_reason(err)})") from err
     if _digest(data) != {"bytes": expected["bytes"], "sha256": expected["sha256"]}:
         raise _Damaged(
-            f"{path / name} is damaged: {len(data)} bytes that do not match the {expected['bytes']} "
-            "bytes and SHA-256 recorded when it was written (truncated, emptied or modified)"
+            f"{path / name} is damaged: {len(data)} bytes that do not match the "
+            f"{expected['bytes']} bytes and SHA-256 recorded when it was written (truncated, "
+            "emptied or modified)"
         )
     return data
 
 
-def _read_shared(path: Path, ema: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest and the verified bytes of the files every process reads."""
-    manifest = read_manifest(path)
-    if bool(manifest.get("ema")) != ema:
-        raise ResumeError(
-            f"{path} was written with ema.enabled={bool(manifest.get('ema'))}; resume with the same setting"
-        )
+def _verified_files(path: Path, manifest: Manifest, ema: bool) -> dict[str, bytes]:
+    """The verified bytes of the files every process reads, for a run with or without EMA."""
+    if manifest.ema != ema:
+        said = f"{path} was written with ema.enabled={manifest.ema}"
+        raise ResumeError(f"{said}; resume with the same setting")
     names = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] + ([EMA_FILE] if ema else [])
-    return manifest, {name: _verified(path, name, manifest) for name in names}
+    return {name: _verified(path, name, manifest) for name in names}
 
 
 def _load_weights(path: Path, name: str, data: bytes, module: nn.Module) -> None:
@@ -502,8 +827,8 @@ def _load_weights(path: Path, name: str, data: bytes, module: nn.Module) -> None
         module.load_state_dict(load_safetensors(data), strict=True)
     except (SafetensorError, RuntimeError, ValueError) as err:
         raise ResumeError(
-            f"{path / name} does not fit this run's model ({str(err).splitlines()[0]}): a checkpoint "
-            "resumes only with the model it was written with"
+            f"{path / name} does not fit this run's model ({str(err).splitlines()[0]}): a "
+            "checkpoint resumes only with the model it was written with"
         ) from err
 
 
@@ -514,186 +839,51 @@ def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -
         raise _Damaged(str(err)) from err
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         raise ResumeError(
-            f"{path / OPTIMIZER_FILE} does not fit this run's optimizer ({err}): a checkpoint resumes only "
-            "with the optimizer and model it was written with"
+            f"{path / OPTIMIZER_FILE} does not fit this run's optimizer ({err}): a checkpoint "
+            "resumes only with the optimizer and model it was written with"
         ) from err
 
 
-def _read_state(
-    path: Path, data: bytes, manifest: dict[str, Any], layout: EpochLayout, acc: Accelerator
-) -> tuple[TrainState, int]:
-    """``train_state.json`` typed, in range and consistent, the scaler restored; else ``_Damaged``."""
-    try:
-        record = json.loads(data)
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-        state = _typed_state(record["train_state"])
-        _check_position(state, path, manifest, layout, elastic=manifest["num_processes"] != acc.num_processes)
-        step, scaler = record["accelerator_step"], getattr(acc, "scaler", None)
-        if not _is_count(step):
-            raise ValueError(f"accelerator_step={step!r} must be a non-negative integer")
-        if (record["grad_scaler"] is None) != (scaler is None):
-            raise ValueError("the fp16 gradient scaler state does not match run.mixed_precision")
-        if scaler is not None:
-            scaler.load_state_dict(record["grad_scaler"])
-        return state, step
-    except (KeyError, ValueError, TypeError, UnicodeDecodeError) as err:
-        detail = f"no field {err}" if isinstance(err, KeyError) else err
-        raise _Damaged(f"{path / STATE_FILE} is damaged or from another vit5 ({detail})") from err
+def _scaler_state(acc: Accelerator) -> dict[str, Any] | None:
+    scaler = getattr(acc, "scaler", None)
+    return scaler.state_dict() if scaler is not None else None
 
 
-def _typed_state(record: Any) -> TrainState:
-    """A :class:`TrainState` from its ``asdict`` form; ``ValueError`` unless exactly its fields and types."""
-    kinds = {"int": int, "float": (int, float), "list[dict[str, Any]]": list}
-    types = {f.name: str(f.type) for f in dataclasses.fields(TrainState)}
-    if not isinstance(record, dict) or set(record) != set(types):
-        got = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"expected the fields {sorted(types)}, got {got}")
-    for name, value in record.items():
-        if not isinstance(value, kinds[types[name]]) or isinstance(value, bool):
-            raise ValueError(f"train_state.{name}={value!r} is not of type {types[name]}")
-    if not all(isinstance(row, dict) for row in record["history"]):
-        raise ValueError("history must be a list of metric rows")
-    return TrainState(**record)
+def _restore_scaler(scaler: Any, state: dict[str, Any] | None) -> None:
+    """The fp16 gradient scaler's state, present exactly when this run scales (fp16)."""
+    if (state is None) != (scaler is None):
+        raise ValueError("grad_scaler: the fp16 scaler state does not match run.mixed_precision")
+    if scaler is not None:
+        scaler.load_state_dict(state)
 
 
-_COUNTS = ("epoch", "batch", "num_updates", "images_seen", "epoch_samples")
-_TIMES = ("train_seconds", "wall_seconds")
+def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> dict[str, bytes]:
+    """The files every process but the main one leaves out: weights, optimizer, the position."""
+    optimizer = io.BytesIO()
+    torch.save(parts.optimizer.state_dict(), optimizer)
+    files = {MODEL_FILE: safetensors_bytes(parts.model.state_dict())}
+    if parts.ema is not None:
+        files[EMA_FILE] = safetensors_bytes(parts.ema.module.state_dict())
+    files[OPTIMIZER_FILE] = optimizer.getvalue()
+    record = StateFile(train_state=parts.state, accelerator_step=step, grad_scaler=scaler)
+    files[STATE_FILE] = _json_bytes(dataclasses.asdict(record))
+    return files
 
 
-def _check_position(
-    state: TrainState, path: Path, manifest: dict[str, Any], layout: EpochLayout, elastic: bool
-) -> None:
-    """Every field of a loaded :class:`TrainState` in range and consistent (``ValueError`` naming it)."""
-    s, written_by, step_samples = state, manifest["num_processes"], layout.batch_size * layout.accum_steps
-    per_batch, best = s.batch * layout.batch_size * written_by, s.best_epoch
-    best_row = s.history[best - 1] if 1 <= best <= len(s.history) else {}
-    folder = checkpoint_number(path)  # -1: a folder not named ckpt-<updates>
-    for i, row in enumerate(s.history):
-        _check_row(row, i)
-    rules = [(getattr(s, n) >= 0, n, "must be >= 0") for n in _COUNTS]
-    rules += [
-        (math.isfinite(getattr(s, n)) and getattr(s, n) >= 0, n, "must be a finite number >= 0")
-        for n in _TIMES
-    ]
-    rules += [
-        (getattr(s, n) == manifest.get(n), n, f"does not match {MANIFEST} ({n} {manifest.get(n)})")
-        for n in ("epoch", "num_updates", "batch")
-    ]
-    rules += [
-        (folder in (-1, s.num_updates), "num_updates", f"does not match the folder {path.name}"),
-        (
-            s.batch % layout.accum_steps == 0,
-            "batch",
-            f"must be a multiple of optim.accum_steps={layout.accum_steps} (checkpoints fall on optimizer "
-            "steps)",
-        ),
-        (
-            s.epoch_samples % step_samples == 0 and s.epoch_samples <= layout.epoch_samples + written_by,
-            "epoch_samples",
-            f"must be a multiple of data.batch_size x optim.accum_steps = {step_samples} and at most the "
-            f"{layout.epoch_samples} samples of an epoch",
-        ),
-        (
-            elastic or s.batch <= layout.batches_per_epoch,
-            "batch",
-            f"must be at most the {layout.batches_per_epoch} micro-batches of an epoch of this run",
-        ),
-        (
-            elastic or s.epoch_samples == per_batch,
-            "epoch_samples",
-            f"must be batch x data.batch_size x {written_by} process(es) = {per_batch}",
-        ),
-        (s.num_updates >= s.epoch, "num_updates", f"must be at least one per finished epoch ({s.epoch})"),
-        (len(s.history) == s.epoch, "history", f"must have one row per finished epoch ({s.epoch})"),
-        (best != -1 or s.best_top1 == -1.0, "best_top1", "must be -1 while best_epoch is -1"),
-        (best == -1 or 1 <= best <= s.epoch, "best_epoch", f"must be -1 or in [1, {s.epoch}]"),
-        (
-            best == -1 or best_row.get("val_top1") == s.best_top1,
-            "best_top1",
-            f"must equal val_top1 of history row {best} ({best_row.get('val_top1')!r})",
-        ),
-    ]
-    for ok, name, rule in rules:
-        if not ok:
-            raise ValueError(f"train_state.{name}={getattr(s, name)!r}: {rule}")
-
-
-def _check_row(row: dict[str, Any], index: int) -> None:
-    where = f"train_state.history[{index}]"
-    missing = [k for k in _REQUIRED_ROW_FIELDS if k not in row]
-    if missing:
-        raise ValueError(f"{where} has no {missing[0]!r}")
-    unknown = [k for k in row if k not in HISTORY_FIELDS]
-    if unknown:
-        raise ValueError(f"{where} has an unknown field {unknown[0]!r}")
-    for key, value in row.items():
-        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-        if not ok or (key in _REQUIRED_ROW_FIELDS and value is None):
-            raise ValueError(f"{where}.{key}={value!r} is not a number")
-    if row["epoch"] != index + 1:
-        raise ValueError(f"{where}.epoch={row['epoch']!r} must be {index + 1}")
-    if not _is_count(row["updates"]):
-        raise ValueError(f"{where}.updates={row['updates']!r} must be a non-negative integer")
-
-
-# ---------------------------------------------------------------------------------- random states
-RNG_FORMAT = "vit5-rng/1"
-
-
-def capture_rng() -> dict[str, Any]:
-    """Python's, NumPy's, torch's CPU and every CUDA generator, as plain JSON (no pickle)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    numpy_state = {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss)}
-    return {
-        "format": RNG_FORMAT,
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": numpy_state | {"cached_gaussian": float(cached)},
-        "torch": _encode(torch.get_rng_state()),
-        "cuda": [_encode(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng(state: Any) -> None:
-    """Set every generator from :func:`capture_rng`'s output; ``ValueError`` for a missing, mistyped or
-    wrongly sized field (each state is first set on a fresh generator, so nothing is half-restored)."""
-    try:
-        if state["format"] != RNG_FORMAT:
-            raise ValueError(f"not a {RNG_FORMAT} record")
-        py, npy = state["python"], state["numpy"]
-        py_state = (py["version"], tuple(py["state"]), py["gauss_next"])
-        if not isinstance(py["gauss_next"], (float, type(None))):  # random.setstate takes any object
-            raise ValueError("the python generator's gauss_next is not a number")
-        keys = np.asarray(npy["keys"], dtype=np.int64)
-        if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 2**32 or not 0 <= npy["pos"] <= 624:
-            raise ValueError("the numpy generator state is not 624 32-bit integers and a position")
-        np_state = (npy["kind"], keys.astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
-        random.Random().setstate(py_state)
-        np.random.RandomState().set_state(np_state)
-        cpu = _decode(state["torch"], torch.get_rng_state().numel(), "torch")
-        torch.Generator().set_state(cpu)
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if state["cuda"] and len(state["cuda"]) != devices:
-            raise ValueError(f"{len(state['cuda'])} CUDA generator states for {devices} visible CUDA devices")
-        cuda = [_decode(s, torch.cuda.get_rng_state(i).numel(), "cuda") for i, s in enumerate(state["cuda"])]
-    except KeyError as err:
-        raise ValueError(f"no field {err}") from None
-    except (TypeError, OverflowError, RuntimeError, AttributeError) as err:
-        raise ValueError(f"a generator state has the wrong type or size ({err})") from None
-    random.setstate(py_state)
-    np.random.set_state(np_state)
-    torch.set_rng_state(cpu)
-    if cuda:
-        torch.cuda.set_rng_state_all(cuda)
-
-
-def _encode(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _decode(text: Any, size: int, what: str) -> torch.Tensor:
-    raw = base64.b64decode(text.encode("ascii"), validate=True)  # ValueError: not base64 text
-    if len(raw) != size:
-        raise ValueError(f"the {what} generator state has {len(raw)} bytes, not {size}")
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+def _manifest(
+    state: TrainState,
+    processes: int,
+    config: dict[str, Any],
+    files: dict[str, Any],
+) -> Manifest:
+    return Manifest(
+        format=FORMAT,
+        num_updates=state.num_updates,
+        epoch=state.epoch,
+        batch=state.batch,
+        epoch_samples=state.epoch_samples,
+        num_processes=processes,
+        ema=EMA_FILE in files,
+        config=config,
+        files=files,
+    )

@@ -1,10 +1,11 @@
-"""The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/, metrics.csv,
-curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it takes ``NAME-2``);
-the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new directory. See
-docs/training.md."""
+"""The run directory ``run.output_dir/run.name``: config.yaml, checkpoints/, best/, final/,
+metrics.csv, curves.png, summary.{txt,json}, logs/. A new run never writes into a non-empty one (it
+takes ``NAME-2``); the main process holds ``RUN/.lock``; resuming an older checkpoint forks a new
+directory. See docs/training.md."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -13,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 
 from vit5 import plotstyle as S
-from vit5.errors import Vit5Error, storage_error, user_message
+from vit5.errors import storage_error
 from vit5.files import (
     FolderLock,
     FolderLocked,
@@ -26,6 +26,7 @@ from vit5.files import (
     staging_dir,
 )
 from vit5.outputs import write_csv, write_json
+from vit5.runtime import from_main, on_main
 from vit5.train.checkpointing import HISTORY_FIELDS, STATE_FILE
 from vit5.train.config import TrainConfig, config_to_yaml
 
@@ -40,81 +41,72 @@ SUMMARY_JSON = "summary.json"
 
 
 def create_run_dir(accelerator: Accelerator, cfg: TrainConfig) -> tuple[Path, FolderLock | None]:
-    """Choose, create and lock a fresh run directory on the main process; every process gets its path
-    (``StorageError`` on every process when ``run.output_dir`` cannot be written)."""
-    return _on_main(accelerator, lambda: _new_locked_dir(Path(cfg.run.output_dir).expanduser(), cfg.run.name))
+    """Choose, create and lock a fresh run directory on the main process; every process gets its
+    path (``StorageError`` on every process when ``run.output_dir`` cannot be written)."""
+    output_dir = Path(cfg.run.output_dir).expanduser()
+    lock = on_main(accelerator, lambda: _new_locked_dir(output_dir, cfg.run.name))
+    return (_locked_folder(accelerator, lock), lock)
 
 
 def lock_run_dir(accelerator: Accelerator, run_dir: Path) -> FolderLock | None:
-    """Take the run's lock (main process) to continue it in place (``FolderLocked`` on every process
-    when another live process writes it); complete or remove what a killed run left half-done."""
+    """Take the run's lock (main process) to continue it in place (``FolderLocked`` on every
+    process when another live process writes it); complete or remove what a killed run left."""
 
-    def take() -> tuple[Path, FolderLock]:
+    def take() -> FolderLock:
         lock = FolderLock(run_dir, "training").acquire()
         for name in (BEST, FINAL):  # a checkpoint's staging folder goes at the next save
             recover_dir(run_dir / name)
-        return run_dir, lock
+        return lock
 
-    return _on_main(accelerator, take)[1]
+    return on_main(accelerator, take)
 
 
 def fork_run_dir(
     accelerator: Accelerator, run_dir: Path, checkpoint: Path
 ) -> tuple[Path, Path, FolderLock | None]:
-    """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``; ``best/``
-    is copied when it is the best model as of the checkpoint."""
+    """``(new_run_dir, its copy of checkpoint, lock)`` to continue from an older ``checkpoint``;
+    ``best/`` is copied when it is the best model as of the checkpoint."""
 
-    def fork() -> tuple[Path, FolderLock]:
-        new_dir, lock = _new_locked_dir(run_dir.parent, run_dir.name)
-        target = new_dir / CHECKPOINTS / checkpoint.name
+    def fork() -> FolderLock:
+        lock = _new_locked_dir(run_dir.parent, run_dir.name)
+        target = lock.folder / CHECKPOINTS / checkpoint.name
         _link_tree(checkpoint, target)
         if _best_matches(run_dir / BEST, target):
-            _link_tree(run_dir / BEST, new_dir / BEST)
-        return new_dir, lock
+            _link_tree(run_dir / BEST, lock.folder / BEST)
+        return lock
 
-    new_dir, lock = _on_main(accelerator, fork)
-    return new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock
+    lock = on_main(accelerator, fork)
+    new_dir = _locked_folder(accelerator, lock)
+    return (new_dir, new_dir / CHECKPOINTS / checkpoint.name, lock)
 
 
 def write_config(run_dir: Path, cfg: TrainConfig, note: str = "") -> Path:
-    """``config.yaml``: the full config as run (atomically), with ``note`` as a leading YAML comment."""
+    """``config.yaml``: the full config as run (atomically), ``note`` as a leading YAML comment."""
     header = "".join(f"# {line}\n" for line in note.splitlines())
     return atomic_write_text(run_dir / CONFIG_FILE, header + config_to_yaml(cfg))
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _new_locked_dir(output_dir: Path, name: str) -> tuple[Path, FolderLock]:
+def _new_locked_dir(output_dir: Path, name: str) -> FolderLock:
     """Lock ``output_dir/name``, or the first ``name-K`` (K = 2, 3, ...) that is absent or empty."""
     while True:
-        path, k = output_dir / name, 2
-        while path.exists() and any(path.iterdir()):
-            path, k = output_dir / f"{name}-{k}", k + 1
+        names = itertools.chain([name], (f"{name}-{k}" for k in itertools.count(2)))
+        folders = (output_dir / n for n in names)
+        path = next(p for p in folders if not (p.exists() and any(p.iterdir())))
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise storage_error(err, path, "create the run directory") from err
         try:
-            return path, FolderLock(path, "training").acquire()
+            return FolderLock(path, "training").acquire()
         except FolderLocked:  # another run took this name a moment ago: take the next one
             continue
 
 
-def _on_main(accelerator: Accelerator, action: Any) -> tuple[Path, FolderLock | None]:
-    """Run ``action`` (returning a path and a lock) on the main process; share the path or its error."""
-    shared: list[Any] = [None, None]
-    lock = None
-    if accelerator.is_main_process:
-        try:
-            path, lock = action()
-            shared = [str(path), None]
-        except (Vit5Error, OSError) as err:
-            shared = [None, (type(err).__name__, user_message(err))]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(shared, from_process=0)
-    if shared[1] is not None:
-        kind, message = shared[1]
-        raise (FolderLocked if kind == "FolderLocked" else Vit5Error)(message)
-    return Path(shared[0]), lock
+def _locked_folder(accelerator: Accelerator, lock: FolderLock | None) -> Path:
+    """The folder the main process locked, on every process."""
+    folder = str(lock.folder) if lock is not None else ""
+    return Path(from_main(accelerator, folder))
 
 
 def _link_tree(source: Path, target: Path) -> None:
@@ -133,7 +125,7 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _best_matches(best: Path, checkpoint: Path) -> bool:
-    """Whether ``best/`` holds the best model as of ``checkpoint`` (same epoch as its best epoch)."""
+    """Whether ``best/`` holds the best model as of ``checkpoint`` (its epoch is the best one)."""
     try:
         exported = json.loads((best / "config.json").read_text())
         state = json.loads((checkpoint / STATE_FILE).read_text())["train_state"]
@@ -151,7 +143,8 @@ def count(n: int, noun: str) -> str:
 
 
 def epoch_line(row: Mapping[str, Any], num_epochs: int) -> str:
-    """``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) | lr 1.20e-03 | 1234 img/s | 12.3 s``."""
+    """One line per epoch, e.g. ``epoch 3/30 | loss 0.4120 | val top-1 95.32% (EMA 94.10%) |
+    lr 1.20e-03 | 1234 img/s | 12.3 s``."""
     parts = [f"epoch {row['epoch']}/{num_epochs}", f"loss {row['train_loss']:.4f}"]
     if row.get("val_top1") is not None:
         val = f"val top-1 {row['val_top1']:.2f}%"
@@ -175,11 +168,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{value:.2f}%"
 
+    best = f"(epoch {summary['best_epoch']}, raw weights; saved in best/)"
     lines = [
         f"run {summary['run_dir']} {summary['status']}: "
         f"{count(summary['epochs'], 'epoch')}, {count(summary['updates'], 'optimizer step')}",
         f"  model            {summary['model']}",
-        f"  best top-1       {pct('best_top1')} (epoch {summary['best_epoch']}, raw weights; saved in best/)",
+        f"  best top-1       {pct('best_top1')} {best}",
         f"  final top-1      {pct('final_top1')} (top-5 {pct('final_top5')})",
         f"  EMA top-1        {pct('ema_top1')} at the end, best {pct('best_ema_top1')}",
         f"  wall time        {summary['wall_seconds'] / 60:.1f} min "
@@ -190,9 +184,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     ]
     lines += [f"    {path}" for path in summary["bad_file_paths"][:_MAX_LISTED_BAD_FILES]]
     if summary.get("forked_from"):
-        lines.append(
-            f"  forked from      {summary['forked_from']} (that run's newer checkpoints are untouched)"
-        )
+        untouched = "(that run's newer checkpoints are untouched)"
+        lines.append(f"  forked from      {summary['forked_from']} {untouched}")
     written_by = summary.get("resumed_from_processes")
     if summary.get("resume_exact") is False and written_by:
         lines.append(
@@ -200,9 +193,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             "(random generators re-derived; see resume_note in summary.json)"
         )
     elif summary.get("resume_exact") is False:
-        lines.append(
-            "  resume_exact     false: random states were not restored (checkpoint.allow_inexact_resume)"
-        )
+        why = "random states were not restored (checkpoint.allow_inexact_resume)"
+        lines.append(f"  resume_exact     false: {why}")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ from vit5 import compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
-from vit5.runtime import check_fits
+from vit5.runtime import check_fits, on_main
 from vit5.train import rundir
 from vit5.train.checkpointing import (
     CheckpointManager,
@@ -38,7 +38,6 @@ from vit5.train.checkpointing import (
     checkpoint_number,
     is_verified,
     list_checkpoints,
-    on_main,
     restore_rng,
     save_model_dir,
 )
