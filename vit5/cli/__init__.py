@@ -22,7 +22,7 @@ from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
 from vit5.runtime import DEVICE_HELP, print_main
 
 if TYPE_CHECKING:
-    from vit5.introspect.spec import LoadedModel
+    from vit5.introspect.load import ModelRequest
 
 # name -> (module whose main(argv, prog) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,43 +67,63 @@ class Parser(argparse.ArgumentParser):
 
 
 def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
-    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
-    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value;
-    a help that does not mention the default gets it appended."""
+    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no
+    default), a number gives its type, a list ``nargs="+"`` of its items' type, ``False`` a switch
+    that turns something on (name the option for what it does: ``--quiet``, ``--no-check``); a
+    help that does not mention the default gets it appended."""
     if callable(default):
-        default, kwargs["type"] = None, kwargs.get("type", default)
+        kwargs["type"] = kwargs.get("type", default)
+        default = None
     elif isinstance(default, bool):
-        kwargs.setdefault("action", "store_false" if default else "store_true")
+        if default:
+            raise TypeError(f"{flag}: a switch turns something on; name it for what it does")
+        kwargs.setdefault("action", "store_true")
     elif isinstance(default, list):
         kwargs.setdefault("nargs", "+")
         if default and not isinstance(default[0], str):
             kwargs.setdefault("type", type(default[0]))
     elif isinstance(default, (int, float)):
         kwargs.setdefault("type", type(default))
-    if help and "default" not in help and default not in (None, []) and not isinstance(default, bool):
-        help += f" (default {' '.join(map(str, default)) if isinstance(default, list) else default})"
+    shown = default not in (None, []) and not isinstance(default, bool)
+    if help and "default" not in help and shown:
+        value = " ".join(map(str, default)) if isinstance(default, list) else default
+        help += f" (default {value})"
     p.add_argument(flag, default=default, help=help, **kwargs)
 
 
-def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
-    """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
-    repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
+def add_model_options(
+    p: argparse.ArgumentParser, several: bool = False, auto: bool = False, device: bool = True
+) -> None:
+    """The options of a command that loads models (:func:`model_request`); ``several``:
+    ``--model`` is repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA
+    weights."""
     repeat = "; repeat --model for several models" if several else ""
-    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action="append" if several else "store")
-    overrides = "overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
-    overrides += "; once for every model, or once per --model in order (empty for none)" if several else ""
-    many = {"nargs": "*", "action": "append"} if several else {"nargs": "+", "action": "extend"}
-    opt(p, "--model-args", None if several else [], overrides, metavar="KEY=VALUE", **many)
-    choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
-    weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema" if auto else ""
-    weights = weights or "raw (default) or the EMA weights of the checkpoint(s)"
+    action = "append" if several else "store"
+    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action=action)
+    overrides = "overrides: vit5 config fields or timm.create_model kwargs"
+    overrides += " (e.g. depth=2 img_size=64)"
+    if several:
+        overrides += "; once for every model, or once per --model in order (empty for none)"
+        opt(p, "--model-args", None, overrides, metavar="KEY=VALUE", nargs="*", action="append")
+    else:
+        opt(p, "--model-args", [], overrides, metavar="KEY=VALUE", nargs="+", action="extend")
+    if auto:
+        choices = ("auto", "raw", "ema")
+        weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
+    else:
+        choices = ("raw", "ema")
+        weights = "raw (default) or the EMA weights of the checkpoint(s)"
     opt(p, "--weights", choices[0], weights, choices=choices)
-    p.add_argument("--ema", dest="weights", action="store_const", const="ema", help="same as --weights ema")
-    untrained = "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-    untrained += "pretrained weights; checkpoints load as usual; outputs say random-init"
+    ema = "same as --weights ema"
+    p.add_argument("--ema", dest="weights", action="store_const", const="ema", help=ema)
+    untrained = (
+        "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+        "pretrained weights; checkpoints load as usual; outputs say random-init"
+    )
     opt(p, "--random-init", False, untrained)
     limit = "refuse vit5 models larger than N parameters before building them"
-    opt(p, "--max-params", float, f"{limit} (default {DEFAULT_MAX_PARAMS:.0e})", metavar="N")
+    limit += f" (default {DEFAULT_MAX_PARAMS:.0e})"
+    opt(p, "--max-params", float, limit, metavar="N")
     if device:
         opt(p, "--device", "auto", DEVICE_HELP)
 
@@ -115,24 +135,38 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
     items = args.model_args or [[]]
     if len(items) not in (1, len(args.model)):
         raise InputError(
-            f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once (for every "
-            "model) or once per --model in order (an empty --model-args for a model without overrides)"
+            f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once "
+            "(for every model) or once per --model in order (an empty --model-args for a model "
+            "without overrides)"
         )
-    return items * len(args.model) if len(items) == 1 else items
+    if len(items) == 1:
+        return items * len(args.model)
+    return items
 
 
-def load_models(
-    args: argparse.Namespace, specs: list[str] | None = None, items: list[list[str]] | None = None
-) -> list[LoadedModel]:
-    """The models of :func:`add_model_options` (or ``specs`` with their ``items``; raw and EMA for auto)."""
-    from vit5.eval.common import load_models as load
-    from vit5.introspect.spec import parse_model_args, random_init_flags
+def model_request(
+    args: argparse.Namespace,
+    specs: list[str] | None = None,
+    items: list[list[str]] | None = None,
+    labels: tuple[str | None, ...] = (),
+    require: str = "any",
+) -> ModelRequest:
+    """The :class:`~vit5.introspect.load.ModelRequest` of :func:`add_model_options` (or of
+    ``specs`` with their ``items``), for :func:`vit5.introspect.load.load_models`."""
+    from vit5.introspect.load import ModelRequest, parse_model_args
 
-    specs = specs or (args.model if isinstance(args.model, list) else [args.model])
-    limit = {} if args.max_params is None else {"max_params": args.max_params}
+    if specs is None:
+        specs = args.model if isinstance(args.model, list) else [args.model]
     overrides = [parse_model_args(i) for i in items or per_model_args(args)]
-    models = zip(specs, overrides, random_init_flags(specs, args.random_init))
-    return [m for spec, kw, untrained in models for m in load(spec, args.weights, untrained, **kw, **limit)]
+    return ModelRequest(
+        specs=tuple(specs),
+        overrides=tuple(overrides),
+        labels=tuple(labels),
+        weights=args.weights,
+        random_init=args.random_init,
+        max_params=args.max_params,
+        require=require,
+    )
 
 
 def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:

@@ -16,7 +16,7 @@ from vit5.cli import (
     Parser,
     add_model_options,
     from_options,
-    load_models,
+    model_request,
     opt,
     parse_size,
     run_main,
@@ -30,10 +30,11 @@ from vit5.runtime import resolve_device
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
 
-def _models(args: argparse.Namespace, device=None) -> list:
-    from vit5.introspect.spec import distinct_labels
+def _models(args: argparse.Namespace, device=None, require: str = "any") -> list:
+    """The models of the options on ``device`` (default ``--device``), their labels distinct."""
+    from vit5.introspect.load import distinct_labels, load_models
 
-    models = load_models(args)
+    models = load_models(model_request(args, require=require))
     for m in models:
         m.model.to(device or args.device)
     return distinct_labels(models)
@@ -76,12 +77,19 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """accuracy against input resolution (table + plot) for one or more models"""
-    from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table, write_json
-    from vit5.introspect import patch_size_of
+    from vit5.eval import (
+        run_sweep,
+        sizes_from_scales,
+        sweep_plot,
+        sweep_records,
+        sweep_table,
+        write_json,
+    )
 
     settings, accelerator, dataset, models = _classify_data(args)
     first = models[0]
-    sizes = args.sizes or sizes_from_scales(args.scales, first.input_size, patch_size_of(first.model) or 1)
+    patch = first.info.patch_size if first.info else 1
+    sizes = args.sizes or sizes_from_scales(args.scales, first.input_size, patch)
     results = run_sweep(models, dataset, sizes, settings, accelerator)
     if accelerator.is_main_process:
         print(sweep_table(results))
@@ -94,7 +102,7 @@ def cmd_features(args: argparse.Namespace) -> None:
     from vit5.eval import FeatureSettings, export_features
 
     settings = from_options(FeatureSettings, args)
-    (model,) = _models(args)
+    (model,) = _models(args, require="vit")
     print(export_features(model, args.images, args.out, settings, overwrite=args.overwrite))
 
 
@@ -103,8 +111,8 @@ def cmd_probe(args: argparse.Namespace) -> None:
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes, write_json
 
     train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
-    settings = from_options(ProbeSettings, args)
-    rows = [row for m in _models(args) for row in run_probes(m, train, val, settings)]
+    settings = from_options(ProbeSettings, args, norm=not args.no_norm)
+    rows = [row for m in _models(args, require="vit") for row in run_probes(m, train, val, settings)]
     print(probe_table(rows, chance=1.0 / len(train.class_names)))
     print(f"\nwrote {write_json(args.out / 'probe.json', [vars(r) for r in rows])}")
 
@@ -116,8 +124,9 @@ def cmd_segprobe(args: argparse.Namespace) -> None:
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)
-    settings = from_options(SegProbeSettings, args)
-    results = [run_segmentation_probe(m, args.data, info, splits, settings) for m in _models(args)]
+    settings = from_options(SegProbeSettings, args, norm=not args.no_norm)
+    models = _models(args, require="vit")
+    results = [run_segmentation_probe(m, args.data, info, splits, settings) for m in models]
     print(seg_tables(results))
     print(f"\nwrote {write_json(args.out / 'segprobe.json', [r.to_dict() for r in results])}")
 
@@ -193,7 +202,7 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature", metavar="T")
     opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c", metavar="C")
     opt(p, "--layer", -1, "block to probe")
-    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
+    opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
     size_option(p)
     _loader(p, 64, 2)
 
@@ -206,7 +215,7 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--reduce-zero-label", False, "ADE20K: id 0 is ignored, ids shift down by one")
     size_option(p)
     opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
-    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
+    opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
     for flag, default in (("--epochs", 30), ("--lr", 0.05), ("--weight-decay", 1e-4), ("--batch-size", 16)):
         opt(p, flag, default)
 

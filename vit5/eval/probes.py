@@ -24,21 +24,28 @@ from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset
 from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
-from vit5.errors import InputError
+from vit5.errors import InputError, Rule
 from vit5.eval.common import (
     LoadedModel,
-    check_fields,
+    check_settings,
     confusion_matrix,
     dense_features,
     format_table,
     labelled_loader,
 )
 from vit5.eval.features import FailedImage, FeatureSettings, extract, prepare
-from vit5.introspect import describe
+from vit5.introspect import ModelInfo, describe
 from vit5.model import take_indices
 
 POOLS = ("cls", "avg")
 Array = np.ndarray
+
+
+_PROBE_RULES = (
+    Rule("pools", lambda v: bool(v) and set(v) <= set(POOLS), f"chosen from {POOLS}"),
+    Rule("knn_k", lambda v: all(k >= 1 for k in v), "counts >= 1"),
+    Rule("knn_temperature logreg_c", lambda v: v > 0, "> 0"),
+)
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,7 @@ class ProbeSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_fields(
-            self,
-            ("pools", lambda v: bool(v) and set(v) <= set(POOLS), f"chosen from {POOLS}"),
-            ("knn_k", lambda v: all(k >= 1 for k in v), "counts >= 1"),
-            ("knn_temperature", lambda v: v > 0, "> 0"),
-            ("logreg_c", lambda v: v > 0, "> 0"),
-        )
+        check_settings(self, _PROBE_RULES)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def encode(
     loaded: LoadedModel, dataset: ImageFolderDataset, settings: ProbeSettings, progress: bool = True
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``({pool: [N, C] float32}, targets [N])`` for the readable images of ``dataset``."""
-    info = describe(loaded.model)
+    info = _info(loaded)
     if "cls" in settings.pools and not info.num_cls:
         raise InputError(f"{loaded.label} has no CLS token; use pools=('avg',)")
     (block,) = take_indices(info.depth, [settings.layer])
@@ -100,6 +101,11 @@ def encode(
             pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
     return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy()
+
+
+def _info(loaded: LoadedModel) -> ModelInfo:
+    """The loader's description, or (a model loaded without one) the description made now."""
+    return loaded.info or describe(loaded.model)
 
 
 def knn_accuracy(
@@ -166,6 +172,13 @@ def probe_table(rows: Sequence[ProbeRow], chance: float | None = None) -> str:
     return format_table(("model", "pool", *methods), table_rows, title=title)
 
 
+_SEG_PROBE_RULES = (
+    Rule("epochs batch_size", lambda v: v >= 1, ">= 1"),
+    Rule("lr", lambda v: v > 0, "> 0"),
+    Rule("weight_decay", lambda v: v >= 0, ">= 0"),
+)
+
+
 @dataclass(frozen=True)
 class SegProbeSettings:
     size: tuple[int, int] | None = None  # input (H, W); default: the model's
@@ -179,13 +192,7 @@ class SegProbeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
-        check_fields(
-            self,
-            ("epochs", lambda v: v >= 1, ">= 1"),
-            ("batch_size", lambda v: v >= 1, ">= 1"),
-            ("lr", lambda v: v > 0, "> 0"),
-            ("weight_decay", lambda v: v >= 0, ">= 0"),
-        )
+        check_settings(self, _SEG_PROBE_RULES)
 
 
 @dataclass(frozen=True)
@@ -311,7 +318,8 @@ def run_segmentation_probe(
     features = FeatureSettings(
         settings.layers, size, norm=settings.norm, dtype="float16", batch_size=settings.batch_size
     )
-    blocks = prepare(loaded, features)[-1]  # a bad size or block index fails here, before any work
+    # a bad size or block index fails here, before any work
+    blocks = prepare(loaded, features).blocks
 
     def encode(split: str) -> EncodedSplit:
         masks_of = {Path(image): mask for image, mask in list_pairs(root, split)}
