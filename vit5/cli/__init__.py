@@ -26,15 +26,36 @@ if TYPE_CHECKING:
 
 # name -> (module whose main(argv, prog) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
-    "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
-    "viz": ("vit5.cli.viz", "attention maps, token norms, register metrics, ablations, the register study"),
+    "train": (
+        "vit5.cli.train",
+        "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)",
+    ),
+    "eval": (
+        "vit5.cli.eval",
+        "classification metrics, resolution sweeps, dense features and probes",
+    ),
+    "viz": (
+        "vit5.cli.viz",
+        "attention maps, token norms, register metrics, ablations, the register study",
+    ),
     "data": ("vit5.cli.data", "ImageFolder trees (the digits, Fashion-MNIST) or WebDataset shards"),
     "bench": ("vit5.cli.bench", "speed, memory and FLOPs benchmarks with a report"),
-    "ablate": ("vit5.cli.ablate", "component ablation: train each variant, compare accuracy and speed"),
-    "export": ("vit5.cli.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
-    "predict": ("vit5.cli.predict", "top-k class names and probabilities for each image of a folder"),
-    "list": ("vit5.cli.catalog", "the model presets, the released weights and the packaged training recipes"),
+    "ablate": (
+        "vit5.cli.ablate",
+        "component ablation: train each variant, compare accuracy and speed",
+    ),
+    "export": (
+        "vit5.cli.export",
+        "export a model to ONNX (checked with onnxruntime) or torch.export",
+    ),
+    "predict": (
+        "vit5.cli.predict",
+        "top-k class names and probabilities for each image of a folder",
+    ),
+    "list": (
+        "vit5.cli.catalog",
+        "the model presets, the released weights and the packaged training recipes",
+    ),
 }
 SIZE_HELP = "input size, N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
@@ -137,7 +158,7 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
         raise InputError(
             f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once "
             "(for every model) or once per --model in order (an empty --model-args for a model "
-            "without overrides)"
+            "without overrides)",
         )
     if len(items) == 1:
         return items * len(args.model)
@@ -182,14 +203,20 @@ def parse_size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) > 2 or not all(p.isdecimal() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
-            f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
+            f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)",
         )
     return (int(parts[0]), int(parts[-1]))
 
 
 def size_option(p: Any, note: str | None = None) -> None:
     """``--size N|HxW`` (:func:`parse_size`); ``note``: what its help says after the syntax (the default)."""
-    opt(p, "--size", parse_size, SIZE_HELP + (note or " (default: the model's own)"), metavar="N|HxW")
+    opt(
+        p,
+        "--size",
+        parse_size,
+        SIZE_HELP + (note or " (default: the model's own)"),
+        metavar="N|HxW",
+    )
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:
@@ -197,7 +224,9 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     ``error: ...`` line and exit status 2, anything else keeps its traceback. A failed command removes
     the folders it created for ``out`` while they hold no file."""
     path = Path(out) if out is not None else Path()
-    new = list(itertools.takewhile(lambda f: not (f.exists() or f.is_symlink()), (path, *path.parents)))
+    new = list(
+        itertools.takewhile(lambda f: not (f.exists() or f.is_symlink()), (path, *path.parents)),
+    )
     status = 2
     try:
         status = work() or 0
@@ -210,7 +239,11 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     return status
 
 
-def run_main(parse: Callable[[Any], Any], argv: Sequence[str] | None, work: Callable[[Any], Any]) -> int:
+def run_main(
+    parse: Callable[[Any], Any],
+    argv: Sequence[str] | None,
+    work: Callable[[Any], Any],
+) -> int:
     """``work(parse(argv))`` (:func:`run_command`, cleaning up a new ``args.out``), with a console that
     prints any file name (undecodable bytes as ``\\xNN``) and warnings as one line each."""
     for stream in (sys.stdout, sys.stderr):

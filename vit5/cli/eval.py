@@ -49,7 +49,12 @@ def _classify_data(args: argparse.Namespace):
     settings = from_options(ClassifySettings, args)
     # without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group
     accelerator = Accelerator(cpu=args.device.startswith("cpu"))
-    return settings, accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
+    return (
+        settings,
+        accelerator,
+        open_split(args.data, args.split or None),
+        _models(args, accelerator.device),
+    )
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
@@ -68,7 +73,12 @@ def cmd_classify(args: argparse.Namespace) -> None:
     for r in results:
         print("\n" + per_class_table(r))
         confusion = args.out / f"confusion_{r.model}.png"
-        plot_confusion(r.scores.confusion, r.class_names, confusion, title=f"{r.model}: confusion matrix")
+        plot_confusion(
+            r.scores.confusion,
+            r.class_names,
+            confusion,
+            title=f"{r.model}: confusion matrix",
+        )
         for s in r.skipped:
             print(f"skipped {s['path']}: {s['reason']}")
     path = write_json(args.out / "classify.json", [r.to_dict() for r in results])
@@ -110,16 +120,24 @@ def cmd_probe(args: argparse.Namespace) -> None:
     """kNN and logistic-regression probes on CLS / average-pooled features"""
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes, write_json
 
-    train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
+    train = open_split(args.data, args.train_split)
+    val = open_split(args.data, args.val_split)
     settings = from_options(ProbeSettings, args, norm=not args.no_norm)
-    rows = [row for m in _models(args, require="vit") for row in run_probes(m, train, val, settings)]
+    models = _models(args, require="vit")
+    rows = [row for m in models for row in run_probes(m, train, val, settings)]
     print(probe_table(rows, chance=1.0 / len(train.class_names)))
     print(f"\nwrote {write_json(args.out / 'probe.json', [vars(r) for r in rows])}")
 
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
     """dense linear segmentation probe on patch features: mIoU, pixel accuracy"""
-    from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
+    from vit5.eval import (
+        SegProbeSettings,
+        dataset_info,
+        default_splits,
+        run_segmentation_probe,
+        seg_tables,
+    )
     from vit5.eval.common import write_json
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
@@ -142,7 +160,7 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
     splits = info["splits"]
     print(
         f"digits-seg -> {args.root}: {splits['train']} train / {splits['val']} val canvases of "
-        f"{args.size}x{args.size}, {info['num_classes']} classes (0 = background, d + 1 = digit d)"
+        f"{args.size}x{args.size}, {info['num_classes']} classes (0 = background, d + 1 = digit d)",
     )
 
 
@@ -154,7 +172,11 @@ def _loader(p: argparse.ArgumentParser, batch_size: int, workers: int | None) ->
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(run, out: str | None, several: bool | None = True) -> argparse.ArgumentParser:
@@ -180,9 +202,20 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     group = sweep.add_mutually_exclusive_group()
     scales = f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})"
     opt(group, "--scales", list(DEFAULT_SCALES), scales, metavar="S|SHxSW")
-    opt(group, "--sizes", parse_size, "absolute sizes instead of --scales", nargs="+", metavar="N|HxW")
+    opt(
+        group,
+        "--sizes",
+        parse_size,
+        "absolute sizes instead of --scales",
+        nargs="+",
+        metavar="N|HxW",
+    )
 
-    p = command(cmd_features, "output folder: <image path>.safetensors files + manifest.json", several=False)
+    p = command(
+        cmd_features,
+        "output folder: <image path>.safetensors files + manifest.json",
+        several=False,
+    )
     opt(p, "--images", None, "image folder (searched recursively) or one image", required=True)
     opt(p, "--layers", [-1], "blocks to save (default -1, the last)")
     size = p.add_mutually_exclusive_group()
@@ -197,10 +230,24 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--data", None, "ImageFolder root with train and val splits", required=True)
     opt(p, "--train-split", "train")
     opt(p, "--val-split", "val")
-    opt(p, "--pool", ["cls", "avg"], "global features to probe", choices=("cls", "avg"), dest="pools")
+    opt(
+        p,
+        "--pool",
+        ["cls", "avg"],
+        "global features to probe",
+        choices=("cls", "avg"),
+        dest="pools",
+    )
     opt(p, "--k", [10, 20], "kNN neighbour counts", dest="knn_k", metavar="K")
     opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature", metavar="T")
-    opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c", metavar="C")
+    opt(
+        p,
+        "--C",
+        1.0,
+        "inverse L2 strength of the logistic regression",
+        dest="logreg_c",
+        metavar="C",
+    )
     opt(p, "--layer", -1, "block to probe")
     opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
     size_option(p)
@@ -209,14 +256,26 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     p = command(cmd_segprobe, "writes segprobe.json here")
     data = "root with images/SPLIT/... and annotations/SPLIT/... (PNG class ids)"
     opt(p, "--data", None, data, required=True)
-    opt(p, "--splits", None, "default: train val, or training validation", nargs=2, metavar=("TRAIN", "VAL"))
+    opt(
+        p,
+        "--splits",
+        None,
+        "default: train val, or training validation",
+        nargs=2,
+        metavar=("TRAIN", "VAL"),
+    )
     opt(p, "--num-classes", int, "default: from DATA/dataset.json")
     opt(p, "--ignore-index", int, "label value to ignore (default 255 or dataset.json's)")
     opt(p, "--reduce-zero-label", False, "ADE20K: id 0 is ignored, ids shift down by one")
     size_option(p)
     opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
     opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
-    for flag, default in (("--epochs", 30), ("--lr", 0.05), ("--weight-decay", 1e-4), ("--batch-size", 16)):
+    for flag, default in (
+        ("--epochs", 30),
+        ("--lr", 0.05),
+        ("--weight-decay", 1e-4),
+        ("--batch-size", 16),
+    ):
         opt(p, flag, default)
 
     p = command(cmd_make_seg, None, None)
@@ -224,7 +283,15 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--train", 400, "train canvases", dest="num_train", metavar="N")
     opt(p, "--val", 100, "val canvases", dest="num_val", metavar="N")
     opt(p, "--size", 64, "canvas side in pixels")
-    opt(p, "--digits", [2, 4], "digits per canvas", nargs=2, metavar=("MIN", "MAX"), dest="digits_per_image")
+    opt(
+        p,
+        "--digits",
+        [2, 4],
+        "digits per canvas",
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        dest="digits_per_image",
+    )
     scale = "digit side as a fraction of the canvas side"
     opt(p, "--scale", [0.3, 0.55], scale, nargs=2, metavar=("MIN", "MAX"), dest="digit_scale")
     return parser

@@ -59,7 +59,12 @@ def _export(args: argparse.Namespace) -> None:
     print(f"model: {loaded.description}")
     dynamic_batch = not args.static_batch
     if args.program is not None:
-        program = from_options(export_program, args, model=loaded.model, dynamic_batch=dynamic_batch)
+        program = from_options(
+            export_program,
+            args,
+            model=loaded.model,
+            dynamic_batch=dynamic_batch,
+        )
         check_output_dir(args.program.parent, "the --program folder")
         # in memory first: torch's zip writer aborts the process when a write fails (full disk); the
         # atomic write then never replaces a good file by a partial one

@@ -51,11 +51,17 @@ def _predict(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)  # a bad --device fails before any work
     if args.csv is not None and args.csv.is_dir():
         raise InputError(
-            f"--csv {args.csv} is a folder: give a file path such as {args.csv / 'predictions.csv'}"
+            f"--csv {args.csv} is a folder: give a file path such as {args.csv / 'predictions.csv'}",
         )
     (loaded,) = load_models(model_request(args))
     print(f"model: {loaded.description}")
-    predictions, names = from_options(predict, args, loaded=loaded, device=device, progress=not args.quiet)
+    predictions, names = from_options(
+        predict,
+        args,
+        loaded=loaded,
+        device=device,
+        progress=not args.quiet,
+    )
     print(f"classes: {names.source}")
     print(predictions_table(predictions, args.images))
     if args.csv is not None:

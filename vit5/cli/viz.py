@@ -69,7 +69,12 @@ def _label(text: str) -> str:
     return text
 
 
-def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str | None, images: str | None) -> None:
+def _outputs(
+    p: argparse.ArgumentParser,
+    batch_size: int,
+    size: str | None,
+    images: str | None,
+) -> None:
     """The input and output options; ``size``: what no --size means (None: the model's own size);
     ``images``: the help of ``--images`` (None: no such option)."""
     if images:
@@ -113,7 +118,12 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
     opt(g, "--title", None, title, metavar="TEXT")
     m = p.add_argument_group("metrics")
     opt(m, "--k", 5.0, "outlier threshold: median + k * MAD of log-norms")
-    opt(m, "--threshold", float, "explicit outlier norm threshold for every layer (instead of k * MAD)")
+    opt(
+        m,
+        "--threshold",
+        float,
+        "explicit outlier norm threshold for every layer (instead of k * MAD)",
+    )
     reuse = "reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)"
     opt(m, "--threshold-from", Path, reuse, metavar="METRICS_JSON")
     opt(m, "--eps", 0.3, "sink-rate epsilon")
@@ -121,9 +131,19 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
     opt(m, "--bootstrap", 1000, "bootstrap resamples over images", dest="n_boot", metavar="N")
     raw = "also save raw per-token norms and attention rows"
     opt(m, "--save-raw", None, raw, choices=("npz", "safetensors"))
-    k = p.add_argument_group("planted artifacts (a pipeline self-check; every output is labelled PLANTED)")
+    k = p.add_argument_group(
+        "planted artifacts (a pipeline self-check; every output is labelled PLANTED)",
+    )
     opt(k, "--plant-layer", int, "block whose output gets planted high-norm tokens")
-    opt(k, "--plant-at", int, "patch (repeatable)", nargs=2, action="append", metavar=("ROW", "COL"))
+    opt(
+        k,
+        "--plant-at",
+        int,
+        "patch (repeatable)",
+        nargs=2,
+        action="append",
+        metavar=("ROW", "COL"),
+    )
     opt(k, "--plant-scale", 20.0, "planted-token norm factor")
     if name == "ttr":
         t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
@@ -141,7 +161,8 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         epilog="Example: vit5 viz all --model vit5_tiny --random-init --model-args depth=4 --images "
         "sklearn-samples --out runs/viz",
     )
-    sub, parsers = parser.add_subparsers(dest="command", required=True), {}
+    sub = parser.add_subparsers(dest="command", required=True)
+    parsers = {}
     for name, text in SUBCOMMANDS.items():
         parsers[name] = p = sub.add_parser(name, help=text, description=text)
         if name not in ("ablate", "position", "study"):
@@ -165,10 +186,21 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     _outputs(p, 32, None, None)
     p = parsers["study"]
     opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
-    opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
+    opt(
+        p,
+        "--preset",
+        "full",
+        "full (default): the README study; smoke: seconds",
+        choices=STUDY_PRESETS,
+    )
     settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
     opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
-    opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
+    opt(
+        p,
+        "--max-minutes",
+        float,
+        "stop at the first checkpoint after this many minutes (resumable)",
+    )
     skip = "skip the register ablation / test-time register analyses"
     opt(p, "--no-analysis", False, skip)
     analyse = "no training: write the figure, verdict and analyses of the twins as they are now"
@@ -326,7 +358,7 @@ def _position(args: argparse.Namespace, models: list[LoadedModel]) -> None:
         print(
             f"  block {s['layer']}: constant-image spatial share "
             f"{s['constant_spatial_share']:.4f}, noise-image position share "
-            f"{s['noise_position_share']:.4f}"
+            f"{s['noise_position_share']:.4f}",
         )
     figure = position_figure(probes, style)
     saved = save_figure(figure, args.out / "position_probe", style.formats)

@@ -54,7 +54,9 @@ def list_images(source: str | os.PathLike[str]) -> tuple[Path, list[Path]]:
     if source.is_file():
         return source.parent, [source]
     if not source.is_dir():
-        raise InputError(f"image source {source} does not exist; pass an image file or a folder of images")
+        raise InputError(
+            f"image source {source} does not exist; pass an image file or a folder of images",
+        )
     files = image_files(source)
     if not files:
         extensions = sorted({e.lower() for e in IMAGE_EXTENSIONS})

@@ -96,7 +96,7 @@ class FeatureSettings:
         if self.size is not None and self.max_side is not None:
             raise InputError(
                 f"max_side={self.max_side} and size={self.size}: give either a fixed size or "
-                "max_side, which limits each image's own size, not both"
+                "max_side, which limits each image's own size, not both",
             )
 
 
@@ -172,7 +172,9 @@ def prepare(model: nn.Module | LoadedModel, settings: FeatureSettings) -> Prepar
 
 
 def extract(
-    model: nn.Module | LoadedModel, paths: Sequence[str | os.PathLike[str]], settings: FeatureSettings
+    model: nn.Module | LoadedModel,
+    paths: Sequence[str | os.PathLike[str]],
+    settings: FeatureSettings,
 ) -> Iterator[ImageFeatures | FailedImage]:
     """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed
     order."""
@@ -222,7 +224,9 @@ def iter_features(
     for item in extract(model, paths, settings):
         if isinstance(item, FailedImage):
             warnings.warn(
-                f"skipping unreadable image {item.path}: {item.reason}", BadImageWarning, stacklevel=2
+                f"skipping unreadable image {item.path}: {item.reason}",
+                BadImageWarning,
+                stacklevel=2,
             )
         else:
             yield item.path, item.features
@@ -287,7 +291,7 @@ def export_features(
             "settings": chosen,
             "mean": tuple(prepared.preprocessing.mean),
             "std": tuple(prepared.preprocessing.std),
-        }
+        },
     )
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     header = {
@@ -303,23 +307,34 @@ def export_features(
     }
     with FolderLock(out_dir, "feature export"):
         old = {} if overwrite or not (out_dir / MANIFEST).is_file() else read_manifest(out_dir)
-        if old and old.get("run_id") != run_id and old["num_images"] > 0:  # an empty one blocks nothing
-            changed = "; ".join(f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v)
+        # an empty manifest blocks nothing
+        if old and old.get("run_id") != run_id and old["num_images"] > 0:
+            differ = [k for k, v in identity.items() if old.get(k) != v]
+            changed = "; ".join(f"{k}: {old.get(k)} -> {identity[k]}" for k in differ)
             raise InputError(
                 f"{out_dir} holds features from another model or other settings "
-                f"({changed or 'other format'}); use a new output folder, or overwrite to replace them"
+                f"({changed or 'other format'}); use a new output folder, or overwrite to replace them",
             )
         for partial in out_dir.rglob(f"*{SUFFIX}*.partial"):  # left by a kill
             partial.unlink()
-        done = {} if overwrite else {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
+        done = {}
+        if not overwrite:
+            done = {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
         entries: dict[str, dict[str, Any]] = {e["path"]: e for e in done.values() if e}
         todo = [path for path in paths if not done.get(path)]
-        skipped, failed = len(entries), []
+        skipped = len(entries)
+        failed = []
 
         def write_manifest(complete: bool) -> None:
             bad = [{"path": f.path.relative_to(root).as_posix(), "reason": f.reason} for f in failed]
             images = [entries[k] for k in sorted(entries)]
-            doc = dict(header, complete=complete, num_images=len(entries), images=images, failed=bad)
+            doc = dict(
+                header,
+                complete=complete,
+                num_images=len(entries),
+                images=images,
+                failed=bad,
+            )
             write_json(out_dir / MANIFEST, doc)
 
         write_manifest(complete=False)
@@ -337,7 +352,13 @@ def export_features(
                 write_manifest(complete=False)
                 last_manifest = time.monotonic()
         write_manifest(complete=True)
-    return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
+    return ExportSummary(
+        out_dir,
+        len(entries) - skipped,
+        skipped,
+        failed,
+        time.perf_counter() - start,
+    )
 
 
 def _source_stat(path: Path) -> dict[str, int]:
@@ -345,22 +366,40 @@ def _source_stat(path: Path) -> dict[str, int]:
     return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
 
 
-def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch: int) -> dict[str, Any]:
-    (h, w), rel = item.input_size, item.path.relative_to(root).as_posix()
-    sizes = {"image_size": list(item.image_size), "input_size": [h, w], "grid": [h // patch, w // patch]}
+def _write_image(
+    out_dir: Path,
+    root: Path,
+    item: ImageFeatures,
+    run_id: str,
+    patch: int,
+) -> dict[str, Any]:
+    h, w = item.input_size
+    rel = item.path.relative_to(root).as_posix()
+    sizes = {
+        "image_size": list(item.image_size),
+        "input_size": [h, w],
+        "grid": [h // patch, w // patch],
+    }
     entry = {"path": rel, "file": rel + SUFFIX, **sizes}
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path)})
-    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: meta})
-    atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
+    payload = save(
+        {k: v.contiguous() for k, v in item.features.items()},
+        metadata={_META_KEY: meta},
+    )
+    # many files: the manifest is the durable record
+    atomic_write_bytes(target, payload, durable=False)
     return entry
 
 
 def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
     """The manifest entry of an image whose feature file is complete and current, else None."""
     try:
-        with safe_open(str(out_dir / (path.relative_to(root).as_posix() + SUFFIX)), framework="pt") as f:
+        with safe_open(
+            str(out_dir / (path.relative_to(root).as_posix() + SUFFIX)),
+            framework="pt",
+        ) as f:
             meta = json.loads((f.metadata() or {})[_META_KEY])
     except Exception:  # missing, unreadable or foreign file: compute it
         return None
@@ -392,7 +431,9 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
     manifest = read_json(path)
     if not isinstance(manifest, dict):
-        raise InputError(f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it")
+        raise InputError(
+            f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it",
+        )
     if manifest.get("format") != FORMAT:
         raise InputError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
     for key, default in MANIFEST_DEFAULTS.items():
@@ -406,7 +447,9 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def read_features(out_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+def read_features(
+    out_dir: str | os.PathLike[str],
+) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
     """``(image path, {name: tensor})`` for every image of an export, in manifest order."""
     manifest = read_manifest(out_dir)
     root = Path(manifest["source_root"])

@@ -79,7 +79,7 @@ class ModelInfo:
             raise InputError(
                 f"this {self.name} was built for {height}x{width} inputs only "
                 f"(dynamic_img_size=False): use --size {height}x{width}, or build it with "
-                "dynamic_img_size=True (the eval and viz commands do this for timm model specs)"
+                "dynamic_img_size=True (the eval and viz commands do this for timm model specs)",
             )
         return grid
 

@@ -209,7 +209,9 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"model argument {item!r} is not KEY=VALUE (e.g. depth=2 or img_size=64)")
+            raise InputError(
+                f"model argument {item!r} is not KEY=VALUE (e.g. depth=2 or img_size=64)",
+            )
         try:
             out[key.strip()] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -258,7 +260,7 @@ def _released(name: str) -> str:
     if release is None:
         raise InputError(
             f"{name} has no released weights (released: {', '.join(hub.RELEASES)}): add "
-            "@CHECKPOINT for your own weights, or ask for an untrained model with --random-init"
+            "@CHECKPOINT for your own weights, or ask for an untrained model with --random-init",
         )
     return release.name
 
@@ -269,7 +271,7 @@ def _unknown(spec: str) -> None:
     raise InputError(
         f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
         f"({', '.join(close) or '`vit5 list models` names them'}); timm models are written "
-        f"{TIMM_PREFIX}NAME[@CHECKPOINT]"
+        f"{TIMM_PREFIX}NAME[@CHECKPOINT]",
     )
 
 
@@ -299,7 +301,7 @@ def random_init_flags(specs: Sequence[str], random_init: bool) -> list[bool]:
         verb = "names" if len(specs) == 1 else "name"
         raise InputError(
             "--random-init builds bare architecture names untrained (vit5_tiny, "
-            f"{TIMM_PREFIX}NAME), but {', '.join(specs)} {verb} weights: drop --random-init"
+            f"{TIMM_PREFIX}NAME), but {', '.join(specs)} {verb} weights: drop --random-init",
         )
     return [random_init and is_bare_name(spec) for spec in specs]
 
@@ -309,7 +311,7 @@ def _load_random(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[n
     if names_weights(spec):
         raise InputError(
             f"--random-init asks for an untrained model, but {spec} names weights: give a bare "
-            f"architecture (a vit5 preset, or {TIMM_PREFIX}NAME), or drop --random-init"
+            f"architecture (a vit5 preset, or {TIMM_PREFIX}NAME), or drop --random-init",
         )
     if not is_bare_name(spec):
         _unknown(spec)
@@ -345,7 +347,9 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.
     if weights_path and not Path(weights_path).is_file():
         raise InputError(f"checkpoint {weights_path} does not exist")
     if use_ema and not weights_path:
-        raise InputError(f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option")
+        raise InputError(
+            f"{spec}: timm's pretrained weights have no separate EMA copy; drop the EMA option",
+        )
     model = _create_timm(name, overrides, pretrained=not weights_path)
     if weights_path:
         module = importlib.import_module(type(model).__module__)
@@ -354,7 +358,7 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.
             load_checkpoint(model, weights_path, use_ema=use_ema, strict=True, filter_fn=filter_fn)
         except (RuntimeError, KeyError) as err:
             raise InputError(
-                f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}"
+                f"checkpoint {weights_path} does not fit timm model {name} (strict load): {err}",
             ) from err
         kind = "EMA weights" if use_ema else "weights"
         source = f"{kind} {weights_path}"
@@ -378,7 +382,7 @@ def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.M
         tagged = ", ".join(timm.list_pretrained(name + "*")[:8]) or "none"
         raise InputError(
             f"timm has no pretrained weights for {name} (tagged ones: {tagged}): add "
-            "@CHECKPOINT, name a tag, or ask for an untrained model with --random-init"
+            "@CHECKPOINT, name a tag, or ask for an untrained model with --random-init",
         )
     kwargs = dict(overrides)
     if pretrained:  # through vit5's download (cache first) and reader

@@ -165,7 +165,7 @@ def _prepare(
             raise InputError(
                 f"{loaded.label} has no register tokens (R=0), so there are no register "
                 "attention maps: drop --registers, or pick a model with registers (vit5_* "
-                "presets, timm *_reg4_* models)"
+                "presets, timm *_reg4_* models)",
             )
     images, skipped = load_images(sources, size, patch or info.patch_size)
     for line in skipped:
@@ -264,7 +264,16 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
-        fig = F.summary_figure([stats], shown, grid_views, layers[-1], style, pca, renorm, grid_notes)
+        fig = F.summary_figure(
+            [stats],
+            shown,
+            grid_views,
+            layers[-1],
+            style,
+            pca,
+            renorm,
+            grid_notes,
+        )
         save(fig, "summary_grid")
     if "histograms" in views:
         thresholds = report.thresholds
@@ -294,7 +303,10 @@ def _saver(out: Path, style: MapStyle, files: list[Path]) -> Callable[[Figure, s
 
 
 def run_compare(
-    model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig
+    model_a: LoadedModel,
+    model_b: LoadedModel,
+    sources: Sequence[str],
+    cfg: RunConfig,
 ) -> tuple[RunResult, RunResult]:
     """Both models on the same pixels: comparison figures with shared scales, metrics with A's
     thresholds for B (unless ``reuse_thresholds`` is off or explicit reference thresholds are
