@@ -107,3 +107,30 @@ def test_timm_dinov2_in_metas_own_key_layout_goes_through_the_models_filter(tmp_
     x = torch.randn(1, 3, 56, 84)
     with torch.no_grad():
         torch.testing.assert_close(loaded.model.forward_features(x), source.forward_features(x))
+
+
+def test_a_loaded_model_carries_its_description_made_once():
+    from vit5.introspect import describe
+
+    loaded = load_spec("vit5_tiny", TINY, random_init=True, require="recording")
+    assert loaded.info == describe(loaded.model)  # the loader's description is the describer's
+    assert loaded.info.recordable and loaded.info.layout((32, 48)).grid == (4, 6)
+    assert loaded.preprocessing == loaded.info.preprocessing
+    assert loaded.input_size == (32, 32) and loaded.mean == loaded.info.mean
+
+
+def test_what_a_command_requires_of_its_model_is_checked_at_load():
+    cnn = dict(num_classes=3)
+    loaded = load_spec("timm:resnet18", cnn, random_init=True)  # classify takes any timm model
+    assert loaded.info is None and loaded.input_size == (224, 224)
+    with pytest.raises(InputError, match="cannot use a ResNet: supported are vit5 models"):
+        load_spec("timm:resnet18", cnn, random_init=True, require="vit")
+
+
+def test_a_model_request_is_validated_when_built():
+    from vit5.introspect.load import ModelRequest
+
+    with pytest.raises(InputError, match="weights='latest' must be one of auto, raw, ema"):
+        ModelRequest(specs=("vit5_tiny",), weights="latest")
+    with pytest.raises(InputError, match="overrides must be empty or one per spec"):
+        ModelRequest(specs=("vit5_tiny", "vit5_small"), overrides=({},))
