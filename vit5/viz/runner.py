@@ -19,7 +19,7 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.files import atomic_write_json
-from vit5.introspect import ModelInfo
+from vit5.introspect import ModelInfo, describe
 from vit5.introspect.load import LoadedModel
 from vit5.layers.patch_embed import grid_of
 from vit5.model import TokenLayout, take_indices
@@ -52,9 +52,15 @@ class PlantSpec:
 
 
 @contextmanager
-def plant_artifacts(model: nn.Module, info: ModelInfo, spec: PlantSpec) -> Iterator[None]:
+def plant_artifacts(
+    model: nn.Module,
+    spec: PlantSpec,
+    info: ModelInfo | None = None,
+) -> Iterator[None]:
     """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale``
-    (every later block sees the planted tokens); whatever is made inside must say "planted"."""
+    (every later block sees the planted tokens); whatever is made inside must say "planted".
+    ``info``: the model's description, if the caller has it."""
+    info = info or describe(model)
     layer = take_indices(info.depth, [spec.layer])[0]
 
     def plant(position: int, tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
@@ -206,7 +212,7 @@ def _record(
     )
     planted = nullcontext()
     if cfg.plant:
-        planted = plant_artifacts(loaded.model, info, cfg.plant)
+        planted = plant_artifacts(loaded.model, cfg.plant, info)
     with planted:
         return collect(loaded.model, images, loaded.label, collect_cfg, info)
 
