@@ -112,9 +112,11 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
     ]
     assert viz_main([*args, "--size", "4096"]) == 2
     line = one_error_line(capsys.readouterr().err, "error: ")
-    # 65,541 tokens (256 x 256 patches, CLS, 4 registers), 3 heads, float32 scores and probabilities
-    expected = 3 * 65_541**2 * 8 / 2**30
+    # the run's batch (its 2 images), 65,541 tokens (256 x 256 patches, CLS, 4 registers), 3 heads,
+    # float32 scores and probabilities
+    expected = 2 * 3 * 65_541**2 * 8 / 2**30
     assert f"needs about {expected:.2f} GiB" in line and "8.00 GiB available" in line and "--size" in line
+    assert "of 2 image(s)" in line and "--batch-size 1" in line
 
 
 def test_a_refused_size_leaves_nothing_that_blocks_the_rerun(images, tmp_path, capsys):

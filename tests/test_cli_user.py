@@ -67,7 +67,7 @@ def test_help_is_plain_text(argv, capsys):
 
 
 def test_errors_speak_command_line():
-    from vit5.introspect.spec import load_spec
+    from vit5.introspect.load import load_spec
 
     with pytest.raises(InputError) as unknown:
         load_spec("qqqqqqqq")
@@ -241,12 +241,12 @@ def test_predict_prints_imagenet_names_for_a_1000_class_head(images, tmp_path, c
 
 
 def test_predict_uses_the_models_own_class_names(images, tmp_path):
-    from vit5.eval import load_models
     from vit5.eval.classify import predict
+    from vit5.introspect.load import load_spec
 
     model = vit5.create_model("vit5_tiny", num_classes=3, **tiny_kwargs())
     vit5.save_pretrained(model, tmp_path / "ckpt")
-    (loaded,) = load_models(str(tmp_path / "ckpt"), "raw")
+    loaded = load_spec(str(tmp_path / "ckpt"))
     loaded.model.pretrained_cfg["label_names"] = ["cat", "dog", "owl"]
     predictions, names = predict(loaded, images, topk=5, progress=False)
     assert names.names == ("cat", "dog", "owl") and "label_names" in names.source

@@ -12,6 +12,7 @@ from eval_helpers import tiny_model
 
 from vit5.data import BadImageWarning, ImageFolderDataset, build_transform
 from vit5.eval import ClassifySettings, FeatureSettings, LoadedModel, evaluate, export_features, open_split
+from vit5.introspect import Preprocessing
 from vit5.viz.images import load_images
 
 BOMB = (12000, 12000)  # 144 million pixels, over the default limit (PIL's, 89,478,485); a few KB on disk
@@ -58,10 +59,8 @@ def test_classification_skips_and_lists_a_bomb(folder):
         spec="tiny",
         weights="random",
         description="tiny",
-        input_size=(32, 32),
-        mean=(0.5,) * 3,
-        std=(0.5,) * 3,
-        crop_pct=1.0,
+        preprocessing=Preprocessing(input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0),
+        info=None,
     )
     settings = ClassifySettings(batch_size=4, num_workers=0)
     result = evaluate(model, open_split(folder, "val"), settings, progress=False)

@@ -5,7 +5,8 @@ import pytest
 import vit5
 from vit5.data.segmentation import dataset_info
 from vit5.errors import InputError
-from vit5.eval import load_models, read_manifest
+from vit5.eval import read_manifest
+from vit5.introspect.load import ModelRequest, load_models
 
 
 def test_run_directory_with_several_checkpoints_is_an_eval_error(tmp_path):
@@ -13,7 +14,7 @@ def test_run_directory_with_several_checkpoints_is_an_eval_error(tmp_path):
     for name in ("a", "b"):
         vit5.save_pretrained(model, tmp_path / name)
     with pytest.raises(InputError, match="several checkpoint directories, pick one"):
-        load_models(str(tmp_path))  # weights="auto" looks for EMA weights first
+        load_models(ModelRequest(specs=(str(tmp_path),), weights="auto"))  # EMA looked for first
 
 
 @pytest.mark.parametrize("reader, name", [(read_manifest, "manifest.json"), (dataset_info, "dataset.json")])
@@ -78,10 +79,10 @@ def test_crafted_dataset_json_fields_are_one_error_each(tmp_path, meta, message)
             {"images": [{"path": "a", "file": "a", "image_size": [0, 3]}]},
             r"images\[0\] has image_size \[0, 3\]",
         ),
-        ({"num_images": "many"}, "num_images is 'many', not a count"),
-        ({"images": {"a": 1}}, "images is .*not a list"),
-        ({"source_root": None}, "source_root is None, not a str"),
-        ({"failed": "none"}, "failed is .none., not a list"),
+        ({"num_images": "many"}, "num_images='many' must be a count"),
+        ({"images": {"a": 1}}, "images=.* must be a list"),
+        ({"source_root": None}, "source_root=None must be a str"),
+        ({"failed": "none"}, "failed=.none. must be a list"),
     ],
 )
 def test_crafted_manifest_fields_are_one_error_each(tmp_path, change, message):
@@ -125,7 +126,7 @@ def test_crafted_manifest_fields_are_one_error_each(tmp_path, change, message):
 def test_crafted_model_config_fields_are_one_error_each(tmp_path, change, message):
     import json
 
-    from vit5.introspect.spec import load_spec
+    from vit5.introspect.load import load_spec
 
     run = vit5.save_pretrained(
         vit5.create_model("vit5_tiny", depth=1, embed_dim=32, num_heads=2, img_size=16, patch_size=8),

@@ -20,13 +20,13 @@ from vit5.errors import InputError
 from vit5.eval import (
     ClassifySettings,
     evaluate,
-    load_models,
     open_split,
     run_sweep,
     sizes_from_scales,
     sweep_plot,
     sweep_table,
 )
+from vit5.introspect.load import ModelRequest, load_models, load_spec
 from vit5.layers.patch_embed import round_to_patch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ SETTINGS = ClassifySettings(batch_size=16, num_workers=0)
 
 @pytest.fixture(scope="module")
 def models():
-    return load_models(str(trained_checkpoint()))
+    return load_models(ModelRequest(specs=(str(trained_checkpoint()),), weights="auto"))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_checkpoint_directory_gives_raw_and_ema_models(models):
 def test_generic_run_folders_are_labelled_with_their_run(tmp_path):
     (tmp_path / "my_run").mkdir()
     (tmp_path / "my_run" / "final").symlink_to(trained_checkpoint(), target_is_directory=True)
-    loaded = load_models(str(tmp_path / "my_run" / "final"), weights="ema")
+    loaded = load_models(ModelRequest(specs=(str(tmp_path / "my_run" / "final"),), weights="ema"))
     assert [(m.label, m.weights) for m in loaded] == [("my_run-final-ema", "ema")]
 
 
@@ -132,6 +132,7 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
     (tmp_path / "val" / "a" / "empty.png").write_bytes(b"")
     (tmp_path / "val" / "b" / "notes.jpg").write_text("not an image")
     from vit5.eval import LoadedModel
+    from vit5.introspect import Preprocessing
 
     model = LoadedModel(
         tiny_model(num_classes=2).eval(),
@@ -139,10 +140,8 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
         spec="tiny",
         weights="random",
         description="tiny",
-        input_size=(32, 32),
-        mean=(0.5,) * 3,
-        std=(0.5,) * 3,
-        crop_pct=1.0,
+        preprocessing=Preprocessing(input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0),
+        info=None,
     )
     result = evaluate(
         model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False
@@ -165,31 +164,31 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
         {"model": official.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "vit5_official.pth"
     )
     x = torch.randn(2, 3, 32, 32)
-    (loaded,) = load_models(str(tmp_path / "vit5_official.pth"))
+    loaded = load_spec(str(tmp_path / "vit5_official.pth"))
     assert (loaded.label, loaded.weights) == ("vit5_official", "raw")
     torch.testing.assert_close(loaded.model(x), official(x), rtol=1e-4, atol=1e-4)
-    (loaded_ema,) = load_models(str(tmp_path / "vit5_official.pth"), weights="ema")
+    loaded_ema = load_spec(str(tmp_path / "vit5_official.pth"), use_ema=True)
     torch.testing.assert_close(loaded_ema.model(x), ema(x), rtol=1e-4, atol=1e-4)
 
     kwargs = dict(img_size=32, depth=2, embed_dim=48, num_heads=2, num_classes=5)
     reference = timm.create_model("vit_small_patch16_224", pretrained=False, **kwargs).eval()
     torch.save(reference.state_dict(), tmp_path / "timm.pth")
-    (loaded,) = load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **kwargs)
+    loaded = load_spec(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", kwargs)
     assert loaded.mean == (0.5, 0.5, 0.5) and loaded.crop_pct == 0.9  # the timm model's own preprocessing
     torch.testing.assert_close(loaded.model(x), reference(x))
     with pytest.raises(InputError, match="does not fit timm model"):
-        load_models(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", **{**kwargs, "depth": 3})
+        load_spec(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", {**kwargs, "depth": 3})
 
 
 def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     dataset = open_split(digits_folder(), "val")
-    wrong = load_models("vit5_tiny", random_init=True, depth=1, num_classes=3)[0]
+    wrong = load_spec("vit5_tiny", {"depth": 1, "num_classes": 3}, random_init=True)
     with pytest.raises(InputError, match="3 outputs but .* 10 classes"):
         evaluate(wrong, dataset, SETTINGS, progress=False)
     with pytest.raises(InputError, match="not a positive multiple of the patch size 8: use e.g. 32x40"):
         evaluate(models[0], dataset, ClassifySettings(size=(30, 41)), progress=False)
     with pytest.raises(InputError, match="neither an existing checkpoint path nor a vit5 preset"):
-        load_models("vit5_tinny")
+        load_spec("vit5_tinny")
 
 
 def test_sizes_from_scales_round_to_patch_multiples():
@@ -240,7 +239,7 @@ def linked_split(tmp_path: Path, names: dict[str, str]) -> Path:
 
 
 def test_folders_named_otherwise_than_the_model_classes_are_refused(tmp_path):
-    (loaded,) = load_models(str(named_checkpoint(tmp_path, list(range(10)))), weights="raw")
+    loaded = load_spec(str(named_checkpoint(tmp_path, list(range(10)))))
     assert loaded.class_names == tuple("0123456789")
     renamed = linked_split(tmp_path, {("zero" if d == "0" else d): d for d in "0123456789"})
     with pytest.raises(
@@ -251,7 +250,7 @@ def test_folders_named_otherwise_than_the_model_classes_are_refused(tmp_path):
 
 def test_the_model_classes_in_another_order_or_some_of_them_are_mapped_by_name(tmp_path, single_process):
     order = [3, 1, 4, 0, 5, 9, 2, 6, 8, 7]
-    (loaded,) = load_models(str(named_checkpoint(tmp_path, order)), weights="raw")
+    loaded = load_spec(str(named_checkpoint(tmp_path, order)))
     with single_thread():
         permuted = evaluate(loaded, open_split(digits_folder(), "val"), SETTINGS, progress=False)
     assert "the model's classes in another order; labels mapped by class name" in permuted.note

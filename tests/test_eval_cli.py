@@ -11,7 +11,7 @@ from eval_helpers import random_rgb
 
 import vit5
 from vit5.cli.eval import main
-from vit5.introspect.spec import parse_model_args
+from vit5.introspect.load import parse_model_args
 
 TINY_ARGS = [
     "--model",

@@ -11,12 +11,12 @@ from vit5.errors import InputError
 from vit5.eval import (
     ProbeSettings,
     knn_accuracy,
-    load_models,
     logreg_accuracy,
     open_split,
     probe_table,
     run_probes,
 )
+from vit5.introspect.load import load_spec
 
 CHANCE = 0.1
 SETTINGS = ProbeSettings(pools=("cls", "avg"), knn_k=(10,), batch_size=128)
@@ -30,7 +30,7 @@ def splits():
 @pytest.fixture(scope="module")
 def trained_rows(splits):
     with single_thread():
-        return run_probes(load_models(str(trained_checkpoint()), "raw")[0], *splits, SETTINGS, progress=False)
+        return run_probes(load_spec(str(trained_checkpoint())), *splits, SETTINGS, progress=False)
 
 
 def _accuracy(rows, pool, method):
@@ -58,7 +58,7 @@ def test_features_unrelated_to_the_images_stay_at_chance(splits):
 
 def test_untrained_model_is_far_behind_the_trained_one_on_knn(splits, trained_rows):
     """A random ViT-5 (LayerScale 1e-4) leaves the CLS token almost constant: kNN cannot use it."""
-    random_init = load_models("vit5_tiny", random_init=True, **TINY)[0]
+    random_init = load_spec("vit5_tiny", TINY, random_init=True)
     settings = ProbeSettings(pools=("cls",), knn_k=(10,), batch_size=128)
     with single_thread():
         rows = run_probes(random_init, *splits, settings, progress=False)
@@ -66,5 +66,5 @@ def test_untrained_model_is_far_behind_the_trained_one_on_knn(splits, trained_ro
 
 
 def test_probe_settings_are_validated():
-    with pytest.raises(InputError, match="pools must be chosen"):
+    with pytest.raises(InputError, match=r"pools=\('mean',\) must be chosen"):
         ProbeSettings(pools=("mean",))

@@ -25,11 +25,11 @@ from vit5.eval import (
     dataset_info,
     default_splits,
     list_pairs,
-    load_models,
     read_mask,
     run_segmentation_probe,
 )
 from vit5.eval.probes import EncodedSplit, score_linear_head, train_linear_head
+from vit5.introspect.load import load_spec
 
 SMALL = SegSetConfig(num_train=24, num_val=8, size=48, seed=3)
 
@@ -131,7 +131,7 @@ def test_colour_and_missing_masks_name_the_file(seg_root):
 
 
 def _probe(root: Path, model=None, **settings):
-    model = model or load_models("vit5_tiny", random_init=True, **TINY)[0]
+    model = model or load_spec("vit5_tiny", TINY, random_init=True)
     defaults = dict(size=(48, 48), epochs=2, batch_size=4)
     return run_segmentation_probe(
         model,
@@ -145,7 +145,7 @@ def _probe(root: Path, model=None, **settings):
 
 def test_probe_runs_end_to_end_and_is_deterministic(seg_root):
     with single_thread():
-        model = load_models("vit5_tiny", random_init=True, **TINY)[0]
+        model = load_spec("vit5_tiny", TINY, random_init=True)
         first, second = _probe(seg_root, model, layers=(0, 1)), _probe(seg_root, model, layers=(0, 1))
     assert first.scores.confusion.sum() == 3 * 48 * 48
     assert first.scores.miou == second.scores.miou and first.final_train_loss == second.final_train_loss

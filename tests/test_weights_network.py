@@ -19,7 +19,7 @@ from huggingface_hub.utils import _http
 
 import vit5
 from vit5.errors import InputError
-from vit5.introspect.spec import load_spec
+from vit5.introspect.load import load_spec
 from vit5.weights import catalog
 from vit5.weights.convert import CheckpointError
 

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 import vit5
 import vit5.weights.checkpoint as checkpoint
 from vit5.errors import InputError
-from vit5.introspect.spec import load_spec
+from vit5.introspect.load import load_spec
 from vit5.model.config import ConfigError
 from vit5.weights.checkpoint import read_checkpoint, safe_torch_load
 from vit5.weights.convert import CheckpointError

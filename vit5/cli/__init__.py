@@ -22,19 +22,40 @@ from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
 from vit5.runtime import DEVICE_HELP, print_main
 
 if TYPE_CHECKING:
-    from vit5.introspect.spec import LoadedModel
+    from vit5.introspect.load import ModelRequest
 
 # name -> (module whose main(argv, prog) runs it, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("vit5.cli.train", "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)"),
-    "eval": ("vit5.cli.eval", "classification metrics, resolution sweeps, dense features and probes"),
-    "viz": ("vit5.cli.viz", "attention maps, token norms, register metrics, ablations, the register study"),
+    "train": (
+        "vit5.cli.train",
+        "train or fine-tune a ViT-5 (no arguments: the built-in digits demo)",
+    ),
+    "eval": (
+        "vit5.cli.eval",
+        "classification metrics, resolution sweeps, dense features and probes",
+    ),
+    "viz": (
+        "vit5.cli.viz",
+        "attention maps, token norms, register metrics, ablations, the register study",
+    ),
     "data": ("vit5.cli.data", "ImageFolder trees (the digits, Fashion-MNIST) or WebDataset shards"),
     "bench": ("vit5.cli.bench", "speed, memory and FLOPs benchmarks with a report"),
-    "ablate": ("vit5.cli.ablate", "component ablation: train each variant, compare accuracy and speed"),
-    "export": ("vit5.cli.export", "export a model to ONNX (checked with onnxruntime) or torch.export"),
-    "predict": ("vit5.cli.predict", "top-k class names and probabilities for each image of a folder"),
-    "list": ("vit5.cli.catalog", "the model presets, the released weights and the packaged training recipes"),
+    "ablate": (
+        "vit5.cli.ablate",
+        "component ablation: train each variant, compare accuracy and speed",
+    ),
+    "export": (
+        "vit5.cli.export",
+        "export a model to ONNX (checked with onnxruntime) or torch.export",
+    ),
+    "predict": (
+        "vit5.cli.predict",
+        "top-k class names and probabilities for each image of a folder",
+    ),
+    "list": (
+        "vit5.cli.catalog",
+        "the model presets, the released weights and the packaged training recipes",
+    ),
 }
 SIZE_HELP = "input size, N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
 DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
@@ -67,43 +88,63 @@ class Parser(argparse.ArgumentParser):
 
 
 def opt(p: Any, flag: str, default: Any = None, help: str | None = None, **kwargs: Any) -> None:
-    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no default),
-    a number gives its type, a list ``nargs="+"`` of its items' type, a bool a switch to the other value;
-    a help that does not mention the default gets it appended."""
+    """``p.add_argument(flag)`` typed by ``default``: a type or parse function is the type (no
+    default), a number gives its type, a list ``nargs="+"`` of its items' type, ``False`` a switch
+    that turns something on (name the option for what it does: ``--quiet``, ``--no-check``); a
+    help that does not mention the default gets it appended."""
     if callable(default):
-        default, kwargs["type"] = None, kwargs.get("type", default)
+        kwargs["type"] = kwargs.get("type", default)
+        default = None
     elif isinstance(default, bool):
-        kwargs.setdefault("action", "store_false" if default else "store_true")
+        if default:
+            raise TypeError(f"{flag}: a switch turns something on; name it for what it does")
+        kwargs.setdefault("action", "store_true")
     elif isinstance(default, list):
         kwargs.setdefault("nargs", "+")
         if default and not isinstance(default[0], str):
             kwargs.setdefault("type", type(default[0]))
     elif isinstance(default, (int, float)):
         kwargs.setdefault("type", type(default))
-    if help and "default" not in help and default not in (None, []) and not isinstance(default, bool):
-        help += f" (default {' '.join(map(str, default)) if isinstance(default, list) else default})"
+    shown = default not in (None, []) and not isinstance(default, bool)
+    if help and "default" not in help and shown:
+        value = " ".join(map(str, default)) if isinstance(default, list) else default
+        help += f" (default {value})"
     p.add_argument(flag, default=default, help=help, **kwargs)
 
 
-def add_model_options(p: argparse.ArgumentParser, several=False, auto=False, device=True) -> None:
-    """The options of a command that loads models (:func:`load_models`); ``several``: ``--model`` is
-    repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA weights."""
+def add_model_options(
+    p: argparse.ArgumentParser, several: bool = False, auto: bool = False, device: bool = True
+) -> None:
+    """The options of a command that loads models (:func:`model_request`); ``several``:
+    ``--model`` is repeatable; ``auto``: ``--weights auto`` (the default) loads raw and EMA
+    weights."""
     repeat = "; repeat --model for several models" if several else ""
-    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action="append" if several else "store")
-    overrides = "overrides: vit5 config fields or timm.create_model kwargs (e.g. depth=2 img_size=64)"
-    overrides += "; once for every model, or once per --model in order (empty for none)" if several else ""
-    many = {"nargs": "*", "action": "append"} if several else {"nargs": "+", "action": "extend"}
-    opt(p, "--model-args", None if several else [], overrides, metavar="KEY=VALUE", **many)
-    choices = ("auto", "raw", "ema") if auto else ("raw", "ema")
-    weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema" if auto else ""
-    weights = weights or "raw (default) or the EMA weights of the checkpoint(s)"
+    action = "append" if several else "store"
+    opt(p, "--model", None, MODEL_HELP + repeat, required=True, action=action)
+    overrides = "overrides: vit5 config fields or timm.create_model kwargs"
+    overrides += " (e.g. depth=2 img_size=64)"
+    if several:
+        overrides += "; once for every model, or once per --model in order (empty for none)"
+        opt(p, "--model-args", None, overrides, metavar="KEY=VALUE", nargs="*", action="append")
+    else:
+        opt(p, "--model-args", [], overrides, metavar="KEY=VALUE", nargs="+", action="extend")
+    if auto:
+        choices = ("auto", "raw", "ema")
+        weights = "auto: raw, plus EMA when a checkpoint directory has it (default); raw; ema"
+    else:
+        choices = ("raw", "ema")
+        weights = "raw (default) or the EMA weights of the checkpoint(s)"
     opt(p, "--weights", choices[0], weights, choices=choices)
-    p.add_argument("--ema", dest="weights", action="store_const", const="ema", help="same as --weights ema")
-    untrained = "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
-    untrained += "pretrained weights; checkpoints load as usual; outputs say random-init"
+    ema = "same as --weights ema"
+    p.add_argument("--ema", dest="weights", action="store_const", const="ema", help=ema)
+    untrained = (
+        "build bare architecture names (vit5_tiny, timm:NAME) untrained instead of with their "
+        "pretrained weights; checkpoints load as usual; outputs say random-init"
+    )
     opt(p, "--random-init", False, untrained)
     limit = "refuse vit5 models larger than N parameters before building them"
-    opt(p, "--max-params", float, f"{limit} (default {DEFAULT_MAX_PARAMS:.0e})", metavar="N")
+    limit += f" (default {DEFAULT_MAX_PARAMS:.0e})"
+    opt(p, "--max-params", float, limit, metavar="N")
     if device:
         opt(p, "--device", "auto", DEVICE_HELP)
 
@@ -115,24 +156,38 @@ def per_model_args(args: argparse.Namespace) -> list[list[str]]:
     items = args.model_args or [[]]
     if len(items) not in (1, len(args.model)):
         raise InputError(
-            f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once (for every "
-            "model) or once per --model in order (an empty --model-args for a model without overrides)"
+            f"{len(items)} --model-args for {len(args.model)} --model: give --model-args once "
+            "(for every model) or once per --model in order (an empty --model-args for a model "
+            "without overrides)",
         )
-    return items * len(args.model) if len(items) == 1 else items
+    if len(items) == 1:
+        return items * len(args.model)
+    return items
 
 
-def load_models(
-    args: argparse.Namespace, specs: list[str] | None = None, items: list[list[str]] | None = None
-) -> list[LoadedModel]:
-    """The models of :func:`add_model_options` (or ``specs`` with their ``items``; raw and EMA for auto)."""
-    from vit5.eval.common import load_models as load
-    from vit5.introspect.spec import parse_model_args, random_init_flags
+def model_request(
+    args: argparse.Namespace,
+    specs: list[str] | None = None,
+    items: list[list[str]] | None = None,
+    labels: tuple[str | None, ...] = (),
+    require: str = "any",
+) -> ModelRequest:
+    """The :class:`~vit5.introspect.load.ModelRequest` of :func:`add_model_options` (or of
+    ``specs`` with their ``items``), for :func:`vit5.introspect.load.load_models`."""
+    from vit5.introspect.load import ModelRequest, parse_model_args
 
-    specs = specs or (args.model if isinstance(args.model, list) else [args.model])
-    limit = {} if args.max_params is None else {"max_params": args.max_params}
+    if specs is None:
+        specs = args.model if isinstance(args.model, list) else [args.model]
     overrides = [parse_model_args(i) for i in items or per_model_args(args)]
-    models = zip(specs, overrides, random_init_flags(specs, args.random_init))
-    return [m for spec, kw, untrained in models for m in load(spec, args.weights, untrained, **kw, **limit)]
+    return ModelRequest(
+        specs=tuple(specs),
+        overrides=tuple(overrides),
+        labels=tuple(labels),
+        weights=args.weights,
+        random_init=args.random_init,
+        max_params=args.max_params,
+        require=require,
+    )
 
 
 def from_options(target: Callable, args: argparse.Namespace, **values: Any) -> Any:
@@ -148,14 +203,20 @@ def parse_size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) > 2 or not all(p.isdecimal() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
-            f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)"
+            f"size {text!r} is not N or HxW with positive integers (e.g. 224 or 96x128)",
         )
     return (int(parts[0]), int(parts[-1]))
 
 
 def size_option(p: Any, note: str | None = None) -> None:
     """``--size N|HxW`` (:func:`parse_size`); ``note``: what its help says after the syntax (the default)."""
-    opt(p, "--size", parse_size, SIZE_HELP + (note or " (default: the model's own)"), metavar="N|HxW")
+    opt(
+        p,
+        "--size",
+        parse_size,
+        SIZE_HELP + (note or " (default: the model's own)"),
+        metavar="N|HxW",
+    )
 
 
 def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | None = None) -> int:
@@ -163,7 +224,9 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     ``error: ...`` line and exit status 2, anything else keeps its traceback. A failed command removes
     the folders it created for ``out`` while they hold no file."""
     path = Path(out) if out is not None else Path()
-    new = list(itertools.takewhile(lambda f: not (f.exists() or f.is_symlink()), (path, *path.parents)))
+    new = list(
+        itertools.takewhile(lambda f: not (f.exists() or f.is_symlink()), (path, *path.parents)),
+    )
     status = 2
     try:
         status = work() or 0
@@ -176,7 +239,11 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
     return status
 
 
-def run_main(parse: Callable[[Any], Any], argv: Sequence[str] | None, work: Callable[[Any], Any]) -> int:
+def run_main(
+    parse: Callable[[Any], Any],
+    argv: Sequence[str] | None,
+    work: Callable[[Any], Any],
+) -> int:
     """``work(parse(argv))`` (:func:`run_command`, cleaning up a new ``args.out``), with a console that
     prints any file name (undecodable bytes as ``\\xNN``) and warnings as one line each."""
     for stream in (sys.stdout, sys.stderr):

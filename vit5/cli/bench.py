@@ -47,10 +47,14 @@ def _bench(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     threads = {"threads": args.threads} if args.threads is not None else {}
     cfg = BenchConfig.profile(profile, device=args.device, dtype=dtype, **threads)
-    only = select_sections([s.strip() for s in args.only.split(",") if s.strip()] if args.only else None)
+    only = select_sections(
+        [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None,
+    )
     out = check_output_dir(args.out or Path("runs") / f"bench_{profile}", "--out")
     if profile == "full" and cfg.device == "cpu":
-        print("note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.")
+        print(
+            "note: the full profile is sized for a GPU; on a CPU it takes long. Use --quick for minutes.",
+        )
     sections, md_path = run_bench(cfg, out, only)
     failed = [s.key for s in sections if s.title.endswith("(FAILED)")]
     targets = [t for s in sections for t in s.targets]

@@ -18,9 +18,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 list") -> int:
         prog=prog,
         description="The model presets, the released weights and the packaged training recipes.",
         epilog="example: vit5 list weights",
-        check=lambda args: next((unknown.format(n) for n in args.sections if n not in SECTIONS), None),
+        check=lambda args: next(
+            (unknown.format(n) for n in args.sections if n not in SECTIONS),
+            None,
+        ),
     )
-    opt(parser, "sections", None, f"{', '.join(SECTIONS)} (default: all)", nargs="*", metavar="SECTION")
+    opt(
+        parser,
+        "sections",
+        None,
+        f"{', '.join(SECTIONS)} (default: all)",
+        nargs="*",
+        metavar="SECTION",
+    )
     return run_main(parser.parse_args, argv, _print)
 
 
@@ -32,7 +42,8 @@ def _rows(section: str) -> list[tuple[str, ...]]:
 
         rows = [("preset", "dim", "depth", "heads", "img", "params")]
         for name, c in ((name, preset_config(name)) for name in sorted(PRESETS)):
-            size, params = "x".join(map(str, c.img_size)), f"{parameter_count(c) / 1e6:.1f}M"
+            size = "x".join(map(str, c.img_size))
+            params = f"{parameter_count(c) / 1e6:.1f}M"
             rows.append((name, *map(str, (c.embed_dim, c.depth, c.num_heads)), size, params))
         return rows
     if section == "weights":
@@ -46,7 +57,9 @@ def _rows(section: str) -> list[tuple[str, ...]]:
     rows = [("recipe", "what")]
     for name, path in recipes().items():
         first = next((line for line in path.read_text().splitlines() if line.startswith("#")), "#")
-        rows.append((name + (" (default)" if name == DEMO_RECIPE else ""), first.lstrip("# ").strip()))
+        rows.append(
+            (name + (" (default)" if name == DEMO_RECIPE else ""), first.lstrip("# ").strip()),
+        )
     return rows
 
 

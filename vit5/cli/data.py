@@ -19,7 +19,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
     parser = Parser(prog=prog, description=__doc__.split("\n")[0].strip("`"))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     digits = commands.add_parser(
-        "digits", help="scikit-learn's digits as ROOT/{train,val}/<digit>/*.png (idempotent)"
+        "digits",
+        help="scikit-learn's digits as ROOT/{train,val}/<digit>/*.png (idempotent)",
     )
     digits.set_defaults(run="vit5.data.digits:export_digits_imagefolder")
     opt(digits, "root", None, "output folder")
@@ -46,11 +47,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 data") -> int:
     opt(shards, "out", None, "output folder (shards of several splits may share it)")
     opt(shards, "--shard-size", 1000, "samples per shard")
     opt(shards, "--split", None, "split name and shard prefix (default: SRC's name)")
-    for p, seed in ((digits, "split seed"), (fashion, "split seed"), (shards, "seed of the sample order")):
+    for p, seed in (
+        (digits, "split seed"),
+        (fashion, "split seed"),
+        (shards, "seed of the sample order"),
+    ):
         opt(p, "--seed", 0, seed)
     return run_main(parser.parse_args, argv, _write)
 
 
 def _write(args: argparse.Namespace) -> None:
-    module, name = args.run.split(":")  # the writer, called with the options named like its parameters
+    # the writer, called with the options named like its parameters
+    module, name = args.run.split(":")
     print(from_options(getattr(importlib.import_module(module), name), args))

@@ -16,7 +16,7 @@ from vit5.cli import (
     Parser,
     add_model_options,
     from_options,
-    load_models,
+    model_request,
     opt,
     parse_size,
     run_main,
@@ -31,10 +31,11 @@ from vit5.runtime import resolve_device
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 
 
-def _models(args: argparse.Namespace, device=None) -> list:
-    from vit5.introspect.spec import distinct_labels
+def _models(args: argparse.Namespace, device=None, require: str = "any") -> list:
+    """The models of the options on ``device`` (default ``--device``), their labels distinct."""
+    from vit5.introspect.load import distinct_labels, load_models
 
-    models = load_models(args)
+    models = load_models(model_request(args, require=require))
     for m in models:
         m.model.to(device or args.device)
     return distinct_labels(models)
@@ -49,7 +50,12 @@ def _classify_data(args: argparse.Namespace):
     settings = from_options(ClassifySettings, args)
     # without cpu=True, Accelerate on a machine with no GPU ignores torchrun's process group
     accelerator = Accelerator(cpu=args.device.startswith("cpu"))
-    return settings, accelerator, open_split(args.data, args.split or None), _models(args, accelerator.device)
+    return (
+        settings,
+        accelerator,
+        open_split(args.data, args.split or None),
+        _models(args, accelerator.device),
+    )
 
 
 def cmd_classify(args: argparse.Namespace) -> None:
@@ -68,7 +74,12 @@ def cmd_classify(args: argparse.Namespace) -> None:
     for r in results:
         print("\n" + per_class_table(r))
         confusion = args.out / f"confusion_{r.model}.png"
-        plot_confusion(r.scores.confusion, r.class_names, confusion, title=f"{r.model}: confusion matrix")
+        plot_confusion(
+            r.scores.confusion,
+            r.class_names,
+            confusion,
+            title=f"{r.model}: confusion matrix",
+        )
         for s in r.skipped:
             print(f"skipped {s['path']}: {s['reason']}")
     path = write_json(args.out / "classify.json", [r.to_dict() for r in results])
@@ -78,11 +89,11 @@ def cmd_classify(args: argparse.Namespace) -> None:
 def cmd_sweep(args: argparse.Namespace) -> None:
     """accuracy against input resolution (table + plot) for one or more models"""
     from vit5.eval import run_sweep, sizes_from_scales, sweep_plot, sweep_records, sweep_table
-    from vit5.introspect import patch_size_of
 
     settings, accelerator, dataset, models = _classify_data(args)
     first = models[0]
-    sizes = args.sizes or sizes_from_scales(args.scales, first.input_size, patch_size_of(first.model) or 1)
+    patch = first.info.patch_size if first.info else 1
+    sizes = args.sizes or sizes_from_scales(args.scales, first.input_size, patch)
     results = run_sweep(models, dataset, sizes, settings, accelerator)
     if accelerator.is_main_process:
         print(sweep_table(results))
@@ -95,7 +106,7 @@ def cmd_features(args: argparse.Namespace) -> None:
     from vit5.eval import FeatureSettings, export_features
 
     settings = from_options(FeatureSettings, args)
-    (model,) = _models(args)
+    (model,) = _models(args, require="vit")
     print(export_features(model, args.images, args.out, settings, overwrite=args.overwrite))
 
 
@@ -103,21 +114,30 @@ def cmd_probe(args: argparse.Namespace) -> None:
     """kNN and logistic-regression probes on CLS / average-pooled features"""
     from vit5.eval import ProbeSettings, open_split, probe_table, run_probes
 
-    train, val = open_split(args.data, args.train_split), open_split(args.data, args.val_split)
-    settings = from_options(ProbeSettings, args)
-    rows = [row for m in _models(args) for row in run_probes(m, train, val, settings)]
+    train = open_split(args.data, args.train_split)
+    val = open_split(args.data, args.val_split)
+    settings = from_options(ProbeSettings, args, norm=not args.no_norm)
+    models = _models(args, require="vit")
+    rows = [row for m in models for row in run_probes(m, train, val, settings)]
     print(probe_table(rows, chance=1.0 / len(train.class_names)))
     print(f"\nwrote {write_json(args.out / 'probe.json', [vars(r) for r in rows])}")
 
 
 def cmd_segprobe(args: argparse.Namespace) -> None:
     """dense linear segmentation probe on patch features: mIoU, pixel accuracy"""
-    from vit5.eval import SegProbeSettings, dataset_info, default_splits, run_segmentation_probe, seg_tables
+    from vit5.eval import (
+        SegProbeSettings,
+        dataset_info,
+        default_splits,
+        run_segmentation_probe,
+        seg_tables,
+    )
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)
-    settings = from_options(SegProbeSettings, args)
-    results = [run_segmentation_probe(m, args.data, info, splits, settings) for m in _models(args)]
+    settings = from_options(SegProbeSettings, args, norm=not args.no_norm)
+    models = _models(args, require="vit")
+    results = [run_segmentation_probe(m, args.data, info, splits, settings) for m in models]
     print(seg_tables(results))
     print(f"\nwrote {write_json(args.out / 'segprobe.json', [r.to_dict() for r in results])}")
 
@@ -133,7 +153,7 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
     splits = info["splits"]
     print(
         f"digits-seg -> {args.root}: {splits['train']} train / {splits['val']} val canvases of "
-        f"{args.size}x{args.size}, {info['num_classes']} classes (0 = background, d + 1 = digit d)"
+        f"{args.size}x{args.size}, {info['num_classes']} classes (0 = background, d + 1 = digit d)",
     )
 
 
@@ -145,7 +165,11 @@ def _loader(p: argparse.ArgumentParser, batch_size: int, workers: int | None) ->
 
 
 def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(run, out: str | None, several: bool | None = True) -> argparse.ArgumentParser:
@@ -171,9 +195,20 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     group = sweep.add_mutually_exclusive_group()
     scales = f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})"
     opt(group, "--scales", list(DEFAULT_SCALES), scales, metavar="S|SHxSW")
-    opt(group, "--sizes", parse_size, "absolute sizes instead of --scales", nargs="+", metavar="N|HxW")
+    opt(
+        group,
+        "--sizes",
+        parse_size,
+        "absolute sizes instead of --scales",
+        nargs="+",
+        metavar="N|HxW",
+    )
 
-    p = command(cmd_features, "output folder: <image path>.safetensors files + manifest.json", several=False)
+    p = command(
+        cmd_features,
+        "output folder: <image path>.safetensors files + manifest.json",
+        several=False,
+    )
     opt(p, "--images", None, "image folder (searched recursively) or one image", required=True)
     opt(p, "--layers", [-1], "blocks to save (default -1, the last)")
     size = p.add_mutually_exclusive_group()
@@ -188,26 +223,52 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--data", None, "ImageFolder root with train and val splits", required=True)
     opt(p, "--train-split", "train")
     opt(p, "--val-split", "val")
-    opt(p, "--pool", ["cls", "avg"], "global features to probe", choices=("cls", "avg"), dest="pools")
+    opt(
+        p,
+        "--pool",
+        ["cls", "avg"],
+        "global features to probe",
+        choices=("cls", "avg"),
+        dest="pools",
+    )
     opt(p, "--k", [10, 20], "kNN neighbour counts", dest="knn_k", metavar="K")
     opt(p, "--temperature", 0.07, "kNN weight exp(cos/T)", dest="knn_temperature", metavar="T")
-    opt(p, "--C", 1.0, "inverse L2 strength of the logistic regression", dest="logreg_c", metavar="C")
+    opt(
+        p,
+        "--C",
+        1.0,
+        "inverse L2 strength of the logistic regression",
+        dest="logreg_c",
+        metavar="C",
+    )
     opt(p, "--layer", -1, "block to probe")
-    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
+    opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
     size_option(p)
     _loader(p, 64, 2)
 
     p = command(cmd_segprobe, "writes segprobe.json here")
     data = "root with images/SPLIT/... and annotations/SPLIT/... (PNG class ids)"
     opt(p, "--data", None, data, required=True)
-    opt(p, "--splits", None, "default: train val, or training validation", nargs=2, metavar=("TRAIN", "VAL"))
+    opt(
+        p,
+        "--splits",
+        None,
+        "default: train val, or training validation",
+        nargs=2,
+        metavar=("TRAIN", "VAL"),
+    )
     opt(p, "--num-classes", int, "default: from DATA/dataset.json")
     opt(p, "--ignore-index", int, "label value to ignore (default 255 or dataset.json's)")
     opt(p, "--reduce-zero-label", False, "ADE20K: id 0 is ignored, ids shift down by one")
     size_option(p)
     opt(p, "--layers", [-1], "blocks whose patch features are concatenated")
-    opt(p, "--no-norm", True, "raw block outputs instead of final-normed ones", dest="norm")
-    for flag, default in (("--epochs", 30), ("--lr", 0.05), ("--weight-decay", 1e-4), ("--batch-size", 16)):
+    opt(p, "--no-norm", False, "raw block outputs instead of final-normed ones")
+    for flag, default in (
+        ("--epochs", 30),
+        ("--lr", 0.05),
+        ("--weight-decay", 1e-4),
+        ("--batch-size", 16),
+    ):
         opt(p, flag, default)
 
     p = command(cmd_make_seg, None, None)
@@ -215,7 +276,15 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--train", 400, "train canvases", dest="num_train", metavar="N")
     opt(p, "--val", 100, "val canvases", dest="num_val", metavar="N")
     opt(p, "--size", 64, "canvas side in pixels")
-    opt(p, "--digits", [2, 4], "digits per canvas", nargs=2, metavar=("MIN", "MAX"), dest="digits_per_image")
+    opt(
+        p,
+        "--digits",
+        [2, 4],
+        "digits per canvas",
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        dest="digits_per_image",
+    )
     scale = "digit side as a fraction of the canvas side"
     opt(p, "--scale", [0.3, 0.55], scale, nargs=2, metavar=("MIN", "MAX"), dest="digit_scale")
     return parser

@@ -7,7 +7,15 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import Parser, add_model_options, from_options, load_models, opt, run_main, size_option
+from vit5.cli import (
+    Parser,
+    add_model_options,
+    from_options,
+    model_request,
+    opt,
+    run_main,
+    size_option,
+)
 
 DEFAULT_ATOL = 1e-4  # vit5.weights.export.DEFAULT_ATOL, named here so --help loads no torch
 
@@ -27,12 +35,12 @@ def build_parser(prog: str = "vit5 export") -> argparse.ArgumentParser:
     opt(p, "--program", Path, "also write the torch.export program here (.pt2)")
     size_option(p)
     opt(p, "--batch", 2, "example batch to trace and check with")
-    opt(p, "--static-batch", True, "fix the batch dimension at --batch", dest="dynamic_batch")
+    opt(p, "--static-batch", False, "fix the batch dimension at --batch")
     free = "free height and width (patch multiples, from the model's own size upward)"
     opt(p, "--dynamic-size", False, free)
     opt(p, "--opset", int, "ONNX opset (default: torch's)")
     opt(p, "--atol", DEFAULT_ATOL, f"onnxruntime vs torch tolerance (default {DEFAULT_ATOL:g})")
-    opt(p, "--no-check", True, "skip the onnxruntime check", dest="check")
+    opt(p, "--no-check", False, "skip the onnxruntime check")
     return p
 
 
@@ -44,12 +52,19 @@ def _export(args: argparse.Namespace) -> None:
     import torch
 
     from vit5.files import atomic_write_bytes, check_output_dir
+    from vit5.introspect.load import load_models
     from vit5.weights.export import export_onnx, export_program
 
-    (loaded,) = load_models(args)
+    (loaded,) = load_models(model_request(args))
     print(f"model: {loaded.description}")
+    dynamic_batch = not args.static_batch
     if args.program is not None:
-        program = from_options(export_program, args, model=loaded.model)
+        program = from_options(
+            export_program,
+            args,
+            model=loaded.model,
+            dynamic_batch=dynamic_batch,
+        )
         check_output_dir(args.program.parent, "the --program folder")
         # in memory first: torch's zip writer aborts the process when a write fails (full disk); the
         # atomic write then never replaces a good file by a partial one
@@ -58,5 +73,15 @@ def _export(args: argparse.Namespace) -> None:
         atomic_write_bytes(args.program, buffer.getbuffer())
         print(f"wrote {args.program} (torch.export program)")
     if args.onnx is not None:
-        print(f"exporting to ONNX{' and checking with onnxruntime' if args.check else ''} ...", flush=True)
-        print(from_options(export_onnx, args, model=loaded.model, path=args.onnx))
+        check = not args.no_check
+        checking = " and checking with onnxruntime" if check else ""
+        print(f"exporting to ONNX{checking} ...", flush=True)
+        onnx = from_options(
+            export_onnx,
+            args,
+            model=loaded.model,
+            path=args.onnx,
+            dynamic_batch=dynamic_batch,
+            check=check,
+        )
+        print(onnx)

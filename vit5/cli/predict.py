@@ -7,7 +7,15 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit5.cli import Parser, add_model_options, from_options, load_models, opt, run_main, size_option
+from vit5.cli import (
+    Parser,
+    add_model_options,
+    from_options,
+    model_request,
+    opt,
+    run_main,
+    size_option,
+)
 from vit5.errors import InputError
 from vit5.runtime import resolve_device
 
@@ -28,7 +36,7 @@ def build_parser(prog: str = "vit5 predict") -> argparse.ArgumentParser:
     size_option(p)
     opt(p, "--batch-size", 32, "images per batch")
     opt(p, "--workers", 0, "data loader processes", dest="num_workers", metavar="N")
-    opt(p, "--quiet", True, "no progress bar", dest="progress")
+    opt(p, "--quiet", False, "no progress bar")
     return p
 
 
@@ -38,15 +46,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 predict") -> int:
 
 def _predict(args: argparse.Namespace) -> None:
     from vit5.eval.classify import predict, predictions_table, write_predictions
+    from vit5.introspect.load import load_models
 
     device = resolve_device(args.device)  # a bad --device fails before any work
     if args.csv is not None and args.csv.is_dir():
         raise InputError(
-            f"--csv {args.csv} is a folder: give a file path such as {args.csv / 'predictions.csv'}"
+            f"--csv {args.csv} is a folder: give a file path such as {args.csv / 'predictions.csv'}",
         )
-    (loaded,) = load_models(args)
+    (loaded,) = load_models(model_request(args))
     print(f"model: {loaded.description}")
-    predictions, names = from_options(predict, args, loaded=loaded, device=device)
+    predictions, names = from_options(
+        predict,
+        args,
+        loaded=loaded,
+        device=device,
+        progress=not args.quiet,
+    )
     print(f"classes: {names.source}")
     print(predictions_table(predictions, args.images))
     if args.csv is not None:

@@ -31,7 +31,12 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
     opt(parser, "--config", None, config)
     resume = "continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config"
     opt(parser, "--resume", None, resume, nargs="?", const="", metavar="DIR")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings, e.g. optim.lr=1e-3")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="settings, e.g. optim.lr=1e-3",
+    )
     args = parser.parse_args(argv)
     if args.resume and "=" in args.resume and not Path(args.resume).exists():  # `--resume key=value`
         args.overrides.insert(0, args.resume)
@@ -44,7 +49,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
 FROZEN_ON_RESUME = tuple(
     "model.name model.img_size model.num_classes model.overrides data.dataset data.batch_size "
     "data.train_split optim.name optim.accum_steps ema.enabled aug.repeated_aug aug.ra_selected_round "
-    "data.class_names".split()
+    "data.class_names".split(),
 )
 
 
@@ -64,7 +69,7 @@ def resolve(
         run_dir = Path(cfg.run.output_dir).expanduser() / cfg.run.name
     elif args.config is not None:
         raise TrainConfigError(
-            "--resume DIR runs with DIR's own config.yaml; drop --config (key=value still overrides)"
+            "--resume DIR runs with DIR's own config.yaml; drop --config (key=value still overrides)",
         )
     else:
         run_dir = Path(args.resume).expanduser()
@@ -79,7 +84,7 @@ def resolve(
         raise ResumeError(
             f"--resume cannot change {'; '.join(frozen)} (set in {run_dir / CONFIG_FILE} or on the command "
             "line): the checkpoint's model, optimizer state and position in the epoch depend on them. Start "
-            f"a new run from its weights instead (model.pretrained={run_dir}/final)"
+            f"a new run from its weights instead (model.pretrained={run_dir}/final)",
         )
     return cfg, checkpoint, [f"changed on resume: {line}" for line in changes]
 

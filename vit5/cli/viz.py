@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import itertools
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -15,7 +14,7 @@ from vit5.cli import (
     Parser,
     add_model_options,
     from_options,
-    load_models,
+    model_request,
     opt,
     per_model_args,
     run_main,
@@ -27,7 +26,7 @@ from vit5.plotstyle import DPI
 from vit5.runtime import resolve_device
 
 if TYPE_CHECKING:
-    from vit5.introspect.spec import LoadedModel
+    from vit5.introspect.load import LoadedModel, ModelRequest
     from vit5.study.run import StudyConfig
     from vit5.viz import RunConfig
 
@@ -70,7 +69,12 @@ def _label(text: str) -> str:
     return text
 
 
-def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str | None, images: str | None) -> None:
+def _outputs(
+    p: argparse.ArgumentParser,
+    batch_size: int,
+    size: str | None,
+    images: str | None,
+) -> None:
     """The input and output options; ``size``: what no --size means (None: the model's own size);
     ``images``: the help of ``--images`` (None: no such option)."""
     if images:
@@ -80,7 +84,7 @@ def _outputs(p: argparse.ArgumentParser, batch_size: int, size: str | None, imag
     opt(p, "--batch-size", batch_size)
     opt(p, "--formats", ["png", "pdf"], choices=("png", "pdf", "svg"))
     opt(p, "--dpi", DPI, "PNG resolution")
-    opt(p, "--quiet", True, "no progress bar", dest="progress")
+    opt(p, "--quiet", False, "no progress bar")
 
 
 def _views(p: argparse.ArgumentParser, name: str) -> None:
@@ -92,7 +96,7 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
         opt(p, "--model-b-args", [], "overrides for --model-b", metavar="KEY=VALUE")
         opt(p, "--label-b", _label, "like --label, for --model-b", metavar="TEXT")
         own = "score --model-b with its own outlier thresholds (default: reuse --model's, for twins)"
-        opt(p, "--own-thresholds", True, own, dest="reuse_thresholds")
+        opt(p, "--own-thresholds", False, own)
     if name == "attention":
         registers = "require register maps (error for a model without registers)"
         opt(p, "--registers", False, registers, dest="require_registers")
@@ -114,7 +118,12 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
     opt(g, "--title", None, title, metavar="TEXT")
     m = p.add_argument_group("metrics")
     opt(m, "--k", 5.0, "outlier threshold: median + k * MAD of log-norms")
-    opt(m, "--threshold", float, "explicit outlier norm threshold for every layer (instead of k * MAD)")
+    opt(
+        m,
+        "--threshold",
+        float,
+        "explicit outlier norm threshold for every layer (instead of k * MAD)",
+    )
     reuse = "reuse the per-layer thresholds of a reference model's metrics.json (e.g. its no-register twin)"
     opt(m, "--threshold-from", Path, reuse, metavar="METRICS_JSON")
     opt(m, "--eps", 0.3, "sink-rate epsilon")
@@ -122,9 +131,19 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
     opt(m, "--bootstrap", 1000, "bootstrap resamples over images", dest="n_boot", metavar="N")
     raw = "also save raw per-token norms and attention rows"
     opt(m, "--save-raw", None, raw, choices=("npz", "safetensors"))
-    k = p.add_argument_group("planted artifacts (a pipeline self-check; every output is labelled PLANTED)")
+    k = p.add_argument_group(
+        "planted artifacts (a pipeline self-check; every output is labelled PLANTED)",
+    )
     opt(k, "--plant-layer", int, "block whose output gets planted high-norm tokens")
-    opt(k, "--plant-at", int, "patch (repeatable)", nargs=2, action="append", metavar=("ROW", "COL"))
+    opt(
+        k,
+        "--plant-at",
+        int,
+        "patch (repeatable)",
+        nargs=2,
+        action="append",
+        metavar=("ROW", "COL"),
+    )
     opt(k, "--plant-scale", 20.0, "planted-token norm factor")
     if name == "ttr":
         t = p.add_argument_group("register-neuron search (Jiang et al. 2025, Algorithm 1)")
@@ -142,7 +161,8 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
         epilog="Example: vit5 viz all --model vit5_tiny --random-init --model-args depth=4 --images "
         "sklearn-samples --out runs/viz",
     )
-    sub, parsers = parser.add_subparsers(dest="command", required=True), {}
+    sub = parser.add_subparsers(dest="command", required=True)
+    parsers = {}
     for name, text in SUBCOMMANDS.items():
         parsers[name] = p = sub.add_parser(name, help=text, description=text)
         if name not in ("ablate", "position", "study"):
@@ -166,26 +186,40 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     _outputs(p, 32, None, None)
     p = parsers["study"]
     opt(p, "--out", Path, "study folder (created; rerun to resume)", required=True)
-    opt(p, "--preset", "full", "full (default): the README study; smoke: seconds", choices=STUDY_PRESETS)
+    opt(
+        p,
+        "--preset",
+        "full",
+        "full (default): the README study; smoke: seconds",
+        choices=STUDY_PRESETS,
+    )
     settings = "override settings, e.g. steps=500 lr=3e-3 background=noise model.qk_norm=False"
     opt(p, "--set", [], settings, metavar="KEY=VALUE", dest="settings")
-    opt(p, "--max-minutes", float, "stop at the first checkpoint after this many minutes (resumable)")
-    opt(p, "--no-analysis", True, "skip the register ablation / test-time register analyses", dest="analyse")
+    opt(
+        p,
+        "--max-minutes",
+        float,
+        "stop at the first checkpoint after this many minutes (resumable)",
+    )
+    skip = "skip the register ablation / test-time register analyses"
+    opt(p, "--no-analysis", False, skip)
     analyse = "no training: write the figure, verdict and analyses of the twins as they are now"
-    opt(p, "--analyse-only", True, analyse, dest="train")
-    opt(p, "--quiet", True, "no progress bar", dest="progress")
+    opt(p, "--analyse-only", False, analyse)
+    opt(p, "--quiet", False, "no progress bar")
     return parser
 
 
 def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
     """``KEY=VALUE`` overrides of StudyConfig or CanvasConfig fields, or ``model.KEY`` (ViT5Config)."""
     from vit5.data.digits.canvases import CanvasConfig
-    from vit5.introspect.spec import parse_model_args as parse_overrides
+    from vit5.introspect.load import parse_model_args as parse_overrides
     from vit5.study.run import StudyConfig
 
     study_keys = {f.name for f in fields(StudyConfig)} - {"canvas", "model_args"}
     canvas_keys = {f.name for f in fields(CanvasConfig)}
-    study, canvas, model = {}, {}, dict(base.model_args)
+    study = {}
+    canvas = {}
+    model = dict(base.model_args)
     for key, value in parse_overrides(items).items():
         if key.startswith("model."):
             model[key[len("model.") :]] = value
@@ -197,7 +231,8 @@ def parse_settings(base: StudyConfig, items: Sequence[str]) -> StudyConfig:
             hint = f"did you mean {close[0]!r}?" if close else hint
             raise InputError(f"unknown study setting {key!r}: {hint}")
     try:
-        return replace(base, canvas=replace(base.canvas, **canvas), model_args=tuple(model.items()), **study)
+        canvas_cfg = replace(base.canvas, **canvas)
+        return replace(base, canvas=canvas_cfg, model_args=tuple(model.items()), **study)
     except TypeError as err:
         raise InputError(f"bad study setting: {err}") from None
 
@@ -209,103 +244,149 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 viz") -> int:
 def _study(args: argparse.Namespace) -> None:
     from vit5.study.run import PRESETS, run_study
 
-    result = from_options(run_study, args, cfg=parse_settings(PRESETS[args.preset], args.settings))
+    result = from_options(
+        run_study,
+        args,
+        cfg=parse_settings(PRESETS[args.preset], args.settings),
+        progress=not args.quiet,
+        analyse=not args.no_analysis,
+        train=not args.analyse_only,
+    )
     print(f"wrote {len(result.files)} files to {args.out}")
 
 
+def _request(args: argparse.Namespace) -> ModelRequest:
+    """The models of a subcommand: each must be a ViT whose attention can be recorded."""
+    if args.command == "compare":
+        return model_request(
+            args,
+            specs=[args.model, args.model_b],
+            items=[args.model_args, args.model_b_args],
+            labels=(args.label, args.label_b),
+            require="recording",
+        )
+    labels = (args.label,) if hasattr(args, "label") else ()  # ablate, position: no --label
+    return model_request(args, labels=labels, require="recording")
+
+
 def _run(args: argparse.Namespace) -> None:
+    from vit5.introspect.load import load_models
     from vit5.viz import NeuronSearch, run_compare, run_model, run_ttr
 
     if args.command == "study":
         return _study(args)
-    args.device = str(resolve_device(args.device))  # a bad --device fails before any work
+    # a bad --device or --out fails before any work
+    args.device = str(resolve_device(args.device))
     check_output_dir(args.out, "--out")
-    if args.command in ("ablate", "position"):
-        return (_ablate if args.command == "ablate" else _position)(args)
+    models = load_models(_request(args))
+    for loaded in models:
+        print(f"model: {loaded.description}")
+    if args.command == "ablate":
+        return _ablate(args, models[0])
+    if args.command == "position":
+        return _position(args, models)
     cfg = _config(args)
     if args.command == "compare":
-        specs, items = [args.model, args.model_b], [args.model_args, args.model_b_args]
-        run_compare(*_load(args, specs, items, (args.label, args.label_b)), args.images, cfg)
+        run_compare(models[0], models[1], args.images, cfg)
     elif args.command == "ttr":
-        search = NeuronSearch(args.detect_layer, args.top_layer, args.neurons, args.k, args.threshold)
-        run_ttr(*_load(args, labels=(args.label,)), args.images, cfg, search, args.count)
+        search = NeuronSearch(
+            detect_layer=args.detect_layer,
+            top_layer=args.top_layer,
+            top_k=args.neurons,
+            k=args.k,
+            threshold=args.threshold,
+        )
+        run_ttr(models[0], args.images, cfg, search, args.count)
     else:
-        run_model(*_load(args, labels=(args.label,)), args.images, cfg)
+        run_model(models[0], args.images, cfg)
 
 
-def _load(args: argparse.Namespace, specs=None, items=None, labels=()) -> list[LoadedModel]:
-    """The models of the options, each named by its ``labels`` entry (``--label``) where given."""
-    from vit5.viz.collect import recordable
-
-    models = load_models(args, specs, items)
-    for model in models:
-        recordable(model.model)  # an architecture whose attention cannot be recorded fails now
-        print(f"model: {model.description}")
-    return [replace(m, label=label) if label else m for m, label in itertools.zip_longest(models, labels)]
-
-
-def _ablate(args: argparse.Namespace) -> None:
-    from vit5.viz import AblationConfig, ablation_figure, describe, load_images, run_ablation, save_figure
+def _ablate(args: argparse.Namespace, model: LoadedModel) -> None:
+    from vit5.viz import AblationConfig, ablation_figure, load_images, run_ablation, save_figure
     from vit5.viz.runner import RANDOM_INIT_NOTE
 
-    (model,) = _load(args)
-    info = describe(model.model)
+    info = model.info
     size = tuple(args.size or info.img_size)
+    limit = args.max_images
 
     def load(paths: list[str], limit: int | None) -> list:
         return load_images(paths, size, info.patch_size, args.folder_labels, limit)[0]
 
     if args.reference:
-        images, reference = load(args.images, args.max_images), load(args.reference, args.max_images)
+        images = load(args.images, limit)
+        reference = load(args.reference, limit)
     else:
-        images = load(args.images, args.max_images and 2 * args.max_images)
+        images = load(args.images, limit and 2 * limit)
         if len(images) < 4:
             raise InputError("give --reference images, or at least 4 --images to split in halves")
-        images, reference = images[len(images) // 2 :], images[: len(images) // 2]
-    label = f"{model.label} ({'RANDOM INIT' if model.random_init else 'trained'})"
+        half = len(images) // 2
+        reference = images[:half]
+        images = images[half:]
+    kind = "RANDOM INIT" if model.random_init else "trained"
+    label = f"{model.label} ({kind})"
     notes = [RANDOM_INIT_NOTE] if model.random_init else []
-    report = run_ablation(model.model, images, reference, label, from_options(AblationConfig, args), notes)
+    settings = from_options(AblationConfig, args)
+    report = run_ablation(model.model, images, reference, label, settings, notes)
     figure = ablation_figure(report, args.dpi)
-    files = report.write(args.out) + save_figure(figure, args.out / "ablation", tuple(args.formats))
+    saved = save_figure(figure, args.out / "ablation", tuple(args.formats))
+    files = report.write(args.out) + saved
     print(report.table())
     print(f"wrote {len(files)} files to {args.out}")
 
 
-def _position(args: argparse.Namespace) -> None:
+def _position(args: argparse.Namespace, models: list[LoadedModel]) -> None:
     from vit5.viz import MapStyle, save_figure
-    from vit5.viz.position import PositionProbeConfig, position_figure, run_position_probe, write_probes
+    from vit5.viz.position import (
+        PositionProbeConfig,
+        position_figure,
+        run_position_probe,
+        write_probes,
+    )
 
-    cfg, style = from_options(PositionProbeConfig, args), from_options(MapStyle, args)
+    cfg = from_options(PositionProbeConfig, args)
+    style = from_options(MapStyle, args)
     overrides = per_model_args(args)
-    common = set.intersection(*(set(items) for items in overrides))  # labels name only what differs
+    # labels name only what differs
+    common = set.intersection(*(set(items) for items in overrides))
     probes = []
-    for model, items in zip(_load(args), overrides):  # every model loads before any is probed
+    for model, items in zip(models, overrides):  # every model loads before any is probed
         kind = "RANDOM INIT" if model.random_init else "trained"
-        label = " ".join([model.label, *(i for i in items if i not in common), f"({kind})"])
+        differs = [i for i in items if i not in common]
+        label = " ".join([model.label, *differs, f"({kind})"])
         probes.append(run_position_probe(model.model, label, cfg))
         s = probes[-1].summary()
         print(
-            f"  block {s['layer']}: constant-image spatial share {s['constant_spatial_share']:.4f}, "
-            f"noise-image position share {s['noise_position_share']:.4f}"
+            f"  block {s['layer']}: constant-image spatial share "
+            f"{s['constant_spatial_share']:.4f}, noise-image position share "
+            f"{s['noise_position_share']:.4f}",
         )
     figure = position_figure(probes, style)
-    files = [write_probes(probes, args.out), *save_figure(figure, args.out / "position_probe", style.formats)]
+    saved = save_figure(figure, args.out / "position_probe", style.formats)
+    files = [write_probes(probes, args.out), *saved]
     print(f"wrote {len(files)} files to {args.out}")
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
     from vit5.viz import VIEWS, MapStyle, MetricConfig, PlantSpec, RunConfig, load_thresholds
 
-    thresholds, source = load_thresholds(args.threshold_from) if args.threshold_from else (None, "")
+    thresholds = None
+    source = ""
+    if args.threshold_from:
+        thresholds, source = load_thresholds(args.threshold_from)
     if (args.plant_layer is not None) != bool(args.plant_at):  # one given without the other
         raise InputError("planting needs both --plant-layer and at least one --plant-at ROW COL")
     at = tuple(map(tuple, args.plant_at or ()))
-    plant = PlantSpec(args.plant_layer, at, args.plant_scale) if at else None
+    plant = None
+    if at:
+        plant = PlantSpec(layer=args.plant_layer, positions=at, scale=args.plant_scale)
+    metrics = from_options(MetricConfig, args, thresholds=thresholds, threshold_source=source)
     return from_options(
         RunConfig,
         args,
         views=frozenset(DRAWS.get(args.command, VIEWS)),
         style=from_options(MapStyle, args),
-        metrics=from_options(MetricConfig, args, thresholds=thresholds, threshold_source=source),
+        metrics=metrics,
         plant=plant,
+        progress=not args.quiet,
+        reuse_thresholds=not getattr(args, "own_thresholds", False),
     )

@@ -17,7 +17,7 @@ from vit5.eval.classify import (
     sweep_records,
     sweep_table,
 )
-from vit5.eval.common import LoadedModel, confusion_matrix, load_models
+from vit5.eval.common import LoadedModel, confusion_matrix
 from vit5.eval.features import FeatureSettings, export_features, iter_features, read_features, read_manifest
 from vit5.eval.probes import (
     ProbeSettings,

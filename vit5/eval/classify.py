@@ -25,14 +25,14 @@ from tqdm.auto import tqdm
 
 from vit5 import plotstyle as S
 from vit5.data import ImageFolderDataset, ImageFolderError, class_names_change
-from vit5.errors import InputError, name_list
+from vit5.errors import InputError, Rule, name_list
 from vit5.eval.common import (
     EVAL_FIX,
     LoadedModel,
     Size,
     bad_file_reason,
-    check_fields,
     check_forward_memory,
+    check_settings,
     confusion_matrix,
     labelled_loader,
     list_images,
@@ -47,6 +47,14 @@ DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
 
 
+_CLASSIFY_RULES = (
+    Rule("size", lambda v: len(v) == 2 and min(v) > 0, "a positive (height, width) pair or null"),
+    Rule("crop_ratio", lambda v: 0 < v <= 1, "in (0, 1] (1 = ViT-5 eval, 0.875 = classic) or null"),
+    Rule("batch_size", lambda v: v >= 1, ">= 1"),
+    Rule("num_workers", lambda v: v >= 0, ">= 0 or null"),
+)
+
+
 @dataclass(frozen=True)
 class ClassifySettings:
     """``size`` (H, W) and ``crop_ratio`` default to the model's own (vit5: its img_size and 1.0)."""
@@ -57,13 +65,7 @@ class ClassifySettings:
     num_workers: int | None = None  # None: vit5.runtime.default_workers() (min(4, CPUs - 1))
 
     def __post_init__(self) -> None:
-        check_fields(
-            self,
-            ("size", lambda v: v is None or (len(v) == 2 and min(v) > 0), "a positive (height, width) pair"),
-            ("crop_ratio", lambda v: v is None or 0 < v <= 1, "in (0, 1] (1 = ViT-5 eval, 0.875 = classic)"),
-            ("batch_size", lambda v: v >= 1, ">= 1"),
-            ("num_workers", lambda v: v is None or v >= 0, ">= 0"),
-        )
+        check_settings(self, _CLASSIFY_RULES)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""Per image, the chosen blocks' patch grids, CLS and registers (vit5 and timm ViTs), in memory or on disk
-(``<image path>.safetensors`` + ``manifest.json``; each file records the run and its source's size and
-mtime, so a rerun redoes exactly what is missing). Each image runs at a fixed size or its own (patch-rounded,
-``max_side``); equal sizes are batched together, so the yield order is not the listing order."""
+"""Per image, the chosen blocks' patch grids, CLS and registers (vit5 and timm ViTs), in memory
+or on disk (``<image path>.safetensors`` + ``manifest.json``; each file records the run and its
+source's size and mtime, so a rerun redoes exactly what is missing). Each image runs at a fixed
+size or its own (patch-rounded, ``max_side``); equal sizes are batched together, so the yield
+order is not the listing order."""
 
 from __future__ import annotations
 
@@ -23,19 +24,19 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from vit5.data import BadImageError, BadImageWarning, decode_image, resize_transform
-from vit5.errors import InputError
+from vit5.errors import InputError, Rule, rule_problems
 from vit5.eval.common import (
     EVAL_FIX,
     LoadedModel,
     Size,
-    check_fields,
+    check_settings,
     dense_features,
     feature_names,
     list_images,
     own_size,
 )
 from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
-from vit5.introspect import ModelInfo, describe
+from vit5.introspect import ModelInfo, Preprocessing, describe
 from vit5.model import take_indices
 from vit5.outputs import to_jsonable, write_json
 
@@ -48,12 +49,26 @@ _META_KEY = "vit5_features"
 ENTRY_KEYS = ("path", "file", "image_size", "input_size", "grid")
 
 
-# manifest fields: (key, default when absent, check, what it must be); a crafted one is one clear error
-MANIFEST_FIELDS = (
-    ("num_images", 0, lambda v: type(v) is int and v >= 0, "a count"),
-    ("source_root", None, lambda v: isinstance(v, str), "a str"),
-    ("images", None, lambda v: isinstance(v, list), "a list"),
-    ("failed", [], lambda v: isinstance(v, list) and all(type(f) is dict for f in v), "a list of entries"),
+# the manifest's fields, each checked (a crafted one is one clear error), and the defaults of
+# those an older manifest may lack
+MANIFEST_DEFAULTS = {"num_images": 0, "source_root": None, "images": None, "failed": []}
+MANIFEST_RULES = (
+    Rule("num_images", lambda v: type(v) is int and v >= 0, "a count"),
+    Rule("source_root", lambda v: isinstance(v, str), "a str"),
+    Rule("images", lambda v: isinstance(v, list), "a list"),
+    Rule(
+        "failed",
+        lambda v: isinstance(v, list) and all(type(f) is dict for f in v),
+        "a list of entries",
+    ),
+)
+
+
+_SETTINGS_RULES = (
+    Rule("dtype", lambda v: v in DTYPES, f"one of {sorted(DTYPES)}"),
+    Rule("max_side", lambda v: v >= 1, ">= 1 or null"),
+    Rule("batch_size", lambda v: v >= 1, ">= 1"),
+    Rule("num_workers", lambda v: v >= 0, ">= 0"),
 )
 
 
@@ -62,9 +77,12 @@ class FeatureSettings:
     """What to extract; ``dtype`` is the storage dtype (the model runs in its own)."""
 
     layers: tuple[int, ...] = (-1,)  # blocks to take (negative counts from the end)
-    size: tuple[int, int] | None = None  # fixed input (H, W), patch multiples; None: each image's own size
-    max_side: int | None = None  # with size=None: shrink images whose longer side exceeds it (aspect kept)
-    norm: bool = False  # the model's final norm on every block output (as DINO features are)
+    # fixed input (H, W), patch multiples; None: each image's own size
+    size: tuple[int, int] | None = None
+    # with size=None: shrink images whose longer side exceeds it (aspect kept)
+    max_side: int | None = None
+    # the model's final norm on every block output (as DINO features are)
+    norm: bool = False
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     batch_size: int = 8
     num_workers: int = 0
@@ -73,18 +91,12 @@ class FeatureSettings:
         object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
         if self.size is not None:
             object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
-        check_fields(
-            self,
-            ("dtype", lambda v: v in DTYPES, f"one of {sorted(DTYPES)}"),
-            (
-                "max_side",
-                lambda v: v is None or (v >= 1 and self.size is None),
-                ">= 1 and without a fixed size "
-                "(give either a fixed size or max_side, which limits each image's own size, not both)",
-            ),
-            ("batch_size", lambda v: v >= 1, ">= 1"),
-            ("num_workers", lambda v: v >= 0, ">= 0"),
-        )
+        check_settings(self, _SETTINGS_RULES)
+        if self.size is not None and self.max_side is not None:
+            raise InputError(
+                f"max_side={self.max_side} and size={self.size}: give either a fixed size or "
+                "max_side, which limits each image's own size, not both",
+            )
 
 
 @dataclass
@@ -108,8 +120,7 @@ class _ResizedImages(Dataset):
     paths: Sequence[Path]
     settings: FeatureSettings
     patch_size: int
-    mean: tuple
-    std: tuple
+    preprocessing: Preprocessing
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -120,33 +131,58 @@ class _ResizedImages(Dataset):
         except BadImageError as err:
             return index, None, None, err.reason
         image_size = (image.shape[0], image.shape[1])
-        size = self.settings.size or own_size(image_size, self.patch_size, self.settings.max_side)
-        return index, resize_transform(size, mean=self.mean, std=self.std)(image), image_size, ""
+        max_side = self.settings.max_side
+        size = self.settings.size or own_size(image_size, self.patch_size, max_side)
+        pre = self.preprocessing
+        resized = resize_transform(size, mean=pre.mean, std=pre.std)(image)
+        return index, resized, image_size, ""
 
 
 def _as_is(item: tuple) -> tuple:
     return item
 
 
-def prepare(
-    model: nn.Module | LoadedModel, settings: FeatureSettings
-) -> tuple[nn.Module, tuple, tuple, ModelInfo, list[int]]:
-    """``(module, mean, std, info, absolute blocks)``; a bad size or block index fails here, first."""
-    module = model.model if isinstance(model, LoadedModel) else model
-    info = describe(module)
+@dataclass(frozen=True)
+class Prepared:
+    """A model ready to give features: the module, its preprocessing and description, and the
+    absolute blocks asked for."""
+
+    module: nn.Module
+    preprocessing: Preprocessing
+    info: ModelInfo
+    blocks: list[int]
+
+
+def prepare(model: nn.Module | LoadedModel, settings: FeatureSettings) -> Prepared:
+    """A bad size or block index fails here, first. A :class:`LoadedModel` brings its
+    description and preprocessing; a bare module is described now."""
+    if isinstance(model, LoadedModel):
+        module = model.model
+        info = model.info or describe(module)
+        preprocessing = model.preprocessing
+    else:
+        module = model
+        info = describe(module)
+        preprocessing = info.preprocessing
     if settings.size is not None:
         info.grid(settings.size, EVAL_FIX)
-    mean, std = (model.mean, model.std) if isinstance(model, LoadedModel) else (info.mean, info.std)
-    return module, tuple(mean), tuple(std), info, take_indices(info.depth, settings.layers, unique=True)
+    blocks = take_indices(info.depth, settings.layers, unique=True)
+    return Prepared(module=module, preprocessing=preprocessing, info=info, blocks=blocks)
 
 
 def extract(
-    model: nn.Module | LoadedModel, paths: Sequence[str | os.PathLike[str]], settings: FeatureSettings
+    model: nn.Module | LoadedModel,
+    paths: Sequence[str | os.PathLike[str]],
+    settings: FeatureSettings,
 ) -> Iterator[ImageFeatures | FailedImage]:
-    """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed order."""
-    module, mean, std, info, blocks = prepare(model, settings)
+    """Features (CPU, storage dtype) for each of ``paths``, or why an image failed; bucketed
+    order."""
+    prepared = prepare(model, settings)
+    module = prepared.module
+    info = prepared.info
+    blocks = prepared.blocks
     paths = [Path(p) for p in paths]
-    data = _ResizedImages(paths, settings, info.patch_size, mean, std)
+    data = _ResizedImages(paths, settings, info.patch_size, prepared.preprocessing)
     loader = DataLoader(data, batch_size=None, num_workers=settings.num_workers, collate_fn=_as_is)
     device = next(module.parameters()).device
     module.eval()
@@ -187,7 +223,9 @@ def iter_features(
     for item in extract(model, paths, settings):
         if isinstance(item, FailedImage):
             warnings.warn(
-                f"skipping unreadable image {item.path}: {item.reason}", BadImageWarning, stacklevel=2
+                f"skipping unreadable image {item.path}: {item.reason}",
+                BadImageWarning,
+                stacklevel=2,
             )
         else:
             yield item.path, item.features
@@ -235,14 +273,25 @@ def export_features(
     """Features of every image under ``images`` into ``out_dir`` (manifest rewritten every
     ``manifest_every_s``); InputError for features of another run (unless ``overwrite``), FolderLocked
     while another export writes there."""
-    out_dir, settings = check_output_dir(out_dir, "output folder"), settings or FeatureSettings()
+    out_dir = check_output_dir(out_dir, "output folder")
+    settings = settings or FeatureSettings()
     start = time.perf_counter()
     root, paths = list_images(images)
-    module, mean, std, info, blocks = prepare(model, settings)  # a bad size leaves no manifest behind
-    chosen = {k: v for k, v in asdict(settings).items() if k not in ("batch_size", "num_workers")}
+    prepared = prepare(model, settings)  # a bad size leaves no manifest behind
+    module = prepared.module
+    info = prepared.info
+    blocks = prepared.blocks
+    loop_only = ("batch_size", "num_workers")
+    chosen = {k: v for k, v in asdict(settings).items() if k not in loop_only}
     chosen["layers"] = blocks  # absolute: -1 and 11 are the same run
-    fingerprint = model_fingerprint(module)
-    identity = to_jsonable({"model_fingerprint": fingerprint, "settings": chosen, "mean": mean, "std": std})
+    identity = to_jsonable(
+        {
+            "model_fingerprint": model_fingerprint(module),
+            "settings": chosen,
+            "mean": tuple(prepared.preprocessing.mean),
+            "std": tuple(prepared.preprocessing.std),
+        },
+    )
     run_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     header = {
         "format": FORMAT,
@@ -257,23 +306,34 @@ def export_features(
     }
     with FolderLock(out_dir, "feature export"):
         old = {} if overwrite or not (out_dir / MANIFEST).is_file() else read_manifest(out_dir)
-        if old and old.get("run_id") != run_id and old["num_images"] > 0:  # an empty one blocks nothing
-            changed = "; ".join(f"{k}: {old.get(k)} -> {v}" for k, v in identity.items() if old.get(k) != v)
+        # an empty manifest blocks nothing
+        if old and old.get("run_id") != run_id and old["num_images"] > 0:
+            differ = [k for k, v in identity.items() if old.get(k) != v]
+            changed = "; ".join(f"{k}: {old.get(k)} -> {identity[k]}" for k in differ)
             raise InputError(
                 f"{out_dir} holds features from another model or other settings "
-                f"({changed or 'other format'}); use a new output folder, or overwrite to replace them"
+                f"({changed or 'other format'}); use a new output folder, or overwrite to replace them",
             )
         for partial in out_dir.rglob(f"*{SUFFIX}*.partial"):  # left by a kill
             partial.unlink()
-        done = {} if overwrite else {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
+        done = {}
+        if not overwrite:
+            done = {path: _completed_entry(out_dir, root, path, run_id) for path in paths}
         entries: dict[str, dict[str, Any]] = {e["path"]: e for e in done.values() if e}
         todo = [path for path in paths if not done.get(path)]
-        skipped, failed = len(entries), []
+        skipped = len(entries)
+        failed = []
 
         def write_manifest(complete: bool) -> None:
             bad = [{"path": f.path.relative_to(root).as_posix(), "reason": f.reason} for f in failed]
             images = [entries[k] for k in sorted(entries)]
-            doc = dict(header, complete=complete, num_images=len(entries), images=images, failed=bad)
+            doc = dict(
+                header,
+                complete=complete,
+                num_images=len(entries),
+                images=images,
+                failed=bad,
+            )
             write_json(out_dir / MANIFEST, doc)
 
         write_manifest(complete=False)
@@ -291,7 +351,13 @@ def export_features(
                 write_manifest(complete=False)
                 last_manifest = time.monotonic()
         write_manifest(complete=True)
-    return ExportSummary(out_dir, len(entries) - skipped, skipped, failed, time.perf_counter() - start)
+    return ExportSummary(
+        out_dir,
+        len(entries) - skipped,
+        skipped,
+        failed,
+        time.perf_counter() - start,
+    )
 
 
 def _source_stat(path: Path) -> dict[str, int]:
@@ -299,22 +365,40 @@ def _source_stat(path: Path) -> dict[str, int]:
     return {"source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
 
 
-def _write_image(out_dir: Path, root: Path, item: ImageFeatures, run_id: str, patch: int) -> dict[str, Any]:
-    (h, w), rel = item.input_size, item.path.relative_to(root).as_posix()
-    sizes = {"image_size": list(item.image_size), "input_size": [h, w], "grid": [h // patch, w // patch]}
+def _write_image(
+    out_dir: Path,
+    root: Path,
+    item: ImageFeatures,
+    run_id: str,
+    patch: int,
+) -> dict[str, Any]:
+    h, w = item.input_size
+    rel = item.path.relative_to(root).as_posix()
+    sizes = {
+        "image_size": list(item.image_size),
+        "input_size": [h, w],
+        "grid": [h // patch, w // patch],
+    }
     entry = {"path": rel, "file": rel + SUFFIX, **sizes}
     target = out_dir / entry["file"]
     target.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path)})
-    payload = save({k: v.contiguous() for k, v in item.features.items()}, metadata={_META_KEY: meta})
-    atomic_write_bytes(target, payload, durable=False)  # many files: the manifest is the durable record
+    payload = save(
+        {k: v.contiguous() for k, v in item.features.items()},
+        metadata={_META_KEY: meta},
+    )
+    # many files: the manifest is the durable record
+    atomic_write_bytes(target, payload, durable=False)
     return entry
 
 
 def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
     """The manifest entry of an image whose feature file is complete and current, else None."""
     try:
-        with safe_open(str(out_dir / (path.relative_to(root).as_posix() + SUFFIX)), framework="pt") as f:
+        with safe_open(
+            str(out_dir / (path.relative_to(root).as_posix() + SUFFIX)),
+            framework="pt",
+        ) as f:
             meta = json.loads((f.metadata() or {})[_META_KEY])
     except Exception:  # missing, unreadable or foreign file: compute it
         return None
@@ -346,20 +430,25 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"{out_dir} has no {MANIFEST}; is it a feature export folder?")
     manifest = read_json(path)
     if not isinstance(manifest, dict):
-        raise InputError(f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it")
+        raise InputError(
+            f"{path} holds a {type(manifest).__name__}, not a manifest object: fix or delete it",
+        )
     if manifest.get("format") != FORMAT:
         raise InputError(f"{path} is not a {FORMAT} manifest (format {manifest.get('format')!r})")
-    for key, default, check, what in MANIFEST_FIELDS:
-        value = manifest.setdefault(key, default)
-        if not check(value):
-            raise InputError(f"{path}: {key} is {value!r}, not {what}: fix or delete it")
+    for key, default in MANIFEST_DEFAULTS.items():
+        manifest.setdefault(key, default)
+    problems = rule_problems(manifest, MANIFEST_RULES)
+    if problems:
+        raise InputError(f"{path}: {problems[0]}: fix or delete it")
     for i, entry in enumerate(manifest["images"]):
         if problem := _entry_problem(entry):
             raise InputError(f"{path}: images[{i}] {problem}: fix or delete it")
     return manifest
 
 
-def read_features(out_dir: str | os.PathLike[str]) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+def read_features(
+    out_dir: str | os.PathLike[str],
+) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
     """``(image path, {name: tensor})`` for every image of an export, in manifest order."""
     manifest = read_manifest(out_dir)
     root = Path(manifest["source_root"])

@@ -24,21 +24,28 @@ from tqdm.auto import tqdm
 
 from vit5.data import ImageFolderDataset
 from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
-from vit5.errors import InputError
+from vit5.errors import InputError, Rule
 from vit5.eval.common import (
     LoadedModel,
-    check_fields,
+    check_settings,
     confusion_matrix,
     dense_features,
     labelled_loader,
 )
 from vit5.eval.features import FailedImage, FeatureSettings, extract, prepare
-from vit5.introspect import describe
+from vit5.introspect import ModelInfo, describe
 from vit5.model import take_indices
 from vit5.outputs import format_table
 
 POOLS = ("cls", "avg")
 Array = np.ndarray
+
+
+_PROBE_RULES = (
+    Rule("pools", lambda v: bool(v) and set(v) <= set(POOLS), f"chosen from {POOLS}"),
+    Rule("knn_k", lambda v: all(k >= 1 for k in v), "counts >= 1"),
+    Rule("knn_temperature logreg_c", lambda v: v > 0, "> 0"),
+)
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,7 @@ class ProbeSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_fields(
-            self,
-            ("pools", lambda v: bool(v) and set(v) <= set(POOLS), f"chosen from {POOLS}"),
-            ("knn_k", lambda v: all(k >= 1 for k in v), "counts >= 1"),
-            ("knn_temperature", lambda v: v > 0, "> 0"),
-            ("logreg_c", lambda v: v > 0, "> 0"),
-        )
+        check_settings(self, _PROBE_RULES)
 
 
 @dataclass(frozen=True)
@@ -79,31 +80,49 @@ def encode(
     loaded: LoadedModel, dataset: ImageFolderDataset, settings: ProbeSettings, progress: bool = True
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``({pool: [N, C] float32}, targets [N])`` for the readable images of ``dataset``."""
-    info = describe(loaded.model)
+    info = _info(loaded)
     if "cls" in settings.pools and not info.num_cls:
         raise InputError(f"{loaded.label} has no CLS token; use pools=('avg',)")
     (block,) = take_indices(info.depth, [settings.layer])
     size = tuple(settings.size or loaded.input_size)
     loader = labelled_loader(
-        loaded, dataset.samples, size, settings.crop_ratio, settings.batch_size, settings.num_workers
+        loaded,
+        dataset.samples,
+        size,
+        settings.crop_ratio,
+        settings.batch_size,
+        settings.num_workers,
     )
     device = next(loaded.model.parameters()).device
     pooled: dict[str, list[torch.Tensor]] = {p: [] for p in settings.pools}
     targets = []
     for images, labels, _, ok in tqdm(
-        loader, desc=f"encode {loaded.label}", disable=not progress, leave=False
+        loader,
+        desc=f"encode {loaded.label}",
+        disable=not progress,
+        leave=False,
     ):
         feats = dense_features(loaded.model, images.to(device), info, [block], norm=settings.norm)
-        cls, patches = feats.get(f"blocks.{block}.cls"), feats[f"blocks.{block}.patches"]
-        views = {"cls": cls, "avg": patches.mean((-2, -1))}
+        patches = feats[f"blocks.{block}.patches"]
+        views = {"cls": feats.get(f"blocks.{block}.cls"), "avg": patches.mean((-2, -1))}
         for pool in settings.pools:
             pooled[pool].append(views[pool].float().cpu()[ok])
         targets.append(labels[ok])
     return {p: torch.cat(v).numpy() for p, v in pooled.items()}, torch.cat(targets).numpy()
 
 
+def _info(loaded: LoadedModel) -> ModelInfo:
+    """The loader's description, or (a model loaded without one) the description made now."""
+    return loaded.info or describe(loaded.model)
+
+
 def knn_accuracy(
-    train_x: Array, train_y: Array, val_x: Array, val_y: Array, k: int = 20, temperature: float = 0.07
+    train_x: Array,
+    train_y: Array,
+    val_x: Array,
+    val_y: Array,
+    k: int = 20,
+    temperature: float = 0.07,
 ) -> float:
     """Weighted cosine kNN (DINO): neighbours vote with ``exp(cos / T)``."""
     knn = KNeighborsClassifier(
@@ -125,7 +144,10 @@ def logreg_accuracy(
     seed: int = 0,
 ) -> float:
     """Linear probe: standardise, then multinomial L2 logistic regression."""
-    probe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
+    probe = make_pipeline(
+        StandardScaler(),
+        LogisticRegression(C=c, max_iter=max_iter, random_state=seed),
+    )
     return float(probe.fit(train_x, train_y).score(val_x, val_y))
 
 
@@ -138,17 +160,21 @@ def run_probes(
 ) -> list[ProbeRow]:
     if list(train.class_names) != list(val.class_names):
         raise InputError(
-            f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}..."
+            f"train and val classes differ: {train.class_names[:5]}... vs {val.class_names[:5]}...",
         )
-    (train_x, train_y), (val_x, val_y) = (encode(loaded, split, settings, progress) for split in (train, val))
+    train_x, train_y = encode(loaded, train, settings, progress)
+    val_x, val_y = encode(loaded, val, settings, progress)
     rows = []
     for pool in settings.pools:
         data = (train_x[pool], train_y, val_x[pool], val_y)
-        probes = {
-            f"knn-{k}": partial(knn_accuracy, *data, k, settings.knn_temperature) for k in settings.knn_k
-        }
+        temperature = settings.knn_temperature
+        probes = {f"knn-{k}": partial(knn_accuracy, *data, k, temperature) for k in settings.knn_k}
         probes["logreg"] = partial(
-            logreg_accuracy, *data, settings.logreg_c, settings.logreg_max_iter, settings.seed
+            logreg_accuracy,
+            *data,
+            settings.logreg_c,
+            settings.logreg_max_iter,
+            settings.seed,
         )
         for method, probe in probes.items():
             start = time.perf_counter()
@@ -166,6 +192,13 @@ def probe_table(rows: Sequence[ProbeRow], chance: float | None = None) -> str:
     return format_table(("model", "pool", *methods), table_rows, title=title)
 
 
+_SEG_PROBE_RULES = (
+    Rule("epochs batch_size", lambda v: v >= 1, ">= 1"),
+    Rule("lr", lambda v: v > 0, "> 0"),
+    Rule("weight_decay", lambda v: v >= 0, ">= 0"),
+)
+
+
 @dataclass(frozen=True)
 class SegProbeSettings:
     size: tuple[int, int] | None = None  # input (H, W); default: the model's
@@ -179,13 +212,7 @@ class SegProbeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
-        check_fields(
-            self,
-            ("epochs", lambda v: v >= 1, ">= 1"),
-            ("batch_size", lambda v: v >= 1, ">= 1"),
-            ("lr", lambda v: v > 0, "> 0"),
-            ("weight_decay", lambda v: v >= 0, ">= 0"),
-        )
+        check_settings(self, _SEG_PROBE_RULES)
 
 
 @dataclass(frozen=True)
@@ -198,10 +225,12 @@ class SegmentationScores:
 
 def segmentation_scores(confusion: np.ndarray) -> SegmentationScores:
     confusion = np.asarray(confusion, dtype=np.float64)
-    tp, total = np.diag(confusion), confusion.sum()
+    tp = np.diag(confusion)
+    total = confusion.sum()
     union = confusion.sum(axis=0) + confusion.sum(axis=1) - tp
     iou = tp / np.where(union > 0, union, np.nan)
-    miou = float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")  # nanmean warns on all-NaN
+    # nanmean warns on all-NaN
+    miou = float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan")
     pixel_accuracy = float(tp.sum() / total) if total else float("nan")
     return SegmentationScores(miou, pixel_accuracy, iou, confusion.astype(np.int64))
 
@@ -221,9 +250,17 @@ class SegProbeResult:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        s, doc = self.scores, {k: v for k, v in asdict(self).items() if k not in ("class_names", "scores")}
+        s = self.scores
+        apart = ("class_names", "scores")
+        doc = {k: v for k, v in asdict(self).items() if k not in apart}
         iou = dict(zip(self.class_names, s.iou.tolist()))
-        return dict(doc, miou=s.miou, pixel_accuracy=s.pixel_accuracy, iou=iou, confusion_matrix=s.confusion)
+        return dict(
+            doc,
+            miou=s.miou,
+            pixel_accuracy=s.pixel_accuracy,
+            iou=iou,
+            confusion_matrix=s.confusion,
+        )
 
 
 @dataclass
@@ -265,14 +302,24 @@ def train_linear_head(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         conv = nn.Conv2d(feats.shape[1], info.num_classes, kernel_size=1)
-    head = LinearHead(conv.to(device), mean.to(device), std.clamp_min(1e-6).to(device), float("nan"))
+    head = LinearHead(
+        conv.to(device),
+        mean.to(device),
+        std.clamp_min(1e-6).to(device),
+        float("nan"),
+    )
     generator = torch.Generator().manual_seed(settings.seed)
     steps = settings.epochs * -(-len(feats) // settings.batch_size)
-    optimizer = torch.optim.AdamW(head.conv.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(
+        head.conv.parameters(),
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     for _ in range(settings.epochs):
         for idx in torch.randperm(len(feats), generator=generator).split(settings.batch_size):
-            x, y = feats[idx].to(device, non_blocking=True), targets[idx].to(device, non_blocking=True)
+            x = feats[idx].to(device, non_blocking=True)
+            y = targets[idx].to(device, non_blocking=True)
             logits = F.interpolate(head(x), size=size, mode="bilinear", align_corners=False)
             loss = F.cross_entropy(logits, y, ignore_index=info.ignore_index)
             optimizer.zero_grad()
@@ -285,14 +332,19 @@ def train_linear_head(
 
 
 @torch.no_grad()
-def score_linear_head(head: LinearHead, val: EncodedSplit, info: SegDatasetInfo) -> SegmentationScores:
+def score_linear_head(
+    head: LinearHead,
+    val: EncodedSplit,
+    info: SegDatasetInfo,
+) -> SegmentationScores:
     """mIoU and pixel accuracy with logits upsampled (bilinear) to each mask's full size."""
     confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
     device = head.conv.weight.device
     for feats, mask in zip(val.features, val.masks):
         logits = head(feats[None].to(device))
         logits = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
-        pred, target = logits.argmax(dim=1)[0].cpu(), torch.from_numpy(mask)
+        pred = logits.argmax(dim=1)[0].cpu()
+        target = torch.from_numpy(mask)
         valid = target != info.ignore_index
         confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
     return segmentation_scores(confusion.numpy())
@@ -309,16 +361,27 @@ def run_segmentation_probe(
     """Train the dense linear probe on ``splits[0]`` and score it on ``splits[1]``."""
     size = tuple(settings.size or loaded.input_size)
     features = FeatureSettings(
-        settings.layers, size, norm=settings.norm, dtype="float16", batch_size=settings.batch_size
+        settings.layers,
+        size,
+        norm=settings.norm,
+        dtype="float16",
+        batch_size=settings.batch_size,
     )
-    blocks = prepare(loaded, features)[-1]  # a bad size or block index fails here, before any work
+    # a bad size or block index fails here, before any work
+    blocks = prepare(loaded, features).blocks
 
     def encode(split: str) -> EncodedSplit:
         masks_of = {Path(image): mask for image, mask in list_pairs(root, split)}
-        chunks, masks, skipped = [], [], []
+        chunks = []
+        masks = []
+        skipped = []
         items = extract(loaded, list(masks_of), features)
         for item in tqdm(
-            items, total=len(masks_of), desc=f"features {split}", disable=not progress, leave=False
+            items,
+            total=len(masks_of),
+            desc=f"features {split}",
+            disable=not progress,
+            leave=False,
         ):
             if isinstance(item, FailedImage):
                 skipped.append({"path": str(item.path), "reason": item.reason})
@@ -327,14 +390,20 @@ def run_segmentation_probe(
             chunks.append(torch.cat([item.features[f"blocks.{b}.patches"] for b in blocks]))
         if not masks:
             raise InputError(
-                f"none of the {len(masks_of)} images of split {split} can be read (e.g. {skipped[0]})"
+                f"none of the {len(masks_of)} images of split {split} can be read (e.g. {skipped[0]})",
             )
         return EncodedSplit(torch.stack(chunks), masks, skipped)
 
     start = time.perf_counter()
     train, val = map(encode, splits)
     encoded = time.perf_counter()
-    head = train_linear_head(train, info, size, settings, device=next(loaded.model.parameters()).device)
+    head = train_linear_head(
+        train,
+        info,
+        size,
+        settings,
+        device=next(loaded.model.parameters()).device,
+    )
     return SegProbeResult(
         model=loaded.label,
         size=size,
@@ -351,7 +420,17 @@ def run_segmentation_probe(
 
 
 def seg_tables(results: Sequence[SegProbeResult]) -> str:
-    headers = ("model", "size", "blocks", "train", "val", "mIoU %", "pixel acc %", "features s", "train s")
+    headers = (
+        "model",
+        "size",
+        "blocks",
+        "train",
+        "val",
+        "mIoU %",
+        "pixel acc %",
+        "features s",
+        "train s",
+    )
     rows = [
         (
             r.model,

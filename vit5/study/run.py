@@ -447,7 +447,8 @@ def analyse_twins(
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
-    from vit5.viz.runner import RunConfig, load_model_spec, run_ttr
+    from vit5.introspect.load import load_spec
+    from vit5.viz.runner import RunConfig, run_ttr
     from vit5.viz.ttr import NeuronSearch
 
     folder = out / "analysis"
@@ -460,7 +461,7 @@ def analyse_twins(
     log(report.table())
     files = report.write(folder) + save_figure(ablation_figure(report), folder / "ablation", ("png", "pdf"))
     summary: dict[str, Any] = {"ablation": report.records()}
-    loaded = load_model_spec(str(out / "no_registers" / "final"))
+    loaded = load_spec(str(out / "no_registers" / "final"), require="recording")
     ttr_cfg = RunConfig(
         out=folder, batch_size=32, max_figures=4, progress=False, log=log, metrics=MetricConfig(n_boot=200)
     )

@@ -26,20 +26,13 @@ LayerCallback = Callable[[int, "torch.Tensor | None", "torch.Tensor | None"], No
 """``on_layer(block_index, attention [B, heads, N, N] fp32 or None, tokens [B, N, C] or None)``."""
 
 
-def recordable(model: nn.Module) -> ModelInfo:
-    """The :class:`~vit5.model.ModelInfo` of a model whose attention can be recorded; an InputError
-    for other models and for timm blocks without timm's explicit softmax path (nothing to hook)."""
-    info = describe(model)
-    if info.family == "vit5":
-        return info
-    for i, block in enumerate(unwrap(model).blocks):
-        attn = getattr(block, "attn", None)
-        if not (hasattr(attn, "fused_attn") and isinstance(getattr(attn, "attn_drop", None), nn.Module)):
-            raise InputError(
-                f"block {i} of this {type(model).__name__} has an attention module ({type(attn).__name__}) "
-                "without timm's explicit softmax path (fused_attn / attn_drop); its attention cannot be "
-                "recorded"
-            )
+def recordable(model: nn.Module, info: ModelInfo | None = None) -> ModelInfo:
+    """The description of a model whose attention can be recorded (``info``, the loader's, or
+    described now); an InputError for other models and for timm blocks without timm's explicit
+    softmax path (nothing to hook)."""
+    info = info or describe(model)
+    if info.unrecordable:
+        raise InputError(info.unrecordable)
     return info
 
 
@@ -50,11 +43,12 @@ def capture(
     attention: bool = True,
     tokens: bool = True,
     on_layer: LayerCallback | None = None,
+    info: ModelInfo | None = None,
 ) -> Iterator[Recording]:
     """Record softmax attention ``[B, heads, N, N]`` (fp32) and block outputs ``[B, N, C]`` of ``layers``;
     with ``on_layer`` each block's results are handed over as soon as the block has run, then dropped. Call
     ``model.eval()`` first: in training mode timm's attention dropout would alter the probabilities."""
-    info = recordable(model)
+    info = recordable(model, info)
     wanted = take_indices(info.depth, layers, unique=True)
     net = unwrap(model)
     with ExitStack() as stack:
@@ -93,11 +87,15 @@ def capture(
 
 @contextmanager
 def edit_tokens(
-    model: nn.Module, edit: Callable[[int, torch.Tensor, TokenLayout], torch.Tensor | None]
+    model: nn.Module,
+    edit: Callable[[int, torch.Tensor, TokenLayout], torch.Tensor | None],
+    info: ModelInfo | None = None,
 ) -> Iterator[None]:
     """Call ``edit(position, tokens [B, N, C], layout)`` on the first block's input (position 0) and every
     block's output (position ``d + 1``) before any other hook; a returned tensor replaces the tokens."""
-    info, net, state = describe(model), unwrap(model), {}
+    info = info or describe(model)
+    net = unwrap(model)
+    state = {}
 
     def remember_size(module, args) -> None:
         state["layout"] = info.layout(tuple(args[0].shape[-2:]))
@@ -130,7 +128,11 @@ class CollectConfig:
 
 
 def collect(
-    model: nn.Module, images: Sequence[LoadedImage], label: str, cfg: CollectConfig = CollectConfig()
+    model: nn.Module,
+    images: Sequence[LoadedImage],
+    label: str,
+    cfg: CollectConfig = CollectConfig(),
+    info: ModelInfo | None = None,
 ) -> TokenStats:
     """Record all blocks of ``model`` (put in eval mode on ``cfg.device``) on ``images`` (all of one size,
     normalised with the model's own mean / std) into :class:`TokenStats`."""
@@ -140,7 +142,7 @@ def collect(
             "all images of a run must share one size (metrics compare equal resolutions), got "
             f"{sorted(sizes)}"
         )
-    info = describe(model)
+    info = recordable(model, info)
     layout = info.layout(sizes.pop())
     net = unwrap(model).eval().to(cfg.device)
     arrays: dict[str, list[np.ndarray]] = {}  # name -> per batch
@@ -159,7 +161,7 @@ def collect(
         rows.clear()
         rollout = None
         x = to_batch(batch, info.mean, info.std).to(cfg.device)
-        with torch.no_grad(), capture(net, on_layer=reduce):
+        with torch.no_grad(), capture(net, on_layer=reduce, info=info):
             out = net.forward_features(x)
         kept = max(0, min(len(batch), cfg.keep_features - start))
         if layout.cls_index is not None:  # the rollout row of CLS, or the mean of the patch rows

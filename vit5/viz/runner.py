@@ -1,16 +1,17 @@
-"""Run the tools over images and write figures, metrics and raw arrays under ``out/``: ``images/<image>/*``,
-``summary_grid``, ``norm_histograms``, ``outlier_frequency``, ``layer_profile``, ``massive_activations``,
-``metrics.json`` / ``.csv``, ``token_stats.npz``; two models side by side under ``compare/``, a model
-without and with test-time registers under ``ttr/`` (plus ``register_neurons.json``)."""
+"""Run the tools over images and write figures, metrics and raw arrays under ``out/``:
+``images/<image>/*``, ``summary_grid``, ``norm_histograms``, ``outlier_frequency``,
+``layer_profile``, ``massive_activations``, ``metrics.json`` / ``.csv``, ``token_stats.npz``; two
+models side by side under ``compare/``, a model without and with test-time registers under
+``ttr/`` (plus ``register_neurons.json``). Each model comes from
+:func:`vit5.introspect.load.load_spec` with its description, which is used as it is."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -18,7 +19,7 @@ from torch import nn
 
 from vit5.errors import InputError
 from vit5.introspect import ModelInfo, describe
-from vit5.introspect.spec import LoadedModel, load_spec
+from vit5.introspect.load import LoadedModel
 from vit5.layers.patch_embed import grid_of
 from vit5.model import TokenLayout, take_indices
 from vit5.model.footprint import attention_bytes
@@ -30,7 +31,7 @@ from vit5.viz import ttr
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect, edit_tokens, recordable
 from vit5.viz.figures import MapStyle
-from vit5.viz.images import LoadedImage, default_size, load_images
+from vit5.viz.images import LoadedImage, default_size, list_sources, load_images
 from vit5.viz.stats import TokenStats
 
 
@@ -52,10 +53,16 @@ class PlantSpec:
 
 
 @contextmanager
-def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[None]:
-    """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale`` (every later
-    block sees the planted tokens); whatever is made inside must say "planted"."""
-    layer = take_indices(describe(model).depth, [spec.layer])[0]
+def plant_artifacts(
+    model: nn.Module,
+    spec: PlantSpec,
+    info: ModelInfo | None = None,
+) -> Iterator[None]:
+    """Multiply block ``spec.layer``'s output tokens at ``spec.positions`` by ``spec.scale``
+    (every later block sees the planted tokens); whatever is made inside must say "planted".
+    ``info``: the model's description, if the caller has it."""
+    info = info or describe(model)
+    layer = take_indices(info.depth, [spec.layer])[0]
 
     def plant(position: int, tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor | None:
         if position != layer + 1:
@@ -64,27 +71,27 @@ def plant_artifacts(model: nn.Module, spec: PlantSpec) -> Iterator[None]:
         for r, c in spec.positions:
             if not (0 <= r < h and 0 <= c < w):
                 raise InputError(f"planted position ({r},{c}) is outside the {h}x{w} patch grid")
-        index = [layout.patch_slice.start + r * w + c for r, c in spec.positions]
+        start = layout.patch_slice.start
+        index = [start + r * w + c for r, c in spec.positions]
         out = tokens.clone()
         out[:, index] = out[:, index] * spec.scale
         return out
 
-    with edit_tokens(model, plant):
+    with edit_tokens(model, plant, info):
         yield
 
 
-def load_model_spec(
-    spec: str, overrides: Mapping[str, Any] | None = None, use_ema: bool = False, random_init: bool = False
-) -> LoadedModel:
-    """Build the model a spec names (:mod:`vit5.introspect.spec` lists the forms), in eval mode; fail now
-    on an architecture viz cannot record. A name means its pretrained weights; ``random_init=True``
-    an untrained model (labelled so)."""
-    loaded = load_spec(spec, overrides, use_ema, random_init)
-    recordable(loaded.model)
-    return loaded
-
-
-VIEWS = ("attention", "registers", "rollout", "norms", "histograms", "profile", "massive", "pca", "metrics")
+VIEWS = (
+    "attention",
+    "registers",
+    "rollout",
+    "norms",
+    "histograms",
+    "profile",
+    "massive",
+    "pca",
+    "metrics",
+)
 RANDOM_INIT_NOTE = (
     "RANDOM-INIT weights: an untrained model, shown to demonstrate the tools, not learned behaviour"
 )
@@ -94,14 +101,19 @@ RANDOM_INIT_NOTE = (
 class RunConfig:
     out: Path
     views: frozenset[str] = frozenset(VIEWS)
-    size: tuple[int, int] | None = None  # (height, width); default: the images' aspect (images.default_size)
-    layers: tuple[int, ...] = (-1,)  # layers drawn in per-image figures (all layers are measured)
+    # (height, width); default: the images' aspect (images.default_size)
+    size: tuple[int, int] | None = None
+    # layers drawn in per-image figures (all layers are measured)
+    layers: tuple[int, ...] = (-1,)
     batch_size: int = 8
     device: str = "cpu"
-    max_figures: int = 16  # per-image figures and summary-grid rows for the first N images
+    # per-image figures and summary-grid rows for the first N images
+    max_figures: int = 16
     renormalise: bool = False  # CLS maps renormalised over patches instead of raw
-    require_registers: bool = False  # register maps explicitly asked for: fail on a model without registers
-    reuse_thresholds: bool = True  # compare: score model B with model A's outlier thresholds (twins)
+    # register maps explicitly asked for: fail on a model without registers
+    require_registers: bool = False
+    # compare: score model B with model A's outlier thresholds (twins)
+    reuse_thresholds: bool = True
     save_raw: str | None = None  # "npz" or "safetensors"
     style: MapStyle = field(default_factory=MapStyle)
     metrics: MetricConfig = field(default_factory=MetricConfig)
@@ -111,7 +123,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if unknown := set(self.views) - set(VIEWS):
-            raise InputError(f"unknown views {sorted(unknown)}: choose from {', '.join(VIEWS)}")
+            choices = ", ".join(VIEWS)
+            raise InputError(f"unknown views {sorted(unknown)}: choose from {choices}")
         if self.save_raw not in (None, "npz", "safetensors"):
             raise InputError(f"raw arrays are saved as npz or safetensors, not {self.save_raw!r}")
         if self.max_figures < 0:
@@ -126,52 +139,92 @@ class RunResult:
     files: list[Path] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A run's images, checked against its models: the size, the images at it, the blocks
+    drawn in per-image figures (of the last model)."""
+
+    size: tuple[int, int]
+    images: list[LoadedImage]
+    layers: list[int]
+
+
 def _prepare(
     models: Sequence[LoadedModel],
     cfg: RunConfig,
     sources: Sequence[str],
     size: tuple[int, int] | None = None,
     patch: int | None = None,
-) -> tuple[ModelInfo, list[LoadedImage], list[int]]:
-    """Check every model at the run's size before any image is decoded at it, then load the images."""
+) -> Prepared:
+    """Check every model (described: :func:`_described`) at the run's size and batch (its
+    recorded attention must fit) before any image is decoded at it, then load the images."""
+    count = len(list_sources(sources))
+    batch = max(1, min(cfg.batch_size, count))
     for loaded in models:
-        info = describe(loaded.model)
-        size = tuple(size or cfg.size or default_size(sources, info.img_size, info.patch_size))
+        info = loaded.info
+        if size is None:
+            size = cfg.size or default_size(sources, info.img_size, info.patch_size)
+        size = tuple(size)
         info.grid(size)
-        check_recording_memory(info, size, 1, cfg.device)
+        check_recording_memory(info, size, batch, cfg.device)
         layers = take_indices(info.depth, list(cfg.layers), unique=True)
         if cfg.require_registers and info.num_registers == 0:
             raise InputError(
-                f"{loaded.label} has no register tokens (R=0), so there are no register attention maps: drop "
-                "--registers, or pick a model with registers (vit5_* presets, timm *_reg4_* models)"
+                f"{loaded.label} has no register tokens (R=0), so there are no register "
+                "attention maps: drop --registers, or pick a model with registers (vit5_* "
+                "presets, timm *_reg4_* models)",
             )
     images, skipped = load_images(sources, size, patch or info.patch_size)
     for line in skipped:
         cfg.log(f"warning: skipped {line}")
     note = f" ({len(skipped)} skipped)" if skipped else ""
     cfg.log(f"{len(images)} images at {size[0]}x{size[1]}{note}")
-    return info, images, layers
+    return Prepared(size=size, images=images, layers=layers)
 
 
 def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
-    """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of a
-    block, in float32) cannot fit on ``device``, with the estimate."""
+    """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of
+    a block, in float32) cannot fit on ``device``, with the estimate."""
     tokens = info.layout(size).num_tokens
-    check_fits(
-        attention_bytes(batch, info.num_heads, tokens),
-        device,
-        f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} ({tokens:,} tokens, "
-        f"{info.num_heads} heads: {tokens:,} x {tokens:,} weights per head)",
-        "use a smaller --size" + (" or --batch-size 1" if batch > 1 else ""),
+    heads = info.num_heads
+    what = (
+        f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} "
+        f"({tokens:,} tokens, {heads} heads: {tokens:,} x {tokens:,} weights per head)"
     )
+    fix = "use a smaller --size" + (" or --batch-size 1" if batch > 1 else "")
+    check_fits(attention_bytes(batch, heads, tokens), device, what, fix)
 
 
-def _record(loaded: LoadedModel, images: list[LoadedImage], cfg: RunConfig, features: int = 0) -> TokenStats:
-    batch = min(cfg.batch_size, len(images))
-    check_recording_memory(describe(loaded.model), images[0].rgb.shape[:2], batch, cfg.device)
-    collect_cfg = CollectConfig(cfg.batch_size, cfg.device, keep_features=features, progress=cfg.progress)
-    with plant_artifacts(loaded.model, cfg.plant) if cfg.plant else nullcontext():
-        return collect(loaded.model, images, loaded.label, collect_cfg)
+def _record(
+    loaded: LoadedModel,
+    images: list[LoadedImage],
+    cfg: RunConfig,
+    features: int = 0,
+    info: ModelInfo | None = None,
+) -> TokenStats:
+    """Record ``loaded`` on ``images`` (checked by :func:`_prepare`); ``info``: the model's
+    description while something changes it (test-time registers), else ``loaded.info``."""
+    info = info or loaded.info
+    collect_cfg = CollectConfig(
+        batch_size=cfg.batch_size,
+        device=cfg.device,
+        keep_features=features,
+        progress=cfg.progress,
+    )
+    planted = nullcontext()
+    if cfg.plant:
+        planted = plant_artifacts(loaded.model, cfg.plant, info)
+    with planted:
+        return collect(loaded.model, images, loaded.label, collect_cfg, info)
+
+
+def _described(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with its description: the loader's, or (a model loaded without one) described
+    here, once; an InputError for a model whose attention cannot be recorded."""
+    info = recordable(loaded.model, loaded.info)
+    if loaded.info is None:
+        return replace(loaded, info=info)
+    return loaded
 
 
 def _notes(loaded: LoadedModel, cfg: RunConfig) -> list[str]:
@@ -180,38 +233,66 @@ def _notes(loaded: LoadedModel, cfg: RunConfig) -> list[str]:
 
 
 def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> RunResult:
-    """Record ``loaded`` on ``sources`` and write the views of ``cfg``; returns the arrays and metrics."""
-    info, images, layers = _prepare([loaded], cfg, sources)
-    stats = _record(loaded, images, cfg, features=cfg.max_figures if "pca" in cfg.views else 0)
+    """Record ``loaded`` on ``sources`` and write the views of ``cfg``; returns the arrays and
+    metrics."""
+    loaded = _described(loaded)
+    info = loaded.info
+    prepared = _prepare([loaded], cfg, sources)
+    images = prepared.images
+    layers = prepared.layers
+    keep = cfg.max_figures if "pca" in cfg.views else 0
+    stats = _record(loaded, images, cfg, features=keep)
     report = compute_metrics(stats, cfg.metrics)
     result = RunResult(stats, report, images)
-    notes, style, out, views = _notes(loaded, cfg), cfg.style, Path(cfg.out), cfg.views
-    save, shown, renorm = _saver(out, style, result.files), images[: cfg.max_figures], cfg.renormalise
-    pca, variance = (None, None) if stats.features is None else F.pca_rgb(stats.features, stats.layout.grid)
+    notes = _notes(loaded, cfg)
+    style = cfg.style
+    out = Path(cfg.out)
+    views = cfg.views
+    save = _saver(out, style, result.files)
+    shown = images[: cfg.max_figures]
+    renorm = cfg.renormalise
+    pca = None
+    variance = None
+    if stats.features is not None:
+        pca, variance = F.pca_rgb(stats.features, stats.layout.grid)
     has_cls = stats.cls_attn is not None
     if "attention" in views and not has_cls:
         cfg.log(f"{stats.model} has no CLS token: no CLS maps; rollout reads the mean patch row")
     available = {"attention": has_cls, "registers": info.num_registers > 0}
     per_image = [v for v in F.IMAGE_FIGURES if v in views and available.get(v, True)]
+    outliers = report.outliers
     for i, image in enumerate(shown):
         folder = f"images/{image.name}/"
         for view in per_image:
-            fig = F.image_figure(view, stats, i, image, layers, style, renorm, report.outliers, notes)
+            fig = F.image_figure(view, stats, i, image, layers, style, renorm, outliers, notes)
             save(fig, folder + F.IMAGE_FIGURES[view])
         if pca is not None:
             save(F.pca_figure(stats, image, pca[i], variance, style, notes), folder + "pca")
     grid_views = [v for v in ("attention", "rollout", "norms", "pca") if v in views]
     if shown and grid_views:
         grid_notes = notes + ([F.pca_note(variance)] if pca is not None else [])
-        fig = F.summary_figure([stats], shown, grid_views, layers[-1], style, pca, renorm, grid_notes)
+        fig = F.summary_figure(
+            [stats],
+            shown,
+            grid_views,
+            layers[-1],
+            style,
+            pca,
+            renorm,
+            grid_notes,
+        )
         save(fig, "summary_grid")
     if "histograms" in views:
-        save(F.norm_histogram_figure(stats, report.thresholds, style, notes), "norm_histograms")
-        save(F.outlier_frequency_figure(stats, report, layers, style, notes), "outlier_frequency")
+        thresholds = report.thresholds
+        save(F.norm_histogram_figure(stats, thresholds, style, notes), "norm_histograms")
+        fig = F.outlier_frequency_figure(stats, report, layers, style, notes)
+        save(fig, "outlier_frequency")
     if "profile" in views:
         save(F.layer_profile_figure({stats.model: report}, style, notes), "layer_profile")
     if "massive" in views:
-        save(F.massive_activation_figure({stats.model: (stats, report)}, style, notes), "massive_activations")
+        measured = {stats.model: (stats, report)}
+        fig = F.massive_activation_figure(measured, style, notes)
+        save(fig, "massive_activations")
     if "metrics" in views:
         result.files += report.write(out / "metrics")
         cfg.log(("\n".join(notes) + "\n" if notes else "") + report.table())
@@ -222,22 +303,33 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
 
 
 def _saver(out: Path, style: MapStyle, files: list[Path]) -> Callable[[Figure, str], None]:
-    """``save(figure, name)``: ``out/name.<format>`` for each of ``style.formats``, added to ``files``."""
+    """``save(figure, name)``: ``out/name.<format>`` for each of ``style.formats``, added to
+    ``files``."""
     out.mkdir(parents=True, exist_ok=True)
     return lambda fig, name: files.extend(save_figure(fig, out / name, style.formats))
 
 
 def run_compare(
-    model_a: LoadedModel, model_b: LoadedModel, sources: Sequence[str], cfg: RunConfig
+    model_a: LoadedModel,
+    model_b: LoadedModel,
+    sources: Sequence[str],
+    cfg: RunConfig,
 ) -> tuple[RunResult, RunResult]:
-    """Both models on the same pixels: comparison figures with shared scales, metrics with A's thresholds for
-    B (unless ``reuse_thresholds`` is off or explicit reference thresholds are given)."""
-    patches = (describe(model_a.model).patch_size, describe(model_b.model).patch_size)
-    patch = math.lcm(*patches)
-    size = tuple(cfg.size or default_size(sources, describe(model_a.model).img_size, patch))
-    fix = "use --size {h}x{w}" + f", a multiple of both models' patch sizes ({patches[0]} and {patches[1]})"
-    grid_of(size, patch, fix)  # one size for both: the hint is a multiple of both patch sizes
-    _, images, _ = _prepare([model_a, model_b], cfg, sources, size, patch)
+    """Both models on the same pixels: comparison figures with shared scales, metrics with A's
+    thresholds for B (unless ``reuse_thresholds`` is off or explicit reference thresholds are
+    given)."""
+    model_a = _described(model_a)
+    model_b = _described(model_b)
+    info_a = model_a.info
+    info_b = model_b.info
+    patch_a = info_a.patch_size
+    patch_b = info_b.patch_size
+    patch = math.lcm(patch_a, patch_b)
+    size = tuple(cfg.size or default_size(sources, info_a.img_size, patch))
+    both = f", a multiple of both models' patch sizes ({patch_a} and {patch_b})"
+    # one size for both: the hint is a multiple of both patch sizes
+    grid_of(size, patch, "use --size {h}x{w}" + both)
+    images = _prepare([model_a, model_b], cfg, sources, size, patch).images
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
     stats = [_record(model, images, cfg) for model in (model_a, model_b)]
@@ -252,44 +344,67 @@ def run_ttr(
     search: ttr.NeuronSearch | None = None,
     count: int = 1,
 ) -> tuple[ttr.NeuronSearchResult, RunResult, RunResult]:
-    """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on ``sources``, then
-    compare the model without and with ``count`` test-time registers (figures and metrics, the second with
-    the first's thresholds) under ``out/ttr``; the neurons go to ``out/ttr/register_neurons.json``."""
+    """Test-time registers (:mod:`vit5.viz.ttr`): find the register neurons of ``loaded`` on
+    ``sources``, then compare the model without and with ``count`` test-time registers (figures
+    and metrics, the second with the first's thresholds) under ``out/ttr``; the neurons go to
+    ``out/ttr/register_neurons.json``."""
+    loaded = _described(loaded)
     ttr.check_test_time_registers(loaded.model)  # before the neuron search, not after it
-    _, images, _ = _prepare([loaded], cfg, sources)
+    images = _prepare([loaded], cfg, sources).images
     search = replace(search or ttr.NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
     found = ttr.find_register_neurons(loaded.model, images, search)
     cfg.log(found.describe())
     before = _record(loaded, images, cfg)
+    label = f"{loaded.label} + test-time register"
+    info = replace(loaded.info, test_registers=count)
     with ttr.use_test_time_registers(loaded.model, found.neurons, count):
-        after = _record(replace(loaded, label=f"{loaded.label} + test-time register"), images, cfg)
+        after = _record(replace(loaded, label=label), images, cfg, info=info)
     out = Path(cfg.out) / "ttr"
     ttr_note = (
-        f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register neurons of "
-        f"blocks <= {found.top_layer} (Jiang et al. 2025)"
+        f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register "
+        f"neurons of blocks <= {found.top_layer} (Jiang et al. 2025)"
     )
-    result = _write_comparison([before, after], images, cfg, [*_notes(loaded, cfg), ttr_note], out)
-    result[0].files.append(write_json(out / "register_neurons.json", asdict(found)))
-    return found, *result
+    notes = [*_notes(loaded, cfg), ttr_note]
+    result_a, result_b = _write_comparison([before, after], images, cfg, notes, out)
+    neurons = write_json(out / "register_neurons.json", asdict(found))
+    result_a.files.append(neurons)
+    return found, result_a, result_b
 
 
 def _write_comparison(
-    both: list[TokenStats], images: list[LoadedImage], cfg: RunConfig, notes: list[str], out: Path
+    both: list[TokenStats],
+    images: list[LoadedImage],
+    cfg: RunConfig,
+    notes: list[str],
+    out: Path,
 ) -> tuple[RunResult, RunResult]:
-    stats_a, stats_b = both
-    report_a = compute_metrics(stats_a, cfg.metrics)
-    own = cfg.metrics.thresholds is not None or not cfg.reuse_thresholds
-    reuse = dict(thresholds=tuple(report_a.thresholds), threshold_source=f"reused from {stats_a.model}")
-    report_b = compute_metrics(stats_b, cfg.metrics if own else replace(cfg.metrics, **reuse))
-    results = RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images)
-    style, files, layer = cfg.style, results[0].files, cfg.layers[-1]
-    save, shown = _saver(out, style, files), images[: cfg.max_figures]
+    stats_a = both[0]
+    stats_b = both[1]
+    metrics = cfg.metrics
+    report_a = compute_metrics(stats_a, metrics)
+    own = metrics.thresholds is not None or not cfg.reuse_thresholds
+    if not own:
+        metrics = replace(
+            metrics,
+            thresholds=tuple(report_a.thresholds),
+            threshold_source=f"reused from {stats_a.model}",
+        )
+    report_b = compute_metrics(stats_b, metrics)
+    results = (RunResult(stats_a, report_a, images), RunResult(stats_b, report_b, images))
+    style = cfg.style
+    files = results[0].files
+    layer = cfg.layers[-1]
+    renorm = cfg.renormalise
+    save = _saver(out, style, files)
+    shown = images[: cfg.max_figures]
     for i, image in enumerate(shown):
-        save(F.compare_figure(both, i, image, layer, style, cfg.renormalise, notes), image.name)
+        save(F.compare_figure(both, i, image, layer, style, renorm, notes), image.name)
     if shown:
         views = ("attention", "norms")
-        save(F.summary_figure(both, shown, views, layer, style, None, cfg.renormalise, notes), "summary_grid")
-    save(F.layer_profile_figure({r.stats.model: r.report for r in results}, style, notes), "layer_profile")
+        fig = F.summary_figure(both, shown, views, layer, style, None, renorm, notes)
+        save(fig, "summary_grid")
+    reports = {r.stats.model: r.report for r in results}
+    save(F.layer_profile_figure(reports, style, notes), "layer_profile")
     models = {r.stats.model: (r.stats, r.report) for r in results}
     save(F.massive_activation_figure(models, style, notes), "massive_activations")
     if notes:
