@@ -7,7 +7,7 @@ from timm.optim import Lamb
 
 import vit5
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.loop import LRSchedule, build_optimizer, peak_lr
+from vit5.train.loop import LRSchedule, build_optimizer
 
 
 def tiny_model():
@@ -87,5 +87,6 @@ def test_layer_decay_scales_follow_depth():
 
 
 def test_lr_is_absolute_unless_a_base_batch_is_given():
-    assert peak_lr(OptimSection(lr=4e-3), global_batch=2048) == 4e-3  # --unscale-lr
-    assert peak_lr(OptimSection(lr=5e-4, lr_base_batch=512), global_batch=1024) == pytest.approx(1e-3)
+    assert OptimSection(lr=4e-3).peak_lr(global_batch=2048) == 4e-3  # --unscale-lr
+    scaled = OptimSection(lr=5e-4, lr_base_batch=512)
+    assert scaled.peak_lr(global_batch=1024) == pytest.approx(1e-3)

@@ -31,11 +31,6 @@ from vit5.train.data import start_epoch
 
 
 # ---------------------------------------------------------------------------------- update rule
-def peak_lr(cfg: OptimSection, global_batch: int) -> float:
-    """``cfg.lr`` (official ``--unscale-lr``), or scaled by ``global_batch / lr_base_batch`` when set."""
-    return cfg.lr if cfg.lr_base_batch is None else cfg.lr * global_batch / cfg.lr_base_batch
-
-
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
     """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``)."""
     return create_optimizer_v2(

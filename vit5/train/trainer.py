@@ -42,7 +42,7 @@ from vit5.train.checkpointing import (
     restore_rng,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names, validate_config
+from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.loop import (
@@ -53,7 +53,6 @@ from vit5.train.loop import (
     build_optimizer,
     ema_horizon_warning,
     evaluate,
-    peak_lr,
     reduce_sums,
     schedule_clock,
     target_mixer,
@@ -75,7 +74,6 @@ class Trainer:
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
     ) -> None:
-        validate_config(cfg, check_paths=False)  # paths: the data readers (train_set may replace them)
         self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
@@ -119,7 +117,8 @@ class Trainer:
         self.batches_per_epoch = micro // cfg.optim.accum_steps * cfg.optim.accum_steps
         self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
-        optimizer = build_optimizer(self.raw_model, cfg.optim, peak_lr(cfg.optim, self.global_batch))
+        self.peak_lr = cfg.optim.peak_lr(self.global_batch)  # computed once, here
+        optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
         if cfg.model.compile == "regional":
             compiled = compile_blocks(self.raw_model)  # in place: the raw model's blocks run compiled
@@ -415,7 +414,7 @@ class Trainer:
             f"batch          {cfg.data.batch_size} per process x {acc.num_processes} x "
             f"{cfg.optim.accum_steps} accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer "
             "steps per epoch",
-            f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
+            f"optimizer      {cfg.optim.name}, peak lr {self.peak_lr:.2e}, "
             f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
         state, epochs = self.state, cfg.schedule.epochs
