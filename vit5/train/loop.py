@@ -31,8 +31,16 @@ from vit5.train.data import start_epoch
 
 
 # ---------------------------------------------------------------------------------- update rule
+# Muon (arXiv 2502.16982) orthogonalises the updates of hidden matrices only; timm's Muon routes the
+# patch embedding and the head (by name) and the tokens and pos_embed (no_weight_decay()) to its AdamW
+# fallback, 1-D parameters by their shape (timm/optim/muon.py, _is_suitable_for_muon)
+MUON_FALLBACK = ("patch_embed.*", "head.*")
+
+
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
-    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``)."""
+    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``) at peak
+    ``lr``; Muon's fallback groups as above."""
+    muon = "muon" in cfg.name
     return create_optimizer_v2(
         model,
         opt=cfg.name,
@@ -42,6 +50,8 @@ def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.opt
         filter_bias_and_bn=True,
         betas=tuple(cfg.betas),
         eps=cfg.eps,
+        fallback_list=MUON_FALLBACK if muon else (),
+        fallback_no_weight_decay=muon,
     )
 
 
