@@ -300,7 +300,7 @@ class Trainer:
         out: dict[str, Any] = dict(
             val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
         )
-        if self.ema is not None:
+        if self._ema_matters():
             ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
             out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         restore_rng(generators)
@@ -309,6 +309,16 @@ class Trainer:
             where = f"after epoch {self.state.epoch + 1} (optimizer step {self.state.num_updates})"
             raise self._diverged(", ".join(f"{k} is {v}" for k, v in bad.items()) + f" {where}")
         return out
+
+    def _ema_matters(self) -> bool:
+        """Whether to validate the EMA now: once past its horizon ``1 / (1 - decay)`` updates (before,
+        without warmup, it mostly holds the starting weights), from the start with timm's warmup (it
+        follows the run), and at the last epoch (the summary's EMA score)."""
+        if self.ema is None:
+            return False
+        last = self.state.epoch + 1 == self.cfg.schedule.epochs
+        past_horizon = self.state.num_updates * (1 - self.cfg.ema.decay) >= 1
+        return self.cfg.ema.warmup or last or past_horizon
 
     def _after_epoch(self, row: dict[str, Any]) -> None:
         cfg, acc, state = self.cfg, self.accelerator, self.state
