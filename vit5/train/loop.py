@@ -305,31 +305,48 @@ class EvalResult:
     count: int  # images evaluated over all processes
 
 
+BatchHook = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], None]
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
-    """Loss, top-1 / top-5 of ``model`` over every process: a prepared ``loader``'s padding is dropped by
-    ``gather_for_metrics`` (huggingface.co/docs/accelerate/quicktour#distributed-evaluation), a shard
-    loader's label ``-1`` counts for nothing; a plain loader is evaluated whole on each process."""
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Sequence[torch.Tensor]],
+    accelerator: Accelerator,
+    on_batch: BatchHook | None = None,
+) -> EvalResult:
+    """Loss, top-1 / top-5 of ``model`` over ``batches`` of ``(images, labels, *extra)`` on every
+    process: a prepared loader's padding is dropped by ``gather_for_metrics``
+    (huggingface.co/docs/accelerate/quicktour#distributed-evaluation), a label ``-1`` (a shard
+    loader's padding, an unreadable file) counts for nothing; a plain loader is evaluated whole on
+    each process. ``on_batch(logits, labels, extra)`` sees each batch gathered from every process
+    (``vit5 eval classify``: the confusion matrix, the skipped files). No images: ``count`` 0 and
+    NaN scores."""
     was_training = model.training
     model.eval()
+    device = accelerator.device
     # running sums stay on the device: one host sync for the whole pass, not three per batch
-    sums = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, top-1, top-5, count
-    for images, labels in loader:
-        images = images.to(accelerator.device, non_blocking=True)
-        labels = labels.to(accelerator.device, non_blocking=True)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
+    for images, labels, *extra in batches:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
         with accelerator.autocast():
             logits = model(images).float()
-        valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
-        labels = labels.clamp(min=0)
-        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None]).float()
-        loss = F.cross_entropy(logits, labels, reduction="none")
-        per_image = (
-            torch.stack([loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)], 1) * valid[:, None]
-        )
-        per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
-        sums += per_image.sum(dim=0).double()
+        valid = (labels >= 0).float()
+        clamped = labels.clamp(min=0)
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        hits = top.eq(clamped[:, None]).float()
+        loss = F.cross_entropy(logits, clamped, reduction="none")
+        columns = [loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)]
+        per_image = torch.stack(columns, 1) * valid[:, None]
+        # every process's images, padding dropped, in one gather
+        tensors = [per_image] if on_batch is None else [per_image, logits, labels, *extra]
+        gathered = accelerator.gather_for_metrics(tensors)
+        sums += gathered[0].sum(dim=0).double()
+        if on_batch is not None:
+            on_batch(gathered[1], gathered[2], gathered[3:])
     model.train(was_training)
     loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:
-        raise RuntimeError("the validation set is empty on every process")
+        return EvalResult(math.nan, math.nan, math.nan, 0)
     return EvalResult(loss_sum / count, 100 * correct1 / count, 100 * correct5 / count, int(count))

@@ -297,6 +297,8 @@ class Trainer:
         as they were, so training draws the same whether it validates or not."""
         generators = capture_rng()
         raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+        if raw.count == 0:
+            raise RuntimeError("the validation set is empty on every process")
         out: dict[str, Any] = dict(
             val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
         )
