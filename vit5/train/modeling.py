@@ -49,6 +49,16 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
     return model, description, report
 
 
+def describe_given(model: ViT5) -> str:
+    """The one-line description of a model handed to the trainer (not built from ``model``)."""
+    params = sum(p.numel() for p in model.parameters())
+    size = "x".join(str(n) for n in model.cfg.img_size)
+    return (
+        f"{closest_preset(model.cfg)} given ({params / 1e6:.2f}M parameters, "
+        f"{model.num_classes} classes, {size}px)"
+    )
+
+
 def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
     """``(preset, weights for vit5.create_model, note)`` of a validated ``model.pretrained``: released
     weights build their own architecture (the note says when not ``model.name``), a path ``model.name``."""

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from accelerate.utils import DistributedType, set_seed
 from timm.utils import ModelEmaV3
 from torch.utils.data import Dataset
 
-from vit5 import compile_blocks
+from vit5 import ViT5, compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
@@ -58,14 +58,16 @@ from vit5.train.loop import (
     target_mixer,
     train_one_epoch,
 )
-from vit5.train.modeling import add_lora, build_model, describe, merged_for_export
+from vit5.train.modeling import add_lora, build_model, describe, describe_given, merged_for_export
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_csv, write_summary
 
 
 class Trainer:
-    """One training run of ``cfg`` (checked here too, so a hand-built config gets the same one error as a
-    loaded one), continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``) or in a new run
-    directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's data."""
+    """One training run of ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``)
+    or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's
+    data and ``model`` its model. The hooks are how other drivers (the depth benchmark) train without
+    a loop of their own: ``on_update(loss)`` after every optimizer step (its mean loss: a host sync
+    the run makes anyway), ``on_epoch_end(row)`` after every epoch with its ``metrics.csv`` row."""
 
     def __init__(
         self,
@@ -73,7 +75,12 @@ class Trainer:
         resume: Path | None = None,
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
+        model: ViT5 | None = None,
+        on_update: Callable[[float], None] | None = None,
+        on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        self.on_update = on_update
+        self.on_epoch_end = on_epoch_end
         self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
@@ -99,7 +106,11 @@ class Trainer:
         class_names = list(train_set.class_names)  # type: ignore[attr-defined]
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
         # the model (and its checkpoint) is checked before any loader worker starts
-        model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+        if model is None:
+            model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+        else:
+            self.model_description = describe_given(model)
+            self.load_report = None
         model.pretrained_cfg["label_names"] = class_names  # saved in config.json (timm's key)
         if cfg.model.lora.enabled:
             model = add_lora(model, cfg.model.lora)
@@ -344,9 +355,14 @@ class Trainer:
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(row)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each step: trackers, confirm the pending checkpoint, a mid-epoch save, a requested stop."""
+        """After each step: the hook, trackers, confirm the pending checkpoint, a mid-epoch save, a
+        requested stop."""
+        if self.on_update is not None:
+            self.on_update(loss)
         self._step_losses += [loss] if self.tracking else []
         if self.tracking and self.state.num_updates % self.cfg.run.log_every_steps == 0:
             mean = math.fsum(self._step_losses) / len(self._step_losses)
