@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 
 import torch
@@ -131,6 +131,10 @@ class StepParts:
     raw_model: nn.Module | None = None
     accelerator: Accelerator | None = None
     clock: Callable[[TrainState], float] | None = None
+    # this process's stop requests, summed over processes with the loss check (no collective of
+    # their own); the sums of the last micro-batch land in ``stops``
+    stop_requests: Callable[[], list[float]] = list
+    stops: list[float] = field(default_factory=list)
 
 
 def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int) -> float:
@@ -147,7 +151,7 @@ def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, st
     with acc.accumulate(model) if acc is not None else nullcontext():
         with acc.autocast() if acc is not None else nullcontext():
             loss = parts.criterion(model(inputs), targets)
-        value = _checked(acc, loss, state)
+        value = _checked(parts, loss, state)
         if acc is not None:
             acc.backward(loss)
         else:
@@ -259,17 +263,20 @@ def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float
     return accelerator.reduce(tensor, "sum").tolist()
 
 
-def _checked(acc: Accelerator | None, loss: torch.Tensor, state: TrainState) -> float:
-    """The loss as a float, after checking that it is finite on every process (one host sync)."""
+def _checked(parts: StepParts, loss: torch.Tensor, state: TrainState) -> float:
+    """The loss as a float, after checking that it is finite on every process: the step's one host
+    sync, which also sums the processes' stop requests into ``parts.stops``."""
+    acc = parts.accelerator
     loss = loss.detach().float()
-    bad = (~torch.isfinite(loss)).float()
+    requests = torch.tensor(parts.stop_requests(), device=loss.device)
+    flags = torch.cat([(~torch.isfinite(loss)).float()[None], requests])
     if acc is not None and acc.num_processes > 1:  # every rank must stop together
-        bad = acc.reduce(bad, "sum")
-    value, bad_ranks = torch.stack([loss, bad]).tolist()
+        flags = acc.reduce(flags, "sum")
+    value, bad_ranks, *parts.stops = torch.cat([loss[None], flags]).tolist()
     if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
-            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, batch "
-            f"{state.batch + 1} (optimizer step {state.num_updates + 1})"
+            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, "
+            f"batch {state.batch + 1} (optimizer step {state.num_updates + 1})"
         )
     return value
 

@@ -179,6 +179,7 @@ class Trainer:
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
+            stop_requests=self._stop_requests,
         )
         self._wall_base = self.state.wall_seconds
 
@@ -298,7 +299,7 @@ class Trainer:
                 self.schedule.after_epoch(epoch)
                 self._after_epoch(row)
                 if state.epoch < epochs:  # after the last epoch the run completes instead
-                    self._stop_if_requested()
+                    self._stop_if_requested(after_step=False)
         except NonFiniteLoss as e:
             raise self._diverged(str(e)) from e
         return self._finish()
@@ -401,11 +402,16 @@ class Trainer:
                 f"(epoch {self.state.epoch + 1})"
             )
 
-    def _stop_if_requested(self) -> None:
-        """Stop after this step when any process received a stop signal: checkpoint the exact position."""
-        flags = [float(self.stop_signal == signum) for signum in STOP_SIGNALS]
-        if self.accelerator.num_processes > 1:  # every process must stop at the same step
-            flags = reduce_sums(self.accelerator, flags)
+    def _stop_requests(self) -> list[float]:
+        return [float(self.stop_signal == signum) for signum in STOP_SIGNALS]
+
+    def _stop_if_requested(self, after_step: bool = True) -> None:
+        """Stop when any process received a stop signal: checkpoint the exact position. Every process
+        must stop at the same step: after a step they read the requests the step's loss check summed,
+        after an epoch's validation they sum them (a collective)."""
+        flags = self._stop_requests()
+        if self.accelerator.num_processes > 1:
+            flags = self.parts.stops if after_step else reduce_sums(self.accelerator, flags)
         received = [signum for signum, flag in zip(STOP_SIGNALS, flags, strict=True) if flag]
         if not received:
             return
