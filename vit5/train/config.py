@@ -413,10 +413,7 @@ def _path_problems(cfg: TrainConfig) -> Iterator[str]:
         return
     root = Path(cfg.data.root).expanduser()
     if not _probe(root.is_dir):
-        yield (
-            f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; "
-            "check the path"
-        )
+        yield (f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path")
         return
     for key in ("train_split", "val_split"):
         split = getattr(cfg.data, key)
@@ -467,9 +464,7 @@ def _pretrained(cfg: TrainConfig) -> list[str]:
     if text in hub.RELEASES:
         return []
     hint = _did_you_mean(text, list(hub.RELEASES))
-    return [
-        f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"
-    ]
+    return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:

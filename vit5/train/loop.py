@@ -29,7 +29,6 @@ from vit5.train.checkpointing import TrainState
 from vit5.train.config import AugSection, EmaSection, LossSection, OptimSection, ScheduleSection
 from vit5.train.data import start_epoch
 
-
 # ---------------------------------------------------------------------------------- update rule
 # Muon (arXiv 2502.16982) orthogonalises the updates of hidden matrices only; timm's Muon routes the
 # patch embedding and the head (by name) and the tokens and pos_embed (no_weight_decay()) to its AdamW
