@@ -80,9 +80,11 @@ def output_input_ratio(norms: list[float], skip_first: int = 1) -> float:
 
 def largest_spike(losses: list[float]) -> float:
     """The largest rise of the loss above its lowest value so far (nats)."""
-    best, spike = math.inf, 0.0
+    best = math.inf
+    spike = 0.0
     for loss in losses:
-        spike, best = max(spike, loss - best), min(best, loss)
+        spike = max(spike, loss - best)
+        best = min(best, loss)
     return spike
 
 
@@ -173,7 +175,8 @@ def run(ctx: BenchContext) -> Section:
         (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{final[name, lr]:.3f}", f"{largest_spike(c):.3f}")
         for (name, lr), c in curves.items()
     )
-    top, flat = max(cfg.lrs), "pre-norm gradient profile flat: last/first-quarter ratio"
+    top = max(cfg.lrs)
+    flat = "pre-norm gradient profile flat: last/first-quarter ratio"
     grows = "post-norm gradient grows toward the output: last/first-quarter ratio"
     spikes = f"post-norm spikes at lr {top:g}: largest rise above its best loss"
     worse = f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap"

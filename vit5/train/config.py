@@ -313,7 +313,8 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
-    threshold, smoothing = cfg.loss.bce_target_threshold, cfg.loss.smoothing
+    threshold = cfg.loss.bce_target_threshold
+    smoothing = cfg.loss.smoothing
     if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
         yield (
             f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
@@ -389,7 +390,8 @@ def check_trackers(log_with: str | None) -> Iterator[str]:
         return
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
-    known, available = sorted(LOGGER_TYPE_TO_CLASS), {str(t) for t in get_available_trackers()}
+    known = sorted(LOGGER_TYPE_TO_CLASS)
+    available = {str(t) for t in get_available_trackers()}
     for name in names:
         if name not in LOGGER_TYPE_TO_CLASS:
             hint = _did_you_mean(name, known)
@@ -567,7 +569,8 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     try:
         cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
-        key, reason = getattr(e, "full_key", None) or "a setting", _reason(e)
+        key = getattr(e, "full_key", None) or "a setting"
+        reason = _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
     # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
     cfg.__dict__["_from_env"] = {k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v}
@@ -595,7 +598,8 @@ def config_to_yaml(cfg: TrainConfig) -> str:
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
     """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in ``new``
     means "the data's": no change)."""
-    flat_old, flat_new = flatten_config(old), flatten_config(new)
+    flat_old = flatten_config(old)
+    flat_new = flatten_config(new)
     return [
         f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
@@ -645,7 +649,8 @@ def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
     try:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as e:
-        key, reason = getattr(e, "full_key", None), _reason(e)
+        key = getattr(e, "full_key", None)
+        reason = _reason(e)
         if not key:
             raise TrainConfigError(f"{where}: bad value: {reason}") from e
         raise TrainConfigError(

@@ -146,7 +146,8 @@ def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int)
 def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
     """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
     before backward, when the loss is NaN or infinite on any."""
-    acc, model = parts.accelerator, parts.model
+    acc = parts.accelerator
+    model = parts.model
     with acc.accumulate(model) if acc is not None else nullcontext():
         with acc.autocast() if acc is not None else nullcontext():
             loss = parts.criterion(model(inputs), targets)

@@ -32,7 +32,8 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
             f"model.num_classes={cfg.num_classes} but the data has {num_classes} classes; "
             f"remove model.num_classes (it defaults to the data's) or set it to {num_classes}"
         )
-    report, arch = None, cfg.name
+    report = None
+    arch = cfg.name
     if cfg.pretrained is not None:
         model, report = load_pretrained(cfg, num_classes)
         arch = closest_preset(model.cfg)

@@ -81,7 +81,8 @@ class Trainer:
     ) -> None:
         self.on_update = on_update
         self.on_epoch_end = on_epoch_end
-        self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
+        self.cfg = cfg
+        trackers = tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
@@ -91,7 +92,8 @@ class Trainer:
             # the trackers, and the logging folder TensorBoard needs up front (_start_tracking moves it)
             **(dict(log_with=trackers, project_dir=cfg.run.output_dir) if trackers else {}),
         )
-        self.tracking, self._step_losses = False, []  # trackers started; losses since the last logged step
+        self.tracking = False  # trackers started
+        self._step_losses: list[float] = []  # losses since the last logged step
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
@@ -117,7 +119,8 @@ class Trainer:
             self.model_description += f"; {describe(model, cfg.model.lora)}"
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
-        self.raw_model, ema = model.to(acc.device), cfg.ema
+        self.raw_model = model.to(acc.device)
+        ema = cfg.ema
         self.ema = ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup) if ema.enabled else None
         micro = len(self.data.train_loader)
         if micro < cfg.optim.accum_steps:
@@ -138,7 +141,9 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumed_from, self.forked_from, self.fork_note = resume, None, ""
+        self.resumed_from = resume
+        self.forked_from = None
+        self.fork_note = ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
         self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
@@ -153,7 +158,9 @@ class Trainer:
         samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
         layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
-        folder, keep, record = self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, config_record(cfg)
+        folder = self.run_dir / rundir.CHECKPOINTS
+        keep = cfg.checkpoint.keep_last
+        record = config_record(cfg)
         self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
             if resume is not None:
@@ -186,7 +193,8 @@ class Trainer:
     def _restore(self, checkpoint: Path) -> None:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
-        self.resume_exact, self.resume_warning = restored.exact, restored.warning
+        self.resume_exact = restored.exact
+        self.resume_warning = restored.warning
         self.resumed_elastic = restored.elastic_from
         # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
         # this run's peak lr); the moments are kept
@@ -199,7 +207,8 @@ class Trainer:
 
     def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
         """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
-        run_dir, acc = checkpoint.parent.parent, self.accelerator
+        run_dir = checkpoint.parent.parent
+        acc = self.accelerator
         number = checkpoint_number(checkpoint)
         newer = [c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number]
         if not newer:
@@ -245,7 +254,9 @@ class Trainer:
     def _start_tracking(self) -> None:
         """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking) logging under
         ``RUN/logs/``: the config, ``train/loss``, ``train/lr`` and each epoch's row as ``epoch/<column>``."""
-        acc, logs, name = self.accelerator, self.run_dir / "logs", self.run_dir.name
+        acc = self.accelerator
+        logs = self.run_dir / "logs"
+        name = self.run_dir.name
         if not acc.log_with or self.tracking:
             return
         acc.project_configuration.logging_dir = str(logs)
@@ -279,7 +290,9 @@ class Trainer:
                 signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
-        cfg, acc, state = self.cfg, self.accelerator, self.state
+        cfg = self.cfg
+        acc = self.accelerator
+        state = self.state
         epochs = cfg.schedule.epochs
         try:
             while state.epoch < epochs:
@@ -295,7 +308,9 @@ class Trainer:
                     row.update(self._evaluate_both())
                 row["bad_files"] = len(bad_files(acc, self.data.train_set, self.data.val_set))
                 state.history.append(row)
-                state.epoch, state.batch, state.epoch_samples = epoch + 1, 0, 0
+                state.epoch = epoch + 1
+                state.batch = 0
+                state.epoch_samples = 0
                 self.schedule.after_epoch(epoch)
                 self._after_epoch(row)
                 if state.epoch < epochs:  # after the last epoch the run completes instead
@@ -335,10 +350,13 @@ class Trainer:
         return self.cfg.ema.warmup or last or past_horizon
 
     def _after_epoch(self, row: dict[str, Any]) -> None:
-        cfg, acc, state = self.cfg, self.accelerator, self.state
+        cfg = self.cfg
+        acc = self.accelerator
+        state = self.state
         improved = row.get("val_top1") is not None and row["val_top1"] > state.best_top1
         if improved:
-            state.best_top1, state.best_epoch = row["val_top1"], row["epoch"]
+            state.best_top1 = row["val_top1"]
+            state.best_epoch = row["epoch"]
             if cfg.checkpoint.save_best:
                 self._check_weights()
                 self._save_model_dir(self.run_dir / rundir.BEST, row)
@@ -428,7 +446,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ reporting
     def _print_header(self) -> None:
-        cfg, acc, data = self.cfg, self.accelerator, self.data
+        cfg = self.cfg
+        acc = self.accelerator
+        data = self.data
         lines = [
             f"run directory  {self.run_dir}",
             f"model          {self.model_description}",
@@ -451,7 +471,8 @@ class Trainer:
             f"optimizer      {cfg.optim.name}, peak lr {self.peak_lr:.2e}, "
             f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
-        state, epochs = self.state, cfg.schedule.epochs
+        state = self.state
+        epochs = cfg.schedule.epochs
         if self.resumed_from is not None:
             where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
             lines.append(f"resumed        from {self.resumed_from} ({where})")
@@ -464,7 +485,8 @@ class Trainer:
         acc.print("\n".join(line for line in lines if line))
 
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
-        model, ema = self.model, self.ema
+        model = self.model
+        ema = self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
         recorded = config_record(self.cfg)["run"]["name"]  # a name read from the environment: its ${oc.env:}
@@ -474,7 +496,8 @@ class Trainer:
         save_model_dir(self.accelerator, model, ema, directory, extra)
 
     def _finish(self) -> dict[str, Any]:
-        acc, state = self.accelerator, self.state
+        acc = self.accelerator
+        state = self.state
         last = state.history[-1]
         self._check_weights()
         self._save_model_dir(self.run_dir / rundir.FINAL, last)
@@ -534,7 +557,8 @@ class Trainer:
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
-    bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
+    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
+    batch = cfg.data.batch_size
     need = training_bytes(model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
     check_fits(
         need,
