@@ -30,9 +30,9 @@ from vit5.train.config import AugSection, EmaSection, LossSection, OptimSection,
 from vit5.train.data import start_epoch
 
 # ---------------------------------------------------------------------------------- update rule
-# Muon (arXiv 2502.16982) orthogonalises the updates of hidden matrices only; timm's Muon routes the
-# patch embedding and the head (by name) and the tokens and pos_embed (no_weight_decay()) to its AdamW
-# fallback, 1-D parameters by their shape (timm/optim/muon.py, _is_suitable_for_muon)
+# Muon (arXiv 2502.16982) orthogonalises the updates of hidden matrices only; timm's Muon routes
+# the patch embedding and the head (by name), the tokens and pos_embed (no_weight_decay()) to its
+# AdamW fallback, 1-D parameters by their shape (timm/optim/muon.py, _is_suitable_for_muon)
 MUON_FALLBACK = ("patch_embed.*", "head.*")
 
 
