@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vit5.bench.depth import (
+    SEED,
     build_trunk,
     digits_tensors,
     largest_spike,
@@ -15,6 +16,7 @@ from vit5.bench.depth import (
     train_fixed_lr,
 )
 from vit5.bench.measure import DepthAblationConfig, num_threads
+from vit5.data import RepeatAugSampler
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +63,20 @@ def test_profile_and_spike_helpers():
 
 
 def test_fixed_lr_runs_are_plain_adamw_and_a_diverged_run_counts_as_inf(batch):
+    """The trainer's run against AdamW by hand on the same batches: the samples drawn with
+    replacement, in the order of the trainer's seeded sampler."""
     cfg = DepthAblationConfig(depth=2, width=32, heads=2)
     images, labels = batch
     losses = train_fixed_lr(build_trunk(cfg, pre_norm=True), images, labels, steps=4, lr=1e-3, batch=16)
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
     model = build_trunk(cfg, pre_norm=True)  # the same seeded trunk, trained by hand
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(1)
-    for loss_seen in losses:
-        idx = torch.randint(0, len(images), (16,), generator=generator)
+    drawn = torch.randint(0, len(images), (4 * 16,), generator=torch.Generator().manual_seed(SEED))
+    sampler = RepeatAugSampler(range(4 * 16), num_repeats=1, seed=SEED, selected_round=0)
+    sampler.set_epoch(0)
+    order = drawn[torch.tensor(list(sampler))]
+    for step, loss_seen in enumerate(losses):
+        idx = order[16 * step : 16 * (step + 1)]
         loss = F.cross_entropy(model(images[idx]), labels[idx])
         assert loss_seen == pytest.approx(loss.item(), rel=1e-6)
         optimizer.zero_grad()

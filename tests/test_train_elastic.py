@@ -91,8 +91,9 @@ class Recording(DigitsDataset):
 def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path):
     runs = tmp_path / "runs"
     run = runs / "tiny"
-    # --- 2 processes; only rank 1 receives SIGUSR1, in step 30 (epoch 2, batch 8 of 22 per process)
-    ranks = launch(tmp_path, "two", "", signal_rank=1, signal_step=30, runs=runs)
+    # --- 2 processes; only rank 1 receives SIGUSR1, in step 29; the request rides on the next step's
+    # loss check (no collective of its own), so both stop after step 30 (epoch 2, batch 8 of 22)
+    ranks = launch(tmp_path, "two", "", signal_rank=1, signal_step=29, runs=runs)
     assert [r["stopped"] for r in ranks] == [128 + signal.SIGUSR1] * 2 and [r["updates"] for r in ranks] == [
         30,
         30,

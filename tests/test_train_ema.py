@@ -38,3 +38,17 @@ def test_ema_follows_the_formula_and_is_evaluated_alongside_the_raw_weights(tmp_
         assert summary[key] == pytest.approx(top1, abs=0.3), key  # 0.3: one image of 359 may flip on rounding
     row = trainer.state.history[-1]
     assert row["ema_top1"] == summary["ema_top1"] and row["val_top1"] == summary["final_top1"]
+
+
+@pytest.mark.parametrize(
+    ("decay", "warmup", "scored"),
+    [(0.99, False, [False, False, True]), (0.98, False, [False, True, True]), (0.99, True, [True] * 3)],
+)
+def test_the_ema_is_validated_only_where_it_can_matter(tmp_path, decay, warmup, scored):
+    """44 updates an epoch. Decay 0.99 averages over ~100 updates: before that the EMA mostly holds
+    the starting weights and is validated at the last epoch only; decay 0.98 (~50) from epoch 2 on;
+    with timm's warmup the EMA follows the run and is validated at every epoch."""
+    cfg = tiny_config(tmp_path, f"ema.decay={decay}", f"ema.warmup={warmup}", "schedule.epochs=3")
+    trainer = Trainer(cfg)
+    trainer.fit()
+    assert [row.get("ema_top1") is not None for row in trainer.state.history] == scored

@@ -7,7 +7,7 @@ from timm.optim import Lamb
 
 import vit5
 from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.loop import LRSchedule, build_optimizer, peak_lr
+from vit5.train.loop import LRSchedule, build_optimizer
 
 
 def tiny_model():
@@ -87,5 +87,24 @@ def test_layer_decay_scales_follow_depth():
 
 
 def test_lr_is_absolute_unless_a_base_batch_is_given():
-    assert peak_lr(OptimSection(lr=4e-3), global_batch=2048) == 4e-3  # --unscale-lr
-    assert peak_lr(OptimSection(lr=5e-4, lr_base_batch=512), global_batch=1024) == pytest.approx(1e-3)
+    assert OptimSection(lr=4e-3).peak_lr(global_batch=2048) == 4e-3  # --unscale-lr
+    scaled = OptimSection(lr=5e-4, lr_base_batch=512)
+    assert scaled.peak_lr(global_batch=1024) == pytest.approx(1e-3)
+
+
+def test_muon_orthogonalises_the_hidden_matrices_and_leaves_the_rest_to_adamw():
+    """timm's Muon: the blocks' matrices on Muon; 1-D parameters, the patch embedding, the tokens,
+    pos_embed and the head on its AdamW fallback; one step moves every parameter."""
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, OptimSection(name="muon", lr=1e-3, weight_decay=0.05), lr=1e-3)
+    fallback = {n for n, p in model.named_parameters() if group_of(opt)[id(p)].get("use_fallback")}
+    assert {"patch_embed.proj.weight", "head.weight", "pos_embed", "cls_token", "reg_token"} <= fallback
+    logits = model(torch.randn(4, 3, 32, 32))
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    opt.step()
+    on_muon = {n for n, p in model.named_parameters() if opt.state[p]["use_muon"]}
+    hidden = {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim == 2}
+    assert on_muon == hidden and len(hidden) == 2 * 4  # qkv, proj, fc1, fc2 in each of 2 blocks
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all() and not torch.equal(p, before[name]), name

@@ -1,12 +1,14 @@
 """The ``depth`` section: pre-norm against post-norm at depth (Xiong et al., arXiv 2002.04745) on a narrow
 ViT-5 trunk (no LayerScale, registers or RoPE, which would hide the norm's placement) over scikit-learn's
 8x8 digits (patch 2): the per-block gradient norm at step 0, and short fixed-lr runs without warmup
-(the training step of :mod:`vit5.train.loop`). Seeded, on one CPU thread: deterministic on a machine."""
+(trained by :class:`vit5.train.Trainer`). Seeded, on one CPU thread: deterministic on a machine."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import math
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +16,25 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
+from torch.utils.data import TensorDataset
 
 import vit5
 from vit5 import plotstyle as S
 from vit5.bench.measure import BenchContext, DepthAblationConfig, num_threads
 from vit5.bench.report import Section, Table, Target
-from vit5.train.checkpointing import TrainState
-from vit5.train.loop import NonFiniteLoss, StepParts, train_steps
+from vit5.train import Trainer, TrainingDiverged
+from vit5.train.config import (
+    AugSection,
+    CheckpointSection,
+    DataSection,
+    EmaSection,
+    LossSection,
+    ModelSection,
+    OptimSection,
+    RunSection,
+    ScheduleSection,
+    TrainConfig,
+)
 
 DIGITS = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 NO_EXTRAS = dict(layer_scale=None, num_registers=0, rope=False, register_rope=False)
@@ -66,24 +80,60 @@ def output_input_ratio(norms: list[float], skip_first: int = 1) -> float:
 
 def largest_spike(losses: list[float]) -> float:
     """The largest rise of the loss above its lowest value so far (nats)."""
-    best, spike = math.inf, 0.0
+    best = math.inf
+    spike = 0.0
     for loss in losses:
-        spike, best = max(spike, loss - best), min(best, loss)
+        spike = max(spike, loss - best)
+        best = min(best, loss)
     return spike
+
+
+class DigitSamples(TensorDataset):
+    """Images and labels in memory, with the ``class_names`` the trainer records."""
+
+    class_names = [str(digit) for digit in range(10)]
+
+
+SEED = 1  # draws the samples of the fixed-lr runs, and orders them (run.seed)
+
+
+def fixed_lr_config(out: str, lr: float, batch: int) -> TrainConfig:
+    """One epoch of AdamW at a constant ``lr``: no warmup, cosine from ``lr`` to ``lr``, no weight
+    decay, no augmentation, no EMA; plain cross-entropy (soft targets without smoothing), fp32."""
+    return TrainConfig(
+        model=ModelSection(name="vit5_tiny", img_size=8, overrides=dict(patch_size=2, in_chans=1)),
+        data=DataSection(dataset="digits", batch_size=batch, num_workers=0),
+        aug=AugSection(train="none", repeated_aug=1, ra_selected_round=0, mixup=0.0, cutmix=0.0),
+        loss=LossSection(name="soft_ce"),
+        optim=OptimSection(name="adamw", lr=lr, weight_decay=0.0),
+        schedule=ScheduleSection(epochs=1, warmup_epochs=0, min_lr=lr, interval="update"),
+        ema=EmaSection(enabled=False),
+        checkpoint=CheckpointSection(save_best=False),
+        run=RunSection(output_dir=out, seed=SEED, mixed_precision="fp32", cpu=True, progress=False),
+    )
 
 
 def train_fixed_lr(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, lr: float, batch: int
 ) -> list[float]:
-    """``steps`` AdamW steps at a constant ``lr`` (no warmup) on seeded random batches. A run whose loss
-    turns non-finite has diverged: its remaining steps count as ``inf``."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    parts = StepParts(model=model, optimizer=optimizer, criterion=F.cross_entropy)
-    generator = torch.Generator().manual_seed(1)
-    idx = (torch.randint(0, len(images), (batch,), generator=generator) for _ in range(steps))
-    batches, losses = ((images[i], labels[i]) for i in idx), []
-    with contextlib.suppress(NonFiniteLoss):
-        train_steps(parts, batches, TrainState(), on_update=lambda loss, _: losses.append(loss))
+    """``steps`` AdamW steps at a constant ``lr`` (no warmup) by :class:`vit5.train.Trainer`, one
+    epoch over ``steps * batch`` samples drawn with replacement (seeded); the losses come from its
+    ``on_update`` hook. A run whose loss turns non-finite has diverged: its remaining steps count as
+    ``inf``. The run folder is scratch (a temporary folder), its printout muted."""
+    generator = torch.Generator().manual_seed(SEED)
+    drawn = torch.randint(0, len(images), (steps * batch,), generator=generator)
+    train_set = DigitSamples(images[drawn], labels[drawn])
+    losses: list[float] = []
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        trainer = Trainer(
+            fixed_lr_config(out, lr, batch),
+            train_set=train_set,
+            val_set=DigitSamples(images, labels),
+            model=model,
+            on_update=losses.append,
+        )
+        with contextlib.suppress(TrainingDiverged):
+            trainer.fit()
     return losses + [math.inf] * (steps - len(losses))
 
 
@@ -127,7 +177,8 @@ def run(ctx: BenchContext) -> Section:
         (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{final[name, lr]:.3f}", f"{largest_spike(c):.3f}")
         for (name, lr), c in curves.items()
     )
-    top, flat = max(cfg.lrs), "pre-norm gradient profile flat: last/first-quarter ratio"
+    top = max(cfg.lrs)
+    flat = "pre-norm gradient profile flat: last/first-quarter ratio"
     grows = "post-norm gradient grows toward the output: last/first-quarter ratio"
     spikes = f"post-norm spikes at lr {top:g}: largest rise above its best loss"
     worse = f"post-norm ends clearly worse than pre-norm at lr {top:g}: final-loss gap"

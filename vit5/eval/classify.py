@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from vit5.layers.patch_embed import grid_of, round_to_patch
 from vit5.model.vit import unwrap
 from vit5.outputs import format_table, write_csv
 from vit5.runtime import default_workers, fit_threads, fit_workers
+from vit5.train.loop import evaluate as evaluate_batches
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
 RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
@@ -171,18 +172,27 @@ def evaluate(
     loader = labelled_loader(loaded, dataset.samples, size, crop, settings.batch_size, workers)
     loader = accelerator.prepare(loader)
     model = loaded.model.to(accelerator.device).eval()
-    meter, bad = ClassificationMeter(len(class_names)), []
+    meter = ClassificationMeter(len(class_names))
+    bad: list[int] = []
+    outputs = labels.to(accelerator.device)  # the model's output index of each folder label
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(images, output index or -1 for an unreadable file, sample index)``."""
+        desc = f"{loaded.label} @ {size[0]}x{size[1]}"
+        shown = progress and accelerator.is_main_process
+        for images, targets, indices, ok in tqdm(loader, desc=desc, disable=not shown):
+            readable = ok.to(accelerator.device).bool()
+            mapped = outputs[targets.to(outputs.device)]
+            yield images, torch.where(readable, mapped, -1), indices
+
+    def score(logits: torch.Tensor, targets: torch.Tensor, extra: list[torch.Tensor]) -> None:
+        readable = targets >= 0
+        meter.update(logits[readable], targets[readable])
+        bad.extend(extra[0][~readable].tolist())
+
     start = time.perf_counter()
-    desc = f"{loaded.label} @ {size[0]}x{size[1]}"
-    bar = tqdm(loader, desc=desc, disable=not (progress and accelerator.is_main_process))
     with torch.inference_mode():
-        for batch, targets, indices, ok in bar:
-            logits, targets, indices, ok = accelerator.gather_for_metrics(
-                (model(batch), targets, indices, ok.to(torch.uint8))
-            )
-            ok = ok.bool()
-            meter.update(logits[ok], labels[targets[ok].cpu()])
-            bad += indices[~ok].tolist()
+        evaluate_batches(model, batches(), accelerator, on_batch=score)
     accelerator.wait_for_everyone()
     paths = [dataset.samples[i][0] for i in sorted(set(bad))]
     return ClassifyResult(

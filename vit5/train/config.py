@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import vit5
-from vit5.errors import shorten
+from vit5.errors import Rule, rule_problems, shorten
 from vit5.model.footprint import check_size
 from vit5.train.errors import TrainConfigError
 from vit5.weights import catalog
@@ -123,6 +123,12 @@ class OptimSection:
     clip_grad: float | None = None  # global grad-norm clip; timm's LAMB also clips at 1.0 like apex FusedLAMB
     accum_steps: int = 1  # gradient accumulation (micro-batches per optimizer step)
 
+    def peak_lr(self, global_batch: int) -> float:
+        """``lr`` (official ``--unscale-lr``), or scaled by ``global_batch / lr_base_batch``."""
+        if self.lr_base_batch is None:
+            return self.lr
+        return self.lr * global_batch / self.lr_base_batch
+
 
 @dataclass
 class ScheduleSection:
@@ -177,59 +183,65 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
 
+    def __post_init__(self) -> None:
+        validate_config(self)  # once, however it is built: load_config, a checkpoint, replace()
 
-def validate_config(cfg: TrainConfig, check_paths: bool = True) -> None:
-    """Check ranges, names, combinations and (optionally) paths; raise one error listing all."""
-    problems = [*_ranges(cfg), *_names(cfg), *_combinations(cfg), *_pretrained(cfg, check_paths)]
-    problems += [*check_lora(cfg.model.lora, cfg.model.pretrained), *check_trackers(cfg.run.log_with)]
-    problems += _check_paths(cfg) if check_paths else []
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Every problem of the settings (ranges, names, combinations) in one error; the one check of
+    a config, run by :class:`TrainConfig` when it is built (paths: :func:`check_paths_exist`)."""
+    problems = [
+        *_finite(flatten_config(cfg)),
+        *rule_problems(flatten_config(cfg), [*_RULES, _warmup_rule(cfg.schedule.epochs)]),
+        *_names(cfg),
+        *_combinations(cfg),
+        *_pretrained(cfg),
+        *check_lora(cfg.model.lora, cfg.model.pretrained),
+        *check_trackers(cfg.run.log_with),
+    ]
     if problems:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
-# (settings, check, rule): the rule is the message; a setting that may be null passes as null
-_RULES: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("model.img_size model.max_params optim.lr optim.eps model.lora.alpha", lambda v: v > 0, "> 0"),
-    ("model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"),
-    ("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
-    ("model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"),
-    ("checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
-    ("run.log_every_steps", lambda v: v >= 1, ">= 1"),
-    ("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
-    ("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
-    ("data.shuffle_buffer aug.mixup aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("data.digits_val_fraction ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
-    (
+def check_paths_exist(cfg: TrainConfig) -> None:
+    """That ``data.root`` (and its splits) and a ``model.pretrained`` path exist."""
+    problems = list(_path_problems(cfg))
+    if problems:
+        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+
+_RULES = [
+    Rule("model.img_size model.max_params optim.lr optim.eps model.lora.alpha", lambda v: v > 0, "> 0"),
+    Rule("model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"),
+    Rule("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
+    Rule("model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    Rule("data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"),
+    Rule("checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+    Rule("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+    Rule("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
+    Rule("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
+    Rule("data.shuffle_buffer aug.mixup aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+    Rule("data.digits_val_fraction ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
+    Rule(
         "aug.hflip aug.erasing aug.mixup_prob aug.mixup_switch_prob",
         lambda v: 0 <= v <= 1,
         "a probability in [0, 1]",
     ),
-    ("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
-    ("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
-    ("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
-    ("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
-    ("optim.layer_decay", lambda v: 0 < v <= 1, "in (0, 1] or null"),
-    ("optim.clip_grad", lambda v: v > 0, "> 0 or null"),
-    ("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
+    Rule("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+    Rule("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
+    Rule("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
+    Rule("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),
+    Rule("optim.betas", lambda v: all(0 <= b < 1 for b in v), "each in [0, 1)"),
+    Rule("optim.layer_decay", lambda v: 0 < v <= 1, "in (0, 1] or null"),
+    Rule("optim.clip_grad", lambda v: v > 0, "> 0 or null"),
+    Rule("checkpoint.every_steps", lambda v: v >= 0, ">= 0 (0 = epoch ends only)"),
     # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
-    ("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    Rule("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
 ]
 
 
-def _ranges(cfg: TrainConfig) -> list[str]:
-    flat = flatten_config(cfg)
-    rules = [(key, ok, rule) for keys, ok, rule in _RULES for key in keys.split()]
-    rules.append(
-        ("schedule.warmup_epochs", lambda v: 0 <= v < cfg.schedule.epochs, "in [0, schedule.epochs)")
-    )
-    problems = [
-        f"{key}={shorten(flat[key])} must be {rule}"
-        for key, ok, rule in rules
-        if not (ok(flat[key]) if flat[key] is not None else rule.endswith("or null"))
-    ]
-    return [*_finite(flat), *problems]
+def _warmup_rule(epochs: int) -> Rule:
+    return Rule("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
@@ -301,7 +313,8 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
             f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
             f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
-    threshold, smoothing = cfg.loss.bce_target_threshold, cfg.loss.smoothing
+    threshold = cfg.loss.bce_target_threshold
+    smoothing = cfg.loss.smoothing
     if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
         yield (
             f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
@@ -377,7 +390,8 @@ def check_trackers(log_with: str | None) -> Iterator[str]:
         return
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 
-    known, available = sorted(LOGGER_TYPE_TO_CLASS), {str(t) for t in get_available_trackers()}
+    known = sorted(LOGGER_TYPE_TO_CLASS)
+    available = {str(t) for t in get_available_trackers()}
     for name in names:
         if name not in LOGGER_TYPE_TO_CLASS:
             hint = _did_you_mean(name, known)
@@ -390,23 +404,28 @@ def check_trackers(log_with: str | None) -> Iterator[str]:
             )
 
 
-def _check_paths(cfg: TrainConfig) -> Iterator[str]:
-    if cfg.data.dataset == "folder" and cfg.data.root is not None:
-        root = Path(cfg.data.root).expanduser()
-        if not _probe(root.is_dir):
-            yield (
-                f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
-            )
-        else:
-            for key, split in (("train_split", cfg.data.train_split), ("val_split", cfg.data.val_split)):
-                if not (root / split).is_dir():
-                    found = sorted(
-                        p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                    )
-                    yield (
-                        f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
-                        f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
-                    )
+def _path_problems(cfg: TrainConfig) -> Iterator[str]:
+    text = cfg.model.pretrained
+    if _is_weights_path(text) and not _probe(Path(str(text)).expanduser().exists):
+        yield (
+            f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name released "
+            f"weights ({catalog.RELEASED_NAMES}; true: those of model.name) or hf-hub:USER/REPO"
+        )
+    if cfg.data.dataset != "folder" or cfg.data.root is None:
+        return
+    root = Path(cfg.data.root).expanduser()
+    if not _probe(root.is_dir):
+        yield (f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path")
+        return
+    for key in ("train_split", "val_split"):
+        split = getattr(cfg.data, key)
+        if (root / split).is_dir():
+            continue
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        yield (
+            f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
+            f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
+        )
 
 
 def _probe(test: Callable[[], bool]) -> bool:
@@ -421,30 +440,33 @@ _WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_p
 PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
 
 
-def _pretrained(cfg: TrainConfig, check_paths: bool) -> list[str]:
-    """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a path."""
-    text, released = cfg.model.pretrained, ", ".join(catalog.RELEASES)
-    if text is None or text.startswith(catalog.HF_HUB_PREFIX):
-        return []
+def _is_weights_path(text: str | None) -> bool:
+    """Whether ``model.pretrained`` names a file or folder (not released weights, true, hf-hub:)."""
+    if text is None or text in PRETRAINED_TRUE or text.startswith(catalog.HF_HUB_PREFIX):
+        return False
+    path = Path(text)
+    named = catalog.is_weights_name(text) and path.suffix not in _WEIGHT_FILES
+    return not (named and not _probe(path.exists))
+
+
+def _pretrained(cfg: TrainConfig) -> list[str]:
+    """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a
+    path (its existence: :func:`check_paths_exist`)."""
+    text = cfg.model.pretrained
+    released = ", ".join(catalog.RELEASES)
     if text in PRETRAINED_TRUE:
         if cfg.model.name in vit5.list_presets() and catalog.default_release(cfg.model.name) is None:
             return [
-                f"model.pretrained=true: {cfg.model.name} has no released weights (released: {released}); "
-                "name released weights or give a checkpoint path"
+                f"model.pretrained=true: {cfg.model.name} has no released weights "
+                f"(released: {released}); name released weights or give a checkpoint path"
             ]
         return []
-    path = Path(text)
-    if catalog.is_weights_name(text) and path.suffix not in _WEIGHT_FILES and not _probe(path.exists):
-        if text in catalog.RELEASES:
-            return []
-        hint = _did_you_mean(text, list(catalog.RELEASES))
-        return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
-    if check_paths and not _probe(path.expanduser().exists):
-        return [
-            f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name released "
-            f"weights ({released}; true: those of model.name) or hf-hub:USER/REPO"
-        ]
-    return []
+    if text is None or text.startswith(catalog.HF_HUB_PREFIX) or _is_weights_path(text):
+        return []
+    if text in catalog.RELEASES:
+        return []
+    hint = _did_you_mean(text, list(catalog.RELEASES))
+    return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -500,9 +522,10 @@ def load_config(
         raise TrainConfigError(
             f"{path}: required setting(s) {', '.join(sorted(required))} not given; add {example}"
         )
+    _fit_warmup(merged, given={item.partition("=")[0].strip() for item in overrides})
     cfg = _to_config(merged, where=str(path) if path is not None else "the command line")
-    cfg = _fit_warmup(cfg, given={item.partition("=")[0].strip() for item in overrides})
-    validate_config(cfg, check_paths=check_paths)
+    if check_paths:
+        check_paths_exist(cfg)
     return cfg
 
 
@@ -513,22 +536,21 @@ class ConfigAdjusted(UserWarning):
 SHORT_RUN_WARMUP = 0.1  # of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
 
 
-def _fit_warmup(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+def _fit_warmup(merged: DictConfig, given: set[str]) -> None:
     """A recipe's warmup as long as the run or longer becomes a tenth of the run (a
     :class:`ConfigAdjusted` warning); a warmup given on the command line is checked, never changed."""
-    schedule = cfg.schedule
+    schedule = merged.schedule
     if "schedule.warmup_epochs" in given or not 0 < schedule.epochs <= schedule.warmup_epochs:
-        return cfg
+        return
     warmup = SHORT_RUN_WARMUP * schedule.epochs
     warnings.warn(
-        f"schedule.warmup_epochs={schedule.warmup_epochs:g} of the recipe does not fit schedule.epochs="
-        f"{schedule.epochs}: warming up for {warmup:g} epochs (a tenth of the run); set "
-        "schedule.warmup_epochs to choose",
+        f"schedule.warmup_epochs={schedule.warmup_epochs:g} of the recipe does not fit "
+        f"schedule.epochs={schedule.epochs}: warming up for {warmup:g} epochs (a tenth of the run); "
+        "set schedule.warmup_epochs to choose",
         ConfigAdjusted,
         stacklevel=3,
     )
-    schedule.warmup_epochs = warmup  # cfg was just built for this call
-    return cfg
+    schedule.warmup_epochs = warmup
 
 
 def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
@@ -537,9 +559,7 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
     if not isinstance(values, Mapping):
         raise TrainConfigError(f"{where}: expected a mapping of sections")
     merged = _merge(OmegaConf.structured(TrainConfig), OmegaConf.create(dict(values)), where=where)
-    cfg = _to_config(merged, where)
-    validate_config(cfg, check_paths=False)
-    return cfg
+    return _to_config(merged, where)
 
 
 # ---------------------------------------------------------------------------------- environment values
@@ -549,7 +569,8 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     try:
         cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
-        key, reason = getattr(e, "full_key", None) or "a setting", _reason(e)
+        key = getattr(e, "full_key", None) or "a setting"
+        reason = _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
     # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
     cfg.__dict__["_from_env"] = {k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v}
@@ -577,7 +598,8 @@ def config_to_yaml(cfg: TrainConfig) -> str:
 def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
     """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in ``new``
     means "the data's": no change)."""
-    flat_old, flat_new = flatten_config(old), flatten_config(new)
+    flat_old = flatten_config(old)
+    flat_new = flatten_config(new)
     return [
         f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
         for k in sorted(flat_new)
@@ -627,7 +649,8 @@ def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
     try:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as e:
-        key, reason = getattr(e, "full_key", None), _reason(e)
+        key = getattr(e, "full_key", None)
+        reason = _reason(e)
         if not key:
             raise TrainConfigError(f"{where}: bad value: {reason}") from e
         raise TrainConfigError(

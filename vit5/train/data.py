@@ -75,7 +75,8 @@ def build_run_data(
     """This process's loaders of the run's data sets."""
     if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world = accelerator.num_processes
+    rank = accelerator.process_index
     try:
         sampler = RepeatAugSampler(
             train_set,
@@ -148,7 +149,8 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
 
 
 def _shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
-    size, data = cfg.model.img_size, cfg.data
+    size = cfg.model.img_size
+    data = cfg.data
     common: dict[str, Any] = dict(
         num_replicas=accelerator.num_processes,
         rank=accelerator.process_index,

@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 
 import torch
@@ -29,15 +29,17 @@ from vit5.train.checkpointing import TrainState
 from vit5.train.config import AugSection, EmaSection, LossSection, OptimSection, ScheduleSection
 from vit5.train.data import start_epoch
 
-
 # ---------------------------------------------------------------------------------- update rule
-def peak_lr(cfg: OptimSection, global_batch: int) -> float:
-    """``cfg.lr`` (official ``--unscale-lr``), or scaled by ``global_batch / lr_base_batch`` when set."""
-    return cfg.lr if cfg.lr_base_batch is None else cfg.lr * global_batch / cfg.lr_base_batch
+# Muon (arXiv 2502.16982) orthogonalises the updates of hidden matrices only; timm's Muon routes
+# the patch embedding and the head (by name), the tokens and pos_embed (no_weight_decay()) to its
+# AdamW fallback, 1-D parameters by their shape (timm/optim/muon.py, _is_suitable_for_muon)
+MUON_FALLBACK = ("patch_embed.*", "head.*")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
-    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``)."""
+    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``) at peak
+    ``lr``; Muon's fallback groups as above."""
+    muon = "muon" in cfg.name
     return create_optimizer_v2(
         model,
         opt=cfg.name,
@@ -47,6 +49,8 @@ def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.opt
         filter_bias_and_bn=True,
         betas=tuple(cfg.betas),
         eps=cfg.eps,
+        fallback_list=MUON_FALLBACK if muon else (),
+        fallback_no_weight_decay=muon,
     )
 
 
@@ -126,6 +130,10 @@ class StepParts:
     raw_model: nn.Module | None = None
     accelerator: Accelerator | None = None
     clock: Callable[[TrainState], float] | None = None
+    # this process's stop requests, summed over processes with the loss check (no collective of
+    # their own); the sums of the last micro-batch land in ``stops``
+    stop_requests: Callable[[], list[float]] = list
+    stops: list[float] = field(default_factory=list)
 
 
 def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int) -> float:
@@ -138,11 +146,12 @@ def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int)
 def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
     """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
     before backward, when the loss is NaN or infinite on any."""
-    acc, model = parts.accelerator, parts.model
+    acc = parts.accelerator
+    model = parts.model
     with acc.accumulate(model) if acc is not None else nullcontext():
         with acc.autocast() if acc is not None else nullcontext():
             loss = parts.criterion(model(inputs), targets)
-        value = _checked(acc, loss, state)
+        value = _checked(parts, loss, state)
         if acc is not None:
             acc.backward(loss)
         else:
@@ -254,17 +263,20 @@ def reduce_sums(accelerator: Accelerator, values: Sequence[float]) -> list[float
     return accelerator.reduce(tensor, "sum").tolist()
 
 
-def _checked(acc: Accelerator | None, loss: torch.Tensor, state: TrainState) -> float:
-    """The loss as a float, after checking that it is finite on every process (one host sync)."""
+def _checked(parts: StepParts, loss: torch.Tensor, state: TrainState) -> float:
+    """The loss as a float, after checking that it is finite on every process: the step's one host
+    sync, which also sums the processes' stop requests into ``parts.stops``."""
+    acc = parts.accelerator
     loss = loss.detach().float()
-    bad = (~torch.isfinite(loss)).float()
+    requests = torch.tensor(parts.stop_requests(), device=loss.device)
+    flags = torch.cat([(~torch.isfinite(loss)).float()[None], requests])
     if acc is not None and acc.num_processes > 1:  # every rank must stop together
-        bad = acc.reduce(bad, "sum")
-    value, bad_ranks = torch.stack([loss, bad]).tolist()
+        flags = acc.reduce(flags, "sum")
+    value, bad_ranks, *parts.stops = torch.cat([loss[None], flags]).tolist()
     if bad_ranks:  # a finite local value means another process saw the NaN
         raise NonFiniteLoss(
-            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, batch "
-            f"{state.batch + 1} (optimizer step {state.num_updates + 1})"
+            f"loss is {value if not math.isfinite(value) else math.nan} at epoch {state.epoch + 1}, "
+            f"batch {state.batch + 1} (optimizer step {state.num_updates + 1})"
         )
     return value
 
@@ -300,31 +312,48 @@ class EvalResult:
     count: int  # images evaluated over all processes
 
 
+BatchHook = Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], None]
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> EvalResult:
-    """Loss, top-1 / top-5 of ``model`` over every process: a prepared ``loader``'s padding is dropped by
-    ``gather_for_metrics`` (huggingface.co/docs/accelerate/quicktour#distributed-evaluation), a shard
-    loader's label ``-1`` counts for nothing; a plain loader is evaluated whole on each process."""
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Sequence[torch.Tensor]],
+    accelerator: Accelerator,
+    on_batch: BatchHook | None = None,
+) -> EvalResult:
+    """Loss, top-1 / top-5 of ``model`` over ``batches`` of ``(images, labels, *extra)`` on every
+    process: a prepared loader's padding is dropped by ``gather_for_metrics``
+    (huggingface.co/docs/accelerate/quicktour#distributed-evaluation), a label ``-1`` (a shard
+    loader's padding, an unreadable file) counts for nothing; a plain loader is evaluated whole on
+    each process. ``on_batch(logits, labels, extra)`` sees each batch gathered from every process
+    (``vit5 eval classify``: the confusion matrix, the skipped files). No images: ``count`` 0 and
+    NaN scores."""
     was_training = model.training
     model.eval()
+    device = accelerator.device
     # running sums stay on the device: one host sync for the whole pass, not three per batch
-    sums = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, top-1, top-5, count
-    for images, labels in loader:
-        images = images.to(accelerator.device, non_blocking=True)
-        labels = labels.to(accelerator.device, non_blocking=True)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
+    for images, labels, *extra in batches:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
         with accelerator.autocast():
             logits = model(images).float()
-        valid = (labels >= 0).float()  # label -1: padding of a shard loader, not an image
-        labels = labels.clamp(min=0)
-        hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices.eq(labels[:, None]).float()
-        loss = F.cross_entropy(logits, labels, reduction="none")
-        per_image = (
-            torch.stack([loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)], 1) * valid[:, None]
-        )
-        per_image = accelerator.gather_for_metrics(per_image)  # every process's images, padding dropped
-        sums += per_image.sum(dim=0).double()
+        valid = (labels >= 0).float()
+        clamped = labels.clamp(min=0)
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        hits = top.eq(clamped[:, None]).float()
+        loss = F.cross_entropy(logits, clamped, reduction="none")
+        columns = [loss, hits[:, 0], hits.amax(dim=1), torch.ones_like(valid)]
+        per_image = torch.stack(columns, 1) * valid[:, None]
+        # every process's images, padding dropped, in one gather
+        tensors = [per_image] if on_batch is None else [per_image, logits, labels, *extra]
+        gathered = accelerator.gather_for_metrics(tensors)
+        sums += gathered[0].sum(dim=0).double()
+        if on_batch is not None:
+            on_batch(gathered[1], gathered[2], gathered[3:])
     model.train(was_training)
     loss_sum, correct1, correct5, count = sums.tolist()
     if count == 0:
-        raise RuntimeError("the validation set is empty on every process")
+        return EvalResult(math.nan, math.nan, math.nan, 0)
     return EvalResult(loss_sum / count, 100 * correct1 / count, 100 * correct5 / count, int(count))

@@ -32,7 +32,8 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
             f"model.num_classes={cfg.num_classes} but the data has {num_classes} classes; "
             f"remove model.num_classes (it defaults to the data's) or set it to {num_classes}"
         )
-    report, arch = None, cfg.name
+    report = None
+    arch = cfg.name
     if cfg.pretrained is not None:
         model, report = load_pretrained(cfg, num_classes)
         arch = closest_preset(model.cfg)
@@ -47,6 +48,16 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
     name = f"{arch} [{changed}]" if changed else arch
     description = f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
     return model, description, report
+
+
+def describe_given(model: ViT5) -> str:
+    """The one-line description of a model handed to the trainer (not built from ``model``)."""
+    params = sum(p.numel() for p in model.parameters())
+    size = "x".join(str(n) for n in model.cfg.img_size)
+    return (
+        f"{closest_preset(model.cfg)} given ({params / 1e6:.2f}M parameters, "
+        f"{model.num_classes} classes, {size}px)"
+    )
 
 
 def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from accelerate.utils import DistributedType, set_seed
 from timm.utils import ModelEmaV3
 from torch.utils.data import Dataset
 
-from vit5 import compile_blocks
+from vit5 import ViT5, compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
@@ -41,7 +41,7 @@ from vit5.train.checkpointing import (
     restore_rng,
     save_model_dir,
 )
-from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names, validate_config
+from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
 from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.loop import (
@@ -52,20 +52,21 @@ from vit5.train.loop import (
     build_optimizer,
     ema_horizon_warning,
     evaluate,
-    peak_lr,
     reduce_sums,
     schedule_clock,
     target_mixer,
     train_one_epoch,
 )
-from vit5.train.modeling import add_lora, build_model, describe, merged_for_export
+from vit5.train.modeling import add_lora, build_model, describe, describe_given, merged_for_export
 from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_metrics, write_summary
 
 
 class Trainer:
-    """One training run of ``cfg`` (checked here too, so a hand-built config gets the same one error as a
-    loaded one), continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``) or in a new run
-    directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's data."""
+    """One training run of ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``)
+    or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's
+    data and ``model`` its model. The hooks are how other drivers (the depth benchmark) train without
+    a loop of their own: ``on_update(loss)`` after every optimizer step (its mean loss: a host sync
+    the run makes anyway), ``on_epoch_end(row)`` after every epoch with its ``metrics.csv`` row."""
 
     def __init__(
         self,
@@ -73,9 +74,14 @@ class Trainer:
         resume: Path | None = None,
         train_set: Dataset | None = None,
         val_set: Dataset | None = None,
+        model: ViT5 | None = None,
+        on_update: Callable[[float], None] | None = None,
+        on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        validate_config(cfg, check_paths=False)  # paths: the data readers (train_set may replace them)
-        self.cfg, trackers = cfg, tracker_names(cfg.run.log_with)
+        self.on_update = on_update
+        self.on_epoch_end = on_epoch_end
+        self.cfg = cfg
+        trackers = tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
@@ -85,7 +91,8 @@ class Trainer:
             # the trackers, and the logging folder TensorBoard needs up front (_start_tracking moves it)
             **(dict(log_with=trackers, project_dir=cfg.run.output_dir) if trackers else {}),
         )
-        self.tracking, self._step_losses = False, []  # trackers started; losses since the last logged step
+        self.tracking = False  # trackers started
+        self._step_losses: list[float] = []  # losses since the last logged step
         if not acc.is_main_process:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
@@ -100,14 +107,19 @@ class Trainer:
         class_names = list(train_set.class_names)  # type: ignore[attr-defined]
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
         # the model (and its checkpoint) is checked before any loader worker starts
-        model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+        if model is None:
+            model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+        else:
+            self.model_description = describe_given(model)
+            self.load_report = None
         model.pretrained_cfg["label_names"] = class_names  # saved in config.json (timm's key)
         if cfg.model.lora.enabled:
             model = add_lora(model, cfg.model.lora)
             self.model_description += f"; {describe(model, cfg.model.lora)}"
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
-        self.raw_model, ema = model.to(acc.device), cfg.ema
+        self.raw_model = model.to(acc.device)
+        ema = cfg.ema
         self.ema = ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup) if ema.enabled else None
         micro = len(self.data.train_loader)
         if micro < cfg.optim.accum_steps:
@@ -118,7 +130,8 @@ class Trainer:
         self.batches_per_epoch = micro // cfg.optim.accum_steps * cfg.optim.accum_steps
         self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
-        optimizer = build_optimizer(self.raw_model, cfg.optim, peak_lr(cfg.optim, self.global_batch))
+        self.peak_lr = cfg.optim.peak_lr(self.global_batch)  # computed once, here
+        optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
         if cfg.model.compile == "regional":
             compiled = compile_blocks(self.raw_model)  # in place: the raw model's blocks run compiled
@@ -127,7 +140,9 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
-        self.resumed_from, self.forked_from, self.fork_note = resume, None, ""
+        self.resumed_from = resume
+        self.forked_from = None
+        self.fork_note = ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
         self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
@@ -142,7 +157,9 @@ class Trainer:
         samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
         layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
-        folder, keep, record = self.run_dir / rundir.CHECKPOINTS, cfg.checkpoint.keep_last, config_record(cfg)
+        folder = self.run_dir / rundir.CHECKPOINTS
+        keep = cfg.checkpoint.keep_last
+        record = config_record(cfg)
         self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
             if resume is not None:
@@ -168,13 +185,15 @@ class Trainer:
             clock=lambda state: schedule_clock(state, self.updates_per_epoch, self.global_batch),
             clip_grad=cfg.optim.clip_grad,
             progress=cfg.run.progress,
+            stop_requests=self._stop_requests,
         )
         self._wall_base = self.state.wall_seconds
 
     def _restore(self, checkpoint: Path) -> None:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
-        self.resume_exact, self.resume_warning = restored.exact, restored.warning
+        self.resume_exact = restored.exact
+        self.resume_warning = restored.warning
         self.resumed_elastic = restored.elastic_from
         # the config as run wins over the saved groups' settings (weight decay, betas, eps, layer decay,
         # this run's peak lr); the moments are kept
@@ -187,7 +206,8 @@ class Trainer:
 
     def _continue_or_fork(self, checkpoint: Path) -> tuple[Path, Path]:
         """Lock the checkpoint's run to continue it, or fork a new run when newer checkpoints exist."""
-        run_dir, acc = checkpoint.parent.parent, self.accelerator
+        run_dir = checkpoint.parent.parent
+        acc = self.accelerator
         number = checkpoint_number(checkpoint)
         newer = [c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number]
         if not newer:
@@ -233,7 +253,9 @@ class Trainer:
     def _start_tracking(self) -> None:
         """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking) logging under
         ``RUN/logs/``: the config, ``train/loss``, ``train/lr`` and each epoch's row as ``epoch/<column>``."""
-        acc, logs, name = self.accelerator, self.run_dir / "logs", self.run_dir.name
+        acc = self.accelerator
+        logs = self.run_dir / "logs"
+        name = self.run_dir.name
         if not acc.log_with or self.tracking:
             return
         acc.project_configuration.logging_dir = str(logs)
@@ -267,7 +289,9 @@ class Trainer:
                 signal.signal(signum, handler)
 
     def _train(self) -> dict[str, Any]:
-        cfg, acc, state = self.cfg, self.accelerator, self.state
+        cfg = self.cfg
+        acc = self.accelerator
+        state = self.state
         epochs = cfg.schedule.epochs
         try:
             while state.epoch < epochs:
@@ -283,11 +307,13 @@ class Trainer:
                     row.update(self._evaluate_both())
                 row["bad_files"] = len(bad_files(acc, self.data.train_set, self.data.val_set))
                 state.history.append(row)
-                state.epoch, state.batch, state.epoch_samples = epoch + 1, 0, 0
+                state.epoch = epoch + 1
+                state.batch = 0
+                state.epoch_samples = 0
                 self.schedule.after_epoch(epoch)
                 self._after_epoch(row)
                 if state.epoch < epochs:  # after the last epoch the run completes instead
-                    self._stop_if_requested()
+                    self._stop_if_requested(after_step=False)
         except NonFiniteLoss as e:
             raise self._diverged(str(e)) from e
         return self._finish()
@@ -297,10 +323,12 @@ class Trainer:
         as they were, so training draws the same whether it validates or not."""
         generators = capture_rng()
         raw = evaluate(self.model, self.data.val_loader, self.accelerator)
+        if raw.count == 0:
+            raise RuntimeError("the validation set is empty on every process")
         out: dict[str, Any] = dict(
             val_loss=raw.loss, val_top1=raw.top1, val_top5=raw.top5, val_images=raw.count
         )
-        if self.ema is not None:
+        if self._ema_matters():
             ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
             out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         restore_rng(generators)
@@ -310,11 +338,24 @@ class Trainer:
             raise self._diverged(", ".join(f"{k} is {v}" for k, v in bad.items()) + f" {where}")
         return out
 
+    def _ema_matters(self) -> bool:
+        """Whether to validate the EMA now: once past its horizon ``1 / (1 - decay)`` updates (before,
+        without warmup, it mostly holds the starting weights), from the start with timm's warmup (it
+        follows the run), and at the last epoch (the summary's EMA score)."""
+        if self.ema is None:
+            return False
+        last = self.state.epoch + 1 == self.cfg.schedule.epochs
+        past_horizon = self.state.num_updates * (1 - self.cfg.ema.decay) >= 1
+        return self.cfg.ema.warmup or last or past_horizon
+
     def _after_epoch(self, row: dict[str, Any]) -> None:
-        cfg, acc, state = self.cfg, self.accelerator, self.state
+        cfg = self.cfg
+        acc = self.accelerator
+        state = self.state
         improved = row.get("val_top1") is not None and row["val_top1"] > state.best_top1
         if improved:
-            state.best_top1, state.best_epoch = row["val_top1"], row["epoch"]
+            state.best_top1 = row["val_top1"]
+            state.best_epoch = row["epoch"]
             if cfg.checkpoint.save_best:
                 self._check_weights()
                 self._save_model_dir(self.run_dir / rundir.BEST, row)
@@ -332,9 +373,14 @@ class Trainer:
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
             self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(row)
 
     def _after_update(self, end_of_epoch: bool, loss: float, lr: float) -> None:
-        """After each step: trackers, confirm the pending checkpoint, a mid-epoch save, a requested stop."""
+        """After each step: the hook, trackers, confirm the pending checkpoint, a mid-epoch save, a
+        requested stop."""
+        if self.on_update is not None:
+            self.on_update(loss)
         self._step_losses += [loss] if self.tracking else []
         if self.tracking and self.state.num_updates % self.cfg.run.log_every_steps == 0:
             mean = math.fsum(self._step_losses) / len(self._step_losses)
@@ -373,11 +419,16 @@ class Trainer:
                 f"(epoch {self.state.epoch + 1})"
             )
 
-    def _stop_if_requested(self) -> None:
-        """Stop after this step when any process received a stop signal: checkpoint the exact position."""
-        flags = [float(self.stop_signal == signum) for signum in STOP_SIGNALS]
-        if self.accelerator.num_processes > 1:  # every process must stop at the same step
-            flags = reduce_sums(self.accelerator, flags)
+    def _stop_requests(self) -> list[float]:
+        return [float(self.stop_signal == signum) for signum in STOP_SIGNALS]
+
+    def _stop_if_requested(self, after_step: bool = True) -> None:
+        """Stop when any process received a stop signal: checkpoint the exact position. Every process
+        must stop at the same step: after a step they read the requests the step's loss check summed,
+        after an epoch's validation they sum them (a collective)."""
+        flags = self._stop_requests()
+        if self.accelerator.num_processes > 1:
+            flags = self.parts.stops if after_step else reduce_sums(self.accelerator, flags)
         received = [signum for signum, flag in zip(STOP_SIGNALS, flags, strict=True) if flag]
         if not received:
             return
@@ -394,7 +445,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ reporting
     def _print_header(self) -> None:
-        cfg, acc, data = self.cfg, self.accelerator, self.data
+        cfg = self.cfg
+        acc = self.accelerator
+        data = self.data
         lines = [
             f"run directory  {self.run_dir}",
             f"model          {self.model_description}",
@@ -414,10 +467,11 @@ class Trainer:
             f"batch          {cfg.data.batch_size} per process x {acc.num_processes} x "
             f"{cfg.optim.accum_steps} accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer "
             "steps per epoch",
-            f"optimizer      {cfg.optim.name}, peak lr {peak_lr(cfg.optim, self.global_batch):.2e}, "
+            f"optimizer      {cfg.optim.name}, peak lr {self.peak_lr:.2e}, "
             f"weight decay {cfg.optim.weight_decay}, {count(cfg.schedule.epochs, 'epoch')}",
         ]
-        state, epochs = self.state, cfg.schedule.epochs
+        state = self.state
+        epochs = cfg.schedule.epochs
         if self.resumed_from is not None:
             where = f"epoch {state.epoch + 1}, batch {state.batch}, step {state.num_updates}"
             lines.append(f"resumed        from {self.resumed_from} ({where})")
@@ -430,7 +484,8 @@ class Trainer:
         acc.print("\n".join(line for line in lines if line))
 
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
-        model, ema = self.model, self.ema
+        model = self.model
+        ema = self.ema
         if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
         recorded = config_record(self.cfg)["run"]["name"]  # a name read from the environment: its ${oc.env:}
@@ -440,7 +495,8 @@ class Trainer:
         save_model_dir(self.accelerator, model, ema, directory, extra)
 
     def _finish(self) -> dict[str, Any]:
-        acc, state = self.accelerator, self.state
+        acc = self.accelerator
+        state = self.state
         last = state.history[-1]
         self._check_weights()
         self._save_model_dir(self.run_dir / rundir.FINAL, last)
@@ -500,7 +556,8 @@ class Trainer:
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
-    bytes_per_value, batch = 4 if cfg.run.mixed_precision == "fp32" else 2, cfg.data.batch_size
+    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
+    batch = cfg.data.batch_size
     need = training_bytes(model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
     check_fits(
         need,
