@@ -222,7 +222,8 @@ def train_run(
     plan: AblationPlan, ablation: Ablation, seed: int, cfg: TrainConfig, datasets: tuple | None
 ) -> RunRecord:
     """Train one run to the end (its output to ``OUT/logs``), reuse it when finished before, or resume it."""
-    run_dir, name = Path(cfg.run.output_dir) / cfg.run.name, ablation.name
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    name = ablation.name
     if (run_dir / SUMMARY_JSON).is_file():
         _check_same_config(run_dir, cfg)
         return RunRecord.of(name, seed, json.loads((run_dir / SUMMARY_JSON).read_text()), True)
@@ -290,8 +291,9 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
     finals = {r.ablation: Path(r.run_dir) / FINAL for r in reversed(records) if r.completed}
     models = {a.name: vit5.load_model(finals[a.name]) for a in plan.ablations if a.name in finals}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    device, dtype = resolve_device("cpu" if cfg.run.cpu else "auto").type, cfg.run.mixed_precision
-    dtype, batch = "bf16" if dtype == "bf16" else "fp32", plan.timing_batch
+    device = resolve_device("cpu" if cfg.run.cpu else "auto").type
+    dtype = "bf16" if cfg.run.mixed_precision == "bf16" else "fp32"
+    batch = plan.timing_batch
     how = f"batch {batch} at {cfg.model.img_size}px, {device} {dtype}"
     log(f"timing {len(models)} trained models side by side ({how})")
     run = measure_throughput(models, cfg.model.img_size, batch, plan.timing, device, dtype) if models else {}

@@ -88,12 +88,15 @@ class ClassificationMeter:
     """Accumulates top-1/top-5 hits, summed cross-entropy and the confusion matrix batch by batch."""
 
     def __init__(self, num_classes: int) -> None:
-        self.num_classes, self.k = num_classes, min(5, num_classes)
-        self.topk, self.loss_sum = 0, 0.0
+        self.num_classes = num_classes
+        self.k = min(5, num_classes)  # top-k with k = min(5, classes)
+        self.topk = 0
+        self.loss_sum = 0.0
         self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        logits, targets = logits.detach().float().cpu(), targets.detach().long().cpu()
+        logits = logits.detach().float().cpu()
+        targets = targets.detach().long().cpu()
         ranked = logits.topk(self.k, dim=1).indices
         self.topk += int((ranked == targets[:, None]).any(dim=1).sum())
         self.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
@@ -101,7 +104,8 @@ class ClassificationMeter:
 
     def compute(self) -> ClassificationScores:
         count = int(self.confusion.sum())
-        n, top1 = max(count, 1), int(self.confusion.trace())
+        n = max(count, 1)
+        top1 = int(self.confusion.trace())
         confusion = self.confusion.numpy().copy()
         return ClassificationScores(count, top1 / n, self.topk / n, self.loss_sum / n, confusion)
 
@@ -298,7 +302,8 @@ def run_sweep(
     """One :func:`evaluate` per (model, size), same data and crop ratio (0.5x to 2x, non-square too)."""
     if not sizes:
         raise InputError("the sweep needs at least one size")
-    accelerator, settings = accelerator or Accelerator(), settings or ClassifySettings()
+    accelerator = accelerator or Accelerator()
+    settings = settings or ClassifySettings()
     return [
         evaluate(loaded, dataset, replace(settings, size=tuple(size)), accelerator, progress)
         for loaded in models

@@ -128,7 +128,8 @@ PRESETS = {"full": FULL, "smoke": SMOKE}
 def build_twins(cfg: StudyConfig) -> dict[str, ViT5]:
     """Both twins with identical initial weights wherever they share a parameter."""
     torch.manual_seed(cfg.seed)
-    base, twin = ViT5(cfg.model_config(TWINS[0])), ViT5(cfg.model_config(TWINS[1]))
+    base = ViT5(cfg.model_config(TWINS[0]))
+    twin = ViT5(cfg.model_config(TWINS[1]))
     twin.load_state_dict(base.state_dict(), strict=False)  # all but reg_token
     return dict(zip(TWINS, (base, twin)))
 
@@ -233,7 +234,10 @@ class Twin:
     and its :class:`TrainState` checkpointed under ``<folder>/state``."""
 
     def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
-        self.name, self.model, self.cfg, self.folder = name, model, cfg, folder
+        self.name = name
+        self.model = model
+        self.cfg = cfg
+        self.folder = folder
         adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
         optimizer = build_optimizer(model, adamw, cfg.lr)
         warmup = dict(warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr)  # one "epoch" = one update
@@ -418,7 +422,9 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
         "accuracy": a["accuracy"],
         "registers_accuracy": b["accuracy"],
     }
-    otr, share, received = v["outlier_ratio"], v["outlier_background_share"], v["received_outlier_mass"]
+    otr = v["outlier_ratio"]
+    share = v["outlier_background_share"]
+    received = v["received_outlier_mass"]
     otr_registers = max(v["registers_outlier_ratio"], v["registers_outlier_ratio_reused_thresholds"])
     uniform = v["uniform_register_share"]
     checks = {
