@@ -251,11 +251,16 @@ def test_the_resampled_kernel_gives_the_original_token_on_the_resized_patch():
     whole (``x = B^T y``), and ``w_new`` is the least-squares best elsewhere."""
     from timm.layers import resample_patch_embed
 
+    torch.manual_seed(0)
     kernel = torch.randn(6, 3, 8, 8)
     grown = resample_patch_embed(kernel, [16, 16], interpolation="bilinear", antialias=False)
     x = torch.rand(32, 3, 8, 8)
     resized = F.interpolate(x.double(), size=(16, 16), mode="bilinear", antialias=False)
-    torch.testing.assert_close(embed(grown, resized), embed(kernel, x), rtol=1e-5, atol=1e-5)
+    expected = embed(kernel, x)
+    # timm resamples in float32: its rounding scales with the tokens (up to about 20 here), so the
+    # tolerance is relative to the largest one, not absolute at 1e-5
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(embed(grown, resized), expected, rtol=1e-5, atol=1e-6 * scale)
 
     big = torch.randn(6, 3, 16, 16)
     shrunk = resample_patch_embed(big, [8, 8], interpolation="bilinear", antialias=False)
