@@ -19,8 +19,8 @@ from vit5.model.layout import TokenLayout
 from vit5.model.vit import ViT5, unwrap
 
 SUPPORTED = (
-    "vit5 models, timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models, "
-    f"and transformers: {', '.join([*BACKBONES, *HEADS])}"
+    "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) "
+    f"models, and transformers {', '.join([*BACKBONES, *HEADS])}"
 )
 # set on a model by vit5.viz.ttr while test-time registers are on
 TEST_REGISTERS_ATTR = "_viz_test_registers"
