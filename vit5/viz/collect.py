@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from vit5.errors import InputError
 from vit5.introspect import ModelInfo, describe
+from vit5.introspect.hf import record_transformers
 from vit5.model import Recording, TokenLayout, record, take_indices
 from vit5.model.vit import unwrap
 from vit5.viz.images import LoadedImage, to_batch
@@ -61,6 +62,8 @@ def capture(
 
         if info.family == "vit5":
             rec = stack.enter_context(record(net, wanted, attention, tokens, token_layers=wanted))
+        elif info.family == "transformers":  # q and k from its attention interface (vit5.introspect.hf)
+            rec = stack.enter_context(record_transformers(net, wanted, attention, tokens, info.layout))
         else:
             rec = Recording(info.depth, wanted if attention else [], wanted if tokens else [])
             for i in wanted:
