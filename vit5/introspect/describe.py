@@ -22,7 +22,7 @@ SUPPORTED = (
     "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) "
     f"models, and transformers {', '.join([*BACKBONES, *HEADS])}"
 )
-# set on a model by vit5.viz.ttr while test-time registers are on
+# set on a model by vit5.eval.registers while test-time registers are on
 TEST_REGISTERS_ATTR = "_viz_test_registers"
 
 
@@ -55,7 +55,7 @@ class ModelInfo:
     preprocessing: Preprocessing
     # why attention cannot be recorded; "" when it can (vit5, timm's explicit softmax path)
     unrecordable: str = ""
-    # untrained tokens appended at the end by vit5.viz.ttr (a model without registers)
+    # untrained tokens after the trained registers (vit5.eval.registers), while active
     test_registers: int = 0
 
     @property
@@ -89,12 +89,11 @@ class ModelInfo:
         return grid
 
     def layout(self, image_hw: Sequence[int]) -> TokenLayout:
-        """The token layout inside the blocks; test-time registers (models without trained
-        ones) come last."""
+        """The token layout inside the blocks; test-time registers follow the trained ones
+        (vit5: at the end; timm: before the patches)."""
         grid = self.grid(image_hw)
-        if self.test_registers:
-            return TokenLayout(grid, self.num_cls, self.test_registers, registers_first=False)
-        return TokenLayout(grid, self.num_cls, self.num_registers, self.registers_first)
+        registers = self.num_registers + self.test_registers
+        return TokenLayout(grid, self.num_cls, registers, self.registers_first)
 
 
 def preprocessing_of(model: nn.Module) -> Preprocessing:
