@@ -10,6 +10,7 @@ from viz_support import multiply_tokens, smooth_images, tiny_vit5
 
 import vit5
 from vit5.errors import InputError
+from vit5.model.capture import summarise_probabilities
 from vit5.viz import (
     CollectConfig,
     MetricConfig,
@@ -20,7 +21,6 @@ from vit5.viz import (
 )
 from vit5.viz import artifacts as M
 from vit5.viz.artifacts import bootstrap_ci
-from vit5.model.capture import summarise_probabilities
 from vit5.viz.collect import figure_keep, layer_rows, rollout_step
 from vit5.viz.stats import norm_map, outlier_map
 
