@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from vit5.model.capture import DEFAULT_CHUNK
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.runtime import format_bytes
 
@@ -74,6 +75,28 @@ def forward_bytes(batch: int, tokens: int, width: int, bytes_per_value: int = 4)
 def attention_bytes(batch: int, heads: int, tokens: int, bytes_per_value: int = 4) -> int:
     """One block's ``[B, heads, N, N]`` scores plus fp32 probabilities (eager path, recording)."""
     return batch * heads * tokens * tokens * (bytes_per_value + 4)
+
+
+def recording_bytes(
+    batch: int,
+    heads: int,
+    tokens: int,
+    width: int,
+    depth: int,
+    kept_rows: int,
+    chunk: int = DEFAULT_CHUNK,
+) -> int:
+    """A lower bound of recording every block's attention leanly (``vit5 viz``'s
+    :func:`vit5.viz.collect.figure_keep`), in float32: one block's forward
+    (:func:`forward_bytes`), one query chunk's scores, probabilities and a temporary
+    ``[heads, chunk, N]`` (images run one at a time), q and k of every block for the rollout
+    ``[B, N, width]`` each, and what every block keeps: ``kept_rows`` rows and 4 vectors per
+    head ``[B, heads, N]`` (received, mass on registers, entropy, peak)."""
+    forward = forward_bytes(batch, tokens, width)
+    chunk_arrays = 3 * heads * min(chunk, tokens) * tokens * 4
+    queries_keys = depth * 2 * batch * tokens * width * 4
+    kept = depth * (kept_rows + 4) * batch * heads * tokens * 4
+    return forward + chunk_arrays + queries_keys + kept
 
 
 def training_bytes(
