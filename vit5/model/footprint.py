@@ -17,7 +17,9 @@ BIG_TOKEN_COUNT = 16_384  # tokens per image beyond which a forward takes long (
 
 def parameter_count(cfg: ViT5Config) -> int:
     """The exact number of parameters of ``ViT5(cfg)`` (Python integers: no overflow)."""
-    d, p, norm = cfg.embed_dim, cfg.patch_size, 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
+    d = cfg.embed_dim
+    p = cfg.patch_size
+    norm = 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
 
     def linear(fan_in: int, fan_out: int, bias: bool = True) -> int:
         return fan_in * fan_out + (fan_out if bias else 0)
@@ -100,7 +102,11 @@ def recording_bytes(
 
 
 def training_bytes(
-    cfg: ViT5Config, batch: int, bytes_per_value: int = 4, grad_checkpointing: bool = False, ema: bool = True
+    cfg: ViT5Config,
+    batch: int,
+    bytes_per_value: int = 4,
+    grad_checkpointing: bool = False,
+    ema: bool = True,
 ) -> int:
     """A lower bound of a training step after the first: fp32 weights, two optimizer moments and the EMA
     copy next to the activations kept for the backward pass."""
