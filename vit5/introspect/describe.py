@@ -53,7 +53,7 @@ class ModelInfo:
     has_cls: bool
     registers_first: bool
     preprocessing: Preprocessing
-    # why attention cannot be recorded; "" when it can (vit5, timm's explicit softmax path)
+    # why attention cannot be recorded; "" when it can (vit5, timm q_norm / k_norm hooks)
     unrecordable: str = ""
     # untrained tokens after the trained registers (vit5.eval.registers), while active
     test_registers: int = 0
@@ -191,17 +191,17 @@ def _describe_timm(net: nn.Module) -> ModelInfo:
 
 
 def _unrecordable(net: nn.Module) -> str:
-    """Why the attention of a timm model cannot be recorded: a block without timm's explicit
-    softmax path (``fused_attn`` / ``attn_drop``, which :mod:`vit5.viz.collect` hooks)."""
+    """Why the attention of a timm model cannot be recorded: a block without timm's ``q_norm``
+    / ``k_norm`` modules and ``scale`` (which :mod:`vit5.viz.collect` hooks for q and k)."""
     for i, block in enumerate(net.blocks):
         attn = getattr(block, "attn", None)
-        explicit = hasattr(attn, "fused_attn")
-        hooked = isinstance(getattr(attn, "attn_drop", None), nn.Module)
-        if not (explicit and hooked):
+        norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
+        hooked = all(isinstance(norm, nn.Module) for norm in norms)
+        if not (hooked and hasattr(attn, "scale")):
             return (
                 f"block {i} of this {type(net).__name__} has an attention module "
-                f"({type(attn).__name__}) without timm's explicit softmax path "
-                "(fused_attn / attn_drop); its attention cannot be recorded"
+                f"({type(attn).__name__}) without timm's q_norm / k_norm modules and scale; "
+                "its attention cannot be recorded"
             )
     return ""
 

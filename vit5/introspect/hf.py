@@ -9,7 +9,7 @@ Attention keeps transformers' fused path: the model is loaded with ``attn_implem
 its ``AttentionInterface`` (https://huggingface.co/docs/transformers/attention_interface). Each
 layer's attention module hands the registered function its queries and keys after its own
 projections and (DINOv3) RoPE; a recorder set on the module takes them and
-:func:`attention_probabilities` computes the softmax. Without a recorder it is plain SDPA.
+:func:`vit5.model.capture.summarise_attention` computes the softmax. Without a recorder it is plain SDPA.
 
 Hidden states: transformers' ``hidden_states[0]`` is the embedding output and
 ``hidden_states[i + 1]`` the output of layer ``i``, before the final layernorm (checked by
@@ -63,17 +63,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 PROCESSOR_FILE = "preprocessor_config.json"
 INSTALL = "pip install 'vit5[transformers]'"
-
-
-def attention_probabilities(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Softmax attention ``[B, heads, N, N]`` in fp32 from queries and keys
-    ``[B, heads, N, d]`` (the one place to swap in a lean summary)."""
-    logits = q.float() @ k.float().transpose(-2, -1)
-    return torch.softmax(logits * scale, dim=-1)
 
 
 def _import_transformers():
@@ -307,21 +296,18 @@ def record_transformers(
     attention: bool,
     tokens: bool,
     layout_of: Callable,
+    summariser: Callable[[int], Callable[[torch.Tensor, torch.Tensor, float], None]],
 ) -> Iterator[Recording]:
-    """Record softmax attention (fp32) and layer outputs of ``layers``, the
-    model keeping its SDPA path; ``layout_of(image_hw)`` gives the token layout."""
+    """Record the attention and layer outputs of ``layers``, the model keeping its SDPA path:
+    ``summariser(i)`` receives layer ``i``'s queries, keys and scale (after the model's own
+    projections and RoPE) and keeps what it needs (:func:`vit5.model.capture.summarise_attention`);
+    ``layout_of(image_hw)`` gives the token layout."""
     rec = Recording(
         depth=net.depth,
         attention_layers=list(layers) if attention else [],
         token_layers=list(layers) if tokens else [],
     )
     modules = net.attention_modules()
-
-    def keep_attention(i: int):
-        def keep(q, k, scale) -> None:
-            rec.attentions[i] = attention_probabilities(q, k, scale)
-
-        return keep
 
     def keep_tokens(i: int):
         def keep(module, inputs, output) -> None:
@@ -336,7 +322,7 @@ def record_transformers(
         entry = net.patch_embed.register_forward_pre_hook(on_image)
         stack.callback(entry.remove)
         for i in rec.attention_layers:
-            setattr(modules[i], RECORDER, keep_attention(i))
+            setattr(modules[i], RECORDER, summariser(i))
             stack.callback(delattr, modules[i], RECORDER)
         for i in rec.token_layers:
             handle = net.blocks[i].register_forward_hook(keep_tokens(i))
