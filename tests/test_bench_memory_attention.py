@@ -46,3 +46,18 @@ def test_eager_holds_n_squared_and_sdpa_does_not():
     assert attention_bytes(1, heads, n, torch.float32.itemsize) == 2 * scores  # the skip rule's estimate
     assert eager.peak >= 2 * scores  # scores and probabilities alive together
     assert sdpa.peak < scores / 4
+
+
+def test_recording_cases_and_one_case_measured():
+    from vit5.bench.recording import MODELS, cases, run_case
+
+    found = cases((1024, 2048), full_up_to=1024)
+    assert [(c.size, c.mode) for c in found if c.model == MODELS[0]] == [
+        (1024, "lean"),
+        (1024, "full"),
+        (2048, "lean"),
+    ]
+    lean = run_case("timm:vit_small_patch16_dinov3", 64, False, depth=2)
+    full = run_case("timm:vit_small_patch16_dinov3", 64, True, depth=2)
+    assert lean["seconds"] > 0 and lean["peak"] > lean["estimate"] > 0
+    assert full["estimate"] == lean["estimate"]  # the memory check estimates the lean recording

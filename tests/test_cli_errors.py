@@ -8,6 +8,7 @@ any encoding printed under a strict UTF-8 console.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from vit5.cli import eval as eval_cli
 from vit5.cli.bench import main as bench_main
 from vit5.cli.viz import main as viz_main
 from vit5.files import FolderLock
+from vit5.introspect.load import load_spec
+from vit5.viz.runner import recording_estimate
 
 
 def eval_main(argv: list[str]) -> int:
@@ -98,7 +101,7 @@ def test_an_out_that_is_a_file_fails_before_any_work(images, tmp_path, capsys, m
 
 
 def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 8 * 2**30)  # the same on any machine
+    monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 2**30)  # the same on any machine
     args = [
         "attention",
         "--model",
@@ -112,11 +115,19 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
     ]
     assert viz_main([*args, "--size", "4096"]) == 2
     line = one_error_line(capsys.readouterr().err, "error: ")
-    # the run's batch (its 2 images), 65,541 tokens (256 x 256 patches, CLS, 4 registers), 3 heads,
-    # float32 scores and probabilities
-    expected = 2 * 3 * 65_541**2 * 8 / 2**30
-    assert f"needs about {expected:.2f} GiB" in line and "8.00 GiB available" in line and "--size" in line
+    # the lean recording of the run's batch (its 2 images): 65,541 tokens (256 x 256 patches, CLS,
+    # 4 registers), width 192, 3 heads, 12 blocks, float32: one block's forward, three
+    # [3, 256, N] chunk arrays, q and k of every block, 5 rows and 4 vectors per head and block
+    n = 65_541
+    expected = 2 * n * 10 * 192 * 4 + 3 * 3 * 256 * n * 4
+    expected += 12 * 2 * 2 * n * 192 * 4 + 12 * (5 + 4) * 2 * 3 * n * 4
+    assert f"needs about {expected / 2**30:.2f} GiB" in line and "1.00 GiB available" in line
     assert "of 2 image(s)" in line and "--batch-size 1" in line
+    fits = int(re.search(r"the largest size that fits is --size (\d+)x\1", line)[1])
+    info = load_spec("vit5_tiny", random_init=True).info
+    assert recording_estimate(info, (fits, fits), 2) <= 2**30
+    larger = fits + info.patch_size
+    assert recording_estimate(info, (larger, larger), 2) > 2**30
 
 
 def test_a_refused_size_leaves_nothing_that_blocks_the_rerun(images, tmp_path, capsys):

@@ -214,3 +214,49 @@ def test_bad_settings_are_clear_errors(images):
         list(iter_features(model, images, FeatureSettings(layers=(5,))))
     with pytest.raises(InputError, match="either a fixed size or max_side"):
         FeatureSettings(size=(32, 32), max_side=64)
+
+
+def test_plain_export_keeps_its_features_and_run_and_scores_every_image(images, tmp_path):
+    """--clean none: the tensors are dense_features' (the path of every earlier export), the run id
+    leaves the new settings out, and each image has its artifact score from the viz metrics' rule."""
+    from vit5.eval.common import dense_features
+    from vit5.eval.outliers import artifact_score
+    from vit5.introspect import describe
+
+    model = tiny_model().eval()
+    settings = FeatureSettings(layers=(-1,), size=(32, 32), batch_size=1)
+    export_features(model, images, tmp_path / "out", settings, progress=False)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["clean"] == "none" and "median" in manifest["artifact_rule"]
+    assert "clean" not in manifest["settings"] and "outlier_k" not in manifest["settings"]
+    info = describe(model)
+    entry = manifest["images"][0]
+    stored = load_file(str(tmp_path / "out" / entry["file"]))
+    x = resize_transform((32, 32), mean=info.mean, std=info.std)(decode_image(images / entry["path"]))
+    direct = dense_features(model, x[None], info, [info.depth - 1])
+    for name, value in direct.items():
+        assert stored[name].numpy().tobytes() == value[0].numpy().tobytes()
+    with torch.no_grad():
+        tokens = model.forward_intermediates(x[None], indices=[-1], intermediates_only=True)[0]
+    norms = tokens.flatten(2)[0].norm(dim=0).numpy()  # [P], raw block output
+    expected = artifact_score(norms)
+    score = entry["artifacts"][f"blocks.{info.depth - 1}"]
+    assert score["outlier_share"] == pytest.approx(expected["outlier_share"])
+    assert score["max_median"] == pytest.approx(expected["max_median"], rel=1e-5)
+
+
+def test_drop_outliers_replaces_a_planted_outlier_by_its_neighbours():
+    from vit5.eval.outliers import artifact_score, fill_outliers
+
+    grid = torch.arange(2 * 4 * 5, dtype=torch.float32).reshape(2, 4, 5)
+    norms = torch.ones(20)
+    norms[7] = 50.0  # cell (1, 2)
+    norms += torch.linspace(0, 0.1, 20)  # a spread, so the MAD is not zero
+    score = artifact_score(norms.numpy())
+    outliers = torch.from_numpy(norms.numpy() > score["threshold"]).reshape(4, 5)
+    assert outliers.sum() == 1 and outliers[1, 2] and score["outlier_share"] == 1 / 20
+    filled = fill_outliers(grid, outliers)
+    expected = grid[:, 0:3, 1:4].sum(dim=(1, 2)) - grid[:, 1, 2]
+    torch.testing.assert_close(filled[:, 1, 2], expected / 8)
+    keep = ~outliers
+    assert torch.equal(filled[:, keep], grid[:, keep])  # the others are left alone

@@ -170,10 +170,10 @@ def test_linear_head_learns_informative_features_and_not_noise():
     with single_thread():
         oracle = score_linear_head(
             train_linear_head(_encoded(train, True), info, (48, 48), settings), _encoded(val, True), info
-        )
+        )[0]
         noise = score_linear_head(
             train_linear_head(_encoded(train, False), info, (48, 48), settings), _encoded(val, False, 1), info
-        )
+        )[0]
     background_share = np.mean([(s.mask == 0).mean() for s in val])
     assert oracle.miou > 0.7 and oracle.pixel_accuracy > 0.93
     assert noise.miou < 0.15  # nothing but background can be found

@@ -56,7 +56,10 @@ ALLOWED_INTERNAL = {
     "cli": LIBRARY,  # on top: every command line, nothing imports it
 }
 # single modules of a higher layer a subpackage may import: the one evaluation pass of a classifier
-ALLOWED_MODULES = {"eval": {"vit5.train.loop"}}
+ALLOWED_MODULES = {
+    "eval": {"vit5.train.loop"},
+    "bench": {"vit5.viz.collect", "vit5.viz.images", "vit5.viz.runner"},  # the recording benchmark
+}
 # leaf modules every subpackage may import (they import nothing from vit5 but each other): the user-error
 # base class, crash-safe files and locks, which process prints, device and memory checks, the figure style,
 # the CSV, JSON and table writers

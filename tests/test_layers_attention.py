@@ -82,7 +82,11 @@ def test_qk_norm_comes_before_rope_and_v_is_not_rotated():
     # RoPE after the norm (reference) is right; rotating before the norm or rotating v changes the output
     assert torch.allclose(out, reference_attention(attn, x, rope), atol=1e-5)
     captured = {}
-    attn.recorder = lambda p: captured.setdefault("p", p)
+
+    def recorder(q, k, scale, causal):  # the recorder gets q and k after the norm and RoPE
+        captured["p"] = (q @ k.transpose(-2, -1) * scale).softmax(-1)
+
+    attn.recorder = recorder
     attn(x, rope)
     b, n = 1, 15
     v = (x @ attn.qkv.weight.T)[..., 128:].reshape(b, n, 4, 16).transpose(1, 2)

@@ -39,14 +39,14 @@ def test_vit5_attention_equals_the_official_reference_with_rope_qknorm_registers
     model = vit5.load_model(tmp_path / "ref.pth").eval()
     x = torch.randn(2, 3, 32, 32)
     streamed = {}
-    with torch.no_grad(), capture(model, on_layer=lambda i, a, t: streamed.setdefault(i, a)) as rec:
+    with torch.no_grad(), capture(model, on_layer=lambda i, a, t: streamed.setdefault(i, a.full())) as rec:
         model(x)
         ref(x)
     assert rec.layout == vit5.TokenLayout((4, 4), 1, 4, registers_first=False)
     for i in range(2):
         _not_uniform(streamed[i])
         torch.testing.assert_close(streamed[i], ref.blocks[i].attn.last_attention, rtol=1e-4, atol=1e-5)
-    assert rec.attentions == {} and rec.tokens == {}  # streamed mode keeps nothing
+    assert rec.summaries == {} and rec.tokens == {}  # streamed mode keeps nothing
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,14 +82,15 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
 
 def test_timm_vit_with_registers_attention_equals_a_hand_recomputation():
     model = tiny_timm(reg_tokens=4)
-    assert all(blk.attn.fused_attn for blk in model.blocks)  # SDPA: no weights unless switched
+    assert all(blk.attn.fused_attn for blk in model.blocks)  # SDPA: no weights
     inputs = {}
     model.blocks[1].norm1.register_forward_hook(lambda m, a, out: inputs.setdefault("x", out))
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         fused = model(x)
         with capture(model) as rec:
-            explicit = model(x)
+            recorded = model(x)
+            assert all(blk.attn.fused_attn for blk in model.blocks)  # the fused kernel is kept
     attn = model.blocks[1].attn
     b, n, _ = inputs["x"].shape
     q, k, _ = (
@@ -101,17 +102,17 @@ def test_timm_vit_with_registers_attention_equals_a_hand_recomputation():
     _not_uniform(expected)
     torch.testing.assert_close(rec.attentions[1], expected, rtol=1e-4, atol=1e-5)
     assert rec.layout == vit5.TokenLayout((4, 6), 1, 4, registers_first=True)
-    torch.testing.assert_close(
-        explicit, fused, rtol=1e-5, atol=1e-5
-    )  # the explicit path computes the same thing
-    assert all(blk.attn.fused_attn for blk in model.blocks)  # restored
+    torch.testing.assert_close(recorded, fused, rtol=1e-5, atol=1e-5)  # recording changes nothing
+    assert all(not blk.attn.q_norm._forward_hooks for blk in model.blocks)  # hooks removed
 
 
-def test_timm_flag_is_restored_after_an_error():
+def test_timm_hooks_are_removed_after_an_error():
     model = tiny_timm()
     with pytest.raises(RuntimeError, match="boom"), capture(model):
-        assert not model.blocks[0].attn.fused_attn
+        assert model.blocks[0].attn.k_norm._forward_hooks
         raise RuntimeError("boom")
+    attn = model.blocks[0].attn
+    assert not (attn._forward_hooks or attn._forward_pre_hooks or attn.k_norm._forward_hooks)
     assert all(blk.attn.fused_attn for blk in model.blocks) and not model.blocks[0]._forward_hooks
 
 
@@ -185,7 +186,7 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
         describe(tiny_vit5()).layout((30, 47))
 
 
-def test_a_timm_attention_without_the_explicit_softmax_path_is_refused_before_recording():
+def test_a_timm_attention_without_q_norm_and_k_norm_is_refused_before_recording():
     from vit5.viz.collect import recordable
 
     model = tiny_timm()
@@ -193,6 +194,6 @@ def test_a_timm_attention_without_the_explicit_softmax_path_is_refused_before_re
     model.blocks[1].attn = torch.nn.Identity()
     with pytest.raises(InputError, match="block 1 of this VisionTransformer has an attention module"):
         recordable(model)
-    with pytest.raises(InputError, match="explicit softmax path"):
+    with pytest.raises(InputError, match="q_norm / k_norm"):
         with capture(model):
             pass

@@ -54,7 +54,7 @@ def test_ablate_needs_registers(tmp_path, capsys):
     assert "no register tokens (R=0)" in capsys.readouterr().err
 
 
-def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
+def test_ttr_end_to_end_without_and_with_trained_registers(tmp_path, capsys):
     common = [
         "--images",
         "sklearn-samples",
@@ -90,8 +90,13 @@ def test_ttr_end_to_end_and_refused_with_trained_registers(tmp_path, capsys):
         r["metric"] == "patch_register_mass" for r in after["metrics"]
     )  # the extra token counts as a register
     assert (tmp_path / "ttr" / "summary_grid.png").stat().st_size > 1000
-    assert main(["ttr", *TINY, "--threshold", "1e-3", *common]) == 2
-    assert "already has 4 trained registers" in capsys.readouterr().err
+    # a model with 4 trained registers gets a fifth, test-time one after them
+    common[common.index(str(tmp_path))] = str(tmp_path / "registers")
+    assert main(["ttr", *TINY, "--threshold", "1e-3", "--neurons", "3", *common]) == 0
+    name = "metrics_vit5_tiny-random-init___test-time_register.json"
+    after = json.loads((tmp_path / "registers" / "ttr" / name).read_text())
+    assert after["threshold_source"] == "reused from vit5_tiny-random-init"
+    assert (tmp_path / "registers" / "ttr" / "register_neurons.json").is_file()
 
 
 def test_position_probe_of_two_position_encodings(tmp_path, capsys):

@@ -10,6 +10,7 @@ from viz_support import multiply_tokens, smooth_images, tiny_vit5
 
 import vit5
 from vit5.errors import InputError
+from vit5.model.capture import summarise_probabilities
 from vit5.viz import (
     CollectConfig,
     MetricConfig,
@@ -20,7 +21,7 @@ from vit5.viz import (
 )
 from vit5.viz import artifacts as M
 from vit5.viz.artifacts import bootstrap_ci
-from vit5.viz.collect import layer_rows, rollout_step
+from vit5.viz.collect import figure_keep, layer_rows, rollout_step
 from vit5.viz.stats import norm_map, outlier_map
 
 PLANTED = [(1, 4), (3, 0)]  # (row, col) in the 4 x 6 grid of a 32 x 48 image with 8-pixel patches
@@ -80,7 +81,8 @@ def test_reference_thresholds_are_reused_for_the_twin(clean_and_planted, tmp_pat
 
 def _toy_stats(attention: torch.Tensor, layout: vit5.TokenLayout) -> TokenStats:
     tokens = torch.ones(1, layout.num_tokens, 4)
-    rows = {k: v[:, None].numpy() for k, v in layer_rows(attention, tokens, layout).items()}
+    summary = summarise_probabilities(attention, figure_keep(layout))
+    rows = {k: v[:, None].numpy() for k, v in layer_rows(summary, tokens, layout).items()}
     return TokenStats("toy", layout, [0], ["toy"], 8, rollout=np.zeros((1, layout.num_tokens)), **rows)
 
 

@@ -20,9 +20,10 @@ from vit5.cli import main
 PACKAGE = Path(vit5.__file__).parent
 # the network built and run: vit5/model and vit5/layers (the model wing, kept as it is)
 NETWORK = ("model/", "layers/")
-# measured: 18 files outside the network (17 where the package root's timm hook has already run),
-# 30 with it; see "The viz walk" in docs/architecture.md
-WALK_LIMIT = 18
+# measured: 19 files outside the network, 31 with it (18 before the outlier rule moved to
+# eval/outliers.py, the one rule the viz metrics and the feature export share); see "The viz walk"
+# in docs/architecture.md
+WALK_LIMIT = 19
 
 
 def trace(argv: list[str]) -> tuple[int, Counter, list[str]]:

@@ -135,7 +135,10 @@ def plant_outlier_neuron(
                 intermediates_only=True,
             )[0]
         median = tokens.norm(dim=-1).median()
-        gamma = getattr(model.blocks[layer].ls2, "gamma", torch.ones(1)).abs().mean()
+        block = model.blocks[layer]
+        # LayerScale: vit5 / timm ViT ``ls2.gamma``, timm Eva ``gamma_2`` (None without it)
+        gamma = getattr(getattr(block, "ls2", None), "gamma", getattr(block, "gamma_2", None))
+        gamma = torch.ones(1) if gamma is None else gamma.abs().mean()
         u = torch.nn.functional.normalize(
             torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(7)), dim=0
         )

@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _MODEL_NAMES = (
     "PRESETS",
+    "AttentionKeep",
     "ConfigError",
     "Recording",
     "TokenLayout",
@@ -28,6 +29,7 @@ _MODEL_NAMES = (
     "list_presets",
     "preset_config",
     "record",
+    "summarise_attention",
 )
 _WEIGHTS_NAMES = (
     "CheckpointError",

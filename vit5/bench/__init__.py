@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vit5.bench import depth
+from vit5.bench import depth, recording
 from vit5.bench.data_pipeline import run_data_index
 from vit5.bench.measure import BenchConfig, BenchContext, num_threads
 from vit5.bench.report import (
@@ -36,6 +36,7 @@ SECTIONS: dict[str, Callable[[BenchContext], Section]] = {
     "export": run_export,
     "depth": depth.run,
     "data_index": run_data_index,
+    "recording": recording.run,
 }
 
 

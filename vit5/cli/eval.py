@@ -104,8 +104,15 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def cmd_features(args: argparse.Namespace) -> None:
     """dense features of every image in a folder to safetensors + manifest (resumable)"""
     from vit5.eval import FeatureSettings, export_features
+    from vit5.eval.registers import read_neurons
 
-    settings = from_options(FeatureSettings, args)
+    if (args.clean == "ttr") != bool(args.neurons):
+        raise InputError(
+            "--clean ttr needs --neurons PATH (the register_neurons.json of `vit5 viz ttr` on "
+            "these images), and --neurons is used only by it"
+        )
+    neurons = read_neurons(args.neurons) if args.neurons else ()
+    settings = from_options(FeatureSettings, args, neurons=neurons)
     (model,) = _models(args, require="vit")
     print(export_features(model, args.images, args.out, settings, overwrite=args.overwrite))
 
@@ -135,7 +142,12 @@ def cmd_segprobe(args: argparse.Namespace) -> None:
 
     info = dataset_info(args.data, args.num_classes, args.ignore_index, args.reduce_zero_label)
     splits = tuple(args.splits) if args.splits else default_splits(args.data)
-    settings = from_options(SegProbeSettings, args, norm=not args.no_norm)
+    upsample = None
+    if args.upsample == "jbu":
+        from vit5.eval.upsample import JointBilateral
+
+        upsample = from_options(JointBilateral, args)
+    settings = from_options(SegProbeSettings, args, norm=not args.no_norm, upsample=upsample)
     models = _models(args, require="vit")
     results = [run_segmentation_probe(m, args.data, info, splits, settings) for m in models]
     print(seg_tables(results))
@@ -217,6 +229,10 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
     opt(p, "--norm", False, "apply the final norm to each block's output")
     opt(p, "--dtype", "float32", "storage dtype", choices=("float32", "float16", "bfloat16"))
     opt(p, "--overwrite", False, "recompute all, replacing features from other settings")
+    clean = "against artifacts: test-time registers, or outlier patches replaced by neighbours"
+    opt(p, "--clean", "none", clean, choices=("none", "ttr", "drop-outliers"))
+    opt(p, "--neurons", Path, "register_neurons.json of `vit5 viz ttr` (for --clean ttr)")
+    opt(p, "--outlier-k", 5.0, "MAD multiplier of the outlier rule (score, drop-outliers)")
     _loader(p, 8, 2)
 
     p = command(cmd_probe, "writes probe.json here")
@@ -270,6 +286,12 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
         ("--batch-size", 16),
     ):
         opt(p, flag, default)
+    jbu = p.add_argument_group("edge-aware upsampling (joint bilateral, Kopf et al. 2007)")
+    scored = "also score with logits upsampled to pixels, guided by the image"
+    opt(jbu, "--upsample", "none", scored, choices=("none", "jbu"))
+    opt(jbu, "--radius", 1, "window: grid cells on each side of the nearest")
+    opt(jbu, "--sigma-spatial", 1.0, "spatial Gaussian, in patches")
+    opt(jbu, "--sigma-range", 0.1, "colour Gaussian, on RGB in [0, 1]")
 
     p = command(cmd_make_seg, None, None)
     opt(p, "root", Path, "output folder")

@@ -12,10 +12,12 @@ import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
@@ -35,9 +37,12 @@ from vit5.eval.common import (
     list_images,
     own_size,
 )
+from vit5.eval.outliers import artifact_score, fill_outliers
+from vit5.eval.registers import RegisterNeuron, use_test_time_registers
 from vit5.files import FolderLock, atomic_write_bytes, check_output_dir, read_json
 from vit5.introspect import ModelInfo, Preprocessing, describe
 from vit5.model import take_indices
+from vit5.model.vit import unwrap
 from vit5.outputs import to_jsonable, write_json
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -45,6 +50,11 @@ _PENDING_BATCHES = 4  # decoded images allowed to wait in buckets, in batches
 FORMAT = "vit5-features/1"
 MANIFEST = "manifest.json"
 SUFFIX = ".safetensors"
+ARTIFACT_RULE = (
+    "per image and exported block, on the patch tokens before the final norm: outliers have a "
+    "norm above exp(median + {k} * 1.4826 * MAD) of the image's log-norms; outlier_share is "
+    "their share, max_median the max / median patch norm"
+)
 _META_KEY = "vit5_features"
 ENTRY_KEYS = ("path", "file", "image_size", "input_size", "grid")
 
@@ -64,7 +74,13 @@ MANIFEST_RULES = (
 )
 
 
+CLEAN = ("none", "ttr", "drop-outliers")
+# settings added for artifact-aware features: left out of a run's identity at these values, so
+# that a plain export keeps its run id and files (and resumes an older export)
+_NEW_DEFAULTS = {"clean": "none", "outlier_k": 5.0, "neurons": ()}
 _SETTINGS_RULES = (
+    Rule("clean", lambda v: v in CLEAN, f"one of {CLEAN}"),
+    Rule("outlier_k", lambda v: v > 0, "> 0"),
     Rule("dtype", lambda v: v in DTYPES, f"one of {sorted(DTYPES)}"),
     Rule("max_side", lambda v: v >= 1, ">= 1 or null"),
     Rule("batch_size", lambda v: v >= 1, ">= 1"),
@@ -86,9 +102,21 @@ class FeatureSettings:
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     batch_size: int = 8
     num_workers: int = 0
+    # against artifacts: "ttr" runs with test-time registers fed by ``neurons`` (Jiang et al.,
+    # arXiv 2506.08010); "drop-outliers" replaces outlier patches (the artifact metrics' rule,
+    # ``outlier_k``) by the mean of their non-outlier 3x3 neighbours
+    clean: Literal["none", "ttr", "drop-outliers"] = "none"
+    outlier_k: float = 5.0  # MAD multiplier of the outlier rule (score and drop-outliers)
+    neurons: tuple[RegisterNeuron, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+        object.__setattr__(self, "neurons", tuple(self.neurons))
+        if (self.clean == "ttr") != bool(self.neurons):
+            raise InputError(
+                "clean='ttr' needs register neurons (vit5 viz ttr's register_neurons.json, or "
+                "the search), and neurons are only used by it"
+            )
         if self.size is not None:
             object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
         check_settings(self, _SETTINGS_RULES)
@@ -105,6 +133,8 @@ class ImageFeatures:
     features: dict[str, torch.Tensor]  # per image: patches [C, h, w], cls [C], registers [R, C]
     image_size: Size  # decoded image (H, W)
     input_size: Size  # what the model saw
+    # per exported block: outlier share, max / median patch norm (before the final norm)
+    artifacts: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -170,6 +200,57 @@ def prepare(model: nn.Module | LoadedModel, settings: FeatureSettings) -> Prepar
     return Prepared(module=module, preprocessing=preprocessing, info=info, blocks=blocks)
 
 
+@contextmanager
+def _block_outputs(module: nn.Module, blocks: Sequence[int]) -> Iterator[dict]:
+    """``{block: output [B, N, C]}`` of the chosen blocks (before the final norm) and
+    ``"layout"``, the token layout the blocks ran with (test-time registers included)."""
+    net = unwrap(module)
+    found: dict = {}
+
+    def sizing(mod, args) -> None:
+        found["layout"] = describe(net).layout(tuple(args[0].shape[-2:]))
+
+    with ExitStack() as stack:
+        stack.callback(net.patch_embed.register_forward_pre_hook(sizing).remove)
+        for b in blocks:
+
+            def keep(mod, args, output, b=b) -> None:
+                found[b] = output.detach()
+
+            stack.callback(net.blocks[b].register_forward_hook(keep).remove)
+        yield found
+
+
+def _patch_norms(raw: dict, block: int) -> np.ndarray:
+    """``[B, P]`` float32 norms of a block's patch tokens, as the viz metrics take them."""
+    return raw["layout"].patches(raw[block]).float().norm(dim=-1).cpu().numpy()
+
+
+@torch.inference_mode()
+def _features_from(
+    raw: dict, module: nn.Module, batch: torch.Tensor, info: ModelInfo, blocks, norm: bool
+) -> dict[str, torch.Tensor]:
+    """:func:`dense_features`' names and shapes, read from the block outputs of one forward
+    pass (with test-time registers, whose tokens timm's ``forward_intermediates`` cannot split);
+    the registers are the trained ones, the test-time tokens are left out."""
+    net = unwrap(module)
+    net.forward_features(batch)
+    layout = raw["layout"]
+    features = {}
+    # sliced first, then normed token by token (the final norm drops test-time tokens)
+    finish = net.norm if norm else nn.Identity()
+    for b in blocks:
+        tokens = raw[b]
+        patches = finish(layout.patches(tokens))
+        features[f"blocks.{b}.patches"] = layout.to_nchw(patches)
+        if info.num_cls:
+            features[f"blocks.{b}.cls"] = finish(tokens[:, layout.cls_index])
+        if info.num_registers:
+            trained = layout.registers(tokens)[:, : info.num_registers]
+            features[f"blocks.{b}.registers"] = finish(trained)
+    return features
+
+
 def extract(
     model: nn.Module | LoadedModel,
     paths: Sequence[str | os.PathLike[str]],
@@ -190,11 +271,30 @@ def extract(
 
     def run(items: list[tuple]) -> Iterator[ImageFeatures]:
         batch = torch.stack([image for _, image, _, _ in items]).to(device)
-        features = dense_features(module, batch, info, blocks, norm=settings.norm)
+        with ExitStack() as stack:
+            if settings.clean == "ttr":
+                stack.enter_context(use_test_time_registers(module, settings.neurons))
+            raw = stack.enter_context(_block_outputs(module, blocks))
+            if settings.clean == "ttr":
+                features = _features_from(raw, module, batch, info, blocks, settings.norm)
+            else:
+                features = dense_features(module, batch, info, blocks, norm=settings.norm)
+        norms = {b: _patch_norms(raw, b) for b in blocks}
         features = {k: v.to(DTYPES[settings.dtype]).cpu() for k, v in features.items()}
         for i, (index, _, image_size, _) in enumerate(items):
             per_image = {k: v[i].clone() for k, v in features.items()}
-            yield ImageFeatures(paths[index], per_image, image_size, tuple(batch.shape[-2:]))
+            scores = {}
+            for b in blocks:
+                image_norms = norms[b][i]
+                scores[f"blocks.{b}"] = artifact_score(image_norms, settings.outlier_k)
+                if settings.clean == "drop-outliers":
+                    name = f"blocks.{b}.patches"
+                    outliers = image_norms > scores[f"blocks.{b}"]["threshold"]
+                    grid = torch.from_numpy(outliers.reshape(per_image[name].shape[1:]))
+                    per_image[name] = fill_outliers(per_image[name], grid)
+                    scores[f"blocks.{b}"]["replaced"] = int(outliers.sum())
+            size = tuple(batch.shape[-2:])
+            yield ImageFeatures(paths[index], per_image, image_size, size, scores)
 
     for item in loader:
         index, image, _, reason = item
@@ -283,6 +383,9 @@ def export_features(
     blocks = prepared.blocks
     loop_only = ("batch_size", "num_workers")
     chosen = {k: v for k, v in asdict(settings).items() if k not in loop_only}
+    for key, default in _NEW_DEFAULTS.items():
+        if chosen[key] == default or key == "neurons" and not chosen[key]:
+            del chosen[key]
     chosen["layers"] = blocks  # absolute: -1 and 11 are the same run
     identity = to_jsonable(
         {
@@ -303,6 +406,8 @@ def export_features(
         **{k: getattr(info, k) for k in ("patch_size", "embed_dim", "has_cls", "num_registers")},
         "dtype": settings.dtype,
         "source_root": str(root.resolve()),
+        "clean": settings.clean,
+        "artifact_rule": ARTIFACT_RULE.format(k=settings.outlier_k),
     }
     with FolderLock(out_dir, "feature export"):
         old = {} if overwrite or not (out_dir / MANIFEST).is_file() else read_manifest(out_dir)
@@ -381,15 +486,16 @@ def _write_image(
     }
     entry = {"path": rel, "file": rel + SUFFIX, **sizes}
     target = out_dir / entry["file"]
+    scores = {"artifacts": item.artifacts}
     target.parent.mkdir(parents=True, exist_ok=True)
-    meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path)})
+    meta = json.dumps({**entry, "run_id": run_id, **_source_stat(item.path), **scores})
     payload = save(
         {k: v.contiguous() for k, v in item.features.items()},
         metadata={_META_KEY: meta},
     )
     # many files: the manifest is the durable record
     atomic_write_bytes(target, payload, durable=False)
-    return entry
+    return entry | scores
 
 
 def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict[str, Any] | None:
@@ -405,7 +511,9 @@ def _completed_entry(out_dir: Path, root: Path, path: Path, run_id: str) -> dict
     current = {"run_id": run_id, **_source_stat(path)}
     if _entry_problem(meta) or any(meta.get(k) != v for k, v in current.items()):
         return None  # foreign, crafted, of another run or of a changed source: recompute it
-    return {k: meta[k] for k in ENTRY_KEYS}
+    if not isinstance(meta.get("artifacts"), dict):
+        return None  # written before artifact scores: recompute it (same features)
+    return {k: meta[k] for k in (*ENTRY_KEYS, "artifacts")}
 
 
 def _entry_problem(entry: Any) -> str:

@@ -22,7 +22,7 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from tqdm.auto import tqdm
 
-from vit5.data import ImageFolderDataset
+from vit5.data import ImageFolderDataset, decode_image
 from vit5.data.segmentation import SegDatasetInfo, list_pairs, read_mask
 from vit5.errors import InputError, Rule
 from vit5.eval.common import (
@@ -33,6 +33,7 @@ from vit5.eval.common import (
     labelled_loader,
 )
 from vit5.eval.features import FailedImage, FeatureSettings, extract, prepare
+from vit5.eval.upsample import JointBilateral, joint_bilateral_upsample
 from vit5.introspect import ModelInfo, describe
 from vit5.model import take_indices
 from vit5.outputs import format_table
@@ -209,6 +210,8 @@ class SegProbeSettings:
     lr: float = 0.05
     weight_decay: float = 1e-4
     seed: int = 0
+    # also score with the logits upsampled to pixels by joint bilateral upsampling
+    upsample: JointBilateral | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -248,18 +251,29 @@ class SegProbeResult:
     seconds_train: float
     final_train_loss: float
     skipped: list[dict[str, str]] = field(default_factory=list)
+    # predictions on the patch grid against masks resized to it (nearest)
+    scores_patch: SegmentationScores | None = None
+    # logits upsampled to pixels by joint bilateral upsampling (settings.upsample)
+    scores_upsampled: SegmentationScores | None = None
 
     def to_dict(self) -> dict:
         s = self.scores
-        apart = ("class_names", "scores")
+        apart = ("class_names", "scores", "scores_patch", "scores_upsampled")
         doc = {k: v for k, v in asdict(self).items() if k not in apart}
         iou = dict(zip(self.class_names, s.iou.tolist()))
+        extra = {}
+        if self.scores_patch is not None:
+            extra["miou_patch"] = self.scores_patch.miou
+        if self.scores_upsampled is not None:
+            extra["miou_upsampled"] = self.scores_upsampled.miou
+            extra["pixel_accuracy_upsampled"] = self.scores_upsampled.pixel_accuracy
         return dict(
             doc,
             miou=s.miou,
             pixel_accuracy=s.pixel_accuracy,
             iou=iou,
             confusion_matrix=s.confusion,
+            **extra,
         )
 
 
@@ -268,6 +282,7 @@ class EncodedSplit:
     features: torch.Tensor  # [N, C, h, w] float16
     masks: list[np.ndarray]  # full-resolution checked masks
     skipped: list[dict[str, str]]
+    paths: list[Path] = field(default_factory=list)  # the images (guides of the upsampling)
 
 
 @dataclass
@@ -336,18 +351,38 @@ def score_linear_head(
     head: LinearHead,
     val: EncodedSplit,
     info: SegDatasetInfo,
-) -> SegmentationScores:
-    """mIoU and pixel accuracy with logits upsampled (bilinear) to each mask's full size."""
-    confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
+    upsample: JointBilateral | None = None,
+) -> tuple[SegmentationScores, SegmentationScores, SegmentationScores | None]:
+    """mIoU and pixel accuracy three ways: logits upsampled (bilinear) to each mask's full size;
+    on the patch grid against the mask resized to it (nearest); with ``upsample``, logits
+    upsampled to the full size by joint bilateral upsampling guided by the image (the same as
+    the head on upsampled features: the weights of each pixel sum to one)."""
+    classes = info.num_classes
+    pixel = torch.zeros(classes, classes, dtype=torch.int64)
+    patch = torch.zeros_like(pixel)
+    guided = torch.zeros_like(pixel)
     device = head.conv.weight.device
-    for feats, mask in zip(val.features, val.masks):
-        logits = head(feats[None].to(device))
-        logits = F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False)
+
+    def add(confusion: torch.Tensor, logits: torch.Tensor, mask: np.ndarray) -> None:
         pred = logits.argmax(dim=1)[0].cpu()
         target = torch.from_numpy(mask)
         valid = target != info.ignore_index
-        confusion += confusion_matrix(target[valid], pred[valid], info.num_classes)
-    return segmentation_scores(confusion.numpy())
+        confusion += confusion_matrix(target[valid], pred[valid], classes)
+
+    for i, (feats, mask) in enumerate(zip(val.features, val.masks)):
+        logits = head(feats[None].to(device))
+        grid = logits.shape[-2:]
+        add(pixel, F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False), mask)
+        coarse = cv2.resize(mask.astype(np.int32), grid[::-1], interpolation=cv2.INTER_NEAREST)
+        add(patch, logits, coarse)
+        if upsample is not None:
+            rgb = decode_image(val.paths[i])
+            guide = torch.from_numpy(rgb).permute(2, 0, 1)[None].float().div(255).to(device)
+            add(guided, joint_bilateral_upsample(logits, guide, upsample), mask)
+    scores = segmentation_scores(pixel.numpy())
+    at_patches = segmentation_scores(patch.numpy())
+    upsampled = segmentation_scores(guided.numpy()) if upsample is not None else None
+    return scores, at_patches, upsampled
 
 
 def run_segmentation_probe(
@@ -375,6 +410,7 @@ def run_segmentation_probe(
         chunks = []
         masks = []
         skipped = []
+        paths = []
         items = extract(loaded, list(masks_of), features)
         for item in tqdm(
             items,
@@ -387,12 +423,13 @@ def run_segmentation_probe(
                 skipped.append({"path": str(item.path), "reason": item.reason})
                 continue
             masks.append(read_mask(masks_of[item.path], item.image_size, info))
+            paths.append(item.path)
             chunks.append(torch.cat([item.features[f"blocks.{b}.patches"] for b in blocks]))
         if not masks:
             raise InputError(
                 f"none of the {len(masks_of)} images of split {split} can be read (e.g. {skipped[0]})",
             )
-        return EncodedSplit(torch.stack(chunks), masks, skipped)
+        return EncodedSplit(torch.stack(chunks), masks, skipped, paths)
 
     start = time.perf_counter()
     train, val = map(encode, splits)
@@ -404,12 +441,15 @@ def run_segmentation_probe(
         settings,
         device=next(loaded.model.parameters()).device,
     )
+    scores, at_patches, upsampled = score_linear_head(head, val, info, settings.upsample)
     return SegProbeResult(
         model=loaded.label,
         size=size,
         blocks=blocks,
         class_names=info.class_names,
-        scores=score_linear_head(head, val, info),
+        scores=scores,
+        scores_patch=at_patches,
+        scores_upsampled=upsampled,
         num_train=len(train.masks),
         num_val=len(val.masks),
         seconds_features=encoded - start,
@@ -427,6 +467,8 @@ def seg_tables(results: Sequence[SegProbeResult]) -> str:
         "train",
         "val",
         "mIoU %",
+        "mIoU patch %",
+        "mIoU JBU %",
         "pixel acc %",
         "features s",
         "train s",
@@ -439,6 +481,8 @@ def seg_tables(results: Sequence[SegProbeResult]) -> str:
             r.num_train,
             r.num_val,
             100 * r.scores.miou,
+            100 * r.scores_patch.miou if r.scores_patch else "-",
+            100 * r.scores_upsampled.miou if r.scores_upsampled else "-",
             100 * r.scores.pixel_accuracy,
             round(r.seconds_features, 1),
             round(r.seconds_train, 1),

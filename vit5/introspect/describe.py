@@ -1,7 +1,8 @@
-"""What a model is, as the tools see it: :func:`describe` turns a vit5 model or a timm
-``VisionTransformer`` / ``Eva`` into a :class:`ModelInfo`: its size, its token order (vit5:
-``[CLS | patches | registers]``, timm: ``[CLS | registers | patches]``), whether its attention can
-be recorded and the preprocessing it expects. Describing a model imports no loader."""
+"""What a model is, as the tools see it: :func:`describe` turns a vit5 model, a timm
+``VisionTransformer`` / ``Eva`` or a transformers backbone (:class:`~vit5.introspect.hf.HFBackbone`)
+into a :class:`ModelInfo`: its size, its token order (vit5: ``[CLS | patches | registers]``, timm
+and transformers: ``[CLS | registers | patches]``, SigLIP: patches only), whether its attention
+can be recorded and the preprocessing it expects. Describing a model imports no loader."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from typing import Literal
 from torch import nn
 
 from vit5.errors import InputError
+from vit5.introspect.hf import BACKBONES, HEADS, HFBackbone
 from vit5.layers.patch_embed import grid_of
 from vit5.model.layout import TokenLayout
 from vit5.model.vit import ViT5, unwrap
 
-SUPPORTED = "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) models"
-# set on a model by vit5.viz.ttr while test-time registers are on
+SUPPORTED = (
+    "vit5 models and timm VisionTransformer (DeiT-III, DINOv2, vit_*_reg4_*) or Eva (RoPE) "
+    f"models, and transformers {', '.join([*BACKBONES, *HEADS])}"
+)
+# set on a model by vit5.eval.registers while test-time registers are on
 TEST_REGISTERS_ATTR = "_viz_test_registers"
 
 
@@ -36,7 +41,7 @@ class Preprocessing:
 class ModelInfo:
     """A vit5 or timm ViT as the tools see it."""
 
-    family: Literal["vit5", "timm"]
+    family: Literal["vit5", "timm", "transformers"]
     name: str
     depth: int
     embed_dim: int
@@ -48,9 +53,9 @@ class ModelInfo:
     has_cls: bool
     registers_first: bool
     preprocessing: Preprocessing
-    # why attention cannot be recorded; "" when it can (vit5, timm's explicit softmax path)
+    # why attention cannot be recorded; "" when it can (vit5, timm q_norm / k_norm hooks)
     unrecordable: str = ""
-    # untrained tokens appended at the end by vit5.viz.ttr (a model without registers)
+    # untrained tokens after the trained registers (vit5.eval.registers), while active
     test_registers: int = 0
 
     @property
@@ -84,12 +89,11 @@ class ModelInfo:
         return grid
 
     def layout(self, image_hw: Sequence[int]) -> TokenLayout:
-        """The token layout inside the blocks; test-time registers (models without trained
-        ones) come last."""
+        """The token layout inside the blocks; test-time registers follow the trained ones
+        (vit5: at the end; timm: before the patches)."""
         grid = self.grid(image_hw)
-        if self.test_registers:
-            return TokenLayout(grid, self.num_cls, self.test_registers, registers_first=False)
-        return TokenLayout(grid, self.num_cls, self.num_registers, self.registers_first)
+        registers = self.num_registers + self.test_registers
+        return TokenLayout(grid, self.num_cls, registers, self.registers_first)
 
 
 def preprocessing_of(model: nn.Module) -> Preprocessing:
@@ -111,6 +115,8 @@ def describe(model: nn.Module) -> ModelInfo:
     net = unwrap(model)
     if isinstance(net, ViT5):
         return _describe_vit5(net)
+    if isinstance(net, HFBackbone):
+        return _describe_transformers(net)
     return _describe_timm(net)
 
 
@@ -129,6 +135,28 @@ def _describe_vit5(net: ViT5) -> ModelInfo:
         has_cls=cfg.class_token,
         registers_first=False,
         preprocessing=preprocessing_of(net),
+        test_registers=getattr(net, TEST_REGISTERS_ATTR, 0),
+    )
+
+
+def _describe_transformers(net: HFBackbone) -> ModelInfo:
+    """A transformers backbone: every family takes any patch-multiple size (DINOv2
+    interpolates its position embedding, ViT and SigLIP are called with
+    ``interpolate_pos_encoding=True``, SigLIP 2 resizes its own, DINOv3 uses RoPE)."""
+    return ModelInfo(
+        family="transformers",
+        name=net.arch,
+        depth=net.depth,
+        embed_dim=net.embed_dim,
+        num_heads=net.num_heads,
+        patch_size=net.patch_size,
+        img_size=net.img_size,
+        dynamic_size=True,
+        num_registers=net.num_registers,
+        has_cls=net.has_cls,
+        registers_first=True,
+        preprocessing=preprocessing_of(net),
+        unrecordable=net.unrecordable,
         test_registers=getattr(net, TEST_REGISTERS_ATTR, 0),
     )
 
@@ -163,17 +191,17 @@ def _describe_timm(net: nn.Module) -> ModelInfo:
 
 
 def _unrecordable(net: nn.Module) -> str:
-    """Why the attention of a timm model cannot be recorded: a block without timm's explicit
-    softmax path (``fused_attn`` / ``attn_drop``, which :mod:`vit5.viz.collect` hooks)."""
+    """Why the attention of a timm model cannot be recorded: a block without timm's ``q_norm``
+    / ``k_norm`` modules and ``scale`` (which :mod:`vit5.viz.collect` hooks for q and k)."""
     for i, block in enumerate(net.blocks):
         attn = getattr(block, "attn", None)
-        explicit = hasattr(attn, "fused_attn")
-        hooked = isinstance(getattr(attn, "attn_drop", None), nn.Module)
-        if not (explicit and hooked):
+        norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
+        hooked = all(isinstance(norm, nn.Module) for norm in norms)
+        if not (hooked and hasattr(attn, "scale")):
             return (
                 f"block {i} of this {type(net).__name__} has an attention module "
-                f"({type(attn).__name__}) without timm's explicit softmax path "
-                "(fused_attn / attn_drop); its attention cannot be recorded"
+                f"({type(attn).__name__}) without timm's q_norm / k_norm modules and scale; "
+                "its attention cannot be recorded"
             )
     return ""
 

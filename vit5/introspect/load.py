@@ -2,9 +2,10 @@
 (docs/model.md), turned into a :class:`LoadedModel` that carries its description. The forms: a
 preset (its released weights), a released name, ``PRESET@CHECKPOINT``, a checkpoint (or run)
 directory or file, ``hf-hub:USER/REPO[@REVISION]``, ``timm:NAME[.TAG]``,
-``timm:NAME@CHECKPOINT``; untrained only if asked (``--random-init``). :func:`load_spec` loads
-one spec; :func:`load_models` a command's :class:`ModelRequest` (several specs, raw and EMA
-weights)."""
+``timm:NAME@CHECKPOINT``, ``transformers:USER/REPO`` or ``transformers:FOLDER`` (a
+``save_pretrained`` folder; :mod:`vit5.introspect.hf`); untrained only if asked
+(``--random-init``). :func:`load_spec` loads one spec; :func:`load_models` a command's
+:class:`ModelRequest` (several specs, raw and EMA weights)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from vit5.errors import InputError, Rule, rule_problems
 from vit5.introspect.describe import ModelInfo, Preprocessing, describe, preprocessing_of
+from vit5.introspect.hf import load_transformers
 from vit5.model.config import ConfigError
 from vit5.model.presets import PRESETS
 from vit5.weights import catalog
@@ -29,6 +31,9 @@ from vit5.weights.convert import CheckpointError
 from vit5.weights.factory import create_model, load_model, pretrained_overlay
 
 TIMM_PREFIX = "timm:"
+HF_PREFIX = "transformers:"
+# the prefixes of specs that name weights outside vit5's own
+FOREIGN = (TIMM_PREFIX, HF_PREFIX, catalog.HF_HUB_PREFIX)
 GENERIC_DIRS = frozenset({"final", "best", "last", "latest", "model"})
 Weights = Literal["raw", "ema", "random"]
 # what a command needs of its models: any model timm can build (classify, predict, export), a ViT
@@ -153,6 +158,8 @@ def load_spec(
         build = _load_random
     elif spec.startswith(TIMM_PREFIX):
         build = _load_timm
+    elif spec.startswith(HF_PREFIX):
+        build = _load_transformers
     else:
         build = _load_vit5
     try:
@@ -221,7 +228,7 @@ def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
 
 def has_ema_weights(spec: str) -> bool:
     """Whether a spec names a vit5 checkpoint directory that also holds EMA weights."""
-    prefixed = spec.startswith((TIMM_PREFIX, catalog.HF_HUB_PREFIX))
+    prefixed = spec.startswith(FOREIGN)
     if prefixed or "@" in spec or not Path(spec).is_dir():
         return False
     return (checkpoint_dir(Path(spec)) / EMA_WEIGHTS_NAME).is_file()
@@ -271,7 +278,8 @@ def _unknown(spec: str) -> None:
     raise InputError(
         f"model {spec!r} is neither an existing checkpoint path nor a vit5 preset "
         f"({', '.join(close) or '`vit5 list models` names them'}); timm models are written "
-        f"{TIMM_PREFIX}NAME[@CHECKPOINT]",
+        f"{TIMM_PREFIX}NAME[@CHECKPOINT], transformers ones {HF_PREFIX}USER/REPO or "
+        f"{HF_PREFIX}FOLDER",
     )
 
 
@@ -280,7 +288,7 @@ def names_weights(spec: str) -> bool:
     (``NAME.TAG``)."""
     if is_bare_name(spec):
         return False
-    if spec.startswith((TIMM_PREFIX, catalog.HF_HUB_PREFIX)) or "@" in spec:
+    if spec.startswith(FOREIGN) or "@" in spec:
         return True
     return catalog.is_weights_name(spec) or Path(spec).exists()
 
@@ -366,6 +374,27 @@ def _load_timm(spec: str, overrides: dict[str, Any], use_ema: bool) -> tuple[nn.
         cfg = model.pretrained_cfg
         source = f"pretrained weights {cfg.get('architecture', name)}.{cfg.get('tag') or ''}"
     return model, name.partition(".")[0], f"timm {name}, {source}"
+
+
+def _load_transformers(
+    spec: str,
+    overrides: dict[str, Any],
+    use_ema: bool,
+) -> tuple[nn.Module, str, str]:
+    """A transformers backbone (:func:`vit5.introspect.hf.load_transformers`): its
+    architecture is the checkpoint's, so it takes no overrides and has no EMA copy."""
+    source = spec[len(HF_PREFIX) :]
+    overrides = {k: v for k, v in overrides.items() if k != "max_params"}
+    if overrides:
+        raise InputError(
+            f"{spec}: a transformers model takes no --model-args ({', '.join(overrides)}); "
+            "its architecture comes from its config.json",
+        )
+    if use_ema:
+        raise InputError(f"{spec} has no separate EMA weights: drop the EMA option")
+    model, description = load_transformers(source)
+    label = Path(source.rstrip("/")).name
+    return model, label, description
 
 
 def _create_timm(name: str, overrides: dict[str, Any], pretrained: bool) -> nn.Module:

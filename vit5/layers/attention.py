@@ -1,7 +1,8 @@
 """Multi-head self-attention: fused bias-free qkv, QK-Norm (Henry et al., 2020) before RoPE on q and k only,
 grouped-query heads (Ainslie et al., 2023; K/V never repeated in memory), the ``"sdpa"``, ``"flash_attn"`` and
 ``"eager"`` kernels, an optional causal mode with a KV cache. q, k and v stay views of the projection (no
-copy). Set ``recorder`` to a callable to get ``[B, heads, N, N]`` probabilities (explicit fp32 path).
+copy). Set ``recorder`` to a callable to get ``(q, k, scale, causal)`` after QK-Norm and RoPE, key heads
+expanded to the query heads (``vit5.model.capture.summarise_attention``); the output keeps its kernel.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Attention(nn.Module):
         self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.proj = nn.Linear(cfg.dim, cfg.dim)
-        self.recorder: Callable[[torch.Tensor], None] | None = None
+        self.recorder: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
 
     def forward(
         self, x: torch.Tensor, rope: Rope = None, causal: bool = False, kv_cache: LayerKVCache | None = None
@@ -119,13 +120,12 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         n, m = q.shape[-2], k.shape[-2]
         needs_mask = causal and n > 1
-        if self.recorder is not None or self.backend == "eager":
+        if self.recorder is not None:
+            group = self.num_heads // self.num_kv_heads
+            self.recorder(q, k.repeat_interleave(group, dim=1), self.head_dim**-0.5, needs_mask)
+        if self.backend == "eager":
             mask = causal_mask(n, m, q.device) if needs_mask else None
-            if self.recorder is None:
-                return eager_attention(q, k, v, mask)[0]
-            out, probs = eager_attention(q.float(), k.float(), v.float(), mask)
-            self.recorder(probs)
-            return out.to(v.dtype)
+            return eager_attention(q, k, v, mask)[0]
         if self.backend == "flash_attn":
             return self._flash(q, k, v, causal)
         gqa = self.num_kv_heads != self.num_heads

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from vit5.model.capture import DEFAULT_CHUNK
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.runtime import format_bytes
 
@@ -16,7 +17,9 @@ BIG_TOKEN_COUNT = 16_384  # tokens per image beyond which a forward takes long (
 
 def parameter_count(cfg: ViT5Config) -> int:
     """The exact number of parameters of ``ViT5(cfg)`` (Python integers: no overflow)."""
-    d, p, norm = cfg.embed_dim, cfg.patch_size, 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
+    d = cfg.embed_dim
+    p = cfg.patch_size
+    norm = 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
 
     def linear(fan_in: int, fan_out: int, bias: bool = True) -> int:
         return fan_in * fan_out + (fan_out if bias else 0)
@@ -76,8 +79,34 @@ def attention_bytes(batch: int, heads: int, tokens: int, bytes_per_value: int = 
     return batch * heads * tokens * tokens * (bytes_per_value + 4)
 
 
+def recording_bytes(
+    batch: int,
+    heads: int,
+    tokens: int,
+    width: int,
+    depth: int,
+    kept_rows: int,
+    chunk: int = DEFAULT_CHUNK,
+) -> int:
+    """A lower bound of recording every block's attention leanly (``vit5 viz``'s
+    :func:`vit5.viz.collect.figure_keep`), in float32: one block's forward
+    (:func:`forward_bytes`), one query chunk's scores, probabilities and a temporary
+    ``[heads, chunk, N]`` (images run one at a time), q and k of every block for the rollout
+    ``[B, N, width]`` each, and what every block keeps: ``kept_rows`` rows and 4 vectors per
+    head ``[B, heads, N]`` (received, mass on registers, entropy, peak)."""
+    forward = forward_bytes(batch, tokens, width)
+    chunk_arrays = 3 * heads * min(chunk, tokens) * tokens * 4
+    queries_keys = depth * 2 * batch * tokens * width * 4
+    kept = depth * (kept_rows + 4) * batch * heads * tokens * 4
+    return forward + chunk_arrays + queries_keys + kept
+
+
 def training_bytes(
-    cfg: ViT5Config, batch: int, bytes_per_value: int = 4, grad_checkpointing: bool = False, ema: bool = True
+    cfg: ViT5Config,
+    batch: int,
+    bytes_per_value: int = 4,
+    grad_checkpointing: bool = False,
+    ema: bool = True,
 ) -> int:
     """A lower bound of a training step after the first: fp32 weights, two optimizer moments and the EMA
     copy next to the activations kept for the backward pass."""

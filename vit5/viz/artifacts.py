@@ -16,6 +16,7 @@ import numpy as np
 from scipy.stats import entropy
 
 from vit5.errors import InputError
+from vit5.eval.outliers import log_mad_threshold, max_median_ratio, outlier_ratio
 from vit5.outputs import format_table, write_csv, write_json
 from vit5.viz.stats import (
     FLAT_PERCENTILE,
@@ -25,8 +26,6 @@ from vit5.viz.stats import (
     classify_outliers,
 )
 
-# MAD of a normal distribution times this is its standard deviation
-MAD_TO_SIGMA = 1.4826
 PLACEMENT_RULE = (
     f"artifact-like = input patch in its image's flattest {FLAT_PERCENTILE:.0%} by pixel variance "
     f"and mean cosine >= {REDUNDANT_COSINE:g} to its 4-neighbours (redundant, Darcet et al. 2023 "
@@ -248,24 +247,10 @@ def bootstrap_ci(
     return float(stat(values)), float(lo), float(hi)
 
 
-def log_mad_threshold(norms: np.ndarray, k: float = 5.0) -> float:
-    """``tau = exp(median(u) + k * 1.4826 * MAD(u))`` with ``u = log(norms)`` pooled over all values."""
-    u = np.log(np.asarray(norms, dtype=np.float64)[np.asarray(norms) > 0])
-    if u.size == 0:
-        return float("nan")
-    median = np.median(u)
-    return float(np.exp(median + k * MAD_TO_SIGMA * np.median(np.abs(u - median))))
-
-
 def layer_thresholds(patch_norms: np.ndarray, k: float = 5.0) -> np.ndarray:
     """One :func:`log_mad_threshold` per layer, pooled over images and patches: ``[B, L, P] -> [L]``."""
     layers = range(patch_norms.shape[1])
     return np.array([log_mad_threshold(patch_norms[:, layer], k) for layer in layers])
-
-
-def outlier_ratio(norms: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """M1: share of the given tokens ``[B, L, T]`` above their layer's threshold ``[L]``."""
-    return (norms > np.asarray(thresholds)[None, :, None]).mean(axis=-1)
 
 
 def excess_kurtosis(patch_norms: np.ndarray) -> np.ndarray:
@@ -363,7 +348,7 @@ def per_image_metrics(
     types = np.asarray(layout.token_types())
     patch_norms = stats.patch_values(stats.norms)
     outliers = patch_norms > np.asarray(thresholds)[None, :, None]
-    max_median = patch_norms.max(axis=-1) / np.median(patch_norms, axis=-1)
+    max_median = max_median_ratio(patch_norms)
     values = {
         "outlier_ratio": outliers.mean(axis=-1),
         "max_median_ratio": max_median,

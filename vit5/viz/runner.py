@@ -17,12 +17,13 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from vit5 import runtime
 from vit5.errors import InputError
 from vit5.introspect import ModelInfo, describe
 from vit5.introspect.load import LoadedModel
 from vit5.layers.patch_embed import grid_of
 from vit5.model import TokenLayout, take_indices
-from vit5.model.footprint import attention_bytes
+from vit5.model.footprint import recording_bytes
 from vit5.outputs import write_json
 from vit5.plotstyle import save_figure
 from vit5.runtime import check_fits
@@ -182,17 +183,66 @@ def _prepare(
     return Prepared(size=size, images=images, layers=layers)
 
 
+def recording_estimate(info: ModelInfo, size: tuple[int, int], batch: int) -> int:
+    """Bytes :func:`vit5.model.footprint.recording_bytes` estimates for recording ``batch``
+    images at ``size`` leanly (the CLS and register rows kept)."""
+    layout = info.layout(size)
+    kept_rows = int(layout.cls_index is not None) + layout.num_registers
+    return recording_bytes(
+        batch=batch,
+        heads=info.num_heads,
+        tokens=layout.num_tokens,
+        width=info.embed_dim,
+        depth=info.depth,
+        kept_rows=kept_rows,
+    )
+
+
+def largest_fitting_size(
+    info: ModelInfo, size: tuple[int, int], batch: int, have: int
+) -> tuple[int, int] | None:
+    """The largest size of ``size``'s aspect (whole patches) whose recording fits in ``have``
+    bytes; None when not even one patch a side fits."""
+    grid = info.grid(size)
+    side = max(grid)
+
+    def scaled(m: int) -> tuple[int, int]:
+        rows = max(1, grid[0] * m // side)
+        cols = max(1, grid[1] * m // side)
+        return (rows * info.patch_size, cols * info.patch_size)
+
+    low = 0  # the largest m known to fit (0: none)
+    high = side
+    while low < high:
+        middle = (low + high + 1) // 2
+        if recording_estimate(info, scaled(middle), batch) <= have:
+            low = middle
+        else:
+            high = middle - 1
+    return scaled(low) if low else None
+
+
 def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
-    """Refuse a size whose recorded attention (``[B, heads, N, N]`` scores and probabilities of
-    a block, in float32) cannot fit on ``device``, with the estimate."""
+    """Refuse a size whose lean recording (:func:`recording_estimate`) cannot fit on
+    ``device`` before any work, naming the largest size that fits."""
     tokens = info.layout(size).num_tokens
     heads = info.num_heads
     what = (
         f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} "
-        f"({tokens:,} tokens, {heads} heads: {tokens:,} x {tokens:,} weights per head)"
+        f"({tokens:,} tokens, {heads} heads, {info.depth} blocks)"
     )
-    fix = "use a smaller --size" + (" or --batch-size 1" if batch > 1 else "")
-    check_fits(attention_bytes(batch, heads, tokens), device, what, fix)
+    needed = recording_estimate(info, size, batch)
+    have = runtime.available_memory(device)
+    if needed <= have:
+        return
+    fits = largest_fitting_size(info, size, batch, have)
+    if fits is None:
+        fix = "free memory or use a device with more"
+    else:
+        fix = f"the largest size that fits is --size {fits[0]}x{fits[1]}"
+    if batch > 1:
+        fix += " (or --batch-size 1)"
+    check_fits(needed, device, what, fix)
 
 
 def _record(

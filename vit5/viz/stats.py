@@ -73,6 +73,10 @@ class TokenStats:
     pixel_variance: np.ndarray | None = None
     variance_percentile: np.ndarray | None = None
     neighbour_cosine: np.ndarray | None = None
+    # [B, L, H] mean over queries of each attention row's entropy (nats)
+    head_entropy: np.ndarray | None = None
+    # [B, L, H] mean over queries of each attention row's largest weight
+    head_peak: np.ndarray | None = None
 
     @property
     def num_images(self) -> int:
@@ -169,6 +173,8 @@ class TokenStats:
             pixel_variance=arrays.get("pixel_variance"),
             variance_percentile=arrays.get("variance_percentile"),
             neighbour_cosine=arrays.get("neighbour_cosine"),
+            head_entropy=arrays.get("head_entropy"),
+            head_peak=arrays.get("head_peak"),
         )
 
 

@@ -1,12 +1,15 @@
 """Test-time registers (Jiang et al., arXiv 2506.08010, Algorithms 1 and 2; official code
-nickjiang2378/test-time-registers ``shared/algorithms.py``, ``shared/hook_fn.py``): find the MLP neurons
-that write high-norm outliers and move their activation into an appended token. While active, ``describe``
-reports the tokens as registers at the end, so collection, metrics and figures treat them as registers."""
+nickjiang2378/test-time-registers ``shared/algorithms.py``, ``shared/hook_fn.py``): find the MLP
+neurons that write high-norm outliers (Algorithm 1, here) and move their activation into added
+tokens (Algorithm 2, :mod:`vit5.eval.registers`, re-exported). While active, ``describe`` reports
+the tokens as registers after the trained ones, so collection, metrics and figures treat them as
+registers. For vit5 and timm ``VisionTransformer`` / ``Eva`` (RoPE, DINOv3) models, with or
+without trained registers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,20 +17,22 @@ import torch
 from torch import nn
 
 from vit5.errors import InputError
-from vit5.introspect import TEST_REGISTERS_ATTR, ModelInfo, describe
-from vit5.layers import RopeTable
+from vit5.eval.registers import (
+    RegisterNeuron,
+    check_test_time_registers,
+    mlp_input_hooks,
+    read_neurons,
+    use_test_time_registers,
+)
+from vit5.introspect import describe
 from vit5.model import take_indices
 from vit5.model.vit import unwrap
 from vit5.viz.artifacts import layer_thresholds, log_mad_threshold, outlier_ratio
 from vit5.viz.collect import capture
 from vit5.viz.images import LoadedImage, batches
 
-
-@dataclass(frozen=True)
-class RegisterNeuron:
-    layer: int  # block index
-    neuron: int  # hidden unit of the block's MLP
-    score: float  # mean |activation| at the outlier positions
+__all__ = ["NeuronSearch", "NeuronSearchResult", "RegisterNeuron", "check_test_time_registers"]
+__all__ += ["find_register_neurons", "read_neurons", "use_test_time_registers"]
 
 
 @dataclass(frozen=True)
@@ -71,22 +76,6 @@ class NeuronSearchResult:
         )
 
 
-def _mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
-    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on each block's MLP hidden activation."""
-    for layer in layers:
-        fc2 = getattr(getattr(net.blocks[layer], "mlp", None), "fc2", None)
-        if not isinstance(fc2, nn.Module):
-            raise InputError(
-                f"block {layer} has no mlp.fc2 to read hidden activations from (unsupported MLP)"
-            )
-
-        def pre(module, args, layer=layer):
-            new = hook(layer, args[0])
-            return None if new is None else (new, *args[1:])
-
-        stack.callback(fc2.register_forward_pre_hook(pre, prepend=True).remove)
-
-
 @torch.no_grad()
 def find_register_neurons(
     model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()
@@ -102,16 +91,21 @@ def find_register_neurons(
         raise InputError(
             "find register neurons on the model itself, not inside use_test_time_registers()",
         )
+    check_test_time_registers(model)  # an MLP to search in
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
     inputs = list(batches(images, info, search.batch_size, search.device))
     norms = []
-    with capture(net, attention=False) as rec:
+    rows: dict[int, torch.Tensor] = {}
+
+    def patch_norms_of(block: int, attention, tokens: torch.Tensor) -> None:
+        # each block's output is reduced to its patch norms [B, P] at once and dropped
+        rows[block] = layout.patches(tokens).float().norm(dim=-1)
+
+    with capture(net, attention=False, on_layer=patch_norms_of):
         for x in inputs:
             net.forward_features(x)
-            blocks = [rec.tokens[i] for i in range(info.depth)]
-            block_norms = [layout.patches(t).float().norm(dim=-1) for t in blocks]
-            norms.append(torch.stack(block_norms, 1))
+            norms.append(torch.stack([rows.pop(i) for i in range(info.depth)], 1))
     patch_norms = torch.cat(norms).cpu().numpy()  # [M, L, P]
     thresholds = layer_thresholds(patch_norms, search.k)
     per_block = outlier_ratio(patch_norms, thresholds).mean(axis=0)
@@ -125,28 +119,27 @@ def find_register_neurons(
     top = take_indices(info.depth, [top])[0]
     # a given threshold is positive, so `or` falls back only when none is given
     tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)
-    # [L, H]: summed over the images with outliers
-    scores = 0.0
+    # [L, H]: summed over the images with outliers; each MLP's hidden activation [B, N, H] is
+    # reduced in its hook, so memory holds one block's at a time (high resolution)
+    scores = torch.zeros(top + 1, net.blocks[0].mlp.fc2.in_features, device=search.device)
     used = 0
     start = 0
-    hidden: dict[int, torch.Tensor] = {}
+    weights = None
 
-    def keep(layer: int, h: torch.Tensor) -> None:
-        hidden[layer] = h.abs()
+    def add_scores(layer: int, hidden: torch.Tensor) -> None:
+        patches = layout.patches(hidden).abs().float()
+        # [b, 1, P] @ [b, P, H]: the mean over each image's outliers, summed over images
+        scores[layer] += (weights @ patches)[:, 0].sum(dim=0)
 
     for x in inputs:
-        with ExitStack() as stack:
-            _mlp_input_hooks(stack, net, range(top + 1), keep)
-            net.forward_features(x)
         above = patch_norms[start : start + len(x), detect] > tau
         outliers = torch.from_numpy(above).to(x.device)  # [b, P]
         start += len(x)
         counts = outliers.sum(dim=1, keepdim=True).clamp_min(1)
-        weights = (outliers / counts).unsqueeze(1)  # [b, 1, P]
-        layers = range(top + 1)
-        per_image = [(weights @ layout.patches(hidden[i]).float())[:, 0] for i in layers]
-        # images without outliers add zeros
-        scores = scores + torch.stack(per_image, dim=1).sum(dim=0)
+        weights = (outliers / counts).unsqueeze(1)  # images without outliers add zeros
+        with ExitStack() as stack:
+            mlp_input_hooks(stack, net, range(top + 1), add_scores)
+            net.forward_features(x)
         used += int(outliers.any(dim=1).sum())
     if used == 0:
         raise InputError(
@@ -168,84 +161,3 @@ def find_register_neurons(
         num_images=len(images),
         outlier_ratio=[float(v) for v in per_block],
     )
-
-
-def check_test_time_registers(model: nn.Module) -> ModelInfo:
-    """``model``'s description if test-time registers can be appended to it; else an InputError
-    (a model with trained registers, a timm Eva), raised before any neuron search."""
-    info = describe(model)
-    if info.num_registers:
-        raise InputError(
-            f"{info.name} already has {info.num_registers} trained registers: "
-            "test-time registers are for models trained without them"
-        )
-    if type(unwrap(model)).__name__ == "Eva":
-        raise InputError(
-            "timm Eva models apply RoPE to exactly the patch tokens, so no token can be appended: "
-            "test-time registers support vit5 and timm VisionTransformer models"
-        )
-    return info
-
-
-@contextmanager
-def use_test_time_registers(
-    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1
-) -> Iterator[None]:
-    """Algorithm 2 of Jiang et al.: ``count`` zero tokens are appended after every other token (no position
-    embedding, no RoPE rotation) before the first block and dropped before the final norm; at each register
-    neuron they take the neuron's maximum over all tokens and the patch tokens are zeroed
-    (CLS keeps its value, as in the official hook, which edits image 0 only; this edits every image)."""
-    info = check_test_time_registers(model)
-    net = unwrap(model)
-    if info.test_registers:
-        raise InputError("test-time registers are already active on this model")
-    if count < 1 or not neurons:
-        raise InputError("test-time registers need count >= 1 and at least one register neuron")
-    by_layer: dict[int, list[int]] = {}
-    for n in neurons:
-        by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
-    state: dict = {}
-
-    # the model's own layout (info predates the context)
-    def remember_size(module, args) -> None:
-        state["layout"] = info.layout(tuple(args[0].shape[-2:]))
-        state["n"] = state["layout"].num_tokens
-
-    def append(module, args):
-        x = args[0]
-        if x.shape[1] == state["n"]:  # first block: append the zero tokens
-            x = torch.cat([x, x.new_zeros(x.shape[0], count, x.shape[2])], dim=1)
-        rope = args[1] if len(args) > 1 else None
-        if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
-            return (x, *args[1:])
-        # vit5: unrotated rows for the new tokens, one table per forward
-        if state.get("rope_in") is not rope:
-            width = rope.cos.shape[1]
-            cos = torch.cat([rope.cos, rope.cos.new_ones(count, width)])
-            sin = torch.cat([rope.sin, rope.sin.new_zeros(count, width)])
-            state["rope_in"] = rope
-            state["rope_out"] = RopeTable(cos, sin, rope.layout)
-        return (x, state["rope_out"], *args[2:])
-
-    def drop(module, args):
-        return (args[0][:, : state["n"]], *args[1:])
-
-    def move(layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        index = torch.tensor(by_layer[layer], device=hidden.device)
-        hidden = hidden.clone()
-        # [B, 1, k]: each neuron's max over all tokens
-        peak = hidden[:, :, index].amax(dim=1, keepdim=True)
-        hidden[:, -count:, index] = peak.expand(-1, count, -1)
-        hidden[:, state["layout"].patch_slice, index] = 0
-        return hidden
-
-    with ExitStack() as stack:
-        sizing = net.patch_embed.register_forward_pre_hook(remember_size, prepend=True)
-        stack.callback(sizing.remove)
-        for block in net.blocks:
-            stack.callback(block.register_forward_pre_hook(append, prepend=True).remove)
-        stack.callback(net.norm.register_forward_pre_hook(drop, prepend=True).remove)
-        _mlp_input_hooks(stack, net, sorted(by_layer), move)
-        setattr(net, TEST_REGISTERS_ATTR, count)
-        stack.callback(delattr, net, TEST_REGISTERS_ATTR)
-        yield

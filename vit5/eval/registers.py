@@ -1,0 +1,189 @@
+"""Test-time registers at inference (Jiang et al., arXiv 2506.08010, Algorithm 2; official code
+nickjiang2378/test-time-registers ``shared/hook_fn.py``): untrained zero tokens added before the
+first block, fed at chosen MLP "register neurons" with the neuron's maximum over the image while
+the patches' activations are zeroed. The neuron search (Algorithm 1) is
+:func:`vit5.viz.ttr.find_register_neurons`; this module sits in eval so that dense features can
+use the tokens (eval is below viz, docs/architecture.md).
+
+Where the tokens go: right after the model's trained registers, so that the registers stay one
+block of the :class:`~vit5.model.TokenLayout` (``describe`` counts them while active):
+
+- vit5 ``[CLS | patches | registers | test-time]``: at the end, with angle 0 in the model's
+  :class:`~vit5.layers.RopeTable` (unrotated, as CLS is);
+- timm ``[CLS | registers | test-time | patches]``: after the prefix tokens. timm ``Eva`` models
+  (EVA-02, DINOv3) rotate exactly the tokens after their ``num_prefix_tokens`` (timm
+  ``eva.py``, ``EvaAttention.forward``), so each attention's count is raised by the new tokens:
+  they stay unrotated like CLS and the registers. A ``VisionTransformer`` has no position in its
+  attention, and its position embedding is added before the tokens exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vit5.errors import InputError
+from vit5.files import read_json
+from vit5.introspect import TEST_REGISTERS_ATTR, ModelInfo, describe
+from vit5.layers import RopeTable
+from vit5.model import take_indices
+from vit5.model.vit import unwrap
+
+
+@dataclass(frozen=True)
+class RegisterNeuron:
+    layer: int  # block index
+    neuron: int  # hidden unit of the block's MLP
+    score: float  # mean |activation| at the outlier positions
+
+
+def read_neurons(path: str | Path) -> list[RegisterNeuron]:
+    """The register neurons of a ``register_neurons.json`` written by ``vit5 viz ttr`` (its
+    ``neurons`` list), checked entry by entry."""
+    doc = read_json(Path(path))
+    entries = doc.get("neurons") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InputError(f"{path} holds no 'neurons' list: give the register_neurons.json of `vit5 viz ttr`")
+    neurons = []
+    for i, entry in enumerate(entries):
+        fields = ("layer", "neuron", "score")
+        ok = isinstance(entry, dict) and all(k in entry for k in fields)
+        whole = ok and type(entry["layer"]) is int and type(entry["neuron"]) is int
+        if not (whole and isinstance(entry["score"], (int, float)) and entry["neuron"] >= 0):
+            raise InputError(f"{path}: neurons[{i}] is not {{layer, neuron >= 0, score}}: fix it")
+        neuron = RegisterNeuron(
+            layer=entry["layer"],
+            neuron=entry["neuron"],
+            score=float(entry["score"]),
+        )
+        neurons.append(neuron)
+    return neurons
+
+
+def check_test_time_registers(model: nn.Module) -> ModelInfo:
+    """``model``'s description if test-time registers can be added to it: a vit5 model or a timm
+    ``VisionTransformer`` / ``Eva``, with or without trained registers; raised before any search."""
+    info = describe(model)
+    if info.test_registers:
+        raise InputError("test-time registers are already active on this model")
+    for i, block in enumerate(unwrap(model).blocks):
+        if not isinstance(getattr(getattr(block, "mlp", None), "fc2", None), nn.Module):
+            raise InputError(f"block {i} has no mlp.fc2 to read hidden activations from (unsupported MLP)")
+    return info
+
+
+def insert_at(info: ModelInfo) -> int:
+    """The sequence index of the first test-time register: after the trained registers."""
+    if info.registers_first:
+        return info.num_cls + info.num_registers
+    return -1  # at the end (vit5)
+
+
+def mlp_input_hooks(stack: ExitStack, net: nn.Module, layers: Sequence[int], hook) -> None:
+    """``hook(layer, hidden [B, N, H]) -> new hidden or None`` on each block's MLP hidden
+    activation (``mlp.fc2``'s input)."""
+    for layer in layers:
+        fc2 = net.blocks[layer].mlp.fc2
+
+        def pre(module, args, layer=layer):
+            new = hook(layer, args[0])
+            return None if new is None else (new, *args[1:])
+
+        stack.callback(fc2.register_forward_pre_hook(pre, prepend=True).remove)
+
+
+def _unrotated(rope: RopeTable, count: int) -> RopeTable:
+    """``rope`` with ``count`` rows of angle 0 at the end."""
+    width = rope.cos.shape[1]
+    cos = torch.cat([rope.cos, rope.cos.new_ones(count, width)])
+    sin = torch.cat([rope.sin, rope.sin.new_zeros(count, width)])
+    return RopeTable(cos, sin, rope.layout)
+
+
+@contextmanager
+def use_test_time_registers(
+    model: nn.Module, neurons: Sequence[RegisterNeuron], count: int = 1
+) -> Iterator[None]:
+    """Algorithm 2 of Jiang et al.: ``count`` zero tokens (no position embedding, no rotation)
+    are added after the trained registers before the first block and dropped before the final
+    norm; at each register neuron they take the neuron's maximum over all tokens and the patch
+    tokens are zeroed (CLS keeps its value, as in the official hook, which edits image 0 only;
+    this edits every image)."""
+    info = check_test_time_registers(model)
+    net = unwrap(model)
+    if count < 1 or not neurons:
+        raise InputError("test-time registers need count >= 1 and at least one register neuron")
+    by_layer: dict[int, list[int]] = {}
+    for n in neurons:
+        by_layer.setdefault(take_indices(info.depth, [n.layer])[0], []).append(n.neuron)
+    width = net.blocks[0].mlp.fc2.in_features
+    too_big = [n.neuron for n in neurons if n.neuron >= width]
+    if too_big:
+        raise InputError(
+            f"register neurons {too_big} do not exist: the MLPs have {width} hidden units "
+            "(neurons found on another model?)"
+        )
+    start = insert_at(info)
+    active = replace(info, test_registers=count)
+    state: dict = {}
+
+    # the model's own layout (info predates the context)
+    def remember_size(module, args) -> None:
+        size = tuple(args[0].shape[-2:])
+        plain = info.layout(size)
+        state["n"] = plain.num_tokens
+        at = plain.num_tokens if start < 0 else start
+        state["new"] = slice(at, at + count)
+        state["patches"] = active.layout(size).patch_slice
+
+    def add(module, args):
+        x = args[0]
+        if x.shape[1] == state["n"]:  # first block: add the zero tokens
+            at = state["new"].start
+            zeros = x.new_zeros(x.shape[0], count, x.shape[2])
+            x = torch.cat([x[:, :at], zeros, x[:, at:]], dim=1)
+        rope = args[1] if len(args) > 1 else None
+        if not (isinstance(rope, RopeTable) and rope.num_tokens == state["n"]):
+            return (x, *args[1:])
+        # vit5: unrotated rows for the new tokens, one table per forward
+        if state.get("rope_in") is not rope:
+            state["rope_in"] = rope
+            state["rope_out"] = _unrotated(rope, count)
+        return (x, state["rope_out"], *args[2:])
+
+    def drop(module, args):
+        x = args[0]
+        new = state["new"]
+        if x.shape[1] != state["n"] + count:
+            return None
+        return (torch.cat([x[:, : new.start], x[:, new.stop :]], dim=1), *args[1:])
+
+    def move(layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        index = torch.tensor(by_layer[layer], device=hidden.device)
+        hidden = hidden.clone()
+        # [B, 1, k]: each neuron's max over all tokens
+        peak = hidden[:, :, index].amax(dim=1, keepdim=True)
+        hidden[:, state["new"], index] = peak.expand(-1, count, -1)
+        hidden[:, state["patches"], index] = 0
+        return hidden
+
+    with ExitStack() as stack:
+        sizing = net.patch_embed.register_forward_pre_hook(remember_size, prepend=True)
+        stack.callback(sizing.remove)
+        for block in net.blocks:
+            stack.callback(block.register_forward_pre_hook(add, prepend=True).remove)
+            attn = block.attn
+            if info.family == "timm" and isinstance(getattr(attn, "num_prefix_tokens", None), int):
+                # Eva: the new tokens join the unrotated prefix
+                stack.callback(setattr, attn, "num_prefix_tokens", attn.num_prefix_tokens)
+                attn.num_prefix_tokens += count
+        stack.callback(net.norm.register_forward_pre_hook(drop, prepend=True).remove)
+        mlp_input_hooks(stack, net, sorted(by_layer), move)
+        setattr(net, TEST_REGISTERS_ATTR, count)
+        stack.callback(delattr, net, TEST_REGISTERS_ATTR)
+        yield
