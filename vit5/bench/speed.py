@@ -70,19 +70,32 @@ def measure_throughput(
     return {"forward": forward, "train": train}
 
 
-def throughput_columns(reference: str) -> tuple[str, ...]:
-    """The names of the :func:`throughput_cells`."""
-    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
+def throughput_columns(reference: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`: per mode, images/s, then the speed-up over each
+    reference."""
+    references = (reference,) if isinstance(reference, str) else reference
+    columns = []
+    for mode in ("forward", "train"):
+        columns.append(f"{mode} img/s (IQR)")
+        columns += [f"x {name} (IQR)" for name in references]
+    return tuple(columns)
 
 
-def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
-    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
+def throughput_cells(
+    run: dict[str, dict[str, Samples]],
+    name: str,
+    reference: str | tuple[str, ...],
+    batch: int,
+) -> list[str]:
+    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over each
+    ``reference`` (a name or several), so forward and training-step ratios sit side by side."""
+    references = (reference,) if isinstance(reference, str) else reference
     cells = []
-    for s in run.values():
-        if name in s and reference in s:
-            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
-        else:
-            cells += ["-", "-"]
+    for samples in run.values():
+        cells.append(samples[name].rate(batch).text("{:.1f}") if name in samples else "-")
+        for ref in references:
+            paired = name in samples and ref in samples
+            cells.append(speedup(samples[name], samples[ref]).text() if paired else "-")
     return cells
 
 
@@ -107,6 +120,7 @@ def build(name: str, size: str, img: int, depth: int | None = None, backend: str
 
 CONTENDERS = ("vit5", "vit5_regional", "timm_eva", "timm_vit", "reference")
 EAGER = tuple(name for name in CONTENDERS if name != "vit5_regional")
+TIMM = ("timm_vit", "timm_eva")  # the references of every speed-up column
 
 
 # (resolution, mode, fast, slow, threshold): ``fast`` at least ``threshold`` times as fast as ``slow``
@@ -134,20 +148,22 @@ def run_speed(ctx: BenchContext) -> Section:
         data[f"{size}@{img}"] = run
         for name, model in models.items():
             params = f"{sum(p.numel() for p in model.parameters()):,}"
-            rows.append((name, f"{size}@{img}", params, *throughput_cells(run, name, "timm_vit", batch)))
+            cells = throughput_cells(run, name, TIMM, batch)
+            rows.append((name, f"{size}@{img}", params, *cells))
         for res, mode, fast, slow, threshold in TARGETS:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
                 label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
                 targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
-    columns = ("model", "size@res", "params", *throughput_columns("timm_vit"))
+    columns = ("model", "size@res", "params", *throughput_columns(TIMM))
     return Section(
         "speed",
         "Throughput against timm and the official code's way",
         "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
-        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
-        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
-        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
+        "contender timed side by side; 'x timm_vit' and 'x timm_eva' are the paired speed-ups over "
+        "timm's plain ViT and timm's Eva built as ViT-5 of the same size (> 1: faster). "
+        f"{cfg.device}, {cfg.dtype}; vit5_regional compiled with {cfg.compile_backend!r} in the "
+        f"untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
         tables=[Table("Throughput", columns, tuple(rows))],
         targets=targets,
         data={"seconds": data},

@@ -16,7 +16,9 @@ BIG_TOKEN_COUNT = 16_384  # tokens per image beyond which a forward takes long (
 
 def parameter_count(cfg: ViT5Config) -> int:
     """The exact number of parameters of ``ViT5(cfg)`` (Python integers: no overflow)."""
-    d, p, norm = cfg.embed_dim, cfg.patch_size, 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
+    d = cfg.embed_dim
+    p = cfg.patch_size
+    norm = 2 if cfg.norm == "layernorm" else 1  # LayerNorm has a bias
 
     def linear(fan_in: int, fan_out: int, bias: bool = True) -> int:
         return fan_in * fan_out + (fan_out if bias else 0)
