@@ -137,10 +137,13 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 
 
 def run_speed(ctx: BenchContext) -> Section:
-    cfg, target = ctx.cfg, ctx.cfg.size_for_targets
+    cfg = ctx.cfg
+    target = cfg.size_for_targets
     runs = [(size, cfg.img_size, cfg.batch, CONTENDERS, "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
-    rows, data, targets = [], {}, []
+    rows = []
+    data = {}
+    targets = []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
         models = {name: build(name, size, img, cfg.depth, cfg.compile_backend) for name in names}
@@ -175,7 +178,9 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     difference (both are exact). Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated."""
     cfg = ctx.cfg
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-    peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
+    peaks = {}  # peak bytes by length
+    diffs = {}  # max |sdpa - eager| by length
+    rows = []
     for n in cfg.attn_seq_lens:
         eager = attention_bytes(1, cfg.attn_heads, n, dtype.itemsize) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
@@ -216,7 +221,8 @@ def run_compile(ctx: BenchContext) -> Section:
     """Eager, ``torch.compile(model)`` and ``vit5.compile_blocks``: the first calls (compile caches
     off, so a rerun is as cold as the first run), then the steady speed side by side."""
     cfg = ctx.cfg
-    size, backend = cfg.compile_size, cfg.compile_backend
+    size = cfg.compile_size
+    backend = cfg.compile_backend
     ways = {
         "eager": lambda model: model,
         "compiled": partial(torch.compile, backend=backend),
@@ -261,13 +267,16 @@ def run_export(ctx: BenchContext) -> Section:
     import onnxruntime
 
     cfg = ctx.cfg
-    size, img, name = cfg.size_for_targets, cfg.img_size, f"vit5_{cfg.size_for_targets}"
+    size = cfg.size_for_targets
+    img = cfg.img_size
+    name = f"vit5_{size}"
     model = build("vit5", size, img, cfg.depth).eval()
     ctx.log(f"exporting {name} @ {img} to ONNX (and checking it with onnxruntime)")
     path = ctx.out_dir / "export" / f"{name}_{img}.onnx"
     report = vit5.export_onnx(model, path, size=(img, img), batch=cfg.batch)
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     images = torch.randn(cfg.batch, 3, img, img)
     feed = {session.get_inputs()[0].name: images.numpy()}
