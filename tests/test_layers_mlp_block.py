@@ -12,6 +12,7 @@ from vit5.layers import (
     BlockConfig,
     Mlp,
     SwiGLU,
+    add_branch,
     swiglu_hidden_dim,
 )
 from vit5.model import ViT5Config
@@ -91,3 +92,21 @@ def test_drop_path_schedules_and_per_sample_dropping():
     assert torch.all((per_sample == 0).all(1) | (per_sample == 1 / 0.75).all(1))  # whole samples dropped
     assert 0.18 < (per_sample[:, 0] == 0).float().mean() < 0.32
     assert torch.equal(drop.eval()(x), x)
+
+
+def test_residual_update_with_layer_scale_and_drop_path_is_the_formula():
+    """``x + drop(ls(y))`` in one addcmul: the same per-sample mask and gain as written out."""
+    blk = block(layer_scale=0.5, drop=0.5).train()
+    with torch.no_grad():
+        blk.ls1.gamma.uniform_(0.1, 1.0)
+    x = torch.randn(64, 6, 32)
+    y = torch.randn(64, 6, 32)
+    torch.manual_seed(3)
+    got = add_branch(x, y, blk.ls1, blk.drop_path1)
+    torch.manual_seed(3)
+    expected = x + blk.drop_path1(blk.ls1(y))
+    torch.testing.assert_close(got, expected)
+    dropped = (got - x).flatten(1).abs().amax(1) == 0
+    assert 0 < dropped.sum() < 64  # some samples dropped, some kept
+    off = block(layer_scale=None).eval()
+    torch.testing.assert_close(add_branch(x, y, off.ls1, off.drop_path1), x + y)

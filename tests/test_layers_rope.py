@@ -6,7 +6,7 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
 
-from vit5.layers import Rope2D, apply_rope, rope_cos_sin, rope_frequencies
+from vit5.layers import Rope2D, RopeTable, apply_rope, rope_cos_sin, rope_frequencies
 from vit5.reference.official_vit5 import VisionRotaryEmbedding
 
 
@@ -150,3 +150,41 @@ def test_rotation_of_a_strided_view_equals_the_explicit_formula_with_gradients(d
     torch.testing.assert_close(
         grad.float(), grad_ref.float(), rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5
     )
+
+
+def explicit_rotation64(x, angles, layout):
+    """float64: each pair ``(a, b)`` to ``(a cos - b sin, a sin + b cos)``, pairs as ``layout``."""
+    x64 = x.double()
+    d = x.shape[-1]
+    if layout == "interleaved":
+        a, b = x64[..., 0::2], x64[..., 1::2]
+    else:
+        a, b = x64[..., : d // 2], x64[..., d // 2 :]
+    c = angles.double().cos()
+    s = angles.double().sin()
+    first = a * c - b * s
+    second = a * s + b * c
+    if layout == "interleaved":
+        return torch.stack((first, second), -1).flatten(-2)
+    return torch.cat((first, second), -1)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_the_complex_product_equals_the_explicit_float64_rotation(layout):
+    """RopeTable multiplies each pair by ``cos + i sin``; against the rotation written out in
+    float64, on a strided head slice (a view), a misaligned slice (copied) and with gradients."""
+    torch.manual_seed(0)
+    angles = Rope2D(32).angles((4, 5))
+    table = RopeTable.from_angles(angles, layout)
+    qkv = torch.randn(2, 20, 3, 32, requires_grad=True)
+    q = qkv[:, :, 1]  # [B, N, d] with a token stride of 96
+    out = table.rotate(q)
+    expected = explicit_rotation64(q, angles, layout)
+    assert (out.double() - expected).abs().max() <= 1e-6 * expected.abs().max()
+    odd = torch.randn(2, 20, 33)[..., :32]  # the channel stride stays 1, the token stride is odd
+    torch.testing.assert_close(table.rotate(odd).double(), explicit_rotation64(odd, angles, layout))
+    (grad,) = torch.autograd.grad(out.square().sum(), qkv)
+    qkv64 = qkv.detach().double().requires_grad_()
+    rotated64 = explicit_rotation64(qkv64[:, :, 1], angles, layout)
+    (grad64,) = torch.autograd.grad(rotated64.square().sum(), qkv64)
+    assert (grad.double() - grad64).abs().max() <= 1e-5 * grad64.abs().max()

@@ -70,19 +70,32 @@ def measure_throughput(
     return {"forward": forward, "train": train}
 
 
-def throughput_columns(reference: str) -> tuple[str, ...]:
-    """The names of the :func:`throughput_cells`."""
-    return ("forward img/s (IQR)", f"x {reference} (IQR)", "train img/s (IQR)", f"x {reference} (IQR)")
+def throughput_columns(reference: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the :func:`throughput_cells`: per mode, images/s, then the speed-up over each
+    reference."""
+    references = (reference,) if isinstance(reference, str) else reference
+    columns = []
+    for mode in ("forward", "train"):
+        columns.append(f"{mode} img/s (IQR)")
+        columns += [f"x {name} (IQR)" for name in references]
+    return tuple(columns)
 
 
-def throughput_cells(run: dict[str, dict[str, Samples]], name: str, reference: str, batch: int) -> list[str]:
-    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over ``reference``."""
+def throughput_cells(
+    run: dict[str, dict[str, Samples]],
+    name: str,
+    reference: str | tuple[str, ...],
+    batch: int,
+) -> list[str]:
+    """Per mode of :func:`measure_throughput`: images/s (IQR) and the paired speed-up over each
+    ``reference`` (a name or several), so forward and training-step ratios sit side by side."""
+    references = (reference,) if isinstance(reference, str) else reference
     cells = []
-    for s in run.values():
-        if name in s and reference in s:
-            cells += [s[name].rate(batch).text("{:.1f}"), speedup(s[name], s[reference]).text()]
-        else:
-            cells += ["-", "-"]
+    for samples in run.values():
+        cells.append(samples[name].rate(batch).text("{:.1f}") if name in samples else "-")
+        for ref in references:
+            paired = name in samples and ref in samples
+            cells.append(speedup(samples[name], samples[ref]).text() if paired else "-")
     return cells
 
 
@@ -107,6 +120,7 @@ def build(name: str, size: str, img: int, depth: int | None = None, backend: str
 
 CONTENDERS = ("vit5", "vit5_regional", "timm_eva", "timm_vit", "reference")
 EAGER = tuple(name for name in CONTENDERS if name != "vit5_regional")
+TIMM = ("timm_vit", "timm_eva")  # the references of every speed-up column
 
 
 # (resolution, mode, fast, slow, threshold): ``fast`` at least ``threshold`` times as fast as ``slow``
@@ -123,10 +137,13 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
 
 
 def run_speed(ctx: BenchContext) -> Section:
-    cfg, target = ctx.cfg, ctx.cfg.size_for_targets
+    cfg = ctx.cfg
+    target = cfg.size_for_targets
     runs = [(size, cfg.img_size, cfg.batch, CONTENDERS, "base") for size in cfg.sizes]
     runs.append((target, cfg.hires_img_size, cfg.hires_batch, EAGER, "hires"))
-    rows, data, targets = [], {}, []
+    rows = []
+    data = {}
+    targets = []
     for size, img, batch, names, resolution in runs:
         ctx.log(f"throughput {size} @ {img}: {', '.join(names)} (batch {batch})")
         models = {name: build(name, size, img, cfg.depth, cfg.compile_backend) for name in names}
@@ -134,20 +151,22 @@ def run_speed(ctx: BenchContext) -> Section:
         data[f"{size}@{img}"] = run
         for name, model in models.items():
             params = f"{sum(p.numel() for p in model.parameters()):,}"
-            rows.append((name, f"{size}@{img}", params, *throughput_cells(run, name, "timm_vit", batch)))
+            cells = throughput_cells(run, name, TIMM, batch)
+            rows.append((name, f"{size}@{img}", params, *cells))
         for res, mode, fast, slow, threshold in TARGETS:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
                 label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
                 targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
-    columns = ("model", "size@res", "params", *throughput_columns("timm_vit"))
+    columns = ("model", "size@res", "params", *throughput_columns(TIMM))
     return Section(
         "speed",
         "Throughput against timm and the official code's way",
         "Images/s of the forward and of a training step (forward, loss, backward, AdamW), every "
-        "contender timed side by side; 'x timm_vit' is the paired speed-up over timm's plain ViT of "
-        f"the same size (> 1: faster). {cfg.device}, {cfg.dtype}; vit5_regional compiled with "
-        f"{cfg.compile_backend!r} in the untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
+        "contender timed side by side; 'x timm_vit' and 'x timm_eva' are the paired speed-ups over "
+        "timm's plain ViT and timm's Eva built as ViT-5 of the same size (> 1: faster). "
+        f"{cfg.device}, {cfg.dtype}; vit5_regional compiled with {cfg.compile_backend!r} in the "
+        f"untimed warm-up; at {cfg.hires_img_size} px the eager ones only.",
         tables=[Table("Throughput", columns, tuple(rows))],
         targets=targets,
         data={"seconds": data},
@@ -159,7 +178,9 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
     difference (both are exact). Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated."""
     cfg = ctx.cfg
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-    peaks, diffs, rows = {}, {}, []  # peak bytes and max |sdpa - eager| by length
+    peaks = {}  # peak bytes by length
+    diffs = {}  # max |sdpa - eager| by length
+    rows = []
     for n in cfg.attn_seq_lens:
         eager = attention_bytes(1, cfg.attn_heads, n, dtype.itemsize) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
@@ -200,7 +221,8 @@ def run_compile(ctx: BenchContext) -> Section:
     """Eager, ``torch.compile(model)`` and ``vit5.compile_blocks``: the first calls (compile caches
     off, so a rerun is as cold as the first run), then the steady speed side by side."""
     cfg = ctx.cfg
-    size, backend = cfg.compile_size, cfg.compile_backend
+    size = cfg.compile_size
+    backend = cfg.compile_backend
     ways = {
         "eager": lambda model: model,
         "compiled": partial(torch.compile, backend=backend),
@@ -245,13 +267,16 @@ def run_export(ctx: BenchContext) -> Section:
     import onnxruntime
 
     cfg = ctx.cfg
-    size, img, name = cfg.size_for_targets, cfg.img_size, f"vit5_{cfg.size_for_targets}"
+    size = cfg.size_for_targets
+    img = cfg.img_size
+    name = f"vit5_{size}"
     model = build("vit5", size, img, cfg.depth).eval()
     ctx.log(f"exporting {name} @ {img} to ONNX (and checking it with onnxruntime)")
     path = ctx.out_dir / "export" / f"{name}_{img}.onnx"
     report = vit5.export_onnx(model, path, size=(img, img), batch=cfg.batch)
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     images = torch.randn(cfg.batch, 3, img, img)
     feed = {session.get_inputs()[0].name: images.numpy()}

@@ -67,7 +67,8 @@ def eager_attention(
     """Explicit ``softmax(q k^T / sqrt(d)) v`` (fp32 softmax) of ``q [B, H, N, d]``, ``k, v [B, H_kv, M, d]``,
     query head ``h`` reading kv head ``h // (H / H_kv)`` as SDPA's ``enable_gqa``; (output, probs)."""
     b, h, n, d = q.shape
-    h_kv, m = k.shape[1], k.shape[2]
+    h_kv = k.shape[1]
+    m = k.shape[2]
     qg = q.reshape(b, h_kv, h // h_kv, n, d)
     scores = (qg * d**-0.5) @ k.unsqueeze(2).transpose(-2, -1)  # [B, H_kv, G, N, M]
     if attn_mask is not None:
@@ -94,31 +95,49 @@ class Attention(nn.Module):
         self.recorder: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
 
     def forward(
-        self, x: torch.Tensor, rope: Rope = None, causal: bool = False, kv_cache: LayerKVCache | None = None
+        self,
+        x: torch.Tensor,
+        rope: Rope = None,
+        causal: bool = False,
+        kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
-        """``x [B, N, C]``; ``rope``: a :class:`RopeTable` of N tokens, per-token ``(cos, sin)``, or None."""
+        """``x [B, N, C]``; ``rope``: a :class:`RopeTable` of N tokens, per-token ``(cos, sin)``,
+        or None."""
         b, n, c = x.shape
-        h, h_kv = self.num_heads, self.num_kv_heads
+        h = self.num_heads
+        h_kv = self.num_kv_heads
         qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim))  # [B, N, H + 2 H_kv, d]
         q, k, v = qkv.split((h, h_kv, h_kv), dim=2)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q = self.q_norm(q)
+        k = self.k_norm(k)
         if rope is not None:
-            if not isinstance(rope, RopeTable):
-                rope = RopeTable(*rope, self.rope_layout)
-            elif rope.layout != self.rope_layout:
-                raise ValueError(
-                    f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
-                )
-            q, k = rope.rotate(q, token_dim=-3), rope.rotate(k, token_dim=-3)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, N, d]
+            table = self.checked_table(rope)
+            q = table.rotate(q, token_dim=-3)
+            k = table.rotate(k, token_dim=-3)
         if kv_cache is not None:
             if not causal:
                 raise ValueError("a KV cache only makes sense for causal attention: pass causal=True")
-            k, v = kv_cache.append(k, v)
-        return self.proj(self._attend(q, k, v, causal).transpose(1, 2).reshape(b, n, c))
+            k, v = kv_cache.append(k.transpose(1, 2), v.transpose(1, 2))
+        else:
+            k = k.transpose(1, 2)
+            v = v.transpose(1, 2)
+        out = self._attend(q.transpose(1, 2), k, v, causal)  # [B, heads, N, d]
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+    def checked_table(self, rope: RopeTable | tuple[torch.Tensor, torch.Tensor]) -> RopeTable:
+        """``rope`` as a :class:`RopeTable` in this layer's layout (a ``(cos, sin)`` pair becomes
+        one); ValueError for a table in another layout."""
+        if not isinstance(rope, RopeTable):
+            return RopeTable(rope[0], rope[1], self.rope_layout)
+        if rope.layout != self.rope_layout:
+            raise ValueError(
+                f"a RoPE table in the {rope.layout!r} layout for attention in {self.rope_layout!r}"
+            )
+        return rope
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        n, m = q.shape[-2], k.shape[-2]
+        n = q.shape[-2]
+        m = k.shape[-2]
         needs_mask = causal and n > 1
         if self.recorder is not None:
             group = self.num_heads // self.num_kv_heads

@@ -48,18 +48,25 @@ class SwiGLU(Mlp):
 
 
 class DropPath(nn.Module):
-    """Stochastic depth (Huang et al., 2016): zero the branch for a random ``rate`` of the samples while
-    training and rescale the rest by ``1/(1-rate)``."""
+    """Stochastic depth (Huang et al., arXiv 1603.09382): zero the branch for a random ``rate`` of the
+    samples while training and rescale the rest by ``1/(1-rate)``."""
 
     def __init__(self, rate: float = 0.0) -> None:
         super().__init__()
         self.rate = rate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def factors(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Per-sample factors ``[B, 1, ...]`` of this call (0: dropped, ``1/(1-rate)``: kept), or
+        None when nothing is dropped (rate 0, or evaluation)."""
         if self.rate == 0.0 or not self.training:
-            return x
+            return None
         keep = 1.0 - self.rate
-        return x * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep).div_(keep)
+        shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        return x.new_empty(shape).bernoulli_(keep).div_(keep)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        factors = self.factors(x)
+        return x if factors is None else x * factors
 
 
 class LayerScale(nn.Module):
@@ -106,7 +113,20 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope = None, **attn_kwargs: Any) -> torch.Tensor:
         """``rope``, ``attn_kwargs`` (``causal``, ``kv_cache``): those of :meth:`Attention.forward`."""
         if self.pre_norm:
-            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope, **attn_kwargs)))
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, rope, **attn_kwargs))))
-        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+            y = self.attn(self.norm1(x), rope, **attn_kwargs)
+            x = add_branch(x, y, self.ls1, self.drop_path1)
+            return add_branch(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
+        y = self.attn(x, rope, **attn_kwargs)
+        x = self.norm1(add_branch(x, y, self.ls1, self.drop_path1))
+        return self.norm2(add_branch(x, self.mlp(x), self.ls2, self.drop_path2))
+
+
+def add_branch(x: torch.Tensor, y: torch.Tensor, ls: nn.Module, drop: DropPath) -> torch.Tensor:
+    """The residual update ``x + drop(ls(y))`` as one ``addcmul(x, y, scale)``: the LayerScale gain
+    ``[C]`` and the drop-path factors ``[B, 1, 1]`` are multiplied first (small tensors), so ``y`` is
+    read once instead of ``ls(y)`` and ``drop(...)`` being written out in full (docs/speed.md)."""
+    scale = ls.gamma if isinstance(ls, LayerScale) else None  # else nn.Identity: no LayerScale
+    factors = drop.factors(y)
+    if factors is not None:
+        scale = factors if scale is None else factors * scale
+    return x + y if scale is None else torch.addcmul(x, y, scale)

@@ -101,7 +101,10 @@ class ViT5Config:
             for name in names:
                 if not ok(value := getattr(self, name)):
                     raise ConfigError(f"{name} {requirement}, got {value!r}")
-        (h, w), p, heads, kv = self.img_size, self.patch_size, self.num_heads, self.num_kv_heads
+        h, w = self.img_size
+        p = self.patch_size
+        heads = self.num_heads
+        kv = self.num_kv_heads
         if h % p or w % p or h < p or w < p:
             raise ConfigError(
                 f"img_size {h}x{w} is not a multiple of patch_size {p}: use e.g. {max(p, h // p * p)}"
@@ -215,7 +218,8 @@ def check_keys(values: dict[str, Any], cls: type) -> None:
 def _check_types(cfg: Any) -> None:
     hints = typing.get_type_hints(type(cfg))
     for field in dataclasses.fields(cfg):
-        value, hint = getattr(cfg, field.name), hints[field.name]
+        value = getattr(cfg, field.name)
+        hint = hints[field.name]
         if not _matches(value, hint):
             expected = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
             if typing.get_origin(hint) is Literal:

@@ -82,8 +82,10 @@ class ViT5(nn.Module):
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
         d = cfg.embed_dim
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, cfg.num_registers, d)) if cfg.num_registers else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, math.prod(cfg.grid_size), d)) if cfg.ape else None
+        registers = torch.zeros(1, cfg.num_registers, d)
+        self.reg_token = nn.Parameter(registers) if cfg.num_registers else None
+        patches = torch.zeros(1, math.prod(cfg.grid_size), d)
+        self.pos_embed = nn.Parameter(patches) if cfg.ape else None
         self.rope = self.rope_reg = None
         convention = (cfg.rope_layout, cfg.rope_axis_order, cfg.rope_positions, cfg.rope_ref_grid)
         if cfg.rope:
@@ -118,7 +120,8 @@ class ViT5(nn.Module):
         return default_pretrained_cfg(self.cfg.img_size, self.cfg.in_chans, self.cfg.num_classes)
 
     def token_layout(self, grid: tuple[int, int]) -> TokenLayout:
-        return TokenLayout(tuple(grid), self.num_prefix_tokens, self.num_reg_tokens, registers_first=False)
+        prefix = self.num_prefix_tokens
+        return TokenLayout(tuple(grid), prefix, self.num_reg_tokens, registers_first=False)
 
     def rope_table(self, grid: tuple[int, int]) -> RopeTable | None:
         """The rotation of every token (None without RoPE), cached per grid and device and shared by every
@@ -126,7 +129,8 @@ class ViT5(nn.Module):
         if self.rope is None and self.rope_reg is None:
             return None
         tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
-        if tracing or torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # the graph computes its own table
+        tracing = tracing or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+        if tracing:  # the graph computes its own table
             return self._build_rope_table(grid)
         key = (tuple(grid), self.patch_embed.proj.weight.device)
         table = self._rope_cache.get(key)
@@ -141,7 +145,10 @@ class ViT5(nn.Module):
         device = self.patch_embed.proj.weight.device
         half = self.cfg.head_dim // 2
         zeros = lambda n: torch.zeros(n, half, device=device)  # noqa: E731
-        patches = self.rope.angles(grid, device) if self.rope is not None else zeros(grid[0] * grid[1])
+        if self.rope is not None:
+            patches = self.rope.angles(grid, device)
+        else:
+            patches = zeros(grid[0] * grid[1])
         side = math.isqrt(self.num_reg_tokens)
         registers = self.rope_reg.angles((side, side), device) if self.rope_reg else zeros(side**2)
         angles = torch.cat([zeros(self.num_prefix_tokens), patches, registers])
@@ -284,14 +291,15 @@ class ViT5(nn.Module):
         both values first (e.g. ``"token"`` without a CLS token), so the saved config rebuilds this model."""
         if global_pool not in (None, "token", "avg", ""):
             raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
-        pool = {"global_pool": global_pool} if global_pool else {}  # '' (no pooling) is no config value
+        pool = {"global_pool": global_pool} if global_pool else {}  # '' (no pooling): no config
         self.cfg = self.cfg.replace(num_classes=num_classes, **pool)
         if global_pool is not None:
             self.global_pool = global_pool
         self.num_classes = num_classes
         device = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes else nn.Identity()
+        self.head = nn.Identity()
         if num_classes:
+            self.head = nn.Linear(self.embed_dim, num_classes, device=device)
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
         self.pretrained_cfg = self.default_cfg = self._pretrained_cfg()
@@ -301,7 +309,8 @@ class ViT5(nn.Module):
         new_cfg = self.cfg.replace(img_size=img_size)
         if self.pos_embed is not None:
             with torch.no_grad():
-                resampled = resample_pos_embed(self.pos_embed.data, self.cfg.grid_size, new_cfg.grid_size)
+                old = self.pos_embed.data
+                resampled = resample_pos_embed(old, self.cfg.grid_size, new_cfg.grid_size)
             self.pos_embed = nn.Parameter(resampled)
         self.cfg = new_cfg
         self._rope_cache.clear()
