@@ -38,7 +38,9 @@ def write_rgba_png(path: Path, rgba: np.ndarray) -> Path:
     return path
 
 
-def write_jpeg(path: Path, rgb: np.ndarray, orientation: int | None = None, quality: int = 95) -> Path:
+def write_jpeg(
+    path: Path, rgb: np.ndarray, orientation: int | None = None, quality: int = 95
+) -> Path:
     """JPEG via PIL, optionally with an EXIF orientation tag (1..8)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     exif = Image.Exif()
@@ -70,7 +72,9 @@ def write_png_bomb(path: Path, width: int, height: int) -> Path:
     rows): what a decompression bomb looks like before it is decoded."""
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
 
     rows = zlib.compress(b"\0" * (3 * width + 1) * 4, 9)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,15 +52,23 @@ class RecordingTransform:
         return self.inner(image)
 
 
-def recording_shards(shards: Path, role: str, folder: Path, batch_size: int, **options) -> ShardDataset:
+def recording_shards(
+    shards: Path, role: str, folder: Path, batch_size: int, **options
+) -> ShardDataset:
     """A :class:`ShardDataset` of ``shards/role`` whose transform is a :class:`RecordingTransform`."""
-    transform = RecordingTransform(build_transform("none" if role == "train" else "eval", 16), role, folder)
-    dataset = ShardDataset(shards / role, transform, batch_size=batch_size, train=role == "train", **options)
+    transform = RecordingTransform(
+        build_transform("none" if role == "train" else "eval", 16), role, folder
+    )
+    dataset = ShardDataset(
+        shards / role, transform, batch_size=batch_size, train=role == "train", **options
+    )
     transform.position = dataset._position
     return dataset
 
 
 def read_records(folder: Path, role: str) -> Counter:
     """``Counter((epoch, index))`` of what :class:`RecordingTransform` noted in ``folder``."""
-    lines = [line for f in Path(folder).glob(f"{role}-*.txt") for line in f.read_text().splitlines()]
+    lines = [
+        line for f in Path(folder).glob(f"{role}-*.txt") for line in f.read_text().splitlines()
+    ]
     return Counter(tuple(int(v) for v in line.split()) for line in lines)

@@ -15,7 +15,14 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
-from vit5.bench.ablate import ABLATIONS, AblationPlan, delta, delta_text, run_ablation, select_ablations
+from vit5.bench.ablate import (
+    ABLATIONS,
+    AblationPlan,
+    delta,
+    delta_text,
+    run_ablation,
+    select_ablations,
+)
 from vit5.bench.measure import TimingConfig
 from vit5.cli.ablate import main
 from vit5.errors import InputError
@@ -47,7 +54,13 @@ EXPECTED_CHANGES = {
     "no_qk_norm": {"qk_norm": False},
     "qkv_bias": {"qkv_bias": True},
     "swiglu": {"mlp": "swiglu"},
-    "deit3": {"norm": "layernorm", "qkv_bias": True, "rope": False, "num_registers": 0, "qk_norm": False},
+    "deit3": {
+        "norm": "layernorm",
+        "qkv_bias": True,
+        "rope": False,
+        "num_registers": 0,
+        "qk_norm": False,
+    },
     "vanilla": {
         "norm": "layernorm",
         "qkv_bias": True,
@@ -100,7 +113,9 @@ def test_every_ablation_changes_exactly_what_it_claims(tmp_path):
     tokens = models["no_registers"].forward_features(torch.randn(1, 3, 32, 32))
     assert tokens.shape[1] == 1 + grid[0] * grid[1]  # CLS + patches, no register tokens
     norms = [m for m in models["layernorm"].modules() if isinstance(m, (nn.LayerNorm, RMSNorm))]
-    assert norms and all(isinstance(m, nn.LayerNorm) for m in norms)  # blocks, QK-norm and final norm
+    assert norms and all(
+        isinstance(m, nn.LayerNorm) for m in norms
+    )  # blocks, QK-norm and final norm
     assert all(isinstance(b.attn.q_norm, nn.Identity) for b in models["no_qk_norm"].blocks)
     assert all(b.attn.qkv.bias is not None for b in models["qkv_bias"].blocks)
 
@@ -126,7 +141,9 @@ def test_deit3_baseline_is_the_deit3_preset(tmp_path):
 
 def test_vanilla_baseline_is_the_vanilla_vit_preset(tmp_path):
     vanilla = _models(tmp_path)["vanilla"]
-    reference = preset_config("vanilla_vit_tiny", img_size=32, patch_size=8, depth=2, num_classes=10)
+    reference = preset_config(
+        "vanilla_vit_tiny", img_size=32, patch_size=8, depth=2, num_classes=10
+    )
     assert vanilla.cfg == reference
     assert isinstance(vanilla.blocks[0].ls1, nn.Identity) and vanilla.rope is None
 
@@ -142,8 +159,14 @@ def test_the_fashion_mnist_scale_scores_the_test_split_of_its_data_root(tmp_path
     )
     cfg = plan.config(plan.ablations[0], plan.seeds[0])
     assert plan.seeds == (0, 1, 2) and cfg.schedule.epochs == 1
-    assert cfg.data.root == str(root) and cfg.data.val_split == "test" and not cfg.checkpoint.save_best
-    assert cfg.model.img_size == 28 and cfg.model.overrides["patch_size"] == 7 and cfg.aug.train == "pad_crop"
+    assert (
+        cfg.data.root == str(root) and cfg.data.val_split == "test" and not cfg.checkpoint.save_best
+    )
+    assert (
+        cfg.model.img_size == 28
+        and cfg.model.overrides["patch_size"] == 7
+        and cfg.aug.train == "pad_crop"
+    )
     trunk = {k: cfg.model.overrides[k] for k in ("embed_dim", "depth", "num_heads")}
     assert trunk == {"embed_dim": 128, "depth": 4, "num_heads": 4}  # the README table's setup
     assert cfg.data.batch_size == 256
@@ -201,10 +224,14 @@ def test_runner_end_to_end_writes_the_report_and_reuses_finished_runs(tmp_path):
         ("no_rope", 1, True, False),
     ]
     out = tmp_path / "out"
-    summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")}
+    summaries = {
+        p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/summary.json")
+    }
     assert set(summaries) == {"full-seed0", "full-seed1", "no_rope-seed0", "no_rope-seed1"}
     assert all(s["val_images"] == 96 for s in summaries.values())
-    assert not list((out / "runs").glob("*/checkpoints"))  # finished runs keep final/, not checkpoints
+    assert not list(
+        (out / "runs").glob("*/checkpoints")
+    )  # finished runs keep final/, not checkpoints
 
     report = json.loads((out / "report.json").read_text())
     accuracy, speed = report["sections"][0]["tables"]

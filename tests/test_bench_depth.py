@@ -31,7 +31,9 @@ def test_layer_grad_norms_match_autograd(batch):
     model = build_trunk(cfg, pre_norm=True)
     norms = layer_grad_norms(model, *batch)
     params = [list(b.parameters()) for b in model.blocks]
-    grads = torch.autograd.grad(F.cross_entropy(model(batch[0]), batch[1]), [p for ps in params for p in ps])
+    grads = torch.autograd.grad(
+        F.cross_entropy(model(batch[0]), batch[1]), [p for ps in params for p in ps]
+    )
     flat, i = [], 0
     for ps in params:
         flat.append(math.sqrt(sum(float(g.square().sum()) for g in grads[i : i + len(ps)])))
@@ -67,7 +69,9 @@ def test_fixed_lr_runs_are_plain_adamw_and_a_diverged_run_counts_as_inf(batch):
     replacement, in the order of the trainer's seeded sampler."""
     cfg = DepthAblationConfig(depth=2, width=32, heads=2)
     images, labels = batch
-    losses = train_fixed_lr(build_trunk(cfg, pre_norm=True), images, labels, steps=4, lr=1e-3, batch=16)
+    losses = train_fixed_lr(
+        build_trunk(cfg, pre_norm=True), images, labels, steps=4, lr=1e-3, batch=16
+    )
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
     model = build_trunk(cfg, pre_norm=True)  # the same seeded trunk, trained by hand
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -85,5 +89,6 @@ def test_fixed_lr_runs_are_plain_adamw_and_a_diverged_run_counts_as_inf(batch):
     poisoned = images.clone()
     poisoned[:] = math.nan
     assert (
-        train_fixed_lr(build_trunk(cfg, True), poisoned, labels, steps=3, lr=1e-3, batch=16) == [math.inf] * 3
+        train_fixed_lr(build_trunk(cfg, True), poisoned, labels, steps=3, lr=1e-3, batch=16)
+        == [math.inf] * 3
     )

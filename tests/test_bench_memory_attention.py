@@ -43,7 +43,9 @@ def test_eager_holds_n_squared_and_sdpa_does_not():
         eager, _ = measure_memory(lambda: BACKENDS["eager"](q, k, v))
         sdpa, _ = measure_memory(lambda: BACKENDS["sdpa"](q, k, v))
     scores = heads * n * n * 4
-    assert attention_bytes(1, heads, n, torch.float32.itemsize) == 2 * scores  # the skip rule's estimate
+    assert (
+        attention_bytes(1, heads, n, torch.float32.itemsize) == 2 * scores
+    )  # the skip rule's estimate
     assert eager.peak >= 2 * scores  # scores and probabilities alive together
     assert sdpa.peak < scores / 4
 

@@ -74,7 +74,9 @@ def test_targets_are_marked_met_or_missed(tmp_path):
     text = render_markdown([section], {"device": "cpu"})
     assert "Targets: 1 of 2 met" in text
     assert "| demo | cheap enough | 7.0% | <= 5.0% | **MISSED** |" in text
-    pipes = render_markdown([Section("p", "P", "w", tables=[Table("t", ("max |a - b|",), (("x|y",),))])], {})
+    pipes = render_markdown(
+        [Section("p", "P", "w", tables=[Table("t", ("max |a - b|",), (("x|y",),))])], {}
+    )
     assert "| max \\|a - b\\| |" in pipes and "| x\\|y |" in pipes  # cell text cannot split a row
     write_report([section], tmp_path, {"device": "cpu"})
     data = json.loads((tmp_path / "report.json").read_text())

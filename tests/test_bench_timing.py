@@ -11,7 +11,17 @@ def test_measure_interleaves_rounds_and_rotates_order():
     fns = {name: (lambda n=name: calls.append(n)) for name in ("a", "b", "c")}
     samples = measure(fns, TimingConfig(warmup=1, rounds=3))
     assert calls[:3] == ["a", "b", "c"]  # warmup
-    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # one of each per round, rotated
+    assert calls[3:] == [
+        "a",
+        "b",
+        "c",
+        "b",
+        "c",
+        "a",
+        "c",
+        "a",
+        "b",
+    ]  # one of each per round, rotated
     assert all(len(s.seconds) == 3 for s in samples.values())
 
 

@@ -10,7 +10,9 @@ from vit5.cli import COMMANDS, main, parse_size, run_command
 from vit5.errors import Vit5Error
 
 
-@pytest.mark.parametrize("argv", [[name, "--help"] for name in COMMANDS] + [["viz", "study", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [[name, "--help"] for name in COMMANDS] + [["viz", "study", "--help"]]
+)
 def test_every_subcommand_has_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -29,7 +31,9 @@ def test_the_command_lists_its_subcommands_and_refuses_others(capsys):
     assert exit_info.value.code == 2 and "invalid choice: 'trian'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, size", [("224", (224, 224)), ("96x128", (96, 128)), ("96X128", (96, 128))])
+@pytest.mark.parametrize(
+    "text, size", [("224", (224, 224)), ("96x128", (96, 128)), ("96X128", (96, 128))]
+)
 def test_one_size_syntax(text, size):
     assert parse_size(text) == size
 

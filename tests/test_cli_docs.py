@@ -62,7 +62,9 @@ class Parsed(Exception):
 
 def test_the_docs_are_read():
     names = {argv[0] for _, argv in COMMANDS}
-    assert {"train", "eval", "viz", "data", "bench", "ablate", "export"} <= names and len(COMMANDS) > 50
+    assert {"train", "eval", "viz", "data", "bench", "ablate", "export"} <= names and len(
+        COMMANDS
+    ) > 50
 
 
 @pytest.mark.parametrize("where, argv", COMMANDS, ids=[w for w, _ in COMMANDS])
@@ -81,12 +83,18 @@ def test_every_documented_command_parses(where, argv, monkeypatch, capsys):
 
 def test_the_fast_documented_commands_run_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    fast = {tuple(argv) for _, argv in COMMANDS if argv[:2] in (["data", "digits"], ["ablate", "--list"])}
+    fast = {
+        tuple(argv)
+        for _, argv in COMMANDS
+        if argv[:2] in (["data", "digits"], ["ablate", "--list"])
+    }
     assert fast
     for argv in fast:
         assert main(list(argv)) == 0, f"vit5 {shlex.join(argv)}"
     assert "no_rope" in capsys.readouterr().out
-    assert len(list((tmp_path / "runs" / "digits" / "val").rglob("*.png"))) == 359  # the documented split
+    assert (
+        len(list((tmp_path / "runs" / "digits" / "val").rglob("*.png"))) == 359
+    )  # the documented split
 
 
 def test_the_docs_ablation_tables_name_the_printed_columns():

@@ -69,7 +69,16 @@ def test_bad_devices_are_one_line(images, tmp_path, capsys, device):
         pytest.skip("this machine has a cuda:7")
     assert (
         eval_main(
-            ["features", *TINY, "--images", str(images), "--out", str(tmp_path / "f"), "--device", device]
+            [
+                "features",
+                *TINY,
+                "--images",
+                str(images),
+                "--out",
+                str(tmp_path / "f"),
+                "--device",
+                device,
+            ]
         )
         == 2
     )
@@ -77,7 +86,16 @@ def test_bad_devices_are_one_line(images, tmp_path, capsys, device):
     assert f"--device {device}" in line or f"--device {device!r}" in line
     assert (
         viz_main(
-            ["attention", *TINY, "--images", str(images), "--out", str(tmp_path / "v"), "--device", device]
+            [
+                "attention",
+                *TINY,
+                "--images",
+                str(images),
+                "--out",
+                str(tmp_path / "v"),
+                "--device",
+                device,
+            ]
         )
         == 2
     )
@@ -100,8 +118,12 @@ def test_an_out_that_is_a_file_fails_before_any_work(images, tmp_path, capsys, m
     assert "is a file, not a folder" in one_error_line(capsys.readouterr().err, "error: ")
 
 
-def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 2**30)  # the same on any machine
+def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(
+    images, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(
+        vit5.runtime, "available_memory", lambda device: 2**30
+    )  # the same on any machine
     args = [
         "attention",
         "--model",
@@ -132,9 +154,17 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(images, t
 
 def test_a_refused_size_leaves_nothing_that_blocks_the_rerun(images, tmp_path, capsys):
     out = tmp_path / "f"
-    assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "36"]) == 2
-    assert "not a positive multiple of the patch size 8" in one_error_line(capsys.readouterr().err, "error: ")
-    assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "32"]) == 0
+    assert (
+        eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "36"])
+        == 2
+    )
+    assert "not a positive multiple of the patch size 8" in one_error_line(
+        capsys.readouterr().err, "error: "
+    )
+    assert (
+        eval_main(["features", *TINY, "--images", str(images), "--out", str(out), "--size", "32"])
+        == 0
+    )
     assert "2 written" in capsys.readouterr().out
 
 
@@ -145,15 +175,23 @@ def test_a_second_feature_export_into_one_folder_is_refused(images, tmp_path, ca
         assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out)]) == 2
     line = one_error_line(capsys.readouterr().err, "error: ")
     assert f"in use by pid {os.getpid()} (feature export" in line
-    assert eval_main(["features", *TINY, "--images", str(images), "--out", str(out)]) == 0  # released: works
+    assert (
+        eval_main(["features", *TINY, "--images", str(images), "--out", str(out)]) == 0
+    )  # released: works
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="byte file names")
 def test_file_names_of_any_encoding_print_under_a_strict_utf8_console(images, tmp_path, capsys):
-    with open(os.fsencode(images) + b"/caf\xe9.png", "wb") as f:  # Latin-1 bytes, an unreadable image
+    with open(
+        os.fsencode(images) + b"/caf\xe9.png", "wb"
+    ) as f:  # Latin-1 bytes, an unreadable image
         f.write(b"not a png")
-    assert eval_main(["features", *TINY, "--images", str(images), "--out", str(tmp_path / "f")]) == 0
-    out = capsys.readouterr().out  # pytest's capture is a strict UTF-8 stream, like a UTF-8 terminal
+    assert (
+        eval_main(["features", *TINY, "--images", str(images), "--out", str(tmp_path / "f")]) == 0
+    )
+    out = (
+        capsys.readouterr().out
+    )  # pytest's capture is a strict UTF-8 stream, like a UTF-8 terminal
     assert "2 written" in out and "1 failed" in out and "caf\\xe9.png" in out
 
 
@@ -163,10 +201,17 @@ def test_an_input_of_very_many_tokens_warns_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(backbone, "BIG_TOKEN_COUNT", 15)  # 4x4 = 16 patches of 8 px at 32x32
     monkeypatch.setattr(backbone, "_WARNED_SIZES", set())
-    model = vit5.create_model("vit5_tiny", depth=1, embed_dim=32, num_heads=2, img_size=32, patch_size=8)
+    model = vit5.create_model(
+        "vit5_tiny", depth=1, embed_dim=32, num_heads=2, img_size=32, patch_size=8
+    )
     paths = [tmp_path / f"{i}.png" for i in range(2)]
     for i, path in enumerate(paths):
         cv2.imwrite(str(path), random_rgb(32, 32, seed=i))
-    with pytest.warns(backbone.LargeInputWarning, match=r"32x32 has 16 tokens.*--max-side") as caught:
-        assert len(list(iter_features(model, paths, FeatureSettings(size=(32, 32), batch_size=1)))) == 2
+    with pytest.warns(
+        backbone.LargeInputWarning, match=r"32x32 has 16 tokens.*--max-side"
+    ) as caught:
+        assert (
+            len(list(iter_features(model, paths, FeatureSettings(size=(32, 32), batch_size=1))))
+            == 2
+        )
     assert len([w for w in caught if issubclass(w.category, backbone.LargeInputWarning)]) == 1

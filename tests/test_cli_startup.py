@@ -30,15 +30,31 @@ FAST = [
         [name, "--help"]
         for name in ("train", "eval", "viz", "data", "export", "predict", "list", "bench", "ablate")
     ),
-    *(["eval", c, "--help"] for c in ("classify", "sweep", "features", "probe", "segprobe", "make-seg")),
-    *(["viz", c, "--help"] for c in ("attention", "norms", "pca", "metrics", "all", "compare", "ttr")),
+    *(
+        ["eval", c, "--help"]
+        for c in ("classify", "sweep", "features", "probe", "segprobe", "make-seg")
+    ),
+    *(
+        ["viz", c, "--help"]
+        for c in ("attention", "norms", "pca", "metrics", "all", "compare", "ttr")
+    ),
     ["viz", "ablate", "--help"],
     ["viz", "position", "--help"],
     ["viz", "study", "--help"],
     ["data", "digits", "--help"],
     ["eval", "classify", "--model", "m", "--data", "d"],  # a required option missing
     ["eval", "classify", "--model", "m", "--data", "d", "--out", "o", "--size", "9x"],  # a bad size
-    ["viz", "attention", "--model", "m", "--images", "i", "--out", "o", "--bogus"],  # an unknown option
+    [
+        "viz",
+        "attention",
+        "--model",
+        "m",
+        "--images",
+        "i",
+        "--out",
+        "o",
+        "--bogus",
+    ],  # an unknown option
     ["train", "--resume", "a", "--bogus"],
     ["export", "--model", "m"],  # nothing to write
     ["predict", "--model", "m", "--images", "i", "--topk", "0"],
@@ -65,7 +81,12 @@ print(json.dumps(report))
 def run_python(code: str) -> tuple[float, str]:
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", code],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     return time.perf_counter() - start, done.stdout
 

@@ -35,7 +35,10 @@ def run(argv, capsys) -> tuple[int, str, str]:
             ["viz", "attention", "--model", "m", "--images", "i", "--out", "o", "--bogus"],
             "vit5 viz attention",
         ),
-        (["eval", "classify", "--model", "m", "--data", "d", "--out", "o", "--bogus"], "vit5 eval classify"),
+        (
+            ["eval", "classify", "--model", "m", "--data", "d", "--out", "o", "--bogus"],
+            "vit5 eval classify",
+        ),
         (["data", "digits", "root", "--bogus"], "vit5 data digits"),
     ],
 )
@@ -54,7 +57,10 @@ HELPS = [
         [c, "--help"]
         for c in ("train", "eval", "viz", "data", "export", "predict", "list", "bench", "ablate")
     ),
-    *(["eval", c, "--help"] for c in ("classify", "sweep", "features", "probe", "segprobe", "make-seg")),
+    *(
+        ["eval", c, "--help"]
+        for c in ("classify", "sweep", "features", "probe", "segprobe", "make-seg")
+    ),
     *(["viz", c, "--help"] for c in ("all", "compare", "ttr", "ablate", "position", "study")),
 ]
 
@@ -116,13 +122,21 @@ def test_throughput_is_a_readable_number():
 
     scores = SimpleNamespace(num_images=10, top1=0.5, top5=1.0, loss=0.7)
     result = SimpleNamespace(
-        model="m", weights="raw", size=(32, 32), crop_ratio=1.0, scores=scores, images_per_s=352.9, skipped=[]
+        model="m",
+        weights="raw",
+        size=(32, 32),
+        crop_ratio=1.0,
+        scores=scores,
+        images_per_s=352.9,
+        skipped=[],
     )
     table = summary_table([result])
     assert " 352.9 " in table + " " and "352.9000" not in table
 
 
-def test_the_training_header_names_the_model_with_its_overrides_and_counts_read_right(tmp_path, capsys):
+def test_the_training_header_names_the_model_with_its_overrides_and_counts_read_right(
+    tmp_path, capsys
+):
     from vit5.train import Trainer
 
     summary = Trainer(
@@ -130,7 +144,9 @@ def test_the_training_header_names_the_model_with_its_overrides_and_counts_read_
     ).fit()
     out = capsys.readouterr().out
     model_line = next(line for line in out.splitlines() if line.startswith("model "))
-    assert "num_registers=0" in model_line and "rope=False" in model_line and "vit5_tiny" in model_line
+    assert (
+        "num_registers=0" in model_line and "rope=False" in model_line and "vit5_tiny" in model_line
+    )
     assert "no augmentation" in out and "none augmentation" not in out
     assert ", 1 epoch\n" in out and "1 epochs" not in out
     from vit5.train.rundir import format_summary
@@ -141,13 +157,24 @@ def test_the_training_header_names_the_model_with_its_overrides_and_counts_read_
 def test_a_failed_command_leaves_no_empty_out_folder(tmp_path, capsys):
     new = tmp_path / "new" / "out"
     code, _, err = run(
-        ["viz", "attention", "--model", "qqqqqqqq", "--images", "sklearn-samples", "--out", str(new)], capsys
+        [
+            "viz",
+            "attention",
+            "--model",
+            "qqqqqqqq",
+            "--images",
+            "sklearn-samples",
+            "--out",
+            str(new),
+        ],
+        capsys,
     )
     assert code == 2 and "qqqqqqqq" in err and not (tmp_path / "new").exists()
     kept = tmp_path / "kept"
     kept.mkdir()
     code, _, _ = run(
-        ["eval", "features", "--model", "qqqqqqqq", "--images", str(tmp_path), "--out", str(kept)], capsys
+        ["eval", "features", "--model", "qqqqqqqq", "--images", str(tmp_path), "--out", str(kept)],
+        capsys,
     )
     assert code == 2 and kept.is_dir()  # a folder that was there stays
 
@@ -156,7 +183,15 @@ def test_compare_suggests_a_size_both_patch_sizes_divide(tmp_path, capsys):
     a = ["depth=1", "embed_dim=32", "num_heads=2", "img_size=32", "patch_size=16"]
     b = ["depth=1", "embed_dim=32", "num_heads=2", "img_size=36", "patch_size=12"]
     argv = ["viz", "compare", "--model", "vit5_tiny", "--model-args", *a, "--model-b", "vit5_tiny"]
-    argv += ["--model-b-args", *b, "--random-init", "--images", "sklearn-samples", "--out", str(tmp_path)]
+    argv += [
+        "--model-b-args",
+        *b,
+        "--random-init",
+        "--images",
+        "sklearn-samples",
+        "--out",
+        str(tmp_path),
+    ]
     argv += ["--size", "32x32"]  # a multiple of the first patch size only (the default fits both)
     code, _, err = run(argv, capsys)
     h, w = map(int, re.search(r"use --size (\d+)x(\d+)", err).groups())
@@ -170,7 +205,16 @@ def test_ttr_refuses_a_model_with_registers_before_its_neuron_search(tmp_path, c
         raise AssertionError("the neuron search ran")
 
     monkeypatch.setattr(ttr, "find_register_neurons", searched)
-    argv = ["viz", "ttr", "--model", "vit5_tiny", "--random-init", "--model-args", *TINY, "num_registers=4"]
+    argv = [
+        "viz",
+        "ttr",
+        "--model",
+        "vit5_tiny",
+        "--random-init",
+        "--model-args",
+        *TINY,
+        "num_registers=4",
+    ]
     code, _, err = run([*argv, "--images", "sklearn-samples", "--out", str(tmp_path / "t")], capsys)
     assert code == 2 and "already has 4 trained registers" in err
 
@@ -221,22 +265,40 @@ def test_predict_prints_imagenet_names_for_a_1000_class_head(images, tmp_path, c
         model.head.bias.copy_(bias)
     vit5.save_pretrained(model, tmp_path / "ckpt")
     code, out, _ = run(
-        ["predict", "--model", str(tmp_path / "ckpt"), "--images", str(images), "--topk", "3", "--quiet"]
+        [
+            "predict",
+            "--model",
+            str(tmp_path / "ckpt"),
+            "--images",
+            str(images),
+            "--topk",
+            "3",
+            "--quiet",
+        ]
         + ["--csv", str(tmp_path / "out" / "p.csv")],
         capsys,
     )
     assert code == 0
     probs, classes = bias.softmax(-1).topk(3)
     names = ImageNetInfo().label_descriptions()
-    expected = " | ".join(f"{names[c]} {100 * p:.1f}%" for c, p in zip(classes.tolist(), probs.tolist()))
-    lines = dict(line.split("  ", 1) for line in out.splitlines() if line.endswith("%") or "skipped" in line)
+    expected = " | ".join(
+        f"{names[c]} {100 * p:.1f}%" for c, p in zip(classes.tolist(), probs.tolist())
+    )
+    lines = dict(
+        line.split("  ", 1) for line in out.splitlines() if line.endswith("%") or "skipped" in line
+    )
     assert lines["a.png"] == lines["sub/b.png"] == expected
     assert lines["broken.png"].startswith("skipped: ")
     rows = {r["image"]: r for r in csv.DictReader((tmp_path / "out" / "p.csv").open())}
-    assert rows["a.png"]["top1_class"] == names[classes[0]] and int(rows["a.png"]["top1_index"]) == classes[0]
+    assert (
+        rows["a.png"]["top1_class"] == names[classes[0]]
+        and int(rows["a.png"]["top1_index"]) == classes[0]
+    )
     assert float(rows["sub/b.png"]["top3_prob"]) == pytest.approx(float(probs[2]), abs=1e-6)
     assert (
-        rows["broken.png"]["top1_class"] == "" and rows["broken.png"]["error"] and not rows["a.png"]["error"]
+        rows["broken.png"]["top1_class"] == ""
+        and rows["broken.png"]["error"]
+        and not rows["a.png"]["error"]
     )
 
 

@@ -38,7 +38,10 @@ def test_every_backend_matches_fp32_reference_in_bf16(backend, kv_heads):
     )
     x = torch.randn(2, 197, 256, device=DEVICE)
     cos, sin = rope_cos_sin(Rope2D(64).angles((14, 14)), "interleaved")
-    rope = (torch.cat([torch.ones(1, 64), cos]).to(DEVICE), torch.cat([torch.zeros(1, 64), sin]).to(DEVICE))
+    rope = (
+        torch.cat([torch.ones(1, 64), cos]).to(DEVICE),
+        torch.cat([torch.zeros(1, 64), sin]).to(DEVICE),
+    )
     with torch.no_grad():
         expected = reference_attention(attn, x, rope)
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -60,7 +63,9 @@ def test_bf16_model_on_cuda_matches_fp32_model_on_cpu():
     assert torch.isfinite(got).all()
     tolerance = 0.05 * expected.abs().max().item()
     without_blocks = model.cpu().forward_head(model.norm(model.prepare_tokens(images)[0]))
-    assert (without_blocks - expected).abs().max() > 5 * tolerance  # the blocks matter at this tolerance
+    assert (
+        without_blocks - expected
+    ).abs().max() > 5 * tolerance  # the blocks matter at this tolerance
     torch.testing.assert_close(got, expected, rtol=0.05, atol=tolerance)
 
 
@@ -81,7 +86,9 @@ def test_fp32_model_on_cuda_matches_cpu_and_compiles():
 
 def test_training_steps_in_bf16_reduce_the_loss():
     torch.manual_seed(0)
-    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=4).to(DEVICE)
+    model = vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=4).to(
+        DEVICE
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images = torch.randn(16, 3, 32, 32, device=DEVICE)
     labels = torch.arange(16, device=DEVICE) % 4
@@ -101,7 +108,9 @@ def test_training_steps_in_bf16_reduce_the_loss():
 def test_kv_cache_allocates_exactly_the_formula_on_cuda(kv_heads):
     layers, batch, head_dim, tokens = 12, 2, 64, 256
     reading, cache = measure_memory(
-        lambda: KVCache(layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE),
+        lambda: KVCache(
+            layers, batch, kv_heads, head_dim, tokens, dtype=torch.bfloat16, device=DEVICE
+        ),
         DEVICE,
     )
     # both tensors' sizes are multiples of the allocator's 512-byte blocks, so nothing is rounded
@@ -141,7 +150,10 @@ def test_memory_estimates_are_lower_bounds_of_the_measured_peaks():
 
     torch.manual_seed(0)
     model = vit5.create_model("vit5_small", num_classes=10).to(DEVICE)
-    images, labels = torch.randn(16, 3, 224, 224, device=DEVICE), torch.arange(16, device=DEVICE) % 10
+    images, labels = (
+        torch.randn(16, 3, 224, 224, device=DEVICE),
+        torch.arange(16, device=DEVICE) % 10,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -173,7 +185,9 @@ def test_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
         attn.q_norm.weight.uniform_(0.5, 1.5)
         attn.k_norm.weight.uniform_(0.2, 2.0)
     x = torch.randn(2, 197, 256)
-    cos, sin = rope_cos_sin(torch.cat([torch.zeros(1, 32), Rope2D(64).angles((14, 14))]), "interleaved")
+    cos, sin = rope_cos_sin(
+        torch.cat([torch.zeros(1, 32), Rope2D(64).angles((14, 14))]), "interleaved"
+    )
     expected = explicit_attention64(attn, x, cos, sin).float()
     table = RopeTable(cos.to(DEVICE), sin.to(DEVICE), "interleaved")
     attn = attn.to(DEVICE)
@@ -181,7 +195,9 @@ def test_qk_norm_and_rope_in_bf16_match_the_explicit_fp32_computation(norm):
         got = attn(x.to(DEVICE), table)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
-    with torch.no_grad():  # fp32 on CUDA (F.rms_norm, the real RoPE formula): as exact as on the CPU
+    with (
+        torch.no_grad()
+    ):  # fp32 on CUDA (F.rms_norm, the real RoPE formula): as exact as on the CPU
         got32 = attn(x.to(DEVICE), table).double().cpu()
     assert (got32 - expected.double()).abs().max() <= 1e-4 * expected.abs().max()
 
@@ -198,7 +214,10 @@ def test_regional_compile_with_inductor_on_cuda_equals_eager_and_trains():
     model.train()
     twin.train()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss, twin_loss = model(images).float().square().mean(), twin(images).float().square().mean()
+        loss, twin_loss = (
+            model(images).float().square().mean(),
+            twin(images).float().square().mean(),
+        )
     loss.backward()
     twin_loss.backward()
     torch.testing.assert_close(loss, twin_loss, rtol=2e-2, atol=1e-3)

@@ -37,10 +37,14 @@ def test_grayscale_png_is_replicated_to_three_channels(tmp_path):
 
 
 def test_sixteen_bit_png_is_rounded_to_eight_bits(tmp_path):
-    values = np.array([0, 1, 128, 129, 257, 385, 386, 32767, 65407, 65408, 65534, 65535], dtype=np.uint16)
+    values = np.array(
+        [0, 1, 128, 129, 257, 385, 386, 32767, 65407, 65408, 65534, 65535], dtype=np.uint16
+    )
     rgb16 = np.stack([values, values[::-1], np.full_like(values, 257 * 200)], axis=-1)[None]
     assert cv2.imwrite(str(tmp_path / "c16.png"), cv2.cvtColor(rgb16, cv2.COLOR_RGB2BGR))
-    expected = ((rgb16.astype(np.int64) + 128) // 257).astype(np.uint8)  # round(v / 257), never a tie
+    expected = ((rgb16.astype(np.int64) + 128) // 257).astype(
+        np.uint8
+    )  # round(v / 257), never a tie
     np.testing.assert_array_equal(decode_image(tmp_path / "c16.png"), expected)
     assert cv2.imwrite(str(tmp_path / "g16.png"), values[None])
     np.testing.assert_array_equal(decode_image(tmp_path / "g16.png")[0, :, 1], expected[0, :, 0])
@@ -161,7 +165,9 @@ def test_pixel_limit_is_the_users_to_raise_or_lower(tmp_path, monkeypatch):
     monkeypatch.setenv(MAX_PIXELS_ENV, "600")
     np.testing.assert_array_equal(decode_image(path), rgb)
     bomb = write_png_bomb(tmp_path / "bomb.png", 12000, 12000)
-    monkeypatch.setenv(MAX_PIXELS_ENV, "200_000_000")  # allowed now: decoded, and its missing rows found
+    monkeypatch.setenv(
+        MAX_PIXELS_ENV, "200_000_000"
+    )  # allowed now: decoded, and its missing rows found
     with pytest.raises(BadImageError, match="cannot decode"):
         decode_image(bomb)
     monkeypatch.setenv(MAX_PIXELS_ENV, "lots")

@@ -49,9 +49,13 @@ def test_images_are_upscaled_rgb_copies_of_the_sklearn_digits():
     assert data.images.shape == (len(data.targets), 64, 64, 3) and data.images.dtype == np.uint8
     assert np.all(data.images == data.images[..., :1])
     assert data.images.max() == 255 and data.images.min() == 0
-    back = np.stack([cv2.resize(im[..., 0], (8, 8), interpolation=cv2.INTER_AREA) for im in data.images])
+    back = np.stack(
+        [cv2.resize(im[..., 0], (8, 8), interpolation=cv2.INTER_AREA) for im in data.images]
+    )
     original = SOURCE.images[data.source_indices] * (255 / 16)
-    assert np.corrcoef(back.ravel(), original.ravel())[0, 1] > 0.97  # same digits, 0..16 mapped to 0..255
+    assert (
+        np.corrcoef(back.ravel(), original.ravel())[0, 1] > 0.97
+    )  # same digits, 0..16 mapped to 0..255
     assert load_digits_split("val", size=32).images.shape[1:] == (32, 32, 3)
 
 
@@ -91,7 +95,12 @@ def test_export_writes_pngs_that_decode_to_the_same_pixels(tmp_path):
         per_class = {c: int((data.targets == i).sum()) for i, c in enumerate(DIGIT_CLASSES)}
         assert report.counts[split] == per_class
         for k in range(0, len(data.targets), 50):
-            path = tmp_path / split / DIGIT_CLASSES[data.targets[k]] / f"{data.source_indices[k]:04d}.png"
+            path = (
+                tmp_path
+                / split
+                / DIGIT_CLASSES[data.targets[k]]
+                / f"{data.source_indices[k]:04d}.png"
+            )
             np.testing.assert_array_equal(decode_image(path), data.images[k])
     folder = ImageFolderDataset(tmp_path, "val")
     assert folder.class_names == list(DIGIT_CLASSES) and len(folder) == 359

@@ -36,12 +36,17 @@ def write_idx(path: Path, array: np.ndarray, gz: bool) -> Path:
     return path
 
 
-def make_source(folder: Path, gz: bool = True, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def make_source(
+    folder: Path, gz: bool = True, seed: int = 0
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Four IDX files in ``folder``; class-balanced, shuffled labels; returns (images, labels) per part."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     parts = {}
-    for part, prefix, per_class in (("train", "train", PER_CLASS_TRAIN), ("test", "t10k", PER_CLASS_TEST)):
+    for part, prefix, per_class in (
+        ("train", "train", PER_CLASS_TRAIN),
+        ("test", "t10k", PER_CLASS_TEST),
+    ):
         labels = rng.permutation(np.repeat(np.arange(10), per_class)).astype(np.uint8)
         images = rng.integers(0, 256, size=(len(labels), SIDE, SIDE), dtype=np.uint8)
         write_idx(folder / f"{prefix}-images-idx3-ubyte", images, gz)
@@ -66,7 +71,9 @@ def test_the_reader_returns_what_the_writer_wrote(tmp_path, gz):
 
 def test_export_counts_stratification_names_and_pixels(tmp_path):
     parts = make_source(tmp_path / "src")
-    report = export_fashion_mnist(tmp_path / "out", tmp_path / "src", val_size=20, seed=3, **NO_DOWNLOAD)
+    report = export_fashion_mnist(
+        tmp_path / "out", tmp_path / "src", val_size=20, seed=3, **NO_DOWNLOAD
+    )
     out = tmp_path / "out"
     train, val, test = files(out, "train"), files(out, "val"), files(out, "test")
     assert (len(train), len(val), len(test)) == (60, 20, 30)
@@ -89,7 +96,9 @@ def test_the_split_is_fixed_by_the_seed(tmp_path):
     export_fashion_mnist(tmp_path / "a", tmp_path / "src", val_size=20, seed=1, **NO_DOWNLOAD)
     export_fashion_mnist(tmp_path / "b", tmp_path / "src", val_size=20, seed=1, **NO_DOWNLOAD)
     export_fashion_mnist(tmp_path / "c", tmp_path / "src", val_size=20, seed=2, **NO_DOWNLOAD)
-    assert files(tmp_path / "a", "val") == files(tmp_path / "b", "val") != files(tmp_path / "c", "val")
+    assert (
+        files(tmp_path / "a", "val") == files(tmp_path / "b", "val") != files(tmp_path / "c", "val")
+    )
 
 
 def test_a_rerun_writes_nothing_and_an_interrupted_export_completes(tmp_path):
@@ -102,7 +111,9 @@ def test_a_rerun_writes_nothing_and_an_interrupted_export_completes(tmp_path):
     victims = sorted((out / "train").glob("*/*.png"))[:3]
     victims[0].unlink()  # never written
     victims[1].write_bytes(b"half a png")  # a damaged file
-    (victims[2].parent / f".{victims[2].name}.123.partial").write_bytes(b"x")  # a crashed atomic write
+    (victims[2].parent / f".{victims[2].name}.123.partial").write_bytes(
+        b"x"
+    )  # a crashed atomic write
     victims[2].unlink()
     resumed = export_fashion_mnist(out, **args)
     assert (resumed.written, resumed.unchanged) == (3, 107)
@@ -165,10 +176,14 @@ def test_a_missing_source_names_the_debian_package(tmp_path, capsys):
     (tmp_path / "half" / "t10k-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(FashionMnistError, match="lacks t10k-labels-idx1-ubyte"):
         resolve_source(tmp_path / "half")
-    assert main(["fashion-mnist", str(tmp_path / "out"), "--source", str(tmp_path / "missing")]) == 2
+    assert (
+        main(["fashion-mnist", str(tmp_path / "out"), "--source", str(tmp_path / "missing")]) == 2
+    )
     err = capsys.readouterr().err
     assert (
-        err.count("\n") == 1 and "is not a folder" in err and "apt-get install dataset-fashion-mnist" in err
+        err.count("\n") == 1
+        and "is not a folder" in err
+        and "apt-get install dataset-fashion-mnist" in err
     )
 
 
@@ -179,12 +194,16 @@ def test_source_wins_over_the_debian_folder_which_wins_over_a_download(tmp_path,
     def must_not_download(cache: Path) -> Path:
         raise AssertionError("downloaded although a folder holds the files")
 
-    options = dict(debian_dir=tmp_path / "debian", download=must_not_download, cache=tmp_path / "cache")
+    options = dict(
+        debian_dir=tmp_path / "debian", download=must_not_download, cache=tmp_path / "cache"
+    )
     assert resolve_source(tmp_path / "src", **options) == tmp_path / "src"
     assert resolve_source(None, **options) == tmp_path / "debian"
     export_fashion_mnist(tmp_path / "out", tmp_path / "src", val_size=20, **options)
     first = next(iter(files(tmp_path / "out", "test").items()))
-    png = cv2.imread(str(tmp_path / "out" / "test" / first[1] / f"{first[0]:05d}.png"), cv2.IMREAD_UNCHANGED)
+    png = cv2.imread(
+        str(tmp_path / "out" / "test" / first[1] / f"{first[0]:05d}.png"), cv2.IMREAD_UNCHANGED
+    )
     np.testing.assert_array_equal(png, source["test"][0][first[0]])
 
     fetched = tmp_path / "cache" / "FashionMNIST" / "raw"
@@ -195,9 +214,21 @@ def test_source_wins_over_the_debian_folder_which_wins_over_a_download(tmp_path,
         make_source(fetched, gz=False)
         return fetched
 
-    assert resolve_source(None, debian_dir=empty, download=download, cache=tmp_path / "cache") == fetched
     assert (
-        main(["fashion-mnist", str(tmp_path / "cli"), "--source", str(tmp_path / "src"), "--val-size", "10"])
+        resolve_source(None, debian_dir=empty, download=download, cache=tmp_path / "cache")
+        == fetched
+    )
+    assert (
+        main(
+            [
+                "fashion-mnist",
+                str(tmp_path / "cli"),
+                "--source",
+                str(tmp_path / "src"),
+                "--val-size",
+                "10",
+            ]
+        )
         == 0
     )
     assert "train 70, val 10, test 30 images; 110 written" in capsys.readouterr().out

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_images import random_rgb, smooth_rgb, write_bad_files, write_jpeg, write_png, write_rgba_png
+from data_images import (
+    random_rgb,
+    smooth_rgb,
+    write_bad_files,
+    write_jpeg,
+    write_png,
+    write_rgba_png,
+)
 from torch.utils.data import DataLoader
 
 from vit5.data import BadImageWarning, ImageFolderDataset, ImageFolderError, build_transform
@@ -60,7 +67,9 @@ def test_layout_classes_sorted_recursive_case_insensitive(messy_root):
         "dog/h.png",
     ]
     assert ds.targets == [0] * 4 + [1] * 7
-    assert names(ImageFolderDataset(messy_root / "train", None)) == names(ds)  # split folder given directly
+    assert names(ImageFolderDataset(messy_root / "train", None)) == names(
+        ds
+    )  # split folder given directly
 
 
 def test_images_are_converted_to_rgb_uint8(messy_root):
@@ -73,7 +82,9 @@ def test_images_are_converted_to_rgb_uint8(messy_root):
             assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
             shapes[name] = image.shape
     assert shapes["dog/f.jpeg"] == (30, 20, 3)  # EXIF orientation 6 applied
-    np.testing.assert_array_equal(ds[names(ds).index("dog/e.png")][0], np.full((4, 4, 3), 233))  # 60000/257
+    np.testing.assert_array_equal(
+        ds[names(ds).index("dog/e.png")][0], np.full((4, 4, 3), 233)
+    )  # 60000/257
     rgba = ds[names(ds).index("cat/d.png")][0]
     np.testing.assert_array_equal(rgba, random_rgb(6, 6, seed=3))  # alpha dropped
 
@@ -134,7 +145,10 @@ def test_all_bad_fails_fast_naming_the_folder(tmp_path):
     write_bad_files(tmp_path / "train" / "a")
     write_bad_files(tmp_path / "train" / "b")
     ds = ImageFolderDataset(tmp_path, "train")
-    with pytest.warns(BadImageWarning), pytest.raises(ImageFolderError, match=r"none of the 6 files .*train"):
+    with (
+        pytest.warns(BadImageWarning),
+        pytest.raises(ImageFolderError, match=r"none of the 6 files .*train"),
+    ):
         ds[0]
     fresh = ImageFolderDataset(tmp_path, "train")
     with pytest.raises(ImageFolderError, match="none of the 6 files"):
@@ -145,7 +159,9 @@ def test_empty_class_folder_fails_fast(tmp_path):
     write_png(tmp_path / "train" / "a" / "1.png", random_rgb(4, 4))
     (tmp_path / "train" / "b" / "sub").mkdir(parents=True)
     (tmp_path / "train" / "b" / "notes.txt").write_text("x")
-    with pytest.raises(ImageFolderError, match=r"class folder .*train/b has no images.*delete the folder"):
+    with pytest.raises(
+        ImageFolderError, match=r"class folder .*train/b has no images.*delete the folder"
+    ):
         ImageFolderDataset(tmp_path, "train")
 
 
@@ -206,11 +222,15 @@ def test_preload_reads_each_file_once_and_keeps_the_same_samples(messy_root, tmp
     for i in range(len(reference)):
         (want, want_target), (got, got_target) = reference[i], preloaded[i]
         assert got_target == want_target and np.array_equal(got, want)
-        assert not got.flags.writeable  # a transform writing in place would fail, not change later epochs
+        assert (
+            not got.flags.writeable
+        )  # a transform writing in place would fail, not change later epochs
 
 
 def test_preload_beyond_half_the_memory_is_refused(messy_root, monkeypatch):
     monkeypatch.setattr("vit5.data.folder._physical_memory", lambda: 200)
     ds = ImageFolderDataset(messy_root, "train")
-    with pytest.raises(ImageFolderError, match=r"half of this machine's memory.*data.preload=false"):
+    with pytest.raises(
+        ImageFolderError, match=r"half of this machine's memory.*data.preload=false"
+    ):
         ds.verify(keep=True)

@@ -85,7 +85,9 @@ def test_persistent_workers_keep_drawing_new_augmentations_across_epochs():
 
 def test_rank_aware_ra_loaders_have_equal_length_and_split_the_repeats():
     loaders = [
-        build_loader(Indices(512), 16, True, sampler=RepeatAugSampler(512, num_replicas=2, rank=r, seed=5))
+        build_loader(
+            Indices(512), 16, True, sampler=RepeatAugSampler(512, num_replicas=2, rank=r, seed=5)
+        )
         for r in (0, 1)
     ]
     per_rank = [sum(flat(loader), []) for loader in loaders]
@@ -111,7 +113,9 @@ def test_seeded_augmentations_do_not_depend_on_workers_or_a_mid_epoch_restart():
     """Per-sample seeds: the same augmentations with 0 or 2 workers, and after skipping 2 batches."""
 
     def epoch(workers: int, skip: int = 0) -> list[torch.Tensor]:
-        loader = build_loader(SameImage(12), 2, train=True, num_workers=workers, seed=7, seeded=True)
+        loader = build_loader(
+            SameImage(12), 2, train=True, num_workers=workers, seed=7, seeded=True
+        )
         loader.sampler.set_epoch(1, consumed=skip * 2)
         return list(loader)
 
@@ -145,6 +149,8 @@ def test_seeded_samples_seed_only_the_cpu_generator(monkeypatch):
 
 def test_a_seeded_loader_over_a_subset_takes_its_keys_one_by_one():
     """``Subset.__getitems__`` (batched fetching) must not see the ``(index, seed)`` keys."""
-    loader = build_loader(torch.utils.data.Subset(Indices(20), range(10, 20)), 4, train=True, seeded=True)
+    loader = build_loader(
+        torch.utils.data.Subset(Indices(20), range(10, 20)), 4, train=True, seeded=True
+    )
     values = sum(flat(loader), [])
     assert len(values) == 8 and set(values) <= set(range(10, 20)) and len(set(values)) == 8

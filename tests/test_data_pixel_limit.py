@@ -11,15 +11,27 @@ from data_images import random_rgb, write_png, write_png_bomb
 from eval_helpers import tiny_model
 
 from vit5.data import BadImageWarning, ImageFolderDataset, build_transform
-from vit5.eval import ClassifySettings, FeatureSettings, LoadedModel, evaluate, export_features, open_split
+from vit5.eval import (
+    ClassifySettings,
+    FeatureSettings,
+    LoadedModel,
+    evaluate,
+    export_features,
+    open_split,
+)
 from vit5.introspect import Preprocessing
 from vit5.viz.images import load_images
 
-BOMB = (12000, 12000)  # 144 million pixels, over the default limit (PIL's, 89,478,485); a few KB on disk
+BOMB = (
+    12000,
+    12000,
+)  # 144 million pixels, over the default limit (PIL's, 89,478,485); a few KB on disk
 
 
 def _is_the_limit(reason: str) -> bool:
-    return "declares 12000x12000 = 144,000,000 pixels" in reason and "VIT5_MAX_IMAGE_PIXELS=" in reason
+    return (
+        "declares 12000x12000 = 144,000,000 pixels" in reason and "VIT5_MAX_IMAGE_PIXELS=" in reason
+    )
 
 
 @pytest.fixture
@@ -41,7 +53,11 @@ def test_training_folder_counts_a_bomb_as_bad_and_serves_the_rest(folder):
 
 def test_feature_export_lists_a_bomb_as_failed(folder, tmp_path):
     summary = export_features(
-        tiny_model(depth=1).eval(), folder / "val", tmp_path / "out", FeatureSettings(), progress=False
+        tiny_model(depth=1).eval(),
+        folder / "val",
+        tmp_path / "out",
+        FeatureSettings(),
+        progress=False,
     )
     assert summary.written == 4 and [f.path.name for f in summary.failed] == ["bomb.png"]
     assert _is_the_limit(summary.failed[0].reason)
@@ -49,7 +65,12 @@ def test_feature_export_lists_a_bomb_as_failed(folder, tmp_path):
 
 def test_viz_skips_a_bomb(folder):
     images, skipped = load_images([str(folder / "val")], (32, 32), 8)
-    assert len(images) == 4 and len(skipped) == 1 and "bomb.png" in skipped[0] and _is_the_limit(skipped[0])
+    assert (
+        len(images) == 4
+        and len(skipped) == 1
+        and "bomb.png" in skipped[0]
+        and _is_the_limit(skipped[0])
+    )
 
 
 def test_classification_skips_and_lists_a_bomb(folder):
@@ -59,7 +80,9 @@ def test_classification_skips_and_lists_a_bomb(folder):
         spec="tiny",
         weights="random",
         description="tiny",
-        preprocessing=Preprocessing(input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0),
+        preprocessing=Preprocessing(
+            input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0
+        ),
         info=None,
     )
     settings = ClassifySettings(batch_size=4, num_workers=0)

@@ -11,7 +11,9 @@ import torch
 from vit5.data import RepeatAugSampler
 
 
-def deit_rasampler(length: int, num_replicas: int, rank: int, epoch: int, num_repeats: int = 3) -> list[int]:
+def deit_rasampler(
+    length: int, num_replicas: int, rank: int, epoch: int, num_repeats: int = 3
+) -> list[int]:
     """facebookresearch/deit samplers.py RASampler.__iter__, transcribed."""
     num_samples = int(math.ceil(length * num_repeats / num_replicas))
     total_size = num_samples * num_replicas
@@ -63,9 +65,14 @@ def test_single_repeat_is_a_sharded_shuffle_that_covers_everything_once():
 
 
 def test_uneven_sizes_are_padded_to_equal_lengths():
-    lengths = [len(list(RepeatAugSampler(10, num_replicas=4, rank=r, selected_round=0))) for r in range(4)]
+    lengths = [
+        len(list(RepeatAugSampler(10, num_replicas=4, rank=r, selected_round=0))) for r in range(4)
+    ]
     assert lengths == [3, 3, 3, 3]
-    tiny = [RepeatAugSampler(1, num_replicas=4, rank=r, num_repeats=1, selected_round=0) for r in range(4)]
+    tiny = [
+        RepeatAugSampler(1, num_replicas=4, rank=r, num_repeats=1, selected_round=0)
+        for r in range(4)
+    ]
     assert [list(s) for s in tiny] == [[0], [0], [0], [0]]
 
 
@@ -115,7 +122,12 @@ def test_the_global_order_does_not_depend_on_the_world_size(num_repeats):
         shares = []
         for rank in range(world):
             s = RepeatAugSampler(
-                101, num_replicas=world, rank=rank, num_repeats=num_repeats, seed=5, selected_round=0
+                101,
+                num_replicas=world,
+                rank=rank,
+                num_repeats=num_repeats,
+                seed=5,
+                selected_round=0,
             )
             s.set_epoch(2, consumed=consumed)
             shares.append(list(s))
@@ -168,7 +180,10 @@ def test_without_repeats_the_deit_rounding_leaves_no_image_out():
     plain = RepeatAugSampler(1000, num_repeats=1, selected_round=256, seed=3)
     assert len(plain) == 1000 and sorted(plain) == list(range(1000))  # not 768 of them
     shards = [
-        RepeatAugSampler(1000, num_replicas=3, rank=r, num_repeats=1, selected_round=256) for r in range(3)
+        RepeatAugSampler(1000, num_replicas=3, rank=r, num_repeats=1, selected_round=256)
+        for r in range(3)
     ]
     assert set().union(*map(set, shards)) == set(range(1000))
-    assert len(RepeatAugSampler(1000, num_repeats=3, selected_round=256)) == 768  # DeiT's, with repeats
+    assert (
+        len(RepeatAugSampler(1000, num_repeats=3, selected_round=256)) == 768
+    )  # DeiT's, with repeats

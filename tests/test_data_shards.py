@@ -44,7 +44,9 @@ def read_epoch(path, *, train, world, workers, batch=4, epoch=1, skip=0, buffer=
             shuffle_buffer=buffer,
         )
         dataset.set_epoch(epoch, skip)
-        batches = [(x.tolist(), y.tolist()) for x, y in shard_loader(dataset, persistent_workers=False)]
+        batches = [
+            (x.tolist(), y.tolist()) for x, y in shard_loader(dataset, persistent_workers=False)
+        ]
         # the same on every rank: no process waits for another
         assert len(batches) == len(dataset) == dataset.batches - skip // (world * batch)
         assert all(len(x) == batch for x, _ in batches)
@@ -58,20 +60,26 @@ def test_each_sample_read_once_per_epoch_across_processes_and_workers(shards, wo
     ranks = read_epoch(shards, train=True, world=world, workers=workers)
     seen = [i for batches in ranks for x, y in batches for i in x]
     per_rank = 53 // (world * 4)
-    assert len(seen) == len(set(seen)) == per_rank * world * 4  # no duplicates; the tail < one global batch
+    assert (
+        len(seen) == len(set(seen)) == per_rank * world * 4
+    )  # no duplicates; the tail < one global batch
     labels = {i: lab for batches in ranks for x, y in batches for i, lab in zip(x, y)}
     assert all(labels[i] == i % 3 for i in seen)
 
     ranks = read_epoch(shards, train=False, world=world, workers=workers)
     counted = [i for batches in ranks for x, y in batches for i, lab in zip(x, y) if lab >= 0]
-    assert sorted(counted) == list(range(53))  # validation: every sample exactly once, padding marked -1
+    assert sorted(counted) == list(
+        range(53)
+    )  # validation: every sample exactly once, padding marked -1
 
 
 def test_shuffle_is_fixed_by_seed_and_epoch(shards):
     def order(epoch, seed=0):
         return [
             b
-            for batches in read_epoch(shards, train=True, world=1, workers=0, epoch=epoch, seed=seed)
+            for batches in read_epoch(
+                shards, train=True, world=1, workers=0, epoch=epoch, seed=seed
+            )
             for b in batches
         ]
 
@@ -87,7 +95,13 @@ def test_resume_skips_exactly_the_consumed_batches(shards, world, workers):
     full = read_epoch(shards, train=True, world=world, workers=workers, batch=2, epoch=3)
     for done in (1, 2, len(full[0]) - 1, len(full[0])):
         resumed = read_epoch(
-            shards, train=True, world=world, workers=workers, batch=2, epoch=3, skip=done * 2 * world
+            shards,
+            train=True,
+            world=world,
+            workers=workers,
+            batch=2,
+            epoch=3,
+            skip=done * 2 * world,
         )
         assert resumed == [batches[done:] for batches in full], done  # same batches, same order
 
@@ -105,9 +119,9 @@ def test_shard_lists_patterns_and_folders(shards):
     assert expand_shards([files[0], str(shards / "train-{000001..000002}.tar")]) == files[:3]
     with pytest.raises(ShardError, match="1 of 7 shards do not exist"):
         expand_shards(str(shards / "train-{000000..000006}.tar"))
-    assert [count_samples(f) for f in files] == json.loads((shards / INFO_FILE).read_text())["splits"][
-        "train"
-    ]["shard_lengths"]
+    assert [count_samples(f) for f in files] == json.loads((shards / INFO_FILE).read_text())[
+        "splits"
+    ]["train"]["shard_lengths"]
 
 
 def test_class_names_come_from_the_classes_file_or_num_classes(shards, tmp_path):
@@ -118,7 +132,9 @@ def test_class_names_come_from_the_classes_file_or_num_classes(shards, tmp_path)
     (bare / "a.tar").write_bytes((shards / "train-000000.tar").read_bytes())
     with pytest.raises(ShardError, match="set data.num_classes"):
         ShardDataset(bare, IndexTransform(), batch_size=4, train=True)
-    assert ShardDataset(bare, IndexTransform(), batch_size=4, train=True, num_classes=3).class_names == [
+    assert ShardDataset(
+        bare, IndexTransform(), batch_size=4, train=True, num_classes=3
+    ).class_names == [
         "0",
         "1",
         "2",
@@ -159,13 +175,19 @@ def test_bad_samples_are_skipped_counted_and_replaced(shards, tmp_path):
         batches = [x.tolist() for x, _ in shard_loader(dataset)]
     assert len(batches) == 5 and all(len(b) == 2 for b in batches)  # batches keep their size
     stream = [i for b in batches for i in b]
-    good_indices = [index_of(decode_bytes(data, name)) for name, data in members if name.endswith(".png")]
+    good_indices = [
+        index_of(decode_bytes(data, name)) for name, data in members if name.endswith(".png")
+    ]
     # the 4 bad places (positions 3..6) are taken by the next good sample
     assert stream == good_indices[:3] + [good_indices[3]] * 5 + good_indices[4:]
     assert dataset.num_bad == 4
     assert sorted(dataset.bad_files) == [f"{good}#{i}" for i in (3, 4, 5, 6)]
     messages = " ".join(str(w.message) for w in caught if issubclass(w.category, BadImageWarning))
-    assert "cannot decode" in messages and "unreadable label" in messages and "outside 0 .. 2" in messages
+    assert (
+        "cannot decode" in messages
+        and "unreadable label" in messages
+        and "outside 0 .. 2" in messages
+    )
     assert "no image" in messages
 
     val = ShardDataset(tmp_path, IndexTransform(), batch_size=4, train=False)
@@ -190,7 +212,12 @@ def test_a_truncated_shard_loses_its_tail_not_the_run(shards, tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             dataset = ShardDataset(
-                tmp_path, IndexTransform(), batch_size=2, train=True, shuffle_buffer=0, num_classes=3
+                tmp_path,
+                IndexTransform(),
+                batch_size=2,
+                train=True,
+                shuffle_buffer=0,
+                num_classes=3,
             )
             batches = [x.tolist() for x, _ in shard_loader(dataset)]
         assert len(batches) == len(dataset) == dataset.num_samples // 2
@@ -199,7 +226,8 @@ def test_a_truncated_shard_loses_its_tail_not_the_run(shards, tmp_path):
     dataset, messages = read(None)  # counted from the headers: samples 0-3, the 4th truncated
     assert dataset.num_samples == 14 and dataset.bad_files == [f"{tmp_path / 't.tar'}#3"]
     assert (
-        "t.tar is damaged after 4 samples" in messages and "t.tar: shard unreadable from sample 3" in messages
+        "t.tar is damaged after 4 samples" in messages
+        and "t.tar: shard unreadable from sample 3" in messages
     )
     dataset, messages = read(10)
     assert dataset.num_samples == 20 and dataset.bad_files == [
@@ -225,9 +253,13 @@ def test_conversion_resumes_after_a_killed_shard_and_keeps_class_names(tmp_path)
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("*.tar")}
     report = write_shards(src, out, 5, split="train")
     assert (report.written, report.kept, report.samples) == (2, 3, 23)
-    assert {p.name: p.stat().st_mtime_ns for p in out.glob("train-00000[012].tar")} == kept  # not rewritten
+    assert {
+        p.name: p.stat().st_mtime_ns for p in out.glob("train-00000[012].tar")
+    } == kept  # not rewritten
     assert not list(out.glob("*.tmp"))
-    for name in sorted(p.name for p in (tmp_path / "a").glob("*.tar")):  # the same shards as one clean run
+    for name in sorted(
+        p.name for p in (tmp_path / "a").glob("*.tar")
+    ):  # the same shards as one clean run
         assert _members(out / name) == _members(tmp_path / "a" / name)
 
     dataset = ShardDataset(out, IndexTransform(), batch_size=1, train=False)
@@ -244,11 +276,25 @@ def _members(path: Path) -> list[tuple[str, bytes]]:
 
 def test_the_command_line_converts_and_names_a_bad_source(tmp_path):
     write_indexed_folder(tmp_path / "train", 9, classes=3)
-    command = [sys.executable, "-m", "vit5", "data", "shards", str(tmp_path / "train"), str(tmp_path / "out")]
-    done = subprocess.run([*command, "--shard-size", "4"], capture_output=True, text=True, timeout=120)
+    command = [
+        sys.executable,
+        "-m",
+        "vit5",
+        "data",
+        "shards",
+        str(tmp_path / "train"),
+        str(tmp_path / "out"),
+    ]
+    done = subprocess.run(
+        [*command, "--shard-size", "4"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "train: 9 samples in 3 shards" in done.stdout and "3 written, 0 kept" in done.stdout
     assert (tmp_path / "out" / "classes.txt").read_text() == "c0\nc1\nc2\n"
-    done = subprocess.run([*command, "--shard-size", "5"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and "another plan" in done.stderr
+    done = subprocess.run(
+        [*command, "--shard-size", "5"], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        done.returncode == 2 and done.stderr.startswith("error: ") and "another plan" in done.stderr
+    )
     assert len(done.stderr.strip().splitlines()) == 1

@@ -43,7 +43,9 @@ def reference_eval(rgb: np.ndarray, height: int, width: int, crop_ratio: float) 
     h, w = rgb.shape[:2]
     scale = max(target_h / h, target_w / w)
     new_h, new_w = round(h * scale), round(w * scale)
-    resized = cv2.resize(rgb, (new_w, new_h), interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
+    resized = cv2.resize(
+        rgb, (new_w, new_h), interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC
+    )
     top, left = (new_h - height) // 2, (new_w - width) // 2
     return normalise(resized[top : top + height, left : left + width])
 
@@ -72,7 +74,9 @@ def test_eval_transform_equals_explicit_resize_crop_normalise(shape, size, crop_
     height, width = (size, size) if isinstance(size, int) else size
     out = eval_transform(size, crop_ratio=crop_ratio)(rgb)
     assert out.shape == (3, height, width) and out.dtype == torch.float32
-    torch.testing.assert_close(out, reference_eval(rgb, height, width, crop_ratio), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out, reference_eval(rgb, height, width, crop_ratio), atol=1e-5, rtol=0
+    )
 
 
 def test_eval_square_resizes_shorter_side_to_size_over_crop_ratio():
@@ -84,9 +88,9 @@ def test_eval_is_close_to_the_official_pil_pipeline_only_with_antialias():
     noise = np.random.default_rng(0).integers(-30, 30, (150, 200, 3))
     rgb = np.clip(smooth_rgb(150, 200).astype(int) + noise, 0, 255).astype(np.uint8)
     resize = T.Resize(64, interpolation=T.InterpolationMode.BICUBIC)
-    official = T.Compose([resize, T.CenterCrop(64), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])(
-        Image.fromarray(rgb)
-    )
+    official = T.Compose(
+        [resize, T.CenterCrop(64), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )(Image.fromarray(rgb))
     close = (eval_transform(64)(rgb) - official).abs().mean().item()
     aliased = (eval_transform(64, antialias=False)(rgb) - official).abs().mean().item()
     assert close < 0.05 and aliased > 3 * close
@@ -145,7 +149,9 @@ def test_three_augment_blur_matches_pil_gaussian_blur_with_sigma_in_range():
     force_choice(transform, A.GaussianBlur)
     grid = np.arange(0.1, 2.0001, 0.02)
     pil = Image.fromarray(rgb)
-    pil_blurs = [np.asarray(pil.filter(ImageFilter.GaussianBlur(float(s)))).astype(int) for s in grid]
+    pil_blurs = [
+        np.asarray(pil.filter(ImageFilter.GaussianBlur(float(s)))).astype(int) for s in grid
+    ]
     fitted = []
     for _ in range(25):
         out = denormalise(transform(rgb))
@@ -159,7 +165,9 @@ def test_three_augment_colour_jitter_has_no_hue():
     jitter = next(t for t in three_augment(8).pipeline.transforms if isinstance(t, A.ColorJitter))
     assert jitter.brightness == jitter.contrast == jitter.saturation == (0.7, 1.3)
     assert jitter.hue == (0.0, 0.0)
-    assert not any(isinstance(t, A.ColorJitter) for t in three_augment(8, color_jitter=0).pipeline.transforms)
+    assert not any(
+        isinstance(t, A.ColorJitter) for t in three_augment(8, color_jitter=0).pipeline.transforms
+    )
 
 
 def test_simple_random_crop_is_a_window_of_the_reflect_padded_image():
@@ -191,9 +199,13 @@ def test_pad_crop_is_a_flipped_or_unflipped_window_of_the_reflect_padded_image()
     for _ in range(30):
         out = denormalise(transform(np.stack([gray] * 3, axis=-1)))
         assert (out == out[..., :1]).all()  # no colour op: grey stays grey
-        windows = [(dy, dx, padded[dy : dy + 12, dx : dx + 12]) for dy in range(7) for dx in range(7)]
+        windows = [
+            (dy, dx, padded[dy : dy + 12, dx : dx + 12]) for dy in range(7) for dx in range(7)
+        ]
         matches = [(dy, dx, False) for dy, dx, w in windows if np.array_equal(out[..., 0], w)]
-        matches += [(dy, dx, True) for dy, dx, w in windows if np.array_equal(out[..., 0], w[:, ::-1])]
+        matches += [
+            (dy, dx, True) for dy, dx, w in windows if np.array_equal(out[..., 0], w[:, ::-1])
+        ]
         assert matches
         seen.update(matches)
     assert len({m[:2] for m in seen}) > 3 and {m[2] for m in seen} == {False, True}
@@ -206,7 +218,9 @@ def test_pad_crop_erasing_replaces_one_rectangle_with_noise():
         changed = denormalise(transform(np.stack([gray] * 3, axis=-1)))[..., 0] != 100
         rows, cols = np.flatnonzero(changed.any(1)), np.flatnonzero(changed.any(0))
         area = (rows[-1] - rows[0] + 1) * (cols[-1] - cols[0] + 1)
-        assert 0.02 * 400 * 0.5 <= area <= 0.33 * 400  # one box of 2-33 % (noise may match 100 at its edge)
+        assert (
+            0.02 * 400 * 0.5 <= area <= 0.33 * 400
+        )  # one box of 2-33 % (noise may match 100 at its edge)
         assert changed[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].mean() > 0.9
     plain = pad_crop_transform(20, padding=0, hflip=0.0, erasing=0.0)
     assert (denormalise(plain(np.stack([gray] * 3, axis=-1))) == 100).all()
@@ -249,7 +263,13 @@ def test_randaug_step_is_timm_rand_augment_unchanged():
 def test_randaug_pipeline_order_and_output():
     transform = randaug_transform((32, 48))
     names = [type(t).__name__ for t in transform.pipeline.transforms]
-    assert names == ["RandomResizedCrop", "HorizontalFlip", "TimmRandAugment", "Normalize", "ToTensorV2"]
+    assert names == [
+        "RandomResizedCrop",
+        "HorizontalFlip",
+        "TimmRandAugment",
+        "Normalize",
+        "ToTensorV2",
+    ]
     assert transform(random_rgb(50, 60)).shape == (3, 32, 48)
 
 
@@ -271,7 +291,12 @@ def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
         (("eval", (32, 32, 3)), {}, TypeError, "size must be an int"),
         (("eval", 32), {"crop_ratio": 1.2}, ValueError, "crop_ratio"),
         (("eval", 32), {"mean": (0.5, 0.5)}, ValueError, "one value per RGB channel"),
-        (("none", 32), {"std": (0.5, 0.0, 0.5)}, ValueError, r"std=\(0.5, 0.0, 0.5\) must be one value > 0"),
+        (
+            ("none", 32),
+            {"std": (0.5, 0.0, 0.5)},
+            ValueError,
+            r"std=\(0.5, 0.0, 0.5\) must be one value > 0",
+        ),
         (("three_augment", 32), {"scale": (0.5, 0.1)}, ValueError, "scale"),
         (("three_augment", 32), {"color_jitter": -1}, ValueError, "color_jitter"),
         (("three_augment", 32), {"hflip": 2}, ValueError, "hflip"),

@@ -24,7 +24,9 @@ from vit5.data import (
     image_files,
 )
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX links, FIFOs and byte file names")
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="POSIX links, FIFOs and byte file names"
+)
 
 
 @pytest.fixture
@@ -32,7 +34,9 @@ def data(tmp_path: Path) -> Path:
     """``train/<0|1>/`` with 3 PNGs each."""
     for label in ("0", "1"):
         for i in range(3):
-            write_png(tmp_path / "train" / label / f"{i}.png", random_rgb(8, 8, seed=10 * int(label) + i))
+            write_png(
+                tmp_path / "train" / label / f"{i}.png", random_rgb(8, 8, seed=10 * int(label) + i)
+            )
     return tmp_path
 
 
@@ -64,7 +68,9 @@ def test_links_are_followed_inside_the_root_once_and_outside_only_when_asked(dat
     assert names == ["0.png", "1.png", "2.png"]  # each file once, nothing from outside
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        opted_in = [p.relative_to(folder).as_posix() for p in image_files(folder, follow_outside=True)]
+        opted_in = [
+            p.relative_to(folder).as_posix() for p in image_files(folder, follow_outside=True)
+        ]
     assert opted_in == ["0.png", "1.png", "2.png", "sub/out/x.png"]
 
 

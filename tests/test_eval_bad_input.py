@@ -17,7 +17,9 @@ def test_run_directory_with_several_checkpoints_is_an_eval_error(tmp_path):
         load_models(ModelRequest(specs=(str(tmp_path),), weights="auto"))  # EMA looked for first
 
 
-@pytest.mark.parametrize("reader, name", [(read_manifest, "manifest.json"), (dataset_info, "dataset.json")])
+@pytest.mark.parametrize(
+    "reader, name", [(read_manifest, "manifest.json"), (dataset_info, "dataset.json")]
+)
 def test_broken_json_is_an_eval_error_naming_the_file(tmp_path, reader, name):
     (tmp_path / name).write_text('{"format": ')
     with pytest.raises(InputError, match=rf"{name} is not readable JSON .*fix or delete it"):
@@ -40,7 +42,9 @@ def test_hidden_folders_are_not_data_for_any_tool(tmp_path):
     assert list_pairs(tmp_path, "val") == [
         (tmp_path / "images/val/a.png", tmp_path / "annotations/val/a.png")
     ]
-    assert [s.path for s in list_sources([str(tmp_path / "images")])] == [str(tmp_path / "images/val/a.png")]
+    assert [s.path for s in list_sources([str(tmp_path / "images")])] == [
+        str(tmp_path / "images/val/a.png")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +52,10 @@ def test_hidden_folders_are_not_data_for_any_tool(tmp_path):
     [
         ([1, 2], "holds a list, not an object"),
         ({"num_classes": "5"}, "num_classes is '5', but must be a whole number from 2 to 65,536"),
-        ({"num_classes": 10**12}, "num_classes is 1000000000000"),  # a confusion matrix of 1e24 cells
+        (
+            {"num_classes": 10**12},
+            "num_classes is 1000000000000",
+        ),  # a confusion matrix of 1e24 cells
         ({"num_classes": 3, "class_names": ["a", "b"]}, "class_names is .* a list of 3 names"),
         ({"num_classes": 3, "ignore_index": "x"}, "ignore_index is 'x'"),
     ],
@@ -129,7 +136,9 @@ def test_crafted_model_config_fields_are_one_error_each(tmp_path, change, messag
     from vit5.introspect.load import load_spec
 
     run = vit5.save_pretrained(
-        vit5.create_model("vit5_tiny", depth=1, embed_dim=32, num_heads=2, img_size=16, patch_size=8),
+        vit5.create_model(
+            "vit5_tiny", depth=1, embed_dim=32, num_heads=2, img_size=16, patch_size=8
+        ),
         tmp_path,
     )
     config = json.loads((run / "config.json").read_text())

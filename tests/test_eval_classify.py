@@ -45,7 +45,10 @@ def single_process(models):
 
 
 def test_checkpoint_directory_gives_raw_and_ema_models(models):
-    assert [(m.label, m.weights) for m in models] == [("tiny-digits", "raw"), ("tiny-digits-ema", "ema")]
+    assert [(m.label, m.weights) for m in models] == [
+        ("tiny-digits", "raw"),
+        ("tiny-digits-ema", "ema"),
+    ]
     raw, ema = (dict(m.model.state_dict()) for m in models)
     assert not torch.equal(raw["head.weight"], ema["head.weight"])
     assert models[0].input_size == (32, 32) and models[0].crop_pct == 1.0
@@ -140,11 +143,16 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
         spec="tiny",
         weights="random",
         description="tiny",
-        preprocessing=Preprocessing(input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0),
+        preprocessing=Preprocessing(
+            input_size=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.0
+        ),
         info=None,
     )
     result = evaluate(
-        model, open_split(tmp_path, "val"), ClassifySettings(batch_size=4, num_workers=0), progress=False
+        model,
+        open_split(tmp_path, "val"),
+        ClassifySettings(batch_size=4, num_workers=0),
+        progress=False,
     )
     assert result.scores.num_images == 6
     assert result.scores.confusion.sum() == 6
@@ -161,7 +169,8 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
     official = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
     ema = OfficialViT5(img_size=32, embed_dim=48, depth=2, num_heads=2, num_classes=5).eval()
     torch.save(
-        {"model": official.state_dict(), "model_ema": ema.state_dict()}, tmp_path / "vit5_official.pth"
+        {"model": official.state_dict(), "model_ema": ema.state_dict()},
+        tmp_path / "vit5_official.pth",
     )
     x = torch.randn(2, 3, 32, 32)
     loaded = load_spec(str(tmp_path / "vit5_official.pth"))
@@ -174,7 +183,9 @@ def test_official_pth_and_timm_specs_load_strictly(tmp_path):
     reference = timm.create_model("vit_small_patch16_224", pretrained=False, **kwargs).eval()
     torch.save(reference.state_dict(), tmp_path / "timm.pth")
     loaded = load_spec(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", kwargs)
-    assert loaded.mean == (0.5, 0.5, 0.5) and loaded.crop_pct == 0.9  # the timm model's own preprocessing
+    assert (
+        loaded.mean == (0.5, 0.5, 0.5) and loaded.crop_pct == 0.9
+    )  # the timm model's own preprocessing
     torch.testing.assert_close(loaded.model(x), reference(x))
     with pytest.raises(InputError, match="does not fit timm model"):
         load_spec(f"timm:vit_small_patch16_224@{tmp_path / 'timm.pth'}", {**kwargs, "depth": 3})
@@ -185,7 +196,9 @@ def test_wrong_class_count_and_bad_size_are_clear_errors(models):
     wrong = load_spec("vit5_tiny", {"depth": 1, "num_classes": 3}, random_init=True)
     with pytest.raises(InputError, match="3 outputs but .* 10 classes"):
         evaluate(wrong, dataset, SETTINGS, progress=False)
-    with pytest.raises(InputError, match="not a positive multiple of the patch size 8: use e.g. 32x40"):
+    with pytest.raises(
+        InputError, match="not a positive multiple of the patch size 8: use e.g. 32x40"
+    ):
         evaluate(models[0], dataset, ClassifySettings(size=(30, 41)), progress=False)
     with pytest.raises(InputError, match="neither an existing checkpoint path nor a vit5 preset"):
         load_spec("vit5_tinny")
@@ -205,11 +218,15 @@ def test_sizes_from_scales_round_to_patch_multiples():
 def test_sweep_matches_classify_at_each_size_and_plots(models, single_process, tmp_path):
     dataset = open_split(digits_folder(), "val")
     with single_thread():
-        results = run_sweep(models[:1], dataset, [(16, 16), (32, 32), (32, 64)], SETTINGS, progress=False)
+        results = run_sweep(
+            models[:1], dataset, [(16, 16), (32, 32), (32, 64)], SETTINGS, progress=False
+        )
     assert [r.size for r in results] == [(16, 16), (32, 32), (32, 64)]
     assert results[1].scores.top1 == single_process.scores.top1
     with single_thread():
-        direct = evaluate(models[0], dataset, ClassifySettings((32, 64), None, 16, 0), progress=False)
+        direct = evaluate(
+            models[0], dataset, ClassifySettings((32, 64), None, 16, 0), progress=False
+        )
     np.testing.assert_array_equal(results[2].scores.confusion, direct.scores.confusion)
     table = sweep_table(results)
     assert "32x64" in table and "tiny-digits" in table
@@ -248,7 +265,9 @@ def test_folders_named_otherwise_than_the_model_classes_are_refused(tmp_path):
         evaluate(loaded, open_split(renamed, "val"), SETTINGS, progress=False)
 
 
-def test_the_model_classes_in_another_order_or_some_of_them_are_mapped_by_name(tmp_path, single_process):
+def test_the_model_classes_in_another_order_or_some_of_them_are_mapped_by_name(
+    tmp_path, single_process
+):
     order = [3, 1, 4, 0, 5, 9, 2, 6, 8, 7]
     loaded = load_spec(str(named_checkpoint(tmp_path, order)))
     with single_thread():
@@ -256,7 +275,9 @@ def test_the_model_classes_in_another_order_or_some_of_them_are_mapped_by_name(t
     assert "the model's classes in another order; labels mapped by class name" in permuted.note
     assert permuted.scores.top1 == single_process.scores.top1  # the same predictions, renumbered
     assert permuted.class_names == [str(d) for d in order]
-    np.testing.assert_array_equal(permuted.scores.confusion, single_process.scores.confusion[order][:, order])
+    np.testing.assert_array_equal(
+        permuted.scores.confusion, single_process.scores.confusion[order][:, order]
+    )
 
     subset = linked_split(tmp_path, {d: d for d in "01234"})
     with single_thread():

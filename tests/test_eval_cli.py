@@ -58,7 +58,9 @@ def _image_folder(root: Path) -> Path:
 
 
 def test_make_seg_then_segprobe(tmp_path, capsys):
-    assert main(["make-seg", str(tmp_path / "seg"), "--train", "6", "--val", "3", "--size", "32"]) == 0
+    assert (
+        main(["make-seg", str(tmp_path / "seg"), "--train", "6", "--val", "3", "--size", "32"]) == 0
+    )
     assert (
         main(
             [
@@ -105,10 +107,24 @@ def test_features_probe_classify_and_sweep(tmp_path, capsys):
     )
     assert "6 written" in capsys.readouterr().out
     assert json.loads((tmp_path / "f" / "manifest.json").read_text())["num_images"] == 6
-    assert main(["probe", *TINY_ARGS, "--data", str(data), "--k", "3", "--out", str(tmp_path / "p")]) == 0
+    assert (
+        main(["probe", *TINY_ARGS, "--data", str(data), "--k", "3", "--out", str(tmp_path / "p")])
+        == 0
+    )
     assert "logreg" in capsys.readouterr().out
     assert (
-        main(["classify", *TINY_ARGS, "--data", str(data), "--workers", "0", "--out", str(tmp_path / "c")])
+        main(
+            [
+                "classify",
+                *TINY_ARGS,
+                "--data",
+                str(data),
+                "--workers",
+                "0",
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
         == 0
     )
     assert (tmp_path / "c" / "confusion_vit5_tiny-random-init.png").is_file()
@@ -197,8 +213,17 @@ def test_model_args_per_model(tmp_path, capsys):
 
 def test_random_init_builds_the_bare_names_and_loads_the_checkpoints(tmp_path, capsys):
     data = _image_folder(tmp_path / "data")
-    dims = ["depth=1", "embed_dim=32", "num_heads=2", "img_size=32", "patch_size=8", "num_classes=2"]
-    vit5.save_pretrained(vit5.create_model("vit5_tiny", **parse_model_args(dims)), tmp_path / "trained")
+    dims = [
+        "depth=1",
+        "embed_dim=32",
+        "num_heads=2",
+        "img_size=32",
+        "patch_size=8",
+        "num_classes=2",
+    ]
+    vit5.save_pretrained(
+        vit5.create_model("vit5_tiny", **parse_model_args(dims)), tmp_path / "trained"
+    )
     assert (
         main(
             [
@@ -226,7 +251,9 @@ def test_random_init_builds_the_bare_names_and_loads_the_checkpoints(tmp_path, c
         == 0
     )
     out = capsys.readouterr().out
-    assert "trained " in out and "vit5_tiny-random-init " in out  # one trained, one untrained, both labelled
+    assert (
+        "trained " in out and "vit5_tiny-random-init " in out
+    )  # one trained, one untrained, both labelled
     assert (
         main(
             [

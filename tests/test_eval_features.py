@@ -72,8 +72,12 @@ def test_written_files_equal_forward_intermediates_at_own_size(images, tmp_path)
             [0, 2], _reference(model, images / name, size, [0, 2], norm=False)
         ):
             assert saved[f"blocks.{block}.patches"].shape == (64, size[0] // 8, size[1] // 8)
-            torch.testing.assert_close(saved[f"blocks.{block}.patches"], patches[0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(saved[f"blocks.{block}.cls"], prefix[0, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                saved[f"blocks.{block}.patches"], patches[0], atol=1e-5, rtol=1e-5
+            )
+            torch.testing.assert_close(
+                saved[f"blocks.{block}.cls"], prefix[0, 0], atol=1e-5, rtol=1e-5
+            )
             torch.testing.assert_close(
                 saved[f"blocks.{block}.registers"], prefix[0, 1:], atol=1e-5, rtol=1e-5
             )
@@ -124,11 +128,19 @@ def test_fixed_size_half_storage_and_iterator_agree(images, tmp_path):
         export_features(model, images, tmp_path / dtype, settings, progress=False)
         from_disk = dict(read_features(tmp_path / dtype))
         with pytest.warns(UserWarning, match="skipping unreadable image"):
-            in_memory = dict(iter_features(model, images, FeatureSettings(size=(32, 64), batch_size=3)))
-        assert set(from_disk) == {p.resolve() for p in in_memory} == {(images / n).resolve() for n in SIZES}
+            in_memory = dict(
+                iter_features(model, images, FeatureSettings(size=(32, 64), batch_size=3))
+            )
+        assert (
+            set(from_disk)
+            == {p.resolve() for p in in_memory}
+            == {(images / n).resolve() for n in SIZES}
+        )
         for path, feats in in_memory.items():
             saved = from_disk[path.resolve()]
-            assert saved["blocks.1.patches"].dtype == torch_dtype and saved["blocks.1.patches"].shape == (
+            assert saved["blocks.1.patches"].dtype == torch_dtype and saved[
+                "blocks.1.patches"
+            ].shape == (
                 64,
                 4,
                 8,
@@ -187,7 +199,9 @@ def test_resume_after_interruption_finishes_without_redoing_work(images, tmp_pat
         assert resumed.keys() == fresh.keys()
         assert all(torch.equal(resumed[k], fresh[k]) for k in resumed)
 
-    cv2.imwrite(str(images / "a.png"), random_rgb(40, 50, seed=99))  # a changed source is recomputed
+    cv2.imwrite(
+        str(images / "a.png"), random_rgb(40, 50, seed=99)
+    )  # a changed source is recomputed
     again = export_features(model, images, out, settings, progress=False)
     assert (again.skipped, again.written) == (4, 1)
 
@@ -203,7 +217,10 @@ def test_other_settings_are_refused_unless_overwrite(images, tmp_path):
     summary = export_features(
         other, images, tmp_path, FeatureSettings(dtype="float16"), overwrite=True, progress=False
     )
-    assert summary.written == 5 and json.loads((tmp_path / "manifest.json").read_text())["dtype"] == "float16"
+    assert (
+        summary.written == 5
+        and json.loads((tmp_path / "manifest.json").read_text())["dtype"] == "float16"
+    )
 
 
 def test_bad_settings_are_clear_errors(images):
@@ -232,7 +249,9 @@ def test_plain_export_keeps_its_features_and_run_and_scores_every_image(images, 
     info = describe(model)
     entry = manifest["images"][0]
     stored = load_file(str(tmp_path / "out" / entry["file"]))
-    x = resize_transform((32, 32), mean=info.mean, std=info.std)(decode_image(images / entry["path"]))
+    x = resize_transform((32, 32), mean=info.mean, std=info.std)(
+        decode_image(images / entry["path"])
+    )
     direct = dense_features(model, x[None], info, [info.depth - 1])
     for name, value in direct.items():
         assert stored[name].numpy().tobytes() == value[0].numpy().tobytes()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, confusion_matrix, jaccard_score, log_loss, top_k_accuracy_score
+from sklearn.metrics import (
+    accuracy_score,
+    confusion_matrix,
+    jaccard_score,
+    log_loss,
+    top_k_accuracy_score,
+)
 
 from vit5.eval import ClassificationMeter, segmentation_scores
 from vit5.eval import confusion_matrix as our_confusion
@@ -25,7 +31,9 @@ def test_classification_meter_matches_sklearn_over_uneven_batches():
     assert scores.top1 == accuracy_score(y, p.argmax(1))
     assert scores.top5 == top_k_accuracy_score(y, p, k=5, labels=range(7))
     assert scores.loss == pytest.approx(log_loss(y, p, labels=range(7)), rel=1e-5)
-    np.testing.assert_array_equal(scores.confusion, confusion_matrix(y, p.argmax(1), labels=range(7)))
+    np.testing.assert_array_equal(
+        scores.confusion, confusion_matrix(y, p.argmax(1), labels=range(7))
+    )
     per_class = confusion_matrix(y, p.argmax(1), labels=range(7), normalize="true").diagonal()
     np.testing.assert_allclose(scores.per_class_accuracy, per_class)
 
@@ -42,7 +50,9 @@ def test_segmentation_scores_match_sklearn_jaccard():
     target = rng.integers(0, 5, 4000)
     pred = np.where(rng.random(4000) < 0.6, target, rng.integers(0, 5, 4000))
     pred[pred == 4] = 0  # class 4 never predicted: IoU 0, still counted (it is in the labels)
-    scores = segmentation_scores(our_confusion(torch.from_numpy(target), torch.from_numpy(pred), 6).numpy())
+    scores = segmentation_scores(
+        our_confusion(torch.from_numpy(target), torch.from_numpy(pred), 6).numpy()
+    )
     reference = jaccard_score(target, pred, labels=range(5), average=None)
     np.testing.assert_allclose(scores.iou[:5], reference)
     assert np.isnan(scores.iou[5])  # absent from labels and predictions: left out of the mean

@@ -50,14 +50,20 @@ def test_masks_agree_with_where_the_digits_were_pasted():
             expected[p.top : p.top + p.side, p.left : p.left + p.side][alpha >= 0.5] = p.digit + 1
         np.testing.assert_array_equal(sample.mask, expected)
         grey = sample.image.mean(axis=2)
-        assert grey[sample.mask > 0].mean() > grey[sample.mask == 0].mean() + 60  # pasted digits are bright
+        assert (
+            grey[sample.mask > 0].mean() > grey[sample.mask == 0].mean() + 60
+        )  # pasted digits are bright
         assert 2 <= len(sample.placements) <= 4
 
 
 def test_deterministic_and_train_val_use_disjoint_digits():
     a, b = digit_seg_samples("val", SMALL), digit_seg_samples("val", SMALL)
-    assert all(np.array_equal(x.image, y.image) and x.placements == y.placements for x, y in zip(a, b))
-    train_sources = {p.source_index for s in digit_seg_samples("train", SMALL) for p in s.placements}
+    assert all(
+        np.array_equal(x.image, y.image) and x.placements == y.placements for x, y in zip(a, b)
+    )
+    train_sources = {
+        p.source_index for s in digit_seg_samples("train", SMALL) for p in s.placements
+    }
     assert not train_sources & {p.source_index for s in a for p in s.placements}
 
 
@@ -105,19 +111,27 @@ def test_palette_and_16_bit_masks_give_class_ids(tmp_path):
 
     ids = np.arange(48 * 48).reshape(48, 48) % 11
     palette = Image.fromarray(ids.astype(np.uint8), mode="P")
-    palette.putpalette([v for i in range(256) for v in (i * 7 % 256, 255 - i, i * 3 % 256)])  # colours != ids
+    palette.putpalette(
+        [v for i in range(256) for v in (i * 7 % 256, 255 - i, i * 3 % 256)]
+    )  # colours != ids
     palette.save(tmp_path / "palette.png")
     cv2.imwrite(str(tmp_path / "deep.png"), (ids * 1000).astype(np.uint16))
     info = SegDatasetInfo(11, SEG_CLASSES)
     np.testing.assert_array_equal(read_mask(tmp_path / "palette.png", (48, 48), info), ids)
     deep = read_mask(
-        tmp_path / "deep.png", (48, 48), SegDatasetInfo(10001, tuple(map(str, range(10001))), ignore_index=-1)
+        tmp_path / "deep.png",
+        (48, 48),
+        SegDatasetInfo(10001, tuple(map(str, range(10001))), ignore_index=-1),
     )
     np.testing.assert_array_equal(deep, ids * 1000)
     ade = read_mask(
-        tmp_path / "palette.png", (48, 48), SegDatasetInfo(10, SEG_CLASSES[1:], reduce_zero_label=True)
+        tmp_path / "palette.png",
+        (48, 48),
+        SegDatasetInfo(10, SEG_CLASSES[1:], reduce_zero_label=True),
     )
-    np.testing.assert_array_equal(ade, np.where(ids == 0, 255, ids - 1))  # ADE20K: 0 = ignore, 1..N -> 0..N-1
+    np.testing.assert_array_equal(
+        ade, np.where(ids == 0, 255, ids - 1)
+    )  # ADE20K: 0 = ignore, 1..N -> 0..N-1
 
 
 def test_colour_and_missing_masks_name_the_file(seg_root):
@@ -146,19 +160,29 @@ def _probe(root: Path, model=None, **settings):
 def test_probe_runs_end_to_end_and_is_deterministic(seg_root):
     with single_thread():
         model = load_spec("vit5_tiny", TINY, random_init=True)
-        first, second = _probe(seg_root, model, layers=(0, 1)), _probe(seg_root, model, layers=(0, 1))
+        first, second = (
+            _probe(seg_root, model, layers=(0, 1)),
+            _probe(seg_root, model, layers=(0, 1)),
+        )
     assert first.scores.confusion.sum() == 3 * 48 * 48
-    assert first.scores.miou == second.scores.miou and first.final_train_loss == second.final_train_loss
+    assert (
+        first.scores.miou == second.scores.miou
+        and first.final_train_loss == second.final_train_loss
+    )
     assert first.blocks == [0, 1] and 0 <= first.scores.miou <= 1
 
 
 def _encoded(samples, oracle: bool, seed: int = 0) -> EncodedSplit:
     masks = [s.mask.astype(np.int64) for s in samples]
     if oracle:  # per-patch class fractions: everything a linear head needs
-        one_hot = torch.stack([F.one_hot(torch.from_numpy(m), 11).permute(2, 0, 1).float() for m in masks])
+        one_hot = torch.stack(
+            [F.one_hot(torch.from_numpy(m), 11).permute(2, 0, 1).float() for m in masks]
+        )
         features = F.avg_pool2d(one_hot, 4)
     else:
-        features = torch.randn(len(masks), 11, 12, 12, generator=torch.Generator().manual_seed(seed))
+        features = torch.randn(
+            len(masks), 11, 12, 12, generator=torch.Generator().manual_seed(seed)
+        )
     return EncodedSplit(features.half(), masks, [])
 
 
@@ -169,10 +193,14 @@ def test_linear_head_learns_informative_features_and_not_noise():
     settings = SegProbeSettings(epochs=15, lr=0.1, batch_size=16)
     with single_thread():
         oracle = score_linear_head(
-            train_linear_head(_encoded(train, True), info, (48, 48), settings), _encoded(val, True), info
+            train_linear_head(_encoded(train, True), info, (48, 48), settings),
+            _encoded(val, True),
+            info,
         )[0]
         noise = score_linear_head(
-            train_linear_head(_encoded(train, False), info, (48, 48), settings), _encoded(val, False, 1), info
+            train_linear_head(_encoded(train, False), info, (48, 48), settings),
+            _encoded(val, False, 1),
+            info,
         )[0]
     background_share = np.mean([(s.mask == 0).mean() for s in val])
     assert oracle.miou > 0.7 and oracle.pixel_accuracy > 0.93

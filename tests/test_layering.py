@@ -93,8 +93,12 @@ def subpackage_files(name: str) -> list[Path]:
 
 
 def test_imports_resolve_relative_paths_correctly():
-    assert "vit5.layers.norm" in imports_of(PACKAGE / "layers" / "attention.py")  # from .norm import ...
-    assert any(m.startswith("vit5.layers") for m in imports_of(PACKAGE / "model" / "vit.py"))  # from ..layers
+    assert "vit5.layers.norm" in imports_of(
+        PACKAGE / "layers" / "attention.py"
+    )  # from .norm import ...
+    assert any(
+        m.startswith("vit5.layers") for m in imports_of(PACKAGE / "model" / "vit.py")
+    )  # from ..layers
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED_INTERNAL))
@@ -111,7 +115,9 @@ def test_subpackage_imports_only_what_the_layering_allows(name):
                 if target != name and target not in ALLOWED_INTERNAL[name] | LEAF_MODULES:
                     offenders.append(f"{path.relative_to(PACKAGE)} imports {module}")
             elif top in TOP_LEVEL_SCRIPTS:
-                offenders.append(f"{path.relative_to(PACKAGE)} imports the top-level script {module}")
+                offenders.append(
+                    f"{path.relative_to(PACKAGE)} imports the top-level script {module}"
+                )
     assert not offenders, "\n".join(offenders)
 
 
@@ -155,7 +161,9 @@ def test_every_error_class_outside_train_is_a_user_error():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
-                cls = getattr(importlib.import_module(".".join(parts).removesuffix(".__init__")), node.name)
+                cls = getattr(
+                    importlib.import_module(".".join(parts).removesuffix(".__init__")), node.name
+                )
                 if not issubclass(cls, Vit5Error):
                     offenders.append(f"{path.relative_to(PACKAGE)}: {node.name}")
     assert not offenders, "\n".join(offenders)
@@ -188,13 +196,19 @@ def test_the_weights_modules_import_downwards_and_never_inside_a_function():
         if path.stem == "__init__":
             continue
         allowed = (
-            set(WEIGHTS_ORDER[: WEIGHTS_ORDER.index(path.stem)]) if path.stem in WEIGHTS_ORDER else set()
+            set(WEIGHTS_ORDER[: WEIGHTS_ORDER.index(path.stem)])
+            if path.stem in WEIGHTS_ORDER
+            else set()
         )
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             for module in names:
                 parts = module.split(".")
                 if parts[:2] != ["vit5", "weights"]:
@@ -203,5 +217,7 @@ def test_the_weights_modules_import_downwards_and_never_inside_a_function():
                 if target not in allowed:
                     offenders.append(f"weights/{path.name} imports vit5.weights.{target}")
                 if node not in tree.body:
-                    offenders.append(f"weights/{path.name}:{node.lineno} imports {module} inside a block")
+                    offenders.append(
+                        f"weights/{path.name}:{node.lineno} imports {module} inside a block"
+                    )
     assert not offenders, "\n".join(offenders)

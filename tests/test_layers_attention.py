@@ -59,7 +59,9 @@ def test_matches_explicit_reference_mha_gqa_mqa(backend, kv_heads):
     attn = make(backend, kv_heads=kv_heads)
     x = torch.randn(2, 15, 64)
     rope = rope_for()
-    torch.testing.assert_close(attn(x, rope), reference_attention(attn, x, rope), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        attn(x, rope), reference_attention(attn, x, rope), rtol=1e-4, atol=1e-5
+    )
     assert attn.qkv.weight.shape == ((4 + 2 * kv_heads) * 16, 64)  # GQA shrinks the K/V projections
 
 
@@ -69,9 +71,14 @@ def test_backends_agree_and_causal_agrees():
     sdpa.load_state_dict(eager.state_dict())
     x, rope = torch.randn(2, 15, 64), rope_for()
     torch.testing.assert_close(sdpa(x, rope), eager(x, rope), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(sdpa(x, rope, causal=True), eager(x, rope, causal=True), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(
-        sdpa(x, rope, causal=True), reference_attention(sdpa, x, rope, causal=True), rtol=1e-4, atol=1e-5
+        sdpa(x, rope, causal=True), eager(x, rope, causal=True), rtol=1e-4, atol=1e-5
+    )
+    torch.testing.assert_close(
+        sdpa(x, rope, causal=True),
+        reference_attention(sdpa, x, rope, causal=True),
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 
@@ -90,7 +97,9 @@ def test_qk_norm_comes_before_rope_and_v_is_not_rotated():
     attn(x, rope)
     b, n = 1, 15
     v = (x @ attn.qkv.weight.T)[..., 128:].reshape(b, n, 4, 16).transpose(1, 2)
-    mixed = (captured["p"] @ v).transpose(1, 2).reshape(b, n, 64) @ attn.proj.weight.T + attn.proj.bias
+    mixed = (captured["p"] @ v).transpose(1, 2).reshape(
+        b, n, 64
+    ) @ attn.proj.weight.T + attn.proj.bias
     torch.testing.assert_close(mixed, out, rtol=1e-4, atol=1e-5)
 
 
@@ -114,7 +123,8 @@ def test_config_validation():
 
 def decoder_stack(depth=3, kv_heads=2, backend="sdpa"):
     cfg = BlockConfig(
-        attn=AttentionConfig(dim=64, num_heads=4, num_kv_heads=kv_heads, backend=backend), layer_scale=None
+        attn=AttentionConfig(dim=64, num_heads=4, num_kv_heads=kv_heads, backend=backend),
+        layer_scale=None,
     )
     return torch.nn.ModuleList(Block(cfg) for _ in range(depth)).eval()
 
@@ -220,7 +230,10 @@ def test_fused_qk_norm_and_rope_equal_an_explicit_float64_computation(kv_heads, 
     for rope in ((cos, sin), RopeTable(cos, sin, "interleaved")):
         got = attn(x, rope).double()
         assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
-    assert set(attn.state_dict()) >= {"q_norm.weight", "k_norm.weight"}  # checkpoints keep their keys
+    assert set(attn.state_dict()) >= {
+        "q_norm.weight",
+        "k_norm.weight",
+    }  # checkpoints keep their keys
 
 
 def test_attention_gradients_equal_the_explicit_computation():
@@ -233,7 +246,9 @@ def test_attention_gradients_equal_the_explicit_computation():
     x64 = x.detach().double().requires_grad_()
     attn64 = attn.double()
     inputs64 = [x64, attn64.q_norm.weight, attn64.k_norm.weight]
-    expected = torch.autograd.grad(explicit_attention64(attn64, x64, cos, sin).square().sum(), inputs64)
+    expected = torch.autograd.grad(
+        explicit_attention64(attn64, x64, cos, sin).square().sum(), inputs64
+    )
     for got, want in zip(grads, expected):
         assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
@@ -271,7 +286,9 @@ def test_rope_table_rotates_token_major_layouts_and_selects_rows():
     x = torch.randn(2, 15, 4, 16)  # [B, N, heads, d]
     by_heads = table.rotate(x.transpose(1, 2)).transpose(1, 2)
     torch.testing.assert_close(table.rotate(x, token_dim=-3), by_heads)
-    torch.testing.assert_close(table.rows(slice(5, 7)).rotate(x[:, 5:7], token_dim=-3), by_heads[:, 5:7])
+    torch.testing.assert_close(
+        table.rows(slice(5, 7)).rotate(x[:, 5:7], token_dim=-3), by_heads[:, 5:7]
+    )
     with pytest.raises(ValueError, match="cannot rotate a tensor of shape"):
         table.rotate(x)  # tokens are not on dim -2 here
     half = RopeTable.from_angles(Rope2D(16).angles((3, 5)), "half")

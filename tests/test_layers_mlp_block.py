@@ -83,13 +83,17 @@ def test_layer_scale_init_and_off_switch():
 
 
 def test_drop_path_schedules_and_per_sample_dropping():
-    assert [b.drop_path for b in ViT5Config(depth=4, drop_path_rate=0.2).block_configs()] == [0.2] * 4
+    assert [b.drop_path for b in ViT5Config(depth=4, drop_path_rate=0.2).block_configs()] == [
+        0.2
+    ] * 4
     linear = ViT5Config(depth=4, drop_path_rate=0.3, drop_path_schedule="linear").drop_path_rates()
     assert linear == pytest.approx([0.0, 0.1, 0.2, 0.3])
     drop = block(drop=0.25).drop_path1
     x = torch.ones(1000, 3, 2)
     per_sample = drop.train()(x).flatten(1)
-    assert torch.all((per_sample == 0).all(1) | (per_sample == 1 / 0.75).all(1))  # whole samples dropped
+    assert torch.all(
+        (per_sample == 0).all(1) | (per_sample == 1 / 0.75).all(1)
+    )  # whole samples dropped
     assert 0.18 < (per_sample[:, 0] == 0).float().mean() < 0.32
     assert torch.equal(drop.eval()(x), x)
 

@@ -16,7 +16,9 @@ def test_rmsnorm_matches_formula_fp32():
     with torch.no_grad():
         norm.weight.uniform_(0.5, 2.0)
     x = torch.randn(4, 7, 32) * 3 + 1
-    torch.testing.assert_close(norm(x).double(), rmsnorm_formula(x, norm.weight, 1e-6), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        norm(x).double(), rmsnorm_formula(x, norm.weight, 1e-6), rtol=1e-5, atol=1e-6
+    )
     assert [name for name, _ in norm.named_parameters()] == ["weight"]  # no bias
 
 

@@ -100,7 +100,8 @@ def test_rotation_preserves_norms_and_leaves_zero_angles_alone():
 
 def test_frequencies_match_the_reference_values():
     torch.testing.assert_close(
-        rope_frequencies(64, 10000)[:3], torch.tensor([1.0, 0.5623413, 0.3162278], dtype=torch.float64)
+        rope_frequencies(64, 10000)[:3],
+        torch.tensor([1.0, 0.5623413, 0.3162278], dtype=torch.float64),
     )
     assert rope_frequencies(64, 10000)[-1].item() == pytest.approx(1.778e-4, rel=1e-3)
     assert rope_frequencies(64, 100)[-1].item() == pytest.approx(0.0133, rel=1e-2)
@@ -143,7 +144,10 @@ def test_rotation_of_a_strided_view_equals_the_explicit_formula_with_gradients(d
     expected = qf * cos + torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2) * sin
     assert out.dtype == dtype
     torch.testing.assert_close(
-        out.float(), expected.to(dtype).float(), rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-6
+        out.float(),
+        expected.to(dtype).float(),
+        rtol=1e-6 if dtype == torch.float32 else 1e-2,
+        atol=1e-6,
     )
     (grad,) = torch.autograd.grad(out.float().square().sum(), qkv)
     (grad_ref,) = torch.autograd.grad(expected.to(dtype).float().square().sum(), qkv)

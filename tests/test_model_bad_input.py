@@ -36,9 +36,14 @@ def test_corrupt_config_json_is_a_checkpoint_error(tmp_path, text):
 
 
 def test_state_dict_without_vit_blocks_is_a_checkpoint_error(tmp_path):
-    sd = {"patch_embed.proj.weight": torch.zeros(8, 3, 4, 4), "blocks.0.mlp.fc1_g.weight": torch.zeros(8, 8)}
+    sd = {
+        "patch_embed.proj.weight": torch.zeros(8, 3, 4, 4),
+        "blocks.0.mlp.fc1_g.weight": torch.zeros(8, 8),
+    }
     torch.save(sd, tmp_path / "other.pth")
-    with pytest.raises(CheckpointError, match="not a ViT / ViT-5 state dict this loader understands"):
+    with pytest.raises(
+        CheckpointError, match="not a ViT / ViT-5 state dict this loader understands"
+    ):
         vit5.load_model(tmp_path / "other.pth")
 
 
@@ -46,4 +51,6 @@ def test_a_preset_name_that_does_not_match_our_checkpoint_is_an_error(tmp_path):
     vit5.save_pretrained(tiny(), tmp_path)
     with pytest.raises(CheckpointError, match="width 192, not vit5_base .*vit5.load_model"):
         vit5.create_model("vit5_base", pretrained=tmp_path)
-    assert vit5.create_model("vit5_tiny", pretrained=tmp_path).cfg.depth == 2  # the directory's own config
+    assert (
+        vit5.create_model("vit5_tiny", pretrained=tmp_path).cfg.depth == 2
+    )  # the directory's own config

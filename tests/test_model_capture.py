@@ -19,7 +19,9 @@ def test_recorded_attention_equals_the_official_implementation(tmp_path):
     ref(x)
     assert set(rec.attentions) == {0, 2} and rec.attentions[2].shape == (2, 3, 21, 21)
     for i in (0, 2):
-        torch.testing.assert_close(rec.attentions[i], ref.blocks[i].attn.last_attention, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            rec.attentions[i], ref.blocks[i].attn.last_attention, rtol=1e-4, atol=1e-5
+        )
     torch.testing.assert_close(logits, ref(x), rtol=1e-4, atol=1e-4)
 
 
@@ -82,14 +84,18 @@ def test_recorded_tokens_are_the_block_outputs_before_the_final_norm():
 
 def test_recording_is_undone_on_exit_and_works_through_wrappers():
     model = vit5.create_model("vit5_tiny", depth=2, img_size=32).eval()
-    wrapped = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    wrapped = torch.nn.parallel.DistributedDataParallel.__new__(
+        torch.nn.parallel.DistributedDataParallel
+    )
     torch.nn.Module.__init__(wrapped)
     wrapped.module = model
     with vit5.record(wrapped, layers=1) as rec:
         model(torch.randn(1, 3, 32, 32))
     assert list(rec.attentions) == [1]
     assert all(blk.attn.recorder is None for blk in model.blocks)
-    assert all(not blk._forward_hooks for blk in model.blocks) and not model.patch_embed._forward_hooks
+    assert (
+        all(not blk._forward_hooks for blk in model.blocks) and not model.patch_embed._forward_hooks
+    )
     with pytest.raises(TypeError, match="expected a vit5 ViT5 model"):
         with vit5.record(torch.nn.Linear(2, 2)):
             pass
@@ -99,9 +105,13 @@ def test_unwrap_peels_nested_compile_and_ddp_wrappers_in_any_order():
     from vit5.model import unwrap
 
     model = vit5.create_model("vit5_tiny", depth=1, img_size=32)
-    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(
+        torch.nn.parallel.DistributedDataParallel
+    )
     torch.nn.Module.__init__(ddp)
-    ddp.module = torch.compile(model, backend="eager")  # DDP around a compiled model, compiled again
+    ddp.module = torch.compile(
+        model, backend="eager"
+    )  # DDP around a compiled model, compiled again
     assert unwrap(torch.compile(ddp, backend="eager")) is model
     assert unwrap(model) is model
     linear = torch.nn.Linear(2, 2)

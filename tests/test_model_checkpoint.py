@@ -40,7 +40,9 @@ def test_official_checkpoint_gives_official_logits(tmp_path):
     x = torch.randn(2, 3, 64, 64)
     torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
     assert model.cfg.num_registers == 4 and model.cfg.rope and model.cfg.norm == "rmsnorm"
-    assert len(model.load_report.dropped) == 4  # 2 blocks x (rope, rope_reg) buffers verified then dropped
+    assert (
+        len(model.load_report.dropped) == 4
+    )  # 2 blocks x (rope, rope_reg) buffers verified then dropped
     by_name = vit5.create_model(
         "vit5_tiny", pretrained=path, embed_dim=96, depth=2, num_heads=3, num_classes=7, img_size=64
     )
@@ -50,7 +52,9 @@ def test_official_checkpoint_gives_official_logits(tmp_path):
 def test_official_deit3_baseline_checkpoint(tmp_path):
     ref = official(rmsnorm=False, rope=False, num_registers=0, qk_norm=False, qkv_bias=True)
     path = save_official(ref, tmp_path / "deit.pth")
-    with pytest.raises(CheckpointError, match="pass num_heads"):  # 96 wide, no QK-Norm: heads are ambiguous
+    with pytest.raises(
+        CheckpointError, match="pass num_heads"
+    ):  # 96 wide, no QK-Norm: heads are ambiguous
         vit5.load_model(path)
     model = vit5.load_model(path, num_heads=3).eval()
     assert model.cfg.norm == "layernorm" and not model.cfg.rope and model.cfg.qkv_bias
@@ -81,14 +85,18 @@ def test_official_checkpoint_at_a_new_resolution_resamples_the_ape(tmp_path):
 def test_official_rope_buffers_are_verified(tmp_path):
     ref = official()
     sd = ref.state_dict()
-    sd["blocks.0.attn.rope_reg.freqs"] = sd["blocks.0.attn.rope.freqs"]  # theta 1e4 where 100 belongs
+    sd["blocks.0.attn.rope_reg.freqs"] = sd[
+        "blocks.0.attn.rope.freqs"
+    ]  # theta 1e4 where 100 belongs
     torch.save({"model": sd}, tmp_path / "bad.pth")
     with pytest.raises(CheckpointError, match="register_rope_theta"):
         vit5.load_model(tmp_path / "bad.pth")
 
 
 def timm_vit(**kw):
-    base = dict(img_size=64, patch_size=16, embed_dim=96, depth=2, num_heads=3, num_classes=7, qkv_bias=True)
+    base = dict(
+        img_size=64, patch_size=16, embed_dim=96, depth=2, num_heads=3, num_classes=7, qkv_bias=True
+    )
     return randomise(VisionTransformer(**{**base, **kw}))
 
 
@@ -112,10 +120,17 @@ def test_timm_vision_transformer_checkpoint_gives_timm_logits(tmp_path, kwargs):
 
 def test_timm_deit3_loads_into_the_deit3_preset(tmp_path):
     ref = timm_vit(
-        embed_dim=192, depth=12, num_heads=3, no_embed_class=True, init_values=1e-4, num_classes=1000
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        no_embed_class=True,
+        init_values=1e-4,
+        num_classes=1000,
     )
     torch.save({"state_dict": ref.state_dict()}, tmp_path / "deit3_tiny.pth")
-    model = vit5.create_model("deit3_tiny", pretrained=tmp_path / "deit3_tiny.pth", img_size=64).eval()
+    model = vit5.create_model(
+        "deit3_tiny", pretrained=tmp_path / "deit3_tiny.pth", img_size=64
+    ).eval()
     x = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
 
@@ -138,7 +153,9 @@ def test_a_training_run_directory_loads_its_final_checkpoint(tmp_path):
     best = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4).eval()
     vit5.save_pretrained(best, tmp_path / "run" / "best")
     vit5.save_pretrained(final, tmp_path / "run" / "final")
-    (tmp_path / "run" / "checkpoints").mkdir()  # a run's other folders are not checkpoint directories
+    (
+        tmp_path / "run" / "checkpoints"
+    ).mkdir()  # a run's other folders are not checkpoint directories
     x = torch.randn(1, 3, 32, 32)
     torch.testing.assert_close(vit5.load_model(tmp_path / "run")(x), final(x), rtol=0, atol=0)
     (tmp_path / "run" / "final" / "config.json").rename(tmp_path / "run" / "final" / "config.old")
@@ -151,7 +168,10 @@ def test_new_head_for_fine_tuning_and_clear_head_mismatch(tmp_path):
     model = vit5.create_model("vit5_tiny", depth=2, img_size=32, num_classes=4)
     vit5.save_pretrained(model, tmp_path / "run")
     tuned = vit5.create_model("vit5_tiny", pretrained=tmp_path / "run", num_classes=9)
-    assert tuned.head.weight.shape == (9, 192) and tuned.load_report.reset == ["head.weight", "head.bias"]
+    assert tuned.head.weight.shape == (9, 192) and tuned.load_report.reset == [
+        "head.weight",
+        "head.bias",
+    ]
     torch.testing.assert_close(tuned.blocks[1].mlp.fc2.weight, model.blocks[1].mlp.fc2.weight)
     torch.save(model.state_dict(), tmp_path / "sd.pth")
     with pytest.raises(
@@ -166,7 +186,12 @@ def test_mismatched_architecture_lists_keys(tmp_path):
     torch.save(model.state_dict(), tmp_path / "sd.pth")
     with pytest.raises(CheckpointError) as err:
         vit5.create_model(
-            "vit5_tiny", pretrained=tmp_path / "sd.pth", depth=3, img_size=32, num_classes=4, qk_norm=False
+            "vit5_tiny",
+            pretrained=tmp_path / "sd.pth",
+            depth=3,
+            img_size=32,
+            num_classes=4,
+            qk_norm=False,
         )
     text = str(err.value)
     assert "missing (" in text and "blocks.2.attn.qkv.weight" in text
@@ -196,7 +221,8 @@ def test_bad_files_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         vit5.load_model(tmp_path / "missing")
     with pytest.raises(
-        CheckpointError, match=r"vit5_tiny has no released weights \(released: vit5_small_patch16_224.in1k"
+        CheckpointError,
+        match=r"vit5_tiny has no released weights \(released: vit5_small_patch16_224.in1k",
     ):
         vit5.create_model("vit5_tiny", pretrained=True)
     (tmp_path / "empty_dir").mkdir()
@@ -288,7 +314,9 @@ def test_weights_of_another_patch_size_give_the_same_logits_on_the_resized_image
     """A model at patch 8 loaded at patch 16 with twice the image size (the same 4x4 grid): every
     token is the original one, so the logits are the original model's on the image whose patches
     were each upsampled (bicubic, as the loader's resize)."""
-    model = randomise(vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=5))
+    model = randomise(
+        vit5.create_model("vit5_tiny", depth=2, img_size=32, patch_size=8, num_classes=5)
+    )
     vit5.save_pretrained(model, tmp_path / "p8")
     grown = vit5.load_model(tmp_path / "p8", patch_size=16, img_size=64).eval()
     x = torch.randn(2, 3, 32, 32)
@@ -311,7 +339,9 @@ def test_an_override_the_weights_cannot_take_is_named_with_the_fix(tmp_path):
         vit5.load_model(tmp_path / "run", embed_dim=96, num_heads=3)
     assert err.value.settings == {"embed_dim": (96, 192)}
     assert err.value.dotlist("model.overrides.") == "model.overrides.embed_dim=192"
-    with pytest.raises(CheckpointError, match=r"built with in_chans=1: the weights hold in_chans=3"):
+    with pytest.raises(
+        CheckpointError, match=r"built with in_chans=1: the weights hold in_chans=3"
+    ):
         vit5.create_model(
             "vit5_tiny",
             pretrained=tmp_path / "sd.pth",

@@ -43,7 +43,12 @@ def test_torch_export_reproduces_the_model_with_a_free_batch(name):
 def test_dynamic_size_export_covers_every_size_from_the_models_own_upward():
     model = tiny()  # stored grid 4x4
     program = vit5.export_program(model, size=(32, 48), dynamic_size=True).module()
-    for size in ((32, 32), (32, 48), (64, 40), (96, 32)):  # the stored grid itself: resampling is exact there
+    for size in (
+        (32, 32),
+        (32, 48),
+        (64, 40),
+        (96, 32),
+    ):  # the stored grid itself: resampling is exact there
         x = torch.randn(2, 3, *size)
         with torch.no_grad():
             torch.testing.assert_close(program(x), model(x), rtol=1e-5, atol=1e-5)
@@ -58,12 +63,30 @@ def test_export_command_writes_an_onnx_file_onnxruntime_runs_like_torch(tmp_path
     vit5.save_pretrained(model, tmp_path / "run")
     out = tmp_path / "out" / "model.onnx"
     assert (
-        main(["--model", str(tmp_path / "run"), "--onnx", str(out), "--size", "32x48", "--dynamic-size"]) == 0
+        main(
+            [
+                "--model",
+                str(tmp_path / "run"),
+                "--onnx",
+                str(out),
+                "--size",
+                "32x48",
+                "--dynamic-size",
+            ]
+        )
+        == 0
     )
     stdout = capsys.readouterr().out
-    assert "input batchx3xheightxwidth" in stdout and "onnxruntime matches torch: max |difference|" in stdout
+    assert (
+        "input batchx3xheightxwidth" in stdout
+        and "onnxruntime matches torch: max |difference|" in stdout
+    )
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]  # one self-contained file
-    for batch, size in ((1, (32, 48)), (3, (32, 32)), (2, (48, 64))):  # free batch, free size from 32x32 up
+    for batch, size in (
+        (1, (32, 48)),
+        (3, (32, 32)),
+        (2, (48, 64)),
+    ):  # free batch, free size from 32x32 up
         x = torch.randn(batch, 3, *size)
         with torch.no_grad():
             torch.testing.assert_close(run_onnx(out, x), model(x), rtol=1e-4, atol=1e-4)
@@ -106,7 +129,9 @@ def test_the_onnx_file_carries_the_preprocessing_and_the_class_names(tmp_path):
     model = tiny(num_classes=3)
     model.pretrained_cfg["label_names"] = ["cat", "dog", "owl"]
     vit5.export_onnx(model, tmp_path / "m.onnx", check=False)
-    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]
+    )
     meta = session.get_modelmeta().custom_metadata_map
     assert json.loads(meta["label_names"]) == ["cat", "dog", "owl"]
     assert json.loads(meta["mean"]) == pytest.approx(IMAGENET_DEFAULT_MEAN)
@@ -138,7 +163,14 @@ def test_a_failed_re_export_leaves_the_previous_files_whole(tmp_path):
     out = tmp_path / "out"
     assert (
         main(
-            ["--model", str(tmp_path / "run"), "--onnx", str(out / "m.onnx"), "--program", str(out / "m.pt2")]
+            [
+                "--model",
+                str(tmp_path / "run"),
+                "--onnx",
+                str(out / "m.onnx"),
+                "--program",
+                str(out / "m.pt2"),
+            ]
         )
         == 0
     )
@@ -167,7 +199,8 @@ def test_external_weights_are_put_in_place_with_their_graph(tmp_path):
     path = tmp_path / "m.onnx"
     report = vit5.export_onnx(model, path, external_data=True)
     assert (
-        sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"] and report.files[1].exists()
+        sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+        and report.files[1].exists()
     )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -175,4 +208,6 @@ def test_external_weights_are_put_in_place_with_their_graph(tmp_path):
             run_onnx(path, x), model(x), rtol=1e-4, atol=1e-4
         )  # graph finds its weights
     vit5.export_onnx(model, path, external_data=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # the old weights file went with it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "m.onnx"
+    ]  # the old weights file went with it

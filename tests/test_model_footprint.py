@@ -13,13 +13,25 @@ import pytest
 from test_train_support import single_thread  # noqa: F401 (autouse fixture: one torch thread)
 
 import vit5
-from vit5.model.footprint import activation_bytes, attention_bytes, check_size, num_tokens, parameter_count
+from vit5.model.footprint import (
+    activation_bytes,
+    attention_bytes,
+    check_size,
+    num_tokens,
+    parameter_count,
+)
 from vit5.weights import factory as factory_module
 
 SWITCHES = [
     {},
     {"norm": "layernorm", "qkv_bias": True, "qk_norm": False, "rope": False, "num_registers": 0},
-    {"mlp": "swiglu", "num_kv_heads": 1, "layer_scale": None, "class_token": False, "global_pool": "avg"},
+    {
+        "mlp": "swiglu",
+        "num_kv_heads": 1,
+        "layer_scale": None,
+        "class_token": False,
+        "global_pool": "avg",
+    },
     {
         "mlp": "swiglu",
         "mlp_bias": True,
@@ -65,7 +77,9 @@ def no_model_built(monkeypatch):
     """Any ViT5 constructed by the loaders fails the test: refusals must come before allocation."""
 
     def refuse(cfg):
-        raise AssertionError(f"a model was built for {cfg.depth=} {cfg.embed_dim=} before the size check")
+        raise AssertionError(
+            f"a model was built for {cfg.depth=} {cfg.embed_dim=} before the size check"
+        )
 
     monkeypatch.setattr(factory_module, "ViT5", refuse)
 
@@ -75,12 +89,16 @@ def test_a_preset_beyond_the_limit_is_refused_with_the_estimate(no_model_built):
         vit5.create_model("vit5_tiny", depth=100_000)
     with pytest.raises(vit5.ConfigError, match=r"more than the limit of 1e\+06"):
         check_size(vit5.preset_config("vit5_tiny"), max_params=1e6)
-    assert check_size(vit5.preset_config("vit5_tiny"), max_params=6e6) == 5_712_424  # the limit can be raised
+    assert (
+        check_size(vit5.preset_config("vit5_tiny"), max_params=6e6) == 5_712_424
+    )  # the limit can be raised
 
 
 @pytest.fixture
 def model_dir(tmp_path):
-    model = vit5.create_model("vit5_tiny", depth=2, embed_dim=48, num_heads=2, img_size=16, patch_size=8)
+    model = vit5.create_model(
+        "vit5_tiny", depth=2, embed_dim=48, num_heads=2, img_size=16, patch_size=8
+    )
     vit5.save_pretrained(model, tmp_path / "m")
     return tmp_path / "m"
 
@@ -88,7 +106,9 @@ def model_dir(tmp_path):
 def edit_config(directory, **changes):
     path = directory / "config.json"
     data = json.loads(path.read_text())
-    key = "model_args" if "model_args" in data else "config"  # hub-ready dirs keep the config in model_args
+    key = (
+        "model_args" if "model_args" in data else "config"
+    )  # hub-ready dirs keep the config in model_args
     if "whole" in changes:
         data[key] = changes.pop("whole")
     data[key].update(changes) if isinstance(data[key], dict) else None
@@ -146,10 +166,14 @@ def test_the_config_json_must_describe_its_own_weights(model_dir):
 
 def test_naming_another_family_than_the_directory_holds_is_an_error(tmp_path):
     vit5.save_pretrained(vit5.create_model("vit5_tiny", depth=2), tmp_path)
-    with pytest.raises(vit5.CheckpointError, match=r"holds a vit5_tiny, not a deit3_tiny: norm='rmsnorm'"):
+    with pytest.raises(
+        vit5.CheckpointError, match=r"holds a vit5_tiny, not a deit3_tiny: norm='rmsnorm'"
+    ):
         vit5.create_model("deit3_tiny", pretrained=tmp_path)
     assert vit5.create_model("vit5_tiny", pretrained=tmp_path).cfg.norm == "rmsnorm"
-    ablated = tmp_path / "ablated"  # an ablation of the family (no registers) still loads under its name
+    ablated = (
+        tmp_path / "ablated"
+    )  # an ablation of the family (no registers) still loads under its name
     vit5.save_pretrained(vit5.create_model("vit5_tiny", depth=2, num_registers=0), ablated)
     assert vit5.create_model("vit5_tiny", pretrained=ablated).cfg.num_registers == 0
 
@@ -162,7 +186,9 @@ def test_memory_estimates_are_lower_bounds_of_measured_cpu_peaks(switches):
     from vit5.bench.measure import measure_memory
     from vit5.model.footprint import training_bytes
 
-    model = vit5.create_model("vit5_tiny", depth=2, img_size=64, patch_size=8, num_classes=10, **switches)
+    model = vit5.create_model(
+        "vit5_tiny", depth=2, img_size=64, patch_size=8, num_classes=10, **switches
+    )
     images, labels = torch.randn(4, 3, 64, 64), torch.arange(4) % 10
     with torch.no_grad():
         forward, _ = measure_memory(lambda: model(images))
@@ -176,6 +202,8 @@ def test_memory_estimates_are_lower_bounds_of_measured_cpu_peaks(switches):
 
     step()  # allocates the two moments
     reading, _ = measure_memory(step)
-    alive_before = 3 * 4 * sum(p.numel() for p in model.parameters())  # weights and moments, float32
+    alive_before = (
+        3 * 4 * sum(p.numel() for p in model.parameters())
+    )  # weights and moments, float32
     total = reading.peak + alive_before
     assert total / 2 < training_bytes(model.cfg, batch=4, ema=False) <= total

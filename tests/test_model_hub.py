@@ -46,7 +46,14 @@ def official_small(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = {"depth": 2, "img_size": 32, "patch_size": 8, "embed_dim": 64, "num_heads": 2, "num_classes": 5}
+    base = {
+        "depth": 2,
+        "img_size": 32,
+        "patch_size": 8,
+        "embed_dim": 64,
+        "num_heads": 2,
+        "num_classes": 5,
+    }
     return randomise(vit5.create_model("vit5_tiny", **{**base, **kw}))
 
 
@@ -57,10 +64,14 @@ def test_released_weights_load_by_name_with_the_official_logits(hf_cache, offici
     with torch.no_grad():
         by_timm = timm.create_model("vit5_small_patch16_224.in1k", pretrained=True).eval()
         torch.testing.assert_close(by_timm(x), logits, rtol=1e-4, atol=1e-4)
-        by_size = vit5.create_model("vit5_small", pretrained=True).eval()  # a size name: its 224 weights
+        by_size = vit5.create_model(
+            "vit5_small", pretrained=True
+        ).eval()  # a size name: its 224 weights
         torch.testing.assert_close(by_size(x), logits, rtol=1e-4, atol=1e-4)
         assert "vit5_small_patch16_224.in1k" in by_size.load_report.path
-        inferred = vit5.load_model("vit5_small_patch16_224.in1k").eval()  # architecture read off the weights
+        inferred = vit5.load_model(
+            "vit5_small_patch16_224.in1k"
+        ).eval()  # architecture read off the weights
         torch.testing.assert_close(inferred(x), logits, rtol=1e-4, atol=1e-4)
         # timm adapts the head as for its own models; the trunk is the official one
         new_head = timm.create_model("vit5_small", pretrained=True, num_classes=10).eval()
@@ -71,7 +82,10 @@ def test_released_weights_load_by_name_with_the_official_logits(hf_cache, offici
             rtol=1e-4,
             atol=1e-4,
         )
-    assert by_timm.pretrained_cfg["hf_hub_id"] == OFFICIAL and by_timm.pretrained_cfg["crop_pct"] == 1.0
+    assert (
+        by_timm.pretrained_cfg["hf_hub_id"] == OFFICIAL
+        and by_timm.pretrained_cfg["crop_pct"] == 1.0
+    )
 
 
 def test_offline_and_not_cached_is_one_clear_error(hf_cache):
@@ -84,10 +98,14 @@ def test_offline_and_not_cached_is_one_clear_error(hf_cache):
         vit5.create_model("vit5_small", pretrained=True)
     with pytest.raises(CheckpointError, match=expected):
         timm.create_model("vit5_small_patch16_224.in1k", pretrained=True)
-    with pytest.raises(CheckpointError, match="vit5_base_patch16_384.pth"):  # the tag picks the file
+    with pytest.raises(
+        CheckpointError, match="vit5_base_patch16_384.pth"
+    ):  # the tag picks the file
         vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k")
     pinned = r"vit5_base_patch16_384.pth of the Hugging Face Hub repo FengWang3211/ViT-5 \(revision abc\)"
-    with pytest.raises(CheckpointError, match=pinned):  # revision= goes to the download, not the config
+    with pytest.raises(
+        CheckpointError, match=pinned
+    ):  # revision= goes to the download, not the config
         vit5.create_model("vit5_base", pretrained="vit5_base_patch16_384.in1k", revision="abc")
 
 
@@ -104,7 +122,8 @@ def test_unknown_names_list_the_released_weights():
     with pytest.raises(CheckpointError, match=f"vit5_tiny has no released weights.*{known}"):
         vit5.create_model("vit5_tiny", pretrained=True)
     with pytest.raises(
-        CheckpointError, match=r"holds a vit5_base_patch16_384 .*create_model\('vit5_base_patch16_384'"
+        CheckpointError,
+        match=r"holds a vit5_base_patch16_384 .*create_model\('vit5_base_patch16_384'",
     ):
         vit5.create_model("vit5_small", pretrained="vit5_base_patch16_384.in1k")
 
@@ -125,7 +144,9 @@ def test_every_release_has_a_timm_pretrained_config():
     for name, release in catalog.RELEASES.items():
         cfg = timm.models.get_pretrained_cfg(name).to_dict()
         size = release.img_size
-        assert cfg["hf_hub_id"] == OFFICIAL and cfg["hf_hub_filename"] == f"{name.split('.')[0]}.pth"
+        assert (
+            cfg["hf_hub_id"] == OFFICIAL and cfg["hf_hub_filename"] == f"{name.split('.')[0]}.pth"
+        )
         assert cfg["input_size"] == (3, size, size) and name.split(".")[0].endswith(str(size))
         assert (cfg["crop_pct"], cfg["interpolation"], cfg["num_classes"]) == (1.0, "bicubic", 1000)
         assert cfg["mean"] == (0.485, 0.456, 0.406) and cfg["std"] == (0.229, 0.224, 0.225)
@@ -138,8 +159,16 @@ def test_a_saved_run_is_what_timm_and_vit5_read_from_the_hub(hf_cache, tmp_path)
     ema = {k: v + 0.01 for k, v in model.state_dict().items()}
     vit5.save_pretrained(model, tmp_path / "run", ema_state_dict=ema, extra={"epoch": 3})
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["architecture"] == "vit5_tiny" and config["num_classes"] == 5 and config["epoch"] == 3
-    assert config["model_args"]["embed_dim"] == 64 and config["pretrained_cfg"]["input_size"] == [3, 32, 32]
+    assert (
+        config["architecture"] == "vit5_tiny"
+        and config["num_classes"] == 5
+        and config["epoch"] == 3
+    )
+    assert config["model_args"]["embed_dim"] == 64 and config["pretrained_cfg"]["input_size"] == [
+        3,
+        32,
+        32,
+    ]
     lay_out_folder(hf_cache, "someone/tiny-vit5", tmp_path / "run")
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
@@ -159,7 +188,9 @@ def test_a_config_json_without_the_hub_layout_is_one_clear_error(tmp_path):
     model = tiny()
     vit5.save_pretrained(model, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"config": model.cfg.to_dict(), "epoch": 1}))
-    with pytest.raises(CheckpointError, match=r"config.json is corrupt or not a vit5 config .*architecture"):
+    with pytest.raises(
+        CheckpointError, match=r"config.json is corrupt or not a vit5 config .*architecture"
+    ):
         vit5.load_model(tmp_path)
 
 
@@ -174,7 +205,9 @@ def test_a_revision_pins_the_weights(hf_cache):
     with torch.no_grad():
         torch.testing.assert_close(vit5.load_model("hf-hub:someone/tiny-vit5")(x), second(x))
         torch.testing.assert_close(vit5.load_model(f"hf-hub:someone/tiny-vit5@{old}")(x), first(x))
-        torch.testing.assert_close(vit5.load_model("hf-hub:someone/tiny-vit5", revision=old)(x), first(x))
+        torch.testing.assert_close(
+            vit5.load_model("hf-hub:someone/tiny-vit5", revision=old)(x), first(x)
+        )
         pinned = timm.create_model(f"hf-hub:someone/tiny-vit5@{old}", pretrained=True).eval()
         torch.testing.assert_close(pinned(x), first(x))
 
@@ -206,7 +239,9 @@ def test_a_revision_pins_the_weights(hf_cache):
 )
 def test_a_hub_repo_that_is_not_a_vit5_model_says_what_it_found(hf_cache, files, message):
     lay_out_download(
-        hf_cache, "someone/other", {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+        hf_cache,
+        "someone/other",
+        {k: v.encode() if isinstance(v, str) else v for k, v in files.items()},
     )
     with pytest.raises(CheckpointError, match=message):
         vit5.load_model("hf-hub:someone/other")
@@ -217,7 +252,8 @@ def test_a_damaged_cached_run_names_the_file_to_delete(hf_cache, tmp_path):
     (tmp_path / "run" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     lay_out_folder(hf_cache, "someone/damaged", tmp_path / "run")
     with pytest.raises(
-        CheckpointError, match=r"model.safetensors is corrupt or truncated[\s\S]*delete .*model.safetensors"
+        CheckpointError,
+        match=r"model.safetensors is corrupt or truncated[\s\S]*delete .*model.safetensors",
     ):
         vit5.load_model("hf-hub:someone/damaged")
 
@@ -241,7 +277,13 @@ class FakeHfApi:
         return self.has_card and filename == "README.md"
 
     def upload_folder(
-        self, repo_id, folder_path, revision=None, commit_message=None, create_pr=False, ignore_patterns=None
+        self,
+        repo_id,
+        folder_path,
+        revision=None,
+        commit_message=None,
+        create_pr=False,
+        ignore_patterns=None,
     ):
         self.calls.append(("upload_folder", repo_id, revision, commit_message, create_pr))
         files = {p.name: p.read_bytes() for p in Path(folder_path).iterdir()}
@@ -283,7 +325,11 @@ def test_push_a_checkpoint_directory_keeps_its_ema_and_an_existing_card(tmp_path
     vit5.save_pretrained(model, run, ema_state_dict=ema, extra={"step": 7})
     fake_api.has_card = True
     vit5.push_to_hub(run, "someone/run")
-    assert sorted(fake_api.uploaded) == ["config.json", "model.safetensors", "model_ema.safetensors"]
+    assert sorted(fake_api.uploaded) == [
+        "config.json",
+        "model.safetensors",
+        "model_ema.safetensors",
+    ]
     assert json.loads(fake_api.uploaded["config.json"])["step"] == 7
     with pytest.raises(CheckpointError, match="not a vit5 checkpoint directory"):
         torch.save(model.state_dict(), tmp_path / "w.pth")
@@ -302,7 +348,9 @@ def test_released_weights_fine_tune_at_the_recipes_patch_size(hf_cache, official
     _, _, _, path = official_small
     lay_out_download(hf_cache, OFFICIAL, {"vit5_small_patch16_224.pth": path})
     released = "vit5_small_patch16_224.in1k"
-    cfg = ModelSection(name="vit5_small", img_size=32, pretrained=released, overrides={"patch_size": 8})
+    cfg = ModelSection(
+        name="vit5_small", img_size=32, pretrained=released, overrides={"patch_size": 8}
+    )
     model, description, report = build_model(cfg, num_classes=10)
     assert model.patch_embed.proj.weight.shape == (384, 3, 8, 8)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -33,7 +33,9 @@ def test_regional_compile_compiles_one_block_for_all_and_keeps_outputs_and_keys(
 
     counters.clear()
     assert vit5.compile_blocks(model, backend="aot_eager", fullgraph=True) is model
-    assert list(model.state_dict()) == keys  # no _orig_mod. prefix: checkpoints and EMA are unaffected
+    assert (
+        list(model.state_dict()) == keys
+    )  # no _orig_mod. prefix: checkpoints and EMA are unaffected
     with torch.no_grad():
         torch.testing.assert_close(model(x), twin(x), rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1  # two blocks, one compilation

@@ -44,12 +44,17 @@ def randomise(model):
 
 def test_every_preset_has_a_timm_pretrained_config():
     presets = set(PRESETS)
-    assert presets <= set(timm.list_models("*", name_matches_cfg=True))  # what timm's backward tests collect
+    assert presets <= set(
+        timm.list_models("*", name_matches_cfg=True)
+    )  # what timm's backward tests collect
     for name in presets:
         cfg = timm.models.get_pretrained_cfg(name).to_dict()
         side = PRESETS[name].get("img_size", 224)
         assert cfg["input_size"] == (3, side, side) and cfg["first_conv"] == "patch_embed.proj"
-        assert cfg["classifier"] == "head" and (cfg["crop_pct"], cfg["interpolation"]) == (1.0, "bicubic")
+        assert cfg["classifier"] == "head" and (cfg["crop_pct"], cfg["interpolation"]) == (
+            1.0,
+            "bicubic",
+        )
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -61,7 +66,9 @@ def test_features_only_takes_timms_keywords(name):
     assert isinstance(getter, FeatureGetterNet)
     assert [f.shape for f in getter(x)] == [(1, getter.feature_info.channels()[0], 4, 6)] * 2
     args = {**tiny_args(name), "depth": 4}
-    default = timm.create_model(name, features_only=True, feature_cfg={"feature_cls": "getter"}, **args)
+    default = timm.create_model(
+        name, features_only=True, feature_cfg={"feature_cls": "getter"}, **args
+    )
     assert len(default(x)) == 3 and default.feature_info.reduction() == [
         8,
         8,
@@ -88,7 +95,9 @@ def test_fx_feature_extraction_matches_eager_at_any_size(name):
     assert (
         "patch_embed.checked_images" in nodes
     )  # input checks are one recorded call, not traced control flow
-    extractor = create_feature_extractor(model, return_nodes={"blocks.0": "block0", "head": "logits"})
+    extractor = create_feature_extractor(
+        model, return_nodes={"blocks.0": "block0", "head": "logits"}
+    )
     for size in ((32, 32), (48, 64)):  # traced once, symbolic grid: any patch-multiple size
         x = torch.randn(2, 3, *size)
         with torch.no_grad():

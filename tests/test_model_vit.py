@@ -40,7 +40,9 @@ def test_official_state_dict_shapes_for_base():
         model = vit5.create_model("vit5_base")
     sd = model.state_dict()
     assert sd["pos_embed"].shape == (1, 196, 768) and sd["reg_token"].shape == (1, 4, 768)
-    assert sd["blocks.0.attn.qkv.weight"].shape == (2304, 768) and "blocks.0.attn.qkv.bias" not in sd
+    assert (
+        sd["blocks.0.attn.qkv.weight"].shape == (2304, 768) and "blocks.0.attn.qkv.bias" not in sd
+    )
     assert sd["blocks.0.attn.q_norm.weight"].shape == (64,) and "norm.bias" not in sd
 
 
@@ -71,7 +73,9 @@ def test_any_resolution_and_set_input_size():
     model.set_input_size((48, 80))
     assert model.pos_embed.shape == (1, 15, 192) and model.cfg.img_size == (48, 80)
     expected = F.interpolate(trained, size=(3, 5), mode="bicubic", align_corners=False)
-    torch.testing.assert_close(model.pos_embed.detach().reshape(1, 3, 5, 192).permute(0, 3, 1, 2), expected)
+    torch.testing.assert_close(
+        model.pos_embed.detach().reshape(1, 3, 5, 192).permute(0, 3, 1, 2), expected
+    )
     torch.testing.assert_close(model.forward_features(x), dynamic)
 
 
@@ -93,7 +97,9 @@ def test_forward_intermediates_contract():
     final, inter = model.forward_intermediates(x, indices=[0, -1], return_prefix_tokens=True)
     assert [s.shape for s, _ in inter] == [(2, 192, 2, 4)] * 2 and inter[0][1].shape == (2, 5, 192)
     torch.testing.assert_close(final, model.forward_features(x))
-    normed = model.forward_intermediates(x, indices=1, norm=True, output_fmt="NLC", intermediates_only=True)
+    normed = model.forward_intermediates(
+        x, indices=1, norm=True, output_fmt="NLC", intermediates_only=True
+    )
     torch.testing.assert_close(
         normed[0], final[:, 1:9]
     )  # last block + norm = the patch part of forward_features
@@ -127,7 +133,9 @@ def test_avg_pool_excludes_cls_and_registers():
 def test_timm_registry_optimizer_and_feature_wrapper():
     model = timm.create_model("vit5_tiny", depth=2, img_size=32, num_classes=3)
     assert isinstance(model, vit5.ViT5) and model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
-    opt = timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    opt = timm.optim.create_optimizer_v2(
+        model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75
+    )
     scales = {g["lr_scale"] for g in opt.param_groups}
     assert len(scales) == 4  # stem, 2 blocks, head/norm: timm's layer decay reads group_matcher
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
@@ -144,7 +152,9 @@ def test_timm_registry_optimizer_and_feature_wrapper():
         "head.bias",
     } <= set(no_decay)
     assert all(names[i].endswith("weight") and "norm" not in names[i] for i in decayed)
-    features = timm.create_model("vit5_tiny", depth=3, img_size=32, features_only=True, out_indices=(1, 2))
+    features = timm.create_model(
+        "vit5_tiny", depth=3, img_size=32, features_only=True, out_indices=(1, 2)
+    )
     assert [f.shape for f in features(torch.randn(1, 3, 32, 48))] == [(1, 192, 2, 3)] * 2
     data_cfg = timm.data.resolve_model_data_config(model)
     assert data_cfg["crop_pct"] == 1.0 and data_cfg["interpolation"] == "bicubic"
@@ -180,7 +190,9 @@ def test_torch_compile_has_no_graph_breaks():
     model = tiny()
     x = torch.randn(2, 3, 32, 48)
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    compiled = torch.compile(
+        model, fullgraph=True, backend="aot_eager"
+    )  # fullgraph: a graph break raises
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
     model.train()
@@ -201,7 +213,10 @@ def test_torch_compile_has_no_graph_breaks():
             r"norm = 'batchnorm' has the wrong type: expected one of 'rmsnorm', 'layernorm'",
         ),
         (dict(depth="12"), "depth = '12' has the wrong type: expected int"),
-        (dict(num_registrs=4), "unknown ViT5Config key 'num_registrs': did you mean 'num_registers'"),
+        (
+            dict(num_registrs=4),
+            "unknown ViT5Config key 'num_registrs': did you mean 'num_registers'",
+        ),
     ],
 )
 def test_config_validation_messages(kwargs, message):
@@ -279,7 +294,11 @@ def test_ape_resampling_is_timms_with_antialiasing_only_when_shrinking():
 
     pe = torch.randn(1, 14 * 14, 32, generator=torch.Generator().manual_seed(0))
     for new, antialias in (((20, 24), False), ((7, 9), True), ((10, 20), True)):
-        expected = resample_abs_pos_embed(pe, list(new), (14, 14), num_prefix_tokens=0, antialias=antialias)
-        torch.testing.assert_close(resample_pos_embed(pe, (14, 14), new), expected, rtol=0, atol=1e-6)
+        expected = resample_abs_pos_embed(
+            pe, list(new), (14, 14), num_prefix_tokens=0, antialias=antialias
+        )
+        torch.testing.assert_close(
+            resample_pos_embed(pe, (14, 14), new), expected, rtol=0, atol=1e-6
+        )
     timm_default = resample_abs_pos_embed(pe, [20, 24], (14, 14), num_prefix_tokens=0)
     assert (resample_pos_embed(pe, (14, 14), (20, 24)) - timm_default).abs().max() > 0.1

@@ -63,7 +63,9 @@ def test_resume_restores_optimizer_and_ema(tmp_path):
     ema_at_save, save = {}, trainer.checkpoints.save
 
     def save_and_snapshot(num_updates):
-        ema_at_save[num_updates] = {k: v.clone() for k, v in trainer.ema.module.state_dict().items()}
+        ema_at_save[num_updates] = {
+            k: v.clone() for k, v in trainer.ema.module.state_dict().items()
+        }
         return save(num_updates)
 
     trainer.checkpoints.save = save_and_snapshot
@@ -77,7 +79,9 @@ def test_resume_restores_optimizer_and_ema(tmp_path):
     state = resumed.optimizer.state_dict()["state"]
     assert state and all(int(s["step"]) == 20 for s in state.values())
     for name, value in resumed.ema.module.state_dict().items():
-        torch.testing.assert_close(value, ema_at_save[20][name], rtol=0, atol=0)  # the EMA of step 20
+        torch.testing.assert_close(
+            value, ema_at_save[20][name], rtol=0, atol=0
+        )  # the EMA of step 20
     decays = {g["weight_decay"] for g in resumed.optimizer.param_groups}
     assert decays == {0.0, 0.3}  # the setting changed on resume wins over the checkpoint's groups
     assert resumed.state.history == []  # the epoch-1 row was written after this checkpoint
@@ -90,9 +94,13 @@ def test_resume_refuses_changes_the_checkpoint_depends_on(tmp_path):
     Trainer(cfg).fit()
     run_dir = tmp_path / cfg.run.name
     args = parse_args(["--resume", str(run_dir), "data.batch_size=128", "optim.lr=1e-4"])
-    with pytest.raises(ResumeError, match=r"cannot change data\.batch_size: 32 -> 128.*model\.pretrained="):
+    with pytest.raises(
+        ResumeError, match=r"cannot change data\.batch_size: 32 -> 128.*model\.pretrained="
+    ):
         resolve(args, Path("unused.yaml"))
-    _, _, notes = resolve(parse_args(["--resume", str(run_dir), "optim.lr=1e-4"]), Path("unused.yaml"))
+    _, _, notes = resolve(
+        parse_args(["--resume", str(run_dir), "optim.lr=1e-4"]), Path("unused.yaml")
+    )
     assert notes == [f"changed on resume: optim.lr: {cfg.optim.lr!r} -> 0.0001"]
 
 
@@ -121,7 +129,9 @@ def write_v1_checkpoint(folder: Path, trainer: Trainer, fmt: str) -> dict[str, o
     torch.manual_seed(3)
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    numpy_state = dict(kind=kind, keys=keys.tolist(), pos=pos, has_gauss=has_gauss, cached_gaussian=cached)
+    numpy_state = dict(
+        kind=kind, keys=keys.tolist(), pos=pos, has_gauss=has_gauss, cached_gaussian=cached
+    )
     rng = {
         "format": "vit5-rng/1",
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},

@@ -12,7 +12,9 @@ from vit5.train import Trainer
 
 def test_regional_compile_trains_and_saves_plain_weights(tmp_path, monkeypatch):
     # aot_eager traces forward and backward as inductor would, without minutes of C++ compilation
-    monkeypatch.setattr(trainer_module, "compile_blocks", partial(vit5.compile_blocks, backend="aot_eager"))
+    monkeypatch.setattr(
+        trainer_module, "compile_blocks", partial(vit5.compile_blocks, backend="aot_eager")
+    )
     trainer = Trainer(tiny_config(tmp_path, "model.compile=regional", "schedule.epochs=2"))
     assert all(block._compiled_call_impl is not None for block in trainer.raw_model.blocks)
     keys = set(trainer.raw_model.state_dict())

@@ -24,12 +24,18 @@ DIGITS = ["data.dataset=digits"]
         (["aug.mixup_mode=rows"], r"aug\.mixup_mode.*expected one of \['batch', 'pair', 'elem'\]"),
         (["optim"], r"not a key=value override; write e\.g\. optim\.lr=1e-3"),
         (["model=3"], r"model is a section; give it keys"),
-        (["model.name=vit5_smal"], r"model\.name='vit5_smal' is not a preset; did you mean vit5_small\?"),
+        (
+            ["model.name=vit5_smal"],
+            r"model\.name='vit5_smal' is not a preset; did you mean vit5_small\?",
+        ),
         (["model.overrides.dept=2"], r"unknown ViT5Config key 'dept': did you mean 'depth'\?"),
         (["model.overrides.img_size=64"], r"model\.overrides\.img_size duplicates model\.img_size"),
         (["optim.name=lamm"], r"optim\.name='lamm' is not a timm optimizer \(closest: lamb"),
         (["data.preload=true"], r"data\.dataset=digits has none .*set data\.preload=false"),
-        (["data.batch_size=7"], r"data\.batch_size=7 is odd, but timm Mixup/CutMix needs an even batch"),
+        (
+            ["data.batch_size=7"],
+            r"data\.batch_size=7 is odd, but timm Mixup/CutMix needs an even batch",
+        ),
         (
             ["loss.smoothing=0.1"],
             r"makes all targets 1; set loss\.smoothing=0 \(official\) or loss\.bce_target_threshold=null",
@@ -55,7 +61,9 @@ def test_all_problems_are_reported_at_once():
 
 
 def test_missing_data_paths(tmp_path):
-    with pytest.raises(TrainConfigError, match=r"data\.root is not set: pass data\.root=/path/to/dataset"):
+    with pytest.raises(
+        TrainConfigError, match=r"data\.root is not set: pass data\.root=/path/to/dataset"
+    ):
         load_config(None, [])
     with pytest.raises(TrainConfigError, match=r"data\.root=.*nowhere does not exist"):
         load_config(None, [f"data.root={tmp_path / 'nowhere'}"])
@@ -81,13 +89,16 @@ def test_unknown_key_in_a_yaml_file_names_the_file(tmp_path):
         match=r"recipe\.yaml: optim\.weight_decy is not a setting\. Did you mean optim\.weight_decay\?",
     ):
         load_config(path, DIGITS)
-    with pytest.raises(TrainConfigError, match=r"does not exist\. Configs in .*: \['recipe\.yaml'\]"):
+    with pytest.raises(
+        TrainConfigError, match=r"does not exist\. Configs in .*: \['recipe\.yaml'\]"
+    ):
         load_config(tmp_path / "recpe.yaml")
 
 
 def test_overrides_apply_after_the_file_and_round_trip_through_yaml(tmp_path):
     cfg = load_config(
-        CONFIGS / "demo_digits.yaml", ["optim.lr=2e-3", "model.overrides.depth=3", "aug.scale=[0.5,1.0]"]
+        CONFIGS / "demo_digits.yaml",
+        ["optim.lr=2e-3", "model.overrides.depth=3", "aug.scale=[0.5,1.0]"],
     )
     assert cfg.optim.lr == 2e-3 and cfg.model.overrides == {"patch_size": 8, "depth": 3}
     assert cfg.aug.scale == (0.5, 1.0) and isinstance(cfg.optim.lr, float)
@@ -113,7 +124,9 @@ def test_pretraining_recipes_match_the_official_commands(file, expected):
         expected["img"],
         expected["epochs"],
     )
-    assert cfg.optim.lr == expected["lr"] and cfg.optim.lr_base_batch is None  # --unscale-lr: absolute
+    assert (
+        cfg.optim.lr == expected["lr"] and cfg.optim.lr_base_batch is None
+    )  # --unscale-lr: absolute
     assert cfg.model.drop_path_rate == expected["dp"]
     assert (cfg.optim.name, cfg.optim.weight_decay, cfg.optim.eps, cfg.optim.betas) == (
         "lamb",
@@ -136,7 +149,12 @@ def test_pretraining_recipes_match_the_official_commands(file, expected):
     )
     assert (cfg.loss.name, cfg.loss.smoothing, cfg.loss.bce_target_threshold) == ("bce", 0.0, 0.0)
     sched = cfg.schedule
-    assert (sched.warmup_epochs, sched.warmup_lr, sched.min_lr, sched.interval) == (5, 1e-6, 1e-5, "epoch")
+    assert (sched.warmup_epochs, sched.warmup_lr, sched.min_lr, sched.interval) == (
+        5,
+        1e-6,
+        1e-5,
+        "epoch",
+    )
     assert cfg.ema.enabled and cfg.ema.decay == 0.99996 and cfg.run.mixed_precision == "bf16"
 
 
@@ -144,7 +162,9 @@ def test_finetune_recipe_matches_the_official_command():
     with pytest.raises(TrainConfigError, match=r"model\.pretrained"):
         load_config(CONFIGS / "finetune_in1k.yaml", ["data.root=/imagenet"], check_paths=False)
     cfg = load_config(
-        CONFIGS / "finetune_in1k.yaml", ["data.root=/in", "model.pretrained=s.pth"], check_paths=False
+        CONFIGS / "finetune_in1k.yaml",
+        ["data.root=/in", "model.pretrained=s.pth"],
+        check_paths=False,
     )
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.schedule.epochs) == (
         "adamw",
@@ -152,8 +172,14 @@ def test_finetune_recipe_matches_the_official_command():
         0.1,
         20,
     )
-    assert cfg.data.batch_size == 64 and cfg.model.pretrained_ema and cfg.model.drop_path_rate == 0.05
-    assert (cfg.aug.train, cfg.aug.randaug, cfg.aug.repeated_aug) == ("randaug", "rand-m9-mstd0.5-inc1", 1)
+    assert (
+        cfg.data.batch_size == 64 and cfg.model.pretrained_ema and cfg.model.drop_path_rate == 0.05
+    )
+    assert (cfg.aug.train, cfg.aug.randaug, cfg.aug.repeated_aug) == (
+        "randaug",
+        "rand-m9-mstd0.5-inc1",
+        1,
+    )
     assert (
         (cfg.loss.name, cfg.loss.smoothing) == ("soft_ce", 0.1)
         and cfg.aug.mixup == 0.8
@@ -172,7 +198,9 @@ def test_resume_flag_without_a_directory_keeps_overrides():
 def test_recipes_load_by_name_from_the_package_and_the_repository_folder_is_the_same():
     from vit5.train.config import recipe_path, recipes
 
-    assert CONFIGS.resolve() == next(iter(recipes().values())).parent.resolve()  # configs -> vit5/configs
+    assert (
+        CONFIGS.resolve() == next(iter(recipes().values())).parent.resolve()
+    )  # configs -> vit5/configs
     assert sorted(recipes()) == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
     by_name = load_config("vit5_small_in1k", ["data.root=/imagenet"], check_paths=False)
     assert by_name == load_config(
@@ -217,7 +245,9 @@ def test_every_documented_training_command_line_parses_and_validates():
             continue  # resume needs a run; optim.lrr is the documented error
         try:
             cfg = load_config(args.config or DEMO_RECIPE, args.overrides, check_paths=False)
-        except TrainConfigError as e:  # an optional package (a tracker) this machine lacks is no bug
+        except (
+            TrainConfigError
+        ) as e:  # an optional package (a tracker) this machine lacks is no bug
             problems = str(e).splitlines()[1:]
             if problems and all("which is not installed: pip install" in p for p in problems):
                 continue
@@ -228,14 +258,22 @@ def test_every_documented_training_command_line_parses_and_validates():
 def test_a_recipe_warmup_longer_than_a_short_run_becomes_a_tenth_of_it_with_a_note():
     from vit5.train.config import ConfigAdjusted
 
-    with pytest.warns(ConfigAdjusted, match=r"warmup_epochs=1 of the recipe does not fit schedule\.epochs=1"):
+    with pytest.warns(
+        ConfigAdjusted, match=r"warmup_epochs=1 of the recipe does not fit schedule\.epochs=1"
+    ):
         cfg = load_config("demo_digits", ["schedule.epochs=1"])
     assert cfg.schedule.warmup_epochs == pytest.approx(0.1)
     with pytest.warns(ConfigAdjusted, match=r"warming up for 0\.3 epochs"):
-        cfg = load_config("vit5_small_in1k", ["data.root=/x", "schedule.epochs=3"], check_paths=False)
+        cfg = load_config(
+            "vit5_small_in1k", ["data.root=/x", "schedule.epochs=3"], check_paths=False
+        )
     assert cfg.schedule.warmup_epochs == pytest.approx(0.3)
-    with pytest.raises(TrainConfigError, match=r"warmup_epochs=1\.0 must be in \[0, schedule\.epochs\)"):
-        load_config("demo_digits", ["schedule.epochs=1", "schedule.warmup_epochs=1"])  # the user's own
+    with pytest.raises(
+        TrainConfigError, match=r"warmup_epochs=1\.0 must be in \[0, schedule\.epochs\)"
+    ):
+        load_config(
+            "demo_digits", ["schedule.epochs=1", "schedule.warmup_epochs=1"]
+        )  # the user's own
 
 
 def test_vit5_ablate_with_one_epoch_builds_every_run_config(tmp_path):
@@ -292,13 +330,18 @@ def test_released_weights_by_name_pass_validation_and_bad_names_are_named():
     cfg = load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_224.in1k"])
     assert cfg.model.pretrained == "vit5_small_patch16_224.in1k"
     assert load_config(None, [*DIGITS, "model.pretrained=true"]).model.pretrained == "True"
-    with pytest.raises(TrainConfigError, match=r"model\.pretrained=true: vit5_tiny has no released weights"):
+    with pytest.raises(
+        TrainConfigError, match=r"model\.pretrained=true: vit5_tiny has no released weights"
+    ):
         load_config(None, [*DIGITS, "model.name=vit5_tiny", "model.pretrained=true"])
     with pytest.raises(
-        TrainConfigError, match=r"neither a file nor released weights; did you mean vit5_small_patch16_224"
+        TrainConfigError,
+        match=r"neither a file nor released weights; did you mean vit5_small_patch16_224",
     ):
         load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_224.in21k"])
-    with pytest.raises(TrainConfigError, match=r"244\.in1k does not exist; check the path, or name released"):
+    with pytest.raises(
+        TrainConfigError, match=r"244\.in1k does not exist; check the path, or name released"
+    ):
         load_config(None, [*DIGITS, "model.pretrained=vit5_small_patch16_244.in1k"])
 
 
@@ -329,7 +372,9 @@ def test_environment_values_are_never_written_resolved(tmp_path, monkeypatch):
         assert "s3cr3t" not in text, name
     assert "tiny-${oc.env:VIT5_TEST_SECRET}" in written["config.yaml"]
     assert json.loads(written["uploaded config.json"])["run"] == "tiny-${oc.env:VIT5_TEST_SECRET}"
-    assert load_config(run / "config.yaml").run.name == "tiny-s3cr3t-token"  # --resume reads it again
+    assert (
+        load_config(run / "config.yaml").run.name == "tiny-s3cr3t-token"
+    )  # --resume reads it again
     monkeypatch.delenv("VIT5_TEST_SECRET")
     with pytest.raises(TrainConfigError, match=r"cannot resolve run\.name: .*VIT5_TEST_SECRET"):
         load_config(recipe, DIGITS)
@@ -347,7 +392,10 @@ def test_the_command_line_prints_the_warmup_note(monkeypatch, capsys):
     monkeypatch.setattr(vit5.train.trainer, "Trainer", Stop)
     assert cli.main(["schedule.epochs=1"]) == 2  # docs/training.md's 2-process example, in one
     captured = capsys.readouterr()
-    assert "note: schedule.warmup_epochs=1 of the recipe does not fit schedule.epochs=1" in captured.out
+    assert (
+        "note: schedule.warmup_epochs=1 of the recipe does not fit schedule.epochs=1"
+        in captured.out
+    )
     assert "error: stopped with warmup 0.1" in captured.err
 
 

@@ -31,7 +31,9 @@ def test_both_pipelines_turn_the_same_jpegs_into_the_same_tensors(tmp_path):
     for kind in ("train", "eval"):
         r = results[kind]
         assert r["opencv_albumentations"] > 0 and r["torchvision_pil"] > 0
-        assert r["speedup"] == pytest.approx(r["opencv_albumentations"] / r["torchvision_pil"])  # one round
+        assert r["speedup"] == pytest.approx(
+            r["opencv_albumentations"] / r["torchvision_pil"]
+        )  # one round
 
 
 def test_index_section_in_its_smallest_form(tmp_path, monkeypatch):
@@ -43,7 +45,11 @@ def test_index_section_in_its_smallest_form(tmp_path, monkeypatch):
     assert cfg.index_sizes == (200,)
     section = run_data_index(BenchContext(cfg, tmp_path, log=lambda _: None))
     index = section.data["index"]["200"]
-    assert {name: m["files"] for name, m in index.items()} == {"vit5": 200, "torchvision": 200, "timm": 200}
+    assert {name: m["files"] for name, m in index.items()} == {
+        "vit5": 200,
+        "torchvision": 200,
+        "timm": 200,
+    }
     assert all(m["seconds"] > 0 and m["peak_bytes"] >= 0 for m in index.values())
     assert not list((tmp_path / "tmp").iterdir())  # trees and shards deleted
     rates = section.data["decode_images_per_s"]

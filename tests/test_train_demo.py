@@ -25,7 +25,9 @@ def test_demo_config_learns_the_digits_in_seconds(tmp_path):
     assert run.name == "demo_digits" and (run / "final" / "model.safetensors").is_file()
 
     # `--resume` without a directory continues run.output_dir/run.name; overrides are reported
-    cfg, checkpoint, notes = resolve(parse_args(["--resume", *overrides, "schedule.epochs=3"]), DEMO)
+    cfg, checkpoint, notes = resolve(
+        parse_args(["--resume", *overrides, "schedule.epochs=3"]), DEMO
+    )
     assert checkpoint == run / "checkpoints" / "ckpt-000000044" and cfg.schedule.epochs == 3
     assert notes == ["changed on resume: schedule.epochs: 2 -> 3"]
 

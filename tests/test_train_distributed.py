@@ -51,7 +51,9 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     # many), evaluated twice (raw and EMA weights); gather_for_metrics drops the padding: 359 images
     val0, val1 = ranks[0]["val"], ranks[1]["val"]
     assert len(val0) == len(val1) and val0[: len(val0) // 2] == val0[len(val0) // 2 :]
-    assert set(val0) | set(val1) == set(range(359)) and len(val0) // 2 + len(val1) // 2 < 359 + 2 * 48
+    assert (
+        set(val0) | set(val1) == set(range(359)) and len(val0) // 2 + len(val1) // 2 < 359 + 2 * 48
+    )
     for r in ranks:  # reduced: both processes report the totals over both shards
         assert r["images_seen"] == 2 * per_rank and r["val_images"] == 359
     assert ranks[0]["val_top1"] == ranks[1]["val_top1"]

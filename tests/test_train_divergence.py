@@ -54,19 +54,25 @@ def test_an_exploding_lr_keeps_the_last_good_checkpoint_and_names_it(run, capsys
     assert list_checkpoints(run / "checkpoints") == [good], "the only good checkpoint was pruned"
     for aside in (run / "checkpoints").glob("*.diverged"):  # written from the weights that diverged
         assert not is_verified(aside)
-    assert json.loads((run / "summary.json").read_text())["epochs"] == 1  # the old summary, not a new one
+    assert (
+        json.loads((run / "summary.json").read_text())["epochs"] == 1
+    )  # the old summary, not a new one
 
     # and it really is good (config.yaml records the lr as run: set it back)
     status = cli.main(["--resume", str(run), "schedule.epochs=2", "optim.lr=2e-3"])
     assert status == 0, capsys.readouterr().err
-    assert all(torch.isfinite(v).all() for v in load_file(run / "final" / "model.safetensors").values())
+    assert all(
+        torch.isfinite(v).all() for v in load_file(run / "final" / "model.safetensors").values()
+    )
 
 
 def blow_up_at(trainer: Trainer, step: int, factor: float) -> None:
     """Right after optimizer step ``step``, scale every weight by ``factor`` (a step that explodes)."""
 
     def hook(optimizer, args, kwargs):
-        if trainer.state.num_updates == step - 1:  # the post-hook runs before the loop counts the step
+        if (
+            trainer.state.num_updates == step - 1
+        ):  # the post-hook runs before the loop counts the step
             with torch.no_grad():
                 for p in trainer.raw_model.parameters():
                     p.mul_(factor)
@@ -84,7 +90,9 @@ def test_a_run_that_diverges_on_its_last_step_does_not_complete(tmp_path):
     assert all(torch.isfinite(p).all() for p in best.parameters())  # epoch 1's, untouched
     assert json.loads((run / "best" / "config.json").read_text())["epoch"] == 1
     assert not (run / "final").exists() and not (run / "summary.json").exists()
-    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == [1]  # no row from the diverged weights
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == [
+        1
+    ]  # no row from the diverged weights
     names = [c.name for c in list_checkpoints(run / "checkpoints")]
     assert names[-1] == f"ckpt-{80:09d}" and f"ckpt-{2 * STEPS:09d}" not in names
     assert f"The last good checkpoint is {run / 'checkpoints' / names[-1]}" in str(info.value)

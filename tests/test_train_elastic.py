@@ -66,7 +66,9 @@ def launch(
     out.mkdir()
     args = (str(out), resume, str(signal_rank), str(signal_step), *ARGS, f"run.output_dir={runs}")
     result = launch_two(tmp_path / "worker.py", WORKER, *args)
-    return [json.loads((out / f"rank{r}.json").read_text()) | {"stdout": result.stdout} for r in (0, 1)]
+    return [
+        json.loads((out / f"rank{r}.json").read_text()) | {"stdout": result.stdout} for r in (0, 1)
+    ]
 
 
 def epoch_2_order() -> list[int]:
@@ -94,13 +96,18 @@ def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path
     # --- 2 processes; only rank 1 receives SIGUSR1, in step 29; the request rides on the next step's
     # loss check (no collective of its own), so both stop after step 30 (epoch 2, batch 8 of 22)
     ranks = launch(tmp_path, "two", "", signal_rank=1, signal_step=29, runs=runs)
-    assert [r["stopped"] for r in ranks] == [128 + signal.SIGUSR1] * 2 and [r["updates"] for r in ranks] == [
+    assert [r["stopped"] for r in ranks] == [128 + signal.SIGUSR1] * 2 and [
+        r["updates"] for r in ranks
+    ] == [
         30,
         30,
     ]
     ckpt_30 = run / "checkpoints" / "ckpt-000000030"
     assert list_checkpoints(run / "checkpoints")[-1] == ckpt_30
-    assert sorted(p.name for p in ckpt_30.glob("rng_state_*")) == ["rng_state_0.json", "rng_state_1.json"]
+    assert sorted(p.name for p in ckpt_30.glob("rng_state_*")) == [
+        "rng_state_0.json",
+        "rng_state_1.json",
+    ]
     consumed_two = interleave(*[[i for e, i in r["seen"] if e == 1] for r in ranks])
     assert len(consumed_two) == 8 * 32 * 2 == 512
     assert consumed_two == epoch_2_order()[:512]
@@ -108,7 +115,9 @@ def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path
     # --- 2 -> 1: the same weights, optimizer, EMA, counters and schedule position; the rest of epoch 2
     train = Recording("train", build_transform("none", 16), size=16)
     val = DigitsDataset("val", build_transform("eval", 16), size=16)
-    cfg = tiny_config(runs, "schedule.epochs=2", "checkpoint.every_steps=10", "checkpoint.keep_last=10")
+    cfg = tiny_config(
+        runs, "schedule.epochs=2", "checkpoint.every_steps=10", "checkpoint.keep_last=10"
+    )
     trainer = Trainer(cfg, resume=ckpt_30, train_set=train, val_set=val)
     state = trainer.state
     assert (state.epoch, state.epoch_samples, state.num_updates, state.batch) == (1, 512, 30, 16)
@@ -129,7 +138,9 @@ def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path
     assert "elastic resume" in trainer.resume_warning and "Not exact" in trainer.resume_warning
     summary = trainer.fit()
     rest = train.seen
-    assert rest == epoch_2_order()[512 : 512 + (1438 - 512) // 32 * 32]  # exactly what was left, in order
+    assert (
+        rest == epoch_2_order()[512 : 512 + (1438 - 512) // 32 * 32]
+    )  # exactly what was left, in order
     assert summary["resume_exact"] is False and summary["resumed_from_processes"] == 2
     assert "elastic resume" in summary["resume_note"]
     assert summary["updates"] == 30 + (1438 - 512) // 32  # 58
@@ -137,13 +148,20 @@ def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path
     # --- 1 -> 2: the 1-process checkpoint at step 40 (epoch 2, 512 + 10 x 32 samples in) on 2 processes
     ckpt_40 = run / "checkpoints" / "ckpt-000000040"
     ranks = launch(tmp_path, "back", str(ckpt_40), signal_rank=-1, signal_step=0, runs=runs)
-    assert "elastic resume: ckpt-000000040 was written by 1 process(es), this run has 2" in ranks[0]["stdout"]
+    assert (
+        "elastic resume: ckpt-000000040 was written by 1 process(es), this run has 2"
+        in ranks[0]["stdout"]
+    )
     consumed = 512 + 10 * 32
     left_per_rank = (1438 - consumed) // 2 // 32 * 32
     resumed_two = interleave(*[[i for e, i in r["seen"] if e == 1] for r in ranks])
     assert resumed_two == epoch_2_order()[consumed : consumed + 2 * left_per_rank]
     assert [r["stopped"] for r in ranks] == [None, None]
-    fork = json.loads((runs / "tiny-2" / "summary.json").read_text())  # ckpt-40 is not the latest: a fork
+    fork = json.loads(
+        (runs / "tiny-2" / "summary.json").read_text()
+    )  # ckpt-40 is not the latest: a fork
     assert (
-        fork["num_processes"] == 2 and fork["resumed_from_processes"] == 1 and fork["resume_exact"] is False
+        fork["num_processes"] == 2
+        and fork["resumed_from_processes"] == 1
+        and fork["resume_exact"] is False
     )

@@ -13,7 +13,11 @@ from vit5.train import Trainer
 def test_ema_follows_the_formula_and_is_evaluated_alongside_the_raw_weights(tmp_path):
     decay = 0.8
     cfg = tiny_config(
-        tmp_path, "data.batch_size=64", "optim.accum_steps=2", f"ema.decay={decay}", "schedule.epochs=2"
+        tmp_path,
+        "data.batch_size=64",
+        "optim.accum_steps=2",
+        f"ema.decay={decay}",
+        "schedule.epochs=2",
     )
     trainer = Trainer(cfg)
     seen = []  # raw head weights after every real optimizer step
@@ -35,14 +39,20 @@ def test_ema_follows_the_formula_and_is_evaluated_alongside_the_raw_weights(tmp_
         model = vit5.load_model(trainer.run_dir / "final", use_ema=use_ema).eval()
         with torch.no_grad():
             top1 = (model(images).argmax(-1) == labels).double().mean().item() * 100
-        assert summary[key] == pytest.approx(top1, abs=0.3), key  # 0.3: one image of 359 may flip on rounding
+        assert summary[key] == pytest.approx(top1, abs=0.3), (
+            key
+        )  # 0.3: one image of 359 may flip on rounding
     row = trainer.state.history[-1]
     assert row["ema_top1"] == summary["ema_top1"] and row["val_top1"] == summary["final_top1"]
 
 
 @pytest.mark.parametrize(
     ("decay", "warmup", "scored"),
-    [(0.99, False, [False, False, True]), (0.98, False, [False, True, True]), (0.99, True, [True] * 3)],
+    [
+        (0.99, False, [False, False, True]),
+        (0.98, False, [False, True, True]),
+        (0.99, True, [True] * 3),
+    ],
 )
 def test_the_ema_is_validated_only_where_it_can_matter(tmp_path, decay, warmup, scored):
     """44 updates an epoch. Decay 0.99 averages over ~100 updates: before that the EMA mostly holds

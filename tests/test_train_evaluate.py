@@ -15,11 +15,15 @@ def test_evaluate_matches_a_direct_computation(classes):
     torch.manual_seed(0)
     images, labels = torch.randn(23, 6), torch.randint(0, classes, (23,))
     model = nn.Linear(6, classes)
-    result = evaluate(model, DataLoader(TensorDataset(images, labels), batch_size=5), Accelerator(cpu=True))
+    result = evaluate(
+        model, DataLoader(TensorDataset(images, labels), batch_size=5), Accelerator(cpu=True)
+    )
     with torch.no_grad():
         logits = model(images)
     k = min(5, classes)
-    top5 = (logits.argsort(-1, descending=True)[:, :k] == labels[:, None]).any(1).float().mean() * 100
+    top5 = (logits.argsort(-1, descending=True)[:, :k] == labels[:, None]).any(
+        1
+    ).float().mean() * 100
     assert result.count == 23
     assert result.top1 == pytest.approx((logits.argmax(-1) == labels).float().mean().item() * 100)
     assert result.top5 == pytest.approx(top5.item())

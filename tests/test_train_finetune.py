@@ -19,14 +19,18 @@ ARCH = dict(patch_size=8, depth=2, embed_dim=48, num_heads=2)
 
 
 def section(pretrained, name="vit5_tiny", **kw) -> ModelSection:
-    return ModelSection(name=name, img_size=16, overrides=dict(ARCH), pretrained=str(pretrained), **kw)
+    return ModelSection(
+        name=name, img_size=16, overrides=dict(ARCH), pretrained=str(pretrained), **kw
+    )
 
 
 def official_checkpoint(path, num_classes=1000):
     model = OfficialViT5(
         img_size=16, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=num_classes
     )
-    ema = OfficialViT5(img_size=16, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=num_classes)
+    ema = OfficialViT5(
+        img_size=16, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=num_classes
+    )
     torch.save({"model": model.state_dict(), "model_ema": ema.state_dict(), "epoch": 799}, path)
     return model, ema
 
@@ -110,7 +114,9 @@ def test_finetune_a_run_of_ours_on_three_classes_at_a_new_resolution(tmp_path, c
         "optim.layer_decay=0.75",
     )
     trainer = Trainer(cfg)
-    torch.testing.assert_close(trainer.raw_model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    torch.testing.assert_close(
+        trainer.raw_model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight
+    )
     summary = trainer.fit()
     out = capsys.readouterr().out
     assert "newly initialised (not in the checkpoint's shape): head.weight, head.bias" in out
@@ -155,14 +161,18 @@ def test_a_run_of_ours_gives_its_own_architecture_whatever_model_name_says(tmp_p
 def test_an_mlp_ratio_that_rounds_to_no_hidden_unit_is_refused_not_rebuilt_as_another_mlp(tmp_path):
     import json
 
-    with pytest.raises(vit5.ConfigError, match=r"mlp_ratio 1e-09 gives an MLP hidden width of .* = 0"):
+    with pytest.raises(
+        vit5.ConfigError, match=r"mlp_ratio 1e-09 gives an MLP hidden width of .* = 0"
+    ):
         vit5.create_model("vit5_tiny", mlp_ratio=1e-9)
     model = vit5.create_model("vit5_tiny", img_size=16, num_classes=3, **ARCH)
     vit5.save_pretrained(model, tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     config["model_args"]["mlp_ratio"] = 1e-9  # edited: the weights hold a 4x MLP
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(vit5.ConfigError, match=r"config\.json: mlp_ratio 1e-09 gives an MLP hidden width"):
+    with pytest.raises(
+        vit5.ConfigError, match=r"config\.json: mlp_ratio 1e-09 gives an MLP hidden width"
+    ):
         vit5.load_model(tmp_path / "m")
 
 
@@ -171,9 +181,13 @@ def test_one_class_is_refused_with_the_fix(tmp_path):
     for split in ("train", "val"):
         (root / split / "cat").mkdir(parents=True)
         for i in range(4):
-            cv2.imwrite(str(root / split / "cat" / f"{i}.png"), np.full((16, 16, 3), 40 * i, np.uint8))
+            cv2.imwrite(
+                str(root / split / "cat" / f"{i}.png"), np.full((16, 16, 3), 40 * i, np.uint8)
+            )
     cfg = tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}")
-    with pytest.raises(TrainConfigError, match=r"has 1 class \(cat\): a classifier needs at least 2"):
+    with pytest.raises(
+        TrainConfigError, match=r"has 1 class \(cat\): a classifier needs at least 2"
+    ):
         Trainer(cfg)
 
 
@@ -204,5 +218,8 @@ def test_loader_workers_are_clamped_to_the_cpus_before_torch_warns(tmp_path, cap
         trainer._print_header()
     finally:
         trainer.close()
-    assert f"data.num_workers=64 but this process may use {cpu_count()} CPUs" in capsys.readouterr().out
+    assert (
+        f"data.num_workers=64 but this process may use {cpu_count()} CPUs"
+        in capsys.readouterr().out
+    )
     assert not [w for w in recwarn if "worker processes in total" in str(w.message)]

@@ -27,11 +27,17 @@ def test_folder_training_end_to_end_skips_and_counts_bad_files(tmp_path, preload
     export_digits_imagefolder(root, size=16)
     planted = plant_bad_files(root)
     cfg = tiny_config(
-        tmp_path, "data.dataset=folder", f"data.root={root}", "schedule.epochs=2", f"data.preload={preload}"
+        tmp_path,
+        "data.dataset=folder",
+        f"data.root={root}",
+        "schedule.epochs=2",
+        f"data.preload={preload}",
     )
     summary = Trainer(cfg).fit()
 
-    assert summary["status"] == "completed" and summary["final_top1"] > 25  # it learned despite the bad files
+    assert (
+        summary["status"] == "completed" and summary["final_top1"] > 25
+    )  # it learned despite the bad files
     assert summary["bad_files"] == 3
     assert sorted(Path(p).name for p in summary["bad_file_paths"]) == planted
     run = Path(summary["run_dir"])

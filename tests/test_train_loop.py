@@ -14,7 +14,9 @@ from vit5.train.checkpointing import TrainState
 from vit5.train.config import ScheduleSection
 from vit5.train.loop import LRSchedule, NonFiniteLoss, StepParts, train_step, train_steps
 
-SCHEDULE = ScheduleSection(epochs=4, warmup_epochs=1, warmup_lr=1e-3, min_lr=1e-4, interval="update")
+SCHEDULE = ScheduleSection(
+    epochs=4, warmup_epochs=1, warmup_lr=1e-3, min_lr=1e-4, interval="update"
+)
 
 
 def test_plain_step_is_forward_backward_clip_step_schedule_ema():
@@ -62,7 +64,9 @@ def test_a_nan_loss_stops_the_step_before_backward():
         criterion=lambda logits, y: F.cross_entropy(logits, y) * math.nan,
     )
     state = TrainState(batch=7, num_updates=7)
-    with pytest.raises(NonFiniteLoss, match=r"loss is nan at epoch 1, batch 8 \(optimizer step 8\)"):
+    with pytest.raises(
+        NonFiniteLoss, match=r"loss is nan at epoch 1, batch 8 \(optimizer step 8\)"
+    ):
         train_step(parts, torch.randn(2, 4), torch.tensor([0, 1]), state)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

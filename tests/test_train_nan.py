@@ -33,18 +33,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         trainer.fit()
     message = str(info.value)
     assert "loss is nan at epoch 1, batch 13 (optimizer step 13)" in message
-    assert "The last good checkpoint is" in message and "ckpt-000000010" in message and "--resume" in message
+    assert (
+        "The last good checkpoint is" in message
+        and "ckpt-000000010" in message
+        and "--resume" in message
+    )
     assert all(
         torch.isfinite(p).all() for p in trainer.raw_model.parameters()
     )  # NaN never reached the weights
 
     checkpoints = sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir())
     assert checkpoints == ["ckpt-000000005", "ckpt-000000010"]
-    assert not (trainer.run_dir / "final").exists() and not (trainer.run_dir / "summary.json").exists()
+    assert (
+        not (trainer.run_dir / "final").exists() and not (trainer.run_dir / "summary.json").exists()
+    )
 
     resumed = Trainer(cfg, resume=trainer.run_dir / "checkpoints" / "ckpt-000000010")
     assert (resumed.state.epoch, resumed.state.batch, resumed.state.num_updates) == (0, 10, 10)
     restored = resumed.raw_model.state_dict()
-    assert at_step_10 and all(torch.equal(restored[name], value) for name, value in at_step_10.items())
+    assert at_step_10 and all(
+        torch.equal(restored[name], value) for name, value in at_step_10.items()
+    )
     summary = resumed.fit()  # and the run can go on from there
     assert summary["updates"] == 2 * (1438 // 32)

@@ -43,7 +43,9 @@ def test_lamb_groups_have_no_decay_on_norms_biases_gains_tokens_and_pos_embed():
         "reg_token",
         "pos_embed",
     } <= no_decay
-    assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "head.weight"}.isdisjoint(no_decay)
+    assert {"blocks.0.attn.qkv.weight", "patch_embed.proj.weight", "head.weight"}.isdisjoint(
+        no_decay
+    )
     # apex FusedLAMB as called by the official code: eps and betas from the command, grad-norm clip 1.0,
     # trust ratio only where weight decay is applied.
     hp = opt.param_groups[0]
@@ -56,7 +58,9 @@ def test_lamb_groups_have_no_decay_on_norms_biases_gains_tokens_and_pos_embed():
 
 
 def test_finetuning_uses_adamw():
-    opt = build_optimizer(tiny_model(), OptimSection(name="adamw", lr=1e-5, weight_decay=0.1), lr=1e-5)
+    opt = build_optimizer(
+        tiny_model(), OptimSection(name="adamw", lr=1e-5, weight_decay=0.1), lr=1e-5
+    )
     assert type(opt) is torch.optim.AdamW
     assert sorted({g["weight_decay"] for g in opt.param_groups}) == [0.0, 0.1]
 
@@ -69,7 +73,9 @@ def test_layer_decay_scales_follow_depth():
     for name, p in model.named_parameters():
         if name.startswith("blocks."):
             layer = int(name.split(".")[1]) + 1
-        elif name.startswith("norm"):  # timm's MATCH_PREV_GROUP: the final norm goes with the last block
+        elif name.startswith(
+            "norm"
+        ):  # timm's MATCH_PREV_GROUP: the final norm goes with the last block
             layer = depth
         elif name.startswith("head"):
             layer = depth + 1
@@ -99,7 +105,13 @@ def test_muon_orthogonalises_the_hidden_matrices_and_leaves_the_rest_to_adamw():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = build_optimizer(model, OptimSection(name="muon", lr=1e-3, weight_decay=0.05), lr=1e-3)
     fallback = {n for n, p in model.named_parameters() if group_of(opt)[id(p)].get("use_fallback")}
-    assert {"patch_embed.proj.weight", "head.weight", "pos_embed", "cls_token", "reg_token"} <= fallback
+    assert {
+        "patch_embed.proj.weight",
+        "head.weight",
+        "pos_embed",
+        "cls_token",
+        "reg_token",
+    } <= fallback
     logits = model(torch.randn(4, 3, 32, 32))
     torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
     opt.step()

@@ -26,7 +26,9 @@ from vit5.files import LOCK_NAME
 from vit5.train import ResumeError, TrainConfigError, Trainer
 from vit5.train.checkpointing import list_checkpoints, save_model_dir
 
-RUN_ARGS = ("checkpoint.every_steps=10",)  # checkpoints at steps 10, 20, 30, 40 and 44 (the epoch end)
+RUN_ARGS = (
+    "checkpoint.every_steps=10",
+)  # checkpoints at steps 10, 20, 30, 40 and 44 (the epoch end)
 
 
 class Killed(BaseException):
@@ -66,7 +68,10 @@ def rewrite_manifest(checkpoint: Path) -> None:
         manifest = json.loads(manifest_path.read_text())
         for name in manifest["files"]:
             data = (checkpoint / name).read_bytes()
-            manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            manifest["files"][name] = {
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
         manifest_path.write_text(json.dumps(manifest))
 
 
@@ -106,15 +111,21 @@ def test_a_pickle_based_checkpoint_is_refused_not_loaded(run, tmp_path, capsys):
 
 
 def test_resuming_an_older_checkpoint_forks_and_deletes_nothing(run):
-    before = {p.name: sorted(f.name for f in p.iterdir()) for p in list_checkpoints(run / "checkpoints")}
+    before = {
+        p.name: sorted(f.name for f in p.iterdir()) for p in list_checkpoints(run / "checkpoints")
+    }
     best_before = (run / "best" / "model.safetensors").read_bytes()
-    trainer = Trainer(tiny_config(run.parent, *RUN_ARGS, "checkpoint.keep_last=1"), resume=ckpt(run, 20))
+    trainer = Trainer(
+        tiny_config(run.parent, *RUN_ARGS, "checkpoint.keep_last=1"), resume=ckpt(run, 20)
+    )
     fork = run.parent / "tiny-2"
     assert trainer.run_dir == fork
     assert (fork / "checkpoints" / ckpt(run, 20).name / "checkpoint.json").is_file()
     assert "forked from" in (fork / "config.yaml").read_text()
     summary = trainer.fit()  # saves 30, 40, 44 in the fork; keep_last=1 prunes the fork only
-    after = {p.name: sorted(f.name for f in p.iterdir()) for p in list_checkpoints(run / "checkpoints")}
+    after = {
+        p.name: sorted(f.name for f in p.iterdir()) for p in list_checkpoints(run / "checkpoints")
+    }
     assert after == before, "the original run lost or changed checkpoints"
     assert (run / "best" / "model.safetensors").read_bytes() == best_before
     assert [p.name for p in list_checkpoints(fork / "checkpoints")] == ["ckpt-000000044"]
@@ -146,7 +157,9 @@ def test_resuming_the_latest_checkpoint_continues_in_place(run):
         ("checkpoint.json", lambda b: b[:10]),  # the manifest itself
     ],
 )
-def test_a_damaged_checkpoint_file_is_one_error_naming_it_and_the_last_good_one(run, capsys, name, damage):
+def test_a_damaged_checkpoint_file_is_one_error_naming_it_and_the_last_good_one(
+    run, capsys, name, damage
+):
     path = ckpt(run, 44) / name
     path.write_bytes(damage(path.read_bytes()))
     status, err = resume(run, capsys=capsys)
@@ -164,17 +177,24 @@ def test_a_missing_random_state_is_an_error_unless_an_inexact_resume_is_allowed(
     status, err = resume(run, "schedule.epochs=2", capsys=capsys)
     assert status == 2 and str(rng) in err and "allow_inexact_resume=true" in err
 
-    status = cli.main(["--resume", str(run), "schedule.epochs=2", "checkpoint.allow_inexact_resume=true"])
+    status = cli.main(
+        ["--resume", str(run), "schedule.epochs=2", "checkpoint.allow_inexact_resume=true"]
+    )
     out = capsys.readouterr().out
     assert status == 0
     assert "WARNING" in out and "not an exact continuation" in out
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["resume_exact"] is False and "resume_exact     false" in (run / "summary.txt").read_text()
+    assert (
+        summary["resume_exact"] is False
+        and "resume_exact     false" in (run / "summary.txt").read_text()
+    )
 
 
 def test_resume_checks_the_config_the_checkpoint_was_written_with(run):
     config = run / "config.yaml"
-    config.write_text(config.read_text().replace("batch_size: 32", "batch_size: 64"))  # edited by hand
+    config.write_text(
+        config.read_text().replace("batch_size: 32", "batch_size: 64")
+    )  # edited by hand
     with pytest.raises(ResumeError, match=r"cannot change data\.batch_size: 32 -> 64"):
         cli.resolve(cli.parse_args(["--resume", str(run)]), Path("unused.yaml"))
 
@@ -212,10 +232,14 @@ def test_a_kill_while_best_is_written_leaves_the_old_best_whole(run):
     del trainer.raw_model.state_dict
     trainer.close()
     Trainer(tiny_config(run.parent, *RUN_ARGS, "schedule.epochs=2"), resume=ckpt(run, 44)).close()
-    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME], "stray files"
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME], (
+        "stray files"
+    )
 
 
-def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_last_checkpoint(run, monkeypatch, capsys):
+def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_last_checkpoint(
+    run, monkeypatch, capsys
+):
     trainer = Trainer(tiny_config(run.parent, *RUN_ARGS, "schedule.epochs=2"), resume=ckpt(run, 44))
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
 
@@ -223,15 +247,21 @@ def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_last_checkpoint(ru
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", disk_full)
-    with pytest.raises(StorageError, match=r"cannot write .*ckpt-000000099.*no space left on device"):
+    with pytest.raises(
+        StorageError, match=r"cannot write .*ckpt-000000099.*no space left on device"
+    ):
         trainer.checkpoints.save(99)
     for name in ("final", "best"):
         with pytest.raises(StorageError, match=r"no space left on device"):
-            save_model_dir(trainer.accelerator, trainer.model, trainer.ema, run / name, {"epoch": 1})
+            save_model_dir(
+                trainer.accelerator, trainer.model, trainer.ema, run / name, {"epoch": 1}
+            )
     monkeypatch.undo()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before  # nothing partial left
     assert load_file(run / "final" / "model.safetensors")  # the old final/ is intact
-    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [LOCK_NAME]  # no .tmp-best
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [
+        LOCK_NAME
+    ]  # no .tmp-best
     trainer.close()
 
 
@@ -240,7 +270,9 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(os, "mkdir", read_only)
-    status = cli.main(["data.dataset=digits", f"run.output_dir={tmp_path / 'ro' / 'runs'}", "run.name=x"])
+    status = cli.main(
+        ["data.dataset=digits", f"run.output_dir={tmp_path / 'ro' / 'runs'}", "run.name=x"]
+    )
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1
     assert "read-only file system" in err and str(tmp_path / "ro") in err
@@ -250,7 +282,9 @@ def test_a_model_or_a_step_too_large_is_refused_before_allocation(tmp_path, monk
     with pytest.raises(TrainConfigError, match=r"depth 100000.*model\.max_params"):
         tiny_config(tmp_path, "model.overrides.depth=100000")
     assert (
-        tiny_config(tmp_path, "model.overrides.depth=100000", "model.max_params=1e12").model.max_params
+        tiny_config(
+            tmp_path, "model.overrides.depth=100000", "model.max_params=1e12"
+        ).model.max_params
         == 1e12
     )
     monkeypatch.setattr(vit5.runtime, "available_memory", lambda device: 2**20)  # 1 MiB left

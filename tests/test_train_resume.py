@@ -41,14 +41,20 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     run_dir, log = tmp_path / "killed" / "tiny", tmp_path / "killed.log"
     command, env = train_command([*ARGS, f"run.output_dir={tmp_path / 'killed'}"])
     with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
         wait_for(run_dir / "checkpoints" / "ckpt-000000051", process, log)  # epoch 2, batch 7
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=30) == -signal.SIGKILL
-    assert not (run_dir / "final").exists(), "the run finished before the kill; the test proves nothing"
+    assert not (run_dir / "final").exists(), (
+        "the run finished before the kill; the test proves nothing"
+    )
     _, latest = resolve_resume(run_dir)
     resumed_at = int(latest.name.split("-")[1])
-    assert resumed_at >= 51 and resumed_at % STEPS_PER_EPOCH != 0  # a mid-epoch checkpoint of epoch 2
+    assert (
+        resumed_at >= 51 and resumed_at % STEPS_PER_EPOCH != 0
+    )  # a mid-epoch checkpoint of epoch 2
 
     resumed = run_train(["--resume", str(run_dir)], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -59,7 +65,9 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
         actual = load_file(run_dir / "final" / file)
         assert expected.keys() == actual.keys()
         for key in expected:
-            torch.testing.assert_close(actual[key], expected[key], rtol=1e-6, atol=1e-6, msg=f"{file}:{key}")
+            torch.testing.assert_close(
+                actual[key], expected[key], rtol=1e-6, atol=1e-6, msg=f"{file}:{key}"
+            )
     rows, reference_rows = (
         read_csv(run_dir / "metrics.csv"),
         read_csv(tmp_path / "reference" / "tiny" / "metrics.csv"),
@@ -93,7 +101,9 @@ def test_class_names_are_recorded_and_renamed_folders_refuse_resume(tmp_path, ca
     trainer.fit()
     run = trainer.run_dir
     checkpoint = resolve_resume(run)[1]
-    assert json.loads((checkpoint / "checkpoint.json").read_text())["config"]["data"]["class_names"] == [
+    assert json.loads((checkpoint / "checkpoint.json").read_text())["config"]["data"][
+        "class_names"
+    ] == [
         "0",
         "1",
         "2",
@@ -108,9 +118,16 @@ def test_class_names_are_recorded_and_renamed_folders_refuse_resume(tmp_path, ca
         (root / split / "2").rename(root / split / "two")
     assert cli.main(["--resume", str(run), "schedule.epochs=2"]) == 2
     err = capsys.readouterr().err
-    assert "trained on 3 classes (0, 1, 2) but the data now has 3 (0, 1, two); gone: 2; new: two" in err
+    assert (
+        "trained on 3 classes (0, 1, 2) but the data now has 3 (0, 1, two); gone: 2; new: two"
+        in err
+    )
     with pytest.raises(ResumeError, match=r"gone: 2; new: two"):  # from Python too
-        Trainer(tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}"), resume=checkpoint)
+        Trainer(
+            tiny_config(tmp_path, "data.dataset=folder", f"data.root={root}"), resume=checkpoint
+        )
     recorded = load_config(run / "config.yaml")  # a new run from a config that records its classes
-    with pytest.raises(TrainConfigError, match=r"data\.class_names lists 3 classes \(0, 1, 2\) but the data"):
+    with pytest.raises(
+        TrainConfigError, match=r"data\.class_names lists 3 classes \(0, 1, 2\) but the data"
+    ):
         Trainer(recorded)

@@ -58,7 +58,8 @@ def test_schedule_steps_once_per_optimizer_step_under_accumulation(tmp_path):
     assert micro[0] == 2 * per_epoch * 3
     assert len(lrs) == trainer.state.num_updates == 2 * per_epoch
     expected = [
-        cosine_with_warmup(u, peak, per_epoch, 2 * per_epoch, warmup_lr, min_lr) for u in range(2 * per_epoch)
+        cosine_with_warmup(u, peak, per_epoch, 2 * per_epoch, warmup_lr, min_lr)
+        for u in range(2 * per_epoch)
     ]
     assert lrs == pytest.approx(expected, rel=1e-9)
 
@@ -89,4 +90,6 @@ def test_epoch_interval_reproduces_the_official_one_epoch_lag(tmp_path):
     ]
     for epoch_lrs, lr in zip(per_epoch, expected, strict=True):
         assert epoch_lrs == pytest.approx([lr] * steps, rel=1e-9)
-    assert expected[1] == warmup_lr and expected[2] == pytest.approx(min_lr + 0.75 * (peak - min_lr))
+    assert expected[1] == warmup_lr and expected[2] == pytest.approx(
+        min_lr + 0.75 * (peak - min_lr)
+    )

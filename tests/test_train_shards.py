@@ -54,23 +54,43 @@ def shards(tmp_path_factory) -> Path:
 def test_two_processes_two_workers_read_every_sample_once(tmp_path, shards):
     out = tmp_path / "records"
     out.mkdir()
-    args = (str(out), str(shards), *SHARDED, "schedule.epochs=2", f"run.output_dir={tmp_path / 'runs'}")
+    args = (
+        str(out),
+        str(shards),
+        *SHARDED,
+        "schedule.epochs=2",
+        f"run.output_dir={tmp_path / 'runs'}",
+    )
     result = launch_two(tmp_path / "worker.py", WORKER, *args)
 
     train = read_records(out, "train")
-    assert max(train.values()) == 1  # no sample read twice in an epoch, over 2 processes x 2 workers
+    assert (
+        max(train.values()) == 1
+    )  # no sample read twice in an epoch, over 2 processes x 2 workers
     for epoch in (0, 1):
         seen = {i for e, i in train if e == epoch}
-        assert len(seen) == 70 // 8 * 8 and seen <= set(range(70))  # 8 batches per process, 6 left over
-    assert {i for e, i in train if e == 0} != {i for e, i in train if e == 1}  # the 6 left over change
-    assert read_records(out, "val") == {(0, i): 2 for i in range(21)}  # 2 evaluations, each image once
+        assert len(seen) == 70 // 8 * 8 and seen <= set(
+            range(70)
+        )  # 8 batches per process, 6 left over
+    assert {i for e, i in train if e == 0} != {
+        i for e, i in train if e == 1
+    }  # the 6 left over change
+    assert read_records(out, "val") == {
+        (0, i): 2 for i in range(21)
+    }  # 2 evaluations, each image once
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["val_images"] == 21 and summary["images_seen"] == 2 * 64 and summary["bad_files"] == 0
+    assert (
+        summary["val_images"] == 21
+        and summary["images_seen"] == 2 * 64
+        and summary["bad_files"] == 0
+    )
     assert "each epoch trains on all but 6 samples" in result.stdout
 
 
 def test_mid_epoch_resume_reads_exactly_what_was_left(tmp_path, shards):
-    cfg = load_config(None, [*SHARDED, f"run.output_dir={tmp_path / 'runs'}", "checkpoint.every_steps=5"])
+    cfg = load_config(
+        None, [*SHARDED, f"run.output_dir={tmp_path / 'runs'}", "checkpoint.every_steps=5"]
+    )
 
     def fit(folder: Path, resume: Path | None = None) -> None:
         folder.mkdir()
@@ -88,7 +108,9 @@ def test_mid_epoch_resume_reads_exactly_what_was_left(tmp_path, shards):
     fit(tmp_path / "resumed", resume=tmp_path / "runs" / "tiny" / "checkpoints" / "ckpt-000000005")
     resumed = read_records(tmp_path / "resumed", "train")
     assert max(resumed.values()) == 1
-    assert {i for _, i in resumed} == {i for _, i in whole} - consumed  # exactly the 12 batches left
+    assert {i for _, i in resumed} == {
+        i for _, i in whole
+    } - consumed  # exactly the 12 batches left
 
 
 def _indices(record: Path) -> list[int]:

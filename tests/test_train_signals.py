@@ -34,7 +34,10 @@ ARGS = (
 
 
 def final_weights(run: Path) -> dict[str, dict[str, torch.Tensor]]:
-    return {name: load_file(run / "final" / name) for name in ("model.safetensors", "model_ema.safetensors")}
+    return {
+        name: load_file(run / "final" / name)
+        for name in ("model.safetensors", "model_ema.safetensors")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,9 @@ def signal_at(trainer: Trainer, step: int, signum: int) -> None:
         ),  # an epoch's last step: stops after validation and the epoch-end checkpoint
     ],
 )
-def test_a_stop_signal_checkpoints_the_step_and_resumes_exactly(reference, tmp_path, signum, workers, step):
+def test_a_stop_signal_checkpoints_the_step_and_resumes_exactly(
+    reference, tmp_path, signum, workers, step
+):
     cfg = tiny_config(tmp_path, *ARGS, f"data.num_workers={workers}")
     trainer = Trainer(cfg)
     signal_at(trainer, step, signum)
@@ -79,7 +84,10 @@ def test_a_stop_signal_checkpoints_the_step_and_resumes_exactly(reference, tmp_p
     run, saved = trainer.run_dir, trainer.run_dir / "checkpoints" / f"ckpt-{step:09d}"
     assert info.value.exit_code == 128 + signum
     message = str(info.value)
-    assert f"stopped by {signal.Signals(signum).name}" in message and f"(optimizer step {step})" in message
+    assert (
+        f"stopped by {signal.Signals(signum).name}" in message
+        and f"(optimizer step {step})" in message
+    )
     assert f"saved {saved}" in message and f"`vit5 train --resume {run}`" in message
     assert list_checkpoints(run / "checkpoints")[-1] == saved and not (run / "final").exists()
 
@@ -90,7 +98,9 @@ def test_a_stop_signal_checkpoints_the_step_and_resumes_exactly(reference, tmp_p
     for file, tensors in expected.items():
         assert tensors.keys() == actual[file].keys()
         for key, value in tensors.items():
-            assert torch.equal(actual[file][key], value), f"{file}:{key} differs from the uninterrupted run"
+            assert torch.equal(actual[file][key], value), (
+                f"{file}:{key} differs from the uninterrupted run"
+            )
     for key in ("val_top1", "val_loss", "ema_top1", "updates", "lr"):
         assert [r[key] for r in read_csv(run / "metrics.csv")] == [
             r[key] for r in read_csv(reference / "metrics.csv")
@@ -110,7 +120,9 @@ def test_the_command_line_says_how_to_resume_and_exits_143(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert status == 143
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stopped: stopped by SIGTERM at epoch 1, batch 7"), err
+    assert len(lines) == 1 and lines[0].startswith(
+        "stopped: stopped by SIGTERM at epoch 1, batch 7"
+    ), err
     assert f"vit5 train --resume {tmp_path / 'tiny'}" in err
     monkeypatch.undo()
     assert cli.main(["--resume", str(tmp_path / "tiny")]) == 0

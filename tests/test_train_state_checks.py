@@ -43,7 +43,11 @@ def set_field(name, value):
     ("step", "edit", "named"),
     [
         (44, junk_row, "train_state.history[0] has no 'epoch'"),
-        (44, lambda s: s["history"][0].__setitem__("val_top1", "high"), "history[0].val_top1='high'"),
+        (
+            44,
+            lambda s: s["history"][0].__setitem__("val_top1", "high"),
+            "history[0].val_top1='high'",
+        ),
         (20, set_field("batch", 10**12), "train_state.batch=1000000000000"),
         (20, set_field("batch", 21), "train_state.batch=21"),
         (44, set_field("num_updates", -50), "train_state.num_updates=-50 must be an integer >= 0"),
@@ -54,7 +58,11 @@ def set_field(name, value):
         (44, set_field("best_epoch", 5), "train_state.best_epoch=5"),
         (44, set_field("best_top1", 99.5), "train_state.best_top1=99.5"),
         (44, set_field("wall_seconds", float("nan")), "train_state.wall_seconds=nan"),
-        (44, set_field("images_seen", True), "train_state.images_seen=True must be an integer >= 0"),
+        (
+            44,
+            set_field("images_seen", True),
+            "train_state.images_seen=True must be an integer >= 0",
+        ),
     ],
 )
 def test_a_crafted_train_state_is_one_error_naming_the_field(run, capsys, step, edit, named):
@@ -70,14 +78,20 @@ def test_a_crafted_train_state_is_one_error_naming_the_field(run, capsys, step, 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert str(path) in err and named in err, err
-    assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]  # no fork left behind, nothing trained
+    assert sorted(p.name for p in run.parent.iterdir()) == [
+        "tiny"
+    ]  # no fork left behind, nothing trained
 
 
 def test_an_intact_state_still_loads(run):
     trainer = Trainer(
         tiny_config(run.parent, "schedule.epochs=2"), resume=run / "checkpoints" / "ckpt-000000020"
     )
-    assert (trainer.state.epoch, trainer.state.batch, trainer.state.epoch_samples) == (0, 20, 20 * 32)
+    assert (trainer.state.epoch, trainer.state.batch, trainer.state.epoch_samples) == (
+        0,
+        20,
+        20 * 32,
+    )
     trainer.close()
 
 
@@ -106,10 +120,16 @@ def one_error(argv, capsys) -> str:
         ("rng_state_0.json", lambda r: r.pop("numpy"), "no field 'numpy'"),
         ("checkpoint.json", lambda r: r.__setitem__("num_processes", 0), "num_processes=0 must be"),
         ("checkpoint.json", lambda r: r["files"].__setitem__("../x", {}), "files={"),
-        ("checkpoint.json", lambda r: r.__setitem__("ema", "yes"), "ema='yes' must be true or false"),
+        (
+            "checkpoint.json",
+            lambda r: r.__setitem__("ema", "yes"),
+            "ema='yes' must be true or false",
+        ),
     ],
 )
-def test_a_crafted_random_state_or_manifest_is_one_error_naming_the_field(run, capsys, name, edit, named):
+def test_a_crafted_random_state_or_manifest_is_one_error_naming_the_field(
+    run, capsys, name, edit, named
+):
     checkpoint = run / "checkpoints" / "ckpt-000000020"
     edit_json(checkpoint / name, edit)
     if name != "checkpoint.json":

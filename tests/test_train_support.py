@@ -55,7 +55,9 @@ def train_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
 
 def run_train(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     command, env = train_command(args)
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def free_port() -> int:
@@ -86,7 +88,9 @@ def launch_two(script: Path, worker: str, *args: str) -> subprocess.CompletedPro
     destroying its process group, as ``vit5 train`` does: one left to the interpreter's exit can abort it."""
     script.write_text(worker + "\ntorch.distributed.destroy_process_group()\n")
     command, env = accelerate_command(script, *args)
-    result = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

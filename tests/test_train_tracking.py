@@ -36,7 +36,9 @@ def test_tensorboard_logs_step_and_epoch_scalars_under_the_run_directory(tmp_pat
         assert scalar.step == steps and math.isclose(scalar.value, row[key], rel_tol=1e-6), key
 
     # every 11 steps: the mean of those 11 steps' losses
-    _, sparse = logged(tiny_config(tmp_path / "sparse", "run.log_with=tensorboard", "run.log_every_steps=11"))
+    _, sparse = logged(
+        tiny_config(tmp_path / "sparse", "run.log_with=tensorboard", "run.log_every_steps=11")
+    )
     means = sparse.Scalars("train/loss")
     assert [e.step for e in means] == [11, 22, 33, 44]
     for e in means:
@@ -46,12 +48,14 @@ def test_tensorboard_logs_step_and_epoch_scalars_under_the_run_directory(tmp_pat
 
 def test_unknown_or_uninstalled_trackers_are_config_errors(tmp_path, monkeypatch):
     with pytest.raises(
-        TrainConfigError, match=r"'tensorbord' is not an Accelerate tracker; did you mean tensorboard\?"
+        TrainConfigError,
+        match=r"'tensorbord' is not an Accelerate tracker; did you mean tensorboard\?",
     ):
         tiny_config(tmp_path, "run.log_with=tensorbord")
     monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
     with pytest.raises(
-        TrainConfigError, match=r"the comet_ml tracker needs the comet-ml package.*pip install comet-ml"
+        TrainConfigError,
+        match=r"the comet_ml tracker needs the comet-ml package.*pip install comet-ml",
     ) as info:
         tiny_config(tmp_path, "run.log_with=tensorboard, comet_ml")
     assert "pip install tensorboard" in str(info.value)  # every problem at once

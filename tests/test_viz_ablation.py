@@ -45,14 +45,19 @@ def test_zeros_and_mean_put_exactly_those_values_after_every_block(family):
     model, images = _model(family), smooth_images(4)
     plain = _registers(model, images)
     reference = register_reference(model, images)
-    for block, regs in plain.items():  # position block + 1 holds block's output mean over the images
+    for (
+        block,
+        regs,
+    ) in plain.items():  # position block + 1 holds block's output mean over the images
         torch.testing.assert_close(reference[block + 1], regs.mean(dim=0))
     torch.testing.assert_close(
         reference[0], model.reg_token[0].detach()
     )  # input registers: the learned tokens
     for regs in _registers(model, images, method="zeros", place="blocks").values():
         assert regs.abs().max() == 0
-    for block, regs in _registers(model, images, method="mean", place="blocks", reference=reference).items():
+    for block, regs in _registers(
+        model, images, method="mean", place="blocks", reference=reference
+    ).items():
         torch.testing.assert_close(regs, plain[block].mean(dim=0).expand_as(regs))
 
 
@@ -61,7 +66,9 @@ def test_shuffle_and_noise_after_a_single_block(family):
     model, images = _model(family, depth=1), smooth_images(4)
     plain = _registers(model, images)[0]
     shuffled = _registers(model, images, method="shuffle", place="blocks")[0]
-    torch.testing.assert_close(shuffled, plain[[3, 0, 1, 2]])  # image b gets image b - 1's registers
+    torch.testing.assert_close(
+        shuffled, plain[[3, 0, 1, 2]]
+    )  # image b gets image b - 1's registers
     noisy = _registers(model, images, method="noise", place="blocks", seed=3)[0]
     torch.testing.assert_close(noisy.norm(dim=-1), plain.norm(dim=-1))  # norm-matched ...
     assert (
@@ -76,7 +83,9 @@ def test_input_zeros_reach_the_first_block():
     info = describe(model)
     with torch.no_grad(), ablate_registers(model, "zeros", "input"):
         model.forward_features(to_batch(images, info.mean, info.std))
-    assert seen["x"][:, -4:].abs().max() == 0 and seen["x"][:, :-4].abs().min() >= 0  # vit5: registers last
+    assert (
+        seen["x"][:, -4:].abs().max() == 0 and seen["x"][:, :-4].abs().min() >= 0
+    )  # vit5: registers last
     assert seen["x"][:, 1].abs().max() > 0
 
 
@@ -99,7 +108,9 @@ def test_report_numbers_equal_direct_computations():
     def direct(ablation=None):
         with torch.no_grad():
             if ablation:
-                with ablate_registers(model, *ablation, reference=register_reference(model, reference)):
+                with ablate_registers(
+                    model, *ablation, reference=register_reference(model, reference)
+                ):
                     tokens, tokens_ref = model.forward_features(x), model.forward_features(x_ref)
             else:
                 tokens, tokens_ref = model.forward_features(x), model.forward_features(x_ref)
@@ -107,10 +118,14 @@ def test_report_numbers_equal_direct_computations():
 
     base, base_ref = direct()
     for row in report.rows:
-        tokens, tokens_ref = direct((row.method, row.place)) if row.method != "none" else (base, base_ref)
+        tokens, tokens_ref = (
+            direct((row.method, row.place)) if row.method != "none" else (base, base_ref)
+        )
         top1 = (model.forward_head(tokens).argmax(-1).numpy() == labels).mean()
         assert row.top1 == pytest.approx(top1)
-        pooled, pooled_ref = (model.forward_head(t, pre_logits=True).numpy() for t in (tokens, tokens_ref))
+        pooled, pooled_ref = (
+            model.forward_head(t, pre_logits=True).numpy() for t in (tokens, tokens_ref)
+        )
         assert row.knn == pytest.approx(knn_accuracy(pooled_ref, ref_labels, pooled, labels, 3))
         cos = torch.nn.functional.cosine_similarity(
             tokens[:, 1:-4].double(), base[:, 1:-4].double(), dim=-1
@@ -131,7 +146,11 @@ def test_report_numbers_equal_direct_computations():
 def test_label_free_report_and_errors():
     model = _model("timm")
     report = run_ablation(
-        model, smooth_images(4), smooth_images(4), "timm", AblationConfig(knn_k=2, places=("blocks",))
+        model,
+        smooth_images(4),
+        smooth_images(4),
+        "timm",
+        AblationConfig(knn_k=2, places=("blocks",)),
     )
     assert all(r.top1 is None and r.knn is None for r in report.rows)
     assert "no labels" in report.notes[-1] and 0 <= report.rows[1].knn_overlap <= 1
@@ -140,7 +159,10 @@ def test_label_free_report_and_errors():
         ablate_registers(_model("vit5", num_registers=0), "zeros", "blocks"),
     ):
         pass
-    with pytest.raises(InputError, match="needs a reference set"), ablate_registers(model, "mean", "blocks"):
+    with (
+        pytest.raises(InputError, match="needs a reference set"),
+        ablate_registers(model, "mean", "blocks"),
+    ):
         pass
     info = describe(model)
     with (

@@ -39,13 +39,18 @@ def test_vit5_attention_equals_the_official_reference_with_rope_qknorm_registers
     model = vit5.load_model(tmp_path / "ref.pth").eval()
     x = torch.randn(2, 3, 32, 32)
     streamed = {}
-    with torch.no_grad(), capture(model, on_layer=lambda i, a, t: streamed.setdefault(i, a.full())) as rec:
+    with (
+        torch.no_grad(),
+        capture(model, on_layer=lambda i, a, t: streamed.setdefault(i, a.full())) as rec,
+    ):
         model(x)
         ref(x)
     assert rec.layout == vit5.TokenLayout((4, 4), 1, 4, registers_first=False)
     for i in range(2):
         _not_uniform(streamed[i])
-        torch.testing.assert_close(streamed[i], ref.blocks[i].attn.last_attention, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            streamed[i], ref.blocks[i].attn.last_attention, rtol=1e-4, atol=1e-5
+        )
     assert rec.summaries == {} and rec.tokens == {}  # streamed mode keeps nothing
 
 
@@ -62,7 +67,9 @@ def test_vit5_attention_on_a_non_square_image_equals_a_hand_recomputation():
     with torch.no_grad(), capture(model, layers=[0, -1]) as rec:
         model(x)
     grid = (4, 6)
-    assert rec.layout == vit5.TokenLayout(grid, 1, 4) and set(rec.attentions) == set(rec.tokens) == {0, 1}
+    assert rec.layout == vit5.TokenLayout(grid, 1, 4) and set(rec.attentions) == set(
+        rec.tokens
+    ) == {0, 1}
     h, d = blk.attn.num_heads, blk.attn.head_dim
     n = inputs["x"].shape[1]
     q, k, _ = (inputs["x"] @ blk.attn.qkv.weight.T).reshape(1, n, 3, h, d).permute(2, 0, 3, 1, 4)
@@ -94,7 +101,9 @@ def test_timm_vit_with_registers_attention_equals_a_hand_recomputation():
     attn = model.blocks[1].attn
     b, n, _ = inputs["x"].shape
     q, k, _ = (
-        F.linear(inputs["x"], attn.qkv.weight, attn.qkv.bias).reshape(b, n, 3, 2, 32).permute(2, 0, 3, 1, 4)
+        F.linear(inputs["x"], attn.qkv.weight, attn.qkv.bias)
+        .reshape(b, n, 3, 2, 32)
+        .permute(2, 0, 3, 1, 4)
     )
     q = F.layer_norm(q, (32,), attn.q_norm.weight, attn.q_norm.bias, attn.q_norm.eps)
     k = F.layer_norm(k, (32,), attn.k_norm.weight, attn.k_norm.bias, attn.k_norm.eps)
@@ -149,7 +158,13 @@ def test_timm_eva_rope_attention_equals_a_recomputation_with_timm_rope():
 
 def test_describe_both_families():
     v, t = describe(tiny_vit5()), describe(tiny_timm(reg_tokens=4))
-    assert (v.family, v.num_registers, v.registers_first, v.patch_size, v.depth) == ("vit5", 4, False, 8, 2)
+    assert (v.family, v.num_registers, v.registers_first, v.patch_size, v.depth) == (
+        "vit5",
+        4,
+        False,
+        8,
+        2,
+    )
     assert (t.family, t.num_registers, t.registers_first, t.patch_size, t.num_heads) == (
         "timm",
         4,
@@ -163,11 +178,16 @@ def test_describe_both_families():
 
 def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     with pytest.raises(
-        InputError, match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1"
+        InputError,
+        match=r"layer 7 is out of range: this model has 2 blocks, valid layers are 0\.\.1",
     ):
         take_indices(2, [7])
     assert take_indices(4, [-1, 0, -1], unique=True) == [0, 3]
-    assert take_indices(4, [-1, 0, -1]) == [3, 0, 3]  # forward_intermediates: in the order asked (timm)
+    assert take_indices(4, [-1, 0, -1]) == [
+        3,
+        0,
+        3,
+    ]  # forward_intermediates: in the order asked (timm)
     assert take_indices(4, 2) == [2, 3]  # an int n: the last n, as vit5.record
     with pytest.raises(InputError, match="last 5 blocks of a model with 4"):
         take_indices(4, 5)
@@ -182,7 +202,9 @@ def test_bad_layers_and_sizes_name_the_valid_range_and_fix():
     )
     with pytest.raises(InputError, match="built for 32x32 inputs only"):
         describe(fixed).layout((32, 48))
-    with pytest.raises(InputError, match="not a positive multiple of the patch size 8: use --size 32x48"):
+    with pytest.raises(
+        InputError, match="not a positive multiple of the patch size 8: use --size 32x48"
+    ):
         describe(tiny_vit5()).layout((30, 47))
 
 
@@ -192,7 +214,9 @@ def test_a_timm_attention_without_q_norm_and_k_norm_is_refused_before_recording(
     model = tiny_timm()
     assert recordable(model).family == "timm"
     model.blocks[1].attn = torch.nn.Identity()
-    with pytest.raises(InputError, match="block 1 of this VisionTransformer has an attention module"):
+    with pytest.raises(
+        InputError, match="block 1 of this VisionTransformer has an attention module"
+    ):
         recordable(model)
     with pytest.raises(InputError, match="q_norm / k_norm"):
         with capture(model):

@@ -15,7 +15,15 @@ from vit5.cli.viz import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=2", "img_size=32", "patch_size=8"]
+TINY = [
+    "--model",
+    "vit5_tiny",
+    "--random-init",
+    "--model-args",
+    "depth=2",
+    "img_size=32",
+    "patch_size=8",
+]
 FAST = ["--size", "32x48", "--quiet", "--formats", "png", "--bootstrap", "50"]
 
 
@@ -50,19 +58,30 @@ def test_all_end_to_end_as_a_subprocess(tmp_path, folder):
         "-1",
     ]
     proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "MPLBACKEND": "Agg"}
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MPLBACKEND": "Agg"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "RANDOM INIT" in proc.stdout and "RANDOM-INIT weights" in proc.stdout  # honest labels
-    assert "layer" in proc.stdout and "sink rate over all layer-heads" in proc.stdout  # the printed table
+    assert (
+        "layer" in proc.stdout and "sink rate over all layer-heads" in proc.stdout
+    )  # the printed table
     for name in ("cls_attention", "register_attention", "rollout", "norm_map", "pca"):
         for suffix in ("png", "pdf"):
             assert (out / "images" / "a" / f"{name}.{suffix}").stat().st_size > 1000
-    assert not (out / "images" / "b").exists()  # --max-figures 1: per-image figures for the first image only
+    assert not (
+        out / "images" / "b"
+    ).exists()  # --max-figures 1: per-image figures for the first image only
     for name in ("summary_grid", "norm_histograms", "outlier_frequency", "layer_profile"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.pdf").exists()
     doc = json.loads((out / "metrics.json").read_text())
-    assert doc["num_images"] == 2 and len(doc["thresholds"]) == 2  # metrics cover every image and block
+    assert (
+        doc["num_images"] == 2 and len(doc["thresholds"]) == 2
+    )  # metrics cover every image and block
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert {r["metric"] for r in rows} >= {
         "outlier_ratio",
@@ -129,7 +148,10 @@ def test_compare_reuses_the_first_models_thresholds(tmp_path, folder, capsys):
     assert main(args) == 0
     a = json.loads((out / "compare" / "metrics_vit5_tiny-random-init.json").read_text())
     b = json.loads((out / "compare" / "metrics_vit_small_patch16_224-random-init.json").read_text())
-    assert b["thresholds"] == a["thresholds"] and b["threshold_source"] == "reused from vit5_tiny-random-init"
+    assert (
+        b["thresholds"] == a["thresholds"]
+        and b["threshold_source"] == "reused from vit5_tiny-random-init"
+    )
     for name in ("a", "b", "summary_grid", "layer_profile"):
         assert (out / "compare" / f"{name}.png").stat().st_size > 1000
 
@@ -137,14 +159,20 @@ def test_compare_reuses_the_first_models_thresholds(tmp_path, folder, capsys):
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--layers", "7"], "layer 7 is out of range: this model has 2 blocks, valid layers are 0..1"),
+        (
+            ["--layers", "7"],
+            "layer 7 is out of range: this model has 2 blocks, valid layers are 0..1",
+        ),
         (["--size", "30x48"], "not a positive multiple of the patch size 8: use --size 32x48"),
         (["--threshold-from", "missing.json"], "cannot read thresholds from missing.json"),
         (["--plant-at", "1", "1"], "planting needs both --plant-layer and at least one --plant-at"),
     ],
 )
 def test_bad_options_give_one_clear_message(tmp_path, folder, capsys, extra, message):
-    assert main(["attention", *TINY, "--images", str(folder), "--out", str(tmp_path), *FAST, *extra]) == 2
+    assert (
+        main(["attention", *TINY, "--images", str(folder), "--out", str(tmp_path), *FAST, *extra])
+        == 2
+    )
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -165,7 +193,9 @@ def test_bad_images_give_one_clear_message(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert (
-        "no usable image" in err and "broken.png" in err and "5x5 pixels is smaller than one 8x8 patch" in err
+        "no usable image" in err
+        and "broken.png" in err
+        and "5x5 pixels is smaller than one 8x8 patch" in err
     )
 
 
@@ -201,23 +231,40 @@ def test_register_maps_of_a_model_without_registers(tmp_path, folder, capsys):
 def test_bad_model_specs(tmp_path, folder, capsys, spec, message):
     assert (
         main(
-            ["pca", "--model", spec, "--random-init", "--images", str(folder), "--out", str(tmp_path), *FAST]
+            [
+                "pca",
+                "--model",
+                spec,
+                "--random-init",
+                "--images",
+                str(folder),
+                "--out",
+                str(tmp_path),
+                *FAST,
+            ]
         )
         == 2
     )
     assert message in capsys.readouterr().err
 
 
-def test_a_name_means_pretrained_weights_and_random_init_must_be_asked_for(tmp_path, folder, capsys):
+def test_a_name_means_pretrained_weights_and_random_init_must_be_asked_for(
+    tmp_path, folder, capsys
+):
     base = ["pca", "--images", str(folder), "--out", str(tmp_path), *FAST]
     assert main([*base, "--model", "vit5_tiny"]) == 2
     err = capsys.readouterr().err
-    assert "vit5_tiny has no released weights" in err and "untrained model with --random-init" in err
+    assert (
+        "vit5_tiny has no released weights" in err and "untrained model with --random-init" in err
+    )
     assert (
         main([*base, "--model", "timm:vit_small_patch16_224"]) == 2
     )  # timm's weights: offline here, not cached
     err = capsys.readouterr().err
-    assert "of the Hugging Face Hub repo timm/vit_small_patch16_224" in err and "HF_HUB_OFFLINE is set" in err
+    assert (
+        "of the Hugging Face Hub repo timm/vit_small_patch16_224" in err
+        and "HF_HUB_OFFLINE is set" in err
+    )
     assert main([*base, "--model", "vit5_tiny@weights.pth", "--random-init"]) == 2
     assert "--random-init builds bare architecture names untrained" in capsys.readouterr().err
 

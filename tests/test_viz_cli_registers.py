@@ -42,14 +42,25 @@ def test_ablate_on_labelled_digits(tmp_path, capsys):
         ("mean", "blocks"),
     ]
     assert all(r["top1"] is not None and r["knn"] is not None for r in doc["rows"])
-    assert (tmp_path / "ablation.png").stat().st_size > 1000 and (tmp_path / "ablation.csv").exists()
+    assert (tmp_path / "ablation.png").stat().st_size > 1000 and (
+        tmp_path / "ablation.csv"
+    ).exists()
 
 
 def test_ablate_needs_registers(tmp_path, capsys):
     folder = tmp_path / "imgs"
     for i in range(4):
         write_png(folder / f"{i}.png", smooth_rgb(32, 32, i))
-    args = ["ablate", *TINY, "num_registers=0", "--images", str(folder), "--out", str(tmp_path), *FAST]
+    args = [
+        "ablate",
+        *TINY,
+        "num_registers=0",
+        "--images",
+        str(folder),
+        "--out",
+        str(tmp_path),
+        *FAST,
+    ]
     assert main(args) == 2
     assert "no register tokens (R=0)" in capsys.readouterr().err
 
@@ -124,7 +135,8 @@ def test_position_probe_of_two_position_encodings(tmp_path, capsys):
     doc = json.loads((tmp_path / "position_probe.json").read_text())
     assert len(doc) == 2 and doc[0]["grid"] == [4, 6] and "RANDOM INIT" in doc[0]["model"]
     assert (
-        "ape=False" in doc[1]["model"] and doc[1]["constant_spatial_share"] < doc[0]["constant_spatial_share"]
+        "ape=False" in doc[1]["model"]
+        and doc[1]["constant_spatial_share"] < doc[0]["constant_spatial_share"]
     )
     assert (tmp_path / "position_probe.png").stat().st_size > 1000
     assert "constant-image spatial share" in capsys.readouterr().out

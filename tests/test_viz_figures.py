@@ -54,17 +54,31 @@ def test_norm_map_written_with_expected_size_and_peak_at_the_planted_patch(tmp_p
     style = MapStyle(dpi=80)
     fig = norm_map_figure(synthetic_stats(), 0, GRAY, [0], style)
     png, pdf = save_figure(fig, tmp_path / "norms", style.formats)
-    assert png.stat().st_size > 1000 and pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 1000
+    assert (
+        png.stat().st_size > 1000
+        and pdf.read_bytes().startswith(b"%PDF")
+        and pdf.stat().st_size > 1000
+    )
     pixels = cv2.cvtColor(cv2.imread(str(png)), cv2.COLOR_BGR2RGB).astype(float)
     declared_w, declared_h = fig.get_size_inches()
-    assert pixels.shape[:2] == (round(declared_h * 80), round(declared_w * 80))  # whole pixels, as declared
+    assert pixels.shape[:2] == (
+        round(declared_h * 80),
+        round(declared_w * 80),
+    )  # whole pixels, as declared
     assert declared_w >= S.MIN_WIDTH  # one panel: still one column wide
     assert not overlaps(fig)
     # the hottest overlay colour (top of viridis at alpha 0.5 over gray), searched inside the map's axes only
     hot = 0.5 * np.array(matplotlib.colormaps["viridis"](1.0)[:3]) * 255 + 0.5 * 128
     ax = fig.axes[0]
-    (x0, y0), (x1, y1) = ax.transData.transform([(0, 32), (48, 0)])  # display coords, origin bottom-left
-    top, left, bottom, right = round(pixels.shape[0] - y1), round(x0), round(pixels.shape[0] - y0), round(x1)
+    (x0, y0), (x1, y1) = ax.transData.transform(
+        [(0, 32), (48, 0)]
+    )  # display coords, origin bottom-left
+    top, left, bottom, right = (
+        round(pixels.shape[0] - y1),
+        round(x0),
+        round(pixels.shape[0] - y0),
+        round(x1),
+    )
     inside = pixels[top:bottom, left:right]
     y, x = np.unravel_index(np.abs(inside - hot).sum(-1).argmin(), inside.shape[:2])
     assert np.abs(inside[y, x] - hot).sum() < 15
@@ -79,18 +93,32 @@ def overlaps(fig) -> list[str]:
     canvas.draw()
     renderer = canvas.get_renderer()
     maps = [ax for ax in fig.axes if ax.images]
-    boxes = [(t.get_text(), t.get_window_extent(renderer).shrunk(0.98, 0.9)) for t in drawn_texts(fig)]
-    found = [f"{text!r} leaves the figure" for text, box in boxes if not fig.bbox.contains(box.x0, box.y0)]
-    found += [f"{text!r} leaves the figure" for text, box in boxes if not fig.bbox.contains(box.x1, box.y1)]
+    boxes = [
+        (t.get_text(), t.get_window_extent(renderer).shrunk(0.98, 0.9)) for t in drawn_texts(fig)
+    ]
+    found = [
+        f"{text!r} leaves the figure"
+        for text, box in boxes
+        if not fig.bbox.contains(box.x0, box.y0)
+    ]
+    found += [
+        f"{text!r} leaves the figure"
+        for text, box in boxes
+        if not fig.bbox.contains(box.x1, box.y1)
+    ]
     for i, ax in enumerate(maps):
         area = ax.get_window_extent(renderer)
         found += [f"{text!r} overlaps map {i}" for text, box in boxes if box.overlaps(area)]
         found += [
-            f"maps {i} and {j} overlap" for j, other in enumerate(maps[:i]) if area.overlaps(other.bbox)
+            f"maps {i} and {j} overlap"
+            for j, other in enumerate(maps[:i])
+            if area.overlaps(other.bbox)
         ]
         h, w = ax.images[0].get_array().shape[:2]
         if abs(area.width / area.height - w / h) > 0.02 * w / h:
-            found.append(f"map {i} squashed: {area.width:.0f} x {area.height:.0f} pixels for a {w} x {h} map")
+            found.append(
+                f"map {i} squashed: {area.width:.0f} x {area.height:.0f} pixels for a {w} x {h} map"
+            )
         bars = [c.get_window_extent(renderer) for c in ax.child_axes]
         if ax.images[-1].get_cmap().name != "viridis":
             continue  # an image or an RGB map has no colorbar
@@ -126,9 +154,13 @@ def test_every_map_has_a_colorbar_and_heads_share_a_layer_scale():
     assert len({cb.get_ylim() for cb in colorbars}) == 1
     assert not overlaps(fig)
     assert "raw" in fig._suptitle.get_text()
-    renormalised = cls_attention_figure(synthetic_stats(heads=3), 0, GRAY, [0], MapStyle(), renormalise=True)
+    renormalised = cls_attention_figure(
+        synthetic_stats(heads=3), 0, GRAY, [0], MapStyle(), renormalise=True
+    )
     assert "renormalised" in renormalised._suptitle.get_text()
-    assert "renormalised over the patches" in " ".join(t.get_text() for t in renormalised.texts)  # the note
+    assert "renormalised over the patches" in " ".join(
+        t.get_text() for t in renormalised.texts
+    )  # the note
 
 
 def test_comparison_shares_one_scale_per_row_across_models():
@@ -137,7 +169,9 @@ def test_comparison_shares_one_scale_per_row_across_models():
     colorbars = colorbars_of(fig)
     attention_a, attention_b, norms_a, norms_b = (cb.get_ylim() for cb in colorbars)
     assert attention_a == attention_b and norms_a == norms_b
-    assert norms_a[1] == pytest.approx(500.0)  # B's largest patch norm (10 x 50), not A's own maximum
+    assert norms_a[1] == pytest.approx(
+        500.0
+    )  # B's largest patch norm (10 x 50), not A's own maximum
 
 
 def test_clipping_is_written_on_the_figure_and_only_when_asked():
@@ -150,7 +184,9 @@ def test_clipping_is_written_on_the_figure_and_only_when_asked():
 
 def test_register_panels_one_per_register_and_a_clear_error_without_registers():
     fig = register_attention_figure(synthetic_stats(registers=4), 0, GRAY, [0], MapStyle())
-    assert [ax.get_title() for ax in fig.axes if ax.images] == [f"layer 0 register {r}" for r in range(4)]
+    assert [ax.get_title() for ax in fig.axes if ax.images] == [
+        f"layer 0 register {r}" for r in range(4)
+    ]
     assert not overlaps(fig)
     with pytest.raises(InputError, match="no register tokens"):
         register_attention_figure(synthetic_stats(registers=0), 0, GRAY, [0], MapStyle())

@@ -27,7 +27,9 @@ def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, regis
         4,
     )  # in the 4 x 6 grid of a 32 x 48 image (a transposed or sqrt(N) reshape would misplace it)
     num_cls = 1
-    first_patch = num_cls + (registers if family == "timm" else 0)  # written out, not taken from the library
+    first_patch = num_cls + (
+        registers if family == "timm" else 0
+    )  # written out, not taken from the library
     handle = multiply_tokens(model.blocks[0], [first_patch + row * 6 + col], 30.0)
     stats = collect(model, smooth_images(2), family, QUIET)
     handle.remove()
@@ -43,7 +45,10 @@ def test_planted_patch_lands_at_its_grid_position_for_every_layout(family, regis
         for layer in (0, 1):
             assert np.unravel_index(norm_map(stats, image, layer).argmax(), (4, 6)) == (row, col)
     assert stats.register_values(stats.norms).shape == (2, 2, registers)
-    assert rollout_map(stats, 0).shape == (4, 6) and np.isclose(stats.rollout.sum(-1), 1.0, atol=1e-5).all()
+    assert (
+        rollout_map(stats, 0).shape == (4, 6)
+        and np.isclose(stats.rollout.sum(-1), 1.0, atol=1e-5).all()
+    )
     if registers:
         assert register_maps(stats, 0, 1).shape == (registers, 4, 6)
         assert stats.patch_to_reg.shape == (2, 2, stats.received.shape[2])
@@ -63,8 +68,20 @@ def test_raw_arrays_round_trip(tmp_path, suffix):
     )
     assert stats.features.shape == (2, 24, 64)  # only the first two images keep features
     loaded = TokenStats.load(stats.save(tmp_path / f"raw{suffix}"))
-    assert loaded.layout == stats.layout and loaded.names == stats.names and loaded.layers == stats.layers
-    for name in ("norms", "received", "cls_attn", "reg_attn", "patch_to_reg", "rollout", "features"):
+    assert (
+        loaded.layout == stats.layout
+        and loaded.names == stats.names
+        and loaded.layers == stats.layers
+    )
+    for name in (
+        "norms",
+        "received",
+        "cls_attn",
+        "reg_attn",
+        "patch_to_reg",
+        "rollout",
+        "features",
+    ):
         np.testing.assert_array_equal(getattr(loaded, name), getattr(stats, name))
     with pytest.raises(InputError, match=".npz or .safetensors"):
         stats.save(tmp_path / "raw.txt")
@@ -87,7 +104,9 @@ def test_images_from_folders_files_and_sklearn(tmp_path):
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     batch = to_batch(images[:2], mean, std)
     expected = (images[1].rgb[5, 7, 2] / 255.0 - 0.3) / 0.3
-    assert batch.shape == (2, 3, 32, 48) and batch[1, 2, 5, 7].item() == pytest.approx(expected, abs=1e-6)
+    assert batch.shape == (2, 3, 32, 48) and batch[1, 2, 5, 7].item() == pytest.approx(
+        expected, abs=1e-6
+    )
 
 
 def test_image_errors_name_the_problem(tmp_path):

@@ -35,7 +35,8 @@ def test_preset_with_overrides_is_random_and_labelled():
     with pytest.raises(InputError, match="vit5_tiny has no released weights .* --random-init"):
         load_spec("vit5_tiny", TINY)  # a name means its pretrained weights, as in timm
     with pytest.raises(
-        InputError, match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights"
+        InputError,
+        match="--random-init asks for an untrained model, but vit5_tiny@w.pth names weights",
     ):
         load_spec("vit5_tiny@w.pth", TINY, random_init=True)
 
@@ -53,12 +54,16 @@ def test_checkpoint_directory_run_directory_and_preset_with_weights(tmp_path):
     vit5.save_pretrained(model, tmp_path / "run" / "other")
     with pytest.raises(InputError, match="several checkpoint directories"):
         load_spec(str(tmp_path / "run"))
-    vit5.save_pretrained(model, tmp_path / "run" / "final")  # a training run: final/ is the one meant
+    vit5.save_pretrained(
+        model, tmp_path / "run" / "final"
+    )  # a training run: final/ is the one meant
     assert load_spec(str(tmp_path / "run")).label == "run-final"
 
 
 def test_official_pth(tmp_path):
-    ref = OfficialViT5(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=3).eval()
+    ref = OfficialViT5(
+        img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=3
+    ).eval()
     torch.save({"model": ref.state_dict()}, tmp_path / "official.pth")
     loaded = load_spec(str(tmp_path / "official.pth"))
     x = torch.randn(1, 3, 32, 32)
@@ -84,14 +89,20 @@ def test_timm_name_with_a_local_checkpoint_loads_strictly(tmp_path):
     assert loaded.model.dynamic_img_size and not loaded.random_init  # any patch-multiple size works
     _same_output(loaded.model, source)
     with pytest.raises(InputError, match="does not fit timm model"):
-        load_spec(f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", {**args, "reg_tokens": 0})
+        load_spec(
+            f"timm:vit_small_patch16_224@{tmp_path / 'w.safetensors'}", {**args, "reg_tokens": 0}
+        )
     with pytest.raises(InputError, match="does not exist"):
         load_spec("timm:vit_small_patch16_224@missing.pth")
 
 
 def test_timm_dinov2_in_metas_own_key_layout_goes_through_the_models_filter(tmp_path):
     source = timm.create_model(
-        "vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56, dynamic_img_size=True
+        "vit_small_patch14_reg4_dinov2",
+        pretrained=False,
+        depth=1,
+        img_size=56,
+        dynamic_img_size=True,
     ).eval()
     meta = {k: v.clone() for k, v in source.state_dict().items()}
     meta["register_tokens"] = meta.pop(

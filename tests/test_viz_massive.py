@@ -6,7 +6,15 @@ import pytest
 import torch
 from viz_support import smooth_images, tiny_timm, tiny_vit5
 
-from vit5.viz import CollectConfig, MetricConfig, capture, collect, compute_metrics, describe, to_batch
+from vit5.viz import (
+    CollectConfig,
+    MetricConfig,
+    capture,
+    collect,
+    compute_metrics,
+    describe,
+    to_batch,
+)
 from vit5.viz.collect import massive_activations
 from vit5.viz.figures import MapStyle, massive_activation_figure
 

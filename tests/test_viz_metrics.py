@@ -67,13 +67,16 @@ def test_reference_thresholds_are_reused_for_the_twin(clean_and_planted, tmp_pat
     clean, planted = clean_and_planted
     reference = compute_metrics(clean, MetricConfig(n_boot=50))
     thresholds, source = load_thresholds(reference.write(tmp_path / "metrics")[0])
-    reused = compute_metrics(planted, MetricConfig(thresholds=thresholds, threshold_source=source, n_boot=50))
+    reused = compute_metrics(
+        planted, MetricConfig(thresholds=thresholds, threshold_source=source, n_boot=50)
+    )
     np.testing.assert_allclose(reused.thresholds, reference.thresholds)
     assert "reused from clean" in reused.threshold_source
     np.testing.assert_allclose(reused.per_image["outlier_ratio"][:, 1], 2 / 24)
     explicit = compute_metrics(planted, MetricConfig(threshold=1e9, n_boot=50))
     assert (
-        explicit.per_image["outlier_ratio"].max() == 0 and explicit.threshold_source == "explicit norm 1e+09"
+        explicit.per_image["outlier_ratio"].max() == 0
+        and explicit.threshold_source == "explicit norm 1e+09"
     )
     with pytest.raises(InputError, match="cannot read thresholds"):
         load_thresholds(tmp_path / "missing.json")
@@ -83,19 +86,27 @@ def _toy_stats(attention: torch.Tensor, layout: vit5.TokenLayout) -> TokenStats:
     tokens = torch.ones(1, layout.num_tokens, 4)
     summary = summarise_probabilities(attention, figure_keep(layout))
     rows = {k: v[:, None].numpy() for k, v in layer_rows(summary, tokens, layout).items()}
-    return TokenStats("toy", layout, [0], ["toy"], 8, rollout=np.zeros((1, layout.num_tokens)), **rows)
+    return TokenStats(
+        "toy", layout, [0], ["toy"], 8, rollout=np.zeros((1, layout.num_tokens)), **rows
+    )
 
 
 @pytest.mark.parametrize("registers_first", [False, True])
 def test_register_mass_equals_a_hand_computation(registers_first):
     layout = vit5.TokenLayout((1, 2), 1, 2, registers_first=registers_first)
-    cls, patches, regs = 0, ([3, 4] if registers_first else [1, 2]), ([1, 2] if registers_first else [3, 4])
+    cls, patches, regs = (
+        0,
+        ([3, 4] if registers_first else [1, 2]),
+        ([1, 2] if registers_first else [3, 4]),
+    )
     rows = torch.rand(1, 2, 5, 5)
     attention = rows / rows.sum(-1, keepdim=True)  # [B=1, H=2, N=5, N=5]
     report = compute_metrics(_toy_stats(attention, layout), MetricConfig(n_boot=10))
     a = attention[0].numpy()
     cls_mass = np.mean([a[h, cls, regs[0]] + a[h, cls, regs[1]] for h in range(2)])
-    patch_mass = np.mean([np.mean([a[h, p, regs[0]] + a[h, p, regs[1]] for p in patches]) for h in range(2)])
+    patch_mass = np.mean(
+        [np.mean([a[h, p, regs[0]] + a[h, p, regs[1]] for p in patches]) for h in range(2)]
+    )
     assert report.summary["cls_register_mass"]["value"][0] == pytest.approx(cls_mass, abs=1e-6)
     assert report.summary["patch_register_mass"]["value"][0] == pytest.approx(patch_mass, abs=1e-6)
 
@@ -105,9 +116,15 @@ def test_sink_rate_entropy_and_topk_on_toy_attention():
     spread = torch.tensor([[0.25, 0.28, 0.25, 0.22]] * 4)  # no key above 0.3
     sink = torch.tensor([[0.1, 0.1, 0.1, 0.7]] * 4)  # every query sends 0.7 to the register
     attention = torch.stack([spread, sink])[None]  # head 0 spread, head 1 a register sink
-    report = compute_metrics(_toy_stats(attention, layout), MetricConfig(eps=0.3, top_k=1, n_boot=10))
+    report = compute_metrics(
+        _toy_stats(attention, layout), MetricConfig(eps=0.3, top_k=1, n_boot=10)
+    )
     value = lambda name: report.summary[name]["value"][0]  # noqa: E731
-    assert value("sink_rate") == 0.5 and value("sink_rate_register") == 0.5 and value("sink_rate_patch") == 0
+    assert (
+        value("sink_rate") == 0.5
+        and value("sink_rate_register") == 0.5
+        and value("sink_rate_patch") == 0
+    )
     p0 = (
         np.array([0.28, 0.25]) / 0.53
     )  # head 0's CLS row renormalised over the two patches; head 1's is uniform
@@ -115,7 +132,9 @@ def test_sink_rate_entropy_and_topk_on_toy_attention():
     assert value("topk_sink_mass") == pytest.approx(
         (0.28 + 0.7) / 2
     )  # top-1 received key per head, head mean
-    assert value("topk_register_share") == pytest.approx(0.5)  # head 0: a patch, head 1: the register
+    assert value("topk_register_share") == pytest.approx(
+        0.5
+    )  # head 0: a patch, head 1: the register
 
 
 def test_entropy_effective_tokens_and_kurtosis_formulas():
@@ -124,11 +143,15 @@ def test_entropy_effective_tokens_and_kurtosis_formulas():
     assert M.cls_entropy(one_hot)[0, 0] == pytest.approx(0.0, abs=1e-9)
     assert M.cls_effective_tokens(np.ones((1, 1, 1, 8)))[0, 0] == pytest.approx(8.0)
     x = np.random.default_rng(0).lognormal(size=(3, 2, 50))
-    np.testing.assert_allclose(M.excess_kurtosis(x), scipy.stats.kurtosis(x, axis=-1, fisher=True, bias=True))
+    np.testing.assert_allclose(
+        M.excess_kurtosis(x), scipy.stats.kurtosis(x, axis=-1, fisher=True, bias=True)
+    )
 
 
 def test_log_mad_threshold_by_hand():
-    norms = np.exp(np.array([0.0, 1.0, 2.0, 3.0, 100.0]))  # log: median 2, |u - 2| = 2, 1, 0, 1, 98 -> MAD 1
+    norms = np.exp(
+        np.array([0.0, 1.0, 2.0, 3.0, 100.0])
+    )  # log: median 2, |u - 2| = 2, 1, 0, 1, 98 -> MAD 1
     assert M.log_mad_threshold(norms, k=5) == pytest.approx(math.exp(2 + 5 * 1.4826))
 
 
@@ -146,7 +169,9 @@ def test_bootstrap_interval():
     stat, lo, hi = bootstrap_ci(values, "mean", n_boot=500)
     assert lo < stat < hi and stat == pytest.approx(values.mean()) and hi - lo < 0.5
     assert bootstrap_ci(np.array([2.0] * 10 + [np.nan]), "median") == (2.0, 2.0, 2.0)
-    stat, lo, hi = bootstrap_ci(np.array([2.0, 2.0, np.nan]), "median")  # too few images for an interval
+    stat, lo, hi = bootstrap_ci(
+        np.array([2.0, 2.0, np.nan]), "median"
+    )  # too few images for an interval
     assert stat == 2.0 and math.isnan(lo) and math.isnan(hi)
     assert all(math.isnan(v) for v in bootstrap_ci(np.array([np.nan])))
 

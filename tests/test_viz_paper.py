@@ -34,7 +34,10 @@ from vit5.viz.stats import patch_content
 cls_attention_figure = partial(image_figure, "attention")
 norm_map_figure = partial(image_figure, "norms")
 QUIET = CollectConfig(batch_size=4, progress=False)
-FLAT_AT, BUSY_AT = ((1, 0), (2, 1)), ((1, 4), (2, 5))  # (row, col) in the 4 x 6 grid of a 32 x 48 image
+FLAT_AT, BUSY_AT = (
+    ((1, 0), (2, 1)),
+    ((1, 4), (2, 5)),
+)  # (row, col) in the 4 x 6 grid of a 32 x 48 image
 
 
 def half_flat_images(count: int) -> list[LoadedImage]:
@@ -84,7 +87,9 @@ def test_patch_content_matches_a_direct_computation():
         ranks = (scipy.stats.rankdata(variance, method="average") - 1) / 23
         np.testing.assert_allclose(content.variance_percentile[b], ranks)
         for (r, c), v in cells.items():
-            near = [cells[n] for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)) if n in cells]
+            near = [
+                cells[n] for n in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)) if n in cells
+            ]
             cos = np.mean([v @ u / np.linalg.norm(v) / np.linalg.norm(u) for u in near])
             assert content.neighbour_cosine[b, r * 6 + c] == pytest.approx(cos)
 
@@ -122,7 +127,11 @@ def test_norm_map_marks_each_kind_and_captions_only_what_it_drew(model):
     image = half_flat_images(1)[0]
     fig = norm_map_figure(stats, 0, image, [0], MapStyle(), outliers=report.outliers)
     text = " ".join(t.get_text() for t in _texts(fig))
-    assert "2 outliers, 1 artifact-like" in text and "red: artifact-like" in text and "white dashed" in text
+    assert (
+        "2 outliers, 1 artifact-like" in text
+        and "red: artifact-like" in text
+        and "white dashed" in text
+    )
     clean = compute_metrics(stats, MetricConfig(threshold=1e9, n_boot=10))
     quiet = " ".join(
         t.get_text()
@@ -147,7 +156,9 @@ def test_a_four_panel_row_is_print_sized_at_print_resolution(recorded, tmp_path)
     height, width = cv2.imread(str(png)).shape[:2]
     inches_w, inches_h = fig.get_size_inches()
     assert (width, height) == (round(inches_w * style.dpi), round(inches_h * style.dpi))
-    assert inches_w <= S.TEXT_WIDTH + 0.01 and width >= 6.5 * 150  # a page's text width, >= 150 dpi there
+    assert (
+        inches_w <= S.TEXT_WIDTH + 0.01 and width >= 6.5 * 150
+    )  # a page's text width, >= 150 dpi there
     assert 0.2 < height / width < 0.6  # a row, not a strip
 
 
@@ -164,7 +175,9 @@ def test_every_text_is_at_least_8_pt(recorded, model):
     ]
     for fig in figures:
         fig.canvas.draw()  # tick labels exist once drawn
-        small = [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < S.FONT_SMALL]
+        small = [
+            (t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < S.FONT_SMALL
+        ]
         assert not small
 
 
@@ -173,7 +186,9 @@ def test_layer_profile_colours_models_styles_metrics_and_speaks_words(recorded):
     report = compute_metrics(stats, MetricConfig(n_boot=20))
     fig = layer_profile_figure({"no registers": report, "registers": report}, MapStyle())
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
-    assert labels and not any("_" in label for label in labels)  # no raw keys such as cls_register_mass
+    assert labels and not any(
+        "_" in label for label in labels
+    )  # no raw keys such as cls_register_mass
     assert "no registers: CLS → registers" in labels
     for ax in fig.axes:
         by_model: dict[str, set] = {}
@@ -191,7 +206,10 @@ def test_massive_activations_compare_shares_the_y_axis(recorded, model):
     stats, _ = recorded
     big = collect(model, smooth_images(3), "tiny-b", QUIET)
     big.massive_top = big.massive_top * 50
-    a, b = compute_metrics(stats, MetricConfig(n_boot=10)), compute_metrics(big, MetricConfig(n_boot=10))
+    a, b = (
+        compute_metrics(stats, MetricConfig(n_boot=10)),
+        compute_metrics(big, MetricConfig(n_boot=10)),
+    )
     fig = massive_activation_figure({"a": (stats, a), "b": (big, b)}, MapStyle())
     first, second = fig.axes[:2]
     assert first.get_ylim() == second.get_ylim()
@@ -211,7 +229,9 @@ def test_few_images_print_no_interval_and_say_why(recorded):
     table = report.table()
     assert "±" not in table and "no intervals: 3 images" in table
     fig = layer_profile_figure({"a": report}, MapStyle())
-    assert not [c for ax in fig.axes for c in ax.collections if isinstance(c, PolyCollection)]  # no bands
+    assert not [
+        c for ax in fig.axes for c in ax.collections if isinstance(c, PolyCollection)
+    ]  # no bands
 
 
 def test_massive_location_reports_ties_not_a_fake_mode():
@@ -227,14 +247,28 @@ def test_default_size_keeps_the_images_aspect(tmp_path):
     assert default_size(["sklearn-samples"], (32, 32), 8) == (32, 48)
     write_png(tmp_path / "tall" / "a.png", smooth_rgb(90, 60, 1))
     write_png(tmp_path / "tall" / "b.png", smooth_rgb(64, 40, 2))
-    assert default_size([str(tmp_path / "tall")], (32, 32), 8) == (48, 32)  # portrait, median ratio 1.55
-    assert default_size([str(tmp_path / "tall")], (30, 30), 8) == (48, 32)  # short side: nearest multiple
+    assert default_size([str(tmp_path / "tall")], (32, 32), 8) == (
+        48,
+        32,
+    )  # portrait, median ratio 1.55
+    assert default_size([str(tmp_path / "tall")], (30, 30), 8) == (
+        48,
+        32,
+    )  # short side: nearest multiple
 
 
 def test_title_label_and_default_size_from_the_command_line(tmp_path, capsys):
     from vit5.cli.viz import main
 
-    tiny = ["--model", "vit5_tiny", "--random-init", "--model-args", "depth=1", "img_size=32", "patch_size=8"]
+    tiny = [
+        "--model",
+        "vit5_tiny",
+        "--random-init",
+        "--model-args",
+        "depth=1",
+        "img_size=32",
+        "patch_size=8",
+    ]
     out = tmp_path / "out"
     args = [
         "metrics",
@@ -251,7 +285,9 @@ def test_title_label_and_default_size_from_the_command_line(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "2 images at 32x48" in printed  # 427 x 640 photos keep their aspect on a 32 px model
     assert json.loads((out / "metrics.json").read_text())["model"] == "ViT-5 demo"
-    with pytest.raises(SystemExit) as usage:  # an empty label is a usage error: exit 2, one line naming it
+    with pytest.raises(
+        SystemExit
+    ) as usage:  # an empty label is a usage error: exit 2, one line naming it
         main([*args[:-2], "--label", " ", "--out", str(tmp_path / "o2")])
     assert usage.value.code == 2 and "--label" in capsys.readouterr().err
 

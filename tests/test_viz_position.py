@@ -35,7 +35,9 @@ def test_pca_map_is_grey_without_a_pattern_and_on_an_absolute_scale():
     f[:, 1] = [1, -1, 1, -1, 1, -1]  # one direction of deviation, +-1 on a norm of ~10
     first = pca_map(f, (2, 3))[..., 0].ravel()
     expected = 0.5 + 0.5 * np.abs(f[:, 1]) / (COLOUR_SPAN * np.sqrt((f**2).sum(-1).mean()))
-    np.testing.assert_allclose(np.sort(first), np.sort(np.where(f[:, 1] > 0, 1, -1) * (expected - 0.5) + 0.5))
+    np.testing.assert_allclose(
+        np.sort(first), np.sort(np.where(f[:, 1] > 0, 1, -1) * (expected - 0.5) + 0.5)
+    )
 
 
 @pytest.mark.parametrize("pattern_var,noise_var", [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (3.0, 1.0)])
@@ -61,13 +63,20 @@ def test_rope_alone_leaves_no_pattern_without_prefix_tokens_but_ape_does():
     rope_only = run_position_probe(
         _vit5(ape=False, class_token=False, global_pool="avg", num_registers=0), "rope", cfg
     )
-    assert rope_only.constant_spatial_share < 1e-10  # identical tokens stay identical: values are all equal
+    assert (
+        rope_only.constant_spatial_share < 1e-10
+    )  # identical tokens stay identical: values are all equal
     assert np.ptp(rope_only.constant_norms, axis=(1, 2)).max() < 1e-4
     with_ape = run_position_probe(
         _vit5(rope=False, class_token=False, global_pool="avg", num_registers=0), "ape", cfg
     )
     assert with_ape.constant_spatial_share > 1e-4 and with_ape.grid == (4, 6)
-    assert with_ape.constant_norms.shape == (5, 4, 6) and with_ape.constant_pca.shape == (5, 4, 6, 3)
+    assert with_ape.constant_norms.shape == (5, 4, 6) and with_ape.constant_pca.shape == (
+        5,
+        4,
+        6,
+        3,
+    )
 
 
 def test_timm_non_square_and_figure():
@@ -85,9 +94,15 @@ def test_timm_non_square_and_figure():
         dynamic_img_size=True,
     ).eval()
     probe = run_position_probe(
-        model, "timm (random init)", PositionProbeConfig(size=(40, 24), noise_images=3, levels=(0.5,))
+        model,
+        "timm (random init)",
+        PositionProbeConfig(size=(40, 24), noise_images=3, levels=(0.5,)),
     )
-    assert probe.grid == (5, 3) and probe.noise_norms.shape == (5, 3) and 0 <= probe.noise_position_share <= 1
+    assert (
+        probe.grid == (5, 3)
+        and probe.noise_norms.shape == (5, 3)
+        and 0 <= probe.noise_position_share <= 1
+    )
     constant, noise = probe_images((40, 24), PositionProbeConfig(noise_images=3, levels=(0.5,)))
     assert (constant[0].rgb == 128).all() and len(noise) == 3 and noise[0].rgb.shape == (40, 24, 3)
     fig = position_figure([probe], MapStyle())

@@ -36,7 +36,9 @@ def test_labels_by_hand():
 
 
 def test_canvases_are_deterministic_flat_where_background_and_split_by_digit():
-    cfg = CanvasConfig(size=(48, 64), patch_size=8, digits=(2, 3), digit_side=(10, 14), task="count")
+    cfg = CanvasConfig(
+        size=(48, 64), patch_size=8, digits=(2, 3), digit_side=(10, 14), task="count"
+    )
     train, val = CanvasSource(cfg, "train", seed=1), CanvasSource(cfg, "val", seed=1)
     a, b = train.batch(5, 6), train.batch(5, 6)
     np.testing.assert_array_equal(a.images, b.images)
@@ -46,8 +48,12 @@ def test_canvases_are_deterministic_flat_where_background_and_split_by_digit():
     for image, background in zip(a.images, a.background):
         patches = image[..., 0].reshape(6, 8, 8, 8).transpose(0, 2, 1, 3)  # [h, w, 8, 8]
         levels = {int(v) for v in patches[background].ravel()}
-        assert len(levels) == 1  # flat background: every background pixel has the canvas's one grey level
-        assert all(len(np.unique(p)) > 1 for p in patches[~background])  # a digit touches every other patch
+        assert (
+            len(levels) == 1
+        )  # flat background: every background pixel has the canvas's one grey level
+        assert all(
+            len(np.unique(p)) > 1 for p in patches[~background]
+        )  # a digit touches every other patch
     assert not set(map(bytes, train.pool.reshape(len(train.pool), -1))) & set(
         map(bytes, val.pool.reshape(len(val.pool), -1))
     )
@@ -78,10 +84,14 @@ def test_smoke_study_resumes_to_the_same_weights(tmp_path, capsys):
     assert rest.complete and [r["step"] for r in rest.trajectories["no_registers"]] == [0, 3, 6]
     for twin in TWINS:
         for key, value in _final_weights(tmp_path / "whole")[twin].items():
-            torch.testing.assert_close(_final_weights(tmp_path / "parts")[twin][key], value, rtol=0, atol=0)
+            torch.testing.assert_close(
+                _final_weights(tmp_path / "parts")[twin][key], value, rtol=0, atol=0
+            )
     row = rest.trajectories["registers"][-1]
     assert (
-        len(row["metrics"]["outlier_ratio"]) == SMOKE.depth and "reused" in row and row["num_registers"] == 1
+        len(row["metrics"]["outlier_ratio"]) == SMOKE.depth
+        and "reused" in row
+        and row["num_registers"] == 1
     )
     with pytest.raises(InputError, match="holds a study with other settings .changed: steps"):
         run_study(replace(SMOKE, steps=9), tmp_path / "parts", progress=False, log=lambda s: None)
@@ -90,7 +100,9 @@ def test_smoke_study_resumes_to_the_same_weights(tmp_path, capsys):
 def test_command_line_smoke_run_with_analyses(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--preset", "smoke", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "register study at step 6" in out and "register ablation of registers twin (trained)" in out
+    assert (
+        "register study at step 6" in out and "register ablation of registers twin (trained)" in out
+    )
     for name in (
         "trajectory.png",
         "verdict.json",
@@ -99,12 +111,25 @@ def test_command_line_smoke_run_with_analyses(tmp_path, capsys):
         "analysis/analysis.json",
     ):
         assert (tmp_path / name).stat().st_size > 100
-    assert (tmp_path / "no_registers" / "checkpoints" / "step_000003" / "model.safetensors").is_file()
+    assert (
+        tmp_path / "no_registers" / "checkpoints" / "step_000003" / "model.safetensors"
+    ).is_file()
     doc = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
     assert len(doc["ablation"]) == 9 and "ttr" in doc
     steps = (tmp_path / "registers" / "trajectory.jsonl").read_text()
     assert (
-        main(["--out", str(tmp_path), "--preset", "smoke", "--quiet", "--analyse-only", "--no-analysis"]) == 0
+        main(
+            [
+                "--out",
+                str(tmp_path),
+                "--preset",
+                "smoke",
+                "--quiet",
+                "--analyse-only",
+                "--no-analysis",
+            ]
+        )
+        == 0
     )
     assert (
         tmp_path / "registers" / "trajectory.jsonl"
@@ -114,7 +139,9 @@ def test_command_line_smoke_run_with_analyses(tmp_path, capsys):
 
 
 def test_settings_parse_into_the_right_sections():
-    cfg = parse_settings(SMOKE, ["steps=12", "background=noise", "model.qk_norm=False", "size=(48, 64)"])
+    cfg = parse_settings(
+        SMOKE, ["steps=12", "background=noise", "model.qk_norm=False", "size=(48, 64)"]
+    )
     assert cfg.steps == 12 and cfg.canvas.background == "noise" and cfg.canvas.size == (48, 64)
     assert dict(cfg.model_args) == {"qk_norm": False} and not cfg.model_config("registers").qk_norm
     with pytest.raises(InputError, match="may not set"):
@@ -152,12 +179,22 @@ def test_verdict_reads_the_block_with_background_outliers_and_each_criterion():
     v = verdict(good)
     assert v["success"] and v["layer"] == 1 and v["next_layer"] == 2 and all(v["checks"].values())
     weak = {"no_registers": [_row(10, 0.1, 0.8, 0.9, 0.15, 0.25)], "registers": good["registers"]}
-    assert not verdict(weak)["checks"]["outliers_draw_attention"]  # 0.15 < 2 x the outliers' share 0.1
-    close = {"no_registers": good["no_registers"], "registers": [_row(10, 0.02, 0.1, 0.5, 0.0, 0.0, 0.5, 4)]}
+    assert not verdict(weak)["checks"][
+        "outliers_draw_attention"
+    ]  # 0.15 < 2 x the outliers' share 0.1
+    close = {
+        "no_registers": good["no_registers"],
+        "registers": [_row(10, 0.02, 0.1, 0.5, 0.0, 0.0, 0.5, 4)],
+    }
     assert not verdict(close)["checks"]["registers_10x_fewer_outliers"]  # 0.02 * 10 > 0.1
     digits = {"no_registers": [_row(10, 0.1, 0.8, 0.3, 0.4, 0.25)], "registers": good["registers"]}
-    assert not verdict(digits)["checks"]["outliers_on_background"]  # 0.3 below the background rate 0.6
-    idle = {"no_registers": good["no_registers"], "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, 0.3, 4)]}
+    assert not verdict(digits)["checks"][
+        "outliers_on_background"
+    ]  # 0.3 below the background rate 0.6
+    idle = {
+        "no_registers": good["no_registers"],
+        "registers": [_row(10, 0.005, 0.1, 0.5, 0.0, 0.0, 0.3, 4)],
+    }
     assert not verdict(idle)["checks"][
         "registers_hold_attention"
     ]  # 0.3 < twice the registers' uniform share 4/20
@@ -177,16 +214,29 @@ def test_background_sinks_by_hand():
     received = np.array(
         [
             [
-                [[0.1, 0.8, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25]],  # block 0: head 0 sinks on patch 1
+                [
+                    [0.1, 0.8, 0.05, 0.05],
+                    [0.25, 0.25, 0.25, 0.25],
+                ],  # block 0: head 0 sinks on patch 1
                 [[0.05, 0.05, 0.1, 0.8], [0.6, 0.2, 0.1, 0.1]],
             ]
         ]
     )  # block 1: register sink, patch 0 sink
     stats = TokenStats(
-        "toy", layout, [0, 1], ["a"], 8, norms=np.ones((1, 2, 4)), received=received, rollout=np.zeros((1, 4))
+        "toy",
+        layout,
+        [0, 1],
+        ["a"],
+        8,
+        norms=np.ones((1, 2, 4)),
+        received=received,
+        rollout=np.zeros((1, 4)),
     )
     background = np.array([[[False, True, True]]])
-    assert background_sinks(stats, background) == [1.0, 0.0]  # patch 1 is background, patch 0 is not
+    assert background_sinks(stats, background) == [
+        1.0,
+        0.0,
+    ]  # patch 1 is background, patch 0 is not
     assert background_sinks(stats, background, eps=0.9) == [None, None]
 
 
@@ -210,7 +260,9 @@ def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
     (out / "no_registers").mkdir(parents=True)
     torch.save({"model": _Payload(marker), "step": 3}, out / "no_registers" / "state.pt")
     twin = Twin("no_registers", build_twins(SMOKE)["no_registers"], SMOKE, out / "no_registers")
-    assert not twin.resume() and not marker.exists()  # a pickle outside the safe format is never read
+    assert (
+        not twin.resume() and not marker.exists()
+    )  # a pickle outside the safe format is never read
 
     # a checkpoint of the safe format whose optimizer.pt was swapped for the pickle (hash recomputed)
     twin.save()
@@ -218,10 +270,17 @@ def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
     torch.save({"state": _Payload(marker), "param_groups": []}, state / "optimizer.pt")
     manifest = json.loads((state / "checkpoint.json").read_text())
     data = (state / "optimizer.pt").read_bytes()
-    manifest["files"]["optimizer.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"]["optimizer.pt"] = {
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     (state / "checkpoint.json").write_text(json.dumps(manifest))
-    with pytest.raises(ResumeError, match=r"optimizer\.pt contains pickled objects .*posix\.system"):
+    with pytest.raises(
+        ResumeError, match=r"optimizer\.pt contains pickled objects .*posix\.system"
+    ):
         run_study(SMOKE, out, progress=False, log=lambda s: None, analyse=False)
     assert not marker.exists()
-    torch.load(state / "optimizer.pt", weights_only=False)  # the payload is live: loading it unsafely runs it
+    torch.load(
+        state / "optimizer.pt", weights_only=False
+    )  # the payload is live: loading it unsafely runs it
     assert marker.exists()

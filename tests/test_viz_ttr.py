@@ -143,18 +143,28 @@ def test_test_time_register_equals_the_explicit_computation_and_removes_the_outl
     reference = compute_metrics(plain, MetricConfig(n_boot=20))
     with use_test_time_registers(model, [RegisterNeuron(LAYER, NEURON, 1.0)]):
         info = describe(model)
-        assert info.test_registers == 1 and info.layout((32, 48)).num_tokens == plain.layout.num_tokens + 1
+        assert (
+            info.test_registers == 1
+            and info.layout((32, 48)).num_tokens == plain.layout.num_tokens + 1
+        )
         from vit5.viz import capture
 
         with torch.no_grad(), capture(model, layers=[LAYER], attention=False) as rec:
             out = model.forward_features(to_batch(images, info.mean, info.std))
         moved = collect(model, images, "test-time register", QUIET)
     torch.testing.assert_close(
-        rec.tokens[LAYER], _explicit_block_output(model, images, LAYER, NEURON), atol=1e-4, rtol=1e-5
+        rec.tokens[LAYER],
+        _explicit_block_output(model, images, LAYER, NEURON),
+        atol=1e-4,
+        rtol=1e-5,
     )
-    assert out.shape[1] == plain.layout.num_tokens  # the extra token is dropped before the final norm
+    assert (
+        out.shape[1] == plain.layout.num_tokens
+    )  # the extra token is dropped before the final norm
     after = compute_metrics(moved, MetricConfig(n_boot=20, thresholds=tuple(reference.thresholds)))
-    assert after.per_image["outlier_ratio"][:, LAYER].max() == 0  # the outliers left the patches ...
+    assert (
+        after.per_image["outlier_ratio"][:, LAYER].max() == 0
+    )  # the outliers left the patches ...
     at = _insert_index(model)
     new_norms = moved.norms[:, LAYER, at]  # ... for the test-time register
     assert (new_norms > reference.thresholds[LAYER]).all()
@@ -162,7 +172,9 @@ def test_test_time_register_equals_the_explicit_computation_and_removes_the_outl
     assert moved.layout.register_slice.stop - 1 == at  # after the trained registers
     assert describe(model).test_registers == 0  # restored on exit
     if isinstance(model, Eva):
-        assert all(block.attn.num_prefix_tokens == model.num_prefix_tokens for block in model.blocks)
+        assert all(
+            block.attn.num_prefix_tokens == model.num_prefix_tokens for block in model.blocks
+        )
 
 
 def test_no_outliers_is_a_clear_error():

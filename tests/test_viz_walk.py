@@ -101,5 +101,7 @@ def test_describing_a_model_imports_no_loader():
         "vit5.introspect.describe\n"
         "print('vit5.weights.factory' in sys.modules, 'vit5.introspect.load' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert result.stdout.split() == ["False", "False"], result.stdout

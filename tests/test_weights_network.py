@@ -25,11 +25,17 @@ from vit5.weights.convert import CheckpointError
 
 OFFICIAL = "FengWang3211/ViT-5"
 TINY = dict(depth=1, embed_dim=32, num_heads=2, img_size=16, patch_size=8, num_classes=3)
-HTTP = importlib.import_module(type(huggingface_hub.get_session()).__module__.split(".")[0])  # httpx(2)
+HTTP = importlib.import_module(
+    type(huggingface_hub.get_session()).__module__.split(".")[0]
+)  # httpx(2)
 
 FAILURES = {
-    "proxy 407": lambda request: HTTP.ProxyError("407 Proxy Authentication Required", request=request),
-    "no network": lambda request: HTTP.ConnectError("[Errno -3] Temporary failure in name resolution"),
+    "proxy 407": lambda request: HTTP.ProxyError(
+        "407 Proxy Authentication Required", request=request
+    ),
+    "no network": lambda request: HTTP.ConnectError(
+        "[Errno -3] Temporary failure in name resolution"
+    ),
     "timeout": lambda request: HTTP.ConnectTimeout("timed out", request=request),
 }
 
@@ -41,7 +47,9 @@ class Network:
         self.failure, self.requests, self.sleeps = failure, [], []
 
     def handle(self, request):
-        if "/resolve/" in str(request.url):  # file requests (huggingface_hub also asks api/ endpoints)
+        if "/resolve/" in str(
+            request.url
+        ):  # file requests (huggingface_hub also asks api/ endpoints)
             self.requests.append(str(request.url))
         raise self.failure(request)
 
@@ -63,7 +71,9 @@ def _failing(failure, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     net = Network(failure)
     monkeypatch.setattr(_http.time, "sleep", net.sleeps.append)
-    huggingface_hub.set_client_factory(lambda: HTTP.Client(transport=HTTP.MockTransport(net.handle)))
+    huggingface_hub.set_client_factory(
+        lambda: HTTP.Client(transport=HTTP.MockTransport(net.handle))
+    )
     yield net
     huggingface_hub.set_client_factory(_http.default_client_factory)
     huggingface_hub.close_session()
@@ -82,8 +92,12 @@ def test_not_cached_fails_after_one_request_not_a_retry_storm(network, hf_cache)
     message = str(err.value)
     assert "vit5_small_patch16_224.pth of the Hugging Face Hub repo FengWang3211/ViT-5" in message
     assert "pretrained=PATH" in message  # Python's form
-    assert len(network.requests) == 1 and network.sleeps == []  # huggingface_hub alone: 7, with back-off
-    with pytest.raises(InputError, match=r"^cannot load vit5_small: .*pass its path as vit5_small@PATH$"):
+    assert (
+        len(network.requests) == 1 and network.sleeps == []
+    )  # huggingface_hub alone: 7, with back-off
+    with pytest.raises(
+        InputError, match=r"^cannot load vit5_small: .*pass its path as vit5_small@PATH$"
+    ):
         load_spec("vit5_small")  # the command lines' form
 
 
@@ -103,11 +117,13 @@ def test_timm_names_use_the_cache_and_fail_fast_the_same_way(network, hf_cache, 
     import timm
 
     repo = "timm/test_vit.r160_in1k"
-    with pytest.raises(InputError, match=rf"model.safetensors or pytorch_model.bin of .* {repo}") as err:
+    with pytest.raises(
+        InputError, match=rf"model.safetensors or pytorch_model.bin of .* {repo}"
+    ) as err:
         load_spec("timm:test_vit.r160_in1k")
-    assert "the Hub could not be reached" in str(err.value) and "timm:test_vit.r160_in1k@PATH" in str(
+    assert "the Hub could not be reached" in str(
         err.value
-    )
+    ) and "timm:test_vit.r160_in1k@PATH" in str(err.value)
     assert len(network.requests) == 1 and network.sleeps == []  # (one per file before)
     model = timm.create_model("test_vit.r160_in1k")
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")

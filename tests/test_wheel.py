@@ -50,7 +50,9 @@ def installed(tmp_path_factory) -> Path:
     return tmp / "site"
 
 
-def test_the_installed_command_trains_visualises_and_evaluates_from_an_empty_folder(installed, tmp_path):
+def test_the_installed_command_trains_visualises_and_evaluates_from_an_empty_folder(
+    installed, tmp_path
+):
     work = tmp_path / "empty"
     work.mkdir()
     env = {
@@ -73,7 +75,9 @@ def test_the_installed_command_trains_visualises_and_evaluates_from_an_empty_fol
         return proc.stdout
 
     find = "import importlib.util; print(importlib.util.find_spec('vit5').origin)"  # without importing it
-    where = subprocess.run([sys.executable, "-c", find], cwd=work, env=env, capture_output=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", find], cwd=work, env=env, capture_output=True, text=True
+    )
     assert Path(where.stdout.strip()).is_relative_to(installed), where.stdout + where.stderr
 
     assert "train" in vit5("--help")
@@ -87,8 +91,20 @@ def test_the_installed_command_trains_visualises_and_evaluates_from_an_empty_fol
     rng = np.random.default_rng(0)
     for i in range(2):
         Image.fromarray(rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(images / f"{i}.png")
-    fast = ["--size", "16", "--quiet", "--formats", "png", "--bootstrap", "20", "--max-figures", "1"]
+    fast = [
+        "--size",
+        "16",
+        "--quiet",
+        "--formats",
+        "png",
+        "--bootstrap",
+        "20",
+        "--max-figures",
+        "1",
+    ]
     vit5("viz", "all", "--model", str(model), "--images", str(images), "--out", "viz", *fast)
     assert (work / "viz" / "metrics.json").is_file()
-    out = vit5("eval", "features", "--model", str(model), "--images", str(images), "--out", "features")
+    out = vit5(
+        "eval", "features", "--model", str(model), "--images", str(images), "--out", "features"
+    )
     assert "2 written" in out and (work / "features" / "manifest.json").is_file()

@@ -40,13 +40,17 @@ def tiny_timm(reg_tokens: int = 4, **overrides) -> torch.nn.Module:
         dynamic_img_size=True,
         qk_norm=True,
     )
-    return sharpen(timm.create_model("vit_small_patch16_224", pretrained=False, **{**cfg, **overrides}))
+    return sharpen(
+        timm.create_model("vit_small_patch16_224", pretrained=False, **{**cfg, **overrides})
+    )
 
 
 def smooth_rgb(height: int, width: int, seed: int) -> np.ndarray:
     noise = np.random.default_rng(seed).random((height, width, 3)).astype(np.float32)
     blurred = cv2.GaussianBlur(noise, (0, 0), sigmaX=3)
-    return np.rint((blurred - blurred.min()) / (blurred.max() - blurred.min()) * 255).astype(np.uint8)
+    return np.rint((blurred - blurred.min()) / (blurred.max() - blurred.min()) * 255).astype(
+        np.uint8
+    )
 
 
 def smooth_images(count: int, height: int = 32, width: int = 48) -> list[LoadedImage]:
@@ -77,7 +81,11 @@ def bright_patch_images(
     """Smooth dark images (pixels <= 100) with pure white patches at ``bright`` (row, col) grid positions."""
     images = []
     for i in range(count):
-        rgb = (smooth_rgb(height, width, 100 + i).astype(np.float32) * (100 / 255)).round().astype(np.uint8)
+        rgb = (
+            (smooth_rgb(height, width, 100 + i).astype(np.float32) * (100 / 255))
+            .round()
+            .astype(np.uint8)
+        )
         for r, c in bright:
             rgb[r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] = 255
         images.append(LoadedImage(f"bright{i}", rgb))

@@ -43,7 +43,9 @@ def os_error_reason(err: OSError) -> str:
     return f"{reason}; {fix}" if fix else reason
 
 
-def describe_os_error(err: OSError, path: str | os.PathLike[str] | None = None, doing: str = "write") -> str:
+def describe_os_error(
+    err: OSError, path: str | os.PathLike[str] | None = None, doing: str = "write"
+) -> str:
     """``"cannot write runs/x/final: no space left on device; free space there or ..."``."""
     where = os.fsdecode(path if path is not None else err.filename or "")
     return f"cannot {doing}{' ' + where if where else ''}: {os_error_reason(err)}"
@@ -96,7 +98,9 @@ def rule_problems(values: Mapping[str, Any], rules: Iterable[Rule]) -> list[str]
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "write") -> StorageError:
     """A :class:`StorageError` for ``err`` naming ``path`` (raise it ``from err``)."""
-    return err if isinstance(err, StorageError) else StorageError(describe_os_error(err, path, doing))
+    return (
+        err if isinstance(err, StorageError) else StorageError(describe_os_error(err, path, doing))
+    )
 
 
 def user_message(err: BaseException) -> str | None:
@@ -116,5 +120,7 @@ def _escape_undecodable(err: UnicodeEncodeError) -> tuple[str, int]:
     return char.encode("ascii", "backslashreplace").decode(), err.start + 1
 
 
-ESCAPE_UNDECODABLE = "vit5.escape"  # a codec error handler: text.encode("utf-8", errors=ESCAPE_UNDECODABLE)
+ESCAPE_UNDECODABLE = (
+    "vit5.escape"  # a codec error handler: text.encode("utf-8", errors=ESCAPE_UNDECODABLE)
+)
 codecs.register_error(ESCAPE_UNDECODABLE, _escape_undecodable)

@@ -200,7 +200,9 @@ class FolderLock:
             self._fd = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown the process exit releases it anyway
+        with contextlib.suppress(
+            Exception
+        ):  # at interpreter shutdown the process exit releases it anyway
             self.release()
 
     def __enter__(self) -> FolderLock:  # noqa: PYI034 (typing.Self needs Python 3.11)

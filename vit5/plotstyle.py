@@ -15,7 +15,9 @@ FONT = 9  # axis labels, panel titles
 FONT_TITLE = 10  # figure titles
 TEXT_WIDTH = 7.0  # inches: the widest figure row
 LINE_SPACING = 1.35  # a text line is this many font sizes tall
-MIN_WIDTH = 3.4  # inches: a one-panel figure is still one column wide (titles do not wrap into a tower)
+MIN_WIDTH = (
+    3.4  # inches: a one-panel figure is still one column wide (titles do not wrap into a tower)
+)
 
 # Okabe & Ito: blue, vermillion, bluish green, reddish purple, orange, sky blue, yellow, black
 MODEL_COLOURS = (
@@ -84,7 +86,9 @@ def style_axes(ax, title: str = "", xlabel: str = "", ylabel: str = "") -> None:
     ax.tick_params(labelsize=FONT_SMALL)
     for axis in (ax.xaxis, ax.yaxis):
         if axis.get_scale() == "linear" and hasattr(axis.get_major_formatter(), "set_useOffset"):
-            axis.get_major_formatter().set_useOffset(False)  # "+1.43" above an axis reads as a value
+            axis.get_major_formatter().set_useOffset(
+                False
+            )  # "+1.43" above an axis reads as a value
     ax.grid(alpha=0.25, linewidth=0.6)
 
 
@@ -114,7 +118,9 @@ def settle(fig, passes: int = 4, tolerance: float = 1e-3) -> None:
         before = [ax.get_position(original=True).bounds for ax in fig.axes]
         fig.draw_without_rendering()
         after = [ax.get_position(original=True).bounds for ax in fig.axes]
-        moved = max((abs(a - b) for box, old in zip(after, before) for a, b in zip(box, old)), default=0)
+        moved = max(
+            (abs(a - b) for box, old in zip(after, before) for a, b in zip(box, old)), default=0
+        )
         if moved < tolerance:
             break
     fig.set_layout_engine("none")
@@ -158,7 +164,9 @@ def notes_height(text: str, width: float) -> float:
     return text_height(text, width - 0.1, FONT_SMALL) + 0.06 if text else 0.0
 
 
-def finish(fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int | None = None) -> None:
+def finish(
+    fig, notes: Iterable[str] = (), legend_axes: Iterable = (), ncol: int | None = None
+) -> None:
     """Below the axes of a :func:`figure`: one legend of ``legend_axes`` (each label once), then the
     ``notes``; the layout is confined above both, so neither overlaps an axis or the other."""
     width, height = fig.get_size_inches()

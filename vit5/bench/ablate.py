@@ -21,7 +21,15 @@ from tqdm import tqdm
 
 import vit5
 from vit5.bench.measure import TimingConfig
-from vit5.bench.report import Section, Table, Target, choose, environment, load_average, write_report
+from vit5.bench.report import (
+    Section,
+    Table,
+    Target,
+    choose,
+    environment,
+    load_average,
+    write_report,
+)
 from vit5.bench.speed import measure_throughput, throughput_cells, throughput_columns
 from vit5.errors import InputError
 from vit5.runtime import is_main_process, resolve_device
@@ -43,9 +51,19 @@ _DEIT3 = "norm=layernorm qkv_bias=true rope=false num_registers=0 qk_norm=false"
 _TABLE = (  # name, what, ViT5Config settings over the base config's model, paper_delta
     ("full", "ViT-5 as configured: every component", "", None),
     ("no_layerscale", "without LayerScale", "layer_scale=null", -0.29),
-    ("no_rope", "without 2D RoPE (patches and registers; APE only)", "rope=false register_rope=false", -0.24),
+    (
+        "no_rope",
+        "without 2D RoPE (patches and registers; APE only)",
+        "rope=false register_rope=false",
+        -0.24,
+    ),
     ("no_registers", "without the 4 registers", "num_registers=0", -0.17),
-    ("layernorm", "LayerNorm instead of RMSNorm (blocks, final and QK-norm)", "norm=layernorm", -0.15),
+    (
+        "layernorm",
+        "LayerNorm instead of RMSNorm (blocks, final and QK-norm)",
+        "norm=layernorm",
+        -0.15,
+    ),
     ("no_qk_norm", "without QK-norm", "qk_norm=false", -0.12),
     ("qkv_bias", "with a bias on the qkv projection", "qkv_bias=true", -0.06),
     (
@@ -54,7 +72,12 @@ _TABLE = (  # name, what, ViT5Config settings over the base config's model, pape
         "mlp=swiglu",
         -0.42,
     ),
-    ("deit3", "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm", _DEIT3, -0.8),
+    (
+        "deit3",
+        "the DeiT-III baseline: LayerNorm, qkv bias; no RoPE, registers or QK-norm",
+        _DEIT3,
+        -0.8,
+    ),
     (
         "vanilla",
         "the vanilla ViT (2020): the DeiT-III baseline without LayerScale, linear drop-path schedule",
@@ -150,7 +173,11 @@ SCALES: dict[str, Scale] = {
             "ema.decay=0.99",
             "data.batch_size=256",
         )
-        + ("model.overrides.embed_dim=128", "model.overrides.depth=4", "model.overrides.num_heads=4"),
+        + (
+            "model.overrides.embed_dim=128",
+            "model.overrides.depth=4",
+            "model.overrides.num_heads=4",
+        ),
         (0, 1, 2),
         timing_batch=128,
     ),
@@ -170,7 +197,9 @@ class AblationPlan:
     overrides: tuple[str, ...] = ()
     timing_batch: int = 64
     timing: TimingConfig = TimingConfig(warmup=1, rounds=5)
-    keep_checkpoints: bool = False  # False: delete a finished run's checkpoints/ (only resume needs them)
+    keep_checkpoints: bool = (
+        False  # False: delete a finished run's checkpoints/ (only resume needs them)
+    )
     label: str = ""  # e.g. the scale's name, for the report
 
     def __post_init__(self) -> None:
@@ -188,7 +217,9 @@ class AblationPlan:
     def config(self, ablation: Ablation, seed: int) -> TrainConfig:
         """The training config of one run (validated; a bad override raises TrainConfigError)."""
         run = (f"run.output_dir={self.out_dir / 'runs'}", f"run.name={ablation.name}-seed{seed}")
-        return load_config(self.base, [*self.overrides, *ablation.overrides, *run, f"run.seed={seed}"])
+        return load_config(
+            self.base, [*self.overrides, *ablation.overrides, *run, f"run.seed={seed}"]
+        )
 
 
 def plan_for(
@@ -209,12 +240,26 @@ def plan_for(
     out_dir = Path(out or Path("runs") / f"ablate_{scale}")
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file: give a folder for the runs and the report")
-    ablations = select_ablations([n.strip() for n in only.split(",") if n.strip()] if only else None)
-    overrides = (*s.overrides, *([f"schedule.epochs={epochs}"] if epochs else []), *overrides)  # last wins
+    ablations = select_ablations(
+        [n.strip() for n in only.split(",") if n.strip()] if only else None
+    )
+    overrides = (
+        *s.overrides,
+        *([f"schedule.epochs={epochs}"] if epochs else []),
+        *overrides,
+    )  # last wins
     base = recipe_path(s.config if config is None else config)  # a missing file: TrainConfigError
     seeds = tuple(s.seeds if seeds is None else seeds)
     return AblationPlan(
-        base, tuple(ablations), seeds, out_dir, overrides, s.timing_batch, s.timing, keep_checkpoints, scale
+        base,
+        tuple(ablations),
+        seeds,
+        out_dir,
+        overrides,
+        s.timing_batch,
+        s.timing,
+        keep_checkpoints,
+        scale,
     )
 
 
@@ -239,14 +284,19 @@ def train_run(
     log = plan.out_dir / "logs" / f"{cfg.run.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(log, "a", buffering=1) as out, contextlib.redirect_stdout(out):  # lines survive a kill
+        with (
+            open(log, "a", buffering=1) as out,
+            contextlib.redirect_stdout(out),
+        ):  # lines survive a kill
             summary = Trainer(cfg, resume=checkpoint, train_set=train_set, val_set=val_set).fit()
     except TrainingDiverged as e:
         return RunRecord(name, seed, str(run_dir), "diverged", error=str(e))
     finally:
         gc.collect()
         torch.cuda.empty_cache()  # a no-op without CUDA
-    if not plan.keep_checkpoints and is_main_process():  # fit() ends with every process done with them
+    if (
+        not plan.keep_checkpoints and is_main_process()
+    ):  # fit() ends with every process done with them
         shutil.rmtree(Path(summary["run_dir"]) / CHECKPOINTS, ignore_errors=True)
     return RunRecord.of(name, seed, summary, False)
 
@@ -263,7 +313,10 @@ def _check_same_config(run_dir: Path, cfg: TrainConfig) -> None:
 
 def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print) -> Section:
     """Top-1 and throughput tables and the SwiGLU parameter-parity check."""
-    top1: dict[str, dict[str, list[float]]] = {"final_top1": {}, "ema_top1": {}}  # over completed seeds
+    top1: dict[str, dict[str, list[float]]] = {
+        "final_top1": {},
+        "ema_top1": {},
+    }  # over completed seeds
     for r in records:
         for key, found in top1.items():
             if r.completed and getattr(r, key) is not None:
@@ -284,8 +337,19 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
         for a in plan.ablations
         if a.name in raw
     )
-    columns = ("ablation", "change", "seeds", "top-1 % (mean ± std)", "Δ vs full (± SE)", "EMA top-1 %")
-    tables = [Table(f"Top-1: {setting}", (*columns, "EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)"), rows)]
+    columns = (
+        "ablation",
+        "change",
+        "seeds",
+        "top-1 % (mean ± std)",
+        "Δ vs full (± SE)",
+        "EMA top-1 %",
+    )
+    tables = [
+        Table(
+            f"Top-1: {setting}", (*columns, "EMA Δ (± SE)", "paper Δ, ImageNet (UNVERIFIED)"), rows
+        )
+    ]
 
     # the trained models (each ablation's first completed seed), side by side on one random batch
     finals = {r.ablation: Path(r.run_dir) / FINAL for r in reversed(records) if r.completed}
@@ -296,7 +360,11 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
     batch = plan.timing_batch
     how = f"batch {batch} at {cfg.model.img_size}px, {device} {dtype}"
     log(f"timing {len(models)} trained models side by side ({how})")
-    run = measure_throughput(models, cfg.model.img_size, batch, plan.timing, device, dtype) if models else {}
+    run = (
+        measure_throughput(models, cfg.model.img_size, batch, plan.timing, device, dtype)
+        if models
+        else {}
+    )
     rows = tuple((n, f"{params[n]:,}", *throughput_cells(run, n, REFERENCE, batch)) for n in models)
     columns = ("ablation", "parameters", *throughput_columns(REFERENCE))
     tables.append(Table(f"Parameters and throughput (side by side: {how})", columns, rows))
@@ -310,10 +378,16 @@ def ablation_section(plan: AblationPlan, records: Sequence[RunRecord], log=print
         + (f"; one validation image is {100 / val_images:.2f} points." if val_images else "."),
         "img/s: the trained models timed side by side (interleaved rounds); 'x full' is the paired median "
         "speed ratio (> 1: faster than the full model) with its IQR over rounds.",
-        *(f"FAILED run, left out: {r.ablation} seed {r.seed}: {r.error}" for r in records if not r.completed),
+        *(
+            f"FAILED run, left out: {r.ablation} seed {r.seed}: {r.error}"
+            for r in records
+            if not r.completed
+        ),
     ]
     targets = []
-    if "swiglu" in params and REFERENCE in params:  # the swap is fair only if it keeps the parameters
+    if (
+        "swiglu" in params and REFERENCE in params
+    ):  # the swap is fair only if it keeps the parameters
         off = 100 * abs(params["swiglu"] / params[REFERENCE] - 1)
         name = "SwiGLU model's parameters within 3% of the GELU model's (a fair swap)"
         targets.append(Target(name, off, 3.0, higher_is_better=False, unit="%"))
@@ -345,10 +419,16 @@ def run_ablation(plan: AblationPlan, datasets=None, show_progress: bool = True) 
     jobs = [(a, s, plan.config(a, s)) for s in plan.seeds for a in plan.ablations]
     show = show_progress and is_main_process()
     records = []
-    for i, (ablation, seed, cfg) in enumerate(tqdm(jobs, desc="ablation runs", disable=not show), start=1):
+    for i, (ablation, seed, cfg) in enumerate(
+        tqdm(jobs, desc="ablation runs", disable=not show), start=1
+    ):
         records.append(r := train_run(plan, ablation, seed, cfg, datasets))
         how = "reused" if r.reused else f"{r.wall_seconds / 60:.1f} min"
-        done = f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}" if r.completed else f"{r.status}: {r.error}"
+        done = (
+            f"top-1 {r.final_top1}, EMA {r.ema_top1}, {how}"
+            if r.completed
+            else f"{r.status}: {r.error}"
+        )
         if show:
             tqdm.write(f"[{i}/{len(jobs)}] {ablation.name} seed {seed}: {done}")
     if not is_main_process():

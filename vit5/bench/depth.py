@@ -43,8 +43,21 @@ SPIKE_NATS = 0.25  # a loss rise (or gap) that counts as real, well above step-t
 FLAT_BAND = (2 / 3, 1.5)  # output/input gradient ratio counted as flat (within a factor 1.5)
 GROWING_RATIO = 1.5  # output/input gradient ratio counted as growing toward the output
 FIGURES = ("depth_grad_profile.png", "depth_loss.png")
-GRAD_COLUMNS = ("placement", "last/first quarter (blocks 1..)", "block 0 / block 1", "smallest", "largest")
-RUN_COLUMNS = ("placement", "lr", "first loss", "best loss", "final loss (last 10)", "largest spike (nats)")
+GRAD_COLUMNS = (
+    "placement",
+    "last/first quarter (blocks 1..)",
+    "block 0 / block 1",
+    "smallest",
+    "largest",
+)
+RUN_COLUMNS = (
+    "placement",
+    "lr",
+    "first loss",
+    "best loss",
+    "final loss (last 10)",
+    "largest spike (nats)",
+)
 
 
 def digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +77,9 @@ def layer_grad_norms(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     """L2 norm of d(loss)/d(parameters) of each block, for one batch."""
     model.zero_grad(set_to_none=True)
     F.cross_entropy(model(images), labels).backward()
-    norms = [math.sqrt(sum(float(p.grad.square().sum()) for p in b.parameters())) for b in model.blocks]
+    norms = [
+        math.sqrt(sum(float(p.grad.square().sum()) for p in b.parameters())) for b in model.blocks
+    ]
     model.zero_grad(set_to_none=True)
     return norms
 
@@ -137,7 +152,9 @@ def train_fixed_lr(
     return losses + [math.inf] * (steps - len(losses))
 
 
-def line_chart(path: Path, x, series: dict, labels: tuple[str, str, str], logy: bool = False) -> None:
+def line_chart(
+    path: Path, x, series: dict, labels: tuple[str, str, str], logy: bool = False
+) -> None:
     """One line per series over ``x`` (a PNG); ``None`` values (not measured) are left out. ``labels``:
     title, x label, y label."""
     fig = S.figure(5.5, 3.6)
@@ -157,12 +174,16 @@ def line_chart(path: Path, x, series: dict, labels: tuple[str, str, str], logy: 
 def run(ctx: BenchContext) -> Section:
     cfg = ctx.cfg.depth_ablation
     images, labels = digits_tensors()
-    fixed = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[: cfg.grad_batch]
+    fixed = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[
+        : cfg.grad_batch
+    ]
     profiles: dict[str, list[float]] = {}
     curves: dict[tuple[str, float], list[float]] = {}
     with num_threads(1):
         for name, pre_norm in PLACEMENTS.items():
-            profiles[name] = layer_grad_norms(build_trunk(cfg, pre_norm), images[fixed], labels[fixed])
+            profiles[name] = layer_grad_norms(
+                build_trunk(cfg, pre_norm), images[fixed], labels[fixed]
+            )
             for lr in cfg.lrs:
                 ctx.log(f"depth {cfg.depth}: {name}, {cfg.steps} steps at lr {lr:g}")
                 model = build_trunk(cfg, pre_norm)
@@ -174,7 +195,14 @@ def run(ctx: BenchContext) -> Section:
         for name, p in profiles.items()
     )
     runs = tuple(
-        (name, f"{lr:g}", f"{c[0]:.3f}", f"{min(c):.3f}", f"{final[name, lr]:.3f}", f"{largest_spike(c):.3f}")
+        (
+            name,
+            f"{lr:g}",
+            f"{c[0]:.3f}",
+            f"{min(c):.3f}",
+            f"{final[name, lr]:.3f}",
+            f"{largest_spike(c):.3f}",
+        )
         for (name, lr), c in curves.items()
     )
     top = max(cfg.lrs)
@@ -189,8 +217,15 @@ def run(ctx: BenchContext) -> Section:
         (spikes, largest_spike(curves["post-norm", top]), SPIKE_NATS, True, "nats"),
         (worse, final["post-norm", top] - final["pre-norm", top], SPIKE_NATS, True, "nats"),
     ]
-    finite = {f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c] for (n, lr), c in curves.items()}
-    labels = (f"Gradient norm per block at step 0, depth {cfg.depth}", "block (input -> output)", "||grad||")
+    finite = {
+        f"{n} lr {lr:g}": [v if math.isfinite(v) else None for v in c]
+        for (n, lr), c in curves.items()
+    }
+    labels = (
+        f"Gradient norm per block at step 0, depth {cfg.depth}",
+        "block (input -> output)",
+        "||grad||",
+    )
     line_chart(ctx.out_dir / "figures" / FIGURES[0], range(cfg.depth), profiles, labels, logy=True)
     labels = ("Training loss at fixed lr, no warmup", "step", "cross-entropy")
     line_chart(ctx.out_dir / "figures" / FIGURES[1], range(1, cfg.steps + 1), finite, labels)
@@ -212,6 +247,8 @@ def run(ctx: BenchContext) -> Section:
             "test the claim; at this width the model may also be too narrow (Xiong et al. analyse d = 512)."
         ],
         data=dict(
-            grad_norms=profiles, losses={f"{n}@{lr:g}": c for (n, lr), c in curves.items()}, config=cfg
+            grad_norms=profiles,
+            losses={f"{n}@{lr:g}": c for (n, lr), c in curves.items()},
+            config=cfg,
         ),
     )

@@ -73,7 +73,9 @@ def speedup(fast: Samples, slow: Samples) -> Quartiles:
     return Quartiles.of([b / a for a, b in zip(fast.seconds, slow.seconds)])
 
 
-def measure(fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device="cpu") -> dict[str, Samples]:
+def measure(
+    fns: Mapping[str, Callable[[], object]], cfg=TimingConfig(), device="cpu"
+) -> dict[str, Samples]:
     """Time every zero-argument callable in interleaved, rotating rounds; seconds per call by name
     (on CUDA, waiting for the queued kernels before and after each call)."""
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
@@ -112,7 +114,9 @@ class MemoryReading(NamedTuple):
     retained: int
 
 
-def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[MemoryReading, Any]:
+def measure_memory(
+    fn: Callable[[], object], device: torch.device | str = "cpu"
+) -> tuple[MemoryReading, Any]:
     """Run ``fn()`` once; return (its memory reading, its result; keep it alive to count it as retained).
     CUDA: the allocator's counters; CPU: the profiler's allocation events."""
     device = torch.device(device)
@@ -129,8 +133,15 @@ def measure_memory(fn: Callable[[], object], device: torch.device | str = "cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
-    cpu = (e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-    live = [0, *accumulate(e.nbytes() for e in cpu)]  # tensor bytes alive after each allocation or free
+    cpu = (
+        e
+        for e in events
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
+    live = [
+        0,
+        *accumulate(e.nbytes() for e in cpu),
+    ]  # tensor bytes alive after each allocation or free
     return MemoryReading(peak=max(live), retained=live[-1]), result
 
 
@@ -147,7 +158,13 @@ class DepthAblationConfig:
     grad_batch: int = 128
 
     def __post_init__(self) -> None:
-        if self.depth < 2 or self.steps < 1 or not self.lrs or min(self.lrs) <= 0 or self.width % self.heads:
+        if (
+            self.depth < 2
+            or self.steps < 1
+            or not self.lrs
+            or min(self.lrs) <= 0
+            or self.width % self.heads
+        ):
             raise InputError(f"invalid depth-ablation config {self}")
 
 
@@ -180,13 +197,17 @@ class BenchConfig:
         if not (found := re.fullmatch(r"(cpu|cuda)(?::(\d+))?", self.device)):
             raise InputError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {self.device!r}")
         if found[1] == "cuda" and int(found[2] or 0) >= (count := torch.cuda.device_count()):
-            raise InputError(f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu")
+            raise InputError(
+                f"{self.device} does not exist: torch sees {count} CUDA device(s); use cpu"
+            )
         if self.dtype not in ("fp32", "bf16"):
             raise InputError(f"dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads must be at least 1, got {self.threads}")
         if min(self.index_sizes, default=0) < 1 or self.index_rounds < 1 or self.decode_images < 8:
-            raise InputError("index_sizes must be positive, index_rounds >= 1 and decode_images >= 8")
+            raise InputError(
+                "index_sizes must be positive, index_rounds >= 1 and decode_images >= 8"
+            )
         if not self.sizes:
             raise InputError("sizes must name at least one model size")
         choose("model size", (*self.sizes, self.target_size, self.compile_size), SIZES)

@@ -89,7 +89,9 @@ def measure_case(case: Case, threads: int | None, depth: int | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(ctx: BenchContext, sizes: tuple[int, ...] = (1024, 2048), full_up_to: int = 1024) -> Section:
+def run(
+    ctx: BenchContext, sizes: tuple[int, ...] = (1024, 2048), full_up_to: int = 1024
+) -> Section:
     """The section; a smoke run (a depth override) records at its high-res image size."""
     depth = ctx.cfg.depth
     if depth is not None:

@@ -39,7 +39,9 @@ def forward_step(model: nn.Module, images: torch.Tensor, amp=nullcontext) -> Cal
     return step
 
 
-def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext) -> Callable:
+def train_step(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp=nullcontext
+) -> Callable:
     """One training step: forward, cross-entropy, backward, AdamW."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05, foreach=True)
@@ -55,7 +57,12 @@ def train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, amp
 
 
 def measure_throughput(
-    models: dict[str, nn.Module], img_size: int, batch: int, timing: TimingConfig, device="cpu", dtype="fp32"
+    models: dict[str, nn.Module],
+    img_size: int,
+    batch: int,
+    timing: TimingConfig,
+    device="cpu",
+    dtype="fp32",
 ) -> dict[str, dict[str, Samples]]:
     """Seconds per batch, ``{"forward": {model: samples}, "train": {...}}``, of every model on one seeded
     random batch, side by side."""
@@ -63,10 +70,14 @@ def measure_throughput(
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, img_size, img_size, generator=generator).to(device)
     labels = torch.randint(0, classes, (batch,), generator=generator).to(device)
-    amp = partial(torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16")
+    amp = partial(
+        torch.autocast, torch.device(device).type, torch.bfloat16, enabled=dtype == "bf16"
+    )
     models = {name: m.to(device) for name, m in models.items()}
     forward = measure({n: forward_step(m, images, amp) for n, m in models.items()}, timing, device)
-    train = measure({n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device)
+    train = measure(
+        {n: train_step(m, images, labels, amp) for n, m in models.items()}, timing, device
+    )
     return {"forward": forward, "train": train}
 
 
@@ -99,7 +110,9 @@ def throughput_cells(
     return cells
 
 
-def build(name: str, size: str, img: int, depth: int | None = None, backend: str = "inductor") -> nn.Module:
+def build(
+    name: str, size: str, img: int, depth: int | None = None, backend: str = "inductor"
+) -> nn.Module:
     """Contender ``name`` of :data:`CONTENDERS` at ``size`` (``depth`` blocks when given), seeded so that
     every one starts from the same draw. ``timm_eva``: timm's ``Eva`` as close to ViT-5 as its options
     allow: 2D RoPE (theta 1e4, interleaved pairs), 4 registers (before the patches, without RoPE), RMSNorm,
@@ -107,8 +120,12 @@ def build(name: str, size: str, img: int, depth: int | None = None, backend: str
     torch.manual_seed(0)
     dims = {**SIZES[size], **({"depth": depth} if depth else {})}
     if name == "timm_eva":
-        rope = dict(no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0)  # APE, then 2D RoPE
-        blocks = dict(qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4)
+        rope = dict(
+            no_embed_class=True, use_rot_pos_emb=True, rope_temperature=10000.0
+        )  # APE, then 2D RoPE
+        blocks = dict(
+            qkv_bias=False, qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6), init_values=1e-4
+        )
         return Eva(img_size=img, global_pool="token", num_reg_tokens=4, **rope, **blocks, **dims)
     if name == "timm_vit":
         return timm.create_model(f"vit_{size}_patch16_224", img_size=img, **dims)
@@ -156,7 +173,9 @@ def run_speed(ctx: BenchContext) -> Section:
         for res, mode, fast, slow, threshold in TARGETS:
             s = run[mode]
             if size == target and res == resolution and fast in s and slow in s:
-                label = f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
+                label = (
+                    f"{fast.replace('vit5', f'vit5_{size}', 1)} {mode} speed-up over {slow} @{img}"
+                )
                 targets.append(Target(label, speedup(s[fast], s[slow]).median, threshold))
     columns = ("model", "size@res", "params", *throughput_columns(TIMM))
     return Section(
@@ -173,7 +192,9 @@ def run_speed(ctx: BenchContext) -> Section:
     )
 
 
-def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: float = 0.25) -> Section:
+def run_memory(
+    ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: float = 0.25
+) -> Section:
     """One attention call per sequence length: peak memory of SDPA and eager, and their outputs' largest
     difference (both are exact). Eager lengths past ``attn_eager_max_bytes`` are skipped, not estimated."""
     cfg = ctx.cfg
@@ -185,15 +206,25 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
         eager = attention_bytes(1, cfg.attn_heads, n, dtype.itemsize) <= cfg.attn_eager_max_bytes
         ctx.log(f"attention memory at n={n}" + ("" if eager else " (sdpa only)"))
         g = torch.Generator().manual_seed(n)
-        qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(cfg.device, dtype)
+        qkv = torch.randn(3, 1, cfg.attn_heads, n, cfg.attn_head_dim, generator=g).to(
+            cfg.device, dtype
+        )
         names = ("sdpa", "eager") if eager else ("sdpa",)
-        with torch.inference_mode():  # the outputs stay alive: each reading counts only its own call
-            found = {name: measure_memory(partial(BACKENDS[name], *qkv), cfg.device) for name in names}
+        with (
+            torch.inference_mode()
+        ):  # the outputs stay alive: each reading counts only its own call
+            found = {
+                name: measure_memory(partial(BACKENDS[name], *qkv), cfg.device) for name in names
+            }
         p = peaks[n] = {name: reading.peak for name, (reading, _) in found.items()}
         cells = [format_bytes(p["sdpa"]), "skipped", "-", "-"]
         if eager:
             diffs[n] = (found["sdpa"][1].float() - found["eager"][1].float()).abs().max().item()
-            cells[1:] = format_bytes(p["eager"]), f"{p['eager'] / p['sdpa']:.1f}x", f"{diffs[n]:.1e}"
+            cells[1:] = (
+                format_bytes(p["eager"]),
+                f"{p['eager'] / p['sdpa']:.1f}x",
+                f"{diffs[n]:.1e}",
+            )
         rows.append((n, *cells))
     columns = ("tokens", "sdpa peak", "eager peak", "eager / sdpa", "max |sdpa - eager|")
     section = Section(
@@ -210,11 +241,16 @@ def run_memory(ctx: BenchContext, target_tokens: int = 8192, max_sdpa_fraction: 
         name = f"sdpa peak memory / eager peak at {target_tokens} tokens"
         section.targets.append(Target(name, fraction, max_sdpa_fraction, higher_is_better=False))
     else:
-        section.notes.append(f"The {target_tokens}-token target was not measured ({cfg.attn_seq_lens}).")
+        section.notes.append(
+            f"The {target_tokens}-token target was not measured ({cfg.attn_seq_lens})."
+        )
     return section
 
 
-BACKENDS = {"sdpa": F.scaled_dot_product_attention, "eager": lambda q, k, v: eager_attention(q, k, v)[0]}
+BACKENDS = {
+    "sdpa": F.scaled_dot_product_attention,
+    "eager": lambda q, k, v: eager_attention(q, k, v)[0],
+}
 
 
 def run_compile(ctx: BenchContext) -> Section:
@@ -233,14 +269,24 @@ def run_compile(ctx: BenchContext) -> Section:
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         torch._dynamo.reset()
-        models = {way: wrap(build("vit5", size, cfg.img_size, cfg.depth)) for way, wrap in ways.items()}
-        ctx.log(f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step")
-        cold = measure_throughput(models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype)
+        models = {
+            way: wrap(build("vit5", size, cfg.img_size, cfg.depth)) for way, wrap in ways.items()
+        }
+        ctx.log(
+            f"vit5_{size}, {', '.join(ways)} ({backend}): first forward and first training step"
+        )
+        cold = measure_throughput(
+            models, cfg.img_size, cfg.batch, TimingConfig(0, 1), cfg.device, cfg.dtype
+        )
     first = {way: [cold[mode][way].median for mode in ("forward", "train")] for way in ways}
     images = torch.randn(cfg.batch, 3, cfg.img_size, cfg.img_size, device=cfg.device)
     with torch.no_grad():
         logits = {way: model.eval()(images) for way, model in models.items()}
-    diffs = {way: (out - logits["eager"]).abs().max().item() for way, out in logits.items() if way != "eager"}
+    diffs = {
+        way: (out - logits["eager"]).abs().max().item()
+        for way, out in logits.items()
+        if way != "eager"
+    }
     ctx.log(f"vit5_{size}: eager, compiled and regional steady speed, side by side")
     run = measure_throughput(models, cfg.img_size, cfg.batch, cfg.timing, cfg.device, cfg.dtype)
     rows = tuple(
@@ -254,11 +300,16 @@ def run_compile(ctx: BenchContext) -> Section:
         f"vit5_{size}, batch {cfg.batch} at {cfg.img_size}, {cfg.device} {cfg.dtype}, backend {backend!r}: "
         "eager, torch.compile(model) (model.compile=true) and vit5.compile_blocks (model.compile=regional).",
         tables=[Table(f"Cold start and steady speed (vit5_{size})", columns, rows)],
-        notes=["Largest logit difference from eager: " + ", ".join(f"{w} {d:.1e}" for w, d in diffs.items())],
+        notes=[
+            "Largest logit difference from eager: "
+            + ", ".join(f"{w} {d:.1e}" for w, d in diffs.items())
+        ],
         data={"cold_start": first, "max_abs_diff": diffs, "seconds": run},
     )
     if backend != "inductor":
-        section.notes.append(f"Backend {backend!r} generates no code: the rows exercise the paths only.")
+        section.notes.append(
+            f"Backend {backend!r} generates no code: the rows exercise the paths only."
+        )
     return section
 
 
@@ -280,9 +331,14 @@ def run_export(ctx: BenchContext) -> Section:
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     images = torch.randn(cfg.batch, 3, img, img)
     feed = {session.get_inputs()[0].name: images.numpy()}
-    calls = {"torch eager": forward_step(model, images), "onnxruntime": lambda: session.run(None, feed)}
+    calls = {
+        "torch eager": forward_step(model, images),
+        "onnxruntime": lambda: session.run(None, feed),
+    }
     samples = measure(calls, cfg.timing)
-    rows = tuple((k, *throughput_cells({"forward": samples}, k, "torch eager", cfg.batch)) for k in samples)
+    rows = tuple(
+        (k, *throughput_cells({"forward": samples}, k, "torch eager", cfg.batch)) for k in samples
+    )
     mib = sum(f.stat().st_size for f in report.files) / 2**20
     return Section(
         "export",

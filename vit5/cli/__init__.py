@@ -58,7 +58,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 SIZE_HELP = "input size, N or HxW (height x width, patch multiples; e.g. 224 or 96x128)"
-DEFAULT_MAX_PARAMS = 2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
+DEFAULT_MAX_PARAMS = (
+    2_000_000_000  # vit5.model.footprint's, named here so that --help loads no torch
+)
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
     "(vit5_base_patch16_384.in1k), PRESET@CHECKPOINT, a vit5 checkpoint directory, a checkpoint file "

@@ -9,7 +9,9 @@ from pathlib import Path
 from vit5.cli import Parser, opt, run_main
 
 # the keys of vit5.bench.ablate.ABLATIONS and SCALES, named here so --help loads no torch
-ABLATION_NAMES = "full,no_layerscale,no_rope,no_registers,layernorm,no_qk_norm,qkv_bias,swiglu,deit3,vanilla"
+ABLATION_NAMES = (
+    "full,no_layerscale,no_rope,no_registers,layernorm,no_qk_norm,qkv_bias,swiglu,deit3,vanilla"
+)
 SCALE_NAMES = ("digits", "fashion_mnist", "imagenet")
 SCALE_HELP = (
     "digits (default): the demo recipe at a reduced budget, for a CPU; fashion_mnist: the Fashion-MNIST "

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from vit5.cli import Parser, from_options, opt, run_main
 
-FASHION_VAL_SIZE = 5000  # vit5.data.fashion_mnist.DEFAULT_VAL_SIZE, stated here so --help stays light
+FASHION_VAL_SIZE = (
+    5000  # vit5.data.fashion_mnist.DEFAULT_VAL_SIZE, stated here so --help stays light
+)
 FASHION_INSTALL = "apt-get install dataset-fashion-mnist"
 
 

@@ -171,7 +171,9 @@ def cmd_make_seg(args: argparse.Namespace) -> None:
 
 def _loader(p: argparse.ArgumentParser, batch_size: int, workers: int | None) -> None:
     opt(p, "--batch-size", batch_size, "images per batch")
-    default = "min(4, CPUs - 1), and torch threads on the CPUs they leave" if workers is None else workers
+    default = (
+        "min(4, CPUs - 1), and torch threads on the CPUs they leave" if workers is None else workers
+    )
     text = f"data loader processes (default {default})"
     opt(p, "--workers", workers, text, type=int, dest="num_workers", metavar="N")
 
@@ -205,7 +207,9 @@ def build_parser(prog: str = "vit5 eval") -> argparse.ArgumentParser:
         _loader(p, 64, None)
     size_option(classify)
     group = sweep.add_mutually_exclusive_group()
-    scales = f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})"
+    scales = (
+        f"sizes as multiples of the first model's input size (default {' '.join(DEFAULT_SCALES)})"
+    )
     opt(group, "--scales", list(DEFAULT_SCALES), scales, metavar="S|SHxSW")
     opt(
         group,

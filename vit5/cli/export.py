@@ -27,7 +27,8 @@ def build_parser(prog: str = "vit5 export") -> argparse.ArgumentParser:
         "torch.export .pt2).",
         epilog="Example: vit5 export --model vit5_small --onnx vit5_small.onnx --size 224",
         check=lambda a: (
-            not (a.onnx or a.program) and "nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2"
+            not (a.onnx or a.program)
+            and "nothing to write: give --onnx OUT.onnx and/or --program OUT.pt2"
         ),
     )
     add_model_options(p, device=False)

@@ -29,7 +29,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
     )
     config = f"a packaged recipe (`vit5 list recipes` names them) or a YAML file (default: {DEMO_RECIPE})"
     opt(parser, "--config", None, config)
-    resume = "continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config"
+    resume = (
+        "continue a run directory or checkpoint; without DIR: run.output_dir/run.name of the config"
+    )
     opt(parser, "--resume", None, resume, nargs="?", const="", metavar="DIR")
     parser.add_argument(
         "overrides",
@@ -38,7 +40,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "vit5 train") -> argparse
         help="settings, e.g. optim.lr=1e-3",
     )
     args = parser.parse_args(argv)
-    if args.resume and "=" in args.resume and not Path(args.resume).exists():  # `--resume key=value`
+    if (
+        args.resume and "=" in args.resume and not Path(args.resume).exists()
+    ):  # `--resume key=value`
         args.overrides.insert(0, args.resume)
         args.resume = ""
     return args

@@ -95,7 +95,9 @@ def _views(p: argparse.ArgumentParser, name: str) -> None:
         opt(p, "--model-b", None, "second model (same spec forms)", required=True)
         opt(p, "--model-b-args", [], "overrides for --model-b", metavar="KEY=VALUE")
         opt(p, "--label-b", _label, "like --label, for --model-b", metavar="TEXT")
-        own = "score --model-b with its own outlier thresholds (default: reuse --model's, for twins)"
+        own = (
+            "score --model-b with its own outlier thresholds (default: reuse --model's, for twins)"
+        )
         opt(p, "--own-thresholds", False, own)
     if name == "attention":
         registers = "require register maps (error for a model without registers)"
@@ -176,7 +178,9 @@ def build_parser(prog: str = "vit5 viz") -> argparse.ArgumentParser:
     opt(p, "--places", list(ABLATION_PLACES), choices=ABLATION_PLACES)
     opt(p, "--knn-k", 20)
     opt(p, "--max-images", int, "at most the first N of --images and of --reference")
-    images = "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
+    images = (
+        "images to evaluate: files, folders, digits-val / digits-train (labelled), sklearn-samples"
+    )
     _outputs(p, 32, None, images)
     p = parsers["position"]
     add_model_options(p, several=True)

@@ -3,7 +3,13 @@ per-image dense features (in memory or as resumable safetensors), kNN / logistic
 segmentation probes. Command line: ``vit5 eval {classify,sweep,features,probe,segprobe,make-seg}``."""
 # ruff: noqa: F401 (the re-exports are the public names)
 
-from vit5.data.segmentation import SegDatasetInfo, dataset_info, default_splits, list_pairs, read_mask
+from vit5.data.segmentation import (
+    SegDatasetInfo,
+    dataset_info,
+    default_splits,
+    list_pairs,
+    read_mask,
+)
 from vit5.eval.classify import (
     ClassificationMeter,
     ClassifySettings,
@@ -18,7 +24,13 @@ from vit5.eval.classify import (
     sweep_table,
 )
 from vit5.eval.common import LoadedModel, confusion_matrix
-from vit5.eval.features import FeatureSettings, export_features, iter_features, read_features, read_manifest
+from vit5.eval.features import (
+    FeatureSettings,
+    export_features,
+    iter_features,
+    read_features,
+    read_manifest,
+)
 from vit5.eval.probes import (
     ProbeSettings,
     SegProbeSettings,

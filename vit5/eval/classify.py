@@ -45,7 +45,17 @@ from vit5.runtime import default_workers, fit_threads, fit_workers
 from vit5.train.loop import evaluate as evaluate_batches
 
 DEFAULT_SCALES = ("0.5", "0.75", "1", "1.25", "1.5", "2", "1x2", "2x1")
-RECORD_KEYS = ("model", "weights", "size", "crop_ratio", "num_images", "top1", "top5", "loss", "images_per_s")
+RECORD_KEYS = (
+    "model",
+    "weights",
+    "size",
+    "crop_ratio",
+    "num_images",
+    "top1",
+    "top5",
+    "loss",
+    "images_per_s",
+)
 
 
 _CLASSIFY_RULES = (
@@ -207,14 +217,17 @@ def evaluate(
         crop_ratio=crop,
         class_names=class_names,
         scores=meter.compute(),
-        seconds=time.perf_counter() - start,  # before the bad files are decoded again for their reasons
+        seconds=time.perf_counter()
+        - start,  # before the bad files are decoded again for their reasons
         num_processes=accelerator.num_processes,
         skipped=[{"path": p, "reason": bad_file_reason(p)} for p in paths],
         note=note,
     )
 
 
-def label_map(loaded: LoadedModel, dataset: ImageFolderDataset) -> tuple[torch.Tensor, list[str], str]:
+def label_map(
+    loaded: LoadedModel, dataset: ImageFolderDataset
+) -> tuple[torch.Tensor, list[str], str]:
     """``(output index per folder label, class names of the outputs, a note)``: matched by name when the
     model records its class names (folders that are some of them, or in another order, are mapped; others
     refused), else the folders must be as many as the outputs, in sorted order (InputError otherwise)."""
@@ -259,7 +272,18 @@ def summary_table(results: list[ClassifyResult]) -> str:
         )
         for r in results
     ]
-    headers = ("model", "weights", "size", "crop", "images", "top-1 %", "top-5 %", "loss", "img/s", "skipped")
+    headers = (
+        "model",
+        "weights",
+        "size",
+        "crop",
+        "images",
+        "top-1 %",
+        "top-5 %",
+        "loss",
+        "img/s",
+        "skipped",
+    )
     return format_table(headers, rows, title="classification")
 
 
@@ -268,10 +292,14 @@ def per_class_table(result: ClassifyResult, limit: int = 20) -> str:
     acc = result.scores.per_class_accuracy
     counts = result.scores.confusion.sum(axis=1)
     rank = np.nan_to_num(acc, nan=np.inf)  # classes without images last
-    order = sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
+    order = (
+        sorted(range(len(acc)), key=lambda i: (rank[i], i)) if len(acc) > limit else range(len(acc))
+    )
     rows = [(result.class_names[i], int(counts[i]), 100 * acc[i]) for i in list(order)[:limit]]
     worst = f" ({limit} worst of {len(acc)})" if len(acc) > limit else ""
-    return format_table(("class", "images", "accuracy %"), rows, f"per-class accuracy, {result.model}{worst}")
+    return format_table(
+        ("class", "images", "accuracy %"), rows, f"per-class accuracy, {result.model}{worst}"
+    )
 
 
 def parse_scale(text: str) -> tuple[float, float]:
@@ -281,13 +309,18 @@ def parse_scale(text: str) -> tuple[float, float]:
     except ValueError:
         values = []
     if len(values) not in (1, 2) or min(values, default=0) <= 0:
-        raise InputError(f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)")
+        raise InputError(
+            f"scale {text!r} is not S or SHxSW with positive numbers (e.g. 0.5, 2 or 1x2)"
+        )
     return (values[0], values[-1])
 
 
 def sizes_from_scales(scales: Sequence[str], base: Size, patch_size: int) -> list[Size]:
     """Scales of ``base`` (H, W), rounded to patch multiples, duplicates dropped, order kept."""
-    sizes = [round_to_patch((base[0] * sh, base[1] * sw), patch_size) for sh, sw in map(parse_scale, scales)]
+    sizes = [
+        round_to_patch((base[0] * sh, base[1] * sw), patch_size)
+        for sh, sw in map(parse_scale, scales)
+    ]
     return list(dict.fromkeys(sizes))
 
 
@@ -376,7 +409,9 @@ def sweep_plot(
                 labelled[(h, w)] = row
                 offset = (6, 4 - 11 * row)
                 text = f"{h}x{w}"
-                ax.annotate(text, xy, textcoords="offset points", xytext=offset, fontsize=S.FONT_SMALL)
+                ax.annotate(
+                    text, xy, textcoords="offset points", xytext=offset, fontsize=S.FONT_SMALL
+                )
     if train_size is not None:
         side = np.sqrt(train_size[0] * train_size[1])
         ax.axvline(side, color="grey", ls="--", lw=1, label="training size")
@@ -418,8 +453,12 @@ def class_names(loaded: LoadedModel) -> ClassNames:
     subset = None if loaded.random_init else infer_imagenet_subset(model)
     if subset is not None:
         info = ImageNetInfo(subset)
-        return ClassNames(tuple(info.label_descriptions()), f"{subset} names (timm.data.ImageNetInfo)")
-    return ClassNames(tuple(f"class {i}" for i in range(count)), "output indices (no class names recorded)")
+        return ClassNames(
+            tuple(info.label_descriptions()), f"{subset} names (timm.data.ImageNetInfo)"
+        )
+    return ClassNames(
+        tuple(f"class {i}" for i in range(count)), "output indices (no class names recorded)"
+    )
 
 
 def predict(
@@ -440,7 +479,9 @@ def predict(
     topk = min(topk, len(names.names))
     _, files = list_images(images)
     size = tuple(size or loaded.input_size)
-    loader = labelled_loader(loaded, [(str(f), -1) for f in files], size, None, batch_size, num_workers)
+    loader = labelled_loader(
+        loaded, [(str(f), -1) for f in files], size, None, batch_size, num_workers
+    )
     model = loaded.model.to(device).eval()
     results: list[Prediction] = []
     bar = tqdm(loader, desc=f"{loaded.label} @ {size[0]}x{size[1]}", disable=not progress)
@@ -448,7 +489,9 @@ def predict(
         for batch, _, indices, ok in bar:
             probs = model(batch.to(device)).float().softmax(dim=-1).cpu()
             values, classes = probs.topk(topk, dim=-1)
-            for i, good, p, c in zip(indices.tolist(), ok.tolist(), values.tolist(), classes.tolist()):
+            for i, good, p, c in zip(
+                indices.tolist(), ok.tolist(), values.tolist(), classes.tolist()
+            ):
                 error = "" if good else bad_file_reason(files[i])
                 top = () if error else tuple((k, names.names[k], prob) for k, prob in zip(c, p))
                 results.append(Prediction(files[i], top, error))
@@ -460,7 +503,9 @@ def predictions_table(predictions: list[Prediction], root: str | os.PathLike[str
     lines = []
     for pred in predictions:
         top = " | ".join(f"{label} {100 * p:.1f}%" for _, label, p in pred.top)
-        lines.append(f"{_shown(pred.path, root)}  " + (f"skipped: {pred.error}" if pred.error else top))
+        lines.append(
+            f"{_shown(pred.path, root)}  " + (f"skipped: {pred.error}" if pred.error else top)
+        )
     return "\n".join(lines)
 
 

@@ -129,7 +129,9 @@ def check_forward_memory(patch_size: int, width: int, batch: int, size: Size, de
     width_px = size[1]
     tokens = (height // patch_size) * (width_px // patch_size)
     what = f"a forward of {batch} image(s) at {height}x{width_px} ({tokens:,} tokens each)"
-    fix = "use a smaller size (--size, or --max-side for images at their own size) or a smaller batch"
+    fix = (
+        "use a smaller size (--size, or --max-side for images at their own size) or a smaller batch"
+    )
     check_fits(forward_bytes(batch, tokens, width), device, what, fix)
     if tokens > BIG_TOKEN_COUNT and size not in _WARNED_SIZES:
         _WARNED_SIZES.add(size)

@@ -340,7 +340,11 @@ class ExportSummary:
     seconds: float = 0.0
 
     def __str__(self) -> str:
-        rate = f", {self.written / self.seconds:.1f} img/s" if self.seconds > 0 and self.written else ""
+        rate = (
+            f", {self.written / self.seconds:.1f} img/s"
+            if self.seconds > 0 and self.written
+            else ""
+        )
         lines = [
             f"features -> {self.out_dir}: {self.written} written, {self.skipped} already done, "
             f"{len(self.failed)} failed ({self.seconds:.1f} s{rate})",
@@ -430,7 +434,9 @@ def export_features(
         failed = []
 
         def write_manifest(complete: bool) -> None:
-            bad = [{"path": f.path.relative_to(root).as_posix(), "reason": f.reason} for f in failed]
+            bad = [
+                {"path": f.path.relative_to(root).as_posix(), "reason": f.reason} for f in failed
+            ]
             images = [entries[k] for k in sorted(entries)]
             doc = dict(
                 header,
@@ -522,11 +528,20 @@ def _entry_problem(entry: Any) -> str:
         return f"is a {type(entry).__name__}, not an entry"
     for key in ("path", "file"):
         value = entry.get(key)
-        if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(value).parts:
+        if (
+            not isinstance(value, str)
+            or not value
+            or Path(value).is_absolute()
+            or ".." in Path(value).parts
+        ):
             return f"has {key} {value!r}, not a path inside the folder"
     for key in ENTRY_KEYS[2:]:
         value = entry.get(key)
-        if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)):
+        if not (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(type(v) is int and v > 0 for v in value)
+        ):
             return f"has {key} {value!r}, not two positive whole numbers"
     return ""
 

@@ -311,7 +311,8 @@ def train_linear_head(
     feats = train.features
     std, mean = torch.std_mean(feats.float(), dim=(0, 2, 3), keepdim=True)
     resized = [
-        cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST) for m in train.masks
+        cv2.resize(m.astype(np.int32), size[::-1], interpolation=cv2.INTER_NEAREST)
+        for m in train.masks
     ]
     targets = torch.from_numpy(np.stack(resized)).long()
     with torch.random.fork_rng(devices=[]):
@@ -372,7 +373,11 @@ def score_linear_head(
     for i, (feats, mask) in enumerate(zip(val.features, val.masks)):
         logits = head(feats[None].to(device))
         grid = logits.shape[-2:]
-        add(pixel, F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False), mask)
+        add(
+            pixel,
+            F.interpolate(logits, size=mask.shape, mode="bilinear", align_corners=False),
+            mask,
+        )
         coarse = cv2.resize(mask.astype(np.int32), grid[::-1], interpolation=cv2.INTER_NEAREST)
         add(patch, logits, coarse)
         if upsample is not None:
@@ -490,7 +495,8 @@ def seg_tables(results: Sequence[SegProbeResult]) -> str:
         for r in results
     ]
     per_class = [
-        (name, *(100 * r.scores.iou[i] for r in results)) for i, name in enumerate(results[0].class_names)
+        (name, *(100 * r.scores.iou[i] for r in results))
+        for i, name in enumerate(results[0].class_names)
     ]
     summary = format_table(headers, rows, "segmentation linear probe")
     ious = format_table(("class", *(r.model for r in results)), per_class, "IoU % per class")

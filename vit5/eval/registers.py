@@ -48,7 +48,9 @@ def read_neurons(path: str | Path) -> list[RegisterNeuron]:
     doc = read_json(Path(path))
     entries = doc.get("neurons") if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise InputError(f"{path} holds no 'neurons' list: give the register_neurons.json of `vit5 viz ttr`")
+        raise InputError(
+            f"{path} holds no 'neurons' list: give the register_neurons.json of `vit5 viz ttr`"
+        )
     neurons = []
     for i, entry in enumerate(entries):
         fields = ("layer", "neuron", "score")
@@ -73,7 +75,9 @@ def check_test_time_registers(model: nn.Module) -> ModelInfo:
         raise InputError("test-time registers are already active on this model")
     for i, block in enumerate(unwrap(model).blocks):
         if not isinstance(getattr(getattr(block, "mlp", None), "fc2", None), nn.Module):
-            raise InputError(f"block {i} has no mlp.fc2 to read hidden activations from (unsupported MLP)")
+            raise InputError(
+                f"block {i} has no mlp.fc2 to read hidden activations from (unsupported MLP)"
+            )
     return info
 
 

@@ -45,7 +45,9 @@ class AttentionConfig:
         if kv < 1 or self.num_heads % kv:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}")
         if self.backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"unknown attention backend {self.backend!r}: use one of {ATTENTION_BACKENDS}")
+            raise ValueError(
+                f"unknown attention backend {self.backend!r}: use one of {ATTENTION_BACKENDS}"
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -56,9 +58,13 @@ class AttentionConfig:
         return self.dim // self.num_heads
 
 
-def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> torch.Tensor:
+def causal_mask(
+    num_queries: int, num_keys: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Boolean mask, True = attend: the queries are the last ``num_queries`` of ``num_keys`` tokens."""
-    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(num_keys - num_queries)
+    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril(
+        num_keys - num_queries
+    )
 
 
 def eager_attention(
@@ -89,8 +95,12 @@ class Attention(nn.Module):
         self.rope_layout = cfg.rope_layout
         qkv_out = (cfg.num_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv = nn.Linear(cfg.dim, qkv_out, bias=cfg.qkv_bias)
-        self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
-        self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.q_norm = (
+            make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        )
+        self.k_norm = (
+            make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        )
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.recorder: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
 
@@ -116,7 +126,9 @@ class Attention(nn.Module):
             k = table.rotate(k, token_dim=-3)
         if kv_cache is not None:
             if not causal:
-                raise ValueError("a KV cache only makes sense for causal attention: pass causal=True")
+                raise ValueError(
+                    "a KV cache only makes sense for causal attention: pass causal=True"
+                )
             k, v = kv_cache.append(k.transpose(1, 2), v.transpose(1, 2))
         else:
             k = k.transpose(1, 2)
@@ -135,7 +147,9 @@ class Attention(nn.Module):
             )
         return rope
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+    ) -> torch.Tensor:
         n = q.shape[-2]
         m = k.shape[-2]
         needs_mask = causal and n > 1
@@ -149,10 +163,14 @@ class Attention(nn.Module):
             return self._flash(q, k, v, causal)
         gqa = self.num_kv_heads != self.num_heads
         if needs_mask and n != m:
-            return F.scaled_dot_product_attention(q, k, v, causal_mask(n, m, q.device), enable_gqa=gqa)
+            return F.scaled_dot_product_attention(
+                q, k, v, causal_mask(n, m, q.device), enable_gqa=gqa
+            )
         return F.scaled_dot_product_attention(q, k, v, is_causal=needs_mask, enable_gqa=gqa)
 
-    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    def _flash(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+    ) -> torch.Tensor:
         try:
             from flash_attn import flash_attn_func
         except ImportError as err:

@@ -102,12 +102,16 @@ class Block(nn.Module):
         self.pre_norm = cfg.pre_norm
         self.norm1 = make_norm(cfg.norm, dim, cfg.norm_eps)
         self.attn = Attention(cfg.attn)
-        self.ls1 = LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
+        self.ls1 = (
+            LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
+        )
         self.drop_path1 = DropPath(cfg.drop_path)
         self.norm2 = make_norm(cfg.norm, dim, cfg.norm_eps)
         mlp_cls = SwiGLU if cfg.mlp == "swiglu" else Mlp
         self.mlp = mlp_cls(dim, cfg.mlp_hidden_dim or 4 * dim, bias=cfg.mlp_bias)
-        self.ls2 = LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
+        self.ls2 = (
+            LayerScale(dim, cfg.layer_scale) if cfg.layer_scale is not None else nn.Identity()
+        )
         self.drop_path2 = DropPath(cfg.drop_path)
 
     def forward(self, x: torch.Tensor, rope: Rope = None, **attn_kwargs: Any) -> torch.Tensor:

@@ -60,7 +60,9 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = patch_size
         self.in_chans = in_chans
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+        self.proj = nn.Conv2d(
+            in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(checked_images(x, self.in_chans, self.patch_size))

@@ -21,5 +21,7 @@ def resample_pos_embed(
         raise ValueError(f"position embedding has {pos_embed.shape[1]} rows, not {h}x{w}={h * w}")
     grid = pos_embed.float().reshape(1, h, w, -1).permute(0, 3, 1, 2)
     shrinking = not symbolic and (new_grid[0] < h or new_grid[1] < w)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=shrinking)
+    grid = F.interpolate(
+        grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=shrinking
+    )
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(pos_embed.dtype)

@@ -71,7 +71,9 @@ def pairs_last(x: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
     return x.unflatten(-1, (2, -1)).transpose(-1, -2)
 
 
-def rope_cos_sin(pair_angles: torch.Tensor, layout: RopeLayout) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    pair_angles: torch.Tensor, layout: RopeLayout
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Expand per-pair angles ``[n, head_dim/2]`` to per-channel ``cos, sin`` ``[n, head_dim]``."""
     check_convention("layout", layout, RopeLayout)
     if layout == "interleaved":
@@ -89,7 +91,9 @@ def rotate_pairs(x: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
     return turned.transpose(-1, -2).flatten(-2) if layout == "half" else turned.flatten(-2)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout
+) -> torch.Tensor:
     """Rotate ``x [..., n, head_dim]`` by per-token tables ``[n, head_dim]`` in fp32 (a one-off
     :class:`RopeTable`); rows with angle 0 leave their token (CLS) unchanged."""
     return RopeTable(cos, sin, layout).rotate(x)
@@ -188,9 +192,13 @@ class Rope2D:
     ref_grid: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        rope_frequencies(self.head_dim, self.theta)  # validates head_dim now, not at the first forward
+        rope_frequencies(
+            self.head_dim, self.theta
+        )  # validates head_dim now, not at the first forward
 
-    def angles(self, grid: tuple[int, int], device: torch.device | str | None = None) -> torch.Tensor:
+    def angles(
+        self, grid: tuple[int, int], device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """Pair angles ``[h * w, head_dim/2]`` in fp32; the bands are not a buffer, so
         ``model.to(bfloat16)`` cannot round them (bf16 angles are off by up to 0.07 rad)."""
         freqs = rope_frequencies(self.head_dim, self.theta)

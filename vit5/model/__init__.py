@@ -2,7 +2,13 @@
 lives in :mod:`vit5.weights`."""
 # ruff: noqa: F401 (the re-exports are the public names)
 
-from vit5.model.capture import AttentionKeep, AttentionSummary, Recording, record, summarise_attention
+from vit5.model.capture import (
+    AttentionKeep,
+    AttentionSummary,
+    Recording,
+    record,
+    summarise_attention,
+)
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.model.layout import TokenLayout
 from vit5.model.presets import PRESETS, list_presets, preset_config

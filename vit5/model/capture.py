@@ -231,7 +231,9 @@ def _reduce(
     row_index = tuple(range(n)) if keep.every_row else keep.rows
     for kind, tokens, count in (("rows", row_index, n), ("mass_to", keep.mass_to, num_keys)):
         if max(tokens, default=-1) >= count:
-            raise InputError(f"AttentionKeep {kind} names token {max(tokens)}, but there are {count}")
+            raise InputError(
+                f"AttentionKeep {kind} names token {max(tokens)}, but there are {count}"
+            )
     out = AttentionSummary(num_queries=n, row_index=row_index)
     out.rows = torch.empty(b, h, len(row_index), num_keys, device=device)
     per_query = torch.zeros(b, h, n, device=device)
@@ -349,7 +351,9 @@ class Recording:
 
     def _layout(self) -> TokenLayout:
         if self.layout is None:
-            raise RuntimeError("nothing recorded yet: run the model inside `with vit5.record(model) as rec:`")
+            raise RuntimeError(
+                "nothing recorded yet: run the model inside `with vit5.record(model) as rec:`"
+            )
         return self.layout
 
 

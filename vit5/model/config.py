@@ -26,19 +26,27 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
-_FIELD_RULES: dict[str, tuple[Callable[[Any], bool], tuple[str, ...]]] = {  # requirement: (check, fields)
+_FIELD_RULES: dict[
+    str, tuple[Callable[[Any], bool], tuple[str, ...]]
+] = {  # requirement: (check, fields)
     "must be positive": (
         lambda v: v >= 1,
         ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "swiglu_multiple_of"),
     ),
-    "must be positive or None (as many as num_heads)": (lambda v: v is None or v >= 1, ("num_kv_heads",)),
+    "must be positive or None (as many as num_heads)": (
+        lambda v: v is None or v >= 1,
+        ("num_kv_heads",),
+    ),
     "must be >= 0": (lambda v: v >= 0, ("num_classes", "num_registers")),
     "must be in [0, 1)": (lambda v: 0.0 <= v < 1.0, ("drop_path_rate", "drop_rate")),
     "must be a positive finite number": (
         _finite,
         ("mlp_ratio", "norm_eps", "rope_theta", "register_rope_theta"),
     ),
-    "must be a positive finite number or None (off)": (lambda v: v is None or _finite(v), ("layer_scale",)),
+    "must be a positive finite number or None (off)": (
+        lambda v: v is None or _finite(v),
+        ("layer_scale",),
+    ),
     "sides must be positive": (lambda v: v is None or min(v) >= 1, ("rope_ref_grid",)),
 }
 
@@ -77,7 +85,9 @@ class ViT5Config:
     rope_layout: Literal["interleaved", "half"] = "interleaved"
     rope_axis_order: Literal["yx", "xy"] = "yx"
     rope_positions: Literal["integer", "rescaled"] = "integer"
-    rope_ref_grid: tuple[int, int] | None = None  # for "rescaled"; None: the img_size grid at construction
+    rope_ref_grid: tuple[int, int] | None = (
+        None  # for "rescaled"; None: the img_size grid at construction
+    )
     # extra tokens and pooling
     class_token: bool = True
     num_registers: int = 4
@@ -127,7 +137,9 @@ class ViT5Config:
             raise ConfigError(
                 "global_pool='token' needs class_token=True: use global_pool='avg' without a CLS token"
             )
-        if self.mlp_hidden_dim < 1:  # 0 would be read as "4 x embed_dim" by BlockConfig: another model
+        if (
+            self.mlp_hidden_dim < 1
+        ):  # 0 would be read as "4 x embed_dim" by BlockConfig: another model
             raise ConfigError(
                 f"mlp_ratio {self.mlp_ratio} gives an MLP hidden width of int({self.embed_dim} x "
                 f"{self.mlp_ratio}) = 0 at embed_dim {self.embed_dim}: use mlp_ratio >= "
@@ -188,7 +200,9 @@ class ViT5Config:
 
     # (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViT5Config:
@@ -238,7 +252,9 @@ def _matches(value: Any, hint: Any) -> bool:
     if origin is tuple:
         args = typing.get_args(hint)
         return (
-            isinstance(value, (tuple, list)) and len(value) == len(args) and all(map(_matches, value, args))
+            isinstance(value, (tuple, list))
+            and len(value) == len(args)
+            and all(map(_matches, value, args))
         )
     if hint in (int, float):  # an int is a float, a bool is neither
         return isinstance(value, (int, hint)) and not isinstance(value, bool)

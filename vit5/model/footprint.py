@@ -12,7 +12,9 @@ from vit5.runtime import format_bytes
 
 # 4x the largest preset; raised by max_params=, --max-params or model.max_params
 DEFAULT_MAX_PARAMS = 2_000_000_000
-BIG_TOKEN_COUNT = 16_384  # tokens per image beyond which a forward takes long (attention is quadratic)
+BIG_TOKEN_COUNT = (
+    16_384  # tokens per image beyond which a forward takes long (attention is quadratic)
+)
 
 
 def parameter_count(cfg: ViT5Config) -> int:
@@ -27,7 +29,9 @@ def parameter_count(cfg: ViT5Config) -> int:
     tokens = int(cfg.class_token) + cfg.num_registers + (math.prod(cfg.grid_size) if cfg.ape else 0)
     total = linear(cfg.in_chans * p * p, d) + tokens * d  # patch embedding, CLS, registers, APE
     mlp_bias = cfg.mlp == "gelu" if cfg.mlp_bias is None else cfg.mlp_bias
-    block = 2 * norm * d + linear(d, _qkv_width(cfg), cfg.qkv_bias) + linear(d, d)  # norms, attention
+    block = (
+        2 * norm * d + linear(d, _qkv_width(cfg), cfg.qkv_bias) + linear(d, d)
+    )  # norms, attention
     block += 2 * norm * cfg.head_dim if cfg.qk_norm else 0
     block += 2 * d if cfg.layer_scale is not None else 0
     block += linear(d, _fc1_width(cfg), mlp_bias) + linear(cfg.mlp_hidden_dim, d, mlp_bias)
@@ -62,7 +66,9 @@ def activation_bytes(
     output and MLP hidden layer; ``training`` keeps those of every block; ``materialised_attention`` adds
     one block's ``[B, heads, N, N]`` scores and probabilities (eager or recorded attention)."""
     n = num_tokens(cfg, input_hw)
-    per_block = batch * n * (3 * cfg.embed_dim + _qkv_width(cfg) + _fc1_width(cfg)) * bytes_per_value
+    per_block = (
+        batch * n * (3 * cfg.embed_dim + _qkv_width(cfg) + _fc1_width(cfg)) * bytes_per_value
+    )
     total = per_block * (cfg.depth if training else 1)
     if materialised_attention:
         total += attention_bytes(batch, cfg.num_heads, n, bytes_per_value)
@@ -111,7 +117,9 @@ def training_bytes(
     """A lower bound of a training step after the first: fp32 weights, two optimizer moments and the EMA
     copy next to the activations kept for the backward pass."""
     copies = 3 + int(ema)
-    acts = activation_bytes(cfg, batch, training=not grad_checkpointing, bytes_per_value=bytes_per_value)
+    acts = activation_bytes(
+        cfg, batch, training=not grad_checkpointing, bytes_per_value=bytes_per_value
+    )
     return copies * 4 * parameter_count(cfg) + acts
 
 

@@ -14,7 +14,9 @@ class TokenLayout:
     grid: tuple[int, int]  # patch rows, patch columns
     num_cls: int = 1
     num_registers: int = 0
-    registers_first: bool = False  # False: vit5 [CLS|patches|regs]; True: timm/DINOv2 [CLS|regs|patches]
+    registers_first: bool = (
+        False  # False: vit5 [CLS|patches|regs]; True: timm/DINOv2 [CLS|regs|patches]
+    )
 
     @property
     def num_patches(self) -> int:

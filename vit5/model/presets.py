@@ -35,7 +35,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # (size, resolution) of the official ViT-5 weights (github.com/wangf3014/ViT-5 README, commit b7b0796)
 RELEASED = (("small", 224), ("base", 224), ("base", 384), ("large", 224), ("large", 384))
 PRESETS.update(
-    {f"vit5_{size}_patch16_{res}": {**PRESETS[f"vit5_{size}"], "img_size": res} for size, res in RELEASED}
+    {
+        f"vit5_{size}_patch16_{res}": {**PRESETS[f"vit5_{size}"], "img_size": res}
+        for size, res in RELEASED
+    }
 )
 
 
@@ -59,6 +62,10 @@ def preset_config(name: str, **overrides: Any) -> ViT5Config:
     """The :class:`ViT5Config` of preset ``name`` with ``overrides`` applied (validated)."""
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else f"available: {', '.join(list_presets())}"
+        hint = (
+            f"did you mean {', '.join(close)}?"
+            if close
+            else f"available: {', '.join(list_presets())}"
+        )
         raise ConfigError(f"unknown model {name!r}: {hint}")
     return ViT5Config().replace(**{**PRESETS[name], **overrides})

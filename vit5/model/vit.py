@@ -20,7 +20,9 @@ from vit5.model.config import ViT5Config
 from vit5.model.layout import TokenLayout
 
 _ROPE_CACHE_SIZE = 16
-torch.fx.wrap("resample_pos_embed")  # under torch.fx the grid is symbolic: resampling is recorded as one call
+torch.fx.wrap(
+    "resample_pos_embed"
+)  # under torch.fx the grid is symbolic: resampling is recorded as one call
 
 
 def default_pretrained_cfg(
@@ -43,7 +45,9 @@ def default_pretrained_cfg(
     }
 
 
-def take_indices(num_blocks: int, indices: int | Sequence[int] | None, unique: bool = False) -> list[int]:
+def take_indices(
+    num_blocks: int, indices: int | Sequence[int] | None, unique: bool = False
+) -> list[int]:
     """The one block index rule of every tool: ``None`` all blocks, an int ``n`` the last n, a sequence
     absolute or negative indices in the order given (``unique``: sorted, each once); else InputError."""
     if indices is None:
@@ -290,7 +294,9 @@ class ViT5(nn.Module):
         """Replace the head by a freshly initialised one for ``num_classes`` (0: no head); the config checks
         both values first (e.g. ``"token"`` without a CLS token), so the saved config rebuilds this model."""
         if global_pool not in (None, "token", "avg", ""):
-            raise ValueError(f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)")
+            raise ValueError(
+                f"unknown global_pool {global_pool!r}: use 'token', 'avg' or '' (no pooling)"
+            )
         pool = {"global_pool": global_pool} if global_pool else {}  # '' (no pooling): no config
         self.cfg = self.cfg.replace(num_classes=num_classes, **pool)
         if global_pool is not None:

@@ -39,7 +39,15 @@ from vit5.weights import save_pretrained
 
 TWINS = ("no_registers", "registers")
 TRAJECTORY_NAME = "trajectory.jsonl"
-POSITIVE = ("embed_dim", "depth", "num_heads", "registers", "steps", "batch_size", "checkpoint_every")
+POSITIVE = (
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "registers",
+    "steps",
+    "batch_size",
+    "checkpoint_every",
+)
 POSITIVE += ("eval_images", "accuracy_images")
 RESERVED = {"img_size", "patch_size", "num_classes", "class_token", "global_pool", "num_registers"}
 
@@ -53,7 +61,9 @@ class StudyConfig:
     embed_dim: int = 128
     depth: int = 8
     num_heads: int = 8
-    model_args: tuple[tuple[str, Any], ...] = ()  # further ViT5Config overrides shared by both twins
+    model_args: tuple[
+        tuple[str, Any], ...
+    ] = ()  # further ViT5Config overrides shared by both twins
     registers: int = 4  # registers of the second twin (the first has none)
     steps: int = 3200
     batch_size: int = 64
@@ -69,16 +79,25 @@ class StudyConfig:
     threads: int | None = None  # torch CPU threads (None: torch's default)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items()))
+        object.__setattr__(
+            self, "model_args", tuple((str(k), v) for k, v in dict(self.model_args).items())
+        )
         clash = sorted(RESERVED & {k for k, _ in self.model_args})
         checks = [
-            (getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}") for name in POSITIVE
+            (getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+            for name in POSITIVE
         ]
         checks += [
-            (0 < self.min_lr <= self.lr, f"need 0 < min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}"),
+            (
+                0 < self.min_lr <= self.lr,
+                f"need 0 < min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}",
+            ),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (not clash, f"model_args may not set {clash}: the study fixes them (canvas, task, twins)"),
+            (
+                not clash,
+                f"model_args may not set {clash}: the study fixes them (canvas, task, twins)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -89,7 +108,9 @@ class StudyConfig:
     def model_config(self, twin: str) -> ViT5Config:
         """The :class:`ViT5Config` of ``twin``: no CLS, average pooling, 0 or ``registers`` registers."""
         c = self.canvas
-        fixed = dict(img_size=c.size, patch_size=c.patch_size, num_classes=c.num_outputs, class_token=False)
+        fixed = dict(
+            img_size=c.size, patch_size=c.patch_size, num_classes=c.num_outputs, class_token=False
+        )
         fixed.update(global_pool="avg", num_registers=0 if twin == TWINS[0] else self.registers)
         sizes = dict(embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads)
         try:
@@ -118,7 +139,12 @@ SMOKE = StudyConfig(
 # hundred steps, and without QK-norm and LayerScale the twin without registers shows the most sinks.
 FULL = StudyConfig(
     canvas=CanvasConfig(
-        size=(64, 64), patch_size=8, digits=(1, 5), digit_side=(12, 20), background="flat", task="count"
+        size=(64, 64),
+        patch_size=8,
+        digits=(1, 5),
+        digit_side=(12, 20),
+        background="flat",
+        task="count",
     ),
     model_args=(("qk_norm", False), ("layer_scale", None)),
 )
@@ -157,15 +183,24 @@ class HeldOut:
 
 def labelled(cfg: StudyConfig, batch: CanvasBatch, name: str) -> list[LoadedImage]:
     """``batch`` as images named ``{name}_NNN``, with their labels unless the task is multilabel."""
-    labels = [None] * len(batch.images) if cfg.canvas.task == "multilabel" else batch.labels.tolist()
-    return [LoadedImage(f"{name}_{i:03d}", rgb, y) for i, (rgb, y) in enumerate(zip(batch.images, labels))]
+    labels = (
+        [None] * len(batch.images) if cfg.canvas.task == "multilabel" else batch.labels.tolist()
+    )
+    return [
+        LoadedImage(f"{name}_{i:03d}", rgb, y)
+        for i, (rgb, y) in enumerate(zip(batch.images, labels))
+    ]
 
 
 def accuracy(model: ViT5, batch: CanvasBatch, task: str) -> float:
     """Share of correct canvases: the class, or (multilabel) every one of the ten presence bits."""
     logits = model_outputs(model, [LoadedImage("", rgb) for rgb in batch.images], 128, "cpu").logits
     labels = torch.from_numpy(batch.labels)
-    hits = ((logits > 0).float() == labels).all(-1) if task == "multilabel" else logits.argmax(-1) == labels
+    hits = (
+        ((logits > 0).float() == labels).all(-1)
+        if task == "multilabel"
+        else logits.argmax(-1) == labels
+    )
     return float(hits.float().mean())
 
 
@@ -178,13 +213,19 @@ def study_metrics(report: MetricReport, background: np.ndarray) -> dict[str, lis
     on_background = (outliers & bg).sum(axis=(0, 2))
     return {
         "images_with_outliers": [float(v) for v in outliers.any(axis=-1).mean(axis=0)],
-        "images_with_background_outliers": [float(v) for v in (outliers & bg).any(axis=-1).mean(axis=0)],
-        "outlier_background_share": [float(b / t) if t else None for b, t in zip(on_background, total)],
+        "images_with_background_outliers": [
+            float(v) for v in (outliers & bg).any(axis=-1).mean(axis=0)
+        ],
+        "outlier_background_share": [
+            float(b / t) if t else None for b, t in zip(on_background, total)
+        ],
         "background_rate": [float(bg.mean())] * outliers.shape[1],
     }
 
 
-def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3) -> list[float | None]:
+def background_sinks(
+    stats: TokenStats, background: np.ndarray, eps: float = 0.3
+) -> list[float | None]:
     """Per block, the share of the (image, head) pairs whose sink (a key receiving more than ``eps`` of the
     average attention, as :func:`~vit5.viz.artifacts.sink_heads`) is a background patch, among those whose
     sink is a patch at all (None where no head has a patch sink)."""
@@ -192,7 +233,9 @@ def background_sinks(stats: TokenStats, background: np.ndarray, eps: float = 0.3
     top = patches.argmax(axis=-1)
     is_sink = patches.max(axis=-1) > eps
     bg = background.reshape(background.shape[0], 1, 1, -1)
-    on_background = np.take_along_axis(np.broadcast_to(bg, patches.shape), top[..., None], axis=-1)[..., 0]
+    on_background = np.take_along_axis(np.broadcast_to(bg, patches.shape), top[..., None], axis=-1)[
+        ..., 0
+    ]
     counts = is_sink.sum(axis=(0, 2))
     shares = (on_background & is_sink).sum(axis=(0, 2)) / np.maximum(counts, 1)
     return [float(s) if c else None for s, c in zip(shares, counts)]
@@ -221,7 +264,9 @@ def measure(
         "patch_sinks_on_background": background_sinks(stats, held.background),
     }
     if thresholds is not None:
-        record["reused"] = metrics(thresholds=tuple(thresholds), threshold_source="no-register twin")[1]
+        record["reused"] = metrics(
+            thresholds=tuple(thresholds), threshold_source="no-register twin"
+        )[1]
     return record
 
 
@@ -240,13 +285,19 @@ class Twin:
         self.folder = folder
         adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
         optimizer = build_optimizer(model, adamw, cfg.lr)
-        warmup = dict(warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr)  # one "epoch" = one update
+        warmup = dict(
+            warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr
+        )  # one "epoch" = one update
         cosine = ScheduleSection(epochs=cfg.steps, min_lr=cfg.min_lr, interval="update", **warmup)
         self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
         criterion = partial(loss_fn, task=cfg.canvas.task)
         clip = cfg.grad_clip or None
         self.parts = StepParts(
-            model=model, optimizer=optimizer, criterion=criterion, schedule=self.schedule, clip_grad=clip
+            model=model,
+            optimizer=optimizer,
+            criterion=criterion,
+            schedule=self.schedule,
+            clip_grad=clip,
         )
         self.state = TrainState()
         self.resumable = Resumable(model, optimizer, None, self.state)
@@ -266,7 +317,9 @@ class Twin:
     def save(self) -> None:
         save_single(self.folder / "state", self.resumable, self.cfg.to_dict())
         extra = {"study_step": self.step, "twin": self.name}
-        save_pretrained(self.model, self.folder / "checkpoints" / f"step_{self.step:06d}", extra=extra)
+        save_pretrained(
+            self.model, self.folder / "checkpoints" / f"step_{self.step:06d}", extra=extra
+        )
 
     def train(self, source: CanvasSource, until: int) -> float:
         """Steps up to ``until``; returns the mean training loss of these steps."""
@@ -309,7 +362,9 @@ def run_study(
         torch.set_num_threads(cfg.threads)
     val = CanvasSource(cfg.canvas, "val", cfg.seed)
     metric = val.batch(0, cfg.eval_images)
-    held = HeldOut(labelled(cfg, metric, "heldout"), metric.background, val.batch(1, cfg.accuracy_images))
+    held = HeldOut(
+        labelled(cfg, metric, "heldout"), metric.background, val.batch(1, cfg.accuracy_images)
+    )
     source = CanvasSource(cfg.canvas, "train", cfg.seed)
     twins = {name: Twin(name, model, cfg, out / name) for name, model in build_twins(cfg).items()}
     trajectories: dict[str, list[dict]] = {}
@@ -327,12 +382,18 @@ def run_study(
         if twin.resume():
             log(f"{name}: resumed at step {twin.step}")
         path = twin.folder / TRAJECTORY_NAME
-        rows = map(json.loads, filter(None, path.read_text().splitlines() if path.is_file() else []))
-        trajectories[name] = [r for r in rows if r["step"] <= twin.step]  # later rows: steps not saved
+        rows = map(
+            json.loads, filter(None, path.read_text().splitlines() if path.is_file() else [])
+        )
+        trajectories[name] = [
+            r for r in rows if r["step"] <= twin.step
+        ]  # later rows: steps not saved
         if not trajectories[name]:
             record(twin, math.nan)
     done = min(t.step for t in twins.values())
-    bar = tqdm(total=cfg.steps, initial=done, desc="register study", unit="step", disable=not progress)
+    bar = tqdm(
+        total=cfg.steps, initial=done, desc="register study", unit="step", disable=not progress
+    )
     start = time.monotonic()
     while train and done < cfg.steps:
         until = min(cfg.steps, (done // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
@@ -353,7 +414,9 @@ def run_study(
             break
     bar.close()
     for name, twin in twins.items():
-        save_pretrained(twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name})
+        save_pretrained(
+            twin.model, out / name / "final", extra={"study_step": twin.step, "twin": name}
+        )
     result = StudyResult(out, trajectories, verdict(trajectories), complete=done >= cfg.steps)
     figure = trajectory_figure(trajectories, cfg)
     result.files += save_figure(figure, out / "trajectory", ("png", "pdf"))
@@ -402,7 +465,9 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     step = max(set.intersection(*({r["step"] for r in trajectories[t]} for t in TWINS)))
     a, b = (next(r for r in trajectories[t] if r["step"] == step) for t in TWINS)
     background = a["images_with_background_outliers"]
-    best = max(range(len(background)), key=lambda i: (background[i], a["metrics"]["outlier_ratio"][i] or 0))
+    best = max(
+        range(len(background)), key=lambda i: (background[i], a["metrics"]["outlier_ratio"][i] or 0)
+    )
     nxt = min(best + 1, len(background) - 1)
 
     def at(row: dict, metric: str, block: int) -> float:
@@ -416,7 +481,9 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
         "received_outlier_mass": at(a, "received_outlier_mass", nxt),
         "sink_rate_patch": at(a, "sink_rate_patch", nxt),
         "registers_outlier_ratio": at(b, "outlier_ratio", best),
-        "registers_outlier_ratio_reused_thresholds": at(b.get("reused") or b, "outlier_ratio", best),
+        "registers_outlier_ratio_reused_thresholds": at(
+            b.get("reused") or b, "outlier_ratio", best
+        ),
         "patch_register_mass": at(b, "patch_register_mass", nxt),
         "uniform_register_share": b["num_registers"] / b["num_tokens"],
         "accuracy": a["accuracy"],
@@ -425,18 +492,29 @@ def verdict(trajectories: dict[str, list[dict]]) -> dict[str, Any]:
     otr = v["outlier_ratio"]
     share = v["outlier_background_share"]
     received = v["received_outlier_mass"]
-    otr_registers = max(v["registers_outlier_ratio"], v["registers_outlier_ratio_reused_thresholds"])
+    otr_registers = max(
+        v["registers_outlier_ratio"], v["registers_outlier_ratio_reused_thresholds"]
+    )
     uniform = v["uniform_register_share"]
     checks = {
-        "outliers_in_half_the_images": v["images_with_background_outliers"] >= MIN_IMAGES_WITH_OUTLIERS,
+        "outliers_in_half_the_images": v["images_with_background_outliers"]
+        >= MIN_IMAGES_WITH_OUTLIERS,
         "outliers_on_background": share is not None and share > v["background_rate"],
-        "outliers_draw_attention": 0 < ATTENTION_FACTOR * otr <= received and v["sink_rate_patch"] > 0,
+        "outliers_draw_attention": 0 < ATTENTION_FACTOR * otr <= received
+        and v["sink_rate_patch"] > 0,
         "registers_10x_fewer_outliers": otr > 0 and MIN_REDUCTION * otr_registers <= otr,
         "registers_hold_attention": v["patch_register_mass"]
         >= max(ATTENTION_FACTOR * uniform, 0.5 * received),
     }
     success = all(checks.values())
-    return {"step": step, "layer": best, "next_layer": nxt, "success": success, "checks": checks, "values": v}
+    return {
+        "step": step,
+        "layer": best,
+        "next_layer": nxt,
+        "success": success,
+        "checks": checks,
+        "values": v,
+    }
 
 
 def summary_text(result: StudyResult) -> str:
@@ -445,11 +523,17 @@ def summary_text(result: StudyResult) -> str:
     numbers = ", ".join(f"{k}={'n/a' if x is None else f'{x:.3g}'}" for k, x in v["values"].items())
     checks = ", ".join(f"{k}={'yes' if ok else 'no'}" for k, ok in v["checks"].items())
     where = f"outliers at block {v['layer']}, attention at {v['next_layer']}"
-    return f"register study at step {v['step']}: {outcome} ({where})\n  {numbers}\n  checks: {checks}"
+    return (
+        f"register study at step {v['step']}: {outcome} ({where})\n  {numbers}\n  checks: {checks}"
+    )
 
 
 def analyse_twins(
-    cfg: StudyConfig, out: Path, held: HeldOut, twins: dict[str, ViT5], log: Callable[[str], None] = print
+    cfg: StudyConfig,
+    out: Path,
+    held: HeldOut,
+    twins: dict[str, ViT5],
+    log: Callable[[str], None] = print,
 ) -> list[Path]:
     """Register ablation of the register twin and test-time registers on the twin without registers,
     on the held-out canvases; numbers in ``<out>/analysis/analysis.json``, figures beside them."""
@@ -463,16 +547,27 @@ def analyse_twins(
         cfg, CanvasSource(cfg.canvas, "val", cfg.seed).batch(2, cfg.eval_images), "reference"
     )
     ablation = AblationConfig(knn_k=10, batch_size=32)
-    report = run_ablation(twins["registers"], held.images, reference, "registers twin (trained)", ablation)
+    report = run_ablation(
+        twins["registers"], held.images, reference, "registers twin (trained)", ablation
+    )
     log(report.table())
-    files = report.write(folder) + save_figure(ablation_figure(report), folder / "ablation", ("png", "pdf"))
+    files = report.write(folder) + save_figure(
+        ablation_figure(report), folder / "ablation", ("png", "pdf")
+    )
     summary: dict[str, Any] = {"ablation": report.records()}
     loaded = load_spec(str(out / "no_registers" / "final"), require="recording")
     ttr_cfg = RunConfig(
-        out=folder, batch_size=32, max_figures=4, progress=False, log=log, metrics=MetricConfig(n_boot=200)
+        out=folder,
+        batch_size=32,
+        max_figures=4,
+        progress=False,
+        log=log,
+        metrics=MetricConfig(n_boot=200),
     )
     try:
-        found, before, after = run_ttr(loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10))
+        found, before, after = run_ttr(
+            loaded, [str(out / "heldout")], ttr_cfg, NeuronSearch(top_k=10)
+        )
     except InputError as err:  # no outliers in the twin without registers: nothing to move
         summary["ttr"] = {"applicable": False, "reason": str(err)}
         log(f"test-time registers not applicable: {err}")
@@ -502,7 +597,9 @@ def analyse_twins(
 LABELS = ("no registers", "registers")  # of TWINS, which is also the colour index (colour = model)
 
 
-def _both(metric: str, suffix: str = "", where: str = "metrics") -> tuple[tuple[int, str, str, str], ...]:
+def _both(
+    metric: str, suffix: str = "", where: str = "metrics"
+) -> tuple[tuple[int, str, str, str], ...]:
     return (0, metric, where, suffix), (1, metric, where, suffix)
 
 
@@ -536,7 +633,11 @@ def _value(row: dict, metric: str, where: str) -> float:
     if metric == "accuracy":
         return row["accuracy"]
     block = (row.get("reused") if where == "reused" else row) or {}
-    values = block.get(metric) if metric.startswith("images_with") else block.get("metrics", {}).get(metric)
+    values = (
+        block.get(metric)
+        if metric.startswith("images_with")
+        else block.get("metrics", {}).get(metric)
+    )
     values = [v for v in values or [] if v is not None]
     reduce = np.mean if metric.startswith("sink_rate") else max
     return float(reduce(values)) if values else float("nan")

@@ -36,7 +36,9 @@ class LoraSection:
     r: int = 8  # rank of each adapter
     alpha: float = 16.0  # the update is scaled by alpha / r
     dropout: float = 0.0  # dropout on an adapter's input
-    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])  # in every block
+    targets: list[str] = field(
+        default_factory=lambda: ["qkv", "proj", "fc1", "fc2"]
+    )  # in every block
 
 
 @dataclass
@@ -45,25 +47,37 @@ class ModelSection:
     img_size: int = 224
     num_classes: int | None = None  # None: the number of classes in the data
     drop_path_rate: float = 0.0
-    overrides: dict[str, Any] = field(default_factory=dict)  # any other ViT5Config field, e.g. {depth: 2}
+    overrides: dict[str, Any] = field(
+        default_factory=dict
+    )  # any other ViT5Config field, e.g. {depth: 2}
     # fine-tune from: true (the released weights of `name`), a released name (vit5_small_patch16_224.in1k),
     # hf-hub:USER/REPO, one of our runs (its config.json gives the architecture), an official .pth, timm file
     pretrained: str | None = None
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
-    new_head: bool = True  # start a new head when the checkpoint's head does not fit the data's classes
+    new_head: bool = (
+        True  # start a new head when the checkpoint's head does not fit the data's classes
+    )
     grad_checkpointing: bool = False
     max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200)
-    compile: bool | str = False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
+    compile: bool | str = (
+        False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
+    )
     lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
 
 @dataclass
 class DataSection:
-    dataset: Literal["folder", "digits", "wds"] = "folder"  # digits: built-in; wds: WebDataset shards
-    root: str | None = None  # folder: ROOT/<train_split>/<class>/*.jpg and ROOT/<val_split>/<class>/*.jpg
+    dataset: Literal["folder", "digits", "wds"] = (
+        "folder"  # digits: built-in; wds: WebDataset shards
+    )
+    root: str | None = (
+        None  # folder: ROOT/<train_split>/<class>/*.jpg and ROOT/<val_split>/<class>/*.jpg
+    )
     train_split: str = "train"
     val_split: str = "val"
-    train_shards: Any = None  # wds: a brace pattern (/data/train-{000000..001023}.tar), a list or a folder
+    train_shards: Any = (
+        None  # wds: a brace pattern (/data/train-{000000..001023}.tar), a list or a folder
+    )
     val_shards: Any = None  # wds: the same for validation
     num_classes: int | None = None  # wds without a classes.txt beside the shards
     shuffle_buffer: int = 1000  # wds: samples (undecoded) each loader worker mixes
@@ -91,7 +105,9 @@ class AugSection:
     hflip: float = 0.5
     eval_crop_ratio: float = 1.0
     repeated_aug: int = 3  # RASampler repeats per image and epoch; 1 = off
-    ra_selected_round: int = 256  # DeiT's per-epoch rounding (repeated_aug > 1 only); 0 for small data sets
+    ra_selected_round: int = (
+        256  # DeiT's per-epoch rounding (repeated_aug > 1 only); 0 for small data sets
+    )
     mixup: float = 0.8  # alpha; 0 = off
     cutmix: float = 1.0  # alpha; 0 = off
     mixup_prob: float = 1.0
@@ -108,19 +124,25 @@ class AugSection:
 class LossSection:
     name: Literal["bce", "soft_ce"] = "bce"
     smoothing: float = 0.0  # label smoothing, folded into the (mixed) soft targets
-    bce_target_threshold: float | None = 0.0  # bce: targets > threshold become 1 (official: targets.gt(0))
+    bce_target_threshold: float | None = (
+        0.0  # bce: targets > threshold become 1 (official: targets.gt(0))
+    )
 
 
 @dataclass
 class OptimSection:
     name: str = "lamb"  # any timm optimizer (timm.optim.list_optimizers())
     lr: float = 4e-3  # peak lr, absolute (official --unscale-lr) unless lr_base_batch is set
-    lr_base_batch: int | None = None  # set: lr is scaled by global_batch / lr_base_batch (DeiT: 512)
+    lr_base_batch: int | None = (
+        None  # set: lr is scaled by global_batch / lr_base_batch (DeiT: 512)
+    )
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     layer_decay: float | None = None  # layer-wise lr decay (fine-tuning), e.g. 0.75
-    clip_grad: float | None = None  # global grad-norm clip; timm's LAMB also clips at 1.0 like apex FusedLAMB
+    clip_grad: float | None = (
+        None  # global grad-norm clip; timm's LAMB also clips at 1.0 like apex FusedLAMB
+    )
     accum_steps: int = 1  # gradient accumulation (micro-batches per optimizer step)
 
     def peak_lr(self, global_batch: int) -> float:
@@ -136,7 +158,9 @@ class ScheduleSection:
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    interval: Literal["update", "epoch"] = "epoch"  # epoch: official per-epoch stepping (one-epoch lag)
+    interval: Literal["update", "epoch"] = (
+        "epoch"  # epoch: official per-epoch stepping (one-epoch lag)
+    )
 
 
 @dataclass
@@ -162,13 +186,21 @@ class RunSection:
     name: str = "run"
     output_dir: str = "runs"  # the run directory is output_dir/name
     seed: int = 42  # per-process seed = seed + rank, as the official code
-    mixed_precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast dtype; master weights stay fp32
+    mixed_precision: Literal["fp32", "bf16", "fp16"] = (
+        "bf16"  # autocast dtype; master weights stay fp32
+    )
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
-    log_with: str | None = None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), comma-separated
-    log_every_steps: int = 1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
-    tracker_project: str = "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
+    log_with: str | None = (
+        None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), comma-separated
+    )
+    log_every_steps: int = (
+        1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
+    )
+    tracker_project: str = (
+        "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
+    )
 
 
 @dataclass
@@ -211,12 +243,26 @@ def check_paths_exist(cfg: TrainConfig) -> None:
 
 
 _RULES = [
-    Rule("model.img_size model.max_params optim.lr optim.eps model.lora.alpha", lambda v: v > 0, "> 0"),
-    Rule("model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"),
+    Rule(
+        "model.img_size model.max_params optim.lr optim.eps model.lora.alpha",
+        lambda v: v > 0,
+        "> 0",
+    ),
+    Rule(
+        "model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"
+    ),
     Rule("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
-    Rule("model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    Rule("data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"),
-    Rule("checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs", lambda v: v >= 1, ">= 1"),
+    Rule(
+        "model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"
+    ),
+    Rule(
+        "data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"
+    ),
+    Rule(
+        "checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs",
+        lambda v: v >= 1,
+        ">= 1",
+    ),
     Rule("run.log_every_steps", lambda v: v >= 1, ">= 1"),
     Rule("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
     Rule("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
@@ -251,7 +297,10 @@ def _finite(flat: Mapping[str, Any]) -> Iterator[str]:
     """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
     for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
-        if any(isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX) for n in numbers):
+        if any(
+            isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX)
+            for n in numbers
+        ):
             yield f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
 
 
@@ -287,7 +336,10 @@ def _names(cfg: TrainConfig) -> Iterator[str]:
 def _model_overrides(cfg: TrainConfig) -> list[str]:
     taken = {"img_size", "drop_path_rate", "num_classes"} & set(cfg.model.overrides)
     if taken:
-        return [f"model.overrides.{k} duplicates model.{k}; set model.{k} instead" for k in sorted(taken)]
+        return [
+            f"model.overrides.{k} duplicates model.{k}; set model.{k} instead"
+            for k in sorted(taken)
+        ]
     try:
         model_cfg = vit5.preset_config(
             cfg.model.name,
@@ -297,7 +349,9 @@ def _model_overrides(cfg: TrainConfig) -> list[str]:
         )
         if cfg.model.pretrained is None:  # a checkpoint's own size is checked when it is read
             check_size(
-                model_cfg.replace(num_classes=cfg.model.num_classes or 0), cfg.model.max_params, "the config"
+                model_cfg.replace(num_classes=cfg.model.num_classes or 0),
+                cfg.model.max_params,
+                "the config",
             )
     except (vit5.ConfigError, TypeError, ValueError) as e:
         return [
@@ -397,7 +451,9 @@ def check_trackers(log_with: str | None) -> Iterator[str]:
             hint = _did_you_mean(name, known)
             yield f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
         elif name not in available:
-            package = {"comet_ml": "comet-ml"}.get(name, name)  # a tracker whose package is named otherwise
+            package = {"comet_ml": "comet-ml"}.get(
+                name, name
+            )  # a tracker whose package is named otherwise
             yield (
                 f"run.log_with: the {name} tracker needs the {package} package, which is not installed: "
                 f"pip install {package}"
@@ -415,7 +471,9 @@ def _path_problems(cfg: TrainConfig) -> Iterator[str]:
         return
     root = Path(cfg.data.root).expanduser()
     if not _probe(root.is_dir):
-        yield (f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path")
+        yield (
+            f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
+        )
         return
     for key in ("train_split", "val_split"):
         split = getattr(cfg.data, key)
@@ -436,8 +494,17 @@ def _probe(test: Callable[[], bool]) -> bool:
         return False
 
 
-_WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_patch16_224.pth is a path
-PRETRAINED_TRUE = ("true", "True")  # model.pretrained=true (YAML true reaches the str field as "True")
+_WEIGHT_FILES = (
+    ".pth",
+    ".pt",
+    ".bin",
+    ".safetensors",
+    ".ckpt",
+)  # vit5_small_patch16_224.pth is a path
+PRETRAINED_TRUE = (
+    "true",
+    "True",
+)  # model.pretrained=true (YAML true reaches the str field as "True")
 
 
 def _is_weights_path(text: str | None) -> bool:
@@ -455,7 +522,10 @@ def _pretrained(cfg: TrainConfig) -> list[str]:
     text = cfg.model.pretrained
     released = ", ".join(catalog.RELEASES)
     if text in PRETRAINED_TRUE:
-        if cfg.model.name in vit5.list_presets() and catalog.default_release(cfg.model.name) is None:
+        if (
+            cfg.model.name in vit5.list_presets()
+            and catalog.default_release(cfg.model.name) is None
+        ):
             return [
                 f"model.pretrained=true: {cfg.model.name} has no released weights "
                 f"(released: {released}); name released weights or give a checkpoint path"
@@ -466,7 +536,9 @@ def _pretrained(cfg: TrainConfig) -> list[str]:
     if text in catalog.RELEASES:
         return []
     hint = _did_you_mean(text, list(catalog.RELEASES))
-    return [f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"]
+    return [
+        f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"
+    ]
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -501,7 +573,10 @@ def recipe_path(recipe: str | os.PathLike[str]) -> Path:
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None, overrides: Sequence[str] = (), *, check_paths: bool = True
+    path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    check_paths: bool = True,
 ) -> TrainConfig:
     """Defaults <- YAML file or packaged recipe ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then
     validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
@@ -533,7 +608,9 @@ class ConfigAdjusted(UserWarning):
     """A recipe's setting was adapted to what was given on the command line (the message says how)."""
 
 
-SHORT_RUN_WARMUP = 0.1  # of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
+SHORT_RUN_WARMUP = (
+    0.1  # of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
+)
 
 
 def _fit_warmup(merged: DictConfig, given: set[str]) -> None:
@@ -573,7 +650,9 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
         reason = _reason(e)
         raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
     # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
-    cfg.__dict__["_from_env"] = {k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v}
+    cfg.__dict__["_from_env"] = {
+        k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v
+    }
     return cfg
 
 
@@ -619,7 +698,9 @@ def _read_yaml(path: Path) -> DictConfig:
     except Exception as e:  # yaml.YAMLError and friends; keep the parser's line/column message
         raise TrainConfigError(f"{path} is not valid YAML: {e}") from e
     if not isinstance(loaded, DictConfig):
-        raise TrainConfigError(f"{path} must hold a mapping of sections (model:, data:, ...), not a list")
+        raise TrainConfigError(
+            f"{path} must hold a mapping of sections (model:, data:, ...), not a list"
+        )
     return loaded
 
 
@@ -637,11 +718,15 @@ def _parse_override(item: str) -> DictConfig:
             f"{item.index(control)}; retype it without (a setting is printable text)"
         )
     if key.startswith("-"):
-        raise TrainConfigError(f"unknown option {shorten(key)}; options are --config FILE and --resume [DIR]")
+        raise TrainConfigError(
+            f"unknown option {shorten(key)}; options are --config FILE and --resume [DIR]"
+        )
     try:
         return OmegaConf.from_dotlist([item])
     except OmegaConfBaseException as e:
-        raise TrainConfigError(f"cannot parse override {shorten(item)}: {shorten(str(e), 300)[1:-1]}") from e
+        raise TrainConfigError(
+            f"cannot parse override {shorten(item)}: {shorten(str(e), 300)[1:-1]}"
+        ) from e
 
 
 def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:

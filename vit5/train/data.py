@@ -61,7 +61,9 @@ def build_datasets(
     else:
         root = Path(str(cfg.data.root)).expanduser()
         train_set = ImageFolderDataset(root, cfg.data.train_split, train_tf)
-        val_set = ImageFolderDataset(root, cfg.data.val_split, val_tf, class_names=train_set.class_names)
+        val_set = ImageFolderDataset(
+            root, cfg.data.val_split, val_tf, class_names=train_set.class_names
+        )
         if cfg.data.verify or cfg.data.preload:
             show = cfg.run.progress and (accelerator is None or accelerator.is_main_process)
             train_set.verify(keep=cfg.data.preload, progress=show)
@@ -111,7 +113,9 @@ def build_run_data(
     return RunData(train_set, val_set, train_loader, val_loader, [note] if note else [])
 
 
-def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | None) -> TrainConfig:
+def record_class_names(
+    cfg: TrainConfig, class_names: list[str], resume: Path | None
+) -> TrainConfig:
     """``cfg`` with ``data.class_names`` set to the data's classes; another list than the one recorded
     (``data.class_names``, or the checkpoint's: ResumeError) would mislabel the outputs, and one class
     gives a meaningless 100% top-1: both refused."""
@@ -148,7 +152,9 @@ def record_class_names(cfg: TrainConfig, class_names: list[str], resume: Path | 
     )
 
 
-def _shard_datasets(cfg: TrainConfig, accelerator: Accelerator) -> tuple[ShardDataset, ShardDataset]:
+def _shard_datasets(
+    cfg: TrainConfig, accelerator: Accelerator
+) -> tuple[ShardDataset, ShardDataset]:
     size = cfg.model.img_size
     data = cfg.data
     common: dict[str, Any] = dict(
@@ -183,7 +189,9 @@ def _shard_run_data(
     data = cfg.data
     mine = (accelerator.num_processes, accelerator.process_index, data.num_workers)
     given = [
-        (d.num_replicas, d.rank, d.num_workers) for d in (train_set, val_set) if isinstance(d, ShardDataset)
+        (d.num_replicas, d.rank, d.num_workers)
+        for d in (train_set, val_set)
+        if isinstance(d, ShardDataset)
     ]
     if given != [mine, mine] or train_set.batch_size != data.batch_size:  # type: ignore[attr-defined]
         raise TrainConfigError(
@@ -223,7 +231,9 @@ def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
 def _train_options(cfg: TrainConfig) -> dict[str, Any]:
     aug = cfg.aug
     return {
-        "three_augment": dict(color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip),
+        "three_augment": dict(
+            color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip
+        ),
         "randaug": dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip),
         "pad_crop": dict(padding=aug.padding, hflip=aug.hflip, erasing=aug.erasing),
     }.get(aug.train, {})

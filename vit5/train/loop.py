@@ -59,7 +59,9 @@ class LRSchedule:
     (``schedule.interval``; epoch keeps the one-epoch lag of main.py's ``lr_scheduler.step(epoch)``); timm
     ignores the calls of the other interval."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: ScheduleSection, updates_per_epoch: int):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, cfg: ScheduleSection, updates_per_epoch: int
+    ):
         self.scheduler, _ = create_scheduler_v2(
             optimizer,
             sched="cosine",
@@ -140,10 +142,14 @@ def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int)
     """The lr schedule's position in optimizer steps of the current global batch (the same fraction of
     the run after an elastic resume)."""
     done, left = divmod(state.epoch_samples, global_batch)
-    return state.epoch * updates_per_epoch + (done if left == 0 else state.epoch_samples / global_batch)
+    return state.epoch * updates_per_epoch + (
+        done if left == 0 else state.epoch_samples / global_batch
+    )
 
 
-def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState) -> float:
+def train_step(
+    parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState
+) -> float:
     """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
     before backward, when the loss is NaN or infinite on any."""
     acc = parts.accelerator
@@ -167,9 +173,13 @@ def train_step(parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, st
     if synced:
         state.num_updates += 1
         if parts.schedule is not None:
-            parts.schedule.after_update(state.num_updates if parts.clock is None else parts.clock(state))
+            parts.schedule.after_update(
+                state.num_updates if parts.clock is None else parts.clock(state)
+            )
         if parts.ema is not None:
-            parts.ema.update(model if parts.raw_model is None else parts.raw_model, step=state.num_updates)
+            parts.ema.update(
+                model if parts.raw_model is None else parts.raw_model, step=state.num_updates
+            )
     return value
 
 
@@ -188,7 +198,9 @@ def train_steps(
     step_losses: list[float] = []  # the micro-batches of the optimizer step in progress
     for inputs, targets in batches:
         updates = state.num_updates
-        step_lr = max(g["lr"] for g in parts.optimizer.param_groups)  # before the step moves the schedule on
+        step_lr = max(
+            g["lr"] for g in parts.optimizer.param_groups
+        )  # before the step moves the schedule on
         losses.append(train_step(parts, inputs, targets, state))
         step_losses.append(losses[-1])
         if state.num_updates > updates:
@@ -293,7 +305,10 @@ def target_mixer(cfg: AugSection, num_classes: int, smoothing: float) -> Mixer:
             label_smoothing=smoothing,
             num_classes=num_classes,
         )
-    return lambda images, labels: (images, mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing))
+    return lambda images, labels: (
+        images,
+        mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing),
+    )
 
 
 def build_loss(cfg: LossSection) -> nn.Module:

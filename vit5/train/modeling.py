@@ -44,9 +44,13 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
         model.set_grad_checkpointing(True)
     params = sum(p.numel() for p in model.parameters())
     origin = "fine-tuned" if cfg.pretrained is not None else "from scratch"
-    changed = ", ".join(f"{key}={value}" for key, value in cfg.overrides.items())  # differs from the preset
+    changed = ", ".join(
+        f"{key}={value}" for key, value in cfg.overrides.items()
+    )  # differs from the preset
     name = f"{arch} [{changed}]" if changed else arch
-    description = f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
+    description = (
+        f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
+    )
     return model, description, report
 
 
@@ -72,7 +76,11 @@ def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | 
     if catalog.is_weights_name(text) and not path.exists():
         release = catalog.release(text)
         same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
-        return release.arch, text, "" if same else f"{release.arch} (its weights), not model.name={cfg.name}"
+        return (
+            release.arch,
+            text,
+            "" if same else f"{release.arch} (its weights), not model.name={cfg.name}",
+        )
     return cfg.name, path, ""
 
 
@@ -94,7 +102,9 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
         else:
             model = vit5.create_model(name, pretrained=weights, **options, **overrides)
     except (vit5.CheckpointError, vit5.ConfigError) as e:
-        hint = f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
+        hint = (
+            f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
+        )
         hint = hint if isinstance(e, HeadMismatchError) else ""
         if isinstance(e, OverrideMismatchError):  # the recipe's or the command line's overrides
             hint = f"\nIn the training config, set {e.dotlist('model.overrides.')} to fit these weights."
@@ -117,7 +127,16 @@ def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
     return model, "\n".join(lines)
 
 
-_SHAPE_FIELDS = ("embed_dim", "depth", "num_heads", "patch_size", "norm", "qkv_bias", "qk_norm", "rope")
+_SHAPE_FIELDS = (
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "patch_size",
+    "norm",
+    "qkv_bias",
+    "qk_norm",
+    "rope",
+)
 
 
 def _same_architecture(built: vit5.ViT5Config, name: str) -> bool:
@@ -146,7 +165,9 @@ def add_lora(model: ViT5, cfg: LoraSection) -> ViT5:
     """Inject the adapters into ``model`` in place and freeze the rest; return ``model``."""
     from peft import get_peft_model
 
-    get_peft_model(model, lora_config(cfg))  # the wrapper is not kept: the ViT5 inside is adapted in place
+    get_peft_model(
+        model, lora_config(cfg)
+    )  # the wrapper is not kept: the ViT5 inside is adapted in place
     return model
 
 
@@ -154,7 +175,9 @@ def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
     """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained (21.7%)``;
     the total leaves out the head's frozen original, which peft keeps and the merge drops."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for name, p in model.named_parameters() if "head.original_module." not in name)
+    total = sum(
+        p.numel() for name, p in model.named_parameters() if "head.original_module." not in name
+    )
     return (
         f"LoRA r={cfg.r} alpha={cfg.alpha:g} on {', '.join(cfg.targets)} + full head: "
         f"{trainable:,} of {total:,} parameters trained ({100 * trainable / total:.1f}%)"
@@ -169,7 +192,11 @@ def merged_for_export(
 
     def merged(module: torch.nn.Module) -> ViT5:
         shell = get_peft_model(ViT5(model.cfg), lora_config(cfg))
-        shell.get_base_model().load_state_dict(module.state_dict())  # strict: the same adapters and shapes
+        shell.get_base_model().load_state_dict(
+            module.state_dict()
+        )  # strict: the same adapters and shapes
         return shell.merge_and_unload().eval()
 
-    return merged(model), ModelEmaV3(merged(ema.module), decay=ema.decay) if ema is not None else None
+    return merged(model), ModelEmaV3(
+        merged(ema.module), decay=ema.decay
+    ) if ema is not None else None

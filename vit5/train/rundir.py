@@ -205,7 +205,10 @@ def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
 
 
 _PANELS = (
-    ("loss", (("train_loss", "train (soft targets)"), ("val_loss", "val"), ("ema_val_loss", "val, EMA"))),
+    (
+        "loss",
+        (("train_loss", "train (soft targets)"), ("val_loss", "val"), ("ema_val_loss", "val, EMA")),
+    ),
     ("top-1 accuracy (%)", (("val_top1", "val"), ("ema_top1", "val, EMA"))),
     ("learning rate (end of epoch)", (("lr", "peak group"),)),
 )
@@ -218,7 +221,9 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") 
     epochs = [int(r["epoch"]) for r in rows]
     for ax, (ylabel, series) in zip(axes, _PANELS, strict=True):
         for key, label in series:
-            points = [(e, r[key]) for e, r in zip(epochs, rows, strict=True) if r.get(key) is not None]
+            points = [
+                (e, r[key]) for e, r in zip(epochs, rows, strict=True) if r.get(key) is not None
+            ]
             if points:
                 xs, ys = zip(*points, strict=True)
                 role = label.split(" (")[0] if key != "lr" else "train"

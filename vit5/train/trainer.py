@@ -42,7 +42,14 @@ from vit5.train.checkpointing import (
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
-from vit5.train.data import RunData, bad_files, build_datasets, build_run_data, num_images, record_class_names
+from vit5.train.data import (
+    RunData,
+    bad_files,
+    build_datasets,
+    build_run_data,
+    num_images,
+    record_class_names,
+)
 from vit5.train.errors import TrainConfigError, TrainingDiverged, TrainingInterrupted
 from vit5.train.loop import (
     LoopParts,
@@ -58,7 +65,14 @@ from vit5.train.loop import (
     train_one_epoch,
 )
 from vit5.train.modeling import add_lora, build_model, describe, describe_given, merged_for_export
-from vit5.train.rundir import count, epoch_line, format_summary, plot_curves, write_metrics, write_summary
+from vit5.train.rundir import (
+    count,
+    epoch_line,
+    format_summary,
+    plot_curves,
+    write_metrics,
+    write_summary,
+)
 
 
 class Trainer:
@@ -97,7 +111,9 @@ class Trainer:
             warnings.filterwarnings("ignore", category=BadImageWarning)
         _check_distributed(acc, cfg)
         # fail before any work when the run's folder cannot be written (read-only, a file, disk full)
-        folder = resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser()
+        folder = (
+            resume.parent.parent if resume is not None else Path(cfg.run.output_dir).expanduser()
+        )
         option = "run directory" if (folder / rundir.CONFIG_FILE).exists() else "run.output_dir"
         on_main(acc, lambda: check_output_dir(folder, option))
         set_seed(cfg.run.seed, device_specific=True)  # seed + rank, as the official code
@@ -108,7 +124,9 @@ class Trainer:
         cfg = self.cfg = record_class_names(cfg, class_names, resume)
         # the model (and its checkpoint) is checked before any loader worker starts
         if model is None:
-            model, self.model_description, self.load_report = build_model(cfg.model, len(class_names))
+            model, self.model_description, self.load_report = build_model(
+                cfg.model, len(class_names)
+            )
         else:
             self.model_description = describe_given(model)
             self.load_report = None
@@ -120,7 +138,11 @@ class Trainer:
         _check_memory(acc, cfg, model)
         self.raw_model = model.to(acc.device)
         ema = cfg.ema
-        self.ema = ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup) if ema.enabled else None
+        self.ema = (
+            ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup)
+            if ema.enabled
+            else None
+        )
         micro = len(self.data.train_loader)
         if micro < cfg.optim.accum_steps:
             raise TrainConfigError(
@@ -134,7 +156,9 @@ class Trainer:
         optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
         if cfg.model.compile == "regional":
-            compiled = compile_blocks(self.raw_model)  # in place: the raw model's blocks run compiled
+            compiled = compile_blocks(
+                self.raw_model
+            )  # in place: the raw model's blocks run compiled
         else:
             compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
@@ -145,17 +169,25 @@ class Trainer:
         self.fork_note = ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
-        self.resumed_elastic: int | None = None  # the processes that wrote an elastic resume's checkpoint
+        self.resumed_elastic: int | None = (
+            None  # the processes that wrote an elastic resume's checkpoint
+        )
         self.lock: FolderLock | None = None
-        self.last_checkpoint: Path | None = None  # the newest complete checkpoint of this run directory
-        self.pending: Path | None = None  # a checkpoint whose weights have not yet given a finite loss
+        self.last_checkpoint: Path | None = (
+            None  # the newest complete checkpoint of this run directory
+        )
+        self.pending: Path | None = (
+            None  # a checkpoint whose weights have not yet given a finite loss
+        )
         self.stop_signal: int | None = None  # the first stop signal received (this process)
         if resume is None:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
         else:
             self.run_dir, self.last_checkpoint = self._continue_or_fork(resume)
         samples = num_images(self.data.train_set) * cfg.aug.repeated_aug
-        layout = EpochLayout(cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples)
+        layout = EpochLayout(
+            cfg.data.batch_size, cfg.optim.accum_steps, self.batches_per_epoch, samples
+        )
         parts = Resumable(self.raw_model, self.optimizer, self.ema, self.state)
         folder = self.run_dir / rundir.CHECKPOINTS
         keep = cfg.checkpoint.keep_last
@@ -163,7 +195,9 @@ class Trainer:
         self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
             if resume is not None:
-                self._restore(resume)  # the original: errors name it and the last good one of its run
+                self._restore(
+                    resume
+                )  # the original: errors name it and the last good one of its run
             if acc.is_main_process:
                 rundir.write_config(self.run_dir, cfg, note=self.fork_note)
         except BaseException:
@@ -190,7 +224,9 @@ class Trainer:
         self._wall_base = self.state.wall_seconds
 
     def _restore(self, checkpoint: Path) -> None:
-        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        configured = [
+            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+        ]
         restored = self.checkpoints.load(checkpoint, self.cfg.checkpoint.allow_inexact_resume)
         self.resume_exact = restored.exact
         self.resume_warning = restored.warning
@@ -209,7 +245,9 @@ class Trainer:
         run_dir = checkpoint.parent.parent
         acc = self.accelerator
         number = checkpoint_number(checkpoint)
-        newer = [c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number]
+        newer = [
+            c.name for c in list_checkpoints(checkpoint.parent) if checkpoint_number(c) > number
+        ]
         if not newer:
             self.lock = rundir.lock_run_dir(acc, run_dir)
             return run_dir, checkpoint
@@ -243,7 +281,9 @@ class Trainer:
             with self._stop_signals():
                 return self._train()
         finally:
-            if self.tracking:  # not accelerator.end_training: it destroys the caller's process group
+            if (
+                self.tracking
+            ):  # not accelerator.end_training: it destroys the caller's process group
                 for tracker in self.accelerator.trackers:
                     tracker.finish()
                 self.accelerator.trackers.clear()
@@ -262,7 +302,9 @@ class Trainer:
         if acc.is_main_process:
             logs.mkdir(parents=True, exist_ok=True)
         flat = flatten_config(self.cfg)
-        hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flat.items()}
+        hparams = {
+            k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flat.items()
+        }
         init_kwargs = {"wandb": {"name": name, "dir": str(logs)}, "mlflow": {"run_name": name}}
         acc.init_trackers(self.cfg.run.tracker_project, config=hparams, init_kwargs=init_kwargs)
         self.tracking = True
@@ -296,12 +338,18 @@ class Trainer:
         try:
             while state.epoch < epochs:
                 epoch = state.epoch
-                loss, images, seconds = train_one_epoch(self.parts, state, epoch, epochs, self._after_update)
+                loss, images, seconds = train_one_epoch(
+                    self.parts, state, epoch, epochs, self._after_update
+                )
                 state.train_seconds += seconds
                 state.images_seen += images
-                row: dict[str, Any] = dict(epoch=epoch + 1, updates=state.num_updates, lr=self.schedule.lr)
+                row: dict[str, Any] = dict(
+                    epoch=epoch + 1, updates=state.num_updates, lr=self.schedule.lr
+                )
                 row |= dict(
-                    train_loss=loss, train_images_per_s=images / max(seconds, 1e-9), epoch_seconds=seconds
+                    train_loss=loss,
+                    train_images_per_s=images / max(seconds, 1e-9),
+                    epoch_seconds=seconds,
                 )
                 if (epoch + 1) % cfg.run.eval_every_epochs == 0 or epoch + 1 == epochs:
                     row.update(self._evaluate_both())
@@ -332,7 +380,11 @@ class Trainer:
             ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
             out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
         restore_rng(generators)
-        bad = {k: out[k] for k in ("val_loss", "ema_val_loss") if k in out and not math.isfinite(out[k])}
+        bad = {
+            k: out[k]
+            for k in ("val_loss", "ema_val_loss")
+            if k in out and not math.isfinite(out[k])
+        }
         if bad:
             where = f"after epoch {self.state.epoch + 1} (optimizer step {self.state.num_updates})"
             raise self._diverged(", ".join(f"{k} is {v}" for k, v in bad.items()) + f" {where}")
@@ -369,10 +421,15 @@ class Trainer:
             acc.print(epoch_line(row, cfg.schedule.epochs))
         if self.tracking:
             numbers = {f"epoch/{k}": v for k, v in row.items() if isinstance(v, (int, float))}
-            acc.log({k: v for k, v in numbers.items() if not isinstance(v, bool)}, step=state.num_updates)
+            acc.log(
+                {k: v for k, v in numbers.items() if not isinstance(v, bool)},
+                step=state.num_updates,
+            )
         if state.epoch % cfg.checkpoint.every_epochs == 0 or state.epoch == cfg.schedule.epochs:
             validated = row.get("val_loss") is not None
-            self._save_checkpoint(f"finite validation loss after epoch {state.epoch}" if validated else None)
+            self._save_checkpoint(
+                f"finite validation loss after epoch {state.epoch}" if validated else None
+            )
         if self.on_epoch_end is not None:
             self.on_epoch_end(row)
 
@@ -433,7 +490,10 @@ class Trainer:
         if not received:
             return
         state = self.state
-        if self.last_checkpoint is None or checkpoint_number(self.last_checkpoint) != state.num_updates:
+        if (
+            self.last_checkpoint is None
+            or checkpoint_number(self.last_checkpoint) != state.num_updates
+        ):
             self._save_checkpoint()
         name = signal.Signals(received[0]).name
         raise TrainingInterrupted(
@@ -478,17 +538,26 @@ class Trainer:
         if self.fork_note:
             lines.append("forked         " + self.fork_note.replace("\n", "\n               "))
         lines += [f"note           {note}" for note in data.notes]
-        lines += [self.resume_warning, ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs)]
+        lines += [
+            self.resume_warning,
+            ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs),
+        ]
         if state.epoch >= epochs:
-            lines.append(f"nothing to train: all {count(epochs, 'epoch')} done (raise schedule.epochs)")
+            lines.append(
+                f"nothing to train: all {count(epochs, 'epoch')} done (raise schedule.epochs)"
+            )
         acc.print("\n".join(line for line in lines if line))
 
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
         model = self.model
         ema = self.ema
-        if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged into the weights
+        if (
+            self.cfg.model.lora.enabled
+        ):  # a plain ViT-5 checkpoint: the adapters merged into the weights
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        recorded = config_record(self.cfg)["run"]["name"]  # a name read from the environment: its ${oc.env:}
+        recorded = config_record(self.cfg)["run"][
+            "name"
+        ]  # a name read from the environment: its ${oc.env:}
         run = recorded if recorded != self.cfg.run.name else self.run_dir.name
         extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
         extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
@@ -546,8 +615,14 @@ class Trainer:
             self.pending = None
         checkpoints = list_checkpoints(self.run_dir / rundir.CHECKPOINTS)
         good = next((c for c in reversed(checkpoints) if is_verified(c)), None)
-        keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
-        keep = keep if good is not None else "No checkpoint of this run is known good, so start it again"
+        keep = (
+            f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
+        )
+        keep = (
+            keep
+            if good is not None
+            else "No checkpoint of this run is known good, so start it again"
+        )
         return TrainingDiverged(
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
@@ -558,7 +633,9 @@ def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) ->
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
     bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
     batch = cfg.data.batch_size
-    need = training_bytes(model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled)
+    need = training_bytes(
+        model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
+    )
     check_fits(
         need,
         acc.device,

@@ -137,7 +137,9 @@ def capture(
         if info.family == "vit5":
             recording = record(net, wanted, attention, tokens, token_layers=wanted, keep=keep)
             rec = stack.enter_context(recording)
-        elif info.family == "transformers":  # q and k from its attention interface (vit5.introspect.hf)
+        elif (
+            info.family == "transformers"
+        ):  # q and k from its attention interface (vit5.introspect.hf)
             recording = record_transformers(net, wanted, attention, tokens, info.layout, summariser)
             rec = stack.enter_context(recording)
         else:

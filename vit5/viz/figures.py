@@ -47,7 +47,9 @@ class MapStyle:
     dpi: int = S.DPI
     panel_inches: float = 2.4  # the widest a map gets; rows of many panels shrink to the text width
     formats: tuple[str, ...] = ("png", "pdf")
-    title: str | None = None  # replaces every figure's title ("" for none: a paper sets its own caption)
+    title: str | None = (
+        None  # replaces every figure's title ("" for none: a paper sets its own caption)
+    )
 
     def __post_init__(self) -> None:
         if self.cmap not in matplotlib.colormaps:
@@ -57,7 +59,9 @@ class MapStyle:
         if self.upsample not in ("nearest", "bilinear"):
             raise InputError(f"upsampling is 'nearest' or 'bilinear', got {self.upsample!r}")
         if self.clip_percentile is not None and not 50.0 < self.clip_percentile <= 100.0:
-            raise InputError(f"the clipping percentile must be in (50, 100], got {self.clip_percentile}")
+            raise InputError(
+                f"the clipping percentile must be in (50, 100], got {self.clip_percentile}"
+            )
         if self.dpi < 50:
             raise InputError(f"a figure needs at least 50 dpi, got {self.dpi} (default {S.DPI})")
         if not self.formats or set(self.formats) - {"png", "pdf", "svg"}:
@@ -78,11 +82,17 @@ class Panel:
     title: str = ""
     values: np.ndarray | None = None  # [h, w] per-patch scalars
     image: np.ndarray | None = None  # [H, W, 3] uint8 drawn underneath
-    rgb: np.ndarray | None = None  # [h, w, 3] in [0, 1], drawn instead of a scalar map (no colorbar)
+    rgb: np.ndarray | None = (
+        None  # [h, w, 3] in [0, 1], drawn instead of a scalar map (no colorbar)
+    )
     group: str = ""  # panels with the same group share one colour scale
     patch: int = 16  # pixels per map cell (the model's patch size)
-    marks: np.ndarray | None = None  # [h, w] bool: cells outlined in red (e.g. artifact-like outliers)
-    second_marks: np.ndarray | None = None  # [h, w] bool: cells outlined dashed white (content-like ones)
+    marks: np.ndarray | None = (
+        None  # [h, w] bool: cells outlined in red (e.g. artifact-like outliers)
+    )
+    second_marks: np.ndarray | None = (
+        None  # [h, w] bool: cells outlined dashed white (content-like ones)
+    )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -94,7 +104,9 @@ class Panel:
 
 def upsample(values: np.ndarray, patch: int, mode: str = "nearest") -> np.ndarray:
     """Per-patch ``[h, w]`` to per-pixel ``[h * patch, w * patch]``."""
-    flag = cv2.INTER_NEAREST if mode == "nearest" else cv2.INTER_LINEAR  # nearest: each value p x p times
+    flag = (
+        cv2.INTER_NEAREST if mode == "nearest" else cv2.INTER_LINEAR
+    )  # nearest: each value p x p times
     return cv2.resize(values.astype(np.float32), None, fx=patch, fy=patch, interpolation=flag)
 
 
@@ -111,7 +123,10 @@ def color_limits(
     note = ""
     if clip_percentile is not None and clip_percentile < 100:
         clipped = float(np.percentile(values, clip_percentile))
-        note = f"{label}: " * bool(label) + f"colour scale clipped at the {clip_percentile:g}th percentile "
+        note = (
+            f"{label}: " * bool(label)
+            + f"colour scale clipped at the {clip_percentile:g}th percentile "
+        )
         note += f"({clipped:.3g}; max {vmax:.3g})"
         vmax = clipped
     return vmin, vmax if vmax > vmin else vmin + 1e-12, note
@@ -185,7 +200,9 @@ def _group_limits(
     return {group: color_limits(arrays, clip_percentile, group) for group, arrays in groups.items()}
 
 
-def _draw(fig: Figure, ax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None) -> None:
+def _draw(
+    fig: Figure, ax, panel: Panel, style: MapStyle, limits: tuple[float, float, str] | None
+) -> None:
     patch = panel.patch
     h, w = panel.shape
     extent = (0, w, h, 0)
@@ -226,7 +243,9 @@ def _title(stats: TokenStats, image: LoadedImage, what: str) -> str:
     return f"{stats.model} | {image.name}: {what}"
 
 
-def _on(stats: TokenStats, image: LoadedImage, title: str, values: np.ndarray, group: str, **marks) -> Panel:
+def _on(
+    stats: TokenStats, image: LoadedImage, title: str, values: np.ndarray, group: str, **marks
+) -> Panel:
     return Panel(title, values, image.rgb, group=group, patch=stats.patch_size, **marks)
 
 
@@ -386,7 +405,9 @@ def _view(
     if view == "rollout":
         return _on(stats, image, prefix + "rollout", rollout_map(stats, index), "rollout")
     if view == "norms":
-        return _on(stats, image, f"{prefix}norms, layer {at}", norm_map(stats, index, layer), "norms")
+        return _on(
+            stats, image, f"{prefix}norms, layer {at}", norm_map(stats, index, layer), "norms"
+        )
     if stats.cls_attn is not None:
         values = cls_maps(stats, index, layer, renormalise).mean(axis=0)
         kind = "CLS attention"
@@ -435,11 +456,15 @@ def summary_figure(
         rows.append([Panel(image.name, image=image.rgb, patch=models[0].patch_size)])
         for view, s in ((v, s) for v in views for s in models if v != "pca"):
             if view != "attention" or several or s.cls_attn is not None:
-                rows[-1].append(_view(s, view, i, image, layer, renormalise, f"{s.model}: " * several))
+                rows[-1].append(
+                    _view(s, view, i, image, layer, renormalise, f"{s.model}: " * several)
+                )
         if "pca" in views and pca is not None:
             rows[-1].append(Panel("PCA RGB", rgb=pca[i], patch=models[0].patch_size))
     title = f"{names}: summary of {len(images)} images (one colour scale per column)"
-    title = f"{names}: attention and token norms (shared colour scale per kind)" if several else title
+    title = (
+        f"{names}: attention and token norms (shared colour scale per kind)" if several else title
+    )
     return panel_grid(rows, style, title, notes)
 
 
@@ -497,8 +522,13 @@ def outlier_frequency_figure(
     placement (``report.placement``) when the images' content was recorded."""
     positions = [stats.layer_position(layer) for layer in layers]
     shares = [stats.to_grid(report.outliers[:, pos].mean(axis=0)) for pos in positions]
-    panels = [Panel(f"layer {n}", s, group="share", patch=stats.patch_size) for n, s in zip(layers, shares)]
-    title = f"{stats.model}: images with an outlier token at each position ({stats.num_images} images)"
+    panels = [
+        Panel(f"layer {n}", s, group="share", patch=stats.patch_size)
+        for n, s in zip(layers, shares)
+    ]
+    title = (
+        f"{stats.model}: images with an outlier token at each position ({stats.num_images} images)"
+    )
     placement = []
     for e in [report.placement[pos] for pos in positions] if report.placement else []:
         n = e["outliers"]
@@ -507,7 +537,9 @@ def outlier_frequency_figure(
             f"{e['content_like']} content-like"
         )
         placement.append(f"block {e['layer']}: {where if n else 'no outliers'}")
-    return panel_grid([panels], style, title, [*notes, *placement], fixed_limits={"share": (0.0, 1.0)})
+    return panel_grid(
+        [panels], style, title, [*notes, *placement], fixed_limits={"share": (0.0, 1.0)}
+    )
 
 
 def norm_histogram_figure(
@@ -531,7 +563,9 @@ def norm_histogram_figure(
             if values.size:
                 label = f"{'CLS' if kind == 'cls' else kind} tokens"
                 ax.hist(values, bins=bins, color=S.ROLE_COLOURS[kind], alpha=0.6, label=label)
-        ax.axvline(thresholds[pos], color="black", linestyle="--", linewidth=1, label="outlier threshold")
+        ax.axvline(
+            thresholds[pos], color="black", linestyle="--", linewidth=1, label="outlier threshold"
+        )
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10))
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -563,7 +597,9 @@ def layer_profile_figure(
     fig = S.figure(S.TEXT_WIDTH, 2.9, style.dpi)
     axes = fig.subplots(1, len(PROFILE_PANELS), squeeze=False)[0]
     several = len(reports) > 1
-    order = [name for _, names in PROFILE_PANELS for name in names]  # one line style per metric, everywhere
+    order = [
+        name for _, names in PROFILE_PANELS for name in names
+    ]  # one line style per metric, everywhere
     for ax, (title, names) in zip(axes, PROFILE_PANELS):
         for m, (label, report) in enumerate(reports.items()):
             for name in (name for name in names if name in report.summary):
@@ -582,12 +618,16 @@ def layer_profile_figure(
                     )
         if not ax.lines:
             note = "not applicable\n(no registers)"
-            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=S.FONT)
+            ax.text(
+                0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=S.FONT
+            )
         S.style_axes(ax, title, "block")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     first = next(iter(reports.values()))
     style.suptitle(fig, f"Layer profile: {', '.join(reports)}")
-    bands = f"bands: {int(first.config.ci * 100)}% bootstrap over images" if first.intervals else None
+    bands = (
+        f"bands: {int(first.config.ci * 100)}% bootstrap over images" if first.intervals else None
+    )
     S.finish(fig, [bands or first.interval_note(), *notes], axes, ncol=2 if several else 3)
     return fig
 
