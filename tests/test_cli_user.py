@@ -198,25 +198,18 @@ def test_compare_suggests_a_size_both_patch_sizes_divide(tmp_path, capsys):
     assert code == 2 and h % 16 == w % 16 == h % 12 == w % 12 == 0, err
 
 
-def test_ttr_refuses_a_model_with_registers_before_its_neuron_search(tmp_path, capsys, monkeypatch):
+def test_ttr_refuses_a_model_it_cannot_record_before_its_neuron_search(
+    tmp_path, capsys, monkeypatch
+):
     import vit5.viz.ttr as ttr  # the runner calls ttr.find_register_neurons
 
     def searched(*args, **kwargs):
         raise AssertionError("the neuron search ran")
 
     monkeypatch.setattr(ttr, "find_register_neurons", searched)
-    argv = [
-        "viz",
-        "ttr",
-        "--model",
-        "vit5_tiny",
-        "--random-init",
-        "--model-args",
-        *TINY,
-        "num_registers=4",
-    ]
+    argv = ["viz", "ttr", "--model", "timm:resnet10t", "--random-init"]
     code, _, err = run([*argv, "--images", "sklearn-samples", "--out", str(tmp_path / "t")], capsys)
-    assert code == 2 and "already has 4 trained registers" in err
+    assert code == 2 and "ResNet" in err
 
 
 def test_position_loads_every_model_before_probing_any(tmp_path, capsys):

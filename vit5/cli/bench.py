@@ -12,7 +12,7 @@ from pathlib import Path
 from vit5.cli import Parser, opt, run_main
 
 # the keys of vit5.bench.SECTIONS, named here so --help loads no torch
-SECTIONS = ("speed", "memory", "compile", "export", "depth", "data_index")
+SECTIONS = ("speed", "memory", "compile", "export", "depth", "data_index", "recording")
 
 
 def main(argv: list[str] | None = None, prog: str = "vit5 bench") -> int:
