@@ -27,7 +27,7 @@ from vit5 import ViT5, compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
-from vit5.runtime import check_fits, on_main
+from vit5.runtime import check_fits, fit_precision, on_main
 from vit5.train import rundir
 from vit5.train.checkpointing import (
     CheckpointManager,
@@ -97,11 +97,14 @@ class Trainer:
         self.cfg = cfg
         trackers = tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
+        on_cpu = cfg.run.cpu or not torch.cuda.is_available()
+        precision, self.precision_note = fit_precision(cfg.run.mixed_precision, on_cpu)
+        self.precision = precision
         acc = self.accelerator = Accelerator(
-            mixed_precision="no" if cfg.run.mixed_precision == "fp32" else cfg.run.mixed_precision,
+            mixed_precision="no" if precision == "fp32" else precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
             # Accelerate sets up multi-CPU (gloo) only with cpu=True
-            cpu=cfg.run.cpu or not torch.cuda.is_available(),
+            cpu=on_cpu,
             # the trackers, and the logging folder TensorBoard needs up front (_start_tracking moves it)
             **(dict(log_with=trackers, project_dir=cfg.run.output_dir) if trackers else {}),
         )
@@ -523,7 +526,7 @@ class Trainer:
             ),
             f"processes      {acc.num_processes} x {acc.device}"
             + (f" ({acc.distributed_type.value})" if acc.num_processes > 1 else "")
-            + f", mixed precision {cfg.run.mixed_precision}",
+            + f", mixed precision {self.precision}",
             f"batch          {cfg.data.batch_size} per process x {acc.num_processes} x "
             f"{cfg.optim.accum_steps} accumulation = {self.global_batch}; {self.updates_per_epoch} optimizer "
             "steps per epoch",
@@ -537,7 +540,8 @@ class Trainer:
             lines.append(f"resumed        from {self.resumed_from} ({where})")
         if self.fork_note:
             lines.append("forked         " + self.fork_note.replace("\n", "\n               "))
-        lines += [f"note           {note}" for note in data.notes]
+        notes = [*data.notes, self.precision_note] if self.precision_note else data.notes
+        lines += [f"note           {note}" for note in notes]
         lines += [
             self.resume_warning,
             ema_horizon_warning(cfg.ema, self.updates_per_epoch * epochs),
@@ -631,7 +635,7 @@ class Trainer:
 
 def _check_memory(acc: Accelerator, cfg: TrainConfig, model: torch.nn.Module) -> None:
     """Refuse a run whose weights, optimizer states and kept activations (a lower bound) cannot fit."""
-    bytes_per_value = 4 if cfg.run.mixed_precision == "fp32" else 2
+    bytes_per_value = 4 if acc.mixed_precision == "no" else 2
     batch = cfg.data.batch_size
     need = training_bytes(
         model.cfg, batch, bytes_per_value, cfg.model.grad_checkpointing, cfg.ema.enabled
