@@ -2,6 +2,8 @@
 uses ``--repeated-aug``, official ``main.py:112-114`` at github.com/wangf3014/ViT-5 commit b7b0796; with
 ``seed=0`` DeiT's ``samplers.py`` order), per-sample augmentation seeds, and the DataLoader around them."""
 
+from __future__ import annotations
+
 import math
 import random
 import signal
