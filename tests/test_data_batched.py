@@ -125,11 +125,14 @@ def test_erasing_boxes_follow_the_per_sample_law():
     assert np.array_equal(ours, drawn)
     for boxes in (theirs, ours):
         area = boxes.prod(1)
-        assert area.min() >= 0.02 * 400 * 0.8 and area.max() <= 0.33 * 400 * 1.2
+        # sides rounded to whole pixels: the smallest box (area 8) may round to 2 x 3
+        assert area.min() >= 0.02 * 400 * 0.7 and area.max() <= 0.33 * 400 * 1.2
         assert boxes.min() >= 1 and boxes.max() <= 20
     assert abs(theirs.prod(1).mean() - ours.prod(1).mean()) < 8  # about 4 standard errors
-    assert abs(np.log(theirs[:, 1] / theirs[:, 0]).mean()) < 0.15
-    assert abs(np.log(ours[:, 1] / ours[:, 0]).mean()) < 0.05
+    # the aspect w / h is uniform over 0.3-3.3 (not log-uniform): both lean wide, by the same amount
+    their_aspect = np.log(theirs[:, 1] / theirs[:, 0]).mean()
+    our_aspect = np.log(ours[:, 1] / ours[:, 0]).mean()
+    assert their_aspect > 0.2 and abs(their_aspect - our_aspect) < 0.15  # about 5 standard errors
     rate = BatchAugment(size=(20, 20), erasing=0.25).draw(8000, (20, 20), generator)
     assert abs((rate["erase_height"] > 0).double().mean() - 0.25) < 0.02
 
@@ -185,7 +188,8 @@ def test_a_sample_gets_the_same_crop_on_any_number_of_processes():
     images = torch.cat([b[0] for b in whole])
     halves = [images_loader(world=2, rank=r, padding=2, hflip=0.5) for r in (0, 1)]
     for rank, half in enumerate(halves):
-        assert torch.equal(torch.cat([b[0] for b in half]), images[rank::2])
+        taken = torch.cat([b[0] for b in half])  # 2 full batches of 8 of the rank's 20 positions
+        assert len(taken) == 16 and torch.equal(taken, images[rank::2][:16])
 
 
 def test_resized_crop_boxes_and_pixels():
