@@ -2,6 +2,7 @@
 transforms, digits, RA sampler. Stands alone: imports no other ``vit5`` subpackage."""
 # ruff: noqa: F401 (the re-exports are the public names)
 
+from vit5.data.batched import BatchAugment, BatchLoader, batch_augment, preloaded_loader
 from vit5.data.decode import BadImageError, decode_image
 from vit5.data.digits import DigitsDataset, export_digits_imagefolder, load_digits_split
 from vit5.data.folder import (

@@ -93,6 +93,7 @@ class ImageFolderDataset(BadSamples, Dataset):
         self._bad = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
         # decoded images, after verify(keep=True)
         self._images: list[np.ndarray | None] | None = None
+        self._preloaded: tuple[torch.Tensor, torch.Tensor] | None = None  # preloaded()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -169,6 +170,7 @@ class ImageFolderDataset(BadSamples, Dataset):
         self._bad |= torch.tensor(failed, dtype=torch.bool)
         if keep:
             self._images = [None if bad else e for e, bad in zip(held, failed)]
+            self._preloaded = None
         if len(errors) == len(self.samples):
             raise self._all_bad_error(errors[-1])
         if errors:
@@ -179,6 +181,28 @@ class ImageFolderDataset(BadSamples, Dataset):
                 stacklevel=2,
             )
         return errors
+
+    def preloaded(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """After ``verify(keep=True)``: every sample's image as one uint8 tensor ``[N, H, W, 3]`` and its
+        labels ``[N]`` (an unreadable file's are its next readable neighbour's, as :meth:`__getitem__`),
+        for batch augmentation (:mod:`vit5.data.batched`); the kept images become views of it (no second
+        copy). ``None`` when no images are kept or they differ in size."""
+        if self._preloaded is not None or self._images is None:
+            return self._preloaded
+        readable = [i for i, image in enumerate(self._images) if image is not None]
+        if len({self._images[i].shape for i in readable}) != 1:  # type: ignore[union-attr]
+            return None
+        stacked = np.stack([self._images[i] for i in readable])  # type: ignore[misc]
+        # row of each sample: its own, or the next readable one's (cyclic)
+        rows = np.searchsorted(readable, np.arange(len(self.samples))) % len(readable)
+        if len(readable) < len(self.samples):
+            stacked = stacked[rows]
+        self._images = list(stacked)
+        for image in self._images:
+            image.flags.writeable = False
+        labels = torch.tensor(self.targets)[torch.from_numpy(np.asarray(readable)[rows])]
+        self._preloaded = (torch.from_numpy(stacked), labels)
+        return self._preloaded
 
     def __repr__(self) -> str:
         return (

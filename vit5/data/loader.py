@@ -2,15 +2,20 @@
 uses ``--repeated-aug``, official ``main.py:112-114`` at github.com/wangf3014/ViT-5 commit b7b0796; with
 ``seed=0`` DeiT's ``samplers.py`` order), per-sample augmentation seeds, and the DataLoader around them."""
 
+from __future__ import annotations
+
 import math
 import random
 import signal
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+if TYPE_CHECKING:
+    from vit5.data.batched import BatchAugment, BatchLoader
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
@@ -81,17 +86,25 @@ class RepeatAugSampler(Sampler[Any]):
         self.epoch = epoch
         self.consumed = consumed
 
-    def __iter__(self) -> Iterator[Any]:
+    def positions(self) -> range:
+        """The global positions this rank still takes in the epoch, in order."""
+        first = self.consumed + self.rank
+        return range(first, first + len(self) * self.num_replicas, self.num_replicas)
+
+    def indices(self) -> list[int]:
+        """The sample indices at :meth:`positions`, without seeds."""
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.shuffle:
             order = torch.randperm(self.length, generator=generator)
         else:
             order = torch.arange(self.length)
         repeated = torch.repeat_interleave(order, self.num_repeats).tolist()
-        first = self.consumed + self.rank
-        positions = range(first, first + len(self) * self.num_replicas, self.num_replicas)
-        indices = [repeated[p % len(repeated)] for p in positions]
+        return [repeated[p % len(repeated)] for p in self.positions()]
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = self.indices()
         if self.seeded:
+            positions = self.positions()
             seeds = [sample_seed(self.seed, self.epoch, p) for p in positions]
             return iter(list(zip(indices, seeds)))
         return iter(indices)
@@ -154,12 +167,20 @@ def build_loader(
     persistent_workers: bool | None = None,
     seeded: bool = False,
     worker_init_fn: Callable[[int], None] | None = None,
-) -> DataLoader:
+    augment: BatchAugment | None = None,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader | BatchLoader:
     """A DataLoader for ``dataset``; ``train`` shuffles (when ``sampler`` is None: an epoch-seeded
     :class:`RepeatAugSampler`, ``loader.sampler.set_epoch(epoch)``) and drops the last incomplete batch
     (timm ``Mixup`` needs full, even batches). ``seed`` seeds that sampler and the worker seeds;
     ``seeded`` wraps ``dataset`` in :class:`SeededSamples` (a mid-epoch resume then draws the same
-    augmentations; a given sampler must be built ``seeded=True``)."""
+    augmentations; a given sampler must be built ``seeded=True``). With ``augment`` (the batch form of
+    the data set's transform) and images preloaded at a size it takes: a
+    :class:`~vit5.data.batched.BatchLoader` instead, whose eval batches are rank ``rank`` of
+    ``num_replicas``'s share (Accelerate's ``prepare`` leaves it as it is)."""
+    from vit5.data.batched import preloaded_loader  # imports this module
+
     if sampler is None and train:
         sampler = RepeatAugSampler(
             dataset,
@@ -168,6 +189,16 @@ def build_loader(
             selected_round=0,
             seeded=seeded,
         )
+    batches = preloaded_loader(
+        dataset,
+        batch_size,
+        augment,
+        sampler=sampler if train else None,
+        num_replicas=num_replicas,
+        rank=rank,
+    )
+    if batches is not None:
+        return batches
     if seeded:
         if not getattr(sampler, "seeded", False):
             raise ValueError(

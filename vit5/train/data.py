@@ -20,6 +20,7 @@ from vit5.data import (
     ImageFolderDataset,
     RepeatAugSampler,
     ShardDataset,
+    batch_augment,
     build_loader,
     build_transform,
     class_names_change,
@@ -98,6 +99,8 @@ def build_run_data(
         pin_memory=cfg.data.pin_memory,
         persistent_workers=cfg.data.persistent_workers and workers > 0,
     )
+    size = cfg.model.img_size
+    # preloaded images of the model's size: augmented as batches (vit5.data.batched), else per sample
     train_loader = build_loader(
         train_set,
         cfg.data.batch_size,
@@ -106,10 +109,17 @@ def build_run_data(
         sampler=sampler,
         seeded=True,
         worker_init_fn=ignore_stop_signals,
+        augment=batch_augment(cfg.aug.train, size, **_train_options(cfg)),
         **common,
     )
     eval_batch = cfg.data.eval_batch_size or max(1, int(1.5 * cfg.data.batch_size))
-    val_loader = accelerator.prepare(build_loader(val_set, eval_batch, train=False, **common))
+    val_aug = batch_augment("eval", size, crop_ratio=cfg.aug.eval_crop_ratio)
+    # Accelerate's prepare shards a DataLoader and leaves a BatchLoader (sharded by rank) as it is
+    val_loader = accelerator.prepare(
+        build_loader(
+            val_set, eval_batch, False, augment=val_aug, num_replicas=world, rank=rank, **common
+        )
+    )
     return RunData(train_set, val_set, train_loader, val_loader, [note] if note else [])
 
 
