@@ -21,8 +21,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
+# The tests on TEST_WORKERS processes (pytest-xdist; torch threads split between them in tests/conftest.py);
+# --dist loadgroup keeps the tests of one xdist_group (the multi-process ones) on one worker, one at a time.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The main job: train vit5_tiny on the built-in digits (runs/demo, replaced on each run), then render
 # attention / token-norm / register figures and metrics of the trained model on scikit-learn's photos.

@@ -1,7 +1,8 @@
 """transformers backbones as ``transformers:`` model specs: tiny random models saved offline with
 ``save_pretrained``, their recorded attention against transformers' own eager
 ``output_attentions=True``, their features against its ``hidden_states``, the token layout,
-the errors, and ``vit5 viz attention`` / ``vit5 eval features`` end to end."""
+the errors, and ``vit5 viz attention`` / ``vit5 eval features`` end to end (through the command's
+own entry point, in this process; the offline hub id through ``python -m vit5``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from viz_support import smooth_rgb, write_png
 
+from vit5.cli import main as vit5_main
 from vit5.errors import InputError
 from vit5.eval.common import dense_features
 from vit5.introspect.load import load_spec
@@ -260,8 +262,9 @@ def images(tmp_path) -> Path:
 def test_viz_attention_end_to_end(folders, images, tmp_path, name):
     out = tmp_path / "viz"
     args = ["viz", "attention", "--model", f"transformers:{folders[name]}", "--images", str(images)]
-    proc = _run([*args, "--out", str(out), "--size", "32x40", "--quiet", "--formats", "png"])
-    assert proc.returncode == 0, proc.stderr
+    assert (
+        vit5_main([*args, "--out", str(out), "--size", "32x40", "--quiet", "--formats", "png"]) == 0
+    )
     pngs = sorted(p.name for p in out.rglob("*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in out.rglob("*.png"))
 
@@ -270,8 +273,7 @@ def test_eval_features_end_to_end(folders, images, tmp_path):
     out = tmp_path / "features"
     spec = f"transformers:{folders['dinov2reg']}"
     args = ["eval", "features", "--model", spec, "--images", str(images), "--out", str(out)]
-    proc = _run([*args, "--size", "32x40", "--layers", "0", "1"])
-    assert proc.returncode == 0, proc.stderr
+    assert vit5_main([*args, "--size", "32x40", "--layers", "0", "1"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["blocks"] == [0, 1] and len(manifest["images"]) == 2
     from safetensors.torch import load_file
