@@ -521,22 +521,26 @@ def load_config(
     then validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
     merged = OmegaConf.structured(TrainConfig)
     where = "the command line"
+    # `???` in the file: the user must give these on the command line (merging `???` keeps the default)
+    required: set[str] = set()
     if path is not None:
         path = recipe_path(path)
         where = str(path)
-        merged = _merge(merged, _read_yaml(path), where=where)
+        loaded = _read_yaml(path)
+        required = set(OmegaConf.missing_keys(loaded))
+        merged = _merge(merged, loaded, where=where)
+    given = {item.partition("=")[0].strip() for item in overrides}
     for item in overrides:
         merged = _merge(merged, _parse_override(item), where=f"command line '{item}'")
-    if merged.data.dataset == "wds" and OmegaConf.is_missing(merged.data, "root"):
-        merged.data.root = None  # shards are named by data.train_shards / data.val_shards
-    # `???` in the file: the user must give these on the command line
-    required = sorted(OmegaConf.missing_keys(merged))
-    if required:
-        example = " ".join(f"{k}=..." for k in required)
+    if merged.data.dataset == "wds":
+        required.discard("data.root")  # shards are named by data.train_shards / data.val_shards
+    missing = sorted(required - given)
+    if missing:
+        example = " ".join(f"{k}=..." for k in missing)
         raise TrainConfigError(
-            f"{path}: required setting(s) {', '.join(required)} not given; add {example}"
+            f"{path}: required setting(s) {', '.join(missing)} not given; add {example}"
         )
-    _fit_warmup(merged, given={item.partition("=")[0].strip() for item in overrides})
+    _fit_warmup(merged, given=given)
     cfg = _to_config(merged, where=where)
     if check_paths:
         check_paths_exist(cfg)
