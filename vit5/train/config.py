@@ -1,6 +1,6 @@
-"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet recipe of
-github.com/wangf3014/ViT-5 main.py), read from YAML plus dotted ``key=value`` overrides by OmegaConf
-(:func:`load_config`) and checked at once with a fix for every problem (:func:`validate_config`)."""
+"""The training configuration: one typed dataclass per section (defaults: the ViT-5-Small ImageNet
+recipe of github.com/wangf3014/ViT-5 main.py), read from YAML plus dotted ``key=value`` overrides by
+OmegaConf (:func:`load_config`) and checked once, when built, with a fix for every problem."""
 
 from __future__ import annotations
 
@@ -36,9 +36,7 @@ class LoraSection:
     r: int = 8  # rank of each adapter
     alpha: float = 16.0  # the update is scaled by alpha / r
     dropout: float = 0.0  # dropout on an adapter's input
-    targets: list[str] = field(
-        default_factory=lambda: ["qkv", "proj", "fc1", "fc2"]
-    )  # in every block
+    targets: list[str] = field(default_factory=lambda: ["qkv", "proj", "fc1", "fc2"])  # per block
 
 
 @dataclass
@@ -47,37 +45,26 @@ class ModelSection:
     img_size: int = 224
     num_classes: int | None = None  # None: the number of classes in the data
     drop_path_rate: float = 0.0
-    overrides: dict[str, Any] = field(
-        default_factory=dict
-    )  # any other ViT5Config field, e.g. {depth: 2}
-    # fine-tune from: true (the released weights of `name`), a released name (vit5_small_patch16_224.in1k),
-    # hf-hub:USER/REPO, one of our runs (its config.json gives the architecture), an official .pth, timm file
+    overrides: dict[str, Any] = field(default_factory=dict)  # other ViT5Config fields: {depth: 2}
+    # fine-tune from: true (the released weights of `name`), a released name
+    # (vit5_small_patch16_224.in1k), hf-hub:USER/REPO, one of our runs (its config.json gives the
+    # architecture), an official .pth, timm file
     pretrained: str | None = None
     pretrained_ema: bool = False  # take the checkpoint's EMA weights (official --load_ema)
-    new_head: bool = (
-        True  # start a new head when the checkpoint's head does not fit the data's classes
-    )
+    new_head: bool = True  # a new head when the checkpoint's head does not fit the data's classes
     grad_checkpointing: bool = False
     max_params: float = 2e9  # refuse a larger model before allocating it (a typo like depth=1200)
-    compile: bool | str = (
-        False  # true: torch.compile the model; regional: each block (vit5.compile_blocks)
-    )
+    compile: bool | str = False  # true: torch.compile the model; regional: vit5.compile_blocks
     lora: LoraSection = field(default_factory=LoraSection)  # parameter-efficient fine-tuning
 
 
 @dataclass
 class DataSection:
-    dataset: Literal["folder", "digits", "wds"] = (
-        "folder"  # digits: built-in; wds: WebDataset shards
-    )
-    root: str | None = (
-        None  # folder: ROOT/<train_split>/<class>/*.jpg and ROOT/<val_split>/<class>/*.jpg
-    )
+    dataset: Literal["folder", "digits", "wds"] = "folder"  # digits: built in; wds: shards
+    root: str | None = None  # folder: ROOT/<train_split or val_split>/<class>/*.jpg
     train_split: str = "train"
     val_split: str = "val"
-    train_shards: Any = (
-        None  # wds: a brace pattern (/data/train-{000000..001023}.tar), a list or a folder
-    )
+    train_shards: Any = None  # wds: a brace pattern (/data/train-{000000..001023}.tar), list or dir
     val_shards: Any = None  # wds: the same for validation
     num_classes: int | None = None  # wds without a classes.txt beside the shards
     shuffle_buffer: int = 1000  # wds: samples (undecoded) each loader worker mixes
@@ -89,8 +76,8 @@ class DataSection:
     verify: bool = False  # decode every file once before training (bad files found up front)
     preload: bool = False  # verify, and keep the decoded images in memory: no file read after that
     digits_val_fraction: float = 0.2
-    # the training classes in label order; null: the train split's class folders, recorded here when a
-    # run starts (config.yaml, every checkpoint), so --resume on renamed folders is refused
+    # the training classes in label order; null: the train split's class folders, recorded here
+    # when a run starts (config.yaml, every checkpoint), so --resume on renamed folders is refused
     class_names: list[str] | None = None
 
 
@@ -105,9 +92,7 @@ class AugSection:
     hflip: float = 0.5
     eval_crop_ratio: float = 1.0
     repeated_aug: int = 3  # RASampler repeats per image and epoch; 1 = off
-    ra_selected_round: int = (
-        256  # DeiT's per-epoch rounding (repeated_aug > 1 only); 0 for small data sets
-    )
+    ra_selected_round: int = 256  # DeiT's per-epoch rounding (repeated_aug > 1); 0: small data
     mixup: float = 0.8  # alpha; 0 = off
     cutmix: float = 1.0  # alpha; 0 = off
     mixup_prob: float = 1.0
@@ -124,9 +109,7 @@ class AugSection:
 class LossSection:
     name: Literal["bce", "soft_ce"] = "bce"
     smoothing: float = 0.0  # label smoothing, folded into the (mixed) soft targets
-    bce_target_threshold: float | None = (
-        0.0  # bce: targets > threshold become 1 (official: targets.gt(0))
-    )
+    bce_target_threshold: float | None = 0.0  # bce: targets > it become 1 (official: .gt(0))
 
 
 @dataclass
@@ -140,9 +123,7 @@ class OptimSection:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     layer_decay: float | None = None  # layer-wise lr decay (fine-tuning), e.g. 0.75
-    clip_grad: float | None = (
-        None  # global grad-norm clip; timm's LAMB also clips at 1.0 like apex FusedLAMB
-    )
+    clip_grad: float | None = None  # global grad-norm clip; timm's LAMB clips at 1.0 too (apex)
     accum_steps: int = 1  # gradient accumulation (micro-batches per optimizer step)
 
     def peak_lr(self, global_batch: int) -> float:
@@ -158,9 +139,7 @@ class ScheduleSection:
     warmup_epochs: float = 5.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    interval: Literal["update", "epoch"] = (
-        "epoch"  # epoch: official per-epoch stepping (one-epoch lag)
-    )
+    interval: Literal["update", "epoch"] = "epoch"  # epoch: official per-epoch stepping (lags one)
 
 
 @dataclass
@@ -176,8 +155,8 @@ class CheckpointSection:
     every_epochs: int = 1
     keep_last: int = 2
     save_best: bool = True  # best/ = best val top-1 of the raw weights
-    # a resume whose random states are missing or damaged is an error; true: a loud warning, and the
-    # summary records resume_exact=false
+    # a resume whose random states are missing or damaged is an error; true: a loud warning, and
+    # the summary records resume_exact=false
     allow_inexact_resume: bool = False
 
 
@@ -186,21 +165,13 @@ class RunSection:
     name: str = "run"
     output_dir: str = "runs"  # the run directory is output_dir/name
     seed: int = 42  # per-process seed = seed + rank, as the official code
-    mixed_precision: Literal["fp32", "bf16", "fp16"] = (
-        "bf16"  # autocast dtype; master weights stay fp32
-    )
+    mixed_precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast; master weights fp32
     cpu: bool = False  # force CPU even when an accelerator is available
     eval_every_epochs: int = 1
     progress: bool = True  # tqdm bar per epoch (main process only)
-    log_with: str | None = (
-        None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), comma-separated
-    )
-    log_every_steps: int = (
-        1  # per-step loss and lr to the trackers every N optimizer steps (their mean)
-    )
-    tracker_project: str = (
-        "vit5"  # the trackers' project (wandb project, MLflow experiment, TensorBoard dir)
-    )
+    log_with: str | None = None  # Accelerate trackers (tensorboard, wandb, mlflow, ...), a,b
+    log_every_steps: int = 1  # per-step loss and lr to the trackers every N steps (their mean)
+    tracker_project: str = "vit5"  # wandb project, MLflow experiment, TensorBoard folder
 
 
 @dataclass
@@ -219,60 +190,51 @@ class TrainConfig:
         validate_config(self)  # once, however it is built: load_config, a checkpoint, replace()
 
 
+# ---------------------------------------------------------------------------------- validation
 def validate_config(cfg: TrainConfig) -> None:
     """Every problem of the settings (ranges, names, combinations) in one error; the one check of
     a config, run by :class:`TrainConfig` when it is built (paths: :func:`check_paths_exist`)."""
+    flat = flatten_config(cfg)
+    epochs = cfg.schedule.epochs
+    warmup = Rule("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)")
     problems = [
-        *_finite(flatten_config(cfg)),
-        *rule_problems(flatten_config(cfg), [*_RULES, _warmup_rule(cfg.schedule.epochs)]),
+        *_finite(flat),
+        *rule_problems(flat, [*_RULES, warmup]),
         *_names(cfg),
         *_combinations(cfg),
         *_pretrained(cfg),
-        *check_lora(cfg.model.lora, cfg.model.pretrained),
-        *check_trackers(cfg.run.log_with),
+        *_lora(cfg.model.lora, cfg.model.pretrained),
+        *_trackers(cfg.run.log_with),
     ]
-    if problems:
-        raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+    _refuse(problems)
 
 
 def check_paths_exist(cfg: TrainConfig) -> None:
     """That ``data.root`` (and its splits) and a ``model.pretrained`` path exist."""
-    problems = list(_path_problems(cfg))
+    _refuse(list(_path_problems(cfg)))
+
+
+def _refuse(problems: list[str]) -> None:
     if problems:
         raise TrainConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
 
 
 _RULES = [
-    Rule(
-        "model.img_size model.max_params optim.lr optim.eps model.lora.alpha",
-        lambda v: v > 0,
-        "> 0",
-    ),
-    Rule(
-        "model.num_classes data.eval_batch_size data.num_classes", lambda v: v >= 1, ">= 1 or null"
-    ),
-    Rule("optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
-    Rule(
-        "model.drop_path_rate loss.smoothing model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"
-    ),
-    Rule(
-        "data.batch_size optim.accum_steps schedule.epochs model.lora.r", lambda v: v >= 1, ">= 1"
-    ),
-    Rule(
-        "checkpoint.every_epochs checkpoint.keep_last run.eval_every_epochs",
-        lambda v: v >= 1,
-        ">= 1",
-    ),
-    Rule("run.log_every_steps", lambda v: v >= 1, ">= 1"),
+    Rule("model.img_size model.max_params optim.lr optim.eps", lambda v: v > 0, "> 0"),
+    Rule("model.lora.alpha", lambda v: v > 0, "> 0"),
+    Rule("model.num_classes data.eval_batch_size", lambda v: v >= 1, ">= 1 or null"),
+    Rule("data.num_classes optim.lr_base_batch", lambda v: v >= 1, ">= 1 or null"),
+    Rule("model.drop_path_rate loss.smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
+    Rule("model.lora.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    Rule("data.batch_size optim.accum_steps schedule.epochs", lambda v: v >= 1, ">= 1"),
+    Rule("model.lora.r checkpoint.every_epochs checkpoint.keep_last", lambda v: v >= 1, ">= 1"),
+    Rule("run.eval_every_epochs run.log_every_steps", lambda v: v >= 1, ">= 1"),
     Rule("data.num_workers aug.color_jitter aug.ra_selected_round", lambda v: v >= 0, ">= 0"),
     Rule("optim.weight_decay schedule.warmup_lr schedule.min_lr", lambda v: v >= 0, ">= 0"),
     Rule("data.shuffle_buffer aug.mixup aug.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
     Rule("data.digits_val_fraction ema.decay", lambda v: 0 < v < 1, "in (0, 1)"),
-    Rule(
-        "aug.hflip aug.erasing aug.mixup_prob aug.mixup_switch_prob",
-        lambda v: 0 <= v <= 1,
-        "a probability in [0, 1]",
-    ),
+    Rule("aug.hflip aug.erasing aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+    Rule("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
     Rule("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
     Rule("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
     Rule("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -284,12 +246,6 @@ _RULES = [
     # numpy seeds take [0, 2**32); each process adds its rank, each loader 1000 x rank
     Rule("run.seed", lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
 ]
-
-
-def _warmup_rule(epochs: int) -> Rule:
-    return Rule("schedule.warmup_epochs", lambda v: 0 <= v < epochs, "in [0, schedule.epochs)")
-
-
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer states and the lr live in float32 tensors
 
 
@@ -297,29 +253,33 @@ def _finite(flat: Mapping[str, Any]) -> Iterator[str]:
     """Every number setting is finite and fits float32 (``optim.eps=inf`` would pass ``> 0``)."""
     for key, value in flat.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
-        if any(
-            isinstance(n, float) and not (math.isfinite(n) and abs(n) <= FLOAT32_MAX)
-            for n in numbers
-        ):
+        floats = [n for n in numbers if isinstance(n, float)]
+        if not all(math.isfinite(n) and abs(n) <= FLOAT32_MAX for n in floats):
             yield f"{key}={shorten(value)} must be a finite number of at most 3.4e38 in size (float32)"
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def _names(cfg: TrainConfig) -> Iterator[str]:
     from timm.optim import list_optimizers
 
     presets = vit5.list_presets()
-    if cfg.model.name not in presets:
-        hint = _did_you_mean(cfg.model.name, presets)
-        yield f"model.name={shorten(cfg.model.name)} is not a preset; {hint}presets: {', '.join(presets)}"
+    name = cfg.model.name
+    if name not in presets:
+        hint = _did_you_mean(name, presets)
+        yield f"model.name={shorten(name)} is not a preset; {hint}presets: {', '.join(presets)}"
     else:
-        yield from _model_overrides(cfg)
+        yield from _model_overrides(cfg.model)
     optimizers = list_optimizers()
     if cfg.optim.name not in optimizers:
         close = difflib.get_close_matches(cfg.optim.name, optimizers, n=3)
         yield (
             f"optim.name={shorten(cfg.optim.name)} is not a timm optimizer "
             f"(closest: {', '.join(close) or 'none'}); "
-            f"this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
+            "this recipe uses 'lamb' for pre-training and 'adamw' for fine-tuning"
         )
     if not cfg.aug.randaug.startswith("rand-"):
         yield (
@@ -333,67 +293,58 @@ def _names(cfg: TrainConfig) -> Iterator[str]:
         )
 
 
-def _model_overrides(cfg: TrainConfig) -> list[str]:
-    taken = {"img_size", "drop_path_rate", "num_classes"} & set(cfg.model.overrides)
+def _model_overrides(cfg: ModelSection) -> list[str]:
+    taken = sorted({"img_size", "drop_path_rate", "num_classes"} & set(cfg.overrides))
     if taken:
-        return [
-            f"model.overrides.{k} duplicates model.{k}; set model.{k} instead"
-            for k in sorted(taken)
-        ]
+        return [f"model.overrides.{k} duplicates model.{k}; set model.{k} instead" for k in taken]
     try:
-        model_cfg = vit5.preset_config(
-            cfg.model.name,
-            img_size=cfg.model.img_size,
-            drop_path_rate=cfg.model.drop_path_rate,
-            **cfg.model.overrides,
-        )
-        if cfg.model.pretrained is None:  # a checkpoint's own size is checked when it is read
+        sizes = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
+        model_cfg = vit5.preset_config(cfg.name, **sizes)
+        if cfg.pretrained is None:  # a checkpoint's own size is checked when it is read
             check_size(
-                model_cfg.replace(num_classes=cfg.model.num_classes or 0),
-                cfg.model.max_params,
-                "the config",
+                model_cfg.replace(num_classes=cfg.num_classes or 0), cfg.max_params, "the config"
             )
     except (vit5.ConfigError, TypeError, ValueError) as e:
         return [
-            f"model (preset {cfg.model.name} with img_size={cfg.model.img_size}, "
-            f"overrides={cfg.model.overrides}): {e}"
+            f"model (preset {cfg.name} with img_size={cfg.img_size}, "
+            f"overrides={cfg.overrides}): {e}"
         ]
     return []
 
 
 def _combinations(cfg: TrainConfig) -> Iterator[str]:
-    if cfg.aug.mixing and cfg.data.batch_size % 2:
+    data = cfg.data
+    if cfg.aug.mixing and data.batch_size % 2:
         yield (
-            f"data.batch_size={cfg.data.batch_size} is odd, but timm Mixup/CutMix needs an even batch per "
-            f"process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
+            f"data.batch_size={data.batch_size} is odd, but timm Mixup/CutMix needs an even batch "
+            "per process; use an even batch size or switch mixing off (aug.mixup=0 aug.cutmix=0)"
         )
     threshold = cfg.loss.bce_target_threshold
     smoothing = cfg.loss.smoothing
     if cfg.loss.name == "bce" and smoothing > 0 and threshold is not None and threshold < smoothing:
         yield (
-            f"loss.smoothing={cfg.loss.smoothing} gives every class a target > "
+            f"loss.smoothing={smoothing} gives every class a target > "
             f"loss.bce_target_threshold={threshold}, so binarising makes all targets 1; "
-            f"set loss.smoothing=0 (official) or loss.bce_target_threshold=null"
+            "set loss.smoothing=0 (official) or loss.bce_target_threshold=null"
         )
-    if cfg.data.dataset == "folder" and cfg.data.root is None:
+    if data.dataset == "folder" and data.root is None:
         yield (
-            "data.root is not set: pass data.root=/path/to/dataset "
-            "(holding train/<class>/*.jpg and val/<class>/*.jpg), "
-            "or data.dataset=digits for the built-in digits"
+            "data.root is not set: pass data.root=/path/to/dataset (holding train/<class>/*.jpg "
+            "and val/<class>/*.jpg), or data.dataset=digits for the built-in digits"
         )
-    if cfg.data.preload and cfg.data.dataset != "folder":
+    if data.preload and data.dataset != "folder":
         yield (
             f"data.preload=true keeps an image folder's decoded files in memory; data.dataset="
-            f"{cfg.data.dataset} has none (digits are in memory already, shards stream): "
+            f"{data.dataset} has none (digits are in memory already, shards stream): "
             "set data.preload=false"
         )
-    if cfg.data.dataset == "wds" and cfg.aug.repeated_aug != 1:
+    if data.dataset == "wds" and cfg.aug.repeated_aug != 1:
         yield (
-            f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, without "
-            "repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
+            f"aug.repeated_aug={cfg.aug.repeated_aug}: shards stream every sample once per epoch, "
+            "without repeated augmentation; set aug.repeated_aug=1 with data.dataset=wds"
         )
-    for key in ("train_shards", "val_shards") if cfg.data.dataset == "wds" else ():
-        value = getattr(cfg.data, key)
+    for key in ("train_shards", "val_shards") if data.dataset == "wds" else ():
+        value = getattr(data, key)
         if not value or not isinstance(value, (str, list)):
             yield (
                 f"data.{key}={value!r}: data.dataset=wds needs a brace pattern "
@@ -401,8 +352,8 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
             )
     if isinstance(cfg.model.compile, str) and cfg.model.compile != "regional":
         yield (
-            f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole model), "
-            "regional (compile one block, shared by all: faster first step) or false"
+            f"model.compile={cfg.model.compile} is not a choice: use true (torch.compile the whole "
+            "model), regional (compile one block, shared by all: faster first step) or false"
         )
     if cfg.model.compile and cfg.model.grad_checkpointing:
         yield "model.compile and model.grad_checkpointing together are not supported; pick one"
@@ -412,19 +363,21 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
 LORA_TARGETS = {"qkv": r"attn\.qkv", "proj": r"attn\.proj", "fc1": r"mlp\.fc1", "fc2": r"mlp\.fc2"}
 
 
-def check_lora(cfg: LoraSection, pretrained: str | None) -> Iterator[str]:
+def _lora(cfg: LoraSection, pretrained: str | None) -> Iterator[str]:
     if not cfg.enabled:
         return
     unknown = [t for t in cfg.targets if t not in LORA_TARGETS]
     if unknown or not cfg.targets:
+        not_these = f"; not {', '.join(unknown)}" if unknown else ""
         yield (
-            f"model.lora.targets={list(cfg.targets)}: give a non-empty list of {', '.join(LORA_TARGETS)} "
-            f"(the linears of every block{'; not ' + ', '.join(unknown) if unknown else ''})"
+            f"model.lora.targets={list(cfg.targets)}: give a non-empty list of "
+            f"{', '.join(LORA_TARGETS)} (the linears of every block{not_these})"
         )
     if pretrained is None:
         yield (
-            "model.lora.enabled=true freezes every pretrained weight, but model.pretrained is not set, so "
-            "the frozen weights would stay random; set model.pretrained=... or model.lora.enabled=false"
+            "model.lora.enabled=true freezes every pretrained weight, but model.pretrained is not "
+            "set, so the frozen weights would stay random; set model.pretrained=... or "
+            "model.lora.enabled=false"
         )
     if importlib.util.find_spec("peft") is None:
         yield (
@@ -437,8 +390,8 @@ def tracker_names(log_with: str | None) -> list[str]:
     return [name.strip() for name in (log_with or "").split(",") if name.strip()]
 
 
-def check_trackers(log_with: str | None) -> Iterator[str]:
-    """Unknown names and trackers whose package is not installed (which Accelerate would drop silently)."""
+def _trackers(log_with: str | None) -> Iterator[str]:
+    """Unknown names and trackers whose package is not installed (Accelerate drops them silently)."""
     names = tracker_names(log_with)
     if not names:
         return
@@ -447,33 +400,70 @@ def check_trackers(log_with: str | None) -> Iterator[str]:
     known = sorted(LOGGER_TYPE_TO_CLASS)
     available = {str(t) for t in get_available_trackers()}
     for name in names:
+        # a tracker whose package is named otherwise
+        package = {"comet_ml": "comet-ml"}.get(name, name)
         if name not in LOGGER_TYPE_TO_CLASS:
             hint = _did_you_mean(name, known)
             yield f"run.log_with: {name!r} is not an Accelerate tracker; {hint}trackers: {', '.join(known)}"
         elif name not in available:
-            package = {"comet_ml": "comet-ml"}.get(
-                name, name
-            )  # a tracker whose package is named otherwise
             yield (
-                f"run.log_with: the {name} tracker needs the {package} package, which is not installed: "
-                f"pip install {package}"
+                f"run.log_with: the {name} tracker needs the {package} package, which is not "
+                f"installed: pip install {package}"
             )
+
+
+# ---------------------------------------------------------------------------------- paths
+# model.pretrained=true (YAML true reaches the str field as "True")
+PRETRAINED_TRUE = ("true", "True")
+_WEIGHT_FILES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # vit5_small_..._224.pth: a path
+
+
+def pretrained_kind(text: str) -> Literal["true", "hub", "release", "path"]:
+    """What ``model.pretrained`` names: the released weights of ``model.name`` (true), a Hub repo,
+    released weights by name (no such file here) or a file or folder."""
+    if text in PRETRAINED_TRUE:
+        return "true"
+    if text.startswith(catalog.HF_HUB_PREFIX):
+        return "hub"
+    path = Path(text).expanduser()
+    named = catalog.is_weights_name(text) and path.suffix not in _WEIGHT_FILES
+    return "release" if named and not _probe(path.exists) else "path"
+
+
+def _pretrained(cfg: TrainConfig) -> list[str]:
+    """``model.pretrained`` names released weights (``true``: of ``model.name``), ``hf-hub:`` or a
+    path (its existence: :func:`check_paths_exist`)."""
+    text = cfg.model.pretrained
+    kind = None if text is None else pretrained_kind(text)
+    released = ", ".join(catalog.RELEASES)
+    name = cfg.model.name
+    if kind == "true" and name in vit5.list_presets() and catalog.default_release(name) is None:
+        return [
+            f"model.pretrained=true: {name} has no released weights (released: {released}); "
+            "name released weights or give a checkpoint path"
+        ]
+    if kind == "release" and text not in catalog.RELEASES:
+        hint = _did_you_mean(str(text), list(catalog.RELEASES))
+        return [
+            f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"
+        ]
+    return []
 
 
 def _path_problems(cfg: TrainConfig) -> Iterator[str]:
     text = cfg.model.pretrained
-    if _is_weights_path(text) and not _probe(Path(str(text)).expanduser().exists):
-        yield (
-            f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name released "
-            f"weights ({catalog.RELEASED_NAMES}; true: those of model.name) or hf-hub:USER/REPO"
-        )
+    if text is not None and pretrained_kind(text) == "path":
+        if not _probe(Path(text).expanduser().exists):
+            yield (
+                f"model.pretrained={shorten(text)[1:-1]} does not exist; check the path, or name "
+                f"released weights ({catalog.RELEASED_NAMES}; true: those of model.name) or "
+                "hf-hub:USER/REPO"
+            )
     if cfg.data.dataset != "folder" or cfg.data.root is None:
         return
     root = Path(cfg.data.root).expanduser()
     if not _probe(root.is_dir):
-        yield (
-            f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
-        )
+        yield f"data.root={shorten(cfg.data.root)[1:-1]} does not exist or is not a folder; check the path"
         return
     for key in ("train_split", "val_split"):
         split = getattr(cfg.data, key)
@@ -494,60 +484,9 @@ def _probe(test: Callable[[], bool]) -> bool:
         return False
 
 
-_WEIGHT_FILES = (
-    ".pth",
-    ".pt",
-    ".bin",
-    ".safetensors",
-    ".ckpt",
-)  # vit5_small_patch16_224.pth is a path
-PRETRAINED_TRUE = (
-    "true",
-    "True",
-)  # model.pretrained=true (YAML true reaches the str field as "True")
-
-
-def _is_weights_path(text: str | None) -> bool:
-    """Whether ``model.pretrained`` names a file or folder (not released weights, true, hf-hub:)."""
-    if text is None or text in PRETRAINED_TRUE or text.startswith(catalog.HF_HUB_PREFIX):
-        return False
-    path = Path(text)
-    named = catalog.is_weights_name(text) and path.suffix not in _WEIGHT_FILES
-    return not (named and not _probe(path.exists))
-
-
-def _pretrained(cfg: TrainConfig) -> list[str]:
-    """``model.pretrained``: released weights by name (``true``: of ``model.name``), ``hf-hub:``, a
-    path (its existence: :func:`check_paths_exist`)."""
-    text = cfg.model.pretrained
-    released = ", ".join(catalog.RELEASES)
-    if text in PRETRAINED_TRUE:
-        if (
-            cfg.model.name in vit5.list_presets()
-            and catalog.default_release(cfg.model.name) is None
-        ):
-            return [
-                f"model.pretrained=true: {cfg.model.name} has no released weights "
-                f"(released: {released}); name released weights or give a checkpoint path"
-            ]
-        return []
-    if text is None or text.startswith(catalog.HF_HUB_PREFIX) or _is_weights_path(text):
-        return []
-    if text in catalog.RELEASES:
-        return []
-    hint = _did_you_mean(text, list(catalog.RELEASES))
-    return [
-        f"model.pretrained={text} is neither a file nor released weights; {hint}released: {released}"
-    ]
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"did you mean {close[0]}? " if close else ""
-
-
-_FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
+# ---------------------------------------------------------------------------------- loading
 DEMO_RECIPE = "demo_digits"  # what `vit5 train` runs with no --config
+_FREE_FORM = {"model.overrides"}  # dict sections whose keys are checked by ViT5Config instead
 
 
 def recipes() -> dict[str, Path]:
@@ -578,27 +517,31 @@ def load_config(
     *,
     check_paths: bool = True,
 ) -> TrainConfig:
-    """Defaults <- YAML file or packaged recipe ``path`` <- ``overrides`` (``"optim.lr=1e-3"``), then
-    validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
+    """Defaults <- YAML file or packaged recipe ``path`` <- ``overrides`` (``"optim.lr=1e-3"``),
+    then validate (``check_paths``: also that ``data.root`` / ``model.pretrained`` exist)."""
     merged = OmegaConf.structured(TrainConfig)
-    required: set[str] = set()  # `???` in the file: the user must give these on the command line
+    where = "the command line"
+    # `???` in the file: the user must give these on the command line (merging `???` keeps the default)
+    required: set[str] = set()
     if path is not None:
         path = recipe_path(path)
+        where = str(path)
         loaded = _read_yaml(path)
         required = set(OmegaConf.missing_keys(loaded))
-        merged = _merge(merged, loaded, where=str(path))
+        merged = _merge(merged, loaded, where=where)
+    given = {item.partition("=")[0].strip() for item in overrides}
     for item in overrides:
         merged = _merge(merged, _parse_override(item), where=f"command line '{item}'")
-        required.discard(item.partition("=")[0].strip())
     if merged.data.dataset == "wds":
         required.discard("data.root")  # shards are named by data.train_shards / data.val_shards
-    if required:
-        example = " ".join(f"{k}=..." for k in sorted(required))
+    missing = sorted(required - given)
+    if missing:
+        example = " ".join(f"{k}=..." for k in missing)
         raise TrainConfigError(
-            f"{path}: required setting(s) {', '.join(sorted(required))} not given; add {example}"
+            f"{path}: required setting(s) {', '.join(missing)} not given; add {example}"
         )
-    _fit_warmup(merged, given={item.partition("=")[0].strip() for item in overrides})
-    cfg = _to_config(merged, where=str(path) if path is not None else "the command line")
+    _fit_warmup(merged, given=given)
+    cfg = _to_config(merged, where=where)
     if check_paths:
         check_paths_exist(cfg)
     return cfg
@@ -608,9 +551,8 @@ class ConfigAdjusted(UserWarning):
     """A recipe's setting was adapted to what was given on the command line (the message says how)."""
 
 
-SHORT_RUN_WARMUP = (
-    0.1  # of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
-)
+# of the run: a recipe's warmup that does not fit a shorter run (the demo's 1 of 10)
+SHORT_RUN_WARMUP = 0.1
 
 
 def _fit_warmup(merged: DictConfig, given: set[str]) -> None:
@@ -622,8 +564,8 @@ def _fit_warmup(merged: DictConfig, given: set[str]) -> None:
     warmup = SHORT_RUN_WARMUP * schedule.epochs
     warnings.warn(
         f"schedule.warmup_epochs={schedule.warmup_epochs:g} of the recipe does not fit "
-        f"schedule.epochs={schedule.epochs}: warming up for {warmup:g} epochs (a tenth of the run); "
-        "set schedule.warmup_epochs to choose",
+        f"schedule.epochs={schedule.epochs}: warming up for {warmup:g} epochs (a tenth of the "
+        "run); set schedule.warmup_epochs to choose",
         ConfigAdjusted,
         stacklevel=3,
     )
@@ -639,7 +581,6 @@ def config_from_dict(values: Mapping[str, Any], where: str) -> TrainConfig:
     return _to_config(merged, where)
 
 
-# ---------------------------------------------------------------------------------- environment values
 def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     """The typed config; settings read from ``${oc.env:VAR}`` keep their text (:func:`config_record`)."""
     raw = _flatten(typing.cast(dict, OmegaConf.to_container(merged, resolve=False)))
@@ -647,8 +588,7 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
         cfg = typing.cast(TrainConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "a setting"
-        reason = _reason(e)
-        raise TrainConfigError(f"{where}: cannot resolve {key}: {reason}") from e
+        raise TrainConfigError(f"{where}: cannot resolve {key}: {_reason(e)}") from e
     # not a setting: asdict and OmegaConf never see it; copy.copy(cfg) keeps it
     cfg.__dict__["_from_env"] = {
         k: v for k, v in raw.items() if isinstance(v, str) and "${oc.env:" in v
@@ -656,42 +596,6 @@ def _to_config(merged: DictConfig, where: str) -> TrainConfig:
     return cfg
 
 
-def config_record(cfg: TrainConfig) -> dict[str, Any]:
-    """``dataclasses.asdict(cfg)`` for files, a setting read from the environment as its
-    ``${oc.env:VAR}`` text (a secret passed that way is never written; ``--resume`` resolves it again)."""
-    record = dataclasses.asdict(cfg)
-    for key, text in cfg.__dict__.get("_from_env", {}).items():
-        node = record
-        *sections, last = key.split(".")
-        for section in sections:
-            node = node[section]
-        node[last] = text
-    return record
-
-
-def config_to_yaml(cfg: TrainConfig) -> str:
-    """Every setting as YAML, loadable by :func:`load_config` (as :func:`config_record`)."""
-    return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
-
-
-def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
-    """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in ``new``
-    means "the data's": no change)."""
-    flat_old = flatten_config(old)
-    flat_new = flatten_config(new)
-    return [
-        f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
-        for k in sorted(flat_new)
-        if flat_old.get(k) != flat_new[k] and not (k == "data.class_names" and flat_new[k] is None)
-    ]
-
-
-def flatten_config(cfg: TrainConfig) -> dict[str, Any]:
-    """Every setting as ``{"section.key": value}`` (``model.overrides`` kept as one dict)."""
-    return _flatten(dataclasses.asdict(cfg))
-
-
-# ---------------------------------------------------------------------------------- reading
 def _read_yaml(path: Path) -> DictConfig:
     try:
         loaded = OmegaConf.load(path)
@@ -706,15 +610,16 @@ def _read_yaml(path: Path) -> DictConfig:
 
 def _parse_override(item: str) -> DictConfig:
     key, sep, _ = item.partition("=")
+    text = shorten(item)
     if not sep or not key.strip():
         raise TrainConfigError(
-            f"command-line argument {shorten(item)} is not a key=value override; write e.g. optim.lr=1e-3 "
-            f"or data.root=/path/to/imagenet"
+            f"command-line argument {text} is not a key=value override; write e.g. optim.lr=1e-3 "
+            "or data.root=/path/to/imagenet"
         )
     control = next((c for c in item if unicodedata.category(c) == "Cc"), None)
     if control is not None:
         raise TrainConfigError(
-            f"command-line argument {shorten(item)} holds the control character {control!r} at position "
+            f"command-line argument {text} holds the control character {control!r} at position "
             f"{item.index(control)}; retype it without (a setting is printable text)"
         )
     if key.startswith("-"):
@@ -724,9 +629,7 @@ def _parse_override(item: str) -> DictConfig:
     try:
         return OmegaConf.from_dotlist([item])
     except OmegaConfBaseException as e:
-        raise TrainConfigError(
-            f"cannot parse override {shorten(item)}: {shorten(str(e), 300)[1:-1]}"
-        ) from e
+        raise TrainConfigError(f"cannot parse override {text}: {_reason(e)}") from e
 
 
 def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
@@ -735,11 +638,12 @@ def _merge(base: DictConfig, update: DictConfig, where: str) -> DictConfig:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        reason = _reason(e)
         if not key:
-            raise TrainConfigError(f"{where}: bad value: {reason}") from e
+            raise TrainConfigError(f"{where}: bad value: {_reason(e)}") from e
+        expected = _schema(key)
+        expected = expected.__name__ if isinstance(expected, type) else str(expected)
         raise TrainConfigError(
-            f"{where}: bad value for {key}: {reason} (expected {_expected_type(key)})"
+            f"{where}: bad value for {key}: {_reason(e)} (expected {expected.replace('typing.', '')})"
         ) from e
 
 
@@ -748,34 +652,68 @@ def _reason(e: OmegaConfBaseException) -> str:
 
 
 def _check_keys(node: Any, schema: type, prefix: str, where: str) -> None:
+    """Unknown keys and values given for a whole section, named with the fix."""
+    section = prefix.rstrip(".")
     if not isinstance(node, Mapping):
-        if prefix:
-            raise TrainConfigError(
-                f"{where}: {prefix.rstrip('.')} is a section; give it keys, e.g. {prefix}KEY=VALUE"
-            )
-        raise TrainConfigError(f"{where}: expected a mapping of sections")
+        fix = f"{section} is a section; give it keys, e.g. {prefix}KEY=VALUE"
+        raise TrainConfigError(f"{where}: {fix if prefix else 'expected a mapping of sections'}")
     hints = typing.get_type_hints(schema)
     for key, value in node.items():
         full = f"{prefix}{key}"
         if key not in hints:
             close = difflib.get_close_matches(str(key), sorted(hints), n=1, cutoff=0.5)
             hint = f"Did you mean {prefix}{close[0]}? " if close else ""
-            section = prefix.rstrip(".") or "the top level"
             raise TrainConfigError(
-                f"{where}: {shorten(full)[1:-1]} is not a setting. {hint}Valid keys in {section}: "
-                f"{', '.join(sorted(hints))}."
+                f"{where}: {shorten(full)[1:-1]} is not a setting. {hint}Valid keys "
+                f"in {section or 'the top level'}: {', '.join(sorted(hints))}."
             )
         if dataclasses.is_dataclass(hints[key]) and full not in _FREE_FORM:
             _check_keys(value, typing.cast(type, hints[key]), prefix=f"{full}.", where=where)
 
 
-def _expected_type(full_key: str) -> str:
+def _schema(full_key: str) -> Any:
+    """The type of setting ``full_key`` (inside a free-form dict: the dict's type)."""
     hint: Any = TrainConfig
-    for part in full_key.split("."):  # inside a free-form dict: the dict's type
+    for part in full_key.split("."):
         hint = typing.get_type_hints(hint).get(part) if dataclasses.is_dataclass(hint) else hint
-    if hint is None:
-        return "see vit5/train/config.py"
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+    return hint if hint is not None else "see vit5/train/config.py"
+
+
+# ---------------------------------------------------------------------------------- records
+def config_record(cfg: TrainConfig) -> dict[str, Any]:
+    """``dataclasses.asdict(cfg)`` for files, a setting read from the environment as its
+    ``${oc.env:VAR}`` text (a secret passed that way is never written; ``--resume`` resolves it
+    again)."""
+    record = dataclasses.asdict(cfg)
+    for key, text in cfg.__dict__.get("_from_env", {}).items():
+        section, _, last = key.rpartition(".")
+        node = record
+        for part in section.split("."):
+            node = node[part]
+        node[last] = text
+    return record
+
+
+def config_to_yaml(cfg: TrainConfig) -> str:
+    """Every setting as YAML, loadable by :func:`load_config` (as :func:`config_record`)."""
+    return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
+
+
+def config_diff(old: TrainConfig, new: TrainConfig) -> list[str]:
+    """``"section.key: old -> new"`` for every setting that differs (``data.class_names=null`` in
+    ``new`` means "the data's": no change)."""
+    flat_old = flatten_config(old)
+    flat_new = flatten_config(new)
+    return [
+        f"{k}: {shorten(flat_old.get(k))} -> {shorten(flat_new.get(k))}"
+        for k in sorted(flat_new)
+        if flat_old.get(k) != flat_new[k] and not (k == "data.class_names" and flat_new[k] is None)
+    ]
+
+
+def flatten_config(cfg: TrainConfig) -> dict[str, Any]:
+    """Every setting as ``{"section.key": value}`` (``model.overrides`` kept as one dict)."""
+    return _flatten(dataclasses.asdict(cfg))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

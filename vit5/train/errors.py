@@ -22,9 +22,8 @@ class TrainingInterrupted(Exception):
         self.exit_code = 128 + signum
 
 
-EXIT_USER_ERROR = (
-    2  # bad input, a damaged checkpoint, a full or read-only disk (one ``error:`` line)
-)
+# bad input, a damaged checkpoint, a full or read-only disk (one ``error:`` line)
+EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3  # TrainingDiverged
 
 

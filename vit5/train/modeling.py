@@ -1,11 +1,11 @@
-"""The model of a run: a preset, or pretrained weights loaded strictly but for the official fine-tune's two
-changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head for other classes, the position
-embedding resampled. LoRA (arXiv 2106.09685) through peft: one adapter on the fused ``qkv``, as peft does
-(the paper adapts ``W_q``, ``W_v``, Section 7.1); ``best/`` / ``final/`` hold the merged weights."""
+"""The model of a run: a preset, or pretrained weights loaded strictly but for the official fine-tune's
+two changes (main.py ``--finetune``, github.com/wangf3014/ViT-5): a new head for other classes, the
+position embedding resampled (both by :func:`vit5.create_model`). LoRA (arXiv 2106.09685) through peft:
+one adapter on the fused ``qkv``, as peft does (the paper adapts ``W_q``, ``W_v``, Section 7.1);
+``best/`` / ``final/`` hold the merged weights."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,11 +13,10 @@ import torch
 from timm.utils import ModelEmaV3
 
 import vit5
-from vit5 import ViT5, create_model
+from vit5 import ViT5
 from vit5.model.presets import closest_preset
-from vit5.train.config import LORA_TARGETS, PRETRAINED_TRUE, LoraSection, ModelSection
+from vit5.train.config import LORA_TARGETS, LoraSection, ModelSection, pretrained_kind
 from vit5.train.errors import TrainConfigError
-from vit5.weights import catalog
 from vit5.weights.checkpoint import CONFIG_NAME, checkpoint_dir
 from vit5.weights.convert import HeadMismatchError, OverrideMismatchError
 
@@ -39,19 +38,18 @@ def build_model(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str, str | N
         arch = closest_preset(model.cfg)
     else:
         sizes = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
-        model = create_model(cfg.name, num_classes=num_classes, max_params=cfg.max_params, **sizes)
+        model = vit5.create_model(
+            cfg.name, num_classes=num_classes, max_params=cfg.max_params, **sizes
+        )
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     params = sum(p.numel() for p in model.parameters())
     origin = "fine-tuned" if cfg.pretrained is not None else "from scratch"
-    changed = ", ".join(
-        f"{key}={value}" for key, value in cfg.overrides.items()
-    )  # differs from the preset
+    # what differs from the preset
+    changed = ", ".join(f"{key}={value}" for key, value in cfg.overrides.items())
     name = f"{arch} [{changed}]" if changed else arch
-    description = (
-        f"{name} {origin} ({params / 1e6:.2f}M parameters, {num_classes} classes, {cfg.img_size}px)"
-    )
-    return model, description, report
+    size = f"{num_classes} classes, {cfg.img_size}px"
+    return model, f"{name} {origin} ({params / 1e6:.2f}M parameters, {size})", report
 
 
 def describe_given(model: ViT5) -> str:
@@ -64,85 +62,55 @@ def describe_given(model: ViT5) -> str:
     )
 
 
-def pretrained_source(cfg: ModelSection) -> tuple[str, str | os.PathLike[str] | bool, str]:
-    """``(preset, weights for vit5.create_model, note)`` of a validated ``model.pretrained``: released
-    weights build their own architecture (the note says when not ``model.name``), a path ``model.name``."""
-    text = str(cfg.pretrained)
-    if text in PRETRAINED_TRUE:
-        return cfg.name, catalog.default_release(cfg.name).name, ""  # type: ignore[union-attr]
-    if text.startswith(catalog.HF_HUB_PREFIX):
-        return cfg.name, text, ""
-    path = Path(text).expanduser()
-    if catalog.is_weights_name(text) and not path.exists():
-        release = catalog.release(text)
-        same = _same_architecture(vit5.preset_config(release.arch), cfg.name)
-        return (
-            release.arch,
-            text,
-            "" if same else f"{release.arch} (its weights), not model.name={cfg.name}",
-        )
-    return cfg.name, path, ""
-
-
 def load_pretrained(cfg: ModelSection, num_classes: int) -> tuple[ViT5, str]:
-    """The model ``cfg.pretrained`` holds for ``num_classes``, and a report of what was loaded and reset."""
-    name, weights, note = pretrained_source(cfg)
-    overrides = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
+    """The model ``cfg.pretrained`` holds for ``num_classes``, and a report of what was loaded and
+    reset. Released weights build their own architecture, our run folder the one its config.json
+    holds; the report says when that is not ``model.name``."""
+    text = str(cfg.pretrained)
+    kind = pretrained_kind(text)
+    sizes = dict(cfg.overrides, img_size=cfg.img_size, drop_path_rate=cfg.drop_path_rate)
     if cfg.new_head:
-        overrides["num_classes"] = num_classes
-    options = dict(use_ema=cfg.pretrained_ema, max_params=cfg.max_params, log_report=False)
-    directory = checkpoint_dir(weights) if isinstance(weights, Path) else None
+        sizes["num_classes"] = num_classes
+    options = dict(sizes, use_ema=cfg.pretrained_ema, max_params=cfg.max_params, log_report=False)
+    path = Path(text).expanduser()
+    folder = checkpoint_dir(path) if kind == "path" else None
     try:
-        if directory is not None and (directory / CONFIG_NAME).is_file():
-            # our run or checkpoint directory: its config.json holds the architecture it was trained as
-            model = vit5.load_model(directory, **options, **overrides)
-            if not _same_architecture(model.cfg, cfg.name):
-                built = closest_preset(model.cfg)
-                note = f"{built} as in {directory / CONFIG_NAME}, not model.name={cfg.name}"
+        if folder is not None and (folder / CONFIG_NAME).is_file():
+            model = vit5.load_model(folder, **options)
+        elif kind == "release":
+            model = vit5.create_model(text, pretrained=True, **options)
         else:
-            model = vit5.create_model(name, pretrained=weights, **options, **overrides)
+            weights = path if kind == "path" else (True if kind == "true" else text)
+            model = vit5.create_model(cfg.name, pretrained=weights, **options)
     except (vit5.CheckpointError, vit5.ConfigError) as e:
-        hint = (
-            f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
-        )
-        hint = hint if isinstance(e, HeadMismatchError) else ""
+        hint = ""
+        if isinstance(e, HeadMismatchError):
+            hint = f"\nIn the training config, model.new_head=true starts a new {num_classes}-class head."
         if isinstance(e, OverrideMismatchError):  # the recipe's or the command line's overrides
             hint = f"\nIn the training config, set {e.dotlist('model.overrides.')} to fit these weights."
         raise TrainConfigError(f"model.pretrained={cfg.pretrained}: {e}{hint}") from e
     if model.num_classes != num_classes:
         raise TrainConfigError(
-            f"model.pretrained={cfg.pretrained} has a {model.num_classes}-class head but the data has "
-            f"{num_classes} classes. Set model.new_head=true to fine-tune with a new {num_classes}-class "
-            f"head, or train on data with {model.num_classes} classes."
+            f"model.pretrained={cfg.pretrained} has a {model.num_classes}-class head but the data "
+            f"has {num_classes} classes. Set model.new_head=true to fine-tune with a new "
+            f"{num_classes}-class head, or train on data with {model.num_classes} classes."
         )
     weights_word = "EMA weights" if cfg.pretrained_ema else "weights"
     lines = [f"{weights_word}: {model.load_report}"]
-    if note:
-        lines.append(f"  architecture: {note}")
-    lines.append(
-        f"  new {num_classes}-class head (the checkpoint's head has another size)"
-        if model.load_report.reset
-        else f"  head kept: it already has {num_classes} classes"
-    )
+    named = vit5.preset_config(cfg.name, **cfg.overrides)
+    if any(getattr(model.cfg, f) != getattr(named, f) for f in _ARCH):
+        held = f"as in {folder / CONFIG_NAME}" if folder is not None else "(its weights)"
+        built = closest_preset(model.cfg)
+        lines.append(f"  architecture: {built} {held}, not model.name={cfg.name}")
+    if model.load_report.reset:
+        lines.append(f"  new {num_classes}-class head (the checkpoint's head has another size)")
+    else:
+        lines.append(f"  head kept: it already has {num_classes} classes")
     return model, "\n".join(lines)
 
 
-_SHAPE_FIELDS = (
-    "embed_dim",
-    "depth",
-    "num_heads",
-    "patch_size",
-    "norm",
-    "qkv_bias",
-    "qk_norm",
-    "rope",
-)
-
-
-def _same_architecture(built: vit5.ViT5Config, name: str) -> bool:
-    """Whether ``built`` is the architecture of preset ``name`` (sizes and the ViT-5 switches)."""
-    named = vit5.preset_config(name)
-    return all(getattr(built, f) == getattr(named, f) for f in (*_SHAPE_FIELDS, "num_registers"))
+# the sizes and the ViT-5 switches that make another architecture than model.name
+_ARCH = "embed_dim depth num_heads patch_size norm qkv_bias qk_norm rope num_registers".split()
 
 
 # ---------------------------------------------------------------------------------- LoRA
@@ -165,19 +133,16 @@ def add_lora(model: ViT5, cfg: LoraSection) -> ViT5:
     """Inject the adapters into ``model`` in place and freeze the rest; return ``model``."""
     from peft import get_peft_model
 
-    get_peft_model(
-        model, lora_config(cfg)
-    )  # the wrapper is not kept: the ViT5 inside is adapted in place
+    get_peft_model(model, lora_config(cfg))  # the wrapper is not kept: the ViT5 inside is adapted
     return model
 
 
 def describe(model: torch.nn.Module, cfg: LoraSection) -> str:
-    """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained (21.7%)``;
-    the total leaves out the head's frozen original, which peft keeps and the merge drops."""
+    """``LoRA r=8 alpha=16 on qkv, proj, fc1, fc2 + full head: 1,234 of 5,678 parameters trained
+    (21.7%)``; the total leaves out the head's frozen original, which peft keeps and the merge drops."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(
-        p.numel() for name, p in model.named_parameters() if "head.original_module." not in name
-    )
+    named = model.named_parameters()
+    total = sum(p.numel() for name, p in named if "head.original_module." not in name)
     return (
         f"LoRA r={cfg.r} alpha={cfg.alpha:g} on {', '.join(cfg.targets)} + full head: "
         f"{trainable:,} of {total:,} parameters trained ({100 * trainable / total:.1f}%)"
@@ -192,11 +157,9 @@ def merged_for_export(
 
     def merged(module: torch.nn.Module) -> ViT5:
         shell = get_peft_model(ViT5(model.cfg), lora_config(cfg))
-        shell.get_base_model().load_state_dict(
-            module.state_dict()
-        )  # strict: the same adapters and shapes
+        # strict: the same adapters and shapes
+        shell.get_base_model().load_state_dict(module.state_dict())
         return shell.merge_and_unload().eval()
 
-    return merged(model), ModelEmaV3(
-        merged(ema.module), decay=ema.decay
-    ) if ema is not None else None
+    merged_ema = ModelEmaV3(merged(ema.module), decay=ema.decay) if ema is not None else None
+    return merged(model), merged_ema
