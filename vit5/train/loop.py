@@ -172,14 +172,12 @@ def train_step(
     state.epoch_samples += inputs.shape[0] * (acc.num_processes if acc is not None else 1)
     if synced:
         state.num_updates += 1
+        clock = state.num_updates if parts.clock is None else parts.clock(state)
         if parts.schedule is not None:
-            parts.schedule.after_update(
-                state.num_updates if parts.clock is None else parts.clock(state)
-            )
+            parts.schedule.after_update(clock)
         if parts.ema is not None:
-            parts.ema.update(
-                model if parts.raw_model is None else parts.raw_model, step=state.num_updates
-            )
+            followed = model if parts.raw_model is None else parts.raw_model
+            parts.ema.update(followed, step=state.num_updates)
     return value
 
 
@@ -198,9 +196,8 @@ def train_steps(
     step_losses: list[float] = []  # the micro-batches of the optimizer step in progress
     for inputs, targets in batches:
         updates = state.num_updates
-        step_lr = max(
-            g["lr"] for g in parts.optimizer.param_groups
-        )  # before the step moves the schedule on
+        # before the step moves the schedule on
+        step_lr = max(g["lr"] for g in parts.optimizer.param_groups)
         losses.append(train_step(parts, inputs, targets, state))
         step_losses.append(losses[-1])
         if state.num_updates > updates:
@@ -243,7 +240,7 @@ def train_one_epoch(
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels in islice(parts.loader, end - state.batch):
-            sizes.append(labels.numel())
+            sizes.append(labels.shape[0])
             yield parts.mixer(
                 images.to(acc.device, non_blocking=True), labels.to(acc.device, non_blocking=True)
             )
@@ -305,10 +302,14 @@ def target_mixer(cfg: AugSection, num_classes: int, smoothing: float) -> Mixer:
             label_smoothing=smoothing,
             num_classes=num_classes,
         )
-    return lambda images, labels: (
-        images,
-        mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing),
-    )
+    return lambda images, labels: (images, _soft_targets(labels, num_classes, smoothing))
+
+
+def _soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
+    """Class labels as smoothed one-hot targets; ``[B, classes]`` targets (multi-label) as they are."""
+    if labels.ndim == 2:
+        return labels
+    return mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing)
 
 
 def build_loss(cfg: LossSection) -> nn.Module:
