@@ -322,7 +322,12 @@ def train_config(cfg: StudyConfig, folder: Path) -> TrainConfig:
     every = cfg.checkpoint_every // per_epoch
     loss = "bce" if cfg.canvas.task == "multilabel" else "soft_ce"
     return TrainConfig(
-        model=ModelSection(name=cfg.preset, img_size=cfg.canvas.size[0]),
+        # the twin is given; the section names what it is (the height: canvases may not be square)
+        model=ModelSection(
+            name=cfg.preset,
+            img_size=cfg.canvas.size[0],
+            overrides=dict(patch_size=cfg.canvas.patch_size),
+        ),
         data=DataSection(dataset="digits", batch_size=cfg.batch_size, num_workers=0),
         aug=AugSection(train="none", repeated_aug=1, ra_selected_round=0, mixup=0.0, cutmix=0.0),
         loss=LossSection(name=loss),

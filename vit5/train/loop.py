@@ -37,8 +37,7 @@ MUON_FALLBACK = ("patch_embed.*", "head.*")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
-    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``) at peak
-    ``lr``; Muon's fallback groups as above."""
+    """timm's optimizer on the unwrapped ``model`` at peak ``lr``; Muon's fallback as above."""
     muon = "muon" in cfg.name
     return create_optimizer_v2(
         model,
@@ -89,7 +88,7 @@ class LRSchedule:
 
     @property
     def lr(self) -> float:
-        """The lr of the group with the largest ``lr_scale`` (the head's under layer decay)."""
+        """The largest group lr (the head's under layer decay)."""
         return max(g["lr"] for g in self.optimizer.param_groups)
 
 
@@ -119,9 +118,8 @@ class NonFiniteLoss(ArithmeticError):
 
 @dataclass(kw_only=True)
 class StepParts:
-    """What a training step touches: ``model`` is the module called, ``raw_model`` the unwrapped one the
-    EMA follows (default: ``model``); no ``accelerator``: plain PyTorch, every micro-batch a step;
-    ``clock``: the lr schedule's position after an update (default: the update count)."""
+    """What a step touches: ``raw_model`` is the unwrapped ``model`` the EMA follows; no
+    ``accelerator``: plain PyTorch; ``clock``: the schedule's position (default: the update count)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -150,8 +148,8 @@ def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int)
 def train_step(
     parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState
 ) -> float:
-    """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
-    before backward, when the loss is NaN or infinite on any."""
+    """Train on one micro-batch, advance ``state``; return its loss (``NonFiniteLoss`` before backward
+    on every process when it is NaN or infinite on any)."""
     acc = parts.accelerator
     model = parts.model
     with acc.accumulate(model) if acc is not None else nullcontext():
@@ -188,8 +186,7 @@ def train_steps(
     bar: tqdm | None = None,
     on_update: Callable[[float, float], None] | None = None,
 ) -> list[float]:
-    """:func:`train_step` on every batch; ``on_update(mean loss, lr)`` after each optimizer step (the lr
-    it ran at, the largest of the groups'); returns the losses."""
+    """:func:`train_step` on every batch, ``on_update(mean loss, lr it ran at)`` after each update."""
     parts.model.train()
     losses: list[float] = []
     smoothed = math.nan
@@ -229,9 +226,9 @@ def train_one_epoch(
     num_epochs: int,
     on_update: Callable[[bool, float, float], None],
 ) -> tuple[float, int, float]:
-    """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps (the loader is not
-    prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step. Returns the mean loss
-    and the images over all processes, and the seconds taken."""
+    """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps;
+    ``on_update(end_of_epoch, loss, lr)`` after each. Returns the mean loss and images over all
+    processes, and the seconds taken."""
     acc = parts.accelerator
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
     accum = acc.gradient_accumulation_steps
