@@ -251,7 +251,6 @@ class _Payload:
 
 
 def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
-    from vit5.study.run import Twin
     from vit5.train import ResumeError
 
     marker = tmp_path / "payload_ran"
@@ -259,14 +258,12 @@ def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
     # an older vit5's pickled state.pt, as a folder someone hands over might hold it
     (out / "no_registers").mkdir(parents=True)
     torch.save({"model": _Payload(marker), "step": 3}, out / "no_registers" / "state.pt")
-    twin = Twin("no_registers", build_twins(SMOKE)["no_registers"], SMOKE, out / "no_registers")
-    assert (
-        not twin.resume() and not marker.exists()
-    )  # a pickle outside the safe format is never read
+    run_study(SMOKE, out, max_minutes=0, progress=False, log=lambda s: None, analyse=False)
+    assert not marker.exists()  # a pickle outside the safe format is never read
 
-    # a checkpoint of the safe format whose optimizer.pt was swapped for the pickle (hash recomputed)
-    twin.save()
-    state = out / "no_registers" / "state"
+    # the twin's checkpoint (the Trainer's safe format) with optimizer.pt swapped for the pickle
+    # (hash recomputed)
+    (state,) = (out / "no_registers" / "run" / "checkpoints").glob("ckpt-*")
     torch.save({"state": _Payload(marker), "param_groups": []}, state / "optimizer.pt")
     manifest = json.loads((state / "checkpoint.json").read_text())
     data = (state / "optimizer.pt").read_bytes()
@@ -284,3 +281,9 @@ def test_resume_refuses_a_planted_pickle_and_runs_nothing(tmp_path):
         state / "optimizer.pt", weights_only=False
     )  # the payload is live: loading it unsafely runs it
     assert marker.exists()
+
+
+def test_a_study_folder_of_the_old_state_format_is_refused_by_name(tmp_path):
+    (tmp_path / "no_registers" / "state").mkdir(parents=True)
+    with pytest.raises(InputError, match="older vit5 .state/.*use another --out"):
+        run_study(SMOKE, tmp_path, progress=False, log=lambda s: None, analyse=False)

@@ -1,24 +1,26 @@
 """The register study (Darcet et al., arXiv 2309.16588, sections 2.1-2.2): two no-CLS, average-pooled
-vit5 twins, without and with registers (same init and batches), trained on digit canvases with the step of
-:mod:`vit5.train.loop`, measured with :mod:`vit5.viz` at every checkpoint (``trajectory.jsonl``) and resumable
-from ``<out>/<twin>/state`` (:func:`vit5.train.checkpointing.save_single`: nothing is unpickled)."""
+vit5 twins, without and with registers (same init and batches), trained on digit canvases by
+:class:`vit5.train.Trainer` (its run in ``<out>/<twin>/run``, resumed from its checkpoints), measured with
+:mod:`vit5.viz` at every checkpoint (``trajectory.jsonl``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
+from torch.utils.data import IterableDataset
 
 from vit5 import plotstyle as S
 from vit5.data.digits.canvases import CanvasBatch, CanvasConfig, CanvasSource
@@ -27,9 +29,21 @@ from vit5.files import atomic_write_text
 from vit5.model import ConfigError, ViT5, ViT5Config, preset_config
 from vit5.outputs import write_json
 from vit5.plotstyle import save_figure
-from vit5.train.checkpointing import Resumable, TrainState, load_single, save_single
-from vit5.train.config import OptimSection, ScheduleSection
-from vit5.train.loop import LRSchedule, NonFiniteLoss, StepParts, build_optimizer, train_steps
+from vit5.train import Trainer, TrainingDiverged
+from vit5.train.checkpointing import list_checkpoints
+from vit5.train.config import (
+    AugSection,
+    CheckpointSection,
+    DataSection,
+    EmaSection,
+    LossSection,
+    ModelSection,
+    OptimSection,
+    RunSection,
+    ScheduleSection,
+    TrainConfig,
+)
+from vit5.train.rundir import CHECKPOINTS
 from vit5.viz.artifacts import MetricConfig, MetricReport, compute_metrics
 from vit5.viz.collect import CollectConfig, collect
 from vit5.viz.images import LoadedImage, to_batch
@@ -118,6 +132,12 @@ class StudyConfig:
         except ConfigError as err:
             raise InputError(f"study model: {err}") from None
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Updates per :class:`~vit5.train.Trainer` epoch: the most that divide both ``steps`` and
+        ``checkpoint_every``."""
+        return math.gcd(self.steps, self.checkpoint_every)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "model_args": dict(self.model_args)}
 
@@ -164,12 +184,6 @@ def normalise(images: np.ndarray, model: ViT5) -> torch.Tensor:
     """``[B, H, W, 3]`` uint8 to the model's normalised ``[B, 3, H, W]``, as the recording tools see them."""
     cfg = model.pretrained_cfg
     return to_batch([LoadedImage("", rgb) for rgb in images], cfg["mean"], cfg["std"])
-
-
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
-    if task == "multilabel":
-        return F.binary_cross_entropy_with_logits(logits, labels)
-    return F.cross_entropy(logits, labels)
 
 
 @dataclass
@@ -274,62 +288,157 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-class Twin:
-    """One twin in training: AdamW with the cosine schedule and the step of :mod:`vit5.train.loop`,
-    and its :class:`TrainState` checkpointed under ``<folder>/state``."""
+class CanvasStream(IterableDataset):
+    """The canvases of ``source`` as :class:`~vit5.train.Trainer` training batches: epoch ``e`` holds
+    batches ``e * per_epoch`` on (batch ``i`` is ``source.batch(i, size)``, a pure function of seed
+    and index, so the position is exact), normalised for ``model``; ``set_epoch`` places it."""
 
-    def __init__(self, name: str, model: ViT5, cfg: StudyConfig, folder: Path) -> None:
+    def __init__(self, source: CanvasSource, model: ViT5, size: int, per_epoch: int) -> None:
+        self.source = source
+        self.model = model
+        self.size = size
+        self.per_epoch = per_epoch
+        self.class_names = [str(i) for i in range(source.cfg.num_outputs)]
+        self.num_samples = per_epoch * size
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        self.end = (epoch + 1) * self.per_epoch
+        self.first = epoch * self.per_epoch + consumed // self.size
+
+    def __len__(self) -> int:
+        return self.end - self.first
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for index in range(self.first, self.end):
+            batch = self.source.batch(index, self.size)
+            yield normalise(batch.images, self.model), torch.from_numpy(batch.labels)
+
+
+def train_config(cfg: StudyConfig, folder: Path) -> TrainConfig:
+    """A twin's run: AdamW, warmup and cosine over ``steps`` updates, checkpoints (and measures) every
+    ``checkpoint_every`` (a multiple of ``steps_per_epoch``)."""
+    per_epoch = cfg.steps_per_epoch
+    every = cfg.checkpoint_every // per_epoch
+    loss = "bce" if cfg.canvas.task == "multilabel" else "soft_ce"
+    return TrainConfig(
+        # the twin is given; the section names what it is (the height: canvases may not be square)
+        model=ModelSection(
+            name=cfg.preset,
+            img_size=cfg.canvas.size[0],
+            overrides=dict(patch_size=cfg.canvas.patch_size),
+        ),
+        data=DataSection(dataset="digits", batch_size=cfg.batch_size, num_workers=0),
+        aug=AugSection(train="none", repeated_aug=1, ra_selected_round=0, mixup=0.0, cutmix=0.0),
+        loss=LossSection(name=loss),
+        optim=OptimSection(
+            name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, clip_grad=cfg.grad_clip or None
+        ),
+        schedule=ScheduleSection(
+            epochs=cfg.steps // per_epoch,
+            warmup_epochs=cfg.warmup_steps / per_epoch,
+            warmup_lr=cfg.min_lr,
+            min_lr=cfg.min_lr,
+            interval="update",
+        ),
+        ema=EmaSection(enabled=False),
+        checkpoint=CheckpointSection(every_epochs=every, save_best=False),
+        run=RunSection(
+            output_dir=str(folder),
+            seed=cfg.seed,
+            mixed_precision="fp32",
+            cpu=True,
+            eval_every_epochs=every,
+            progress=False,
+        ),
+    )
+
+
+class Twin:
+    """One twin in training: a :class:`~vit5.train.Trainer` run in ``<folder>/run`` over the training
+    canvases, continued from its newest checkpoint; measured (``on_validate``) at every checkpoint."""
+
+    def __init__(
+        self,
+        name: str,
+        model: ViT5,
+        cfg: StudyConfig,
+        folder: Path,
+        measure_twin: Callable[[Twin], dict[str, Any]],
+    ) -> None:
         self.name = name
         self.model = model
         self.cfg = cfg
         self.folder = folder
-        adamw = OptimSection(name="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
-        optimizer = build_optimizer(model, adamw, cfg.lr)
-        warmup = dict(
-            warmup_epochs=cfg.warmup_steps, warmup_lr=cfg.min_lr
-        )  # one "epoch" = one update
-        cosine = ScheduleSection(epochs=cfg.steps, min_lr=cfg.min_lr, interval="update", **warmup)
-        self.schedule = LRSchedule(optimizer, cosine, updates_per_epoch=1)
-        criterion = partial(loss_fn, task=cfg.canvas.task)
-        clip = cfg.grad_clip or None
-        self.parts = StepParts(
-            model=model,
-            optimizer=optimizer,
-            criterion=criterion,
-            schedule=self.schedule,
-            clip_grad=clip,
-        )
-        self.state = TrainState()
-        self.resumable = Resumable(model, optimizer, None, self.state)
+        self.measure_twin = measure_twin
+        self.trainer: Trainer | None = None
+        self.record: dict[str, Any] = {}  # the measures of the last validation
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder / "run"
+
+    def start(self) -> bool:
+        """Open the twin's run: resumed from its newest checkpoint (True) or new."""
+        if (self.folder / "state").is_dir() and not self.run_dir.is_dir():
+            raise InputError(
+                f"{self.folder} holds a study state of an older vit5 (state/, before the study "
+                "trained with vit5.train.Trainer): use another --out, or delete it to start over"
+            )
+        checkpoints = list_checkpoints(self.run_dir / CHECKPOINTS)
+        if not checkpoints:  # killed before its first checkpoint: start again
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        cfg = self.cfg
+        size = cfg.batch_size
+        train_source = CanvasSource(cfg.canvas, "train", cfg.seed)
+        train = CanvasStream(train_source, self.model, size, cfg.steps_per_epoch)
+        # never read (on_validate measures the twin instead); the header counts it
+        val = CanvasStream(CanvasSource(cfg.canvas, "val", cfg.seed), self.model, size, 1)
+        with contextlib.redirect_stdout(io.StringIO()):  # the study reports itself
+            self.trainer = Trainer(
+                train_config(cfg, self.folder),
+                resume=checkpoints[-1] if checkpoints else None,
+                train_set=train,
+                val_set=val,
+                model=self.model,
+                on_validate=self._validate,
+            )
+        return bool(checkpoints)
+
+    def _validate(self, model: torch.nn.Module) -> dict[str, Any]:
+        self.record = self.measure_twin(self)
+        return {}
 
     @property
     def step(self) -> int:
-        return self.state.num_updates
+        return self.trainer.state.num_updates if self.trainer is not None else 0
 
-    def resume(self) -> bool:
-        """Continue from the twin's last checkpoint, if it has one (:class:`ResumeError` if damaged)."""
-        if not (self.folder / "state").is_dir():
-            return False
-        load_single(self.folder / "state", self.resumable)
-        self.schedule.start(self.step, epoch=0)
-        return True
+    @property
+    def lr(self) -> float:
+        return self.trainer.schedule.lr if self.trainer is not None else math.nan
 
-    def save(self) -> None:
-        save_single(self.folder / "state", self.resumable, self.cfg.to_dict())
+    def last_loss(self) -> float:
+        """The mean training loss of the last epoch trained (NaN before any)."""
+        history = self.trainer.state.history if self.trainer is not None else []
+        return history[-1]["train_loss"] if history else math.nan
+
+    def train(self, until: int) -> None:
+        """Train to step ``until`` (a checkpoint), measured there; then save its weights."""
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.trainer.fit(until=until // self.cfg.steps_per_epoch)
+        except TrainingDiverged as err:
+            raise InputError(
+                f"{self.name}: {err} (study setting: lower lr, now {self.cfg.lr:g})"
+            ) from None
         extra = {"study_step": self.step, "twin": self.name}
         save_pretrained(
             self.model, self.folder / "checkpoints" / f"step_{self.step:06d}", extra=extra
         )
 
-    def train(self, source: CanvasSource, until: int) -> float:
-        """Steps up to ``until``; returns the mean training loss of these steps."""
-        batches = (source.batch(step, self.cfg.batch_size) for step in range(self.step, until))
-        inputs = ((normalise(b.images, self.model), torch.from_numpy(b.labels)) for b in batches)
-        try:
-            losses = train_steps(self.parts, inputs, self.state)
-        except NonFiniteLoss as err:
-            raise InputError(f"{self.name}: {err}: lower lr (now {self.cfg.lr:g})") from None
-        return float(np.mean(losses)) if losses else math.nan
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
 
 
 @dataclass
@@ -365,53 +474,61 @@ def run_study(
     held = HeldOut(
         labelled(cfg, metric, "heldout"), metric.background, val.batch(1, cfg.accuracy_images)
     )
-    source = CanvasSource(cfg.canvas, "train", cfg.seed)
-    twins = {name: Twin(name, model, cfg, out / name) for name, model in build_twins(cfg).items()}
     trajectories: dict[str, list[dict]] = {}
 
-    def record(twin: Twin, loss: float) -> None:
+    def measure_twin(twin: Twin) -> dict[str, Any]:
         """Measure ``twin`` (the register twin also with its twin's thresholds at the same step)."""
         first = trajectories[TWINS[0]] if twin.name != TWINS[0] else []
         thresholds = next((r["thresholds"] for r in first if r["step"] == twin.step), None)
-        row = measure(twin.model, twin.name, held, cfg.canvas.task, thresholds)
-        trajectories[twin.name].append(
-            {"step": twin.step, "train_loss": _num(loss), "lr": twin.schedule.lr, **row}
-        )
+        return measure(twin.model, twin.name, held, cfg.canvas.task, thresholds)
 
-    for name, twin in twins.items():  # the untrained twins are the first point of every trajectory
-        if twin.resume():
-            log(f"{name}: resumed at step {twin.step}")
-        path = twin.folder / TRAJECTORY_NAME
-        rows = map(
-            json.loads, filter(None, path.read_text().splitlines() if path.is_file() else [])
+    def record(twin: Twin) -> None:
+        """The twin's trajectory row at its step, written before it trains on."""
+        row = {"step": twin.step, "train_loss": _num(twin.last_loss()), "lr": _num(twin.lr)}
+        trajectories[twin.name].append({**row, **twin.record})
+        twin.folder.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps(r) + "\n" for r in trajectories[twin.name])
+        atomic_write_text(twin.folder / TRAJECTORY_NAME, lines)
+
+    models = build_twins(cfg)
+    twins = {name: Twin(name, models[name], cfg, out / name, measure_twin) for name in TWINS}
+    try:
+        for (
+            name,
+            twin,
+        ) in twins.items():  # the untrained twins are the first point of every trajectory
+            has_run = list_checkpoints(twin.run_dir / CHECKPOINTS)
+            if (train or has_run) and twin.start():
+                log(f"{name}: resumed at step {twin.step}")
+            path = twin.folder / TRAJECTORY_NAME
+            rows = map(
+                json.loads, filter(None, path.read_text().splitlines() if path.is_file() else [])
+            )
+            trajectories[name] = [r for r in rows if r["step"] <= twin.step]  # later: not saved
+            if not trajectories[name] or trajectories[name][-1]["step"] < twin.step:
+                twin.record = measure_twin(twin)  # killed between its checkpoint and its row
+                record(twin)
+        done = min(t.step for t in twins.values())
+        bar = tqdm(
+            total=cfg.steps, initial=done, desc="register study", unit="step", disable=not progress
         )
-        trajectories[name] = [
-            r for r in rows if r["step"] <= twin.step
-        ]  # later rows: steps not saved
-        if not trajectories[name]:
-            record(twin, math.nan)
-    done = min(t.step for t in twins.values())
-    bar = tqdm(
-        total=cfg.steps, initial=done, desc="register study", unit="step", disable=not progress
-    )
-    start = time.monotonic()
-    while train and done < cfg.steps:
-        until = min(cfg.steps, (done // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+        start = time.monotonic()
+        while train and done < cfg.steps:
+            until = min(cfg.steps, (done // cfg.checkpoint_every + 1) * cfg.checkpoint_every)
+            for twin in twins.values():
+                if twin.step < until:
+                    twin.train(until)
+                    record(twin)
+            done = until
+            bar.update(done - bar.n)
+            a, b = (trajectories[t][-1] for t in TWINS)
+            otr = "/".join(f"{_value(row, 'outlier_ratio', 'metrics'):.3f}" for row in (a, b))
+            bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=otr)
+            if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
+                break
+    finally:
         for twin in twins.values():
-            if twin.step < until:
-                record(twin, twin.train(source, until))
-                # the trajectory before the state: a kill in between re-trains and re-records this chunk
-                twin.folder.mkdir(parents=True, exist_ok=True)
-                lines = "".join(json.dumps(r) + "\n" for r in trajectories[twin.name])
-                atomic_write_text(twin.folder / TRAJECTORY_NAME, lines)
-                twin.save()
-        done = until
-        bar.update(done - bar.n)
-        a, b = (trajectories[t][-1] for t in TWINS)
-        otr = "/".join(f"{_value(row, 'outlier_ratio', 'metrics'):.3f}" for row in (a, b))
-        bar.set_postfix(acc=f"{a['accuracy']:.2f}/{b['accuracy']:.2f}", otr=otr)
-        if max_minutes is not None and (time.monotonic() - start) / 60 > max_minutes:
-            break
+            twin.close()
     bar.close()
     for name, twin in twins.items():
         save_pretrained(

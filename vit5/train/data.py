@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from vit5.data import (
     DigitsDataset,
@@ -78,6 +78,11 @@ def build_run_data(
     """This process's loaders of the run's data sets."""
     if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
+    if isinstance(
+        train_set, IterableDataset
+    ):  # batches itself, placed by set_epoch(epoch, consumed)
+        loaders = [DataLoader(d, batch_size=None) for d in (train_set, val_set)]
+        return RunData(train_set, val_set, *loaders)
     world = accelerator.num_processes
     rank = accelerator.process_index
     try:

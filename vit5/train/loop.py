@@ -37,8 +37,7 @@ MUON_FALLBACK = ("patch_embed.*", "head.*")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection, lr: float) -> torch.optim.Optimizer:
-    """``create_optimizer_v2`` on ``model`` (unwrapped, before ``accelerator.prepare``) at peak
-    ``lr``; Muon's fallback groups as above."""
+    """timm's optimizer on the unwrapped ``model`` at peak ``lr``; Muon's fallback as above."""
     muon = "muon" in cfg.name
     return create_optimizer_v2(
         model,
@@ -89,7 +88,7 @@ class LRSchedule:
 
     @property
     def lr(self) -> float:
-        """The lr of the group with the largest ``lr_scale`` (the head's under layer decay)."""
+        """The largest group lr (the head's under layer decay)."""
         return max(g["lr"] for g in self.optimizer.param_groups)
 
 
@@ -119,9 +118,8 @@ class NonFiniteLoss(ArithmeticError):
 
 @dataclass(kw_only=True)
 class StepParts:
-    """What a training step touches: ``model`` is the module called, ``raw_model`` the unwrapped one the
-    EMA follows (default: ``model``); no ``accelerator``: plain PyTorch, every micro-batch a step;
-    ``clock``: the lr schedule's position after an update (default: the update count)."""
+    """What a step touches: ``raw_model`` is the unwrapped ``model`` the EMA follows; no
+    ``accelerator``: plain PyTorch; ``clock``: the schedule's position (default: the update count)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -150,8 +148,8 @@ def schedule_clock(state: TrainState, updates_per_epoch: int, global_batch: int)
 def train_step(
     parts: StepParts, inputs: torch.Tensor, targets: torch.Tensor, state: TrainState
 ) -> float:
-    """Train on one micro-batch, advance ``state``; return its loss. ``NonFiniteLoss`` on every process,
-    before backward, when the loss is NaN or infinite on any."""
+    """Train on one micro-batch, advance ``state``; return its loss (``NonFiniteLoss`` before backward
+    on every process when it is NaN or infinite on any)."""
     acc = parts.accelerator
     model = parts.model
     with acc.accumulate(model) if acc is not None else nullcontext():
@@ -172,14 +170,12 @@ def train_step(
     state.epoch_samples += inputs.shape[0] * (acc.num_processes if acc is not None else 1)
     if synced:
         state.num_updates += 1
+        clock = state.num_updates if parts.clock is None else parts.clock(state)
         if parts.schedule is not None:
-            parts.schedule.after_update(
-                state.num_updates if parts.clock is None else parts.clock(state)
-            )
+            parts.schedule.after_update(clock)
         if parts.ema is not None:
-            parts.ema.update(
-                model if parts.raw_model is None else parts.raw_model, step=state.num_updates
-            )
+            followed = model if parts.raw_model is None else parts.raw_model
+            parts.ema.update(followed, step=state.num_updates)
     return value
 
 
@@ -190,17 +186,15 @@ def train_steps(
     bar: tqdm | None = None,
     on_update: Callable[[float, float], None] | None = None,
 ) -> list[float]:
-    """:func:`train_step` on every batch; ``on_update(mean loss, lr)`` after each optimizer step (the lr
-    it ran at, the largest of the groups'); returns the losses."""
+    """:func:`train_step` on every batch, ``on_update(mean loss, lr it ran at)`` after each update."""
     parts.model.train()
     losses: list[float] = []
     smoothed = math.nan
     step_losses: list[float] = []  # the micro-batches of the optimizer step in progress
     for inputs, targets in batches:
         updates = state.num_updates
-        step_lr = max(
-            g["lr"] for g in parts.optimizer.param_groups
-        )  # before the step moves the schedule on
+        # before the step moves the schedule on
+        step_lr = max(g["lr"] for g in parts.optimizer.param_groups)
         losses.append(train_step(parts, inputs, targets, state))
         step_losses.append(losses[-1])
         if state.num_updates > updates:
@@ -232,9 +226,9 @@ def train_one_epoch(
     num_epochs: int,
     on_update: Callable[[bool, float, float], None],
 ) -> tuple[float, int, float]:
-    """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps (the loader is not
-    prepared by Accelerate); ``on_update(end_of_epoch, loss, lr)`` after each step. Returns the mean loss
-    and the images over all processes, and the seconds taken."""
+    """Train ``epoch`` from sample ``state.epoch_samples`` on, in whole optimizer steps;
+    ``on_update(end_of_epoch, loss, lr)`` after each. Returns the mean loss and images over all
+    processes, and the seconds taken."""
     acc = parts.accelerator
     start_epoch(parts.loader, epoch, consumed=state.epoch_samples)
     accum = acc.gradient_accumulation_steps
@@ -243,7 +237,7 @@ def train_one_epoch(
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels in islice(parts.loader, end - state.batch):
-            sizes.append(labels.numel())
+            sizes.append(labels.shape[0])
             yield parts.mixer(
                 images.to(acc.device, non_blocking=True), labels.to(acc.device, non_blocking=True)
             )
@@ -305,10 +299,14 @@ def target_mixer(cfg: AugSection, num_classes: int, smoothing: float) -> Mixer:
             label_smoothing=smoothing,
             num_classes=num_classes,
         )
-    return lambda images, labels: (
-        images,
-        mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing),
-    )
+    return lambda images, labels: (images, _soft_targets(labels, num_classes, smoothing))
+
+
+def _soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
+    """Class labels as smoothed one-hot targets; ``[B, classes]`` targets (multi-label) as they are."""
+    if labels.ndim == 2:
+        return labels
+    return mixup_target(labels, num_classes, lam=1.0, smoothing=smoothing)
 
 
 def build_loss(cfg: LossSection) -> nn.Module:

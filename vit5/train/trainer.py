@@ -77,10 +77,13 @@ from vit5.train.rundir import (
 
 class Trainer:
     """One training run of ``cfg``, continuing from checkpoint ``resume`` (``RUN/checkpoints/ckpt-*``)
-    or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``) replace the config's
-    data and ``model`` its model. The hooks are how other drivers (the depth benchmark) train without
-    a loop of their own: ``on_update(loss)`` after every optimizer step (its mean loss: a host sync
-    the run makes anyway), ``on_epoch_end(row)`` after every epoch with its ``metrics.csv`` row."""
+    or in a new run directory; ``train_set`` / ``val_set`` (with ``class_names``; an
+    ``IterableDataset`` that batches itself and has ``set_epoch(epoch, consumed)``) replace the
+    config's data and ``model`` its model. The hooks are how other drivers (the depth benchmark, the
+    register study) train without a loop of their own: ``on_update(loss)`` after every optimizer step
+    (its mean loss), ``on_epoch_end(row)`` after every epoch with its ``metrics.csv`` row, and
+    ``on_validate(model)``, the caller's validation of the raw model in place of the val set's (its
+    columns join the row)."""
 
     def __init__(
         self,
@@ -91,9 +94,12 @@ class Trainer:
         model: ViT5 | None = None,
         on_update: Callable[[float], None] | None = None,
         on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+        on_validate: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
     ) -> None:
         self.on_update = on_update
         self.on_epoch_end = on_epoch_end
+        self.on_validate = on_validate
+        self.fitted = False  # the header is printed by the first fit
         self.cfg = cfg
         trackers = tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
@@ -140,12 +146,9 @@ class Trainer:
         self.data: RunData = build_run_data(cfg, acc, train_set, val_set)
         _check_memory(acc, cfg, model)
         self.raw_model = model.to(acc.device)
-        ema = cfg.ema
-        self.ema = (
-            ModelEmaV3(self.raw_model, decay=ema.decay, use_warmup=ema.warmup)
-            if ema.enabled
-            else None
-        )
+        self.ema = None
+        if cfg.ema.enabled:
+            self.ema = ModelEmaV3(self.raw_model, decay=cfg.ema.decay, use_warmup=cfg.ema.warmup)
         micro = len(self.data.train_loader)
         if micro < cfg.optim.accum_steps:
             raise TrainConfigError(
@@ -158,12 +161,9 @@ class Trainer:
         self.peak_lr = cfg.optim.peak_lr(self.global_batch)  # computed once, here
         optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
-        if cfg.model.compile == "regional":
-            compiled = compile_blocks(
-                self.raw_model
-            )  # in place: the raw model's blocks run compiled
-        else:
-            compiled = torch.compile(self.raw_model) if cfg.model.compile else self.raw_model
+        compiled = torch.compile(self.raw_model) if cfg.model.compile is True else self.raw_model
+        if cfg.model.compile == "regional":  # in place: the raw model's blocks run compiled
+            compile_blocks(self.raw_model)
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
 
         self.state = TrainState()
@@ -172,16 +172,13 @@ class Trainer:
         self.fork_note = ""
         self.resume_exact: bool | None = None
         self.resume_warning = ""
-        self.resumed_elastic: int | None = (
-            None  # the processes that wrote an elastic resume's checkpoint
-        )
+        # the processes that wrote an elastic resume's checkpoint
+        self.resumed_elastic: int | None = None
         self.lock: FolderLock | None = None
-        self.last_checkpoint: Path | None = (
-            None  # the newest complete checkpoint of this run directory
-        )
-        self.pending: Path | None = (
-            None  # a checkpoint whose weights have not yet given a finite loss
-        )
+        # the newest complete checkpoint of this run directory
+        self.last_checkpoint: Path | None = None
+        # a checkpoint whose weights have not yet given a finite loss
+        self.pending: Path | None = None
         self.stop_signal: int | None = None  # the first stop signal received (this process)
         if resume is None:
             self.run_dir, self.lock = rundir.create_run_dir(acc, cfg)
@@ -197,10 +194,8 @@ class Trainer:
         record = config_record(cfg)
         self.checkpoints = CheckpointManager(acc, folder, keep, parts, record, layout)
         try:
-            if resume is not None:
-                self._restore(
-                    resume
-                )  # the original: errors name it and the last good one of its run
+            if resume is not None:  # the original: errors name it and the last good one of its run
+                self._restore(resume)
             if acc.is_main_process:
                 rundir.write_config(self.run_dir, cfg, note=self.fork_note)
         except BaseException:
@@ -275,23 +270,33 @@ class Trainer:
             self.lock.release()
 
     # ------------------------------------------------------------------------------ running
-    def fit(self) -> dict[str, Any]:
+    def fit(self, until: int | None = None) -> dict[str, Any]:
         """Train to ``schedule.epochs``; return the summary (also written to the run directory). Raises
-        ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached)."""
-        self._print_header()
+        ``TrainingDiverged`` or ``TrainingInterrupted`` (after a checkpoint at the position reached).
+        ``until``: stop after that epoch instead and return its row, the run kept open for the next
+        ``fit`` (the register study trains its twins in turns)."""
+        if not self.fitted:
+            self._print_header()
+        self.fitted = True
+        paused = False
         try:
             self._start_tracking()
             with self._stop_signals():
-                return self._train()
+                result = self._train(until or self.cfg.schedule.epochs)
+            paused = self.state.epoch < self.cfg.schedule.epochs
+            return result
         finally:
-            if (
-                self.tracking
-            ):  # not accelerator.end_training: it destroys the caller's process group
-                for tracker in self.accelerator.trackers:
-                    tracker.finish()
-                self.accelerator.trackers.clear()
-                self.tracking = False
-            self.close()
+            if not paused:
+                self._end()
+
+    def _end(self) -> None:
+        """Finish the trackers and :meth:`close`."""
+        if self.tracking:  # not accelerator.end_training: it destroys the caller's process group
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
+            self.accelerator.trackers.clear()
+            self.tracking = False
+        self.close()
 
     def _start_tracking(self) -> None:
         """Trackers through Accelerate (huggingface.co/docs/accelerate/usage_guides/tracking) logging under
@@ -333,13 +338,13 @@ class Trainer:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _train(self) -> dict[str, Any]:
+    def _train(self, until: int) -> dict[str, Any]:
         cfg = self.cfg
         acc = self.accelerator
         state = self.state
         epochs = cfg.schedule.epochs
         try:
-            while state.epoch < epochs:
+            while state.epoch < min(until, epochs):
                 epoch = state.epoch
                 loss, images, seconds = train_one_epoch(
                     self.parts, state, epoch, epochs, self._after_update
@@ -355,7 +360,7 @@ class Trainer:
                     epoch_seconds=seconds,
                 )
                 if (epoch + 1) % cfg.run.eval_every_epochs == 0 or epoch + 1 == epochs:
-                    row.update(self._evaluate_both())
+                    row.update(self._validate())
                 row["bad_files"] = len(bad_files(acc, self.data.train_set, self.data.val_set))
                 state.history.append(row)
                 state.epoch = epoch + 1
@@ -367,12 +372,19 @@ class Trainer:
                     self._stop_if_requested(after_step=False)
         except NonFiniteLoss as e:
             raise self._diverged(str(e)) from e
-        return self._finish()
+        return self._finish() if state.epoch >= epochs else state.history[-1]
+
+    def _validate(self) -> dict[str, Any]:
+        """The row's validation columns, leaving the random generators as they were, so training
+        draws the same whether it validates or not."""
+        generators = capture_rng()
+        hook = self.on_validate
+        out = self._evaluate_both() if hook is None else hook(self.raw_model)
+        restore_rng(generators)
+        return out
 
     def _evaluate_both(self) -> dict[str, Any]:
-        """Validate raw and EMA weights (a non-finite loss is a divergence), leaving the random generators
-        as they were, so training draws the same whether it validates or not."""
-        generators = capture_rng()
+        """Validate raw and EMA weights (a non-finite loss is a divergence)."""
         raw = evaluate(self.model, self.data.val_loader, self.accelerator)
         if raw.count == 0:
             raise RuntimeError("the validation set is empty on every process")
@@ -382,7 +394,6 @@ class Trainer:
         if self._ema_matters():
             ema = evaluate(self.ema.module, self.data.val_loader, self.accelerator)
             out.update(ema_val_loss=ema.loss, ema_top1=ema.top1, ema_top5=ema.top5)
-        restore_rng(generators)
         bad = {
             k: out[k]
             for k in ("val_loss", "ema_val_loss")
@@ -555,13 +566,10 @@ class Trainer:
     def _save_model_dir(self, directory: Path, row: dict[str, Any]) -> None:
         model = self.model
         ema = self.ema
-        if (
-            self.cfg.model.lora.enabled
-        ):  # a plain ViT-5 checkpoint: the adapters merged into the weights
+        if self.cfg.model.lora.enabled:  # a plain ViT-5 checkpoint: the adapters merged in
             model, ema = merged_for_export(self.raw_model, self.ema, self.cfg.model.lora)
-        recorded = config_record(self.cfg)["run"][
-            "name"
-        ]  # a name read from the environment: its ${oc.env:}
+        # a name read from the environment: its ${oc.env:}
+        recorded = config_record(self.cfg)["run"]["name"]
         run = recorded if recorded != self.cfg.run.name else self.run_dir.name
         extra = dict(run=run, epoch=row["epoch"], num_updates=self.state.num_updates)
         extra |= {k: row.get(k) for k in ("val_top1", "ema_top1")}
@@ -619,14 +627,9 @@ class Trainer:
             self.pending = None
         checkpoints = list_checkpoints(self.run_dir / rundir.CHECKPOINTS)
         good = next((c for c in reversed(checkpoints) if is_verified(c)), None)
-        keep = (
-            f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
-        )
-        keep = (
-            keep
-            if good is not None
-            else "No checkpoint of this run is known good, so start it again"
-        )
+        keep = "No checkpoint of this run is known good, so start it again"
+        if good is not None:
+            keep = f"The last good checkpoint is {good}; resume with `vit5 train --resume {self.run_dir}`"
         return TrainingDiverged(
             f"training diverged: {what}. Nothing was saved after it.{moved} {keep} after lowering optim.lr, "
             f"setting optim.clip_grad (e.g. 1.0) or lengthening schedule.warmup_epochs."
