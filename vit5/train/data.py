@@ -78,11 +78,14 @@ def build_run_data(
     """This process's loaders of the run's data sets."""
     if isinstance(train_set, ShardDataset):
         return _shard_run_data(cfg, accelerator, train_set, val_set)
-    if isinstance(
-        train_set, IterableDataset
-    ):  # batches itself, placed by set_epoch(epoch, consumed)
-        loaders = [DataLoader(d, batch_size=None) for d in (train_set, val_set)]
-        return RunData(train_set, val_set, *loaders)
+    # a stream that batches itself (the register study's canvases), placed by set_epoch
+    if isinstance(train_set, IterableDataset):
+        return RunData(
+            train_set=train_set,
+            val_set=val_set,
+            train_loader=DataLoader(train_set, batch_size=None),
+            val_loader=DataLoader(val_set, batch_size=None),
+        )
     world = accelerator.num_processes
     rank = accelerator.process_index
     try:
