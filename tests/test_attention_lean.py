@@ -266,3 +266,18 @@ def test_the_query_chunk_fits_its_memory_budget():
     assert query_chunk(6, 16_385) == 56  # 2048 px
     assert query_chunk(6, 10**9) == 1
     assert CHUNK_ARRAYS * 6 * query_chunk(6, 16_385) * 16_385 * 4 <= CHUNK_BYTES
+
+
+@pytest.mark.parametrize("rollout", [True, False])
+def test_the_memory_check_estimate_bounds_the_measured_recording(rollout):
+    from vit5.introspect.load import load_spec
+    from vit5.viz.runner import recording_estimate
+
+    loaded = load_spec("vit5_tiny", {"depth": 3}, random_init=True)
+    images = smooth_images(1)
+    size = images[0].rgb.shape[:2]
+    cfg = CollectConfig(batch_size=1, progress=False, rollout=rollout)
+    reading, _ = measure_memory(lambda: collect(loaded.model, images, "m", cfg, loaded.info))
+    estimate = recording_estimate(loaded.info, size, 1, rollout)
+    # a lower bound (it refuses what cannot fit), and not a loose one
+    assert estimate <= reading.peak < 20 * estimate
