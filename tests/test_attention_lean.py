@@ -2,6 +2,8 @@
 softmax(q k^T * scale) to 1e-6; vit5 and timm (ViT, DINOv3 Eva with RoPE) feed it with their
 fused kernels kept; the lean figures equal those of the full capture; rollout without N x N."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import timm
@@ -12,7 +14,10 @@ import vit5
 from vit5.bench.measure import measure_memory
 from vit5.errors import InputError
 from vit5.model.capture import (
+    CHUNK_ARRAYS,
+    CHUNK_BYTES,
     AttentionKeep,
+    query_chunk,
     received_from,
     summarise_attention,
     summarise_probabilities,
@@ -238,3 +243,41 @@ def test_lean_figures_equal_the_full_capture(build):
         np.testing.assert_allclose(getattr(lean, name), getattr(full, name), rtol=0, atol=1e-6)
     np.testing.assert_array_equal(lean.norms, full.norms)
     assert lean.head_peak.shape == (3, 2, 2 if build is dinov3_tiny else 3)
+
+
+def test_a_recording_without_rollout_keeps_no_queries_and_keys():
+    model = tiny_vit5()
+    images = smooth_images(2)
+    layout = vit5.viz.describe(model).layout(images[0].rgb.shape[:2])
+    kept = {}
+    with torch.no_grad(), capture(model, keep=figure_keep(layout, rollout=False)) as rec:
+        model(torch.randn(1, 3, *images[0].rgb.shape[:2]))
+        kept.update(rec.summaries)
+    assert kept and all(s.q is None and s.k is None for s in kept.values())
+    cfg = CollectConfig(batch_size=2, progress=False, rollout=False)
+    stats = collect(model, images, "m", cfg)
+    assert stats.rollout is None and stats.received is not None
+    with_rollout = collect(model, images, "m", replace(cfg, rollout=True))
+    np.testing.assert_array_equal(stats.received, with_rollout.received)
+
+
+def test_the_query_chunk_fits_its_memory_budget():
+    assert query_chunk(6, 4_100) == 227  # 1024 px, vit5_small
+    assert query_chunk(6, 16_385) == 56  # 2048 px
+    assert query_chunk(6, 10**9) == 1
+    assert CHUNK_ARRAYS * 6 * query_chunk(6, 16_385) * 16_385 * 4 <= CHUNK_BYTES
+
+
+@pytest.mark.parametrize("rollout", [True, False])
+def test_the_memory_check_estimate_bounds_the_measured_recording(rollout):
+    from vit5.introspect.load import load_spec
+    from vit5.viz.runner import recording_estimate
+
+    loaded = load_spec("vit5_tiny", {"depth": 3}, random_init=True)
+    images = smooth_images(1)
+    size = images[0].rgb.shape[:2]
+    cfg = CollectConfig(batch_size=1, progress=False, rollout=rollout)
+    reading, _ = measure_memory(lambda: collect(loaded.model, images, "m", cfg, loaded.info))
+    estimate = recording_estimate(loaded.info, size, 1, rollout)
+    # a lower bound (it refuses what cannot fit), and not a loose one
+    assert estimate <= reading.peak < 20 * estimate

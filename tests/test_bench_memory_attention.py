@@ -56,10 +56,15 @@ def test_recording_cases_and_one_case_measured():
     found = cases((1024, 2048), full_up_to=1024)
     assert [(c.size, c.mode) for c in found if c.model == MODELS[0]] == [
         (1024, "lean"),
+        (1024, "lean, no rollout"),
         (1024, "full"),
         (2048, "lean"),
+        (2048, "lean, no rollout"),
     ]
     lean = run_case("timm:vit_small_patch16_dinov3", 64, False, depth=2)
     full = run_case("timm:vit_small_patch16_dinov3", 64, True, depth=2)
     assert lean["seconds"] > 0 and lean["peak"] > lean["estimate"] > 0
     assert full["estimate"] == lean["estimate"]  # the memory check estimates the lean recording
+    bare = run_case("timm:vit_small_patch16_dinov3", 64, False, depth=2, rollout=False)
+    # q and k of both blocks, [1, 21, 384] fp32 each (16 patches, CLS, 4 registers): the rollout's
+    assert lean["estimate"] - bare["estimate"] == 2 * 2 * 21 * 384 * 4

@@ -139,9 +139,10 @@ def test_a_size_that_cannot_fit_in_memory_is_refused_with_the_estimate(
     line = one_error_line(capsys.readouterr().err, "error: ")
     # the lean recording of the run's batch (its 2 images): 65,541 tokens (256 x 256 patches, CLS,
     # 4 registers), width 192, 3 heads, 12 blocks, float32: one block's forward, three
-    # [3, 256, N] chunk arrays, q and k of every block, 5 rows and 4 vectors per head and block
+    # [3, 28, N] chunk arrays (28 rows: the most that fit in 64 MiB), q and k of every block
+    # for the rollout, 5 rows and 4 vectors per head and block
     n = 65_541
-    expected = 2 * n * 10 * 192 * 4 + 3 * 3 * 256 * n * 4
+    expected = 2 * n * 10 * 192 * 4 + 3 * 3 * 28 * n * 4
     expected += 12 * 2 * 2 * n * 192 * 4 + 12 * (5 + 4) * 2 * 3 * n * 4
     assert f"needs about {expected / 2**30:.2f} GiB" in line and "1.00 GiB available" in line
     assert "of 2 image(s)" in line and "--batch-size 1" in line

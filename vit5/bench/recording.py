@@ -30,27 +30,35 @@ class Case:
     model: str
     size: int
     full: bool
+    # the rollout row (vit5 viz attention draws it; viz norms, pca and metrics do not)
+    rollout: bool = True
 
     @property
     def mode(self) -> str:
-        return "full" if self.full else "lean"
+        if self.full:
+            return "full"
+        return "lean" if self.rollout else "lean, no rollout"
 
 
 def cases(sizes: tuple[int, ...], full_up_to: int) -> list[Case]:
-    """Every model at every size, lean; full only up to ``full_up_to`` px (N x N grows)."""
+    """Every model at every size, lean with and without the rollout; full only up to
+    ``full_up_to`` px (N x N grows)."""
     found = []
     for size in sizes:
         for model in MODELS:
             found.append(Case(model=model, size=size, full=False))
+            found.append(Case(model=model, size=size, full=False, rollout=False))
             if size <= full_up_to:
                 found.append(Case(model=model, size=size, full=True))
     return found
 
 
-def run_case(model: str, size: int, full: bool, depth: int | None = None) -> dict:
+def run_case(
+    model: str, size: int, full: bool, depth: int | None = None, rollout: bool = True
+) -> dict:
     """Record one random image at ``size`` x ``size`` (in this process; ``depth``: fewer
-    blocks, for smoke runs) and report the time, the process's peak RSS and the memory
-    check's estimate."""
+    blocks, for smoke runs; with the ``rollout`` or not) and report the time, the process's
+    peak RSS and the memory check's estimate."""
     import torch
 
     from vit5.introspect.load import load_spec
@@ -63,18 +71,18 @@ def run_case(model: str, size: int, full: bool, depth: int | None = None) -> dic
     loaded = load_spec(model, overrides, random_init=True)
     rgb = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     image = LoadedImage("random", rgb)
-    cfg = CollectConfig(batch_size=1, progress=False, full_attention=full)
+    cfg = CollectConfig(batch_size=1, progress=False, full_attention=full, rollout=rollout)
     start = time.perf_counter()
     collect(loaded.model, [image], model, cfg, loaded.info)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    estimate = recording_estimate(loaded.info, (size, size), 1)
+    estimate = recording_estimate(loaded.info, (size, size), 1, rollout)
     return {"seconds": seconds, "peak": peak, "estimate": estimate}
 
 
 def measure_case(case: Case, threads: int | None, depth: int | None) -> dict:
     """:func:`run_case` in a fresh Python process (its own peak memory)."""
-    call = f"run_case({case.model!r}, {case.size}, {case.full}, {depth})"
+    call = f"run_case({case.model!r}, {case.size}, {case.full}, {depth}, {case.rollout})"
     code = "\n".join(
         [
             "import json, torch",

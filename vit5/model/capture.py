@@ -21,10 +21,16 @@ from vit5.errors import InputError, Rule, rule_problems
 from vit5.model.layout import TokenLayout
 from vit5.model.vit import take_indices, unwrap_model
 
-DEFAULT_CHUNK = 256  # query rows per softmax chunk
+# bytes of the three fp32 [heads, chunk, keys] arrays of one query chunk (query_chunk)
+CHUNK_BYTES = 64 * 2**20
+CHUNK_ARRAYS = 3  # scores / probabilities, and one temporary of the reduction (entropy)
 
 _KEEP_RULES = (
-    Rule("chunk", lambda v: isinstance(v, int) and v >= 1, "a positive number of query rows"),
+    Rule(
+        "chunk",
+        lambda v: isinstance(v, int) and v >= 1,
+        "a positive number of query rows (null: as many as fit in CHUNK_BYTES), or null",
+    ),
     Rule(
         "rows",
         lambda v: all(isinstance(i, int) and i >= 0 for i in v),
@@ -48,14 +54,15 @@ class AttentionKeep:
     receives, averaged over all N queries. ``mass_to``: key tokens whose summed attention is kept
     for every query (e.g. the registers). ``head_stats``: each query row's entropy and largest
     weight. ``inputs``: q and k themselves, for products across blocks (attention rollout).
-    ``chunk``: query rows per softmax chunk; a chunk holds three ``[H, chunk, N]`` fp32 arrays."""
+    ``chunk``: query rows per softmax chunk; a chunk holds three ``[H, chunk, N]`` fp32 arrays;
+    ``None``: as many rows as fit in :data:`CHUNK_BYTES` (:func:`query_chunk`)."""
 
     rows: tuple[int, ...] | None = ()
     received: bool = True
     mass_to: tuple[int, ...] = ()
     head_stats: bool = True
     inputs: bool = False
-    chunk: int = DEFAULT_CHUNK
+    chunk: int | None = None
 
     def __post_init__(self) -> None:
         values = {
@@ -68,9 +75,13 @@ class AttentionKeep:
             raise InputError(f"AttentionKeep: {problems[0]}")
 
     @classmethod
-    def full(cls, chunk: int = DEFAULT_CHUNK) -> AttentionKeep:
+    def full(cls, chunk: int | None = None) -> AttentionKeep:
         """Every row: the full ``[B, H, N, N]`` probabilities (memory grows as N squared)."""
         return cls(rows=None, received=False, head_stats=False, chunk=chunk)
+
+    def chunk_for(self, heads: int, keys: int) -> int:
+        """Query rows per chunk for ``heads`` heads over ``keys`` keys: ``chunk``, or fitted."""
+        return self.chunk or query_chunk(heads, keys)
 
     @property
     def every_row(self) -> bool:
@@ -130,6 +141,14 @@ class AttentionSummary:
         return self.rows
 
 
+def query_chunk(heads: int, keys: int, budget: int = CHUNK_BYTES) -> int:
+    """The most query rows whose :data:`CHUNK_ARRAYS` fp32 ``[heads, rows, keys]`` arrays fit in
+    ``budget`` bytes (at least one): 227 rows at 6 heads over 4,100 keys (1024 px), 56 over
+    16,385 (2048 px). Fewer rows cost only Python steps; the softmax is the same."""
+    per_row = CHUNK_ARRAYS * heads * keys * 4
+    return max(1, budget // per_row)
+
+
 def probability_chunks(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -187,7 +206,8 @@ def summarise_attention(
     the M keys and see keys up to their own position (a causal mask, as the attention's)."""
     _check_inputs(q, k)
     queries = _queries(q.shape[2], keep, q.device)
-    chunks = probability_chunks(q, k, scale, queries, keep.chunk, causal)
+    chunk = keep.chunk_for(q.shape[1], k.shape[2])
+    chunks = probability_chunks(q, k, scale, queries, chunk, causal)
     out = _reduce(chunks, q.shape[:3], k.shape[2], keep, q.device)
     if keep.inputs:
         out.q = q.detach().float()
@@ -201,10 +221,11 @@ def summarise_probabilities(probs: torch.Tensor, keep: AttentionKeep) -> Attenti
     ``[B, H, N, M]`` (a full capture, a model's own eager attention), chunk by chunk."""
     b = probs.shape[0]
     queries = _queries(probs.shape[2], keep, probs.device)
+    chunk = keep.chunk_for(probs.shape[1], probs.shape[3])
     chunks = (
         (image, positions, probs[image][:, positions].float())
         for image in range(b)
-        for positions in queries.split(keep.chunk)
+        for positions in queries.split(chunk)
     )
     return _reduce(chunks, probs.shape[:3], probs.shape[3], keep, probs.device)
 
@@ -270,17 +291,18 @@ def received_from(
     k: torch.Tensor,
     scale: float,
     weights: torch.Tensor,
-    chunk: int = DEFAULT_CHUNK,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """``sum_q weights[b, q] A[b, h, q, :]`` ``[B, H, M]``: a row vector times each head's
     attention, chunk by chunk over the queries with :func:`probability_chunks` (attention
-    rollout walks the blocks backwards with it)."""
+    rollout walks the blocks backwards with it); ``chunk`` None: :func:`query_chunk`."""
     b = q.shape[0]
     h = q.shape[1]
     n = q.shape[2]
     out = torch.zeros(b, h, k.shape[2], device=q.device)
     queries = torch.arange(n, device=q.device)
     weights = weights.float()
+    chunk = chunk or query_chunk(h, k.shape[2])
     for image, positions, probs in probability_chunks(q, k, scale, queries, chunk):
         out[image] += weights[image, positions] @ probs
     return out

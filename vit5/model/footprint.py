@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from vit5.model.capture import DEFAULT_CHUNK
+from vit5.model.capture import CHUNK_ARRAYS, query_chunk
 from vit5.model.config import ConfigError, ViT5Config
 from vit5.runtime import format_bytes
 
@@ -92,17 +92,22 @@ def recording_bytes(
     width: int,
     depth: int,
     kept_rows: int,
-    chunk: int = DEFAULT_CHUNK,
+    *,
+    rollout: bool,
+    chunk: int | None = None,
 ) -> int:
     """A lower bound of recording every block's attention leanly (``vit5 viz``'s
     :func:`vit5.viz.collect.figure_keep`), in float32: one block's forward
     (:func:`forward_bytes`), one query chunk's scores, probabilities and a temporary
-    ``[heads, chunk, N]`` (images run one at a time), q and k of every block for the rollout
-    ``[B, N, width]`` each, and what every block keeps: ``kept_rows`` rows and 4 vectors per
-    head ``[B, heads, N]`` (received, mass on registers, entropy, peak)."""
+    ``[heads, chunk, N]`` (images run one at a time; ``chunk`` None: as many rows as
+    :func:`vit5.model.capture.query_chunk` fits), with ``rollout`` q and k of every block
+    ``[B, N, width]`` each (kept only for the rollout), and what every block keeps:
+    ``kept_rows`` rows and 4 vectors per head ``[B, heads, N]`` (received, mass on registers,
+    entropy, peak)."""
     forward = forward_bytes(batch, tokens, width)
-    chunk_arrays = 3 * heads * min(chunk, tokens) * tokens * 4
-    queries_keys = depth * 2 * batch * tokens * width * 4
+    rows = min(chunk or query_chunk(heads, tokens), tokens)
+    chunk_arrays = CHUNK_ARRAYS * heads * rows * tokens * 4
+    queries_keys = depth * 2 * batch * tokens * width * 4 if rollout else 0
     kept = depth * (kept_rows + 4) * batch * heads * tokens * 4
     return forward + chunk_arrays + queries_keys + kept
 

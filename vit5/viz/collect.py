@@ -47,7 +47,9 @@ def recordable(model: nn.Module, info: ModelInfo | None = None) -> ModelInfo:
 def figure_keep(layout: TokenLayout, rollout: bool = True) -> AttentionKeep:
     """What the figures and metrics read of each block (:func:`layer_rows`): the CLS and
     register rows, the attention each key receives, each query's mass on the registers, per-query
-    entropy and largest weight, and (``rollout``) q and k for :func:`rollout_row`."""
+    entropy and largest weight, and (``rollout``) q and k for :func:`rollout_row`, the only
+    thing kept whose size grows with the depth times the width. The query chunk fits
+    :data:`vit5.model.capture.CHUNK_BYTES`."""
     registers = range(layout.register_slice.start, layout.register_slice.stop)
     cls = [] if layout.cls_index is None else [layout.cls_index]
     return AttentionKeep(
@@ -208,6 +210,9 @@ class CollectConfig:
     progress: bool = True
     # record every block's whole N x N attention (memory grows as N squared): for comparisons
     full_attention: bool = False
+    # the attention-rollout row (TokenStats.rollout); it keeps q and k of every block (lean) or
+    # the N x N product (full_attention) until the batch has run; off: rollout is None
+    rollout: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -223,9 +228,9 @@ def collect(
 ) -> TokenStats:
     """Record all blocks of ``model`` (put in eval mode on ``cfg.device``) on ``images`` (all of
     one size, normalised with the model's own mean / std) into :class:`TokenStats`. Each block
-    keeps :func:`figure_keep`; the rollout row comes from the kept q and k
+    keeps :func:`figure_keep`; with ``cfg.rollout`` the rollout row comes from the kept q and k
     (:func:`rollout_row`), or with ``full_attention`` from the whole matrices
-    (:func:`rollout_step`)."""
+    (:func:`rollout_step`); each block's summary is reduced and dropped as soon as it has run."""
     sizes = {img.rgb.shape[:2] for img in images}
     if len(sizes) != 1:
         raise InputError(
@@ -235,7 +240,7 @@ def collect(
     info = recordable(model, info)
     layout = info.layout(sizes.pop())
     net = unwrap(model).eval().to(cfg.device)
-    keep = figure_keep(layout, rollout=not cfg.full_attention)
+    keep = figure_keep(layout, rollout=cfg.rollout and not cfg.full_attention)
     if cfg.full_attention:
         keep = AttentionKeep(rows=None, mass_to=keep.mass_to)
     arrays: dict[str, list[np.ndarray]] = {}  # name -> per batch
@@ -248,6 +253,8 @@ def collect(
         nonlocal product
         for key, value in layer_rows(summary, tokens, layout).items():
             rows.setdefault(key, []).append(value)
+        if not cfg.rollout:
+            return
         if cfg.full_attention:
             product = rollout_step(product, summary.full())
         else:
@@ -256,22 +263,17 @@ def collect(
     progress = tqdm(starts, desc=f"recording {label}", unit="batch", disable=not cfg.progress)
     for start in progress:
         batch = images[start : start + cfg.batch_size]
-        rows.clear()
-        blocks.clear()
-        product = None
         x = to_batch(batch, info.mean, info.std).to(cfg.device)
         with torch.no_grad(), capture(net, on_layer=reduce, info=info, keep=keep):
             out = net.forward_features(x)
         kept = max(0, min(len(batch), cfg.keep_features - start))
-        with torch.no_grad():
-            first = rollout_start(layout, len(batch), x.device)
-            if cfg.full_attention:
-                rollout = (first[:, None] @ product)[:, 0]
-            else:
-                rollout = rollout_row(first, blocks, keep.chunk)
+        found = {k: torch.stack(v, dim=1) for k, v in rows.items()}
+        rows.clear()
+        if cfg.rollout:
+            found["rollout"] = _rollout(layout, len(batch), x.device, product, blocks)
         blocks.clear()
+        product = None
         content = patch_content(np.stack([img.rgb for img in batch]), info.patch_size)
-        found = {k: torch.stack(v, dim=1) for k, v in rows.items()} | {"rollout": rollout}
         if kept:
             found["features"] = layout.patches(out[:kept]).float()
         found = {k: v.cpu().numpy() for k, v in found.items()}
@@ -282,7 +284,24 @@ def collect(
             arrays.setdefault(name, []).append(values)
     names = [img.name for img in images]
     joined = {k: np.concatenate(v) for k, v in arrays.items()}
+    joined.setdefault("rollout", None)
     return TokenStats(label, layout, list(range(info.depth)), names, info.patch_size, **joined)
+
+
+def _rollout(
+    layout: TokenLayout,
+    batch: int,
+    device: torch.device,
+    product: torch.Tensor | None,
+    blocks: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
+) -> torch.Tensor:
+    """The drawn rollout row ``[B, N]``: :func:`rollout_start` times the full product of a full
+    capture (``product``), else :func:`rollout_row` over the blocks' kept q and k."""
+    with torch.no_grad():
+        first = rollout_start(layout, batch, device)
+        if product is not None:
+            return (first[:, None] @ product)[:, 0]
+        return rollout_row(first, blocks)
 
 
 def layer_rows(
@@ -302,7 +321,8 @@ def layer_rows(
         **massive_activations(tokens),
     }
     if layout.cls_index is not None:
-        rows["cls_attn"] = summary.row(layout.cls_index)
+        # a copy: the row of a full capture would keep the whole N x N matrix alive
+        rows["cls_attn"] = summary.row(layout.cls_index).clone()
     if layout.num_registers:
         registers = range(layout.register_slice.start, layout.register_slice.stop)
         rows["reg_attn"] = torch.stack([summary.row(r) for r in registers], dim=2)
@@ -355,12 +375,13 @@ def rollout_start(layout: TokenLayout, batch: int, device: torch.device) -> torc
 def rollout_row(
     start: torch.Tensor,
     blocks: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
-    chunk: int,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """``start [B, N]`` times the rollout product ``M_L ... M_1`` (:func:`rollout_step`'s, with
     ``M = 0.5 I + 0.5 mean_h A``) from each block's ``(q, k, scale)``: walking from the last
-    block back, ``r <- 0.5 r + 0.5 mean_h(r A_h)`` with :func:`received_from`, so no ``N x N``
-    is held. Softmax rows sum to one, so ``M``'s rows do too and the renormalisation of
+    block back, ``r <- 0.5 r + 0.5 mean_h(r A_h)`` with :func:`received_from` (``chunk`` query
+    rows at a time; None: :func:`vit5.model.capture.query_chunk`), so no ``N x N`` is held.
+    Softmax rows sum to one, so ``M``'s rows do too and the renormalisation of
     :func:`rollout_step` is the identity (up to rounding)."""
     row = start.float()
     for q, k, scale in reversed(blocks):

@@ -131,6 +131,11 @@ class RunConfig:
         if self.max_figures < 0:
             raise InputError(f"max_figures must be >= 0, got {self.max_figures}")
 
+    def rollout(self, drawn: bool) -> bool:
+        """Whether a run records the attention rollout (keeping q and k of every block until a
+        batch has run): where it is ``drawn`` (one model's figures) and asked for, or saved."""
+        return (drawn and "rollout" in self.views) or self.save_raw is not None
+
 
 @dataclass
 class RunResult:
@@ -156,9 +161,11 @@ def _prepare(
     sources: Sequence[str],
     size: tuple[int, int] | None = None,
     patch: int | None = None,
+    rollout: bool = True,
 ) -> Prepared:
     """Check every model (described: :func:`_described`) at the run's size and batch (its
-    recorded attention must fit) before any image is decoded at it, then load the images."""
+    recorded attention, with q and k for the ``rollout``, must fit) before any image is
+    decoded at it, then load the images."""
     count = len(list_sources(sources))
     batch = max(1, min(cfg.batch_size, count))
     for loaded in models:
@@ -167,7 +174,7 @@ def _prepare(
             size = cfg.size or default_size(sources, info.img_size, info.patch_size)
         size = tuple(size)
         info.grid(size)
-        check_recording_memory(info, size, batch, cfg.device)
+        check_recording_memory(info, size, batch, cfg.device, rollout)
         layers = take_indices(info.depth, list(cfg.layers), unique=True)
         if cfg.require_registers and info.num_registers == 0:
             raise InputError(
@@ -183,9 +190,11 @@ def _prepare(
     return Prepared(size=size, images=images, layers=layers)
 
 
-def recording_estimate(info: ModelInfo, size: tuple[int, int], batch: int) -> int:
+def recording_estimate(
+    info: ModelInfo, size: tuple[int, int], batch: int, rollout: bool = True
+) -> int:
     """Bytes :func:`vit5.model.footprint.recording_bytes` estimates for recording ``batch``
-    images at ``size`` leanly (the CLS and register rows kept)."""
+    images at ``size`` leanly (the CLS and register rows kept; q and k for the ``rollout``)."""
     layout = info.layout(size)
     kept_rows = int(layout.cls_index is not None) + layout.num_registers
     return recording_bytes(
@@ -195,14 +204,16 @@ def recording_estimate(info: ModelInfo, size: tuple[int, int], batch: int) -> in
         width=info.embed_dim,
         depth=info.depth,
         kept_rows=kept_rows,
+        rollout=rollout,
     )
 
 
 def largest_fitting_size(
-    info: ModelInfo, size: tuple[int, int], batch: int, have: int
+    info: ModelInfo, size: tuple[int, int], batch: int, have: int, rollout: bool = True
 ) -> tuple[int, int] | None:
-    """The largest size of ``size``'s aspect (whole patches) whose recording fits in ``have``
-    bytes; None when not even one patch a side fits."""
+    """The largest size of ``size``'s aspect (whole patches) whose recording (with the
+    ``rollout``: :func:`recording_estimate`) fits in ``have`` bytes; None when not even one
+    patch a side fits."""
     grid = info.grid(size)
     side = max(grid)
 
@@ -215,33 +226,40 @@ def largest_fitting_size(
     high = side
     while low < high:
         middle = (low + high + 1) // 2
-        if recording_estimate(info, scaled(middle), batch) <= have:
+        if recording_estimate(info, scaled(middle), batch, rollout) <= have:
             low = middle
         else:
             high = middle - 1
     return scaled(low) if low else None
 
 
-def check_recording_memory(info: ModelInfo, size: tuple[int, int], batch: int, device: str) -> None:
-    """Refuse a size whose lean recording (:func:`recording_estimate`) cannot fit on
-    ``device`` before any work, naming the largest size that fits."""
+def check_recording_memory(
+    info: ModelInfo, size: tuple[int, int], batch: int, device: str, rollout: bool = True
+) -> None:
+    """Refuse a size whose lean recording (:func:`recording_estimate`, with q and k of every
+    block for the ``rollout``) cannot fit on ``device`` before any work, naming the largest
+    size that fits."""
     tokens = info.layout(size).num_tokens
     heads = info.num_heads
     what = (
         f"recording the attention of {batch} image(s) at {size[0]}x{size[1]} "
         f"({tokens:,} tokens, {heads} heads, {info.depth} blocks)"
     )
-    needed = recording_estimate(info, size, batch)
+    if rollout:
+        what += " with q and k of every block for the attention rollout"
+    needed = recording_estimate(info, size, batch, rollout)
     have = runtime.available_memory(device)
     if needed <= have:
         return
-    fits = largest_fitting_size(info, size, batch, have)
+    fits = largest_fitting_size(info, size, batch, have, rollout)
     if fits is None:
         fix = "free memory or use a device with more"
     else:
         fix = f"the largest size that fits is --size {fits[0]}x{fits[1]}"
     if batch > 1:
         fix += " (or --batch-size 1)"
+    if rollout and recording_estimate(info, size, batch, rollout=False) <= have:
+        fix += "; without the rollout this size fits (vit5 viz norms, pca or metrics)"
     check_fits(needed, device, what, fix)
 
 
@@ -249,17 +267,20 @@ def _record(
     loaded: LoadedModel,
     images: list[LoadedImage],
     cfg: RunConfig,
+    rollout: bool,
     features: int = 0,
     info: ModelInfo | None = None,
 ) -> TokenStats:
-    """Record ``loaded`` on ``images`` (checked by :func:`_prepare`); ``info``: the model's
-    description while something changes it (test-time registers), else ``loaded.info``."""
+    """Record ``loaded`` on ``images`` (checked by :func:`_prepare`), with the ``rollout``
+    (:meth:`RunConfig.rollout`); ``info``: the model's description while something changes it
+    (test-time registers), else ``loaded.info``."""
     info = info or loaded.info
     collect_cfg = CollectConfig(
         batch_size=cfg.batch_size,
         device=cfg.device,
         keep_features=features,
         progress=cfg.progress,
+        rollout=rollout,
     )
     planted = nullcontext()
     if cfg.plant:
@@ -287,11 +308,12 @@ def run_model(loaded: LoadedModel, sources: Sequence[str], cfg: RunConfig) -> Ru
     metrics."""
     loaded = _described(loaded)
     info = loaded.info
-    prepared = _prepare([loaded], cfg, sources)
+    rollout = cfg.rollout(drawn=True)
+    prepared = _prepare([loaded], cfg, sources, rollout=rollout)
     images = prepared.images
     layers = prepared.layers
     keep = cfg.max_figures if "pca" in cfg.views else 0
-    stats = _record(loaded, images, cfg, features=keep)
+    stats = _record(loaded, images, cfg, rollout, features=keep)
     report = compute_metrics(stats, cfg.metrics)
     result = RunResult(stats, report, images)
     notes = _notes(loaded, cfg)
@@ -379,10 +401,12 @@ def run_compare(
     both = f", a multiple of both models' patch sizes ({patch_a} and {patch_b})"
     # one size for both: the hint is a multiple of both patch sizes
     grid_of(size, patch, "use --size {h}x{w}" + both)
-    images = _prepare([model_a, model_b], cfg, sources, size, patch).images
+    # the comparison draws no rollout
+    rollout = cfg.rollout(drawn=False)
+    images = _prepare([model_a, model_b], cfg, sources, size, patch, rollout).images
     if model_a.label == model_b.label:
         model_b = replace(model_b, label=f"{model_b.label} (B)")
-    stats = [_record(model, images, cfg) for model in (model_a, model_b)]
+    stats = [_record(model, images, cfg, rollout) for model in (model_a, model_b)]
     notes = sorted(set(_notes(model_a, cfg) + _notes(model_b, cfg)))
     return _write_comparison(stats, images, cfg, notes, Path(cfg.out) / "compare")
 
@@ -400,15 +424,16 @@ def run_ttr(
     ``out/ttr/register_neurons.json``."""
     loaded = _described(loaded)
     ttr.check_test_time_registers(loaded.model)  # before the neuron search, not after it
-    images = _prepare([loaded], cfg, sources).images
+    rollout = cfg.rollout(drawn=False)  # the comparison draws no rollout
+    images = _prepare([loaded], cfg, sources, rollout=rollout).images
     search = replace(search or ttr.NeuronSearch(), batch_size=cfg.batch_size, device=cfg.device)
     found = ttr.find_register_neurons(loaded.model, images, search)
     cfg.log(found.describe())
-    before = _record(loaded, images, cfg)
+    before = _record(loaded, images, cfg, rollout)
     label = f"{loaded.label} + test-time register"
     info = replace(loaded.info, test_registers=count)
     with ttr.use_test_time_registers(loaded.model, found.neurons, count):
-        after = _record(replace(loaded, label=label), images, cfg, info=info)
+        after = _record(replace(loaded, label=label), images, cfg, rollout, info=info)
     out = Path(cfg.out) / "ttr"
     ttr_note = (
         f"TEST-TIME REGISTER ({count} untrained token) fed by {len(found.neurons)} register "

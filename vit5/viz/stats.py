@@ -51,8 +51,8 @@ class TokenStats:
     norms: np.ndarray
     # [B, L, H, N] attention each key receives, averaged over all queries
     received: np.ndarray
-    # [B, N] attention-rollout row of CLS (or the patch mean without CLS)
-    rollout: np.ndarray
+    # [B, N] attention-rollout row of CLS (or the patch mean without CLS); None: not recorded
+    rollout: np.ndarray | None
     # [B, L, H, N] the CLS query's attention row
     cls_attn: np.ndarray | None = None
     # [B, L, H, R, N] each register query's attention row
@@ -161,7 +161,7 @@ class TokenStats:
             patch_size=meta["patch_size"],
             norms=arrays["norms"],
             received=arrays["received"],
-            rollout=arrays["rollout"],
+            rollout=arrays.get("rollout"),
             cls_attn=arrays.get("cls_attn"),
             reg_attn=arrays.get("reg_attn"),
             patch_to_reg=arrays.get("patch_to_reg"),
@@ -215,6 +215,11 @@ def norm_map(stats: TokenStats, image: int, layer: int) -> np.ndarray:
 
 def rollout_map(stats: TokenStats, image: int) -> np.ndarray:
     """Attention-rollout row (CLS, or the patch mean without CLS) over the patches ``[h, w]``, raw."""
+    if stats.rollout is None:
+        raise InputError(
+            f"the attention rollout of {stats.model} was not recorded: record with "
+            "CollectConfig(rollout=True) (vit5 viz attention and vit5 viz all draw it)"
+        )
     return stats.to_grid(stats.patch_values(stats.rollout[image]))
 
 
