@@ -725,31 +725,6 @@ def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
         raise ResumeError(_with_last_good(err, checkpoint)) from err
 
 
-def save_single(directory: Path, parts: Resumable, config: dict[str, Any]) -> None:
-    """The checkpoint of a one-process run without Accelerate nor EMA (the register study): the
-    files and manifest of :meth:`CheckpointManager.save` without random states, swapped into
-    place in one step."""
-    files = _state_files(parts, 0, None)
-    staged = staging_dir(directory)
-    for name, data in files.items():
-        atomic_write_bytes(staged / name, data)
-    listed = {name: _digest(data) for name, data in files.items()}
-    manifest = _manifest(parts.state, 1, config, listed)
-    write_json(staged / MANIFEST, dataclasses.asdict(manifest))
-    replace_dir(staged, directory)
-
-
-def load_single(directory: Path, parts: Resumable) -> None:
-    """Verify every file of a :func:`save_single` checkpoint, then restore weights, optimizer and
-    progress; ResumeError when a file is missing, damaged, refused or does not fit ``parts``."""
-    manifest = read_manifest(directory)
-    data = _verified_files(directory, manifest, ema=False)
-    record = _read_json(directory, STATE_FILE, data[STATE_FILE], StateFile)
-    _load_weights(directory, MODEL_FILE, data[MODEL_FILE], parts.model)
-    _load_optimizer(directory, data[OPTIMIZER_FILE], parts.optimizer)
-    vars(parts.state).update(vars(record.train_state))
-
-
 def save_model_dir(
     accelerator: Accelerator,
     model: nn.Module,
