@@ -4,6 +4,8 @@ and the per-sample loader where images differ in size."""
 
 from __future__ import annotations
 
+import albumentations as A
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,7 @@ from vit5.data import (
     build_loader,
     eval_transform,
     pad_crop_transform,
+    rrc_transform,
 )
 
 MEAN = torch.tensor((0.485, 0.456, 0.406)) * 255
@@ -165,6 +168,9 @@ def test_eval_crop_that_resizes_has_no_batch_form():
     assert batch_augment("eval", 12, crop_ratio=0.875) is None
     assert batch_augment("three_augment", 12) is None
     assert batch_augment("pad_crop", 12, padding=2, hflip=0.5, erasing=0.1).padding == 2
+    rrc = batch_augment("rrc", 12, scale=(0.75, 1.0), ratio=(1.0, 1.0), hflip=0.5, erasing=0.1)
+    assert rrc.scale == (0.75, 1.0) and rrc.ratio == (1.0, 1.0) and rrc.erasing == 0.1
+    assert rrc.fits((28, 28))  # a resized crop takes images of any size
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -213,6 +219,45 @@ def test_resized_crop_boxes_and_pixels():
     assert torch.equal(to_uint8(out[1]), image[0].flip(1))
 
 
+def test_resized_crop_sizes_follow_albumentations_random_resized_crop():
+    """The crop box's side lengths in law against albumentations' own box draw (the per-sample ``rrc``)."""
+    scale = (0.5, 1.0)
+    ratio = (0.75, 1.25)
+    theirs = rrc_transform(20, scale=scale, ratio=ratio).pipeline.transforms[0]
+    assert isinstance(theirs, A.RandomResizedCrop)
+    boxes = [theirs.get_params_dependent_on_data({"shape": (20, 20, 3)}, {}) for _ in range(2000)]
+    coords = np.array([box["crop_coords"] for box in boxes])  # x_min, y_min, x_max, y_max
+    their_widths = np.bincount(coords[:, 2] - coords[:, 0], minlength=21) / len(coords)
+    their_heights = np.bincount(coords[:, 3] - coords[:, 1], minlength=21) / len(coords)
+    augment = BatchAugment(size=(20, 20), scale=scale, ratio=ratio)
+    params = augment.draw(20000, (20, 20), torch.Generator().manual_seed(0))
+    our_widths = np.bincount(params["width"].numpy(), minlength=21) / 20000
+    our_heights = np.bincount(params["height"].numpy(), minlength=21) / 20000
+    assert their_widths[:10].sum() == 0 and our_widths[:10].sum() == 0  # area >= 0.5 of 400
+    assert np.abs(their_widths - our_widths).max() < 0.045  # 4 standard errors of 2000 draws
+    assert np.abs(their_heights - our_heights).max() < 0.045
+
+
+def test_resized_crop_pixels_are_opencvs_bicubic_resize_of_the_box():
+    """An upscaled box equals ``cv2.resize(INTER_CUBIC)`` of the box (albumentations' interpolation for
+    RandomResizedCrop), flipped where drawn."""
+    image = random_rgb(16, 16, 7)
+    augment = BatchAugment(size=(20, 20), scale=(0.5, 1.0))
+    box = {
+        "top": torch.tensor([3, 3]),
+        "left": torch.tensor([2, 2]),
+        "height": torch.tensor([11, 11]),
+        "width": torch.tensor([13, 13]),
+        "flip": torch.tensor([False, True]),
+    }
+    out = augment(torch.from_numpy(image)[None], torch.zeros(2, dtype=torch.long), box)
+    crop = np.ascontiguousarray(image[3:14, 2:15])
+    expected = torch.from_numpy(cv2.resize(crop, (20, 20), interpolation=cv2.INTER_CUBIC))
+    unflipped = (to_uint8(out[0]).int() - expected.int()).abs()
+    flipped = (to_uint8(out[1]).int() - expected.flip(1).int()).abs()
+    assert unflipped.max() <= 1 and flipped.max() <= 1  # uint8 rounding
+
+
 def test_images_of_different_sizes_use_the_per_sample_loader(tmp_path):
     dataset = ImageFolderDataset(folder(tmp_path, sizes=(12, 14)), "train", eval_transform(12))
     dataset.verify(num_threads=2, keep=True)
@@ -247,7 +292,7 @@ def test_a_run_on_preloaded_folder_data_takes_the_batch_path(tmp_path):
     folder(root, per_class=2, split="val")
     common = ["data.dataset=folder", f"data.root={root}", "data.preload=true", "model.img_size=12",
               "data.batch_size=2", "model.overrides.patch_size=4"]  # fmt: skip
-    for kind, batched in (("pad_crop", True), ("three_augment", False)):
+    for kind, batched in (("pad_crop", True), ("rrc", True), ("three_augment", False)):
         cfg = tiny_config(tmp_path, *common, f"aug.train={kind}")
         train_set, val_set, _ = build_datasets(cfg)
         data = build_run_data(cfg, Accelerator(cpu=True), train_set, val_set)

@@ -273,7 +273,7 @@ def test_randaug_pipeline_order_and_output():
     assert transform(random_rgb(50, 60)).shape == (3, 32, 48)
 
 
-@pytest.mark.parametrize("kind", ["three_augment", "randaug", "pad_crop", "eval", "none"])
+@pytest.mark.parametrize("kind", ["three_augment", "randaug", "rrc", "pad_crop", "eval", "none"])
 @pytest.mark.parametrize("size", [32, (32, 48)])
 def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
     out = build_transform(kind, size)(random_rgb(40, 70))
@@ -301,6 +301,8 @@ def test_build_transform_kinds_give_normalised_chw_tensors(kind, size):
         (("three_augment", 32), {"color_jitter": -1}, ValueError, "color_jitter"),
         (("three_augment", 32), {"hflip": 2}, ValueError, "hflip"),
         (("randaug", 32), {"policy": "m9"}, ValueError, "RandAugment string"),
+        (("rrc", 32), {"ratio": (2.0, 1.0)}, ValueError, "ratio"),
+        (("rrc", 32), {"erasing": -0.1}, ValueError, "erasing"),
         (("pad_crop", 32), {"erasing": 1.5}, ValueError, "erasing"),
         (("pad_crop", 32), {"padding": -1}, ValueError, "padding"),
     ],

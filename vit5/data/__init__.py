@@ -23,5 +23,6 @@ from vit5.data.transforms import (
     pad_crop_transform,
     randaug_transform,
     resize_transform,
+    rrc_transform,
     three_augment,
 )

@@ -1,7 +1,7 @@
 """Augmentation as batch tensor operations on a preloaded data set held as one uint8 tensor ``[N, H, W, C]``
 (:meth:`ImageFolderDataset.preloaded <vit5.data.folder.ImageFolderDataset.preloaded>`): the batch form of
-the ``pad_crop``, ``eval`` and ``none`` transforms of :mod:`vit5.data.transforms` on images already of the
-model's size, and a RandomResizedCrop, in place of a DataLoader that augments and collates each sample.
+the ``rrc`` transform, and the ``pad_crop``, ``eval`` and ``none`` transforms of :mod:`vit5.data.transforms`
+on images already of the model's size, in place of a DataLoader that augments and collates each sample.
 
 The per-sample parameters (crop box, flip, erasing box) of an epoch are drawn at once from a torch
 Generator seeded from ``(seed, epoch)`` and indexed by the sample's global position in the epoch (the
@@ -17,26 +17,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from vit5.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Size, _check, _size_hw
+from vit5.data.transforms import (
+    ERASING_RATIO,
+    ERASING_SCALE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Size,
+    _check,
+    _size_hw,
+)
 
 if TYPE_CHECKING:
     from vit5.data.loader import RepeatAugSampler
 
 Params = dict[str, torch.Tensor]
-# albumentations' Erasing as pad_crop_transform builds it: area 2-33 %, aspect 0.3-3.3 (Zhong et al.,
-# arXiv 1708.04896)
-ERASING_SCALE = (0.02, 0.33)
-ERASING_RATIO = (0.3, 3.3)
 RRC_ATTEMPTS = 10  # albumentations' and torchvision's RandomResizedCrop
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchAugment:
     """A batch's path, in the per-sample order: crop (``padding``: reflect-101 pad and random crop as
-    ``pad_crop_transform``; ``scale``: RandomResizedCrop, bicubic through ``F.grid_sample``; neither: the
+    ``pad_crop_transform``; ``scale``: RandomResizedCrop with OpenCV's bicubic resize; neither: the
     image as it is, which must then be of ``size``), horizontal flip with probability ``hflip``, erasing
     with probability ``erasing`` (albumentations ``Erasing`` 2.0.8's law of area and aspect, uniform
     random uint8 noise), normalise with ``mean`` and ``std``."""
@@ -112,8 +115,11 @@ class BatchAugment:
 
 def batch_augment(kind: str, size: Size, **options: Any) -> BatchAugment | None:
     """The batch form of ``build_transform(kind, size, **options)`` for images of ``size``, or ``None`` where
-    there is none (``three_augment``, ``randaug``; an eval crop that resizes)."""
+    there is none (``three_augment``, ``randaug``; an eval crop that resizes). ``rrc`` takes images of any
+    one size."""
     hw = _size_hw(size)
+    if kind == "rrc":
+        return BatchAugment(size=hw, **options)
     if kind == "pad_crop":
         return BatchAugment(size=hw, **options)
     if kind == "none":
@@ -324,26 +330,55 @@ def _centre_box(image_hw: tuple[int, int], ratio: tuple[float, float]) -> tuple[
 
 
 def _resized_crops(images: torch.Tensor, params: Params, size: tuple[int, int]) -> torch.Tensor:
-    """Each box resized to ``size`` (bicubic, a = -0.75 as OpenCV's; pixel centres as
-    ``align_corners=False`` and OpenCV; edge pixels repeated as OpenCV's resize), flipped where asked:
-    float ``[B, h, w, C]`` in 0-255. Downscaling is not antialiased (OpenCV's INTER_AREA is not
-    reproduced)."""
-    batch = len(images)
+    """Each box resized to ``size`` as OpenCV's ``INTER_CUBIC`` resizes the cropped box (what
+    albumentations' RandomResizedCrop does), flipped where asked: float ``[B, h, w, C]``, whole values
+    0-255 like the uint8 the per-sample path makes, through one matrix per axis. Downscaling is not
+    antialiased (albumentations' INTER_AREA for downscaling is not reproduced)."""
     height = images.shape[1]
     width = images.shape[2]
-    theta = torch.zeros(batch, 2, 3)
-    # output coordinate u in [-1, 1] -> input (2 * left + (u + 1) * box width) / width - 1
-    sign = 1 - 2 * params["flip"].float()
-    theta[:, 0, 0] = sign * params["width"] / width
-    theta[:, 0, 2] = (2 * params["left"] + params["width"]) / width - 1
-    theta[:, 1, 1] = params["height"] / height
-    theta[:, 1, 2] = (2 * params["top"] + params["height"]) / height - 1
-    grid = F.affine_grid(theta, [batch, images.shape[3], *size], align_corners=False)
-    source = images.permute(0, 3, 1, 2).float()
-    resized = F.grid_sample(
-        source, grid, mode="bicubic", padding_mode="border", align_corners=False
-    )
-    return resized.clamp(0, 255).permute(0, 2, 3, 1)
+    rows = _cubic_matrix(params["top"], params["height"], size[0], height)  # [B, h, H]
+    cols = _cubic_matrix(params["left"], params["width"], size[1], width)  # [B, w, W]
+    cols = torch.where(params["flip"][:, None, None], cols.flip(1), cols)
+    source = images.permute(0, 3, 1, 2).float()  # [B, C, H, W]
+    resized = rows[:, None] @ source @ cols[:, None].transpose(-1, -2)  # [B, C, h, w]
+    return resized.round_().clamp_(0, 255).permute(0, 2, 3, 1)
+
+
+def _cubic_matrix(
+    start: torch.Tensor, length: torch.Tensor, out_size: int, in_size: int
+) -> torch.Tensor:
+    """The resize along one axis as a matrix ``[B, out_size, in_size]`` (rows: each output pixel's tap
+    weights, summed where clamped taps meet)."""
+    index, weights = _cubic_taps(start, length, out_size)
+    matrix = torch.zeros(len(start), out_size, in_size)
+    return matrix.scatter_add_(2, index, weights)
+
+
+def _cubic_taps(
+    start: torch.Tensor, length: torch.Tensor, out_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenCV ``INTER_CUBIC`` along one axis for boxes ``start .. start + length - 1`` resized to
+    ``out_size``: source indices ``[B, out_size, 4]`` and their weights (float32). Output pixel ``i``
+    reads around ``(i + 0.5) * length / out_size - 0.5``; the four taps are clamped to the box, as OpenCV
+    repeats the edge of the array it resizes (OpenCV ``imgproc/src/resize.cpp``, ``interpolateCubic``,
+    A = -0.75)."""
+    step = length.double()[:, None] / out_size
+    source = (torch.arange(out_size, dtype=torch.float64) + 0.5) * step - 0.5
+    floor = source.floor()
+    fraction = (source - floor)[..., None]
+    distance = (fraction - torch.arange(-1, 3, dtype=torch.float64)).abs()  # to taps -1, 0, 1, 2
+    offsets = floor.long()[..., None] + torch.arange(-1, 3)
+    last = (length - 1)[:, None, None]
+    index = start[:, None, None] + offsets.clamp(min=0).minimum(last)
+    return index, _cubic(distance).float()
+
+
+def _cubic(distance: torch.Tensor) -> torch.Tensor:
+    """Keys' cubic convolution kernel with A = -0.75 (OpenCV's, PyTorch's bicubic) at ``distance`` >= 0."""
+    a = -0.75
+    near = ((a + 2) * distance - (a + 3)) * distance**2 + 1
+    far = ((a * distance - 5 * a) * distance + 8 * a) * distance - 4 * a
+    return torch.where(distance <= 1, near, torch.where(distance < 2, far, 0.0))
 
 
 def _erasing_boxes(count: int, height: int, width: int, generator: torch.Generator) -> Params:

@@ -21,7 +21,10 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 DEFAULT_RANDAUG_POLICY = "rand-m9-mstd0.5-inc1"
 
-TransformKind = Literal["three_augment", "randaug", "pad_crop", "eval", "none"]
+TransformKind = Literal["three_augment", "randaug", "rrc", "pad_crop", "eval", "none"]
+# random erasing (Zhong et al., arXiv 1708.04896): area 2-33 %, aspect 0.3-3.3, random noise as their RE-R
+ERASING_SCALE = (0.02, 0.33)
+ERASING_RATIO = (0.3, 3.3)
 Size = int | tuple[int, int]
 _BICUBIC: dict[str, Any] = {"interpolation": cv2.INTER_CUBIC, "area_for_downscale": "image"}
 # eval with antialias=False: OpenCV's bicubic downscaling too
@@ -162,14 +165,31 @@ def randaug_transform(
     *,
     policy: str = DEFAULT_RANDAUG_POLICY,
     scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: float = 0.5,
 ) -> ImageTransform:
     """ViT-5 fine-tuning: RRC + flip + timm RandAugment ``policy`` (as timm's ``create_transform`` with
     ``auto_augment``: no colour jitter, no random erasing)."""
     _check(policy=policy)
-    height, width, crop_flip = _crop_flip(size, scale, (3 / 4, 4 / 3), hflip)
+    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip)
     randaugment = TimmRandAugment(policy, (height, width), IMAGENET_MEAN)
     return ImageTransform([*crop_flip, randaugment])
+
+
+def rrc_transform(
+    size: Size,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    hflip: float = 0.5,
+    erasing: float = 0.0,
+) -> ImageTransform:
+    """Crop and flip only: RandomResizedCrop(``scale``, ``ratio``, bicubic) + flip, then random erasing
+    with probability ``erasing``; timm's training transform without colour jitter or auto-augment
+    (``timm.data.create_transform(is_training=True, color_jitter=None)``), e.g. for small grey images."""
+    _check(erasing=erasing)
+    height, width, crop_flip = _crop_flip(size, scale, ratio, hflip)
+    return ImageTransform([*crop_flip, *_erasing(erasing)])
 
 
 def pad_crop_transform(
@@ -189,9 +209,7 @@ def pad_crop_transform(
         steps.append(A.Pad(padding=padding, border_mode=cv2.BORDER_REFLECT_101))
         steps.append(A.RandomCrop(height, width))
     steps.append(A.HorizontalFlip(p=hflip))
-    if erasing > 0:
-        steps.append(A.Erasing(scale=(0.02, 0.33), ratio=(0.3, 3.3), fill="random", p=erasing))
-    return ImageTransform(steps)
+    return ImageTransform([*steps, *_erasing(erasing)])
 
 
 def eval_transform(
@@ -223,6 +241,7 @@ def resize_transform(
 _BUILDERS = {
     "three_augment": three_augment,
     "randaug": randaug_transform,
+    "rrc": rrc_transform,
     "pad_crop": pad_crop_transform,
     "eval": eval_transform,
     "none": resize_transform,
@@ -245,6 +264,14 @@ def _size_hw(size: Size) -> tuple[int, int]:
     if min(pair) <= 0:
         raise ValueError(f"size must be positive, got {size!r}")
     return int(pair[0]), int(pair[1])
+
+
+def _erasing(probability: float) -> list[A.BasicTransform]:
+    """Random erasing with ``probability`` (none at 0)."""
+    if probability == 0:
+        return []
+    erasing = A.Erasing(scale=ERASING_SCALE, ratio=ERASING_RATIO, fill="random", p=probability)
+    return [erasing]
 
 
 def _crop_flip(

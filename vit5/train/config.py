@@ -83,12 +83,13 @@ class DataSection:
 
 @dataclass
 class AugSection:
-    train: Literal["three_augment", "randaug", "pad_crop", "none"] = "three_augment"
+    train: Literal["three_augment", "randaug", "rrc", "pad_crop", "none"] = "three_augment"
     color_jitter: float = 0.3  # three_augment only
     randaug: str = "rand-m9-mstd0.5-inc1"  # randaug only
     padding: int = 4  # pad_crop only: pixels of reflect padding before the random crop
-    erasing: float = 0.25  # pad_crop only: random-erasing probability (0 = off)
+    erasing: float = 0.25  # rrc and pad_crop: random-erasing probability (0 = off)
     scale: tuple[float, float] = (0.08, 1.0)  # random-resized-crop area range
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)  # random-resized-crop aspect range
     hflip: float = 0.5
     eval_crop_ratio: float = 1.0
     repeated_aug: int = 3  # RASampler repeats per image and epoch; 1 = off
@@ -236,6 +237,7 @@ _RULES = [
     Rule("aug.hflip aug.erasing aug.mixup_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
     Rule("aug.mixup_switch_prob", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
     Rule("aug.scale", lambda v: 0 < v[0] <= v[1] <= 1, "0 < min <= max <= 1"),
+    Rule("aug.ratio", lambda v: 0 < v[0] <= v[1], "0 < min <= max"),
     Rule("aug.padding", lambda v: v >= 0, ">= 0 pixels"),
     Rule("aug.eval_crop_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
     Rule("aug.repeated_aug", lambda v: v >= 1, ">= 1 (1 = off)"),

@@ -248,10 +248,10 @@ def bad_files(accelerator: Accelerator, *datasets: Dataset) -> list[str]:
 
 def _train_options(cfg: TrainConfig) -> dict[str, Any]:
     aug = cfg.aug
+    crop = dict(scale=tuple(aug.scale), ratio=tuple(aug.ratio), hflip=aug.hflip)
     return {
-        "three_augment": dict(
-            color_jitter=aug.color_jitter, scale=tuple(aug.scale), hflip=aug.hflip
-        ),
-        "randaug": dict(policy=aug.randaug, scale=tuple(aug.scale), hflip=aug.hflip),
+        "three_augment": dict(color_jitter=aug.color_jitter, **crop),
+        "randaug": dict(policy=aug.randaug, **crop),
+        "rrc": dict(erasing=aug.erasing, **crop),
         "pad_crop": dict(padding=aug.padding, hflip=aug.hflip, erasing=aug.erasing),
     }.get(aug.train, {})
