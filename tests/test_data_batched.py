@@ -170,7 +170,8 @@ def test_eval_crop_that_resizes_has_no_batch_form():
     assert batch_augment("pad_crop", 12, padding=2, hflip=0.5, erasing=0.1).padding == 2
     rrc = batch_augment("rrc", 12, scale=(0.75, 1.0), ratio=(1.0, 1.0), hflip=0.5, erasing=0.1)
     assert rrc.scale == (0.75, 1.0) and rrc.ratio == (1.0, 1.0) and rrc.erasing == 0.1
-    assert rrc.fits((28, 28))  # a resized crop takes images of any size
+    assert rrc.fits((12, 12)) and rrc.fits((10, 12))  # its boxes grow: OpenCV's bicubic
+    assert not rrc.fits((14, 12))  # a shrinking box would need INTER_AREA: per sample
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -65,8 +65,11 @@ class BatchAugment:
         return bool(self.padding or self.scale or self.hflip or self.erasing)
 
     def fits(self, image_hw: tuple[int, int]) -> bool:
-        """Whether images of ``image_hw`` take this path (only a resized crop changes the size)."""
-        return self.scale is not None or tuple(image_hw) == self.size
+        """Whether images of ``image_hw`` take this path: of ``size``, or for a resized crop no larger
+        (its boxes then only grow, where OpenCV's bicubic resize is what albumentations uses)."""
+        if self.scale is None:
+            return tuple(image_hw) == self.size
+        return image_hw[0] <= self.size[0] and image_hw[1] <= self.size[1]
 
     def draw(self, count: int, image_hw: tuple[int, int], generator: torch.Generator) -> Params:
         """Parameters of ``count`` samples of ``image_hw``: the crop box (``top``, ``left``, ``height``,
@@ -115,8 +118,7 @@ class BatchAugment:
 
 def batch_augment(kind: str, size: Size, **options: Any) -> BatchAugment | None:
     """The batch form of ``build_transform(kind, size, **options)`` for images of ``size``, or ``None`` where
-    there is none (``three_augment``, ``randaug``; an eval crop that resizes). ``rrc`` takes images of any
-    one size."""
+    there is none (``three_augment``, ``randaug``; an eval crop that resizes)."""
     hw = _size_hw(size)
     if kind == "rrc":
         return BatchAugment(size=hw, **options)
@@ -332,8 +334,8 @@ def _centre_box(image_hw: tuple[int, int], ratio: tuple[float, float]) -> tuple[
 def _resized_crops(images: torch.Tensor, params: Params, size: tuple[int, int]) -> torch.Tensor:
     """Each box resized to ``size`` as OpenCV's ``INTER_CUBIC`` resizes the cropped box (what
     albumentations' RandomResizedCrop does), flipped where asked: float ``[B, h, w, C]``, whole values
-    0-255 like the uint8 the per-sample path makes, through one matrix per axis. Downscaling is not
-    antialiased (albumentations' INTER_AREA for downscaling is not reproduced)."""
+    0-255 like the uint8 the per-sample path makes, through one matrix per axis. Boxes only grow here
+    (:meth:`BatchAugment.fits`): albumentations' INTER_AREA for shrinking is not reproduced."""
     height = images.shape[1]
     width = images.shape[2]
     rows = _cubic_matrix(params["top"], params["height"], size[0], height)  # [B, h, H]
