@@ -233,8 +233,8 @@ class HFBackbone(nn.Module):
         intermediates_only: bool = True,
     ) -> list:
         """timm's contract for the outputs of layers ``indices``: the patch grid
-        ``[B, C, h, w]`` and the prefix ``[CLS | registers]``, from transformers'
-        ``hidden_states`` (``norm``: after the final layernorm). Only the
+        ``[B, C, h, w]`` and the prefix ``[CLS | registers]`` (and any test-time registers), from
+        transformers' ``hidden_states`` (``norm``: after the final layernorm). Only the
         intermediates are returned and the forward runs to the end."""
         if output_fmt != "NCHW" or not intermediates_only:
             raise InputError("transformers backbones give NCHW intermediates only")
@@ -246,7 +246,8 @@ class HFBackbone(nn.Module):
             tokens = out.hidden_states[i + 1]
             if norm:
                 tokens = self.norm(tokens)
-            start = self.num_prefix_tokens
+            # the prefix is all before the patches (test-time registers too, vit5.eval.registers)
+            start = tokens.shape[1] - grid[0] * grid[1]
             patches = tokens[:, start:].transpose(1, 2).unflatten(-1, grid)
             prefix = tokens[:, :start]
             results.append((patches, prefix) if return_prefix_tokens else patches)

@@ -3,8 +3,9 @@ nickjiang2378/test-time-registers ``shared/algorithms.py``, ``shared/hook_fn.py`
 neurons that write high-norm outliers (Algorithm 1, here) and move their activation into added
 tokens (Algorithm 2, :mod:`vit5.eval.registers`, re-exported). While active, ``describe`` reports
 the tokens as registers after the trained ones, so collection, metrics and figures treat them as
-registers. For vit5 and timm ``VisionTransformer`` / ``Eva`` (RoPE, DINOv3) models, with or
-without trained registers."""
+registers. For vit5, timm ``VisionTransformer`` / ``Eva`` (RoPE, DINOv3) and transformers DINOv2 /
+DINOv3 / ViT models, with or without trained registers; what differs between them is
+:func:`~vit5.eval.registers.register_sites`."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from torch import nn
 from vit5.errors import InputError
 from vit5.eval.registers import (
     RegisterNeuron,
+    RegisterSites,
     check_test_time_registers,
     mlp_input_hooks,
     read_neurons,
+    register_sites,
     use_test_time_registers,
 )
 from vit5.introspect import describe
@@ -32,7 +35,8 @@ from vit5.viz.collect import capture
 from vit5.viz.images import LoadedImage, batches
 
 __all__ = ["NeuronSearch", "NeuronSearchResult", "RegisterNeuron", "check_test_time_registers"]
-__all__ += ["find_register_neurons", "read_neurons", "use_test_time_registers"]
+__all__ += ["RegisterSites", "find_register_neurons", "read_neurons", "register_sites"]
+__all__ += ["use_test_time_registers"]
 
 
 @dataclass(frozen=True)
@@ -80,18 +84,19 @@ class NeuronSearchResult:
 def find_register_neurons(
     model: nn.Module, images: Sequence[LoadedImage], search: NeuronSearch = NeuronSearch()
 ) -> NeuronSearchResult:
-    """Algorithm 1 of Jiang et al.: the outliers ``O`` are the patch tokens of block ``detect_layer``'s output
-    above the threshold (log-norm median + k MAD, not an absolute norm; images without any are skipped); each
-    MLP hidden unit (``mlp.fc2``'s input) of blocks <= ``top_layer`` scores its mean over images of
-    ``mean_{p in O} |a(p)|``, and the ``top_k`` best over all blocks are the register neurons. Without
-    ``detect_layer`` the block with the highest outlier ratio (own log-MAD threshold per block) is used;
-    ``top_layer`` defaults to it."""
+    """Algorithm 1 of Jiang et al.: the outliers ``O`` are the patch tokens of block ``detect_layer``'s
+    output above the threshold (log-norm median + k MAD, not an absolute norm; images without any are
+    skipped); each MLP hidden unit (the input of its output projection, ``mlp.fc2`` or
+    ``mlp.down_proj``, :func:`~vit5.eval.registers.register_sites`) of blocks <= ``top_layer`` scores
+    its mean over images of ``mean_{p in O} |a(p)|``, and the ``top_k`` best over all blocks are the
+    register neurons. Without ``detect_layer`` the block with the highest outlier ratio (own log-MAD
+    threshold per block) is used; ``top_layer`` defaults to it."""
     info = describe(model)
     if info.test_registers:
         raise InputError(
             "find register neurons on the model itself, not inside use_test_time_registers()",
         )
-    check_test_time_registers(model)  # an MLP to search in
+    sites = register_sites(model)  # an MLP to search in
     net = unwrap(model).eval().to(search.device)
     layout = info.layout(images[0].rgb.shape[:2])
     inputs = list(batches(images, info, search.batch_size, search.device))
@@ -121,7 +126,7 @@ def find_register_neurons(
     tau = search.threshold or log_mad_threshold(patch_norms[:, detect], search.k)
     # [L, H]: summed over the images with outliers; each MLP's hidden activation [B, N, H] is
     # reduced in its hook, so memory holds one block's at a time (high resolution)
-    scores = torch.zeros(top + 1, net.blocks[0].mlp.fc2.in_features, device=search.device)
+    scores = torch.zeros(top + 1, sites.width, device=search.device)
     used = 0
     start = 0
     weights = None
@@ -138,7 +143,7 @@ def find_register_neurons(
         counts = outliers.sum(dim=1, keepdim=True).clamp_min(1)
         weights = (outliers / counts).unsqueeze(1)  # images without outliers add zeros
         with ExitStack() as stack:
-            mlp_input_hooks(stack, net, range(top + 1), add_scores)
+            mlp_input_hooks(stack, sites, range(top + 1), add_scores)
             net.forward_features(x)
         used += int(outliers.any(dim=1).sum())
     if used == 0:
