@@ -149,7 +149,7 @@ def parse(schema: Any, value: Any, where: str = "", null: str = "") -> Any:
         ok = isinstance(value, torch.Tensor) and value.dtype == meta and _shaped(value, args[2])
         must = f"a {meta} tensor of shape {args[2]}"
     elif get_origin(kind) is Literal:
-        ok = value in get_args(kind)
+        ok = any(type(value) is type(c) and value == c for c in get_args(kind))
         must = " or ".join(repr(choice) for choice in get_args(kind))
     elif kind is int:
         ok = number and isinstance(value, int) and value >= least
@@ -293,11 +293,11 @@ class RandomStates:
     """One process's generators (``rng_state_<rank>.pt``, a flat dict of these fields): Python's
     and NumPy's legacy global Mersenne Twisters (``mt19937`` rows 0 and 1: 624 words and the
     position, as ``random.getstate`` and ``np.random.get_state`` give them), torch's CPU generator
-    and every CUDA device's. Construction checks each on a fresh generator, so a crafted state is
-    refused before a global generator changes."""
+    and every CUDA device's. Construction checks every state the generators would refuse (torch's
+    on a fresh generator), so a crafted state is refused before a global generator changes."""
 
     mt19937: Annotated[torch.Tensor, torch.int64, (2, 625)]
-    python_version: int
+    python_version: Literal[3]  # random.getstate's VERSION since Python 3.2
     python_gauss: float | None
     numpy_has_gauss: int
     numpy_gauss: float
@@ -312,8 +312,6 @@ class RandomStates:
         _check(
             bool(position.le(624).all()), "mt19937[:, 624]", position.tolist(), "positions <= 624"
         )
-        python = _takes(random.Random().setstate, self._python())
-        _check(python, "python_version", self.python_version, "3, Python's random state version")
         cpu = _takes(torch.Generator().set_state, self.torch)
         _check(cpu, "torch", self.torch, "torch's CPU generator state")
         devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -325,9 +323,11 @@ class RandomStates:
     def capture(cls) -> RandomStates:
         version, words, gauss = random.getstate()
         _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+        numpy = np.append(keys, position).astype(np.int64)
+        mt19937 = np.stack([np.array(words, dtype=np.int64), numpy])  # 6x faster than torch.tensor
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         return cls(
-            mt19937=torch.tensor([words, [*keys.tolist(), position]], dtype=torch.int64),
+            mt19937=torch.from_numpy(mt19937),
             python_version=version,
             python_gauss=gauss,
             numpy_has_gauss=int(has_gauss),
