@@ -131,16 +131,17 @@ def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():
     torch.testing.assert_close(probs.cpu(), cpu_rec.attention(-1), rtol=1e-3, atol=1e-4)
 
 
-def test_rng_state_with_cuda_generators_survives_a_json_round_trip():
-    import json
-
-    from vit5.train.checkpointing import capture_rng, restore_rng
+def test_rng_state_with_cuda_generators_survives_a_file_round_trip(tmp_path):
+    from vit5.train.checkpointing import RandomStates, parse
 
     torch.manual_seed(0)
-    state = json.loads(json.dumps(capture_rng()))  # what a checkpoint stores
-    assert len(state["cuda"]) == torch.cuda.device_count()
+    torch.save(
+        vars(RandomStates.capture()), tmp_path / "rng_state_0.pt"
+    )  # what a checkpoint stores
+    state = parse(RandomStates, torch.load(tmp_path / "rng_state_0.pt", weights_only=True))
+    assert len(state.cuda) == torch.cuda.device_count()
     first = (torch.randn(8, device=DEVICE), torch.randn(8))
-    restore_rng(state)
+    state.restore()
     torch.testing.assert_close(torch.randn(8, device=DEVICE), first[0], rtol=0, atol=0)
     torch.testing.assert_close(torch.randn(8), first[1], rtol=0, atol=0)
 

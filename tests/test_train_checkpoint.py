@@ -152,6 +152,7 @@ def write_v1_checkpoint(folder: Path, trainer: Trainer, fmt: str) -> dict[str, o
 
 
 def test_a_checkpoint_written_the_format_1_way_resumes_exactly(tmp_path):
+    import json
     import random
 
     import numpy as np
@@ -170,18 +171,45 @@ def test_a_checkpoint_written_the_format_1_way_resumes_exactly(tmp_path):
     torch.testing.assert_close(resumed.raw_model.head.bias, saved_bias, rtol=0, atol=0)
     assert random.random() == draws["python"] and np.random.rand() == draws["numpy"]
     torch.testing.assert_close(torch.rand(3), draws["torch"], rtol=0, atol=0)
+    written = resumed.checkpoints.save(10)  # saved again now: format 2, swapped in place
+    manifest = json.loads((written / "checkpoint.json").read_text())
+    assert manifest["format"] == "vit5-train-checkpoint/2", manifest["format"]
+    assert sorted(p.name for p in written.glob("rng_state_*")) == ["rng_state_0.pt"]
     resumed.close()
 
 
 def test_a_checkpoint_of_another_format_is_one_error_naming_it_and_the_fix(tmp_path):
     first = Trainer(tiny_config(tmp_path))
     checkpoint = first.run_dir / "checkpoints" / "ckpt-000000010"
-    write_v1_checkpoint(checkpoint, first, "vit5-train-checkpoint/2")
+    write_v1_checkpoint(checkpoint, first, "vit5-train-checkpoint/3")
     first.close()
     expected = (
-        r"checkpoint\.json is damaged or from another vit5 \(format='vit5-train-checkpoint/2' must be "
-        r"'vit5-train-checkpoint/1', the format this vit5 reads: resume the run with the vit5 that "
-        r"wrote it, or fine-tune from its weights \(model\.pretrained=RUN/final\)\)"
+        r"checkpoint\.json is damaged or from another vit5 \(format='vit5-train-checkpoint/3' must be "
+        r"'vit5-train-checkpoint/2' or 'vit5-train-checkpoint/1', the formats this vit5 reads: resume "
+        r"the run with the vit5 that wrote it, or start from its weights \(vit5 train \.\.\. "
+        r"model\.pretrained=RUN/final\)\)"
     )
     with pytest.raises(ResumeError, match=expected):
         Trainer(tiny_config(tmp_path), resume=checkpoint)
+
+
+def test_a_crafted_format_1_random_state_is_one_error_naming_the_file(tmp_path):
+    import hashlib
+    import json
+
+    first = Trainer(tiny_config(tmp_path))
+    checkpoint = first.run_dir / "checkpoints" / "ckpt-000000010"
+    write_v1_checkpoint(checkpoint, first, "vit5-train-checkpoint/1")
+    first.close()
+    rng = checkpoint / "rng_state_0.json"
+    record = json.loads(rng.read_text())
+    record["numpy"]["pos"] = 10**6
+    rng.write_text(json.dumps(record))
+    manifest = json.loads((checkpoint / "checkpoint.json").read_text())
+    data = rng.read_bytes()
+    manifest["files"][rng.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResumeError) as info:
+        Trainer(tiny_config(tmp_path), resume=checkpoint)
+    message = str(info.value)
+    assert f"{rng} is damaged" in message and "mt19937[:, 624]=[624, 1000000]" in message, message

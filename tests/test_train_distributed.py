@@ -69,11 +69,11 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     # --resume under 2 processes: every process verifies and loads; when only rank 1's random state is
     # damaged, both stop with one error line (neither waits at a barrier for the other)
     (checkpoint,) = (tmp_path / "runs" / "tiny" / "checkpoints").iterdir()
-    assert sorted(p.name for p in checkpoint.glob("rng_state_*.json")) == [
-        "rng_state_0.json",
-        "rng_state_1.json",
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.pt")) == [
+        "rng_state_0.pt",
+        "rng_state_1.pt",
     ]
-    (checkpoint / "rng_state_1.json").write_text("{}")
+    (checkpoint / "rng_state_1.pt").write_text("{}")
     train_py = Path(__file__).resolve().parent.parent / "train.py"
     resume, env = accelerate_command(
         train_py, "--resume", str(tmp_path / "runs" / "tiny"), "schedule.epochs=2"
@@ -83,4 +83,4 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     )
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "rng_state_1.json is damaged" in errors[0], result.stderr[-3000:]
+    assert len(errors) == 1 and "rng_state_1.pt is damaged" in errors[0], result.stderr[-3000:]

@@ -105,8 +105,8 @@ def test_two_processes_stop_together_then_resume_on_one_and_back_on_two(tmp_path
     ckpt_30 = run / "checkpoints" / "ckpt-000000030"
     assert list_checkpoints(run / "checkpoints")[-1] == ckpt_30
     assert sorted(p.name for p in ckpt_30.glob("rng_state_*")) == [
-        "rng_state_0.json",
-        "rng_state_1.json",
+        "rng_state_0.pt",
+        "rng_state_1.pt",
     ]
     consumed_two = interleave(*[[i for e, i in r["seen"] if e == 1] for r in ranks])
     assert len(consumed_two) == 8 * 32 * 2 == 512

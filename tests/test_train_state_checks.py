@@ -4,6 +4,7 @@ hand edit would) is refused at load with one error line naming the field and the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def set_field(name, value):
 @pytest.mark.parametrize(
     ("step", "edit", "named"),
     [
-        (44, junk_row, "train_state.history[0] has no 'epoch'"),
+        (44, junk_row, "train_state.history[0] has no field 'epoch'"),
         (
             44,
             lambda s: s["history"][0].__setitem__("val_top1", "high"),
@@ -109,34 +110,83 @@ def one_error(argv, capsys) -> str:
     return err
 
 
+def edit_torch(path: Path, edit) -> None:
+    record = torch.load(path, weights_only=True)
+    edit(record)
+    torch.save(record, path)
+
+
+def set_item(key, value):
+    return lambda record: record.__setitem__(key, value)
+
+
+def set_word(index, value):
+    return lambda record: record["mt19937"].__setitem__(index, value)
+
+
+RNG = "rng_state_0.pt"
+
+
 @pytest.mark.parametrize(
     ("name", "edit", "named"),
     [
-        ("rng_state_0.json", lambda r: r["numpy"].__setitem__("pos", 10**6), "numpy.pos=1000000"),
-        ("rng_state_0.json", lambda r: r["numpy"].__setitem__("keys", [-1] * 624), "numpy.keys"),
-        ("rng_state_0.json", lambda r: r["python"].__setitem__("gauss_next", "x"), "python=("),
-        ("rng_state_0.json", lambda r: r.__setitem__("torch", "AAAA"), "torch=tensor("),
-        ("rng_state_0.json", lambda r: r.__setitem__("cuda", ["AAAA"] * 9), "cuda=["),
-        ("rng_state_0.json", lambda r: r.pop("numpy"), "no field 'numpy'"),
-        ("checkpoint.json", lambda r: r.__setitem__("num_processes", 0), "num_processes=0 must be"),
-        ("checkpoint.json", lambda r: r["files"].__setitem__("../x", {}), "files={"),
+        (RNG, set_word((1, 624), 10**6), "mt19937[:, 624]=[624, 1000000] must be positions <= 624"),
+        (
+            RNG,
+            set_word((1, slice(0, 624)), -1),
+            "mt19937=a torch.int64 tensor of shape (2, 625), values -1..",
+        ),
+        (RNG, set_word((0, 0), 2**32), "must be 32-bit words"),
+        (
+            RNG,
+            set_item("mt19937", torch.zeros(2, 625)),
+            "float32 tensor of shape (2, 625), values 0.0..0.0 must be a torch.int64 tensor",
+        ),
+        (RNG, set_item("mt19937", torch.zeros(625, dtype=torch.int64)), "of shape (2, 625)"),
+        (RNG, set_item("python_gauss", "x"), "python_gauss='x' must be a number or null"),
+        (RNG, set_item("python_version", 7), "python_version=7 must be 3"),
+        (
+            RNG,
+            set_item("torch", torch.zeros(4, dtype=torch.uint8)),
+            "torch=a torch.uint8 tensor of shape (4,), values 0..0 must be torch's CPU generator state",
+        ),
+        (RNG, set_item("torch", torch.get_rng_state().int()), "must be a torch.uint8 tensor"),
+        (RNG, set_item("cuda", [torch.get_rng_state()] * 9), "cuda=[5056, 5056,"),
+        (RNG, lambda r: r.pop("numpy_gauss"), "the file has no field 'numpy_gauss'"),
+        (RNG, set_item("extra", 1), "the file has an unknown field 'extra'"),
+        ("checkpoint.json", set_item("num_processes", 0), "num_processes=0 must be"),
+        ("checkpoint.json", lambda r: r["files"].__setitem__("x", {}), "files['x'] has no field"),
         (
             "checkpoint.json",
-            lambda r: r.__setitem__("ema", "yes"),
-            "ema='yes' must be true or false",
+            lambda r: r["files"].__setitem__("../x", {"bytes": 1, "sha256": "0"}),
+            "files=[",
         ),
+        ("checkpoint.json", set_item("ema", "yes"), "ema='yes' must be true or false"),
     ],
 )
 def test_a_crafted_random_state_or_manifest_is_one_error_naming_the_field(
     run, capsys, name, edit, named
 ):
     checkpoint = run / "checkpoints" / "ckpt-000000020"
-    edit_json(checkpoint / name, edit)
-    if name != "checkpoint.json":
+    if name == RNG:
+        edit_torch(checkpoint / name, edit)
         rewrite_manifest(checkpoint)
+    else:
+        edit_json(checkpoint / name, edit)
     err = one_error(["--resume", str(checkpoint), "schedule.epochs=2"], capsys)
     assert f"{checkpoint / name} is damaged" in err and named in err, err
     assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]
+
+
+def test_a_pickle_in_place_of_the_random_state_is_refused_unexecuted(run, capsys):
+    """``torch.save`` of an arbitrary object (here a function reference) is a pickle payload:
+    ``weights_only`` refuses it before anything runs, one error naming the file."""
+    checkpoint = run / "checkpoints" / "ckpt-000000020"
+    torch.save({"python_version": os.getcwd}, checkpoint / RNG)
+    rewrite_manifest(checkpoint)
+    err = one_error(["--resume", str(checkpoint), "schedule.epochs=2"], capsys)
+    assert f"{checkpoint / RNG} contains pickled objects other than tensors" in err, err
+    assert "refuses to execute" in err and "allow_inexact_resume=true" in err, err
 
 
 @pytest.mark.parametrize(

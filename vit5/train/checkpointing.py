@@ -1,16 +1,19 @@
 """Resumable training checkpoints (``RUN/checkpoints/ckpt-<updates>``) and the model folders
 ``best/`` and ``final/``, nothing unpickled (Accelerate's ``save_state`` pickles): safetensors
-weights, the optimizer state read with ``torch.load(weights_only=True)``, the position and each
-process's random generators as JSON, and the manifest ``checkpoint.json`` (written last: the config
-as run, every file's size and SHA-256). A load starts at the manifest and reads only files it
-vouches for; each JSON file is one typed schema (:class:`Manifest`, :class:`StateFile`,
-:class:`RandomStates`) checked at construction by :func:`vit5.errors.rule_problems`. Format
-``vit5-train-checkpoint/1``, as written since 7f2503b; docs/training.md, "The checkpoint format"."""
+weights; the optimizer state and each process's random generators (``rng_state_<rank>.pt``) read
+with ``torch.load(weights_only=True)``; the position as JSON; and the manifest ``checkpoint.json``
+(written last: the config as run, every file's size and SHA-256). A load starts at the manifest and
+reads only files it vouches for. Each file is one typed schema (:class:`Manifest`,
+:class:`StateFile`, :class:`RandomStates`): its field annotations are what :func:`parse` checks, so
+a crafted file is one error naming the file and the field. Format ``vit5-train-checkpoint/2``;
+format 1 (random states as JSON, written from 7f2503b on) is still read. docs/training.md, "The
+checkpoint format"."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -18,11 +21,21 @@ import math
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    Required,
+    TypedDict,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
 import numpy as np
 import torch
@@ -35,11 +48,10 @@ from torch import nn
 
 import vit5
 from vit5.errors import (
-    Rule,
     StorageError,
     Vit5Error,
     os_error_reason,
-    rule_problems,
+    shorten,
     storage_error,
     user_message,
 )
@@ -49,8 +61,8 @@ from vit5.runtime import attempt, on_main, raise_agreed
 from vit5.train.errors import ResumeError
 from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
-FORMAT = "vit5-train-checkpoint/1"
-RNG_FORMAT = "vit5-rng/1"
+FORMAT = "vit5-train-checkpoint/2"
+FORMAT_1 = "vit5-train-checkpoint/1"  # random states as JSON (rng_state_<rank>.json), still read
 MANIFEST = "checkpoint.json"
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "model_ema.safetensors"
@@ -58,13 +70,11 @@ OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "train_state.json"
 VERIFIED_FILE = "verified.json"
 _NAME = re.compile(r"^ckpt-(\d+)$")
-# the columns of a metrics row (metrics.csv); the first six and bad_files are always set
-HISTORY_FIELDS = tuple(
-    "epoch updates lr train_loss train_images_per_s epoch_seconds val_loss val_top1 val_top5"
-    " val_images ema_val_loss ema_top1 ema_top5 bad_files".split()
-)
-_REQUIRED_ROW_FIELDS = (*HISTORY_FIELDS[:6], "bad_files")
 _POSITION = ("epoch", "batch", "epoch_samples", "num_updates")
+_FORMAT_FIX = (
+    "the formats this vit5 reads: resume the run with the vit5 that wrote it, or start from its "
+    "weights (vit5 train ... model.pretrained=RUN/final)"
+)
 
 
 def checkpoint_number(path: Path) -> int:
@@ -73,8 +83,9 @@ def checkpoint_number(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
-def rng_file(rank: int) -> str:
-    return f"rng_state_{rank}.json"
+def rng_file(rank: int, fmt: str = FORMAT) -> str:
+    """The random states of process ``rank`` in a checkpoint of format ``fmt``."""
+    return f"rng_state_{rank}.json" if fmt == FORMAT_1 else f"rng_state_{rank}.pt"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -89,108 +100,146 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------- the schemas
-def _is_count(value: Any, least: int = 0) -> bool:
-    """An integer (not a bool) of at least ``least``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+def _check(ok: bool, where: str, value: Any, must: str) -> None:
+    """``ValueError("where=value must be must")`` unless ``ok``: the one message of a refused field."""
+    if not ok:
+        raise ValueError(f"{where}={_shown(value)} must be {must}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _shown(value: Any) -> str:
+    """``value`` on one line: a tensor by dtype, shape and range, anything else by its repr."""
+    if not isinstance(value, torch.Tensor):
+        return re.sub(r"\s*\n\s*", " ", shorten(value))  # a tensor in a list: still one line
+    span = (
+        "" if value.is_complex() or not value.numel() else f", values {value.min()}..{value.max()}"
+    )
+    return f"a {value.dtype} tensor of shape {tuple(value.shape)}{span}"
 
 
-def _is_duration(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value) and value >= 0
+def parse(schema: Any, value: Any, where: str = "", null: str = "") -> Any:
+    """``value`` (read from JSON or a ``weights_only`` torch file) as ``schema``, a type annotation;
+    ``ValueError`` naming the first field that breaks it. A dataclass or TypedDict: a dict with each
+    field (a TypedDict's not ``Required`` ones may be absent) and no other; ``X | None``;
+    ``list[X]``; ``dict[str, X]``; ``Literal[...]``; ``bool``; ``str``; ``int``: at least 0;
+    ``float``: any number. In ``Annotated[T, m]`` a number ``m`` is T's least value (a float's then
+    also finite), a text ``m`` follows T's "must be"; ``Annotated[torch.Tensor, dtype, shape]``: a
+    tensor of that dtype and shape (-1: any size)."""
+    origin = get_origin(schema)
+    args = get_args(schema)
+    if schema is Any:
+        return value
+    if origin is Required:
+        return parse(args[0], value, where)
+    if origin is UnionType:  # X | None
+        return None if value is None else parse(args[0], value, where, " or null")
+    if dataclasses.is_dataclass(schema) or is_typeddict(schema):
+        return _parse_record(schema, value, where)
+    if origin is list:
+        _check(isinstance(value, list), where, value, "a list" + null)
+        return [parse(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        _check(isinstance(value, dict), where, value, "a JSON object" + null)
+        return {key: parse(args[1], item, f"{where}[{key!r}]") for key, item in value.items()}
+    meta = args[1] if origin is Annotated else None
+    kind = args[0] if origin is Annotated else schema
+    least = meta if isinstance(meta, (int, float)) else (0 if kind is int else None)
+    note = f", {meta}" if isinstance(meta, str) else ""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is torch.Tensor:
+        ok = isinstance(value, torch.Tensor) and value.dtype == meta and _shaped(value, args[2])
+        must = f"a {meta} tensor of shape {args[2]}"
+    elif get_origin(kind) is Literal:
+        ok = any(type(value) is type(c) and value == c for c in get_args(kind))
+        must = " or ".join(repr(choice) for choice in get_args(kind))
+    elif kind is int:
+        ok = number and isinstance(value, int) and value >= least
+        must = f"an integer >= {least}"
+    elif kind is float and least is not None:
+        ok = number and math.isfinite(value) and value >= least
+        must = f"a finite number >= {least}"
+    else:
+        ok = number if kind is float else isinstance(value, kind)
+        must = {float: "a number", bool: "true or false", str: "a string"}[kind]
+    _check(ok, where, value, must + null + note)
+    return value
 
 
-def _equals(expected: Any) -> Callable[[Any], bool]:
-    return lambda value: value == expected
+def _shaped(tensor: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    sizes = tuple(tensor.shape)
+    return len(sizes) == len(shape) and all(s in (-1, n) for s, n in zip(shape, sizes))
 
 
-def _is_listing(files: Any) -> bool:
-    """File names of the folder itself (no path, not hidden), each with its bytes and SHA-256."""
-
-    def entry(name: str, digest: Any) -> bool:
-        plain = bool(name) and Path(name).name == name and not name.startswith(".")
-        sized = isinstance(digest, dict) and _is_count(digest.get("bytes"))
-        return plain and sized and isinstance(digest.get("sha256"), str)
-
-    return isinstance(files, dict) and all(entry(k, v) for k, v in files.items())
+@functools.cache
+def _hints(schema: Any) -> dict[str, Any]:
+    return get_type_hints(schema, include_extras=True)
 
 
-def _refuse(values: Mapping[str, Any], rules: Iterable[Rule], where: str = "") -> None:
-    """``ValueError`` with the first problem of ``values`` under ``rules``, after ``where``."""
-    problems = rule_problems(values, rules)
-    if problems:
-        raise ValueError(where + problems[0])
+def _parse_record(schema: Any, value: Any, where: str) -> Any:
+    """A dataclass or TypedDict ``schema`` from a dict, its fields checked in order."""
+    said = where or "the file"
+    _check(isinstance(value, dict), said, value, "a dict of named fields")
+    hints = _hints(schema)
+    fields = {}
+    for name, hint in hints.items():
+        optional = is_typeddict(schema) and get_origin(hint) is not Required
+        if name not in value and not optional:
+            raise ValueError(f"{said} has no field {name!r}")
+        if name in value:
+            fields[name] = parse(hint, value[name], f"{where}.{name}" if where else name)
+    unknown = [key for key in value if key not in hints]
+    if unknown:
+        raise ValueError(f"{said} has an unknown field {shorten(unknown[0])}")
+    return schema(**fields)  # the one construction of a schema from fields, each checked above
 
 
-_FORMAT_RULE = Rule(
-    "format",
-    _equals(FORMAT),
-    f"{FORMAT!r}, the format this vit5 reads: resume the run with the vit5 that wrote it, "
-    "or fine-tune from its weights (model.pretrained=RUN/final)",
-)
-_MANIFEST_RULES = (
-    _FORMAT_RULE,
-    Rule(" ".join(_POSITION), _is_count, "an integer >= 0"),
-    Rule("num_processes", lambda v: _is_count(v, 1), "an integer >= 1"),
-    Rule("ema", lambda v: isinstance(v, bool), "true or false"),
-    Rule("config", lambda v: isinstance(v, dict), "the config as run (a JSON object)"),
-    Rule("files", _is_listing, "file names of the folder, each with its bytes and sha256"),
-)
+@dataclass(frozen=True)
+class FileDigest:
+    bytes: int
+    sha256: str
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """``checkpoint.json``, where every load starts: the position, the processes that wrote the
-    checkpoint, whether it holds EMA weights, the config as run, every file's size and SHA-256."""
+    """``checkpoint.json``, where every load starts: the format, the position, the processes that
+    wrote the checkpoint, whether it holds EMA weights, the config as run, every file's size and
+    SHA-256."""
 
-    format: str
+    format: Annotated[Literal[FORMAT, FORMAT_1], _FORMAT_FIX]  # first: a refused format stops here
     num_updates: int
     epoch: int
     batch: int
     epoch_samples: int
-    num_processes: int
+    num_processes: Annotated[int, 1]
     ema: bool
     config: dict[str, Any]
-    files: dict[str, Any]
+    files: dict[str, FileDigest]
 
     def __post_init__(self) -> None:
-        _refuse(vars(self), _MANIFEST_RULES)
-
-    @classmethod
-    def from_json(cls, record: Any) -> Manifest:
-        # the format first: another format may differ in every other field
-        _refuse({"format": record["format"]}, [_FORMAT_RULE])
-        return cls(
-            format=record["format"],
-            num_updates=record["num_updates"],
-            epoch=record["epoch"],
-            batch=record["batch"],
-            epoch_samples=record["epoch_samples"],
-            num_processes=record["num_processes"],
-            ema=record["ema"],
-            config=record["config"],
-            files=record["files"],
-        )
+        # names of the folder's own files: a load never reads outside it
+        plain = all(Path(name).name == name and name[:1] not in ("", ".") for name in self.files)
+        _check(plain, "files", list(self.files), "file names of the folder itself")
 
 
-_STATE_TYPES = (
-    Rule("epoch batch epoch_samples num_updates images_seen", _is_count, "an integer >= 0"),
-    Rule("train_seconds wall_seconds", _is_duration, "a finite number >= 0"),
-    Rule("best_top1", _is_number, "a number"),
-    Rule("best_epoch", lambda v: _is_count(v, -1), "an integer >= -1"),
-    Rule("history", lambda v: isinstance(v, list), "a list of metrics rows"),
-)
-_ROW_RULES = (
-    Rule(" ".join(_REQUIRED_ROW_FIELDS), _is_number, "a number"),
-    Rule(
-        " ".join(k for k in HISTORY_FIELDS if k not in _REQUIRED_ROW_FIELDS),
-        _is_number,
-        "a number or null",
-    ),
-    Rule("updates", _is_count, "an integer >= 0"),
-)
+class MetricsRow(TypedDict, total=False):
+    """One finished epoch of ``metrics.csv`` (the ``Required`` columns are always set)."""
+
+    epoch: Required[int]
+    updates: Required[int]
+    lr: Required[float]
+    train_loss: Required[float]
+    train_images_per_s: Required[float]
+    epoch_seconds: Required[float]
+    val_loss: float | None
+    val_top1: float | None
+    val_top5: float | None
+    val_images: float | None
+    ema_val_loss: float | None
+    ema_top1: float | None
+    ema_top5: float | None
+    bad_files: Required[int]
+
+
+HISTORY_FIELDS = tuple(MetricsRow.__annotations__)  # the columns of a metrics row, in order
 
 
 @dataclass
@@ -198,65 +247,35 @@ class TrainState:
     """Where the run is: ``epoch`` (0-based, in progress), ``batch`` (micro-batches of it trained
     by each process), ``epoch_samples`` (samples of the epoch's global order trained by all
     processes: where the data resumes), ``num_updates``, the best raw val top-1 and its epoch,
-    time, images, and one metrics row per finished epoch. Construction checks types, ranges and
-    agreement (:meth:`_agreement`), so a loaded state is refused naming the field."""
+    time, images, and one metrics row per finished epoch."""
 
     epoch: int = 0
     batch: int = 0
     epoch_samples: int = 0
     num_updates: int = 0
     best_top1: float = -1.0
-    best_epoch: int = -1
-    train_seconds: float = 0.0
-    wall_seconds: float = 0.0
+    best_epoch: Annotated[int, -1] = -1
+    train_seconds: Annotated[float, 0] = 0.0
+    wall_seconds: Annotated[float, 0] = 0.0
     images_seen: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[MetricsRow] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _refuse(vars(self), _STATE_TYPES, "train_state.")
-        for index, row in enumerate(self.history):
-            _check_row(index, row)
-        _refuse(vars(self), self._agreement(), "train_state.")
-
-    def _agreement(self) -> list[Rule]:
-        """One history row per finished epoch; the best epoch among them, with its val top-1."""
+        """One row per finished epoch, in order; the best epoch among them, with its val top-1."""
         rows = len(self.history)
+        for index, row in enumerate(self.history):
+            where = f"train_state.history[{index}].epoch"
+            _check(row["epoch"] == index + 1, where, row["epoch"], str(index + 1))
+        said = f"the number of history rows ({rows})"
+        _check(self.epoch == rows, "train_state.epoch", self.epoch, said)
+        least = f"at least the epochs ({self.epoch})"
+        _check(self.num_updates >= self.epoch, "train_state.num_updates", self.num_updates, least)
         best = self.best_epoch
-        top1 = self.history[best - 1].get("val_top1") if 1 <= best <= rows else -1.0
-        return [
-            Rule("epoch", _equals(rows), f"the number of history rows ({rows})"),
-            Rule("num_updates", lambda v: v >= self.epoch, f"at least the epochs ({self.epoch})"),
-            Rule("best_epoch", lambda v: v == -1 or 1 <= v <= rows, f"-1 or in [1, {rows}]"),
-            Rule("best_top1", _equals(top1), f"{top1!r}, val_top1 of history row {best}"),
-        ]
-
-    @classmethod
-    def from_json(cls, record: Any) -> TrainState:
-        return cls(
-            epoch=record["epoch"],
-            batch=record["batch"],
-            epoch_samples=record["epoch_samples"],
-            num_updates=record["num_updates"],
-            best_top1=record["best_top1"],
-            best_epoch=record["best_epoch"],
-            train_seconds=record["train_seconds"],
-            wall_seconds=record["wall_seconds"],
-            images_seen=record["images_seen"],
-            history=record["history"],
-        )
-
-
-def _check_row(index: int, row: Any) -> None:
-    """A metrics row: the known columns, numbers, its own epoch (``ValueError`` naming it)."""
-    where = f"train_state.history[{index}]"
-    fields = row if isinstance(row, dict) else {}
-    missing = [f"no {k!r}" for k in _REQUIRED_ROW_FIELDS if k not in fields]
-    unknown = [f"an unknown field {k!r}" for k in fields if k not in HISTORY_FIELDS]
-    if missing or unknown:
-        raise ValueError(f"{where} has {(missing + unknown)[0]}")
-    values = {k: row.get(k) for k in HISTORY_FIELDS}
-    rules = [*_ROW_RULES, Rule("epoch", _equals(index + 1), str(index + 1))]
-    _refuse(values, rules, where + ".")
+        within = best == -1 or 1 <= best <= rows
+        _check(within, "train_state.best_epoch", best, f"-1 or in [1, {rows}]")
+        top1 = self.history[best - 1].get("val_top1") if best >= 1 else -1.0
+        said = f"{top1!r}, val_top1 of history row {best}"
+        _check(self.best_top1 == top1, "train_state.best_top1", self.best_top1, said)
 
 
 @dataclass(frozen=True)
@@ -268,20 +287,69 @@ class StateFile:
     accelerator_step: int
     grad_scaler: dict[str, Any] | None
 
+
+@dataclass(frozen=True)
+class RandomStates:
+    """One process's generators (``rng_state_<rank>.pt``, a flat dict of these fields): Python's
+    and NumPy's legacy global Mersenne Twisters (``mt19937`` rows 0 and 1: 624 words and the
+    position, as ``random.getstate`` and ``np.random.get_state`` give them), torch's CPU generator
+    and every CUDA device's. Construction checks every state the generators would refuse (torch's
+    on a fresh generator), so a crafted state is refused before a global generator changes."""
+
+    mt19937: Annotated[torch.Tensor, torch.int64, (2, 625)]
+    python_version: Literal[3]  # random.getstate's VERSION since Python 3.2
+    python_gauss: float | None
+    numpy_has_gauss: int
+    numpy_gauss: float
+    torch: Annotated[torch.Tensor, torch.uint8, (-1,)]
+    cuda: list[Annotated[torch.Tensor, torch.uint8, (-1,)]]
+
     def __post_init__(self) -> None:
-        rules = [
-            Rule("accelerator_step", _is_count, "an integer >= 0"),
-            Rule("grad_scaler", lambda v: isinstance(v, dict), "a scaler state or null"),
-        ]
-        _refuse(vars(self), rules)
+        words = self.mt19937
+        in_range = bool(words.ge(0).all() and words.lt(2**32).all())
+        _check(in_range, "mt19937", words, "32-bit words (row 0: Python's, row 1: NumPy's)")
+        position = words[:, 624]
+        _check(
+            bool(position.le(624).all()), "mt19937[:, 624]", position.tolist(), "positions <= 624"
+        )
+        cpu = _takes(torch.Generator().set_state, self.torch)
+        _check(cpu, "torch", self.torch, "torch's CPU generator state")
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        sizes = [torch.cuda.get_rng_state(i).numel() for i in range(devices)]
+        found = [state.numel() for state in self.cuda]
+        _check(found in ([], sizes), "cuda", found, f"no sizes, or those of this machine's {sizes}")
 
     @classmethod
-    def from_json(cls, record: Any) -> StateFile:
+    def capture(cls) -> RandomStates:
+        version, words, gauss = random.getstate()
+        _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+        numpy = np.append(keys, position).astype(np.int64)
+        mt19937 = np.stack([np.array(words, dtype=np.int64), numpy])  # 6x faster than torch.tensor
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         return cls(
-            train_state=TrainState.from_json(record["train_state"]),
-            accelerator_step=record["accelerator_step"],
-            grad_scaler=record["grad_scaler"],
+            mt19937=torch.from_numpy(mt19937),
+            python_version=version,
+            python_gauss=gauss,
+            numpy_has_gauss=int(has_gauss),
+            numpy_gauss=float(cached),
+            torch=torch.get_rng_state(),
+            cuda=list(cuda),
         )
+
+    def restore(self) -> None:
+        random.setstate(self._python())
+        numpy = self.mt19937[1].tolist()
+        np.random.set_state(
+            ("MT19937", numpy[:624], numpy[624], self.numpy_has_gauss, float(self.numpy_gauss))
+        )
+        torch.set_rng_state(self.torch)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    def _python(self) -> tuple[Any, ...]:
+        gauss = self.python_gauss
+        words = tuple(self.mt19937[0].tolist())
+        return (self.python_version, words, None if gauss is None else float(gauss))
 
 
 def _takes(setter: Callable[[Any], Any], state: Any) -> bool:
@@ -293,114 +361,22 @@ def _takes(setter: Callable[[Any], Any], state: Any) -> bool:
     return True
 
 
-def _python_fits(state: tuple[Any, ...]) -> bool:
-    """``random.setstate`` takes any object as ``gauss_next``: it must be a float or None."""
-    gauss = state[2]
-    number = gauss is None or isinstance(gauss, float)
-    return number and _takes(random.Random().setstate, state)
-
-
-def _cuda_fits(states: list[torch.Tensor]) -> bool:
-    """None (written without CUDA) or one state per visible CUDA device, of its size."""
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    sizes = [torch.cuda.get_rng_state(i).numel() for i in range(devices)]
-    return not states or [state.numel() for state in states] == sizes
-
-
-_RNG_RULES = (
-    Rule("python", _python_fits, "Python's random state (version, 625 integers, gauss_next)"),
-    Rule("numpy", partial(_takes, np.random.RandomState().set_state), "NumPy's legacy state"),
-    Rule("torch", partial(_takes, torch.Generator().set_state), "torch's CPU generator state"),
-    Rule("cuda", _cuda_fits, "none or one state per visible CUDA device"),
-)
-
-
-@dataclass(frozen=True)
-class RandomStates:
-    """One process's generators: Python's, NumPy's legacy global one, torch's CPU one, every CUDA
-    device's. Stored as plain JSON (``rng_state_<rank>.json``, ``vit5-rng/1``); construction sets
-    each on a fresh generator, so a crafted state is refused before a global generator changes."""
-
-    python: tuple[Any, ...]
-    numpy: tuple[Any, ...]
-    torch: torch.Tensor
-    cuda: list[torch.Tensor]
-
-    def __post_init__(self) -> None:
-        _refuse(vars(self), _RNG_RULES)
-
-    @classmethod
-    def capture(cls) -> RandomStates:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        return cls(
-            python=random.getstate(),
-            numpy=np.random.get_state(legacy=True),
-            torch=torch.get_rng_state(),
-            cuda=list(cuda),
-        )
-
-    def restore(self) -> None:
-        random.setstate(self.python)
-        np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda:
-            torch.cuda.set_rng_state_all(self.cuda)
-
-    @classmethod
-    def from_json(cls, record: Any) -> RandomStates:
-        _refuse({"format": record["format"]}, [Rule("format", _equals(RNG_FORMAT), RNG_FORMAT)])
-        python = record["python"]
-        numpy = record["numpy"]
-        keys = np.asarray(numpy["keys"], dtype=np.int64)
-        if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 2**32:
-            raise ValueError("numpy.keys must be 624 32-bit integers")
-        if not 0 <= numpy["pos"] <= 624:  # set_state takes any position, and reads out of bounds
-            raise ValueError(f"numpy.pos={numpy['pos']!r} must be in [0, 624]")
-        return cls(
-            python=(python["version"], tuple(python["state"]), python["gauss_next"]),
-            numpy=(
-                numpy["kind"],
-                tuple(keys.tolist()),  # a tuple: its repr in a message is one line
-                numpy["pos"],
-                numpy["has_gauss"],
-                numpy["cached_gaussian"],
-            ),
-            torch=_decode(record["torch"]),
-            cuda=[_decode(text) for text in record["cuda"]],
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        version, internal, gauss = self.python
-        kind, keys, pos, has_gauss, cached = self.numpy
-        numpy = {
-            "kind": kind,
-            "keys": [int(key) for key in keys],
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
-        return {
-            "format": RNG_FORMAT,
-            "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-            "numpy": numpy,
-            "torch": _encode(self.torch),
-            "cuda": [_encode(state) for state in self.cuda],
-        }
-
-
-def capture_rng() -> dict[str, Any]:
-    """This process's generators as :class:`RandomStates`' JSON (no pickle)."""
-    return RandomStates.capture().to_json()
-
-
-def restore_rng(record: Any) -> None:
-    """Set every generator from :func:`capture_rng`'s JSON; ``ValueError`` (nothing changed) for
-    a record that breaks :class:`RandomStates`' schema."""
-    _parse(RandomStates, record).restore()
-
-
-def _encode(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+def _rng_from_json(record: Any) -> dict[str, Any]:
+    """A format-1 ``rng_state_<rank>.json`` (``vit5-rng/1``: lists and base64) as the fields of
+    :class:`RandomStates` (a missing field: ``KeyError``; a misplaced one: ``TypeError``)."""
+    _check(record["format"] == "vit5-rng/1", "format", record["format"], "'vit5-rng/1'")
+    python = record["python"]
+    numpy = record["numpy"]
+    words = [python["state"], [*numpy["keys"], numpy["pos"]]]
+    return {
+        "mt19937": torch.tensor(words, dtype=torch.int64),
+        "python_version": python["version"],
+        "python_gauss": python["gauss_next"],
+        "numpy_has_gauss": numpy["has_gauss"],
+        "numpy_gauss": numpy["cached_gaussian"],
+        "torch": _decode(record["torch"]),
+        "cuda": [_decode(text) for text in record["cuda"]],
+    }
 
 
 def _decode(text: str) -> torch.Tensor:
@@ -408,14 +384,48 @@ def _decode(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
 
 
-def _parse(schema: Any, record: Any) -> Any:
-    """``schema.from_json(record)``; ``ValueError`` for a missing field or a misplaced type."""
-    try:
-        return schema.from_json(record)
-    except KeyError as err:
-        raise ValueError(f"no field {err}") from None
-    except (TypeError, OverflowError) as err:
-        raise ValueError(f"a field of the wrong type or size ({err})") from None
+@dataclass(frozen=True)
+class EpochLayout:
+    """What an epoch position is checked against: the per-process micro-batch, micro-batches per
+    step, this run's micro-batches per epoch and process, an epoch's samples (x repeated aug)."""
+
+    batch_size: int
+    accum_steps: int
+    batches_per_epoch: int
+    epoch_samples: int
+
+    def check(self, state: TrainState, manifest: Manifest, folder: Path, elastic: bool) -> None:
+        """``ValueError`` unless the loaded position is the manifest's and the folder name's, on an
+        optimizer step within an epoch of this run (``elastic``: written by another number of
+        processes)."""
+        for name in _POSITION:
+            recorded = getattr(manifest, name)
+            value = getattr(state, name)
+            _check(value == recorded, f"train_state.{name}", value, f"{recorded}, as in {MANIFEST}")
+        number = checkpoint_number(folder)
+        updates = state.num_updates
+        said = f"{number}, as in {folder.name}"
+        _check(number in (-1, updates), "train_state.num_updates", updates, said)
+        accum = self.accum_steps
+        most = self.batches_per_epoch
+        fits = state.batch % accum == 0 and (elastic or state.batch <= most)
+        said = (
+            f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer steps), at "
+            f"most the {most} micro-batches of an epoch of this run"
+        )
+        _check(fits, "train_state.batch", state.batch, said)
+        samples = state.epoch_samples
+        step = self.batch_size * accum
+        processes = manifest.num_processes
+        trained = manifest.batch * self.batch_size * processes
+        within = samples <= self.epoch_samples + processes
+        fits = samples % step == 0 and within and (elastic or samples == trained)
+        said = (
+            f"a multiple of data.batch_size x optim.accum_steps = {step}, at most the "
+            f"{self.epoch_samples} samples of an epoch and, on the processes that wrote it, "
+            f"batch x data.batch_size x {processes} process(es) = {trained}"
+        )
+        _check(fits, "train_state.epoch_samples", samples, said)
 
 
 # ------------------------------------------------------------------------------- saving, loading
@@ -444,46 +454,6 @@ class Restored:
     elastic_from: int | None = None
 
 
-@dataclass(frozen=True)
-class EpochLayout:
-    """What an epoch position is checked against: the per-process micro-batch, micro-batches per
-    step, this run's micro-batches per epoch and process, an epoch's samples (x repeated aug)."""
-
-    batch_size: int
-    accum_steps: int
-    batches_per_epoch: int
-    epoch_samples: int
-
-    def rules(self, manifest: Manifest, folder: Path, elastic: bool) -> list[Rule]:
-        """Where a loaded position may be: the manifest's and the folder name's, on an optimizer
-        step within an epoch of this run (``elastic``: written by another number of processes)."""
-        recorded = {name: getattr(manifest, name) for name in _POSITION}
-        said = [Rule(k, _equals(v), f"{v}, as in {MANIFEST}") for k, v in recorded.items()]
-        number = checkpoint_number(folder)
-        accum = self.accum_steps
-        most = self.batches_per_epoch
-        step = self.batch_size * accum
-        samples = self.epoch_samples + manifest.num_processes
-        trained = manifest.batch * self.batch_size * manifest.num_processes
-        per_batch = f"batch x data.batch_size x {manifest.num_processes} process(es)"
-        return said + [
-            Rule("num_updates", lambda v: number in (-1, v), f"{number}, as in {folder.name}"),
-            Rule(
-                "batch",
-                lambda v: v % accum == 0 and (elastic or v <= most),
-                f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer "
-                f"steps), at most the {most} micro-batches of an epoch of this run",
-            ),
-            Rule(
-                "epoch_samples",
-                lambda v: v % step == 0 and v <= samples and (elastic or v == trained),
-                f"a multiple of data.batch_size x optim.accum_steps = {step}, at most the "
-                f"{self.epoch_samples} samples of an epoch and, on the processes that wrote it, "
-                f"{per_batch} = {trained}",
-            ),
-        ]
-
-
 @dataclass
 class CheckpointManager:
     """Saves, prunes, verifies and loads the training checkpoints of one run; every method is
@@ -506,8 +476,10 @@ class CheckpointManager:
         on_main(acc, lambda: staging_dir(final))
         files = {}
         if acc.is_main_process:
-            files = _state_files(self.parts, acc.step, _scaler_state(acc))
-        files[rng_file(acc.process_index)] = _json_bytes(capture_rng())
+            scaler = getattr(acc, "scaler", None)
+            scaler_state = scaler.state_dict() if scaler is not None else None
+            files = _state_files(self.parts, acc.step, scaler_state)
+        files[rng_file(acc.process_index)] = _torch_bytes(vars(RandomStates.capture()))
 
         def write() -> None:
             for name, data in files.items():
@@ -531,11 +503,21 @@ class CheckpointManager:
             listed[rng_file(rank)] = _digest((tmp / rng_file(rank)).read_bytes())
         for name in listed:  # flushed to disk before the manifest that vouches for them
             fsync_file(tmp / name)
-        processes = self.accelerator.num_processes
-        manifest = _manifest(self.parts.state, processes, self.config, listed)
+        state = self.parts.state
+        manifest = Manifest(
+            format=FORMAT,
+            num_updates=state.num_updates,
+            epoch=state.epoch,
+            batch=state.batch,
+            epoch_samples=state.epoch_samples,
+            num_processes=self.accelerator.num_processes,
+            ema=EMA_FILE in listed,
+            config=self.config,
+            files=listed,
+        )
         write_json(tmp / MANIFEST, dataclasses.asdict(manifest))
         replace_dir(tmp, final)  # the same update count saved again: swapped, never none
-        self._prune(self.parts.state.num_updates)
+        self._prune(state.num_updates)
 
     def _prune(self, newest: int) -> None:
         """Keep ``keep_last`` checkpoints up to ``newest`` (this session's), and the newest good
@@ -591,11 +573,10 @@ class CheckpointManager:
         manifest = read_manifest(path)
         data = _verified_files(path, manifest, parts.ema is not None)
         # the position first: a crafted one is refused before anything is loaded
-        record = _read_json(path, STATE_FILE, data[STATE_FILE], StateFile)
+        record = _read(path, STATE_FILE, data[STATE_FILE], StateFile)
         elastic = manifest.num_processes != acc.num_processes
         try:
-            rules = self.layout.rules(manifest, path, elastic)
-            _refuse(vars(record.train_state), rules, "train_state.")
+            self.layout.check(record.train_state, manifest, path, elastic)
             _restore_scaler(getattr(acc, "scaler", None), record.grad_scaler)
         except (ValueError, KeyError, TypeError, RuntimeError) as err:
             raise _damaged(path / STATE_FILE, err) from err
@@ -607,9 +588,9 @@ class CheckpointManager:
         acc.step = record.accelerator_step
         if elastic:
             return self._elastic(path, manifest.num_processes)
-        name = rng_file(acc.process_index)
+        name = rng_file(acc.process_index, manifest.format)
         try:
-            _read_json(path, name, _verified(path, name, manifest), RandomStates).restore()
+            _read(path, name, _verified(path, name, manifest), RandomStates).restore()
         except _Damaged as err:
             if not allow_inexact:
                 raise _Damaged(
@@ -699,7 +680,7 @@ def read_manifest(path: Path) -> Manifest:
         data = manifest_path.read_bytes()
     except OSError as err:
         raise _Damaged(f"{manifest_path} cannot be read ({os_error_reason(err)})") from err
-    return _read_json(path, MANIFEST, data, Manifest)
+    return _read(path, MANIFEST, data, Manifest)
 
 
 def resolve_resume(path: Path) -> tuple[Path, Path]:
@@ -753,20 +734,36 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, allow_nan=True) + "\n").encode("ascii")
 
 
-def _digest(data: bytes) -> dict[str, Any]:
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+def _digest(data: bytes) -> FileDigest:
+    return FileDigest(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
-def _damaged(file: Path, err: BaseException) -> _Damaged:
+def _damaged(file: Path, err: BaseException | str) -> _Damaged:
     return _Damaged(f"{file} is damaged or from another vit5 ({err})")
 
 
-def _read_json(path: Path, name: str, data: bytes, schema: Any) -> Any:
-    """File ``name`` of checkpoint ``path`` as its ``schema``; ``_Damaged`` naming the problem."""
+def _torch_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _read(path: Path, name: str, data: bytes, schema: Any) -> Any:
+    """File ``name`` of checkpoint ``path`` (JSON, or a ``.pt`` read ``weights_only``) as its
+    ``schema``; ``_Damaged`` naming the file and the problem."""
     try:
-        return _parse(schema, json.loads(data))
-    except ValueError as err:  # JSON and UTF-8 errors are ValueErrors too
-        raise _damaged(path / name, err) from err
+        if name.endswith(".pt"):
+            return parse(schema, safe_torch_load(data, name=str(path / name)))
+        record = json.loads(data)
+        if schema is RandomStates:  # format 1: rng_state_<rank>.json
+            record = _rng_from_json(record)
+        return parse(schema, record)
+    except vit5.CheckpointError as err:  # a refused pickle or an unreadable file, named
+        raise _Damaged(str(err)) from err
+    except KeyError as err:  # format 1's random states
+        raise _damaged(path / name, f"no field {err}") from err
+    except (ValueError, TypeError, RuntimeError, OverflowError, RecursionError) as err:
+        raise _damaged(path / name, err) from err  # JSON and UTF-8 errors are ValueErrors too
 
 
 def _verified(path: Path, name: str, manifest: Manifest) -> bytes:
@@ -779,10 +776,10 @@ def _verified(path: Path, name: str, manifest: Manifest) -> bytes:
         data = (path / name).read_bytes()
     except OSError as err:
         raise _Damaged(f"{path / name} is missing or unreadable ({os_error_reason(err)})") from err
-    if _digest(data) != {"bytes": expected["bytes"], "sha256": expected["sha256"]}:
+    if _digest(data) != expected:
         raise _Damaged(
             f"{path / name} is damaged: {len(data)} bytes that do not match the "
-            f"{expected['bytes']} bytes and SHA-256 recorded when it was written (truncated, "
+            f"{expected.bytes} bytes and SHA-256 recorded when it was written (truncated, "
             "emptied or modified)"
         )
     return data
@@ -819,11 +816,6 @@ def _load_optimizer(path: Path, data: bytes, optimizer: torch.optim.Optimizer) -
         ) from err
 
 
-def _scaler_state(acc: Accelerator) -> dict[str, Any] | None:
-    scaler = getattr(acc, "scaler", None)
-    return scaler.state_dict() if scaler is not None else None
-
-
 def _restore_scaler(scaler: Any, state: dict[str, Any] | None) -> None:
     """The fp16 gradient scaler's state, present exactly when this run scales (fp16)."""
     if (state is None) != (scaler is None):
@@ -834,31 +826,10 @@ def _restore_scaler(scaler: Any, state: dict[str, Any] | None) -> None:
 
 def _state_files(parts: Resumable, step: int, scaler: dict[str, Any] | None) -> dict[str, bytes]:
     """The files every process but the main one leaves out: weights, optimizer, the position."""
-    optimizer = io.BytesIO()
-    torch.save(parts.optimizer.state_dict(), optimizer)
     files = {MODEL_FILE: safetensors_bytes(parts.model.state_dict())}
     if parts.ema is not None:
         files[EMA_FILE] = safetensors_bytes(parts.ema.module.state_dict())
-    files[OPTIMIZER_FILE] = optimizer.getvalue()
+    files[OPTIMIZER_FILE] = _torch_bytes(parts.optimizer.state_dict())
     record = StateFile(train_state=parts.state, accelerator_step=step, grad_scaler=scaler)
     files[STATE_FILE] = _json_bytes(dataclasses.asdict(record))
     return files
-
-
-def _manifest(
-    state: TrainState,
-    processes: int,
-    config: dict[str, Any],
-    files: dict[str, Any],
-) -> Manifest:
-    return Manifest(
-        format=FORMAT,
-        num_updates=state.num_updates,
-        epoch=state.epoch,
-        batch=state.batch,
-        epoch_samples=state.epoch_samples,
-        num_processes=processes,
-        ema=EMA_FILE in files,
-        config=config,
-        files=files,
-    )

@@ -32,13 +32,12 @@ from vit5.train import rundir
 from vit5.train.checkpointing import (
     CheckpointManager,
     EpochLayout,
+    RandomStates,
     Resumable,
     TrainState,
-    capture_rng,
     checkpoint_number,
     is_verified,
     list_checkpoints,
-    restore_rng,
     save_model_dir,
 )
 from vit5.train.config import TrainConfig, config_record, flatten_config, tracker_names
@@ -377,10 +376,10 @@ class Trainer:
     def _validate(self) -> dict[str, Any]:
         """The row's validation columns, leaving the random generators as they were, so training
         draws the same whether it validates or not."""
-        generators = capture_rng()
+        generators = RandomStates.capture()
         hook = self.on_validate
         out = self._evaluate_both() if hook is None else hook(self.raw_model)
-        restore_rng(generators)
+        generators.restore()
         return out
 
     def _evaluate_both(self) -> dict[str, Any]:
