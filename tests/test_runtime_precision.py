@@ -31,4 +31,18 @@ def test_the_trainer_runs_the_fallback(monkeypatch, tmp_path):
     cfg = load_config("demo_digits", ["run.mixed_precision=bf16", f"run.output_dir={tmp_path}"])
     trainer = Trainer(cfg)
     assert trainer.accelerator.mixed_precision == "no"
-    assert "no native bf16" in trainer.precision_note
+    assert any("no native bf16" in note for note in trainer.machine_notes)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_muon_on_a_cpu_that_emulates_bf16_gets_a_note(monkeypatch, native):
+    """timm's Muon orthogonalises in bf16 whatever the run's precision: slow where bf16 is emulated."""
+    from vit5.train.loop import optimizer_note
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    note = optimizer_note("muon", on_cpu=True)
+    assert (note == "") == native
+    if not native:
+        assert "optim.name=muon" in note and "optim.name=adamw" in note
+    assert optimizer_note("adamw", on_cpu=True) == ""
+    assert optimizer_note("muon", on_cpu=False) == ""

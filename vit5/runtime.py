@@ -121,16 +121,24 @@ def fit_precision(requested: str, on_cpu: bool) -> tuple[str, str]:
     note if changed: bf16 autocast on a CPU without native bf16 matrix units (AVX512-BF16 or AMX;
     oneDNN's ``_is_mkldnn_bf16_supported``) falls back to emulated kernels, measured 16-40x slower
     than fp32 for a ViT's matrix products on an AVX2-only AMD EPYC, so such a run trains in fp32."""
-    import torch
-
-    if requested != "bf16" or not on_cpu or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    emulated = emulated_bf16(on_cpu)
+    if requested != "bf16" or not emulated:
         return requested, ""
-    capability = torch.backends.cpu.get_cpu_capability()
     note = (
-        f"run.mixed_precision=bf16 runs as fp32: this CPU ({capability}) has no native bf16 "
+        f"run.mixed_precision=bf16 runs as fp32: this CPU ({emulated}) has no native bf16 "
         "matrix multiply (emulated bf16 is 16-40x slower); set run.mixed_precision=fp32 to silence"
     )
     return "fp32", note
+
+
+def emulated_bf16(on_cpu: bool) -> str:
+    """This CPU's capability (``AVX2``, ...) where a run ``on_cpu`` would emulate bf16 matrix
+    products (no AVX512-BF16 or AMX, oneDNN's ``_is_mkldnn_bf16_supported``), else ``""``."""
+    import torch
+
+    if not on_cpu or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return ""
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:

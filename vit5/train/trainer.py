@@ -58,6 +58,7 @@ from vit5.train.loop import (
     build_optimizer,
     ema_horizon_warning,
     evaluate,
+    optimizer_note,
     reduce_sums,
     schedule_clock,
     target_mixer,
@@ -103,8 +104,11 @@ class Trainer:
         trackers = tracker_names(cfg.run.log_with)
         self.session_start = time.perf_counter()
         on_cpu = cfg.run.cpu or not torch.cuda.is_available()
-        precision, self.precision_note = fit_precision(cfg.run.mixed_precision, on_cpu)
+        precision, precision_note = fit_precision(cfg.run.mixed_precision, on_cpu)
         self.precision = precision
+        # what this machine changes or slows down, printed in the header
+        found = (precision_note, optimizer_note(cfg.optim.name, on_cpu))
+        self.machine_notes = [note for note in found if note]
         acc = self.accelerator = Accelerator(
             mixed_precision="no" if precision == "fp32" else precision,
             gradient_accumulation_steps=cfg.optim.accum_steps,
@@ -550,7 +554,7 @@ class Trainer:
             lines.append(f"resumed        from {self.resumed_from} ({where})")
         if self.fork_note:
             lines.append("forked         " + self.fork_note.replace("\n", "\n               "))
-        notes = [*data.notes, self.precision_note] if self.precision_note else data.notes
+        notes = [*data.notes, *self.machine_notes]
         lines += [f"note           {note}" for note in notes]
         lines += [
             self.resume_warning,
