@@ -103,3 +103,13 @@ def test_the_docs_ablation_tables_name_the_printed_columns():
     text = (ROOT / "docs" / "register-analyses.md").read_text()
     headers = [line for line in text.splitlines() if line.startswith("| method | place |")]
     assert headers and all(h == "| " + " | ".join(TABLE_HEADER) + " |" for h in headers)
+
+
+def test_model_help_names_every_spec_prefix():
+    """Every model-spec prefix the loader accepts is named in ``--model``'s help."""
+    from vit5.cli import MODEL_HELP
+    from vit5.introspect.load import HF_PREFIX, TIMM_PREFIX
+    from vit5.weights.catalog import HF_HUB_PREFIX
+
+    for prefix in (HF_PREFIX, TIMM_PREFIX, HF_HUB_PREFIX):
+        assert prefix in MODEL_HELP

@@ -64,8 +64,9 @@ DEFAULT_MAX_PARAMS = (
 MODEL_HELP = (
     "model spec: a vit5 preset with its released weights (vit5_small) or a released name "
     "(vit5_base_patch16_384.in1k), PRESET@CHECKPOINT, a vit5 checkpoint directory, a checkpoint file "
-    "(official ViT-5 .pth), hf-hub:USER/REPO, or timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights "
-    "unless @CHECKPOINT)"
+    "(official ViT-5 .pth), hf-hub:USER/REPO, timm:NAME[.TAG][@CHECKPOINT] (timm's pretrained weights "
+    "unless @CHECKPOINT), or transformers:USER/REPO or transformers:FOLDER (a save_pretrained folder; "
+    "safetensors only, needs the transformers extra)"
 )
 
 
