@@ -120,3 +120,33 @@ def test_muon_orthogonalises_the_hidden_matrices_and_leaves_the_rest_to_adamw():
     assert on_muon == hidden and len(hidden) == 2 * 4  # qkv, proj, fc1, fc2 in each of 2 blocks
     for name, p in model.named_parameters():
         assert torch.isfinite(p).all() and not torch.equal(p, before[name]), name
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_muon_orthogonalises_in_fp32_where_the_cpu_emulates_bf16(monkeypatch, native):
+    """timm's Newton-Schulz runs in bf16; on a CPU without native bf16 our Muon asks it for fp32, for
+    its steps only: timm's function is back after each step, and an optimizer built for a native-bf16
+    CPU (or for another device) keeps timm's default."""
+    import timm.optim.muon as timm_muon
+
+    dtypes = []
+    original = timm_muon.zeropower_via_newtonschulz
+
+    def spy(*args, dtype=torch.bfloat16, **kwargs):
+        dtypes.append(dtype)
+        return original(*args, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(timm_muon, "zeropower_via_newtonschulz", spy)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    model = tiny_model()
+    cfg = OptimSection(name="muon", lr=1e-3, weight_decay=0.05)
+    opt = build_optimizer(model, cfg, lr=1e-3, on_cpu=True)
+    logits = model(torch.randn(4, 3, 32, 32))
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    opt.step()
+    expected = torch.bfloat16 if native else torch.float32
+    assert dtypes and set(dtypes) == {expected}  # one call per hidden matrix
+    assert timm_muon.zeropower_via_newtonschulz is spy
+    dtypes.clear()
+    build_optimizer(model, cfg, lr=1e-3, on_cpu=False).step()
+    assert set(dtypes) == {torch.bfloat16}

@@ -162,7 +162,7 @@ class Trainer:
         self.updates_per_epoch = self.batches_per_epoch // cfg.optim.accum_steps
         self.global_batch = cfg.data.batch_size * acc.num_processes * cfg.optim.accum_steps
         self.peak_lr = cfg.optim.peak_lr(self.global_batch)  # computed once, here
-        optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr)
+        optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr, on_cpu=on_cpu)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
         compiled = torch.compile(self.raw_model) if cfg.model.compile is True else self.raw_model
         if cfg.model.compile == "regional":  # in place: the raw model's blocks run compiled
