@@ -70,7 +70,7 @@ def orthogonalise_in_fp32(optimizer: torch.optim.Optimizer) -> None:
     timm computes it in bf16 (``zeropower_via_newtonschulz(..., dtype=torch.bfloat16)`` in
     ``timm/optim/muon.py``, a default its ``Muon`` does not expose). On a CPU that emulates bf16 that
     made a ``fashion_mnist_cpu`` training step 4.4x slower than AdamW's; in fp32 the step costs about
-    8 % more than AdamW's (docs/results.md, "Muon against AdamW at equal wall time"). timm's function
+    9 % more than AdamW's (docs/results.md, "Muon against AdamW at equal wall time"). timm's function
     is swapped for the length of each ``step`` call only, so other optimizers keep timm's default."""
     step = optimizer.step
 
