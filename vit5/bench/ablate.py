@@ -173,6 +173,8 @@ SCALES: dict[str, Scale] = {
             "ema.decay=0.99",
             "data.batch_size=256",
             "aug.train=pad_crop",  # as the README's ablation table was measured
+            "optim.name=adamw",
+            "model.compile=false",
         )
         + (
             "model.overrides.embed_dim=128",
