@@ -46,3 +46,36 @@ def test_muon_on_a_cpu_that_emulates_bf16_gets_a_note(monkeypatch, native):
         assert "optim.name=muon" in note and "fp32" in note
     assert optimizer_note("adamw", on_cpu=True) == ""
     assert optimizer_note("muon", on_cpu=False) == ""
+
+
+@pytest.mark.parametrize("compile_mode", ["regional", "true"])
+def test_compile_without_a_cpu_compiler_is_one_error_before_any_work(
+    monkeypatch, tmp_path, compile_mode
+):
+    """torch.compile on a CPU needs a C++ compiler; without one the run stops up front with the fix,
+    not at the first step inside inductor."""
+    import torch._inductor.cpp_builder as cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    from vit5.train import TrainConfigError, Trainer
+    from vit5.train.config import load_config
+
+    def no_compiler():
+        raise InvalidCxxCompiler()
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    overrides = [f"model.compile={compile_mode}", "run.cpu=true", f"run.output_dir={tmp_path}"]
+    cfg = load_config("demo_digits", overrides)
+    with pytest.raises(TrainConfigError, match="model.compile=false") as info:
+        Trainer(cfg)
+    assert "C++ compiler" in str(info.value)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_working_cpu_compiler_is_no_problem(monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+
+    from vit5.runtime import missing_cpu_compiler
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "g++")
+    assert missing_cpu_compiler() == ""

@@ -141,6 +141,23 @@ def emulated_bf16(on_cpu: bool) -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def missing_cpu_compiler() -> str:
+    """Why ``torch.compile`` cannot build CPU kernels here, or ``""`` when it can. Inductor compiles C++
+    with the first working compiler of ``torch._inductor.config.cpp.cxx`` (``g++`` by default;
+    ``get_cpp_compiler`` in torch/_inductor/cpp_builder.py) and, without one, fails at the first
+    compiled call, deep inside torch."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+    except ImportError:  # another torch layout: torch's own error at the first compiled call
+        return ""
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler as e:
+        return str(e)
+    return ""
+
+
 def fit_threads(workers: int, device: torch.device | str = "cpu") -> int:
     """On a CPU device, lower torch's thread count to the CPUs the loader workers leave free (an
     explicit ``OMP_NUM_THREADS`` wins): workers beside a full OpenMP pool spin-wait on each other.

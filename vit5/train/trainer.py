@@ -27,7 +27,7 @@ from vit5 import ViT5, compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
-from vit5.runtime import check_fits, fit_precision, on_main
+from vit5.runtime import check_fits, fit_precision, missing_cpu_compiler, on_main
 from vit5.train import rundir
 from vit5.train.checkpointing import (
     CheckpointManager,
@@ -105,6 +105,13 @@ class Trainer:
         self.session_start = time.perf_counter()
         on_cpu = cfg.run.cpu or not torch.cuda.is_available()
         precision, precision_note = fit_precision(cfg.run.mixed_precision, on_cpu)
+        no_compiler = missing_cpu_compiler() if cfg.model.compile and on_cpu else ""
+        if no_compiler:
+            raise TrainConfigError(
+                f"model.compile={str(cfg.model.compile).lower()} needs a C++ compiler for "
+                f"torch.compile on a CPU, and torch finds none ({no_compiler}): install one "
+                "(apt-get install g++) or set model.compile=false"
+            )
         self.precision = precision
         # what this machine changes or slows down, printed in the header
         found = (precision_note, optimizer_note(cfg.optim.name, on_cpu))
