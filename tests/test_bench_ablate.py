@@ -170,6 +170,11 @@ def test_the_fashion_mnist_scale_scores_the_test_split_of_its_data_root(tmp_path
     trunk = {k: cfg.model.overrides[k] for k in ("embed_dim", "depth", "num_heads")}
     assert trunk == {"embed_dim": 128, "depth": 4, "num_heads": 4}  # the README table's setup
     assert cfg.data.batch_size == 256
+    # the full ViT-5 the ablations start from, not the recipe's short-run trunk (no registers,
+    # LayerScale 0.1)
+    preset = preset_config("vit5_tiny")
+    assert cfg.model.overrides["num_registers"] == preset.num_registers == 4
+    assert cfg.model.overrides["layer_scale"] == preset.layer_scale == 1e-4
 
 
 def test_unknown_names_and_owned_settings_fail_with_a_clear_message(tmp_path, capsys):
