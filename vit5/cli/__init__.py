@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
-from vit5.runtime import DEVICE_HELP, print_main
+from vit5.runtime import DEVICE_HELP, keep_freed_memory, print_main
 
 if TYPE_CHECKING:
     from vit5.introspect.load import ModelRequest
@@ -254,6 +254,7 @@ def run_main(
             stream.reconfigure(errors=ESCAPE_UNDECODABLE)  # type: ignore[union-attr]
     warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
     args = parse(argv)
+    keep_freed_memory()  # the command owns its process: the CPU steps reuse freed memory
     return run_command(lambda: work(args), getattr(args, "out", None))
 
 
