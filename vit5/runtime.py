@@ -189,11 +189,12 @@ def keep_freed_memory() -> bool:
     By default glibc maps blocks above a threshold that moves with the program's frees, and hands
     the top of its heap back to the system beyond a second one (``mallopt(3)``; the "Memory
     Allocation Tunables" of the glibc manual); a training step's activations, freed by the backward
-    and allocated again by the next forward, then come back as fresh zeroed pages: 30,000-50,000
+    and allocated again by the next forward, then come back as fresh zeroed pages: 27,000-53,000
     page faults a step of the ``fashion_mnist_cpu`` trunk at batch 256 on 2 AVX2 cores, 100-190 ms
     of system time. Pinning both thresholds (blocks up to 32 MiB from the heap, which keeps up to
-    1 GiB free) removes them: 1.12x the training step and about 1.05x ``vit5_small``'s forward there,
-    the same peak memory (docs/results.md, "Page faults"). The PyTorch CPU tuning guide's remedy is
+    1 GiB free) removes them: 1.12x the training step, about 1.06x ``vit5_small``'s forward and
+    1.09x a whole ``vit5 train`` run there, for 10 % more peak memory (freed blocks are kept for
+    reuse; docs/results.md, "Page faults"). The PyTorch CPU tuning guide's remedy is
     another allocator preloaded (jemalloc, tcmalloc); this is the same reuse with the one the
     process has. Nothing on other C libraries, nor when ``MALLOC_MMAP_THRESHOLD_`` /
     ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES``' malloc entries choose otherwise. Returns
