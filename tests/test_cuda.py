@@ -132,7 +132,8 @@ def test_recorded_attention_on_cuda_is_a_distribution_and_matches_cpu():
 
 
 def test_rng_state_with_cuda_generators_survives_a_file_round_trip(tmp_path):
-    from vit5.train.checkpointing import RandomStates, parse
+    from vit5.schema import parse
+    from vit5.train.checkpointing import RandomStates
 
     torch.manual_seed(0)
     torch.save(

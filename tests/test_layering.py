@@ -62,8 +62,8 @@ ALLOWED_MODULES = {
 }
 # leaf modules every subpackage may import (they import nothing from vit5 but each other): the user-error
 # base class, crash-safe files and locks, which process prints, device and memory checks, the figure style,
-# the CSV, JSON and table writers
-LEAF_MODULES = {"errors", "files", "runtime", "plotstyle", "outputs"}
+# the CSV, JSON and table writers, files read as typed schemas
+LEAF_MODULES = {"errors", "files", "runtime", "plotstyle", "outputs", "schema"}
 # third-party packages the pure-torch layers may use (flash-attn is optional, imported lazily)
 LAYERS_THIRD_PARTY = {"torch", "flash_attn"}
 TOP_LEVEL_SCRIPTS = {"train", "eval", "viz"}

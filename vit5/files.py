@@ -25,6 +25,7 @@ from vit5.errors import (
     os_error_reason,
     storage_error,
 )
+from vit5.schema import parse
 
 LOCK_NAME = ".lock"
 _STAGING = ".tmp-"
@@ -225,9 +226,14 @@ class FolderLock:
         )
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file this package wrote or reads (manifest, dataset.json); a broken one is an InputError."""
+def read_json(path: str | os.PathLike[str], schema: Any = Any) -> Any:
+    """A JSON file this package wrote or reads (manifest, dataset.json) as ``schema``
+    (:func:`vit5.schema.parse`); a broken one is one InputError naming the file and the field."""
     try:
-        return json.loads(Path(path).read_text())
+        document = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{path} is not readable JSON ({err}): fix or delete it") from err
+    try:
+        return parse(schema, document)
+    except ValueError as err:
+        raise InputError(f"{path}: {err}; fix or delete it") from err

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Required, TypedDict
 
 import torch
 from torch import nn
@@ -52,28 +53,27 @@ class RegisterNeuron:
     score: float  # mean |activation| at the outlier positions
 
 
+class NeuronsFile(TypedDict, total=False):
+    """``register_neurons.json``: what ``vit5 viz ttr`` found (its ``NeuronSearchResult``), of
+    which only the neurons are required (a hand-written file may list just them)."""
+
+    neurons: Required[list[RegisterNeuron]]
+    detect_layer: int
+    top_layer: int
+    threshold: float
+    images_with_outliers: int
+    num_images: int
+    outlier_ratio: list[float]
+
+
 def read_neurons(path: str | Path) -> list[RegisterNeuron]:
-    """The register neurons of a ``register_neurons.json`` written by ``vit5 viz ttr`` (its
-    ``neurons`` list), checked entry by entry."""
-    doc = read_json(Path(path))
-    entries = doc.get("neurons") if isinstance(doc, dict) else None
-    if not isinstance(entries, list) or not entries:
+    """The register neurons of a ``register_neurons.json`` written by ``vit5 viz ttr``, the file
+    checked as a :class:`NeuronsFile` (one error naming the field that breaks it)."""
+    neurons = read_json(path, NeuronsFile)["neurons"]
+    if not neurons:
         raise InputError(
-            f"{path} holds no 'neurons' list: give the register_neurons.json of `vit5 viz ttr`"
+            f"{path} lists no neurons: give the register_neurons.json of `vit5 viz ttr`"
         )
-    neurons = []
-    for i, entry in enumerate(entries):
-        fields = ("layer", "neuron", "score")
-        ok = isinstance(entry, dict) and all(k in entry for k in fields)
-        whole = ok and type(entry["layer"]) is int and type(entry["neuron"]) is int
-        if not (whole and isinstance(entry["score"], (int, float)) and entry["neuron"] >= 0):
-            raise InputError(f"{path}: neurons[{i}] is not {{layer, neuron >= 0, score}}: fix it")
-        neuron = RegisterNeuron(
-            layer=entry["layer"],
-            neuron=entry["neuron"],
-            score=float(entry["score"]),
-        )
-        neurons.append(neuron)
     return neurons
 
 

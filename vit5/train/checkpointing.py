@@ -4,38 +4,25 @@ weights; the optimizer state and each process's random generators (``rng_state_<
 with ``torch.load(weights_only=True)``; the position as JSON; and the manifest ``checkpoint.json``
 (written last: the config as run, every file's size and SHA-256). A load starts at the manifest and
 reads only files it vouches for. Each file is one typed schema (:class:`Manifest`,
-:class:`StateFile`, :class:`RandomStates`): its field annotations are what :func:`parse` checks, so
-a crafted file is one error naming the file and the field. Format ``vit5-train-checkpoint/2``;
-format 1 (random states as JSON, written from 7f2503b on) is still read. docs/training.md, "The
-checkpoint format"."""
+:class:`StateFile`, :class:`RandomStates`): its field annotations are what
+:func:`vit5.schema.parse` checks, so a crafted file is one error naming the file and the field.
+Format ``vit5-train-checkpoint/2``; format 1 (random states as JSON, written from 7f2503b on) is
+still read. docs/training.md, "The checkpoint format"."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import hashlib
 import io
 import json
-import math
 import random
 import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import (
-    Annotated,
-    Any,
-    Literal,
-    Required,
-    TypedDict,
-    get_args,
-    get_origin,
-    get_type_hints,
-    is_typeddict,
-)
+from typing import Annotated, Any, Literal, Required, TypedDict
 
 import numpy as np
 import torch
@@ -51,13 +38,13 @@ from vit5.errors import (
     StorageError,
     Vit5Error,
     os_error_reason,
-    shorten,
     storage_error,
     user_message,
 )
 from vit5.files import atomic_write_bytes, fsync_file, replace_dir, staging_dir
 from vit5.outputs import write_json
 from vit5.runtime import attempt, on_main, raise_agreed
+from vit5.schema import check, parse
 from vit5.train.errors import ResumeError
 from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
 
@@ -100,98 +87,6 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------- the schemas
-def _check(ok: bool, where: str, value: Any, must: str) -> None:
-    """``ValueError("where=value must be must")`` unless ``ok``: the one message of a refused field."""
-    if not ok:
-        raise ValueError(f"{where}={_shown(value)} must be {must}")
-
-
-def _shown(value: Any) -> str:
-    """``value`` on one line: a tensor by dtype, shape and range, anything else by its repr."""
-    if not isinstance(value, torch.Tensor):
-        return re.sub(r"\s*\n\s*", " ", shorten(value))  # a tensor in a list: still one line
-    span = (
-        "" if value.is_complex() or not value.numel() else f", values {value.min()}..{value.max()}"
-    )
-    return f"a {value.dtype} tensor of shape {tuple(value.shape)}{span}"
-
-
-def parse(schema: Any, value: Any, where: str = "", null: str = "") -> Any:
-    """``value`` (read from JSON or a ``weights_only`` torch file) as ``schema``, a type annotation;
-    ``ValueError`` naming the first field that breaks it. A dataclass or TypedDict: a dict with each
-    field (a TypedDict's not ``Required`` ones may be absent) and no other; ``X | None``;
-    ``list[X]``; ``dict[str, X]``; ``Literal[...]``; ``bool``; ``str``; ``int``: at least 0;
-    ``float``: any number. In ``Annotated[T, m]`` a number ``m`` is T's least value (a float's then
-    also finite), a text ``m`` follows T's "must be"; ``Annotated[torch.Tensor, dtype, shape]``: a
-    tensor of that dtype and shape (-1: any size)."""
-    origin = get_origin(schema)
-    args = get_args(schema)
-    if schema is Any:
-        return value
-    if origin is Required:
-        return parse(args[0], value, where)
-    if origin is UnionType:  # X | None
-        return None if value is None else parse(args[0], value, where, " or null")
-    if dataclasses.is_dataclass(schema) or is_typeddict(schema):
-        return _parse_record(schema, value, where)
-    if origin is list:
-        _check(isinstance(value, list), where, value, "a list" + null)
-        return [parse(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        _check(isinstance(value, dict), where, value, "a JSON object" + null)
-        return {key: parse(args[1], item, f"{where}[{key!r}]") for key, item in value.items()}
-    meta = args[1] if origin is Annotated else None
-    kind = args[0] if origin is Annotated else schema
-    least = meta if isinstance(meta, (int, float)) else (0 if kind is int else None)
-    note = f", {meta}" if isinstance(meta, str) else ""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is torch.Tensor:
-        ok = isinstance(value, torch.Tensor) and value.dtype == meta and _shaped(value, args[2])
-        must = f"a {meta} tensor of shape {args[2]}"
-    elif get_origin(kind) is Literal:
-        ok = any(type(value) is type(c) and value == c for c in get_args(kind))
-        must = " or ".join(repr(choice) for choice in get_args(kind))
-    elif kind is int:
-        ok = number and isinstance(value, int) and value >= least
-        must = f"an integer >= {least}"
-    elif kind is float and least is not None:
-        ok = number and math.isfinite(value) and value >= least
-        must = f"a finite number >= {least}"
-    else:
-        ok = number if kind is float else isinstance(value, kind)
-        must = {float: "a number", bool: "true or false", str: "a string"}[kind]
-    _check(ok, where, value, must + null + note)
-    return value
-
-
-def _shaped(tensor: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    sizes = tuple(tensor.shape)
-    return len(sizes) == len(shape) and all(s in (-1, n) for s, n in zip(shape, sizes))
-
-
-@functools.cache
-def _hints(schema: Any) -> dict[str, Any]:
-    return get_type_hints(schema, include_extras=True)
-
-
-def _parse_record(schema: Any, value: Any, where: str) -> Any:
-    """A dataclass or TypedDict ``schema`` from a dict, its fields checked in order."""
-    said = where or "the file"
-    _check(isinstance(value, dict), said, value, "a dict of named fields")
-    hints = _hints(schema)
-    fields = {}
-    for name, hint in hints.items():
-        optional = is_typeddict(schema) and get_origin(hint) is not Required
-        if name not in value and not optional:
-            raise ValueError(f"{said} has no field {name!r}")
-        if name in value:
-            fields[name] = parse(hint, value[name], f"{where}.{name}" if where else name)
-    unknown = [key for key in value if key not in hints]
-    if unknown:
-        raise ValueError(f"{said} has an unknown field {shorten(unknown[0])}")
-    return schema(**fields)  # the one construction of a schema from fields, each checked above
-
-
 @dataclass(frozen=True)
 class FileDigest:
     bytes: int
@@ -217,7 +112,7 @@ class Manifest:
     def __post_init__(self) -> None:
         # names of the folder's own files: a load never reads outside it
         plain = all(Path(name).name == name and name[:1] not in ("", ".") for name in self.files)
-        _check(plain, "files", list(self.files), "file names of the folder itself")
+        check(plain, "files", list(self.files), "file names of the folder itself")
 
 
 class MetricsRow(TypedDict, total=False):
@@ -265,17 +160,17 @@ class TrainState:
         rows = len(self.history)
         for index, row in enumerate(self.history):
             where = f"train_state.history[{index}].epoch"
-            _check(row["epoch"] == index + 1, where, row["epoch"], str(index + 1))
+            check(row["epoch"] == index + 1, where, row["epoch"], str(index + 1))
         said = f"the number of history rows ({rows})"
-        _check(self.epoch == rows, "train_state.epoch", self.epoch, said)
+        check(self.epoch == rows, "train_state.epoch", self.epoch, said)
         least = f"at least the epochs ({self.epoch})"
-        _check(self.num_updates >= self.epoch, "train_state.num_updates", self.num_updates, least)
+        check(self.num_updates >= self.epoch, "train_state.num_updates", self.num_updates, least)
         best = self.best_epoch
         within = best == -1 or 1 <= best <= rows
-        _check(within, "train_state.best_epoch", best, f"-1 or in [1, {rows}]")
+        check(within, "train_state.best_epoch", best, f"-1 or in [1, {rows}]")
         top1 = self.history[best - 1].get("val_top1") if best >= 1 else -1.0
         said = f"{top1!r}, val_top1 of history row {best}"
-        _check(self.best_top1 == top1, "train_state.best_top1", self.best_top1, said)
+        check(self.best_top1 == top1, "train_state.best_top1", self.best_top1, said)
 
 
 @dataclass(frozen=True)
@@ -307,17 +202,17 @@ class RandomStates:
     def __post_init__(self) -> None:
         words = self.mt19937
         in_range = bool(words.ge(0).all() and words.lt(2**32).all())
-        _check(in_range, "mt19937", words, "32-bit words (row 0: Python's, row 1: NumPy's)")
+        check(in_range, "mt19937", words, "32-bit words (row 0: Python's, row 1: NumPy's)")
         position = words[:, 624]
-        _check(
+        check(
             bool(position.le(624).all()), "mt19937[:, 624]", position.tolist(), "positions <= 624"
         )
         cpu = _takes(torch.Generator().set_state, self.torch)
-        _check(cpu, "torch", self.torch, "torch's CPU generator state")
+        check(cpu, "torch", self.torch, "torch's CPU generator state")
         devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
         sizes = [torch.cuda.get_rng_state(i).numel() for i in range(devices)]
         found = [state.numel() for state in self.cuda]
-        _check(found in ([], sizes), "cuda", found, f"no sizes, or those of this machine's {sizes}")
+        check(found in ([], sizes), "cuda", found, f"no sizes, or those of this machine's {sizes}")
 
     @classmethod
     def capture(cls) -> RandomStates:
@@ -364,7 +259,7 @@ def _takes(setter: Callable[[Any], Any], state: Any) -> bool:
 def _rng_from_json(record: Any) -> dict[str, Any]:
     """A format-1 ``rng_state_<rank>.json`` (``vit5-rng/1``: lists and base64) as the fields of
     :class:`RandomStates` (a missing field: ``KeyError``; a misplaced one: ``TypeError``)."""
-    _check(record["format"] == "vit5-rng/1", "format", record["format"], "'vit5-rng/1'")
+    check(record["format"] == "vit5-rng/1", "format", record["format"], "'vit5-rng/1'")
     python = record["python"]
     numpy = record["numpy"]
     words = [python["state"], [*numpy["keys"], numpy["pos"]]]
@@ -401,11 +296,11 @@ class EpochLayout:
         for name in _POSITION:
             recorded = getattr(manifest, name)
             value = getattr(state, name)
-            _check(value == recorded, f"train_state.{name}", value, f"{recorded}, as in {MANIFEST}")
+            check(value == recorded, f"train_state.{name}", value, f"{recorded}, as in {MANIFEST}")
         number = checkpoint_number(folder)
         updates = state.num_updates
         said = f"{number}, as in {folder.name}"
-        _check(number in (-1, updates), "train_state.num_updates", updates, said)
+        check(number in (-1, updates), "train_state.num_updates", updates, said)
         accum = self.accum_steps
         most = self.batches_per_epoch
         fits = state.batch % accum == 0 and (elastic or state.batch <= most)
@@ -413,7 +308,7 @@ class EpochLayout:
             f"a multiple of optim.accum_steps={accum} (checkpoints fall on optimizer steps), at "
             f"most the {most} micro-batches of an epoch of this run"
         )
-        _check(fits, "train_state.batch", state.batch, said)
+        check(fits, "train_state.batch", state.batch, said)
         samples = state.epoch_samples
         step = self.batch_size * accum
         processes = manifest.num_processes
@@ -425,7 +320,7 @@ class EpochLayout:
             f"{self.epoch_samples} samples of an epoch and, on the processes that wrote it, "
             f"batch x data.batch_size x {processes} process(es) = {trained}"
         )
-        _check(fits, "train_state.epoch_samples", samples, said)
+        check(fits, "train_state.epoch_samples", samples, said)
 
 
 # ------------------------------------------------------------------------------- saving, loading
