@@ -45,3 +45,22 @@ def test_regional_compile_compiles_one_block_for_all_and_keeps_outputs_and_keys(
     twin(x).square().sum().backward()
     for (name, p), q in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_compiling_silences_only_inductors_complex_fallback_warning():
+    """Inductor's own warning (its text, called as it is) is silenced once vit5 compiles, since RoPE's
+    complex product is measured fast as an aten kernel; any other UserWarning still shows."""
+    import warnings
+
+    from torch._inductor.lowering import _warn_complex_not_supported
+
+    with warnings.catch_warnings(record=True) as before:
+        warnings.simplefilter("always")
+        _warn_complex_not_supported.__wrapped__()
+    assert [str(w.message) for w in before][0].startswith("Torchinductor does not support")
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        vit5.compile_blocks(randomised(), backend="aot_eager")
+        _warn_complex_not_supported.__wrapped__()
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in after] == ["another warning"]

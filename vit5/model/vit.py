@@ -5,6 +5,7 @@ timm's model contract and is traceable (``torch.export``, ONNX, ``torch.fx``).""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -347,6 +348,19 @@ def unwrap_model(model: nn.Module) -> ViT5:
 def compile_blocks(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """``nn.Module.compile(**compile_kwargs)`` each block in place (PyTorch's regional compilation recipe);
     returns ``model``. State-dict keys stay unchanged (no ``_orig_mod.``), so checkpoints and EMA work."""
+    quiet_complex_fallback()
     for block in unwrap_model(model).blocks:
         block.compile(**compile_kwargs)
     return model
+
+
+def quiet_complex_fallback() -> None:
+    """Silence inductor's warning that it "does not support code generation for complex operators.
+    Performance may be worse than eager" (torch/_inductor/lowering.py, ``_warn_complex_not_supported``):
+    in a vit5 model the one complex operator is RoPE's product (:class:`~vit5.layers.RopeTable`),
+    which runs as one aten kernel, as fast as the real formula fused (docs/speed.md), and the
+    compiled step is faster than eager (docs/results.md). Called where vit5 compiles a model."""
+    warnings.filterwarnings("ignore", message=_COMPLEX_FALLBACK, category=UserWarning)
+
+
+_COMPLEX_FALLBACK = "Torchinductor does not support code generation for complex operators"

@@ -27,6 +27,7 @@ from vit5 import ViT5, compile_blocks
 from vit5.data import STOP_SIGNALS, BadImageWarning
 from vit5.files import FolderLock, check_output_dir
 from vit5.model.footprint import num_tokens, training_bytes
+from vit5.model.vit import quiet_complex_fallback
 from vit5.runtime import check_fits, fit_precision, missing_cpu_compiler, on_main
 from vit5.train import rundir
 from vit5.train.checkpointing import (
@@ -171,7 +172,10 @@ class Trainer:
         self.peak_lr = cfg.optim.peak_lr(self.global_batch)  # computed once, here
         optimizer = build_optimizer(self.raw_model, cfg.optim, self.peak_lr, on_cpu=on_cpu)
         self.schedule = LRSchedule(optimizer, cfg.schedule, self.updates_per_epoch)
-        compiled = torch.compile(self.raw_model) if cfg.model.compile is True else self.raw_model
+        compiled = self.raw_model
+        if cfg.model.compile is True:
+            quiet_complex_fallback()
+            compiled = torch.compile(self.raw_model)
         if cfg.model.compile == "regional":  # in place: the raw model's blocks run compiled
             compile_blocks(self.raw_model)
         self.model, self.optimizer = acc.prepare(compiled, optimizer)
