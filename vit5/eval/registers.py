@@ -55,7 +55,10 @@ class RegisterNeuron:
 
 class NeuronsFile(TypedDict, total=False):
     """``register_neurons.json``: what ``vit5 viz ttr`` found (its ``NeuronSearchResult``), of
-    which only the neurons are required (a hand-written file may list just them)."""
+    which only the neurons are required (a hand-written file may list just them). The keys are
+    ``NeuronSearchResult``'s fields (``vit5/viz/ttr.py``, a layer above, which writes the file): a
+    field added there is an unknown key here, which
+    ``tests/test_viz_ttr.py::test_neurons_read_back_from_the_json_of_viz_ttr`` catches."""
 
     neurons: Required[list[RegisterNeuron]]
     detect_layer: int
