@@ -2,8 +2,8 @@
 against a type annotation, so each file format is one typed schema (a dataclass or a TypedDict) and
 a crafted or damaged file is one error naming the field that breaks it, not a traceback from the
 code that would have used it. :func:`vit5.files.read_json` reads a JSON file through it; the
-training checkpoints (``vit5.train.checkpointing``), the feature exports and the register neurons
-of ``vit5 viz ttr`` are its schemas.
+training checkpoints (``vit5.train.checkpointing``) and the register neurons of ``vit5 viz ttr``
+(``vit5.eval.registers.NeuronsFile``) are its schemas.
 
 torch is imported by the callers, never here: a schema that names ``torch.Tensor`` exists only
 where torch is imported already."""
