@@ -33,6 +33,10 @@ def test_demo_config_learns_the_digits_in_seconds(tmp_path):
 
 
 def test_command_line_errors_exit_2_with_a_message_and_no_traceback(tmp_path, capsys):
+    run = tmp_path / "run"  # the folders a user may give --resume by mistake, by their names only
+    (run / "checkpoints" / "ckpt-000000005").mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / "final" / "model.safetensors").touch()
     cases = [
         (
             ["optim.lrr=1"],
@@ -43,6 +47,17 @@ def test_command_line_errors_exit_2_with_a_message_and_no_traceback(tmp_path, ca
             "required setting(s) data.root not given",
         ),
         (["--resume", str(tmp_path / "gone")], "no such run directory"),
+        (
+            ["--resume", str(run / "checkpoints")],
+            f"this is a run's folder of checkpoints; give the run directory (--resume {run}, its "
+            f"newest checkpoint) or one checkpoint (--resume {run / 'checkpoints' / 'ckpt-000000005'})",
+        ),
+        (
+            ["--resume", str(run / "final")],
+            f"this is a model folder (weights and config.json, as a run's best/ and final/), which "
+            f"holds no optimizer state or position; to continue its run, --resume {run}; to train "
+            f"from its weights, model.pretrained={run / 'final'} without --resume",
+        ),
         (["--resume", str(tmp_path), "--config", str(DEMO)], "drop --config"),
         (["data.dataset=folder", f"data.root={tmp_path}"], "data.train_split='train'"),
     ]

@@ -579,18 +579,38 @@ def read_manifest(path: Path) -> Manifest:
 
 
 def resolve_resume(path: Path) -> tuple[Path, Path]:
-    """``(run_dir, checkpoint)`` from a run directory (latest checkpoint) or a checkpoint folder."""
+    """``(run_dir, checkpoint)`` from a run directory (latest checkpoint) or a checkpoint folder;
+    a run's ``checkpoints/`` or a model folder (``best/``, ``final/``) is refused with the option
+    that takes it."""
     if _NAME.match(path.name) and path.is_dir():
         return (path.parent.parent, path)
     if not path.is_dir():
         raise ResumeError(f"--resume {path}: no such run directory")
     latest = list_checkpoints(path / "checkpoints")
-    if not latest:
+    if latest:
+        return (path, latest[-1])
+    inside = list_checkpoints(path)
+    if inside:
         raise ResumeError(
-            f"--resume {path}: the run has no complete checkpoint yet "
-            f"(nothing under {path / 'checkpoints'}); start it again without --resume"
+            f"--resume {path}: this is a run's folder of checkpoints; give the run directory "
+            f"(--resume {path.parent}, its newest checkpoint) or one checkpoint (--resume {inside[-1]})"
         )
-    return (path, latest[-1])
+    if (path / MODEL_FILE).is_file():
+        run = path.parent
+        resume = (
+            f"to continue its run, --resume {run}; "
+            if list_checkpoints(run / "checkpoints")
+            else ""
+        )
+        raise ResumeError(
+            f"--resume {path}: this is a model folder (weights and config.json, as a run's best/ and "
+            f"final/), which holds no optimizer state or position; {resume}to train from its "
+            f"weights, model.pretrained={path} without --resume"
+        )
+    raise ResumeError(
+        f"--resume {path}: the run has no complete checkpoint yet "
+        f"(nothing under {path / 'checkpoints'}); start it again without --resume"
+    )
 
 
 def checkpoint_config(checkpoint: Path) -> dict[str, Any]:
