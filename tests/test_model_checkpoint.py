@@ -148,6 +148,18 @@ def test_our_format_round_trips_with_ema(tmp_path):
     torch.testing.assert_close(ema_model.cls_token, model.cls_token + 1)
 
 
+def test_asking_a_folder_without_ema_for_its_ema_names_the_raw_weights_as_the_fix(tmp_path):
+    model = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4)
+    vit5.save_pretrained(model, tmp_path / "run")
+    with pytest.raises(
+        CheckpointError, match=r"holds no EMA weights .*--weights raw.*use_ema=False"
+    ):
+        vit5.load_model(tmp_path / "run", use_ema=True)
+    (tmp_path / "run" / "model.safetensors").unlink()  # no weights at all: not a checkpoint
+    with pytest.raises(CheckpointError, match="not a vit5 checkpoint directory"):
+        vit5.load_model(tmp_path / "run", use_ema=True)
+
+
 def test_a_training_run_directory_loads_its_final_checkpoint(tmp_path):
     final = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4).eval()
     best = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4).eval()

@@ -210,13 +210,15 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
     run is refused)."""
     config_file = path / CONFIG_NAME
     weights = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME)
-    if not config_file.exists() or not weights.exists():
-        no_ema = ""
-        if use_ema and config_file.exists():
-            no_ema = " (this run saved no EMA weights: drop use_ema)"
+    if use_ema and config_file.exists() and (path / WEIGHTS_NAME).exists() and not weights.exists():
         raise CheckpointError(
-            f"{path} is not a vit5 checkpoint directory: "
-            + f"it needs {CONFIG_NAME} and {weights.name}{no_ema}"
+            f"{path} holds no EMA weights ({EMA_WEIGHTS_NAME}): it was saved without them (a "
+            "run with ema.enabled=false, or save_pretrained without ema_state_dict); load its "
+            "raw weights (--weights raw on the command line, use_ema=False from Python)"
+        )
+    if not config_file.exists() or not weights.exists():
+        raise CheckpointError(
+            f"{path} is not a vit5 checkpoint directory: it needs {CONFIG_NAME} and {weights.name}"
         )
     try:
         data = json.loads(config_file.read_text())
