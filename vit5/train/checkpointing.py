@@ -46,7 +46,7 @@ from vit5.outputs import write_json
 from vit5.runtime import attempt, on_main, raise_agreed
 from vit5.schema import check, parse
 from vit5.train.errors import ResumeError
-from vit5.weights.checkpoint import safe_torch_load, safetensors_bytes
+from vit5.weights.checkpoint import WEIGHTS_NAME, safe_torch_load, safetensors_bytes
 
 FORMAT = "vit5-train-checkpoint/2"
 FORMAT_1 = "vit5-train-checkpoint/1"  # random states as JSON (rng_state_<rank>.json), still read
@@ -595,7 +595,7 @@ def resolve_resume(path: Path) -> tuple[Path, Path]:
             f"--resume {path}: this is a run's folder of checkpoints; give the run directory "
             f"(--resume {path.parent}, its newest checkpoint) or one checkpoint (--resume {inside[-1]})"
         )
-    if (path / MODEL_FILE).is_file():
+    if (path / WEIGHTS_NAME).is_file():  # what save_model_dir writes
         run = path.parent
         resume = (
             f"to continue its run, --resume {run}; "
