@@ -9,6 +9,7 @@ from test_train_support import TINY, single_thread  # noqa: F401 (autouse fixtur
 
 from vit5.cli.train import parse_args
 from vit5.train import TrainConfigError, config_to_yaml, load_config
+from vit5.train.config import DEMO_RECIPE
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DIGITS = ["data.dataset=digits"]
@@ -58,6 +59,23 @@ def test_all_problems_are_reported_at_once():
     text = str(info.value)
     assert "optim.lr=-1.0 must be > 0" in text and "aug.hflip=2.0 must be a probability" in text
     assert "ema.decay=1.0 must be in (0, 1)" in text
+
+
+def test_a_data_root_that_the_data_set_would_not_read_is_refused(tmp_path):
+    # `vit5 train data.root=DIR` runs the demo recipe, whose built-in digits would ignore DIR
+    with pytest.raises(
+        TrainConfigError,
+        match=rf"data\.root={tmp_path} is set, but data\.dataset=digits reads the built-in "
+        r"digits, not a folder: add data\.dataset=folder",
+    ):
+        load_config(DEMO_RECIPE, [f"data.root={tmp_path}"])
+    shards = ["data.dataset=wds", "data.train_shards=/s/t.tar", "data.val_shards=/s/v.tar"]
+    with pytest.raises(TrainConfigError, match=r"data\.dataset=wds reads data\.train_shards"):
+        load_config(None, [*shards, "aug.repeated_aug=1", f"data.root={tmp_path}"])
+    given = load_config(
+        DEMO_RECIPE, ["data.dataset=folder", f"data.root={tmp_path}"], check_paths=False
+    )
+    assert given.data.root == str(tmp_path)
 
 
 def test_missing_data_paths(tmp_path):
@@ -234,8 +252,6 @@ def documented_train_commands() -> list[list[str]]:
 
 
 def test_every_documented_training_command_line_parses_and_validates():
-    from vit5.train.config import DEMO_RECIPE
-
     commands = documented_train_commands()
     assert len(commands) >= 12 and ["schedule.epochs=1"] in commands  # the CPU-process example
     for argv in commands:

@@ -334,6 +334,13 @@ def _combinations(cfg: TrainConfig) -> Iterator[str]:
             "data.root is not set: pass data.root=/path/to/dataset (holding train/<class>/*.jpg "
             "and val/<class>/*.jpg), or data.dataset=digits for the built-in digits"
         )
+    if data.root is not None and data.dataset != "folder":
+        reads = {"digits": "the built-in digits", "wds": "data.train_shards / data.val_shards"}
+        yield (
+            f"data.root={shorten(data.root)[1:-1]} is set, but data.dataset={data.dataset} reads "
+            f"{reads[data.dataset]}, not a folder: add data.dataset=folder to train on the folder "
+            "(`vit5 train` without --config runs the digits demo), or drop data.root"
+        )
     if data.preload and data.dataset != "folder":
         yield (
             f"data.preload=true keeps an image folder's decoded files in memory; data.dataset="
