@@ -210,7 +210,7 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
     run is refused)."""
     config_file = path / CONFIG_NAME
     weights = path / (EMA_WEIGHTS_NAME if use_ema else WEIGHTS_NAME)
-    if use_ema and config_file.exists() and (path / WEIGHTS_NAME).exists() and not weights.exists():
+    if use_ema and _is_checkpoint_dir(path) and not weights.exists():
         raise CheckpointError(
             f"{path} holds no EMA weights ({EMA_WEIGHTS_NAME}): it was saved without them (a "
             "run with ema.enabled=false, or save_pretrained without ema_state_dict); load its "
