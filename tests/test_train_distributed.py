@@ -4,9 +4,8 @@ sharded a second time), validation over both processes counted once, one process
 
 import json
 import subprocess
-from pathlib import Path
 
-from test_train_support import TINY, accelerate_command, launch_two
+from test_train_support import GROUP_FREED, TINY, accelerate_command, launch_two
 
 WORKER = '''
 import json, sys
@@ -74,9 +73,14 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
         "rng_state_1.pt",
     ]
     (checkpoint / "rng_state_1.pt").write_text("{}")
-    train_py = Path(__file__).resolve().parent.parent / "train.py"
+    # `vit5 train`, then the check that the command destroyed its process group, error or not
+    command = tmp_path / "command.py"
+    command.write_text(
+        f"import sys\nfrom vit5.cli import main\nstatus = main(sys.argv[1:])\n{GROUP_FREED}\n"
+        "sys.exit(status)\n"
+    )
     resume, env = accelerate_command(
-        train_py, "--resume", str(tmp_path / "runs" / "tiny"), "schedule.epochs=2"
+        command, "train", "--resume", str(tmp_path / "runs" / "tiny"), "schedule.epochs=2"
     )
     result = subprocess.run(
         resume, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
@@ -84,3 +88,4 @@ def test_two_cpu_processes_shard_disjointly_and_reduce_metrics(tmp_path):
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "rng_state_1.pt is damaged" in errors[0], result.stderr[-3000:]
+    assert result.stdout.count("process group freed") == 2

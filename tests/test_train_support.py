@@ -83,15 +83,28 @@ def accelerate_command(script: Path, *args: str) -> tuple[list[str], dict[str, s
     return command, env
 
 
+# The end of a worker: no thread of the process group left (gloo's are named gloo_tcp_loop and
+# pt_gloo_runloop); still running, they can abort the interpreter's exit (vit5.runtime.end_process_group)
+GROUP_FREED = """
+import os as _os
+_left = sorted(name for task in _os.listdir("/proc/self/task")
+               if "gloo" in (name := open(f"/proc/self/task/{task}/comm").read().strip()))
+assert not _left, f"the process group outlived destroy_process_group: its threads {_left} still run"
+print("process group freed", flush=True)
+"""
+
+
 def launch_two(script: Path, worker: str, *args: str) -> subprocess.CompletedProcess:
     """Write ``worker`` to ``script``, run it on 2 CPU processes and require success. The worker ends by
-    destroying its process group, as ``vit5 train`` does: one left to the interpreter's exit can abort it."""
-    script.write_text(worker + "\ntorch.distributed.destroy_process_group()\n")
+    destroying its process group, as ``vit5 train`` does, and checking that its threads stopped although
+    the worker still holds its Trainer: the Trainer let go of the group when its run ended."""
+    script.write_text(worker + "\ntorch.distributed.destroy_process_group()\n" + GROUP_FREED)
     command, env = accelerate_command(script, *args)
     result = subprocess.run(
         command, cwd=script.parent, env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("process group freed") == 2
     return result
 
 

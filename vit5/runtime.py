@@ -209,6 +209,24 @@ def keep_freed_memory() -> bool:
     return pinned_mmap == 1 and pinned_trim == 1
 
 
+def end_process_group() -> None:
+    """Destroy the process group a command ran in (``accelerate launch``), after its work returned.
+
+    A group left to the interpreter's exit keeps its communication threads running while the
+    interpreter tears down, which can abort the process after a successful run ("terminate called
+    without an active exception", pytorch/pytorch#190489; PyTorch's "Shutdown" docs ask for this
+    call). Only after the work returned: with a bug's traceback on one rank, the others may still be
+    inside a collective, and waiting for them could hang (pytorch/torchtitan#1342). The group is freed
+    only once nothing else holds it: :meth:`vit5.train.Trainer.close` lets go of the DDP wrapper."""
+    torch = sys.modules.get("torch")  # a command that never imported torch started no group
+    if (
+        torch is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        torch.distributed.destroy_process_group()
+
+
 def attempt(action: Callable[[], Any]) -> Exception | None:
     """Run ``action``; its user error (:class:`Vit5Error`, ``OSError``) is returned, not raised.
     Anything else is a bug and propagates with its traceback."""

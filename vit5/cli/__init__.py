@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vit5.errors import ESCAPE_UNDECODABLE, InputError, Vit5Error, user_message
-from vit5.runtime import DEVICE_HELP, keep_freed_memory, print_main
+from vit5.runtime import DEVICE_HELP, end_process_group, keep_freed_memory, print_main
 
 if TYPE_CHECKING:
     from vit5.introspect.load import ModelRequest
@@ -239,6 +239,7 @@ def run_command(work: Callable[[], int | None], out: str | os.PathLike[str] | No
         if status != 0 and new and new[-1].is_dir():
             if all(p.is_dir() and not p.is_symlink() for p in new[-1].rglob("*")):
                 shutil.rmtree(new[-1], ignore_errors=True)
+    end_process_group()  # not after a bug's traceback: see its docstring
     return status
 
 

@@ -98,8 +98,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit5 train") -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import torch
-
     from vit5.train.config import ConfigAdjusted
     from vit5.train.errors import EXIT_DIVERGED, TrainingDiverged, TrainingInterrupted
     from vit5.train.trainer import Trainer
@@ -122,7 +120,4 @@ def _train(args: argparse.Namespace) -> int:
     except TrainingInterrupted as e:
         print_main(f"stopped: {e}", err=True)
         return e.exit_code
-    finally:  # a process group left to the interpreter's exit can abort it ("terminate called ...")
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
     return 0

@@ -272,14 +272,26 @@ class Trainer:
         return new_dir, copy
 
     def close(self) -> None:
-        """Stop the data workers (persistent ones would outlive the run with a copy of its lock) and release
-        the run directory; :meth:`fit` ends with it, call it for a Trainer never fitted."""
+        """Stop the data workers (persistent ones would outlive the run with a copy of its lock), let go of
+        the distributed wrapper and release the run directory; :meth:`fit` ends with it, call it for a
+        Trainer never fitted.
+
+        The wrapper (DDP) holds the process group. While it is reachable (a Trainer sits in reference
+        cycles, so a dropped one too, until a garbage collection), ``destroy_process_group`` only
+        unlists the group: its communication threads run on into the interpreter's exit, which they
+        can abort ("terminate called without an active exception", pytorch/pytorch#190489). The
+        unwrapped model still evaluates; its gradients are no longer averaged over processes."""
         if hasattr(self, "data"):  # the next iteration of a loader starts new workers
             for loader in (self.data.train_loader, self.data.val_loader):
                 iterator = getattr(loader, "_iterator", None)
                 if iterator is not None and hasattr(iterator, "_shutdown_workers"):
                     iterator._shutdown_workers()
                 loader._iterator = None  # type: ignore[attr-defined]
+        if hasattr(self, "model"):
+            self.model = self.accelerator.unwrap_model(self.model)
+            self.accelerator.free_memory()  # its list of prepared models held the wrapper too
+        if hasattr(self, "parts"):
+            self.parts.model = self.model
         if self.lock is not None:
             self.lock.release()
 
