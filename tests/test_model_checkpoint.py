@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 import vit5
@@ -146,6 +147,22 @@ def test_our_format_round_trips_with_ema(tmp_path):
     assert loaded.cfg == model.cfg
     ema_model = vit5.load_model(tmp_path / "run", use_ema=True)
     torch.testing.assert_close(ema_model.cls_token, model.cls_token + 1)
+
+
+def test_a_training_checkpoint_of_a_run_without_models_yet_names_resume(tmp_path):
+    """A run stopped before its first validation has checkpoints but no best/ or final/ yet."""
+    checkpoint = tmp_path / "run" / "checkpoints" / "ckpt-000000005"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "checkpoint.json").write_text("{}")
+    model = vit5.create_model("vit5_tiny", depth=1, img_size=32, num_classes=4)
+    save_file(model.state_dict(), checkpoint / "model.safetensors")
+    resume = f"`vit5 train --resume {tmp_path / 'run'}` continues it"
+    for given in (checkpoint, checkpoint.parent):
+        with pytest.raises(
+            CheckpointError, match="not a model folder, and its run .* no model folder yet"
+        ) as err:
+            vit5.load_model(given)
+        assert str(err.value).endswith(resume)
 
 
 def test_asking_a_folder_without_ema_for_its_ema_names_the_raw_weights_as_the_fix(tmp_path):

@@ -3,8 +3,11 @@ reports bad input without a traceback."""
 
 from pathlib import Path
 
+import pytest
 from test_train_support import REPO, single_thread  # noqa: F401 (autouse fixture)
 
+import vit5
+from vit5 import CheckpointError
 from vit5.cli.train import main, parse_args, resolve
 from vit5.train import Trainer, load_config
 
@@ -30,6 +33,12 @@ def test_demo_config_learns_the_digits_in_seconds(tmp_path):
     )
     assert checkpoint == run / "checkpoints" / "ckpt-000000044" and cfg.schedule.epochs == 3
     assert notes == ["changed on resume: schedule.epochs: 2 -> 3"]
+
+    # a training checkpoint, or their folder, given where a model goes: what it is and the run's models
+    for given in (checkpoint, checkpoint.parent):
+        with pytest.raises(CheckpointError, match="not a model folder") as err:
+            vit5.load_model(given)
+        assert f"the run's model folders: {run / 'final'}, {run / 'best'}" in str(err.value)
 
 
 def test_command_line_errors_exit_2_with_a_message_and_no_traceback(tmp_path, capsys):

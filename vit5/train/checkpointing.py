@@ -46,11 +46,16 @@ from vit5.outputs import write_json
 from vit5.runtime import attempt, on_main, raise_agreed
 from vit5.schema import check, parse
 from vit5.train.errors import ResumeError
-from vit5.weights.checkpoint import WEIGHTS_NAME, safe_torch_load, safetensors_bytes
+from vit5.weights.checkpoint import (
+    TRAINING_MANIFEST,
+    WEIGHTS_NAME,
+    safe_torch_load,
+    safetensors_bytes,
+)
 
 FORMAT = "vit5-train-checkpoint/2"
 FORMAT_1 = "vit5-train-checkpoint/1"  # random states as JSON (rng_state_<rank>.json), still read
-MANIFEST = "checkpoint.json"
+MANIFEST = TRAINING_MANIFEST
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "model_ema.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"

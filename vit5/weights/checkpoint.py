@@ -43,6 +43,9 @@ CONFIG_NAME = "config.json"
 PATCH_KEY = "patch_embed.proj.weight"
 WEIGHTS_NAME = "model.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
+# the manifest of a training checkpoint (RUN/checkpoints/ckpt-N, vit5.train.checkpointing): the state a
+# run resumes from, not a model folder
+TRAINING_MANIFEST = "checkpoint.json"
 HEAD_KEYS = ("head.weight", "head.bias")
 # stored, verified and rebuilt at run time: not parameters
 ROPE_BUFFERS = ("rope.freqs", "rope_reg.freqs")
@@ -191,6 +194,28 @@ def _is_checkpoint_dir(path: Path) -> bool:
     return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
 
 
+def _not_a_model_folder(path: Path, weights_name: str) -> str:
+    """Why ``path`` cannot be loaded as a model, and what to give instead when it belongs to a run:
+    a training checkpoint, or the folder of them, holds the state to resume from, not a model."""
+    if (path / TRAINING_MANIFEST).is_file():
+        run = path.parent.parent
+        what = f"{path} is a training checkpoint (the state `vit5 train --resume` continues from)"
+    elif any((child / TRAINING_MANIFEST).is_file() for child in path.glob("ckpt-*")):
+        run = path.parent
+        what = f"{path} holds a run's training checkpoints (the states `vit5 train --resume` continues from)"
+    else:
+        return (
+            f"{path} is not a vit5 checkpoint directory: it needs {CONFIG_NAME} and {weights_name}"
+        )
+    folders = [str(run / name) for name in ("final", "best") if _is_checkpoint_dir(run / name)]
+    if not folders:
+        return (
+            f"{what}, not a model folder, and its run {run} has no model folder yet: best/ is "
+            f"written after the first validation, final/ at the end; `vit5 train --resume {run}` continues it"
+        )
+    return f"{what}, not a model folder; the run's model folders: {', '.join(folders)}"
+
+
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file; safetensors checks each entry (dtype, span, overlaps) on opening
     it."""
@@ -217,9 +242,7 @@ def _read_directory(path: Path, use_ema: bool, max_params: float) -> Checkpoint:
             "raw weights (--weights raw on the command line, use_ema=False from Python)"
         )
     if not config_file.exists() or not weights.exists():
-        raise CheckpointError(
-            f"{path} is not a vit5 checkpoint directory: it needs {CONFIG_NAME} and {weights.name}"
-        )
+        raise CheckpointError(_not_a_model_folder(path, weights.name))
     try:
         data = json.loads(config_file.read_text())
         config = ViT5Config.from_dict(vit5_config(data))
