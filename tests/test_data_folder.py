@@ -169,9 +169,17 @@ def test_missing_split_and_root_fail_with_the_fix(tmp_path):
     write_png(tmp_path / "train" / "a" / "1.png", random_rgb(4, 4))
     with pytest.raises(
         ImageFolderError,
-        match=r"split folder .*val does not exist \(sub-folders of .*: train\).*holds 'val/'",
+        match=r"split folder .*val does not exist \(sub-folders of .*: train\): the data root must "
+        r"hold val/<class>/<image>$",
     ):
         ImageFolderDataset(tmp_path, "val")
+    # a split given as the root: the message names the root to give
+    with pytest.raises(ImageFolderError) as err:
+        ImageFolderDataset(tmp_path / "train", "train")
+    inner, outer = tmp_path / "train" / "train", tmp_path / "train"
+    assert str(err.value) == (
+        f"split folder {inner} does not exist, but {outer} does: the data root is {tmp_path}"
+    )
     with pytest.raises(ImageFolderError, match="does not exist or is not a folder"):
         ImageFolderDataset(tmp_path / "nope", "train")
     with pytest.raises(ImageFolderError, match="looks like a data set root.*split='train'"):

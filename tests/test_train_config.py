@@ -88,9 +88,18 @@ def test_missing_data_paths(tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(
         TrainConfigError,
-        match=r"data\.val_split='val': .*val does not exist \(sub-folders of .*: \['train'\]\)",
+        match=r"data\.val_split='val': split folder .*val does not exist \(sub-folders of .*: train\)",
     ):
         load_config(None, [f"data.root={tmp_path}"])
+    # a split given as data.root: both problems name the root to give
+    (tmp_path / "val").mkdir()
+    with pytest.raises(TrainConfigError) as err:
+        load_config(None, [f"data.root={tmp_path / 'train'}"])
+    for key, split in (("train_split", "train"), ("val_split", "val")):
+        assert (
+            f"data.{key}='{split}': split folder {tmp_path / 'train' / split} does not exist, but "
+            f"{tmp_path / split} does: the data root is {tmp_path}; fix data.root or data.{key}"
+        ) in str(err.value)
     with pytest.raises(
         TrainConfigError, match=r"required setting\(s\) data\.root not given; add data\.root=\.\.\."
     ):

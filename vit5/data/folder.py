@@ -226,6 +226,26 @@ def _physical_memory() -> int:
         return 2**62
 
 
+def missing_split(root: Path, split: str) -> str | None:
+    """What is wrong with the folder ``root`` when ``root / split`` is no folder, naming the data root
+    when ``root`` is one level too deep (a split given as the root); None when the split is there.
+    The data set and the training config both ask it."""
+    split_dir = root / split
+    if split_dir.is_dir():
+        return None
+    if (root.parent / split).is_dir():
+        return (
+            f"split folder {split_dir} does not exist, but {root.parent / split} does: the data "
+            f"root is {root.parent}"
+        )
+    folders = [p.name for p in root.iterdir() if p.is_dir()]
+    available = sorted(name for name in folders if not name.startswith("."))
+    return (
+        f"split folder {split_dir} does not exist (sub-folders of {root}: "
+        f"{name_list(available, 8)}): the data root must hold {split}/<class>/<image>"
+    )
+
+
 def _split_dir(root: Path, split: str | None) -> Path:
     if not root.is_dir():
         raise ImageFolderError(
@@ -233,18 +253,10 @@ def _split_dir(root: Path, split: str | None) -> Path:
         )
     if split is None:
         return root
-    split_dir = root / split
-    if not split_dir.is_dir():
-        folders = [p.name for p in root.iterdir() if p.is_dir()]
-        available = sorted(name for name in folders if not name.startswith("."))
-        raise ImageFolderError(
-            f"split folder {split_dir} does not exist "
-            f"(sub-folders of {root}: {name_list(available, 8)}). "
-            f"Expected {root}/{split}/<class>/<image>: point the data root at the folder that "
-            f"holds '{split}/' (if {root} is itself a split, use its parent, or split=None from "
-            "Python)."
-        )
-    return split_dir
+    problem = missing_split(root, split)
+    if problem is not None:
+        raise ImageFolderError(problem)
+    return root / split
 
 
 def _class_names(split_dir: Path, split: str | None, expected: Sequence[str] | None) -> list[str]:

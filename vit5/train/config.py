@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import vit5
+from vit5.data.folder import missing_split
 from vit5.errors import Rule, rule_problems, shorten
 from vit5.model.footprint import check_size
 from vit5.train.errors import TrainConfigError
@@ -476,13 +477,9 @@ def _path_problems(cfg: TrainConfig) -> Iterator[str]:
         return
     for key in ("train_split", "val_split"):
         split = getattr(cfg.data, key)
-        if (root / split).is_dir():
-            continue
-        found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        yield (
-            f"data.{key}={shorten(split)}: {shorten(str(root / split))[1:-1]} does not exist "
-            f"(sub-folders of {root}: {found[:12]}); set data.{key} or fix data.root"
-        )
+        problem = missing_split(root, split)
+        if problem is not None:
+            yield f"data.{key}={shorten(split)}: {problem}; fix data.root or data.{key}"
 
 
 def _probe(test: Callable[[], bool]) -> bool:
